@@ -1,0 +1,1 @@
+//! `sanfs-bench`: the paper's experiments (issue 7) and the criterion benchmarks of the pure core.

@@ -1,0 +1,20 @@
+//! `sanfs-blockmap`: the pure core of sanfs.
+//!
+//! Everything here takes values and returns values: no files, no sockets, no clock, no async.
+//! The metadata server and the client agent own the side effects; this crate owns the rules.
+//!
+//! - [`volume`]: how the blocks of one file system are laid over its LUNs (linear, striped, or
+//!   the segments of an imported LVM2 logical volume), and mapping volume bytes to device bytes.
+//! - [`lvm`]: parsers for the LVM2 on-disk PV label and the LVM2 text metadata.
+//! - [`extent`]: a file's extent map with XFS bmbt semantics (Written / Unwritten extents).
+//! - [`alloc`]: the free-space allocator (by start and by length, per allocation group).
+//! - [`plan`]: the I/O planner that turns a file byte range into per-device I/O.
+//! - [`codec`]: little-endian, versioned, checksummed binary encodings of the above.
+#![deny(unsafe_code)]
+
+pub mod alloc;
+pub mod codec;
+pub mod extent;
+pub mod lvm;
+pub mod plan;
+pub mod volume;
