@@ -31,11 +31,76 @@ impl DeviceIndex {
     }
 }
 
+/// An LVM2 PV UUID: 32 characters from `[0-9A-Za-z]`, shown as 6-4-4-4-4-4-6 groups with
+/// hyphens (`lvm2`'s `id_write_format`). It is not an RFC 4122 UUID.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LvmPvId([u8; 32]);
+
+impl LvmPvId {
+    /// Parses the hyphenated or the bare 32-character form.
+    pub fn parse(text: &str) -> Option<LvmPvId> {
+        let mut id = [0u8; 32];
+        let mut n = 0;
+        for b in text.bytes().filter(|&b| b != b'-') {
+            if !b.is_ascii_alphanumeric() || n == 32 {
+                return None;
+            }
+            id[n] = b;
+            n += 1;
+        }
+        (n == 32).then_some(LvmPvId(id))
+    }
+
+    /// The 32 bare characters, as stored in the PV label.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Display for LvmPvId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut start = 0;
+        for (i, group) in [6usize, 4, 4, 4, 4, 4, 6].into_iter().enumerate() {
+            if i > 0 {
+                f.write_str("-")?;
+            }
+            for &b in &self.0[start..start + group] {
+                write!(f, "{}", char::from(b))?;
+            }
+            start += group;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for LvmPvId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LvmPvId({self})")
+    }
+}
+
+/// How a LUN is identified: by the UUID in its sanfs label, or by its LVM2 PV UUID. Never by
+/// path, because paths differ from node to node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DeviceId {
+    Sanfs(Uuid),
+    LvmPv(LvmPvId),
+}
+
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceId::Sanfs(u) => write!(f, "{u}"),
+            DeviceId::LvmPv(p) => write!(f, "lvm:{p}"),
+        }
+    }
+}
+
 /// One LUN of a volume, as the volume knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeDevice {
     /// The UUID in the device's sanfs label, or its LVM PV UUID.
-    pub uuid: Uuid,
+    pub uuid: DeviceId,
     /// Size of the whole device in bytes (labels included).
     pub size_bytes: u64,
 }
@@ -132,13 +197,13 @@ pub enum VolumeError {
     #[error("stripe unit {stripe_unit} is not a positive multiple of the block size {block_size}")]
     BadStripeUnit { stripe_unit: u64, block_size: u32 },
     #[error("device {uuid} appears twice in the volume")]
-    DuplicateDevice { uuid: Uuid },
+    DuplicateDevice { uuid: DeviceId },
     #[error(
         "device {index} ({uuid}) is too small: {size_bytes} bytes, data would start at {data_offset}"
     )]
     DeviceTooSmall {
         index: DeviceIndex,
-        uuid: Uuid,
+        uuid: DeviceId,
         size_bytes: u64,
         data_offset: u64,
     },
@@ -222,7 +287,7 @@ impl Volume {
         stripe_unit: u64,
     ) -> Result<Volume, VolumeError> {
         check_block_size(block_size)?;
-        if stripe_unit == 0 || stripe_unit % u64::from(block_size) != 0 {
+        if stripe_unit == 0 || !stripe_unit.is_multiple_of(u64::from(block_size)) {
             return Err(VolumeError::BadStripeUnit {
                 stripe_unit,
                 block_size,
@@ -395,7 +460,7 @@ impl Volume {
     }
 
     /// The index of the device with this UUID.
-    pub fn device_index(&self, uuid: &Uuid) -> Option<DeviceIndex> {
+    pub fn device_index(&self, uuid: &DeviceId) -> Option<DeviceIndex> {
         self.devices
             .iter()
             .position(|d| d.uuid == *uuid)
@@ -486,7 +551,7 @@ mod tests {
     fn devs(n: u32, size: u64) -> Vec<VolumeDevice> {
         (0..n)
             .map(|i| VolumeDevice {
-                uuid: Uuid::from_u128(u128::from(i) + 1),
+                uuid: DeviceId::Sanfs(Uuid::from_u128(u128::from(i) + 1)),
                 size_bytes: size,
             })
             .collect()
@@ -582,6 +647,17 @@ mod tests {
             matches!(r, Err(VolumeError::BadSegment { index: 1, .. })),
             "{r:?}"
         );
+    }
+
+    #[test]
+    fn lvm_pv_ids_round_trip() {
+        let text = "aDdf5U-Xy1c-00Ab-cdEF-ghij-klmn-opqrst";
+        let id = LvmPvId::parse(text).unwrap();
+        assert_eq!(id.to_string(), text);
+        assert_eq!(LvmPvId::parse(&text.replace('-', "")), Some(id));
+        assert_eq!(LvmPvId::parse("short"), None);
+        assert_eq!(LvmPvId::parse(&format!("{text}x")), None);
+        assert_eq!(LvmPvId::parse(&text.replace('a', "!")), None);
     }
 
     #[test]
