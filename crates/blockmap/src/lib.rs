@@ -9,12 +9,14 @@
 //! - [`extent`]: a file's extent map with XFS bmbt semantics (Written / Unwritten extents).
 //! - [`alloc`]: the free-space allocator (by start and by length, per allocation group).
 //! - [`plan`]: the I/O planner that turns a file byte range into per-device I/O.
+//! - [`label`]: the sanfs device label and recognising signatures already on a device.
 //! - [`codec`]: little-endian, versioned, checksummed binary encodings of the above.
 #![deny(unsafe_code)]
 
 pub mod alloc;
 pub mod codec;
 pub mod extent;
+pub mod label;
 pub mod lvm;
 pub mod plan;
 pub mod volume;
