@@ -372,7 +372,13 @@ impl Volume {
                 ));
             }
             let width = seg.legs.len() as u64;
-            if width > 1 && seg.len % (seg.stripe_unit * width) != 0 {
+            let row = seg.stripe_unit.checked_mul(width).ok_or_else(|| {
+                bad(
+                    index,
+                    format!("stripe row of {width} x {} overflows", seg.stripe_unit),
+                )
+            })?;
+            if width > 1 && seg.len % row != 0 {
                 return Err(bad(
                     index,
                     format!(
@@ -658,6 +664,27 @@ mod tests {
         assert_eq!(LvmPvId::parse("short"), None);
         assert_eq!(LvmPvId::parse(&format!("{text}x")), None);
         assert_eq!(LvmPvId::parse(&text.replace('a', "!")), None);
+    }
+
+    #[test]
+    fn hostile_stripe_geometry_is_an_error_not_a_panic() {
+        let legs = (0..3)
+            .map(|i| StripeLeg {
+                device: DeviceIndex(i),
+                phys_start: 0,
+            })
+            .collect::<Vec<_>>();
+        let seg = Segment {
+            vol_start: 0,
+            len: 3 << 62,
+            stripe_unit: 1 << 62,
+            legs,
+        };
+        let r = Volume::from_segments(4096, devs(3, u64::MAX), vec![seg], LayoutKind::Linear);
+        assert!(
+            matches!(r, Err(VolumeError::BadSegment { index: 0, .. })),
+            "{r:?}"
+        );
     }
 
     #[test]
