@@ -668,7 +668,7 @@ mod tests {
 
     #[test]
     fn hostile_stripe_geometry_is_an_error_not_a_panic() {
-        let legs = (0..3)
+        let legs = (0..5)
             .map(|i| StripeLeg {
                 device: DeviceIndex(i),
                 phys_start: 0,
@@ -676,11 +676,11 @@ mod tests {
             .collect::<Vec<_>>();
         let seg = Segment {
             vol_start: 0,
-            len: 3 << 62,
+            len: 5 << 40,
             stripe_unit: 1 << 62,
             legs,
         };
-        let r = Volume::from_segments(4096, devs(3, u64::MAX), vec![seg], LayoutKind::Linear);
+        let r = Volume::from_segments(4096, devs(5, u64::MAX), vec![seg], LayoutKind::Linear);
         assert!(
             matches!(r, Err(VolumeError::BadSegment { index: 0, .. })),
             "{r:?}"
