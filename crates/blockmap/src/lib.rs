@@ -5,7 +5,8 @@
 //!
 //! - [`volume`]: how the blocks of one file system are laid over its LUNs (linear, striped, or
 //!   the segments of an imported LVM2 logical volume), and mapping volume bytes to device bytes.
-//! - [`lvm`]: parsers for the LVM2 on-disk PV label and the LVM2 text metadata.
+//! - [`lvm`]: LVM2 import: the on-disk PV label and metadata-area header, the text metadata,
+//!   and the volume an LV's segments make.
 //! - [`extent`]: a file's extent map with XFS bmbt semantics (Written / Unwritten extents).
 //! - [`alloc`]: the free-space allocator (by start and by length, per allocation group).
 //! - [`plan`]: the I/O planner that turns a file byte range into per-device I/O.

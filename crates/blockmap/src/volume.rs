@@ -339,10 +339,10 @@ impl Volume {
         if u32::try_from(devices.len()).is_err() {
             return Err(VolumeError::TooManyDevices(devices.len()));
         }
-        for (i, d) in devices.iter().enumerate() {
-            if devices[..i].iter().any(|e| e.uuid == d.uuid) {
-                return Err(VolumeError::DuplicateDevice { uuid: d.uuid });
-            }
+        let mut ids: Vec<&DeviceId> = devices.iter().map(|d| &d.uuid).collect();
+        ids.sort_unstable();
+        if let Some(pair) = ids.windows(2).find(|p| p[0] == p[1]) {
+            return Err(VolumeError::DuplicateDevice { uuid: *pair[0] });
         }
         let bs = u64::from(block_size);
         let bad = |index: usize, reason: String| VolumeError::BadSegment { index, reason };
