@@ -5,6 +5,8 @@
 
 mod fixtures;
 mod fuzz;
+mod grant_model;
+mod loopback;
 mod reject;
 mod roundtrip;
 mod status;

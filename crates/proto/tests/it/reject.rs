@@ -12,7 +12,10 @@ use crate::fixtures::*;
 
 /// Converts `valid` to pb, applies each mutation to a fresh copy and checks that the
 /// conversion back fails with an error whose field path is the one given.
-fn check<D, P>(valid: D, cases: Vec<(&str, Box<dyn Fn(&mut P)>)>)
+/// One rejection case: the expected field path and the mutation that breaks the message.
+type Case<P> = (&'static str, Box<dyn Fn(&mut P)>);
+
+fn check<D, P>(valid: D, cases: Vec<Case<P>>)
 where
     D: Debug + Clone + TryFrom<P, Error = ProtocolError>,
     P: From<D> + Clone + Debug,
