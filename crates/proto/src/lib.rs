@@ -1,6 +1,26 @@
 //! `sanfs-proto`: the `sanfs.v1` wire protocol and the validated domain types that the rest of
-//! the code uses. Generated protobuf types are converted to these types at the receive
-//! boundary (`TryFrom`) and never reach core logic.
+//! the code uses. Generated protobuf types ([`pb`]) are converted to these types at the receive
+//! boundary (`TryFrom`, in [`model`]) and never reach core logic; [`status`] is the one place
+//! that maps file-system errors to gRPC statuses and back.
 #![deny(unsafe_code)]
 
+pub mod model;
+pub mod status;
 pub mod types;
+
+/// The code generated from `proto/sanfs/v1/sanfs.proto` (messages, clients and servers).
+/// Only [`model`] and the gRPC service glue should touch these types.
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    rust_2018_idioms,
+    missing_docs,
+    reason = "generated code"
+)]
+pub mod pb {
+    tonic::include_proto!("sanfs.v1");
+
+    /// The encoded `FileDescriptorSet` of `sanfs.v1` (for gRPC reflection and tests).
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/sanfs_v1_descriptor.bin"));
+}

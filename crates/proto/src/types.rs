@@ -15,6 +15,12 @@ pub const NAME_MAX: usize = 255;
 /// Longest symlink target in bytes (as Linux PATH_MAX).
 pub const SYMLINK_MAX: usize = 4096;
 
+/// Longest extended attribute name in bytes (as Linux XATTR_NAME_MAX).
+pub const XATTR_NAME_MAX: usize = 255;
+
+/// Largest extended attribute value in bytes (as Linux XATTR_SIZE_MAX).
+pub const XATTR_SIZE_MAX: usize = 65536;
+
 /// Inode number of the root directory.
 pub const ROOT_INODE: InodeId = InodeId(1);
 
@@ -54,6 +60,12 @@ id_newtype!(
     "grant:"
 );
 
+id_newtype!(
+    /// An open file at the server (from `Open` or `Create`), owned by one session. Never 0.
+    OpenHandle,
+    "handle:"
+);
+
 /// Why a value from the wire or the command line was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProtocolError {
@@ -71,6 +83,51 @@ pub enum ProtocolError {
     NameIsDot,
     #[error("range {offset}+{len} overflows or passes the largest file size")]
     RangeOverflow { offset: u64, len: u64 },
+    /// `error` was found inside field `field` (of a message, or an element of a list).
+    #[error("in `{field}`: {error}")]
+    InField {
+        field: &'static str,
+        error: Box<ProtocolError>,
+    },
+}
+
+impl ProtocolError {
+    /// Wraps this error as found inside `field`.
+    pub fn in_field(self, field: &'static str) -> ProtocolError {
+        ProtocolError::InField {
+            field,
+            error: Box::new(self),
+        }
+    }
+
+    /// The innermost error, below all [`ProtocolError::InField`] wrappers.
+    pub fn root(&self) -> &ProtocolError {
+        let mut e = self;
+        while let ProtocolError::InField { error, .. } = e {
+            e = error;
+        }
+        e
+    }
+
+    /// The dotted path of the field the error is in (`"changes.atime.nsec"`), if known.
+    pub fn field_path(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        let mut e = self;
+        loop {
+            match e {
+                ProtocolError::InField { field, error } => {
+                    parts.push(*field);
+                    e = error;
+                }
+                ProtocolError::MissingField(field) | ProtocolError::InvalidField { field, .. } => {
+                    parts.push(*field);
+                    break;
+                }
+                _ => break,
+            }
+        }
+        (!parts.is_empty()).then(|| parts.join("."))
+    }
 }
 
 impl InodeId {
@@ -126,6 +183,82 @@ impl fmt::Debug for FileName {
 impl fmt::Display for FileName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&String::from_utf8_lossy(&self.0))
+    }
+}
+
+/// An extended attribute name: 1 to [`XATTR_NAME_MAX`] bytes, no NUL (with its namespace
+/// prefix such as `user.`; which namespaces are allowed is the server's policy).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct XattrName(Vec<u8>);
+
+impl XattrName {
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<XattrName, ProtocolError> {
+        let bytes = bytes.into();
+        if bytes.is_empty() {
+            return Err(ProtocolError::EmptyName);
+        }
+        if bytes.len() > XATTR_NAME_MAX {
+            return Err(ProtocolError::NameTooLong(bytes.len()));
+        }
+        if bytes.contains(&0) {
+            return Err(ProtocolError::NameHasSlashOrNul);
+        }
+        Ok(XattrName(bytes))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.0
+    }
+}
+
+impl fmt::Debug for XattrName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(&self.0))
+    }
+}
+
+/// A symbolic link's target: 1 to [`SYMLINK_MAX`] bytes, no NUL. Any other bytes, `/`
+/// included, are allowed: the target is stored, never resolved by the server.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct SymlinkTarget(Vec<u8>);
+
+impl SymlinkTarget {
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<SymlinkTarget, ProtocolError> {
+        let bytes = bytes.into();
+        if bytes.is_empty() {
+            return Err(ProtocolError::InvalidField {
+                field: "target",
+                reason: "is empty".into(),
+            });
+        }
+        if bytes.len() > SYMLINK_MAX {
+            return Err(ProtocolError::NameTooLong(bytes.len()));
+        }
+        if bytes.contains(&0) {
+            return Err(ProtocolError::InvalidField {
+                field: "target",
+                reason: "contains NUL".into(),
+            });
+        }
+        Ok(SymlinkTarget(bytes))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.0
+    }
+}
+
+impl fmt::Debug for SymlinkTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(&self.0))
     }
 }
 
@@ -397,10 +530,10 @@ impl FsError {
 
 impl From<ProtocolError> for FsError {
     fn from(e: ProtocolError) -> FsError {
-        match e {
+        match e.root() {
             ProtocolError::NameTooLong(_) => FsError::NameTooLong,
             ProtocolError::RangeOverflow { .. } => FsError::FileTooBig,
-            other => FsError::Invalid(other.to_string()),
+            _ => FsError::Invalid(e.to_string()),
         }
     }
 }
@@ -424,6 +557,56 @@ mod tests {
             Err(ProtocolError::NameHasSlashOrNul)
         );
         assert_eq!(FileName::new(".."), Err(ProtocolError::NameIsDot));
+    }
+
+    #[test]
+    fn xattr_names_and_symlink_targets_are_checked() {
+        assert!(XattrName::new("user.a").is_ok());
+        assert!(XattrName::new(vec![b'x'; 255]).is_ok());
+        assert_eq!(
+            XattrName::new(vec![b'x'; 256]),
+            Err(ProtocolError::NameTooLong(256))
+        );
+        assert_eq!(XattrName::new(""), Err(ProtocolError::EmptyName));
+        assert_eq!(
+            XattrName::new(b"a\0".to_vec()),
+            Err(ProtocolError::NameHasSlashOrNul)
+        );
+        assert!(XattrName::new("a/b").is_ok());
+        assert!(SymlinkTarget::new("../a/b").is_ok());
+        assert!(SymlinkTarget::new(vec![b'x'; 4096]).is_ok());
+        assert_eq!(
+            SymlinkTarget::new(vec![b'x'; 4097]),
+            Err(ProtocolError::NameTooLong(4097))
+        );
+        assert!(SymlinkTarget::new("").is_err());
+        assert!(SymlinkTarget::new(b"a\0b".to_vec()).is_err());
+    }
+
+    #[test]
+    fn field_paths_and_root_causes() {
+        let e = ProtocolError::InvalidField {
+            field: "nsec",
+            reason: "too big".into(),
+        }
+        .in_field("atime")
+        .in_field("changes");
+        assert_eq!(e.field_path().as_deref(), Some("changes.atime.nsec"));
+        assert_eq!(
+            e.to_string(),
+            "in `changes`: in `atime`: field `nsec`: too big"
+        );
+        let e = ProtocolError::NameTooLong(300).in_field("name");
+        assert_eq!(e.field_path().as_deref(), Some("name"));
+        assert_eq!(e.root(), &ProtocolError::NameTooLong(300));
+        assert_eq!(FsError::from(e), FsError::NameTooLong);
+        let e = ProtocolError::RangeOverflow { offset: 1, len: 2 }.in_field("range");
+        assert_eq!(FsError::from(e), FsError::FileTooBig);
+        assert_eq!(ProtocolError::EmptyName.field_path(), None);
+        assert_eq!(
+            FsError::from(ProtocolError::EmptyName.in_field("name")),
+            FsError::Invalid("in `name`: name is empty".into())
+        );
     }
 
     #[test]

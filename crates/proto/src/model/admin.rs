@@ -1,0 +1,402 @@
+//! The Admin service: the volume layout agents plan their I/O with (converted to and from
+//! [`sanfs_blockmap::volume::Volume`], validated by `Volume::from_segments`), the server's
+//! status, and directory quotas.
+
+use sanfs_blockmap::volume::{DeviceIndex, LayoutKind, Segment, StripeLeg, Volume, VolumeDevice};
+use uuid::Uuid;
+
+use super::common::{cred, uuid};
+use super::{
+    At, MAX_SEGMENT_LEGS, MAX_VOLUME_DEVICES, MAX_VOLUME_SEGMENTS, epoch, inode, invalid, list,
+    required, required_msg, session_id, text, to_pb,
+};
+use crate::pb;
+use crate::types::{Credentials, InodeId, ProtocolError, SessionEpoch, SessionId};
+
+impl TryFrom<pb::VolumeDevice> for VolumeDevice {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::VolumeDevice) -> Result<Self, ProtocolError> {
+        Ok(VolumeDevice {
+            uuid: required_msg(p.id, "id")?,
+            size_bytes: p.size_bytes,
+        })
+    }
+}
+
+impl From<VolumeDevice> for pb::VolumeDevice {
+    fn from(d: VolumeDevice) -> Self {
+        pb::VolumeDevice {
+            id: Some(d.uuid.into()),
+            size_bytes: d.size_bytes,
+        }
+    }
+}
+
+impl TryFrom<pb::Segment> for Segment {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::Segment) -> Result<Self, ProtocolError> {
+        if p.legs.is_empty() || p.legs.len() > MAX_SEGMENT_LEGS {
+            return Err(invalid(
+                "legs",
+                format!("{} legs (1 to {MAX_SEGMENT_LEGS})", p.legs.len()),
+            ));
+        }
+        // Volume::from_segments multiplies the stripe unit by the width and adds the length
+        // to the start: refuse values where that overflows before handing them over.
+        if p.stripe_unit.checked_mul(p.legs.len() as u64).is_none() {
+            return Err(invalid("stripe_unit", "stripe_unit x width overflows"));
+        }
+        if p.vol_start.checked_add(p.len).is_none() {
+            return Err(invalid("len", "vol_start + len overflows"));
+        }
+        Ok(Segment {
+            vol_start: p.vol_start,
+            len: p.len,
+            stripe_unit: p.stripe_unit,
+            legs: p
+                .legs
+                .into_iter()
+                .map(|l| StripeLeg {
+                    device: DeviceIndex(l.device),
+                    phys_start: l.phys_start,
+                })
+                .collect(),
+        })
+    }
+}
+
+impl From<Segment> for pb::Segment {
+    fn from(s: Segment) -> Self {
+        pb::Segment {
+            vol_start: s.vol_start,
+            len: s.len,
+            stripe_unit: s.stripe_unit,
+            legs: s
+                .legs
+                .into_iter()
+                .map(|l| pb::StripeLeg {
+                    device: l.device.0,
+                    phys_start: l.phys_start,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl TryFrom<pb::Volume> for Volume {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::Volume) -> Result<Self, ProtocolError> {
+        if p.devices.len() > MAX_VOLUME_DEVICES {
+            return Err(invalid(
+                "devices",
+                format!("{} devices (at most {MAX_VOLUME_DEVICES})", p.devices.len()),
+            ));
+        }
+        if p.segments.len() > MAX_VOLUME_SEGMENTS {
+            return Err(invalid(
+                "segments",
+                format!(
+                    "{} segments (at most {MAX_VOLUME_SEGMENTS})",
+                    p.segments.len()
+                ),
+            ));
+        }
+        let kind = match required(p.layout, "layout")? {
+            pb::volume::Layout::Linear(_) => LayoutKind::Linear,
+            pb::volume::Layout::Striped(s) => LayoutKind::Striped {
+                stripe_unit: s.stripe_unit,
+                width: s.width,
+            },
+            pb::volume::Layout::Lvm(l) => LayoutKind::Lvm {
+                vg_name: text(l.vg_name, "vg_name", true).at("lvm")?,
+                lv_name: text(l.lv_name, "lv_name", true).at("lvm")?,
+            },
+        };
+        let devices = list(p.devices, "devices")?;
+        let segments = list(p.segments, "segments")?;
+        Volume::from_segments(p.block_size, devices, segments, kind)
+            .map_err(|e| invalid("volume", e.to_string()))
+    }
+}
+
+impl From<&Volume> for pb::Volume {
+    fn from(v: &Volume) -> Self {
+        let layout = match v.kind() {
+            LayoutKind::Linear => pb::volume::Layout::Linear(pb::LinearLayout {}),
+            LayoutKind::Striped { stripe_unit, width } => {
+                pb::volume::Layout::Striped(pb::StripedLayout {
+                    stripe_unit: *stripe_unit,
+                    width: *width,
+                })
+            }
+            LayoutKind::Lvm { vg_name, lv_name } => pb::volume::Layout::Lvm(pb::LvmLayout {
+                vg_name: vg_name.clone(),
+                lv_name: lv_name.clone(),
+            }),
+        };
+        pb::Volume {
+            block_size: v.block_size(),
+            devices: to_pb(v.devices().to_vec()),
+            segments: to_pb(v.segments().to_vec()),
+            layout: Some(layout),
+        }
+    }
+}
+
+impl From<Volume> for pb::Volume {
+    fn from(v: Volume) -> Self {
+        pb::Volume::from(&v)
+    }
+}
+
+/// The reply to GetVolume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub fs_uuid: Uuid,
+    pub volume: Volume,
+}
+
+impl TryFrom<pb::GetVolumeReply> for VolumeInfo {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::GetVolumeReply) -> Result<Self, ProtocolError> {
+        Ok(VolumeInfo {
+            fs_uuid: uuid(&p.fs_uuid, "fs_uuid")?,
+            volume: required_msg(p.volume, "volume")?,
+        })
+    }
+}
+
+impl From<VolumeInfo> for pb::GetVolumeReply {
+    fn from(v: VolumeInfo) -> Self {
+        pb::GetVolumeReply {
+            fs_uuid: v.fs_uuid.as_bytes().to_vec(),
+            volume: Some(v.volume.into()),
+        }
+    }
+}
+
+/// One session in the server's status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSummary {
+    pub session: SessionId,
+    pub client_name: String,
+    pub host: String,
+    pub grants: u32,
+    pub open_handles: u32,
+    pub lease_remaining_ms: u64,
+}
+
+impl TryFrom<pb::SessionSummary> for SessionSummary {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::SessionSummary) -> Result<Self, ProtocolError> {
+        Ok(SessionSummary {
+            session: session_id(p.session)?,
+            client_name: text(p.client_name, "client_name", false)?,
+            host: text(p.host, "host", false)?,
+            grants: p.grants,
+            open_handles: p.open_handles,
+            lease_remaining_ms: p.lease_remaining_ms,
+        })
+    }
+}
+
+impl From<SessionSummary> for pb::SessionSummary {
+    fn from(s: SessionSummary) -> Self {
+        pb::SessionSummary {
+            session: s.session.0,
+            client_name: s.client_name,
+            host: s.host,
+            grants: s.grants,
+            open_handles: s.open_handles,
+            lease_remaining_ms: s.lease_remaining_ms,
+        }
+    }
+}
+
+/// Metadata commit counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CommitStats {
+    /// Transactions made durable.
+    pub transactions: u64,
+    /// Durable commits (group commit: one may carry many transactions).
+    pub commits: u64,
+    /// Transactions waiting for a commit.
+    pub pending: u64,
+}
+
+impl From<pb::CommitStats> for CommitStats {
+    fn from(p: pb::CommitStats) -> Self {
+        CommitStats {
+            transactions: p.transactions,
+            commits: p.commits,
+            pending: p.pending,
+        }
+    }
+}
+
+impl From<CommitStats> for pb::CommitStats {
+    fn from(c: CommitStats) -> Self {
+        pb::CommitStats {
+            transactions: c.transactions,
+            commits: c.commits,
+            pending: c.pending,
+        }
+    }
+}
+
+/// The reply to ServerStatus.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerStatus {
+    pub epoch: SessionEpoch,
+    pub fs_uuid: Uuid,
+    pub server_version: String,
+    pub uptime_ms: u64,
+    pub sessions: Vec<SessionSummary>,
+    pub read_grants: u64,
+    pub write_grants: u64,
+    pub commits: CommitStats,
+}
+
+impl TryFrom<pb::ServerStatusReply> for ServerStatus {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ServerStatusReply) -> Result<Self, ProtocolError> {
+        Ok(ServerStatus {
+            epoch: epoch(p.epoch)?,
+            fs_uuid: uuid(&p.fs_uuid, "fs_uuid")?,
+            server_version: text(p.server_version, "server_version", false)?,
+            uptime_ms: p.uptime_ms,
+            sessions: list(p.sessions, "sessions")?,
+            read_grants: p.read_grants,
+            write_grants: p.write_grants,
+            commits: required(p.commits, "commits")?.into(),
+        })
+    }
+}
+
+impl From<ServerStatus> for pb::ServerStatusReply {
+    fn from(s: ServerStatus) -> Self {
+        pb::ServerStatusReply {
+            epoch: s.epoch.0,
+            fs_uuid: s.fs_uuid.as_bytes().to_vec(),
+            server_version: s.server_version,
+            uptime_ms: s.uptime_ms,
+            sessions: to_pb(s.sessions),
+            read_grants: s.read_grants,
+            write_grants: s.write_grants,
+            commits: Some(s.commits.into()),
+        }
+    }
+}
+
+/// A directory quota's limits; `None` is no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QuotaLimits {
+    pub capacity_bytes: Option<u64>,
+    pub inodes: Option<u64>,
+}
+
+impl From<pb::QuotaLimits> for QuotaLimits {
+    fn from(p: pb::QuotaLimits) -> Self {
+        QuotaLimits {
+            capacity_bytes: p.capacity_bytes,
+            inodes: p.inodes,
+        }
+    }
+}
+
+impl From<QuotaLimits> for pb::QuotaLimits {
+    fn from(q: QuotaLimits) -> Self {
+        pb::QuotaLimits {
+            capacity_bytes: q.capacity_bytes,
+            inodes: q.inodes,
+        }
+    }
+}
+
+/// A directory quota and its usage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaInfo {
+    pub inode: InodeId,
+    pub limits: QuotaLimits,
+    pub used_bytes: u64,
+    pub used_inodes: u64,
+}
+
+impl TryFrom<pb::QuotaInfo> for QuotaInfo {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::QuotaInfo) -> Result<Self, ProtocolError> {
+        Ok(QuotaInfo {
+            inode: inode(p.inode, "inode")?,
+            limits: required(p.limits, "limits")?.into(),
+            used_bytes: p.used_bytes,
+            used_inodes: p.used_inodes,
+        })
+    }
+}
+
+impl From<QuotaInfo> for pb::QuotaInfo {
+    fn from(q: QuotaInfo) -> Self {
+        pb::QuotaInfo {
+            inode: q.inode.0,
+            limits: Some(q.limits.into()),
+            used_bytes: q.used_bytes,
+            used_inodes: q.used_inodes,
+        }
+    }
+}
+
+macro_rules! quota_reply {
+    ($($pb:ident),*) => {$(
+        impl TryFrom<pb::$pb> for QuotaInfo {
+            type Error = ProtocolError;
+
+            fn try_from(p: pb::$pb) -> Result<Self, ProtocolError> {
+                required_msg(p.quota, "quota")
+            }
+        }
+
+        impl From<QuotaInfo> for pb::$pb {
+            fn from(q: QuotaInfo) -> Self {
+                pb::$pb { quota: Some(q.into()) }
+            }
+        }
+    )*};
+}
+quota_reply!(SetQuotaReply, GetQuotaReply);
+
+/// SetQuota on a directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetQuotaRequest {
+    pub cred: Credentials,
+    pub inode: InodeId,
+    pub limits: QuotaLimits,
+}
+
+impl TryFrom<pb::SetQuotaRequest> for SetQuotaRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::SetQuotaRequest) -> Result<Self, ProtocolError> {
+        Ok(SetQuotaRequest {
+            cred: cred(p.cred)?,
+            inode: inode(p.inode, "inode")?,
+            limits: required(p.limits, "limits")?.into(),
+        })
+    }
+}
+
+impl From<SetQuotaRequest> for pb::SetQuotaRequest {
+    fn from(r: SetQuotaRequest) -> Self {
+        pb::SetQuotaRequest {
+            cred: Some(r.cred.into()),
+            inode: r.inode.0,
+            limits: Some(r.limits.into()),
+        }
+    }
+}

@@ -1,0 +1,931 @@
+//! The Data service: map requests and grants (control info 1 and 2), completions (control
+//! info 3 and 4), grant returns, the proxied path (Read / Write), Fsync, Fallocate and
+//! GetExtents.
+//!
+//! A [`Grant`] carries the I/O plan: per-device I/Os ([`DeviceIo`]) with the buffer pieces
+//! ([`BufRange`]) they gather from or scatter to, and the pieces to fill with zeros. Its
+//! conversion checks that the plan is whole: every byte of the granted range is covered by
+//! exactly one buffer piece, every device I/O is 512-byte aligned and its pieces add up to
+//! its length. So an agent never issues a device I/O from a plan that leaves part of the
+//! caller's buffer undefined. (These mirror the naming of `sanfs_blockmap::plan`; once
+//! that module lands they should become the same types.)
+
+use sanfs_blockmap::volume::DeviceIndex;
+
+use super::common::{attr, cred};
+use super::namespace::HandleRef;
+use super::{
+    MAX_INLINE_DATA, byte_range, enum_field, epoch, grant_id, grant_ids, handle, inode, invalid,
+    list, nonempty_range, payload, session_id, to_pb,
+};
+use crate::pb;
+use crate::types::{
+    Attr, ByteRange, Credentials, GrantId, InodeId, MAX_FILE_SIZE, ProtocolError, SessionEpoch,
+    SessionId,
+};
+
+/// Device I/O on the direct path is aligned to at least this many bytes (the smallest
+/// logical block size of any LUN).
+pub const SECTOR_SIZE: u64 = 512;
+
+/// MapRead / MapWrite (control info 1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapRequest {
+    pub cred: Credentials,
+    /// The open handle (and its session) the I/O is done under.
+    pub handle: HandleRef,
+    pub epoch: SessionEpoch,
+    pub inode: InodeId,
+    /// Not empty. The server checks that it is block aligned.
+    pub range: ByteRange,
+    /// O_SYNC / O_DSYNC write.
+    pub sync: bool,
+}
+
+impl TryFrom<pb::MapRequest> for MapRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::MapRequest) -> Result<Self, ProtocolError> {
+        Ok(MapRequest {
+            cred: cred(p.cred)?,
+            handle: handle_ref(p.session, p.handle)?,
+            epoch: epoch(p.epoch)?,
+            inode: inode(p.inode, "inode")?,
+            range: nonempty_range(p.offset, p.length, "range")?,
+            sync: p.sync,
+        })
+    }
+}
+
+impl From<MapRequest> for pb::MapRequest {
+    fn from(r: MapRequest) -> Self {
+        pb::MapRequest {
+            cred: Some(r.cred.into()),
+            session: r.handle.session.0,
+            epoch: r.epoch.0,
+            handle: r.handle.handle.0,
+            inode: r.inode.0,
+            offset: r.range.offset(),
+            length: r.range.len(),
+            sync: r.sync,
+        }
+    }
+}
+
+/// The range lock a grant holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LockMode {
+    /// A read grant.
+    Shared,
+    /// A write grant.
+    Exclusive,
+}
+
+/// A piece of the caller's buffer, `buf_off` counted from the start of the granted range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BufRange {
+    pub buf_off: u64,
+    pub len: u64,
+}
+
+impl From<pb::BufRange> for BufRange {
+    fn from(p: pb::BufRange) -> Self {
+        BufRange {
+            buf_off: p.buf_off,
+            len: p.len,
+        }
+    }
+}
+
+impl From<BufRange> for pb::BufRange {
+    fn from(b: BufRange) -> Self {
+        pb::BufRange {
+            buf_off: b.buf_off,
+            len: b.len,
+        }
+    }
+}
+
+/// One device I/O: `[phys_off, phys_off + len)` on device `device`, to or from the buffer
+/// pieces `iov` in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceIo {
+    pub device: DeviceIndex,
+    pub phys_off: u64,
+    pub len: u64,
+    pub iov: Vec<BufRange>,
+}
+
+impl TryFrom<pb::DeviceIo> for DeviceIo {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::DeviceIo) -> Result<Self, ProtocolError> {
+        if p.len == 0 {
+            return Err(invalid("len", "is 0"));
+        }
+        if !p.phys_off.is_multiple_of(SECTOR_SIZE) || !p.len.is_multiple_of(SECTOR_SIZE) {
+            return Err(invalid(
+                "phys_off",
+                format!("{}+{} is not {SECTOR_SIZE}-byte aligned", p.phys_off, p.len),
+            ));
+        }
+        if p.phys_off.checked_add(p.len).is_none() {
+            return Err(invalid("phys_off", "phys_off + len overflows"));
+        }
+        let mut sum = 0u64;
+        for piece in &p.iov {
+            if piece.len == 0 {
+                return Err(invalid("iov", "has an empty piece"));
+            }
+            sum = sum
+                .checked_add(piece.len)
+                .ok_or_else(|| invalid("iov", "lengths overflow"))?;
+        }
+        if sum != p.len {
+            return Err(invalid(
+                "iov",
+                format!("pieces add up to {sum} bytes, the I/O is {}", p.len),
+            ));
+        }
+        Ok(DeviceIo {
+            device: DeviceIndex(p.device),
+            phys_off: p.phys_off,
+            len: p.len,
+            iov: p.iov.into_iter().map(BufRange::from).collect(),
+        })
+    }
+}
+
+impl From<DeviceIo> for pb::DeviceIo {
+    fn from(d: DeviceIo) -> Self {
+        pb::DeviceIo {
+            device: d.device.0,
+            phys_off: d.phys_off,
+            len: d.len,
+            iov: to_pb(d.iov),
+        }
+    }
+}
+
+/// A grant (control info 2): permission to do I/O on `range` of `inode` directly on the
+/// LUNs, with the plan to do it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub grant_id: GrantId,
+    pub epoch: SessionEpoch,
+    pub inode: InodeId,
+    /// A prefix of the requested range; empty for a read at or past the end of file.
+    pub range: ByteRange,
+    pub mode: LockMode,
+    pub device_ios: Vec<DeviceIo>,
+    /// Buffer pieces to fill with zeros (holes, Unwritten extents). Read grants only.
+    pub zero_fill: Vec<BufRange>,
+    /// The file size when the grant was made.
+    pub file_size: u64,
+    /// A read grant the agent may keep as a cached layout. Never set on a write grant.
+    pub cacheable: bool,
+}
+
+impl Grant {
+    /// Checks the plan's invariants: a write grant is not empty, has no zero fill and is not
+    /// cacheable; the buffer pieces of all device I/Os and of `zero_fill` are non-empty and
+    /// cover `[0, range.len())` exactly once. (Per-I/O alignment and iov sums are checked
+    /// when each [`DeviceIo`] is converted.)
+    pub fn check(&self) -> Result<(), ProtocolError> {
+        if self.file_size > MAX_FILE_SIZE {
+            return Err(invalid("file_size", "passes the largest file size"));
+        }
+        if self.mode == LockMode::Exclusive {
+            if self.range.is_empty() {
+                return Err(invalid("length", "a write grant is empty"));
+            }
+            if !self.zero_fill.is_empty() {
+                return Err(invalid("zero_fill", "set on a write grant"));
+            }
+            if self.cacheable {
+                return Err(invalid("cacheable", "set on a write grant"));
+            }
+        }
+        let mut pieces: Vec<BufRange> = self
+            .device_ios
+            .iter()
+            .flat_map(|io| io.iov.iter().copied())
+            .chain(self.zero_fill.iter().copied())
+            .collect();
+        pieces.sort_unstable();
+        let mut covered = 0u64;
+        for piece in pieces {
+            if piece.len == 0 {
+                return Err(invalid("zero_fill", "has an empty piece"));
+            }
+            if piece.buf_off != covered {
+                let what = if piece.buf_off < covered {
+                    "overlap"
+                } else {
+                    "leave a gap"
+                };
+                return Err(invalid(
+                    "device_ios",
+                    format!(
+                        "buffer pieces {what} at byte {}",
+                        piece.buf_off.min(covered)
+                    ),
+                ));
+            }
+            covered = piece
+                .buf_off
+                .checked_add(piece.len)
+                .ok_or_else(|| invalid("device_ios", "buffer piece overflows"))?;
+        }
+        if covered != self.range.len() {
+            return Err(invalid(
+                "device_ios",
+                format!(
+                    "buffer pieces cover {covered} bytes of a {}-byte grant",
+                    self.range.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl TryFrom<pb::Grant> for Grant {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::Grant) -> Result<Self, ProtocolError> {
+        let mode = match enum_field::<pb::LockMode>(p.mode, "mode")? {
+            pb::LockMode::Unspecified => return Err(ProtocolError::MissingField("mode")),
+            pb::LockMode::Shared => LockMode::Shared,
+            pb::LockMode::Exclusive => LockMode::Exclusive,
+        };
+        let grant = Grant {
+            grant_id: grant_id(p.grant_id, "grant_id")?,
+            epoch: epoch(p.epoch)?,
+            inode: inode(p.inode, "inode")?,
+            range: byte_range(p.offset, p.length, "range")?,
+            mode,
+            device_ios: list(p.device_ios, "device_ios")?,
+            zero_fill: p.zero_fill.into_iter().map(BufRange::from).collect(),
+            file_size: p.file_size,
+            cacheable: p.cacheable,
+        };
+        grant.check()?;
+        Ok(grant)
+    }
+}
+
+impl From<Grant> for pb::Grant {
+    fn from(g: Grant) -> Self {
+        let mode = match g.mode {
+            LockMode::Shared => pb::LockMode::Shared,
+            LockMode::Exclusive => pb::LockMode::Exclusive,
+        };
+        pb::Grant {
+            grant_id: g.grant_id.0,
+            epoch: g.epoch.0,
+            inode: g.inode.0,
+            offset: g.range.offset(),
+            length: g.range.len(),
+            mode: mode.into(),
+            device_ios: to_pb(g.device_ios),
+            zero_fill: to_pb(g.zero_fill),
+            file_size: g.file_size,
+            cacheable: g.cacheable,
+        }
+    }
+}
+
+/// The failure of one device I/O of a grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtentError {
+    pub device: DeviceIndex,
+    pub phys_off: u64,
+    pub len: u64,
+    /// Linux errno, 1 to 4095.
+    pub errno: i32,
+}
+
+impl TryFrom<pb::ExtentError> for ExtentError {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ExtentError) -> Result<Self, ProtocolError> {
+        if !(1..=4095).contains(&p.errno) {
+            return Err(invalid("errno", format!("{} is not 1 to 4095", p.errno)));
+        }
+        if p.phys_off.checked_add(p.len).is_none() {
+            return Err(invalid("phys_off", "phys_off + len overflows"));
+        }
+        Ok(ExtentError {
+            device: DeviceIndex(p.device),
+            phys_off: p.phys_off,
+            len: p.len,
+            errno: p.errno,
+        })
+    }
+}
+
+impl From<ExtentError> for pb::ExtentError {
+    fn from(e: ExtentError) -> Self {
+        pb::ExtentError {
+            device: e.device.0,
+            phys_off: e.phys_off,
+            len: e.len,
+            errno: e.errno,
+        }
+    }
+}
+
+/// How the device I/O of a grant went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IoOutcome {
+    Ok,
+    /// At least one device I/O failed; never empty.
+    DeviceErrors(Vec<ExtentError>),
+}
+
+/// Complete (control info 3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompleteRequest {
+    pub session: SessionId,
+    pub epoch: SessionEpoch,
+    pub grant_id: GrantId,
+    pub outcome: IoOutcome,
+    /// The prefix of the granted range transferred completely (the server checks it is at
+    /// most the grant's length).
+    pub bytes_done: u64,
+    pub sync: bool,
+}
+
+impl TryFrom<pb::CompleteRequest> for CompleteRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::CompleteRequest) -> Result<Self, ProtocolError> {
+        let outcome = match enum_field::<pb::IoStatus>(p.status, "status")? {
+            pb::IoStatus::Unspecified => return Err(ProtocolError::MissingField("status")),
+            pb::IoStatus::Ok => {
+                if !p.errors.is_empty() {
+                    return Err(invalid("errors", "set with status OK"));
+                }
+                IoOutcome::Ok
+            }
+            pb::IoStatus::DeviceError => {
+                if p.errors.is_empty() {
+                    return Err(ProtocolError::MissingField("errors"));
+                }
+                IoOutcome::DeviceErrors(list(p.errors, "errors")?)
+            }
+        };
+        if p.bytes_done > MAX_FILE_SIZE {
+            return Err(invalid("bytes_done", "passes the largest file size"));
+        }
+        Ok(CompleteRequest {
+            session: session_id(p.session)?,
+            epoch: epoch(p.epoch)?,
+            grant_id: grant_id(p.grant_id, "grant_id")?,
+            outcome,
+            bytes_done: p.bytes_done,
+            sync: p.sync,
+        })
+    }
+}
+
+impl From<CompleteRequest> for pb::CompleteRequest {
+    fn from(r: CompleteRequest) -> Self {
+        let (status, errors) = match r.outcome {
+            IoOutcome::Ok => (pb::IoStatus::Ok, Vec::new()),
+            IoOutcome::DeviceErrors(e) => (pb::IoStatus::DeviceError, to_pb(e)),
+        };
+        pb::CompleteRequest {
+            session: r.session.0,
+            epoch: r.epoch.0,
+            grant_id: r.grant_id.0,
+            status: status.into(),
+            errors,
+            bytes_done: r.bytes_done,
+            sync: r.sync,
+        }
+    }
+}
+
+/// ReturnGrant: cached read grants given back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReturnGrantRequest {
+    pub session: SessionId,
+    pub epoch: SessionEpoch,
+    /// At least one.
+    pub grant_ids: Vec<GrantId>,
+}
+
+impl TryFrom<pb::ReturnGrantRequest> for ReturnGrantRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ReturnGrantRequest) -> Result<Self, ProtocolError> {
+        Ok(ReturnGrantRequest {
+            session: session_id(p.session)?,
+            epoch: epoch(p.epoch)?,
+            grant_ids: grant_ids(p.grant_ids, "grant_ids")?,
+        })
+    }
+}
+
+impl From<ReturnGrantRequest> for pb::ReturnGrantRequest {
+    fn from(r: ReturnGrantRequest) -> Self {
+        pb::ReturnGrantRequest {
+            session: r.session.0,
+            epoch: r.epoch.0,
+            grant_ids: r.grant_ids.into_iter().map(|g| g.0).collect(),
+        }
+    }
+}
+
+/// The handle fields (`session`, `handle`) of a Data request.
+fn handle_ref(session: u64, raw_handle: u64) -> Result<HandleRef, ProtocolError> {
+    Ok(HandleRef {
+        session: session_id(session)?,
+        handle: handle(raw_handle)?,
+    })
+}
+
+/// A range of at most [`MAX_INLINE_DATA`] bytes, not empty.
+fn inline_range(offset: u64, len: u64) -> Result<ByteRange, ProtocolError> {
+    if len > MAX_INLINE_DATA as u64 {
+        return Err(invalid(
+            "length",
+            format!("{len} bytes is more than {MAX_INLINE_DATA} inline"),
+        ));
+    }
+    nonempty_range(offset, len, "range")
+}
+
+/// Read on the proxied path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadRequest {
+    pub cred: Credentials,
+    pub handle: HandleRef,
+    pub inode: InodeId,
+    /// 1 to [`MAX_INLINE_DATA`] bytes.
+    pub range: ByteRange,
+}
+
+impl TryFrom<pb::ReadRequest> for ReadRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ReadRequest) -> Result<Self, ProtocolError> {
+        Ok(ReadRequest {
+            cred: cred(p.cred)?,
+            handle: handle_ref(p.session, p.handle)?,
+            inode: inode(p.inode, "inode")?,
+            range: inline_range(p.offset, p.length)?,
+        })
+    }
+}
+
+impl From<ReadRequest> for pb::ReadRequest {
+    fn from(r: ReadRequest) -> Self {
+        pb::ReadRequest {
+            cred: Some(r.cred.into()),
+            session: r.handle.session.0,
+            handle: r.handle.handle.0,
+            inode: r.inode.0,
+            offset: r.range.offset(),
+            length: r.range.len(),
+        }
+    }
+}
+
+/// The reply to a proxied Read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadReply {
+    /// At most [`MAX_INLINE_DATA`] bytes; short only at the end of file.
+    pub data: Vec<u8>,
+    pub eof: bool,
+}
+
+impl TryFrom<pb::ReadReply> for ReadReply {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ReadReply) -> Result<Self, ProtocolError> {
+        Ok(ReadReply {
+            data: payload(p.data, "data", MAX_INLINE_DATA)?,
+            eof: p.eof,
+        })
+    }
+}
+
+impl From<ReadReply> for pb::ReadReply {
+    fn from(r: ReadReply) -> Self {
+        pb::ReadReply {
+            data: r.data,
+            eof: r.eof,
+        }
+    }
+}
+
+/// Where a proxied write goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WritePosition {
+    At(u64),
+    /// At the end of file, atomically (O_APPEND).
+    Append,
+}
+
+/// Write on the proxied path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteRequest {
+    pub cred: Credentials,
+    pub handle: HandleRef,
+    pub inode: InodeId,
+    pub position: WritePosition,
+    /// 1 to [`MAX_INLINE_DATA`] bytes; with `At(offset)`, `offset + len` is a valid range.
+    pub data: Vec<u8>,
+    pub sync: bool,
+}
+
+impl TryFrom<pb::WriteRequest> for WriteRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::WriteRequest) -> Result<Self, ProtocolError> {
+        let data = payload(p.data, "data", MAX_INLINE_DATA)?;
+        if data.is_empty() {
+            return Err(invalid("data", "is empty"));
+        }
+        let position = if p.append {
+            if p.offset != 0 {
+                return Err(invalid("offset", "is set on an append"));
+            }
+            WritePosition::Append
+        } else {
+            byte_range(p.offset, data.len() as u64, "range")?;
+            WritePosition::At(p.offset)
+        };
+        Ok(WriteRequest {
+            cred: cred(p.cred)?,
+            handle: handle_ref(p.session, p.handle)?,
+            inode: inode(p.inode, "inode")?,
+            position,
+            data,
+            sync: p.sync,
+        })
+    }
+}
+
+impl From<WriteRequest> for pb::WriteRequest {
+    fn from(r: WriteRequest) -> Self {
+        let (offset, append) = match r.position {
+            WritePosition::At(offset) => (offset, false),
+            WritePosition::Append => (0, true),
+        };
+        pb::WriteRequest {
+            cred: Some(r.cred.into()),
+            session: r.handle.session.0,
+            handle: r.handle.handle.0,
+            inode: r.inode.0,
+            offset,
+            data: r.data,
+            sync: r.sync,
+            append,
+        }
+    }
+}
+
+/// The reply to a proxied Write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteReply {
+    /// Where the bytes went; at most [`MAX_INLINE_DATA`] long.
+    pub written: ByteRange,
+    pub attr: Attr,
+}
+
+impl TryFrom<pb::WriteReply> for WriteReply {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::WriteReply) -> Result<Self, ProtocolError> {
+        if p.bytes_written > MAX_INLINE_DATA as u64 {
+            return Err(invalid(
+                "bytes_written",
+                format!("{} is more than {MAX_INLINE_DATA}", p.bytes_written),
+            ));
+        }
+        Ok(WriteReply {
+            written: byte_range(p.offset, p.bytes_written, "written")?,
+            attr: attr(p.attr)?,
+        })
+    }
+}
+
+impl From<WriteReply> for pb::WriteReply {
+    fn from(r: WriteReply) -> Self {
+        pb::WriteReply {
+            offset: r.written.offset(),
+            bytes_written: r.written.len(),
+            attr: Some(r.attr.into()),
+        }
+    }
+}
+
+/// Fsync / fdatasync.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsyncRequest {
+    pub cred: Credentials,
+    pub handle: HandleRef,
+    pub inode: InodeId,
+    pub data_only: bool,
+}
+
+impl TryFrom<pb::FsyncRequest> for FsyncRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::FsyncRequest) -> Result<Self, ProtocolError> {
+        Ok(FsyncRequest {
+            cred: cred(p.cred)?,
+            handle: handle_ref(p.session, p.handle)?,
+            inode: inode(p.inode, "inode")?,
+            data_only: p.data_only,
+        })
+    }
+}
+
+impl From<FsyncRequest> for pb::FsyncRequest {
+    fn from(r: FsyncRequest) -> Self {
+        pb::FsyncRequest {
+            cred: Some(r.cred.into()),
+            session: r.handle.session.0,
+            handle: r.handle.handle.0,
+            inode: r.inode.0,
+            data_only: r.data_only,
+        }
+    }
+}
+
+/// What a fallocate does (the Linux mode flag combinations sanfs supports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallocateMode {
+    /// Mode 0: allocate Unwritten blocks and extend the size.
+    Allocate,
+    /// FALLOC_FL_KEEP_SIZE.
+    AllocateKeepSize,
+    /// FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE.
+    PunchHole,
+    /// FALLOC_FL_ZERO_RANGE.
+    ZeroRange,
+    /// FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE.
+    ZeroRangeKeepSize,
+}
+
+impl FallocateMode {
+    /// The Linux `mode` argument of fallocate(2) for this mode.
+    pub fn linux_flags(self) -> i32 {
+        const KEEP_SIZE: i32 = 0x01;
+        const PUNCH_HOLE: i32 = 0x02;
+        const ZERO_RANGE: i32 = 0x10;
+        match self {
+            FallocateMode::Allocate => 0,
+            FallocateMode::AllocateKeepSize => KEEP_SIZE,
+            FallocateMode::PunchHole => PUNCH_HOLE | KEEP_SIZE,
+            FallocateMode::ZeroRange => ZERO_RANGE,
+            FallocateMode::ZeroRangeKeepSize => ZERO_RANGE | KEEP_SIZE,
+        }
+    }
+
+    /// The mode for a Linux `mode` argument, if sanfs supports that combination.
+    pub fn from_linux_flags(flags: i32) -> Option<FallocateMode> {
+        [
+            FallocateMode::Allocate,
+            FallocateMode::AllocateKeepSize,
+            FallocateMode::PunchHole,
+            FallocateMode::ZeroRange,
+            FallocateMode::ZeroRangeKeepSize,
+        ]
+        .into_iter()
+        .find(|m| m.linux_flags() == flags)
+    }
+}
+
+/// Fallocate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FallocateRequest {
+    pub cred: Credentials,
+    pub handle: HandleRef,
+    pub inode: InodeId,
+    /// Not empty.
+    pub range: ByteRange,
+    pub mode: FallocateMode,
+}
+
+impl TryFrom<pb::FallocateRequest> for FallocateRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::FallocateRequest) -> Result<Self, ProtocolError> {
+        let mode = match enum_field::<pb::FallocateMode>(p.mode, "mode")? {
+            pb::FallocateMode::Unspecified => return Err(ProtocolError::MissingField("mode")),
+            pb::FallocateMode::Allocate => FallocateMode::Allocate,
+            pb::FallocateMode::AllocateKeepSize => FallocateMode::AllocateKeepSize,
+            pb::FallocateMode::PunchHole => FallocateMode::PunchHole,
+            pb::FallocateMode::ZeroRange => FallocateMode::ZeroRange,
+            pb::FallocateMode::ZeroRangeKeepSize => FallocateMode::ZeroRangeKeepSize,
+        };
+        Ok(FallocateRequest {
+            cred: cred(p.cred)?,
+            handle: handle_ref(p.session, p.handle)?,
+            inode: inode(p.inode, "inode")?,
+            range: nonempty_range(p.offset, p.length, "range")?,
+            mode,
+        })
+    }
+}
+
+impl From<FallocateRequest> for pb::FallocateRequest {
+    fn from(r: FallocateRequest) -> Self {
+        let mode = match r.mode {
+            FallocateMode::Allocate => pb::FallocateMode::Allocate,
+            FallocateMode::AllocateKeepSize => pb::FallocateMode::AllocateKeepSize,
+            FallocateMode::PunchHole => pb::FallocateMode::PunchHole,
+            FallocateMode::ZeroRange => pb::FallocateMode::ZeroRange,
+            FallocateMode::ZeroRangeKeepSize => pb::FallocateMode::ZeroRangeKeepSize,
+        };
+        pb::FallocateRequest {
+            cred: Some(r.cred.into()),
+            session: r.handle.session.0,
+            handle: r.handle.handle.0,
+            inode: r.inode.0,
+            offset: r.range.offset(),
+            length: r.range.len(),
+            mode: mode.into(),
+        }
+    }
+}
+
+/// GetExtents: the extent records of a range (`sanfs-agent bmap`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GetExtentsRequest {
+    pub cred: Credentials,
+    pub inode: InodeId,
+    /// Not empty.
+    pub range: ByteRange,
+}
+
+impl TryFrom<pb::GetExtentsRequest> for GetExtentsRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::GetExtentsRequest) -> Result<Self, ProtocolError> {
+        Ok(GetExtentsRequest {
+            cred: cred(p.cred)?,
+            inode: inode(p.inode, "inode")?,
+            range: nonempty_range(p.offset, p.length, "range")?,
+        })
+    }
+}
+
+impl From<GetExtentsRequest> for pb::GetExtentsRequest {
+    fn from(r: GetExtentsRequest) -> Self {
+        pb::GetExtentsRequest {
+            cred: Some(r.cred.into()),
+            inode: r.inode.0,
+            offset: r.range.offset(),
+            length: r.range.len(),
+        }
+    }
+}
+
+/// Whether an extent holds data (as XFS's bmbt state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExtentState {
+    Written,
+    /// Allocated, reads as zeros.
+    Unwritten,
+}
+
+/// A contiguous piece of an extent on one LUN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PhysPiece {
+    pub device: DeviceIndex,
+    pub phys_off: u64,
+    pub len: u64,
+}
+
+/// One extent record with its physical mapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtentMapping {
+    /// Not empty.
+    pub file_range: ByteRange,
+    pub vol_off: u64,
+    pub state: ExtentState,
+    /// In volume order; their lengths add up to `file_range.len()`.
+    pub pieces: Vec<PhysPiece>,
+}
+
+impl TryFrom<pb::ExtentMapping> for ExtentMapping {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ExtentMapping) -> Result<Self, ProtocolError> {
+        let file_range = nonempty_range(p.file_off, p.len, "file_range")?;
+        if p.vol_off.checked_add(p.len).is_none() {
+            return Err(invalid("vol_off", "vol_off + len overflows"));
+        }
+        let state = match enum_field::<pb::ExtentState>(p.state, "state")? {
+            pb::ExtentState::Unspecified => return Err(ProtocolError::MissingField("state")),
+            pb::ExtentState::Written => ExtentState::Written,
+            pb::ExtentState::Unwritten => ExtentState::Unwritten,
+        };
+        let mut sum = 0u64;
+        let mut pieces = Vec::with_capacity(p.pieces.len());
+        for piece in p.pieces {
+            if piece.len == 0 || piece.phys_off.checked_add(piece.len).is_none() {
+                return Err(invalid("pieces", "a piece is empty or overflows"));
+            }
+            sum = sum
+                .checked_add(piece.len)
+                .ok_or_else(|| invalid("pieces", "lengths overflow"))?;
+            pieces.push(PhysPiece {
+                device: DeviceIndex(piece.device),
+                phys_off: piece.phys_off,
+                len: piece.len,
+            });
+        }
+        if sum != p.len {
+            return Err(invalid(
+                "pieces",
+                format!("pieces add up to {sum} bytes, the extent is {}", p.len),
+            ));
+        }
+        Ok(ExtentMapping {
+            file_range,
+            vol_off: p.vol_off,
+            state,
+            pieces,
+        })
+    }
+}
+
+impl From<ExtentMapping> for pb::ExtentMapping {
+    fn from(e: ExtentMapping) -> Self {
+        let state = match e.state {
+            ExtentState::Written => pb::ExtentState::Written,
+            ExtentState::Unwritten => pb::ExtentState::Unwritten,
+        };
+        pb::ExtentMapping {
+            file_off: e.file_range.offset(),
+            len: e.file_range.len(),
+            vol_off: e.vol_off,
+            state: state.into(),
+            pieces: e
+                .pieces
+                .into_iter()
+                .map(|p| pb::PhysPiece {
+                    device: p.device.0,
+                    phys_off: p.phys_off,
+                    len: p.len,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The reply to GetExtents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GetExtentsReply {
+    /// In file order, not overlapping.
+    pub extents: Vec<ExtentMapping>,
+    pub file_size: u64,
+    pub block_size: u32,
+}
+
+impl TryFrom<pb::GetExtentsReply> for GetExtentsReply {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::GetExtentsReply) -> Result<Self, ProtocolError> {
+        let extents: Vec<ExtentMapping> = list(p.extents, "extents")?;
+        for pair in extents.windows(2) {
+            if let [a, b] = pair
+                && b.file_range.offset() < a.file_range.end()
+            {
+                return Err(invalid(
+                    "extents",
+                    format!(
+                        "extent at {} overlaps or precedes the one before it",
+                        b.file_range.offset()
+                    ),
+                ));
+            }
+        }
+        if p.file_size > MAX_FILE_SIZE {
+            return Err(invalid("file_size", "passes the largest file size"));
+        }
+        Ok(GetExtentsReply {
+            extents,
+            file_size: p.file_size,
+            block_size: super::session::block_size(p.block_size, "block_size")?,
+        })
+    }
+}
+
+impl From<GetExtentsReply> for pb::GetExtentsReply {
+    fn from(r: GetExtentsReply) -> Self {
+        pb::GetExtentsReply {
+            extents: to_pb(r.extents),
+            file_size: r.file_size,
+            block_size: r.block_size,
+        }
+    }
+}

@@ -1,0 +1,965 @@
+//! The Namespace service: lookups, attributes, creating and removing names, directories,
+//! symlinks, extended attributes, open handles and permission checks.
+//!
+//! Several RPCs share one domain shape (`EntryRequest` for Lookup, Unlink and Rmdir;
+//! `InodeRequest` for GetAttr, Readlink, StatFs, ListXattr and GetQuota; a bare
+//! [`Attr`] for the replies that only carry attributes); the conversions exist for each of
+//! their wire messages.
+
+use super::common::{attr, cred, file_type, rename_mode, xattr_mode};
+use super::{
+    At, FIRST_DIR_COOKIE, MAX_READDIR_ENTRIES, file_name, handle, inode, invalid, list, payload,
+    perm, required_msg, session_id, to_pb,
+};
+use crate::pb;
+use crate::types::{
+    Attr, Credentials, FileName, FileType, InodeId, NAME_MAX, OpenHandle, ProtocolError,
+    RenameMode, SessionId, SetAttr, SymlinkTarget, XATTR_SIZE_MAX, XattrMode, XattrName,
+};
+
+/// A request naming one directory entry: Lookup, Unlink, Rmdir.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryRequest {
+    pub cred: Credentials,
+    pub parent: InodeId,
+    pub name: FileName,
+}
+
+pub type LookupRequest = EntryRequest;
+pub type UnlinkRequest = EntryRequest;
+pub type RmdirRequest = EntryRequest;
+
+macro_rules! entry_request {
+    ($($pb:ident),*) => {$(
+        impl TryFrom<pb::$pb> for EntryRequest {
+            type Error = ProtocolError;
+
+            fn try_from(p: pb::$pb) -> Result<Self, ProtocolError> {
+                Ok(EntryRequest {
+                    cred: cred(p.cred)?,
+                    parent: inode(p.parent, "parent")?,
+                    name: file_name(p.name, "name")?,
+                })
+            }
+        }
+
+        impl From<EntryRequest> for pb::$pb {
+            fn from(r: EntryRequest) -> Self {
+                pb::$pb {
+                    cred: Some(r.cred.into()),
+                    parent: r.parent.0,
+                    name: r.name.into_bytes(),
+                }
+            }
+        }
+    )*};
+}
+entry_request!(LookupRequest, UnlinkRequest, RmdirRequest);
+
+/// A request about one inode: GetAttr, Readlink, StatFs, ListXattr, GetQuota.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InodeRequest {
+    pub cred: Credentials,
+    pub inode: InodeId,
+}
+
+pub type GetAttrRequest = InodeRequest;
+pub type ReadlinkRequest = InodeRequest;
+pub type StatFsRequest = InodeRequest;
+pub type ListXattrRequest = InodeRequest;
+pub type GetQuotaRequest = InodeRequest;
+
+macro_rules! inode_request {
+    ($($pb:ident),*) => {$(
+        impl TryFrom<pb::$pb> for InodeRequest {
+            type Error = ProtocolError;
+
+            fn try_from(p: pb::$pb) -> Result<Self, ProtocolError> {
+                Ok(InodeRequest {
+                    cred: cred(p.cred)?,
+                    inode: inode(p.inode, "inode")?,
+                })
+            }
+        }
+
+        impl From<InodeRequest> for pb::$pb {
+            fn from(r: InodeRequest) -> Self {
+                pb::$pb {
+                    cred: Some(r.cred.into()),
+                    inode: r.inode.0,
+                }
+            }
+        }
+    )*};
+}
+inode_request!(
+    GetAttrRequest,
+    ReadlinkRequest,
+    StatFsRequest,
+    ListXattrRequest,
+    GetQuotaRequest
+);
+
+macro_rules! attr_reply {
+    ($($pb:ident),*) => {$(
+        impl TryFrom<pb::$pb> for Attr {
+            type Error = ProtocolError;
+
+            fn try_from(p: pb::$pb) -> Result<Self, ProtocolError> {
+                attr(p.attr)
+            }
+        }
+
+        impl From<Attr> for pb::$pb {
+            fn from(a: Attr) -> Self {
+                pb::$pb { attr: Some(a.into()) }
+            }
+        }
+    )*};
+}
+attr_reply!(
+    LookupReply,
+    GetAttrReply,
+    SetAttrReply,
+    MkdirReply,
+    MknodReply,
+    LinkReply,
+    SymlinkReply,
+    CompleteReply,
+    FallocateReply
+);
+
+/// An open handle and the session that owns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandleRef {
+    pub session: SessionId,
+    pub handle: OpenHandle,
+}
+
+/// Release closes an open handle.
+pub type ReleaseRequest = HandleRef;
+
+impl TryFrom<pb::ReleaseRequest> for HandleRef {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ReleaseRequest) -> Result<Self, ProtocolError> {
+        Ok(HandleRef {
+            session: session_id(p.session)?,
+            handle: handle(p.handle)?,
+        })
+    }
+}
+
+impl From<HandleRef> for pb::ReleaseRequest {
+    fn from(r: HandleRef) -> Self {
+        pb::ReleaseRequest {
+            session: r.session.0,
+            handle: r.handle.0,
+        }
+    }
+}
+
+/// SetAttr (and truncate, which is a SetAttr of the size).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetAttrRequest {
+    pub cred: Credentials,
+    pub inode: InodeId,
+    pub changes: SetAttr,
+    /// The open handle of an ftruncate: permission is checked against its open mode.
+    pub handle: Option<HandleRef>,
+}
+
+impl TryFrom<pb::SetAttrRequest> for SetAttrRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::SetAttrRequest) -> Result<Self, ProtocolError> {
+        let handle = match (p.handle, p.session) {
+            (None, None) => None,
+            (Some(h), Some(s)) => Some(HandleRef {
+                session: session_id(s)?,
+                handle: handle(h)?,
+            }),
+            (Some(_), None) => return Err(ProtocolError::MissingField("session")),
+            (None, Some(_)) => return Err(invalid("session", "is set without a handle")),
+        };
+        Ok(SetAttrRequest {
+            cred: cred(p.cred)?,
+            inode: inode(p.inode, "inode")?,
+            changes: required_msg(p.changes, "changes")?,
+            handle,
+        })
+    }
+}
+
+impl From<SetAttrRequest> for pb::SetAttrRequest {
+    fn from(r: SetAttrRequest) -> Self {
+        pb::SetAttrRequest {
+            cred: Some(r.cred.into()),
+            inode: r.inode.0,
+            changes: Some(r.changes.into()),
+            handle: r.handle.map(|h| h.handle.0),
+            session: r.handle.map(|h| h.session.0),
+        }
+    }
+}
+
+/// How a file is opened. At least one of `read` and `write`; `append` and `truncate` need
+/// `write`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFlags {
+    pub read: bool,
+    pub write: bool,
+    pub append: bool,
+    pub truncate: bool,
+}
+
+impl TryFrom<pb::OpenFlags> for OpenFlags {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::OpenFlags) -> Result<Self, ProtocolError> {
+        if !p.read && !p.write {
+            return Err(invalid("flags", "neither read nor write"));
+        }
+        if (p.append || p.truncate) && !p.write {
+            return Err(invalid("flags", "append or truncate without write"));
+        }
+        Ok(OpenFlags {
+            read: p.read,
+            write: p.write,
+            append: p.append,
+            truncate: p.truncate,
+        })
+    }
+}
+
+impl From<OpenFlags> for pb::OpenFlags {
+    fn from(f: OpenFlags) -> Self {
+        pb::OpenFlags {
+            read: f.read,
+            write: f.write,
+            append: f.append,
+            truncate: f.truncate,
+        }
+    }
+}
+
+/// Create: create (or open) a regular file and open it for `session`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateRequest {
+    pub cred: Credentials,
+    pub session: SessionId,
+    pub parent: InodeId,
+    pub name: FileName,
+    /// Final permission bits: the agent applied the umask.
+    pub perm: u32,
+    pub exclusive: bool,
+    pub flags: OpenFlags,
+}
+
+impl TryFrom<pb::CreateRequest> for CreateRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::CreateRequest) -> Result<Self, ProtocolError> {
+        Ok(CreateRequest {
+            cred: cred(p.cred)?,
+            session: session_id(p.session)?,
+            parent: inode(p.parent, "parent")?,
+            name: file_name(p.name, "name")?,
+            perm: perm(p.perm, "perm")?,
+            exclusive: p.exclusive,
+            flags: required_msg(p.flags, "flags")?,
+        })
+    }
+}
+
+impl From<CreateRequest> for pb::CreateRequest {
+    fn from(r: CreateRequest) -> Self {
+        pb::CreateRequest {
+            cred: Some(r.cred.into()),
+            session: r.session.0,
+            parent: r.parent.0,
+            name: r.name.into_bytes(),
+            perm: r.perm,
+            exclusive: r.exclusive,
+            flags: Some(r.flags.into()),
+        }
+    }
+}
+
+/// The reply to Create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateReply {
+    pub attr: Attr,
+    pub handle: OpenHandle,
+    /// False when an existing file was opened (no `exclusive`).
+    pub created: bool,
+}
+
+impl TryFrom<pb::CreateReply> for CreateReply {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::CreateReply) -> Result<Self, ProtocolError> {
+        let attr = attr(p.attr)?;
+        if attr.kind != FileType::Regular {
+            return Err(invalid("attr", "Create returned a non-regular file"));
+        }
+        Ok(CreateReply {
+            attr,
+            handle: handle(p.handle)?,
+            created: p.created,
+        })
+    }
+}
+
+impl From<CreateReply> for pb::CreateReply {
+    fn from(r: CreateReply) -> Self {
+        pb::CreateReply {
+            attr: Some(r.attr.into()),
+            handle: r.handle.0,
+            created: r.created,
+        }
+    }
+}
+
+/// Mkdir.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MkdirRequest {
+    pub cred: Credentials,
+    pub parent: InodeId,
+    pub name: FileName,
+    /// Final permission bits: the agent applied the umask.
+    pub perm: u32,
+}
+
+impl TryFrom<pb::MkdirRequest> for MkdirRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::MkdirRequest) -> Result<Self, ProtocolError> {
+        Ok(MkdirRequest {
+            cred: cred(p.cred)?,
+            parent: inode(p.parent, "parent")?,
+            name: file_name(p.name, "name")?,
+            perm: perm(p.perm, "perm")?,
+        })
+    }
+}
+
+impl From<MkdirRequest> for pb::MkdirRequest {
+    fn from(r: MkdirRequest) -> Self {
+        pb::MkdirRequest {
+            cred: Some(r.cred.into()),
+            parent: r.parent.0,
+            name: r.name.into_bytes(),
+            perm: r.perm,
+        }
+    }
+}
+
+/// Mknod: a regular file, FIFO, socket or device node (not a directory or symlink).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MknodRequest {
+    pub cred: Credentials,
+    pub parent: InodeId,
+    pub name: FileName,
+    pub kind: FileType,
+    /// Final permission bits: the agent applied the umask.
+    pub perm: u32,
+    /// Device number; 0 unless `kind` is a character or block device.
+    pub rdev: u64,
+}
+
+impl TryFrom<pb::MknodRequest> for MknodRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::MknodRequest) -> Result<Self, ProtocolError> {
+        let kind = file_type(p.kind, "kind")?;
+        match kind {
+            FileType::Directory | FileType::Symlink => {
+                return Err(invalid("kind", "mknod cannot make a directory or symlink"));
+            }
+            FileType::CharDevice | FileType::BlockDevice => {}
+            FileType::Regular | FileType::Fifo | FileType::Socket => {
+                if p.rdev != 0 {
+                    return Err(invalid("rdev", "is set for a node that is not a device"));
+                }
+            }
+        }
+        Ok(MknodRequest {
+            cred: cred(p.cred)?,
+            parent: inode(p.parent, "parent")?,
+            name: file_name(p.name, "name")?,
+            kind,
+            perm: perm(p.perm, "perm")?,
+            rdev: p.rdev,
+        })
+    }
+}
+
+impl From<MknodRequest> for pb::MknodRequest {
+    fn from(r: MknodRequest) -> Self {
+        pb::MknodRequest {
+            cred: Some(r.cred.into()),
+            parent: r.parent.0,
+            name: r.name.into_bytes(),
+            kind: pb::FileType::from(r.kind).into(),
+            perm: r.perm,
+            rdev: r.rdev,
+        }
+    }
+}
+
+/// Rename (renameat2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenameRequest {
+    pub cred: Credentials,
+    pub old_parent: InodeId,
+    pub old_name: FileName,
+    pub new_parent: InodeId,
+    pub new_name: FileName,
+    pub mode: RenameMode,
+}
+
+impl TryFrom<pb::RenameRequest> for RenameRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::RenameRequest) -> Result<Self, ProtocolError> {
+        Ok(RenameRequest {
+            cred: cred(p.cred)?,
+            old_parent: inode(p.old_parent, "old_parent")?,
+            old_name: file_name(p.old_name, "old_name")?,
+            new_parent: inode(p.new_parent, "new_parent")?,
+            new_name: file_name(p.new_name, "new_name")?,
+            mode: rename_mode(p.mode)?,
+        })
+    }
+}
+
+impl From<RenameRequest> for pb::RenameRequest {
+    fn from(r: RenameRequest) -> Self {
+        pb::RenameRequest {
+            cred: Some(r.cred.into()),
+            old_parent: r.old_parent.0,
+            old_name: r.old_name.into_bytes(),
+            new_parent: r.new_parent.0,
+            new_name: r.new_name.into_bytes(),
+            mode: pb::RenameMode::from(r.mode).into(),
+        }
+    }
+}
+
+/// Link: a new name for an existing inode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkRequest {
+    pub cred: Credentials,
+    pub inode: InodeId,
+    pub new_parent: InodeId,
+    pub new_name: FileName,
+}
+
+impl TryFrom<pb::LinkRequest> for LinkRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::LinkRequest) -> Result<Self, ProtocolError> {
+        Ok(LinkRequest {
+            cred: cred(p.cred)?,
+            inode: inode(p.inode, "inode")?,
+            new_parent: inode(p.new_parent, "new_parent")?,
+            new_name: file_name(p.new_name, "new_name")?,
+        })
+    }
+}
+
+impl From<LinkRequest> for pb::LinkRequest {
+    fn from(r: LinkRequest) -> Self {
+        pb::LinkRequest {
+            cred: Some(r.cred.into()),
+            inode: r.inode.0,
+            new_parent: r.new_parent.0,
+            new_name: r.new_name.into_bytes(),
+        }
+    }
+}
+
+/// Symlink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SymlinkRequest {
+    pub cred: Credentials,
+    pub parent: InodeId,
+    pub name: FileName,
+    pub target: SymlinkTarget,
+}
+
+impl TryFrom<pb::SymlinkRequest> for SymlinkRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::SymlinkRequest) -> Result<Self, ProtocolError> {
+        Ok(SymlinkRequest {
+            cred: cred(p.cred)?,
+            parent: inode(p.parent, "parent")?,
+            name: file_name(p.name, "name")?,
+            target: SymlinkTarget::new(p.target).at("target")?,
+        })
+    }
+}
+
+impl From<SymlinkRequest> for pb::SymlinkRequest {
+    fn from(r: SymlinkRequest) -> Self {
+        pb::SymlinkRequest {
+            cred: Some(r.cred.into()),
+            parent: r.parent.0,
+            name: r.name.into_bytes(),
+            target: r.target.into_bytes(),
+        }
+    }
+}
+
+impl TryFrom<pb::ReadlinkReply> for SymlinkTarget {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ReadlinkReply) -> Result<Self, ProtocolError> {
+        SymlinkTarget::new(p.target).at("target")
+    }
+}
+
+impl From<SymlinkTarget> for pb::ReadlinkReply {
+    fn from(t: SymlinkTarget) -> Self {
+        pb::ReadlinkReply {
+            target: t.into_bytes(),
+        }
+    }
+}
+
+/// ReadDir: one page of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadDirRequest {
+    pub cred: Credentials,
+    pub inode: InodeId,
+    /// 0 to start, else the cookie of the last entry seen.
+    pub cookie: u64,
+    /// 1 to [`MAX_READDIR_ENTRIES`].
+    pub max_entries: u32,
+    /// readdirplus: return attributes too.
+    pub plus: bool,
+}
+
+impl TryFrom<pb::ReadDirRequest> for ReadDirRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ReadDirRequest) -> Result<Self, ProtocolError> {
+        if p.max_entries == 0 || p.max_entries > MAX_READDIR_ENTRIES {
+            return Err(invalid(
+                "max_entries",
+                format!("{} is not 1 to {MAX_READDIR_ENTRIES}", p.max_entries),
+            ));
+        }
+        if p.cookie != 0 && p.cookie < FIRST_DIR_COOKIE {
+            return Err(invalid(
+                "cookie",
+                format!("{} is reserved for the agent's . and ..", p.cookie),
+            ));
+        }
+        Ok(ReadDirRequest {
+            cred: cred(p.cred)?,
+            inode: inode(p.inode, "inode")?,
+            cookie: p.cookie,
+            max_entries: p.max_entries,
+            plus: p.plus,
+        })
+    }
+}
+
+impl From<ReadDirRequest> for pb::ReadDirRequest {
+    fn from(r: ReadDirRequest) -> Self {
+        pb::ReadDirRequest {
+            cred: Some(r.cred.into()),
+            inode: r.inode.0,
+            cookie: r.cookie,
+            max_entries: r.max_entries,
+            plus: r.plus,
+        }
+    }
+}
+
+/// One directory entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: FileName,
+    pub inode: InodeId,
+    pub kind: FileType,
+    /// At least [`FIRST_DIR_COOKIE`].
+    pub cookie: u64,
+    /// Present for readdirplus; then its `ino` and `kind` match the entry's.
+    pub attr: Option<Attr>,
+}
+
+impl TryFrom<pb::DirEntry> for DirEntry {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::DirEntry) -> Result<Self, ProtocolError> {
+        if p.cookie < FIRST_DIR_COOKIE {
+            return Err(invalid(
+                "cookie",
+                format!("{} is below {FIRST_DIR_COOKIE}", p.cookie),
+            ));
+        }
+        let inode = inode(p.inode, "inode")?;
+        let kind = file_type(p.kind, "kind")?;
+        let attr = p.attr.map(Attr::try_from).transpose().at("attr")?;
+        if let Some(a) = &attr
+            && (a.ino != inode || a.kind != kind)
+        {
+            return Err(invalid(
+                "attr",
+                "names another inode or type than the entry",
+            ));
+        }
+        Ok(DirEntry {
+            name: file_name(p.name, "name")?,
+            inode,
+            kind,
+            cookie: p.cookie,
+            attr,
+        })
+    }
+}
+
+impl From<DirEntry> for pb::DirEntry {
+    fn from(e: DirEntry) -> Self {
+        pb::DirEntry {
+            name: e.name.into_bytes(),
+            inode: e.inode.0,
+            kind: pb::FileType::from(e.kind).into(),
+            cookie: e.cookie,
+            attr: e.attr.map(Into::into),
+        }
+    }
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadDirReply {
+    /// At most [`MAX_READDIR_ENTRIES`].
+    pub entries: Vec<DirEntry>,
+    pub eof: bool,
+    /// The directory's parent (the root is its own), for `..`.
+    pub parent: InodeId,
+}
+
+impl TryFrom<pb::ReadDirReply> for ReadDirReply {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ReadDirReply) -> Result<Self, ProtocolError> {
+        if p.entries.len() > MAX_READDIR_ENTRIES as usize {
+            return Err(invalid(
+                "entries",
+                format!(
+                    "{} entries (at most {MAX_READDIR_ENTRIES})",
+                    p.entries.len()
+                ),
+            ));
+        }
+        Ok(ReadDirReply {
+            entries: list(p.entries, "entries")?,
+            eof: p.eof,
+            parent: inode(p.parent, "parent")?,
+        })
+    }
+}
+
+impl From<ReadDirReply> for pb::ReadDirReply {
+    fn from(r: ReadDirReply) -> Self {
+        pb::ReadDirReply {
+            entries: to_pb(r.entries),
+            eof: r.eof,
+            parent: r.parent.0,
+        }
+    }
+}
+
+/// StatFs reply: counts in blocks of `block_size` bytes and in inodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatFs {
+    pub block_size: u32,
+    pub total_blocks: u64,
+    /// At most `total_blocks`.
+    pub free_blocks: u64,
+    /// At most `free_blocks`.
+    pub avail_blocks: u64,
+    pub total_inodes: u64,
+    /// At most `total_inodes`.
+    pub free_inodes: u64,
+    pub name_max: u32,
+}
+
+impl TryFrom<pb::StatFsReply> for StatFs {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::StatFsReply) -> Result<Self, ProtocolError> {
+        let block_size = super::session::block_size(p.block_size, "block_size")?;
+        if p.free_blocks > p.total_blocks {
+            return Err(invalid("free_blocks", "exceeds total_blocks"));
+        }
+        if p.avail_blocks > p.free_blocks {
+            return Err(invalid("avail_blocks", "exceeds free_blocks"));
+        }
+        if p.free_inodes > p.total_inodes {
+            return Err(invalid("free_inodes", "exceeds total_inodes"));
+        }
+        if p.name_max == 0 || p.name_max as usize > NAME_MAX {
+            return Err(invalid(
+                "name_max",
+                format!("{} is not 1 to {NAME_MAX}", p.name_max),
+            ));
+        }
+        Ok(StatFs {
+            block_size,
+            total_blocks: p.total_blocks,
+            free_blocks: p.free_blocks,
+            avail_blocks: p.avail_blocks,
+            total_inodes: p.total_inodes,
+            free_inodes: p.free_inodes,
+            name_max: p.name_max,
+        })
+    }
+}
+
+impl From<StatFs> for pb::StatFsReply {
+    fn from(s: StatFs) -> Self {
+        pb::StatFsReply {
+            block_size: s.block_size,
+            total_blocks: s.total_blocks,
+            free_blocks: s.free_blocks,
+            avail_blocks: s.avail_blocks,
+            total_inodes: s.total_inodes,
+            free_inodes: s.free_inodes,
+            name_max: s.name_max,
+        }
+    }
+}
+
+/// A request naming one extended attribute: GetXattr, RemoveXattr.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XattrRequest {
+    pub cred: Credentials,
+    pub inode: InodeId,
+    pub name: XattrName,
+}
+
+pub type GetXattrRequest = XattrRequest;
+pub type RemoveXattrRequest = XattrRequest;
+
+macro_rules! xattr_request {
+    ($($pb:ident),*) => {$(
+        impl TryFrom<pb::$pb> for XattrRequest {
+            type Error = ProtocolError;
+
+            fn try_from(p: pb::$pb) -> Result<Self, ProtocolError> {
+                Ok(XattrRequest {
+                    cred: cred(p.cred)?,
+                    inode: inode(p.inode, "inode")?,
+                    name: XattrName::new(p.name).at("name")?,
+                })
+            }
+        }
+
+        impl From<XattrRequest> for pb::$pb {
+            fn from(r: XattrRequest) -> Self {
+                pb::$pb {
+                    cred: Some(r.cred.into()),
+                    inode: r.inode.0,
+                    name: r.name.into_bytes(),
+                }
+            }
+        }
+    )*};
+}
+xattr_request!(GetXattrRequest, RemoveXattrRequest);
+
+/// The value of one extended attribute: at most [`XATTR_SIZE_MAX`] bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XattrValue(pub Vec<u8>);
+
+impl TryFrom<pb::GetXattrReply> for XattrValue {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::GetXattrReply) -> Result<Self, ProtocolError> {
+        Ok(XattrValue(payload(p.value, "value", XATTR_SIZE_MAX)?))
+    }
+}
+
+impl From<XattrValue> for pb::GetXattrReply {
+    fn from(v: XattrValue) -> Self {
+        pb::GetXattrReply { value: v.0 }
+    }
+}
+
+/// SetXattr.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetXattrRequest {
+    pub cred: Credentials,
+    pub inode: InodeId,
+    pub name: XattrName,
+    /// At most [`XATTR_SIZE_MAX`] bytes.
+    pub value: Vec<u8>,
+    pub mode: XattrMode,
+}
+
+impl TryFrom<pb::SetXattrRequest> for SetXattrRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::SetXattrRequest) -> Result<Self, ProtocolError> {
+        Ok(SetXattrRequest {
+            cred: cred(p.cred)?,
+            inode: inode(p.inode, "inode")?,
+            name: XattrName::new(p.name).at("name")?,
+            value: payload(p.value, "value", XATTR_SIZE_MAX)?,
+            mode: xattr_mode(p.mode)?,
+        })
+    }
+}
+
+impl From<SetXattrRequest> for pb::SetXattrRequest {
+    fn from(r: SetXattrRequest) -> Self {
+        pb::SetXattrRequest {
+            cred: Some(r.cred.into()),
+            inode: r.inode.0,
+            name: r.name.into_bytes(),
+            value: r.value,
+            mode: pb::XattrMode::from(r.mode).into(),
+        }
+    }
+}
+
+/// The names of a file's extended attributes; together (with one NUL after each) at most
+/// [`XATTR_SIZE_MAX`] bytes, as listxattr(2) can return.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XattrNames(pub Vec<XattrName>);
+
+impl TryFrom<pb::ListXattrReply> for XattrNames {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ListXattrReply) -> Result<Self, ProtocolError> {
+        let total = p.names.iter().fold(0usize, |sum, n| {
+            sum.saturating_add(n.len()).saturating_add(1)
+        });
+        if total > XATTR_SIZE_MAX {
+            return Err(invalid(
+                "names",
+                format!("list is {total} bytes (at most {XATTR_SIZE_MAX})"),
+            ));
+        }
+        let names = p
+            .names
+            .into_iter()
+            .map(|n| XattrName::new(n).at("names"))
+            .collect::<Result<_, _>>()?;
+        Ok(XattrNames(names))
+    }
+}
+
+impl From<XattrNames> for pb::ListXattrReply {
+    fn from(n: XattrNames) -> Self {
+        pb::ListXattrReply {
+            names: n.0.into_iter().map(XattrName::into_bytes).collect(),
+        }
+    }
+}
+
+/// Open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenRequest {
+    pub cred: Credentials,
+    pub session: SessionId,
+    pub inode: InodeId,
+    pub flags: OpenFlags,
+}
+
+impl TryFrom<pb::OpenRequest> for OpenRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::OpenRequest) -> Result<Self, ProtocolError> {
+        Ok(OpenRequest {
+            cred: cred(p.cred)?,
+            session: session_id(p.session)?,
+            inode: inode(p.inode, "inode")?,
+            flags: required_msg(p.flags, "flags")?,
+        })
+    }
+}
+
+impl From<OpenRequest> for pb::OpenRequest {
+    fn from(r: OpenRequest) -> Self {
+        pb::OpenRequest {
+            cred: Some(r.cred.into()),
+            session: r.session.0,
+            inode: r.inode.0,
+            flags: Some(r.flags.into()),
+        }
+    }
+}
+
+/// The reply to Open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenReply {
+    pub handle: OpenHandle,
+    pub attr: Attr,
+}
+
+impl TryFrom<pb::OpenReply> for OpenReply {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::OpenReply) -> Result<Self, ProtocolError> {
+        Ok(OpenReply {
+            handle: handle(p.handle)?,
+            attr: attr(p.attr)?,
+        })
+    }
+}
+
+impl From<OpenReply> for pb::OpenReply {
+    fn from(r: OpenReply) -> Self {
+        pb::OpenReply {
+            handle: r.handle.0,
+            attr: Some(r.attr.into()),
+        }
+    }
+}
+
+/// access(2) mask bits.
+pub const ACCESS_R: u32 = 4;
+pub const ACCESS_W: u32 = 2;
+pub const ACCESS_X: u32 = 1;
+
+/// Access: a permission check without opening.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessRequest {
+    pub cred: Credentials,
+    pub inode: InodeId,
+    /// [`ACCESS_R`] | [`ACCESS_W`] | [`ACCESS_X`], or 0 for existence only.
+    pub mask: u32,
+}
+
+impl TryFrom<pb::AccessRequest> for AccessRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::AccessRequest) -> Result<Self, ProtocolError> {
+        if p.mask > (ACCESS_R | ACCESS_W | ACCESS_X) {
+            return Err(invalid("mask", format!("{:#o} has bits above 0o7", p.mask)));
+        }
+        Ok(AccessRequest {
+            cred: cred(p.cred)?,
+            inode: inode(p.inode, "inode")?,
+            mask: p.mask,
+        })
+    }
+}
+
+impl From<AccessRequest> for pb::AccessRequest {
+    fn from(r: AccessRequest) -> Self {
+        pb::AccessRequest {
+            cred: Some(r.cred.into()),
+            inode: r.inode.0,
+            mask: r.mask,
+        }
+    }
+}
