@@ -37,7 +37,7 @@ pub enum PlanMethod {
 }
 
 /// A piece of the caller's buffer, relative to the start of the planned range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct BufRange {
     pub buf_off: u64,
     pub len: u64,

@@ -81,12 +81,7 @@ pub enum LockMode {
     Exclusive,
 }
 
-/// A piece of the caller's buffer, `buf_off` counted from the start of the granted range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct BufRange {
-    pub buf_off: u64,
-    pub len: u64,
-}
+pub use sanfs_blockmap::plan::BufRange;
 
 impl From<pb::BufRange> for BufRange {
     fn from(p: pb::BufRange) -> Self {
@@ -106,15 +101,7 @@ impl From<BufRange> for pb::BufRange {
     }
 }
 
-/// One device I/O: `[phys_off, phys_off + len)` on device `device`, to or from the buffer
-/// pieces `iov` in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceIo {
-    pub device: DeviceIndex,
-    pub phys_off: u64,
-    pub len: u64,
-    pub iov: Vec<BufRange>,
-}
+pub use sanfs_blockmap::plan::DeviceIo;
 
 impl TryFrom<pb::DeviceIo> for DeviceIo {
     type Error = ProtocolError;
@@ -788,13 +775,7 @@ impl From<GetExtentsRequest> for pb::GetExtentsRequest {
     }
 }
 
-/// Whether an extent holds data (as XFS's bmbt state).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ExtentState {
-    Written,
-    /// Allocated, reads as zeros.
-    Unwritten,
-}
+pub use sanfs_blockmap::extent::ExtentState;
 
 /// A contiguous piece of an extent on one LUN.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
