@@ -1,2 +1,4 @@
-//! `sanfs-mds`: owns the namespace, every file's extent map, the allocator, sessions and
-//! grants. Every change is one durable transaction.
+//! `sanfs-mds`: the metadata server. It owns the namespace, every file's extent map, the
+//! free-space allocator, sessions and grants; every change is one durable transaction.
+//!
+//! The binary (`main.rs`) is a thin command line over these modules.

