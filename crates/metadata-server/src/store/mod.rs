@@ -1,0 +1,906 @@
+//! The durable metadata store: redb tables, and the committer that batches concurrent
+//! operations into one durable commit (group commit).
+//!
+//! Every change goes through [`Store::write`]: a job (a closure over [`Ctx`]) is queued to the
+//! committer thread, which runs all the jobs that are waiting in one redb write transaction
+//! and commits it with `Durability::Immediate`; only then does any job's caller get its answer.
+//! So an operation is acknowledged only once durable, and concurrent operations share one
+//! sync. A job must check everything that can fail *before* it changes anything: a job that
+//! answers with an error leaves no trace, which is what makes one transaction per batch safe.
+//!
+//! Reads ([`Store::read`]) run on the caller's thread in a redb read transaction (MVCC): they
+//! never wait for the committer and always see every acknowledged change.
+//!
+//! A failed commit or a storage error poisons the store (fail-stop, as redb itself does):
+//! every later operation answers EIO and [`Store::poisoned`] tells the server to stop.
+//! Restarting re-reads the durable state.
+
+pub mod backend;
+pub mod records;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+
+use redb::{
+    Database, ReadOnlyTable, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table,
+    TableDefinition, WriteTransaction,
+};
+use sanfs_blockmap::alloc::Allocator;
+use sanfs_blockmap::codec;
+use sanfs_blockmap::volume::Volume;
+use sanfs_proto::types::{FileType, FsError, Timestamp};
+use uuid::Uuid;
+
+use crate::clock::Clock;
+use backend::{BlockDeviceBackend, SimDisk};
+use records::{InodeRec, STORE_FORMAT_VERSION, Superblock};
+
+pub const SUPER: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("super");
+pub const COUNTERS: TableDefinition<'_, &str, u64> = TableDefinition::new("counters");
+pub const INODES: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("inodes");
+/// (directory, name) -> (child inode, readdir cookie, file type code).
+pub const DIRENTS: TableDefinition<'_, (u64, &[u8]), (u64, u64, u8)> =
+    TableDefinition::new("dirents");
+/// (directory, cookie) -> name: readdir order, stable under inserts and removals.
+pub const COOKIES: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("cookies");
+/// inode -> the file's extent list (`codec::encode_extents`).
+pub const EXTENTS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("extents");
+/// Free space by start block: start -> length in blocks (mirrors the allocator).
+pub const FREE: TableDefinition<'_, u64, u64> = TableDefinition::new("free");
+/// (inode, name) -> value.
+pub const XATTRS: TableDefinition<'_, (u64, &[u8]), &[u8]> = TableDefinition::new("xattrs");
+/// Inodes with no links left that were still open: reaped at last close or next start.
+pub const ORPHANS: TableDefinition<'_, u64, ()> = TableDefinition::new("orphans");
+
+const KEY_SUPER: &str = "super";
+const KEY_VOLUME: &str = "volume";
+const KEY_NEXT_INODE: &str = "next_inode";
+const KEY_GENERATION: &str = "generation";
+
+/// The root directory's inode number.
+pub const ROOT: u64 = 1;
+
+/// Why a job failed: a file-system answer for the caller, or a storage failure that poisons
+/// the store.
+#[derive(Debug)]
+pub enum OpError {
+    Fs(FsError),
+    Store(String),
+}
+
+impl From<FsError> for OpError {
+    fn from(e: FsError) -> OpError {
+        OpError::Fs(e)
+    }
+}
+
+macro_rules! store_errors {
+    ($($t:ty),*) => {$(
+        impl From<$t> for OpError {
+            fn from(e: $t) -> OpError {
+                OpError::Store(e.to_string())
+            }
+        }
+    )*};
+}
+store_errors!(
+    redb::StorageError,
+    redb::TableError,
+    redb::TransactionError,
+    redb::CommitError,
+    redb::DatabaseError
+);
+
+/// A record that does not decode: the operation fails with EIO, the store stays up.
+pub fn corrupt(what: impl std::fmt::Display, e: impl std::fmt::Display) -> OpError {
+    OpError::Fs(FsError::Io(format!("corrupt metadata: {what}: {e}")))
+}
+
+/// Errors of opening or creating a store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("metadata store: {0}")]
+    Redb(String),
+    #[error("metadata store is corrupt: {0}")]
+    Corrupt(String),
+    #[error("metadata store at {0} already exists (use --force to replace it)")]
+    Exists(PathBuf),
+    #[error("metadata store I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl From<OpError> for StoreError {
+    fn from(e: OpError) -> StoreError {
+        match e {
+            OpError::Fs(e) => StoreError::Corrupt(e.to_string()),
+            OpError::Store(s) => StoreError::Redb(s),
+        }
+    }
+}
+
+macro_rules! store_open_errors {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> StoreError {
+                StoreError::Redb(e.to_string())
+            }
+        }
+    )*};
+}
+store_open_errors!(
+    redb::StorageError,
+    redb::TableError,
+    redb::TransactionError,
+    redb::CommitError,
+    redb::DatabaseError
+);
+
+/// Where the store lives.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// A file on local disk (the default).
+    File(PathBuf),
+    /// A block device of its own.
+    Device(PathBuf),
+    /// The crash-simulating disk (crash tests).
+    Sim(SimDisk),
+}
+
+/// What `format` decided, for [`Store::create`].
+#[derive(Debug, Clone)]
+pub struct FsInfo {
+    pub fs_uuid: Uuid,
+    pub volume: Volume,
+    pub lvm: Option<(String, String)>,
+}
+
+/// The tables an operation works on. Read-only in [`Store::read`], writable in [`Ctx`].
+pub struct Tables<I, D, C, E, X> {
+    pub inodes: I,
+    pub dirents: D,
+    pub cookies: C,
+    pub extents: E,
+    pub xattrs: X,
+}
+
+pub type ReadTables = Tables<
+    ReadOnlyTable<u64, &'static [u8]>,
+    ReadOnlyTable<(u64, &'static [u8]), (u64, u64, u8)>,
+    ReadOnlyTable<(u64, u64), &'static [u8]>,
+    ReadOnlyTable<u64, &'static [u8]>,
+    ReadOnlyTable<(u64, &'static [u8]), &'static [u8]>,
+>;
+
+pub type WriteTables<'t> = Tables<
+    Table<'t, u64, &'static [u8]>,
+    Table<'t, (u64, &'static [u8]), (u64, u64, u8)>,
+    Table<'t, (u64, u64), &'static [u8]>,
+    Table<'t, u64, &'static [u8]>,
+    Table<'t, (u64, &'static [u8]), &'static [u8]>,
+>;
+
+impl<I, D, C, E, X> Tables<I, D, C, E, X>
+where
+    I: ReadableTable<u64, &'static [u8]>,
+    D: ReadableTable<(u64, &'static [u8]), (u64, u64, u8)>,
+    C: ReadableTable<(u64, u64), &'static [u8]>,
+    E: ReadableTable<u64, &'static [u8]>,
+    X: ReadableTable<(u64, &'static [u8]), &'static [u8]>,
+{
+    /// The inode, or ENOENT.
+    pub fn inode(&self, ino: u64) -> Result<InodeRec, OpError> {
+        self.try_inode(ino)?.ok_or(OpError::Fs(FsError::NotFound))
+    }
+
+    pub fn try_inode(&self, ino: u64) -> Result<Option<InodeRec>, OpError> {
+        match self.inodes.get(ino)? {
+            None => Ok(None),
+            Some(v) => InodeRec::decode(v.value())
+                .map(Some)
+                .map_err(|e| corrupt(format_args!("inode {ino}"), e)),
+        }
+    }
+
+    /// The entry `name` of directory `dir`: (child, cookie, type).
+    pub fn dirent(&self, dir: u64, name: &[u8]) -> Result<Option<(u64, u64, FileType)>, OpError> {
+        match self.dirents.get((dir, name))? {
+            None => Ok(None),
+            Some(v) => {
+                let (child, cookie, code) = v.value();
+                let kind = records::kind_from_code(code)
+                    .map_err(|e| corrupt(format_args!("entry in directory {dir}"), e))?;
+                Ok(Some((child, cookie, kind)))
+            }
+        }
+    }
+
+    /// The file's extents (empty if it has none).
+    pub fn extents(&self, ino: u64) -> Result<Vec<sanfs_blockmap::extent::Extent>, OpError> {
+        match self.extents.get(ino)? {
+            None => Ok(Vec::new()),
+            Some(v) => codec::decode_extents(v.value())
+                .map_err(|e| corrupt(format_args!("extents of inode {ino}"), e)),
+        }
+    }
+
+    pub fn xattr(&self, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>, OpError> {
+        Ok(self.xattrs.get((ino, name))?.map(|v| v.value().to_vec()))
+    }
+}
+
+impl WriteTables<'_> {
+    pub fn put_inode(&mut self, ino: u64, rec: &InodeRec) -> Result<(), OpError> {
+        self.inodes.insert(ino, rec.encode().as_slice())?;
+        Ok(())
+    }
+}
+
+/// What the committer keeps in memory next to the tables (rebuilt from them at start).
+pub struct State {
+    pub alloc: Allocator,
+    pub next_inode: u64,
+    pub generation: u64,
+    /// Open handles (not durable: they die with their sessions and with the server).
+    pub handles: Arc<Mutex<Handles>>,
+    /// Blocks free and inodes in use, published after each commit for statfs.
+    pub usage: Arc<Usage>,
+}
+
+/// Open file handles: which inode each names, and how many are open per inode (an inode
+/// with no links left lives on as an orphan until its last handle is released).
+#[derive(Debug, Default)]
+pub struct Handles {
+    pub next: u64,
+    pub by_handle: HashMap<u64, OpenFile>,
+    pub open_count: HashMap<u64, u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFile {
+    pub ino: u64,
+    pub session: u64,
+    pub write: bool,
+}
+
+impl Handles {
+    pub fn open(&mut self, ino: u64, session: u64, write: bool) -> u64 {
+        self.next += 1;
+        let h = self.next;
+        self.by_handle.insert(h, OpenFile { ino, session, write });
+        *self.open_count.entry(ino).or_insert(0) += 1;
+        h
+    }
+
+    /// Forgets a handle; returns its file and whether that was the inode's last handle.
+    pub fn release(&mut self, handle: u64) -> Option<(OpenFile, bool)> {
+        let f = self.by_handle.remove(&handle)?;
+        let last = match self.open_count.get_mut(&f.ino) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            _ => {
+                self.open_count.remove(&f.ino);
+                true
+            }
+        };
+        Some((f, last))
+    }
+
+    pub fn is_open(&self, ino: u64) -> bool {
+        self.open_count.contains_key(&ino)
+    }
+}
+
+/// Space and inode usage for statfs, published by the committer after every commit.
+#[derive(Debug, Default)]
+pub struct Usage {
+    pub free_blocks: AtomicU64,
+    pub total_blocks: AtomicU64,
+    pub inodes: AtomicU64,
+}
+
+/// One batch's view of the store, handed to each job in turn.
+pub struct Ctx<'t> {
+    pub t: WriteTables<'t>,
+    pub free: Table<'t, u64, u64>,
+    pub counters: Table<'t, &'static str, u64>,
+    pub orphans: Table<'t, u64, ()>,
+    pub st: &'t mut State,
+    pub now: Timestamp,
+    pub block_size: u32,
+}
+
+type Reply = Box<dyn FnOnce(Result<(), String>) + Send>;
+type Job = Box<dyn for<'t> FnOnce(&mut Ctx<'t>) -> (Reply, bool) + Send>;
+
+/// Counters of the committer, for metrics and the bench.
+#[derive(Debug, Default)]
+pub struct CommitStats {
+    pub commits: AtomicU64,
+    pub ops: AtomicU64,
+    pub failed_ops: AtomicU64,
+}
+
+struct Shared {
+    poisoned: AtomicBool,
+    reason: Mutex<Option<String>>,
+    poison_notify: tokio::sync::Notify,
+    stats: CommitStats,
+}
+
+impl Shared {
+    fn poison(&self, why: String) {
+        tracing::error!(reason = %why, "metadata store failed: stopping (fail-stop)");
+        let mut r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        if r.is_none() {
+            *r = Some(why);
+        }
+        self.poisoned.store(true, Ordering::SeqCst);
+        self.poison_notify.notify_waiters();
+    }
+
+    fn poison_error(&self) -> FsError {
+        let r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        FsError::Io(format!(
+            "metadata store failed and must be restarted: {}",
+            r.as_deref().unwrap_or("unknown")
+        ))
+    }
+}
+
+/// The metadata store.
+pub struct Store {
+    db: Arc<Database>,
+    sb: Superblock,
+    volume: Arc<Volume>,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    committer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    shared: Arc<Shared>,
+    clock: Clock,
+    handles: Arc<Mutex<Handles>>,
+    usage: Arc<Usage>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("fs_uuid", &self.sb.fs_uuid).finish()
+    }
+}
+
+fn builder() -> redb::Builder {
+    let mut b = Database::builder();
+    b.set_repair_callback(|session| {
+        tracing::warn!(progress = session.progress(), "metadata store: repairing after an unclean shutdown");
+    });
+    b
+}
+
+fn open_db(backend: &Backend, create: bool, force: bool) -> Result<Database, StoreError> {
+    let b = builder();
+    Ok(match backend {
+        Backend::File(path) => {
+            if create && path.exists() && std::fs::metadata(path)?.len() > 0 {
+                if !force {
+                    return Err(StoreError::Exists(path.clone()));
+                }
+                std::fs::remove_file(path)?;
+            }
+            if create {
+                b.create(path)?
+            } else {
+                if !path.exists() {
+                    return Err(StoreError::Io(std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("no metadata store at {} (run sanfs-mds format)", path.display()),
+                    )));
+                }
+                b.open(path)?
+            }
+        }
+        Backend::Device(path) => {
+            let file = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+            let capacity = {
+                use std::io::Seek;
+                let mut f = &file;
+                f.seek(std::io::SeekFrom::End(0))?
+            };
+            if create {
+                b.create_with_backend(BlockDeviceBackend::initialise(file, capacity)?)?
+            } else {
+                b.create_with_backend(BlockDeviceBackend::open(file, capacity)?)?
+            }
+        }
+        Backend::Sim(disk) => b.create_with_backend(disk.clone())?,
+    })
+}
+
+impl Store {
+    /// Initialises a new store: the super record, the volume, all space free, and the root
+    /// directory (mode 0755, owned by root). Refuses an existing file store unless `force`.
+    pub fn create(
+        backend: &Backend,
+        info: &FsInfo,
+        force: bool,
+        clock: &Clock,
+    ) -> Result<(), StoreError> {
+        let db = open_db(backend, true, force)?;
+        let now = clock.now();
+        let volume = &info.volume;
+        let block_size = volume.block_size();
+        let stripe_unit_blocks = volume
+            .stripe_geometry_at(0)
+            .map(|(su, width)| if width > 1 { su / u64::from(block_size) } else { 0 })
+            .unwrap_or(0);
+        let sb = Superblock {
+            format_version: STORE_FORMAT_VERSION,
+            fs_uuid: info.fs_uuid,
+            block_size,
+            stripe_unit_blocks,
+            created: now,
+            lvm: info.lvm.clone(),
+        };
+        let alloc = Allocator::new(&volume.allocation_groups(), stripe_unit_blocks)
+            .map_err(|e| StoreError::Corrupt(format!("volume allocation groups: {e}")))?;
+        let mut txn = db.begin_write()?;
+        txn.set_quick_repair(true);
+        {
+            let mut sup = txn.open_table(SUPER)?;
+            sup.insert(KEY_SUPER, sb.encode().as_slice())?;
+            sup.insert(KEY_VOLUME, codec::encode_volume(volume).as_slice())?;
+            let mut counters = txn.open_table(COUNTERS)?;
+            counters.insert(KEY_NEXT_INODE, ROOT + 1)?;
+            counters.insert(KEY_GENERATION, 1)?;
+            let mut free = txn.open_table(FREE)?;
+            for (start, len) in alloc.free_extents() {
+                free.insert(start, len)?;
+            }
+            let root = InodeRec {
+                kind: FileType::Directory,
+                perm: 0o755,
+                uid: 0,
+                gid: 0,
+                nlink: 2,
+                size: 0,
+                blocks: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                btime: now,
+                rdev: 0,
+                generation: 1,
+                parent: ROOT,
+                next_cookie: sanfs_proto::model::FIRST_DIR_COOKIE,
+                target: Vec::new(),
+            };
+            txn.open_table(INODES)?.insert(ROOT, root.encode().as_slice())?;
+            // Create the remaining tables so that readers always find them.
+            txn.open_table(DIRENTS)?;
+            txn.open_table(COOKIES)?;
+            txn.open_table(EXTENTS)?;
+            txn.open_table(XATTRS)?;
+            txn.open_table(ORPHANS)?;
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Opens an existing store and starts its committer. Orphans left by a crash are reaped.
+    pub fn open(backend: &Backend, clock: Clock, batch_max: usize) -> Result<Store, StoreError> {
+        let db = open_db(backend, false, false)?;
+        let (sb, volume, state) = load(&db)?;
+        let handles = state.handles.clone();
+        let usage = state.usage.clone();
+        let shared = Arc::new(Shared {
+            poisoned: AtomicBool::new(false),
+            reason: Mutex::new(None),
+            poison_notify: tokio::sync::Notify::new(),
+            stats: CommitStats::default(),
+        });
+        let db = Arc::new(db);
+        let (tx, rx) = mpsc::channel::<Job>();
+        let committer = {
+            let db = db.clone();
+            let shared = shared.clone();
+            let clock = clock.clone();
+            let block_size = sb.block_size;
+            std::thread::Builder::new()
+                .name("sanfs-committer".into())
+                .spawn(move || {
+                    committer_loop(&db, &rx, state, &shared, &clock, block_size, batch_max.max(1))
+                })?
+        };
+        let store = Store {
+            db,
+            sb,
+            volume: Arc::new(volume),
+            jobs: Mutex::new(Some(tx)),
+            committer: Mutex::new(Some(committer)),
+            shared,
+            clock,
+            handles,
+            usage,
+        };
+        store.reap_orphans()?;
+        Ok(store)
+    }
+
+    fn reap_orphans(&self) -> Result<(), StoreError> {
+        let orphans: Vec<u64> = {
+            let r = self.db.begin_read()?;
+            let t = r.open_table(ORPHANS)?;
+            t.iter()?.map(|e| e.map(|(k, _)| k.value())).collect::<Result<_, _>>()?
+        };
+        for ino in orphans {
+            tracing::info!(ino, "reaping an inode unlinked while open before the last stop");
+            self.write_blocking(move |ctx| crate::ns::destroy_inode(ctx, ino))
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    pub fn volume(&self) -> &Arc<Volume> {
+        &self.volume
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.sb.block_size
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    pub fn handles(&self) -> std::sync::MutexGuard<'_, Handles> {
+        self.handles.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn usage(&self) -> &Usage {
+        &self.usage
+    }
+
+    pub fn stats(&self) -> &CommitStats {
+        &self.shared.stats
+    }
+
+    /// Whether the store has failed and the server must stop.
+    pub fn poisoned(&self) -> bool {
+        self.shared.poisoned.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the store is poisoned.
+    pub async fn wait_poisoned(&self) {
+        loop {
+            let notified = self.shared.poison_notify.notified();
+            if self.poisoned() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn submit<R: Send + 'static>(
+        &self,
+        f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
+        done: impl FnOnce(Result<R, FsError>) + Send + 'static,
+    ) {
+        if self.poisoned() {
+            done(Err(self.shared.poison_error()));
+            return;
+        }
+        let shared = self.shared.clone();
+        let job: Job = Box::new(move |ctx: &mut Ctx<'_>| match f(ctx) {
+            Ok(r) => (
+                Box::new(move |commit: Result<(), String>| match commit {
+                    Ok(()) => done(Ok(r)),
+                    Err(why) => done(Err(FsError::Io(format!("metadata commit failed: {why}")))),
+                }) as Reply,
+                true,
+            ),
+            Err(OpError::Fs(e)) => (Box::new(move |_| done(Err(e))) as Reply, true),
+            Err(OpError::Store(why)) => {
+                shared.poison(why.clone());
+                (
+                    Box::new(move |_| done(Err(FsError::Io(format!("metadata store: {why}")))))
+                        as Reply,
+                    false,
+                )
+            }
+        });
+        let sent = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|tx| tx.send(job));
+        match sent {
+            Some(Ok(())) => {}
+            // The committer is gone (store closed or poisoned): the job was dropped with its
+            // reply, whose sender then reports the failure to the caller.
+            Some(Err(mpsc::SendError(job))) => drop(job),
+            None => {}
+        }
+    }
+
+    /// Runs `f` in the next group commit and answers once that commit is durable.
+    pub async fn write<R: Send + 'static>(
+        &self,
+        f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
+    ) -> Result<R, FsError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.submit(f, move |r| {
+            let _ = tx.send(r);
+        });
+        rx.await.unwrap_or_else(|_| Err(self.shared.poison_error()))
+    }
+
+    /// [`Store::write`] for callers outside an async runtime (startup, tools, tests).
+    pub fn write_blocking<R: Send + 'static>(
+        &self,
+        f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
+    ) -> Result<R, FsError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.submit(f, move |r| {
+            let _ = tx.send(r);
+        });
+        rx.recv().unwrap_or_else(|_| Err(self.shared.poison_error()))
+    }
+
+    /// Runs `f` on a consistent snapshot of every acknowledged change.
+    pub fn read<R>(&self, f: impl FnOnce(&ReadTables) -> Result<R, OpError>) -> Result<R, FsError> {
+        if self.poisoned() {
+            return Err(self.shared.poison_error());
+        }
+        let run = || -> Result<R, OpError> {
+            let r = self.db.begin_read()?;
+            let t = Tables {
+                inodes: r.open_table(INODES)?,
+                dirents: r.open_table(DIRENTS)?,
+                cookies: r.open_table(COOKIES)?,
+                extents: r.open_table(EXTENTS)?,
+                xattrs: r.open_table(XATTRS)?,
+            };
+            f(&t)
+        };
+        match run() {
+            Ok(v) => Ok(v),
+            Err(OpError::Fs(e)) => Err(e),
+            Err(OpError::Store(why)) => {
+                self.shared.poison(why.clone());
+                Err(FsError::Io(format!("metadata store: {why}")))
+            }
+        }
+    }
+
+    /// Stops the committer after the jobs already queued (a clean shutdown).
+    pub fn close(&self) {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = self.committer.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn load(db: &Database) -> Result<(Superblock, Volume, State), StoreError> {
+    let r = db.begin_read()?;
+    let sup = r.open_table(SUPER)?;
+    let sb_bytes = sup
+        .get(KEY_SUPER)?
+        .ok_or_else(|| StoreError::Corrupt("no super record".into()))?;
+    let sb = Superblock::decode(sb_bytes.value())
+        .map_err(|e| StoreError::Corrupt(format!("super record: {e}")))?;
+    let vol_bytes = sup
+        .get(KEY_VOLUME)?
+        .ok_or_else(|| StoreError::Corrupt("no volume record".into()))?;
+    let volume = codec::decode_volume(vol_bytes.value())
+        .map_err(|e| StoreError::Corrupt(format!("volume record: {e}")))?;
+    let counters = r.open_table(COUNTERS)?;
+    let counter = |k: &str| -> Result<u64, StoreError> {
+        Ok(counters
+            .get(k)?
+            .ok_or_else(|| StoreError::Corrupt(format!("no counter {k}")))?
+            .value())
+    };
+    let next_inode = counter(KEY_NEXT_INODE)?;
+    let generation = counter(KEY_GENERATION)?;
+    let free = r.open_table(FREE)?;
+    let mut extents = Vec::with_capacity(usize::try_from(free.len()?).unwrap_or(0));
+    for e in free.iter()? {
+        let (k, v) = e?;
+        extents.push((k.value(), v.value()));
+    }
+    let alloc = Allocator::from_free(&volume.allocation_groups(), sb.stripe_unit_blocks, extents)
+        .map_err(|e| StoreError::Corrupt(format!("free-space table: {e}")))?;
+    let usage = Usage::default();
+    usage.free_blocks.store(alloc.free_blocks(), Ordering::Relaxed);
+    usage.total_blocks.store(alloc.capacity_blocks(), Ordering::Relaxed);
+    usage.inodes.store(r.open_table(INODES)?.len()?, Ordering::Relaxed);
+    Ok((
+        sb,
+        volume,
+        State {
+            alloc,
+            next_inode,
+            generation,
+            handles: Arc::new(Mutex::new(Handles::default())),
+            usage: Arc::new(usage),
+        },
+    ))
+}
+
+impl Ctx<'_> {
+    /// A fresh inode number and generation, persisted in this transaction.
+    pub fn new_inode_number(&mut self) -> Result<(u64, u64), OpError> {
+        let ino = self.st.next_inode;
+        let next = ino
+            .checked_add(1)
+            .ok_or(OpError::Fs(FsError::NoSpace))?;
+        self.st.next_inode = next;
+        self.st.generation += 1;
+        self.counters.insert(KEY_NEXT_INODE, next)?;
+        self.counters.insert(KEY_GENERATION, self.st.generation)?;
+        self.st.usage.inodes.fetch_add(1, Ordering::Relaxed);
+        Ok((ino, self.st.generation))
+    }
+
+    /// Applies an allocator delta to the free-space table (same transaction).
+    pub fn apply_free_delta(&mut self, delta: &sanfs_blockmap::alloc::FreeSpaceDelta) -> Result<(), OpError> {
+        for (start, _) in &delta.removed {
+            self.free.remove(*start)?;
+        }
+        for (start, len) in &delta.added {
+            self.free.insert(*start, *len)?;
+        }
+        Ok(())
+    }
+
+    /// Returns blocks to free space. A block that is free already means the metadata is
+    /// inconsistent: that is a storage error (fail-stop), not a caller's mistake.
+    pub fn free_blocks(&mut self, start: u64, len: u64) -> Result<(), OpError> {
+        let delta = self
+            .st
+            .alloc
+            .free(start, len)
+            .map_err(|e| OpError::Store(format!("freeing blocks {start}+{len}: {e}")))?;
+        self.apply_free_delta(&delta)
+    }
+}
+
+fn committer_loop(
+    db: &Database,
+    rx: &mpsc::Receiver<Job>,
+    mut state: State,
+    shared: &Shared,
+    clock: &Clock,
+    block_size: u32,
+    batch_max: usize,
+) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < batch_max {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let n = batch.len() as u64;
+        if shared.poisoned.load(Ordering::SeqCst) {
+            let why = shared.poison_error().to_string();
+            for job in batch {
+                drop(job); // its reply channel closes: the caller gets the poison error
+            }
+            tracing::debug!(%why, "dropped jobs after poison");
+            continue;
+        }
+        let result = run_batch(db, batch, &mut state, clock, block_size);
+        state
+            .usage
+            .free_blocks
+            .store(state.alloc.free_blocks(), Ordering::Relaxed);
+        match result {
+            Ok(replies) => {
+                shared.stats.commits.fetch_add(1, Ordering::Relaxed);
+                shared.stats.ops.fetch_add(n, Ordering::Relaxed);
+                for r in replies {
+                    r(Ok(()));
+                }
+            }
+            Err((why, replies)) => {
+                shared.stats.failed_ops.fetch_add(n, Ordering::Relaxed);
+                shared.poison(why.clone());
+                for r in replies {
+                    r(Err(why.clone()));
+                }
+            }
+        }
+    }
+}
+
+type BatchResult = Result<Vec<Reply>, (String, Vec<Reply>)>;
+
+fn run_batch(
+    db: &Database,
+    batch: Vec<Job>,
+    state: &mut State,
+    clock: &Clock,
+    block_size: u32,
+) -> BatchResult {
+    let mut replies = Vec::with_capacity(batch.len());
+    let txn = match begin(db) {
+        Ok(t) => t,
+        Err(e) => {
+            // Nothing ran: answer every job with the failure.
+            let why = e;
+            for job in batch {
+                drop(job);
+            }
+            return Err((why, replies));
+        }
+    };
+    let mut ok = true;
+    {
+        let mut ctx = match open_ctx(&txn, state, clock.now(), block_size) {
+            Ok(c) => c,
+            Err(e) => return Err((e, replies)),
+        };
+        for job in batch {
+            if !ok {
+                drop(job);
+                continue;
+            }
+            let (reply, fine) = job(&mut ctx);
+            replies.push(reply);
+            ok = fine;
+        }
+    }
+    if !ok {
+        let _ = txn.abort();
+        return Err(("a storage error inside the transaction".into(), replies));
+    }
+    match txn.commit() {
+        Ok(()) => Ok(replies),
+        Err(e) => Err((format!("commit: {e}"), replies)),
+    }
+}
+
+fn begin(db: &Database) -> Result<WriteTransaction, String> {
+    let mut txn = db.begin_write().map_err(|e| e.to_string())?;
+    txn.set_quick_repair(true);
+    Ok(txn)
+}
+
+fn open_ctx<'t>(
+    txn: &'t WriteTransaction,
+    st: &'t mut State,
+    now: Timestamp,
+    block_size: u32,
+) -> Result<Ctx<'t>, String> {
+    let e = |e: redb::TableError| e.to_string();
+    Ok(Ctx {
+        t: Tables {
+            inodes: txn.open_table(INODES).map_err(e)?,
+            dirents: txn.open_table(DIRENTS).map_err(e)?,
+            cookies: txn.open_table(COOKIES).map_err(e)?,
+            extents: txn.open_table(EXTENTS).map_err(e)?,
+            xattrs: txn.open_table(XATTRS).map_err(e)?,
+        },
+        free: txn.open_table(FREE).map_err(e)?,
+        counters: txn.open_table(COUNTERS).map_err(e)?,
+        orphans: txn.open_table(ORPHANS).map_err(e)?,
+        st,
+        now,
+        block_size,
+    })
+}
