@@ -36,7 +36,7 @@ const NEAR_STEPS: usize = 8;
 const ALIGNED_PROBES: usize = 8;
 /// Up to this many free extents the debug self-check checks everything after each mutation;
 /// above, only the neighbourhood of what changed.
-const FULL_CHECK_MAX_RECORDS: usize = 1024;
+const FULL_CHECK_MAX_RECORDS: usize = 256;
 /// Encoded group or free extent: start, length (u64 each).
 const RANGE_RECORD_LEN: usize = 8 + 8;
 
@@ -514,7 +514,13 @@ impl Allocator {
                 reachable: 0,
             });
         }
-        let hinted = hint.and_then(|h| self.group_of(h).map(|g| (g, h)));
+        // The hint's group, or the group of the file's last block if the hint is past its end.
+        let hinted = hint.and_then(|h| {
+            let g = self
+                .group_of(h)
+                .or_else(|| h.checked_sub(1).and_then(|last| self.group_of(last)))?;
+            Some((g, h))
+        });
         if let Some((g, h)) = hinted
             && let Some(rec) = self.groups[g].holding(h, len)
         {
@@ -1102,6 +1108,9 @@ mod tests {
         assert_eq!(alloc(&mut a, 10, None, 1), [(30, 10)]);
         // A hint past every group counts as none.
         assert_eq!(alloc(&mut a, 10, Some(9999), 1), [(120, 10)]);
+        // A hint just past a group's end (a file ending there) stays near it.
+        let mut b = Allocator::from_free(&[(0, 100), (200, 100)], 0, [(0, 50), (250, 50)]).unwrap();
+        assert_eq!(alloc(&mut b, 10, Some(100), 1), [(40, 10)]);
         // A full group sends the hinted file to the next one.
         a.allocate_exact(220, 80).unwrap();
         assert_eq!(alloc(&mut a, 10, Some(225), 1), [(320, 10)]);
@@ -1390,6 +1399,21 @@ mod tests {
                             });
                             if exact_ok {
                                 prop_assert_eq!(&got.extents, &vec![(hint.unwrap(), len)]);
+                            }
+                            // Alignment: guaranteed whenever some free extent holds an aligned
+                            // run wherever it starts, unless the hint was served exactly.
+                            let aligned_fits = su > 1
+                                && len >= su
+                                && runs_before.iter().any(|r| r.1 >= len + su - 1);
+                            if aligned_fits && !exact_ok {
+                                let at = got.extents[0].0;
+                                let group = groups.iter().find(|g| g.0 <= at && at - g.0 < g.1);
+                                prop_assert!(
+                                    group.is_some_and(|g| (at - g.0) % su == 0),
+                                    "{:?} not aligned to {}",
+                                    got.extents,
+                                    su
+                                );
                             }
                             for &(s, l) in &got.extents {
                                 let blocks = m.blocks(s, l);
