@@ -221,7 +221,7 @@ impl Group {
         // The first extent that fits on each side is the nearest on that side.
         for (&start, &rec_len) in self.by_start.range(hint..).take(NEAR_STEPS) {
             if let Some(at) = self.fit_head((start, rec_len), len, su) {
-                best = Some((at - hint, (start, rec_len), at));
+                best = Some((at.abs_diff(hint), (start, rec_len), at));
                 break;
             }
         }
@@ -229,7 +229,7 @@ impl Group {
             if let Some(at) = self.fit_tail((start, rec_len), len, su) {
                 // An extent holding the hint that could not serve it exactly ends too early,
                 // so `at < hint` here.
-                let distance = hint - at;
+                let distance = hint.abs_diff(at);
                 if best.is_none_or(|(d, _, _)| distance < d) {
                     best = Some((distance, (start, rec_len), at));
                 }
@@ -491,6 +491,10 @@ impl Allocator {
     /// from a cursor that moves on after each allocation, so that files spread over the LUNs.
     /// Requests of at least one stripe unit are aligned to it where possible (except at an
     /// exact hint). One contiguous extent is preferred; failing that, several, largest first.
+    ///
+    /// Errors: [`AllocError::Empty`] for zero blocks, [`AllocError::NoSpace`] if fewer blocks
+    /// are free, [`AllocError::Fragmented`] if `max_extents` extents cannot hold them. A
+    /// failed call changes nothing.
     pub fn allocate(
         &mut self,
         len_blocks: u64,
