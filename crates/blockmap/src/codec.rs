@@ -8,7 +8,8 @@
 //! Encodings of the core's own types live here too: [`encode_extents`] / [`decode_extents`]
 //! (magic `SXT1`) and [`encode_volume`] / [`decode_volume`] (magic `SVL1`). Their decoders
 //! never panic and only return values that pass the same checks as the types' constructors,
-//! so they are ready to be fuzzed.
+//! so they are ready to be fuzzed. The allocator state (magic `SAL1`) uses the same envelope
+//! from [`Allocator::encode`](crate::alloc::Allocator::encode).
 
 use uuid::Uuid;
 

@@ -1,9 +1,10 @@
 //! Fuzzes the binary decoders of stored and transmitted structures (extent lists, volumes,
-//! device labels): nothing may panic, whatever decodes must be valid, and re-encoding what
+//! device labels, allocator states): nothing may panic, whatever decodes must be valid, and re-encoding what
 //! decoded must decode to the same value.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use sanfs_blockmap::alloc::Allocator;
 use sanfs_blockmap::codec::{decode_extents, decode_volume, encode_extents, encode_volume};
 use sanfs_blockmap::extent::ExtentMap;
 use sanfs_blockmap::label::{probe, DeviceLabel};
@@ -18,6 +19,11 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(label) = DeviceLabel::decode(data) {
         assert_eq!(DeviceLabel::decode(&label.encode()).as_ref(), Ok(&label));
+    }
+    if let Ok(alloc) = Allocator::decode(data) {
+        alloc.check_invariants().expect("decoded allocator is consistent");
+        // The encoding is canonical.
+        assert_eq!(alloc.encode(), data);
     }
     let _ = probe(data);
 });
