@@ -63,7 +63,13 @@ mod tests {
         let c = Clock::manual(100);
         assert_eq!(c.now(), Timestamp { sec: 100, nsec: 0 });
         c.advance_ns(1_500_000_000);
-        assert_eq!(c.now(), Timestamp { sec: 101, nsec: 500_000_000 });
+        assert_eq!(
+            c.now(),
+            Timestamp {
+                sec: 101,
+                nsec: 500_000_000
+            }
+        );
     }
 
     #[test]

@@ -100,114 +100,118 @@ where
 }
 
 impl<I, D, C, E, X> Reader for Tables<I, D, C, E, X>
-        where
-            I: ReadableTable<u64, &'static [u8]>,
-            D: ReadableTable<(u64, &'static [u8]), (u64, u64, u8)>,
-            C: ReadableTable<(u64, u64), &'static [u8]>,
-            E: ReadableTable<u64, &'static [u8]>,
-            X: ReadableTable<(u64, &'static [u8]), &'static [u8]>,
-        {
-            fn lookup(&self, block_size: u32, r: &EntryRequest) -> Result<Attr, OpError> {
-                searchable(self, &r.cred, r.parent.0)?;
-                let (child, _, _) = self
-                    .dirent(r.parent.0, r.name.as_bytes())?
-                    .ok_or(OpError::Fs(FsError::NotFound))?;
-                Ok(self.inode(child)?.attr(child, block_size))
-            }
+where
+    I: ReadableTable<u64, &'static [u8]>,
+    D: ReadableTable<(u64, &'static [u8]), (u64, u64, u8)>,
+    C: ReadableTable<(u64, u64), &'static [u8]>,
+    E: ReadableTable<u64, &'static [u8]>,
+    X: ReadableTable<(u64, &'static [u8]), &'static [u8]>,
+{
+    fn lookup(&self, block_size: u32, r: &EntryRequest) -> Result<Attr, OpError> {
+        searchable(self, &r.cred, r.parent.0)?;
+        let (child, _, _) = self
+            .dirent(r.parent.0, r.name.as_bytes())?
+            .ok_or(OpError::Fs(FsError::NotFound))?;
+        Ok(self.inode(child)?.attr(child, block_size))
+    }
 
-            fn getattr(&self, block_size: u32, ino: u64) -> Result<Attr, OpError> {
-                Ok(self.inode(ino)?.attr(ino, block_size))
-            }
+    fn getattr(&self, block_size: u32, ino: u64) -> Result<Attr, OpError> {
+        Ok(self.inode(ino)?.attr(ino, block_size))
+    }
 
-            fn readlink(&self, ino: u64) -> Result<Vec<u8>, OpError> {
-                let rec = self.inode(ino)?;
-                if rec.kind != FileType::Symlink {
-                    return err(FsError::NotSymlink);
-                }
-                Ok(rec.target)
-            }
-
-            fn readdir(&self, block_size: u32, r: &ReadDirRequest) -> Result<ReadDirReply, OpError> {
-                let dir = self.inode(r.inode.0)?;
-                if !dir.is_dir() {
-                    return err(FsError::NotDir);
-                }
-                check(&r.cred, &dir, MAY_READ)?;
-                let from = r.cookie.saturating_add(1).max(FIRST_DIR_COOKIE);
-                let max = r.max_entries.clamp(1, sanfs_proto::model::MAX_READDIR_ENTRIES) as usize;
-                let mut entries = Vec::new();
-                let mut eof = true;
-                for item in self.cookies.range((r.inode.0, from)..=(r.inode.0, u64::MAX))? {
-                    let (key, name) = item?;
-                    if entries.len() == max {
-                        eof = false;
-                        break;
-                    }
-                    let cookie = key.value().1;
-                    let name = name.value().to_vec();
-                    let (child, _, kind) = self.dirent(r.inode.0, &name)?.ok_or_else(|| {
-                        crate::store::corrupt(
-                            format_args!("directory {}", r.inode.0),
-                            format_args!("cookie {cookie} names a missing entry"),
-                        )
-                    })?;
-                    let attr = if r.plus {
-                        Some(self.inode(child)?.attr(child, block_size))
-                    } else {
-                        None
-                    };
-                    let name = FileName::new(name).map_err(|e| {
-                        crate::store::corrupt(format_args!("directory {}", r.inode.0), e)
-                    })?;
-                    entries.push(DirEntry {
-                        name,
-                        inode: InodeId(child),
-                        kind,
-                        cookie,
-                        attr,
-                    });
-                }
-                Ok(ReadDirReply {
-                    entries,
-                    eof,
-                    parent: InodeId(dir.parent),
-                })
-            }
-
-            fn getxattr(&self, r: &XattrRequest) -> Result<Vec<u8>, OpError> {
-                let rec = self.inode(r.inode.0)?;
-                xattr_access(&r.cred, &rec, r.name.as_bytes(), false)?;
-                self.xattr(r.inode.0, r.name.as_bytes())?
-                    .ok_or(OpError::Fs(FsError::NoAttr))
-            }
-
-            fn listxattr(&self, cred: &Credentials, ino: u64) -> Result<Vec<Vec<u8>>, OpError> {
-                self.inode(ino)?;
-                let mut names = Vec::new();
-                for item in self.xattrs.range((ino, &[][..])..)? {
-                    let (k, _) = item?;
-                    let (owner, name) = k.value();
-                    if owner != ino {
-                        break;
-                    }
-                    if name.starts_with(b"trusted.") && !cred.is_root() {
-                        continue;
-                    }
-                    names.push(name.to_vec());
-                }
-                Ok(names)
-            }
-
-            fn access(&self, cred: &Credentials, ino: u64, mask: u32) -> Result<(), OpError> {
-                let rec = self.inode(ino)?;
-                check(cred, &rec, mask & 7)
-            }
-
-            fn extent_list(&self, ino: u64) -> Result<Vec<Extent>, OpError> {
-                self.inode(ino)?;
-                self.extents(ino)
-            }
+    fn readlink(&self, ino: u64) -> Result<Vec<u8>, OpError> {
+        let rec = self.inode(ino)?;
+        if rec.kind != FileType::Symlink {
+            return err(FsError::NotSymlink);
         }
+        Ok(rec.target)
+    }
+
+    fn readdir(&self, block_size: u32, r: &ReadDirRequest) -> Result<ReadDirReply, OpError> {
+        let dir = self.inode(r.inode.0)?;
+        if !dir.is_dir() {
+            return err(FsError::NotDir);
+        }
+        check(&r.cred, &dir, MAY_READ)?;
+        let from = r.cookie.saturating_add(1).max(FIRST_DIR_COOKIE);
+        let max = r
+            .max_entries
+            .clamp(1, sanfs_proto::model::MAX_READDIR_ENTRIES) as usize;
+        let mut entries = Vec::new();
+        let mut eof = true;
+        for item in self
+            .cookies
+            .range((r.inode.0, from)..=(r.inode.0, u64::MAX))?
+        {
+            let (key, name) = item?;
+            if entries.len() == max {
+                eof = false;
+                break;
+            }
+            let cookie = key.value().1;
+            let name = name.value().to_vec();
+            let (child, _, kind) = self.dirent(r.inode.0, &name)?.ok_or_else(|| {
+                crate::store::corrupt(
+                    format_args!("directory {}", r.inode.0),
+                    format_args!("cookie {cookie} names a missing entry"),
+                )
+            })?;
+            let attr = if r.plus {
+                Some(self.inode(child)?.attr(child, block_size))
+            } else {
+                None
+            };
+            let name = FileName::new(name)
+                .map_err(|e| crate::store::corrupt(format_args!("directory {}", r.inode.0), e))?;
+            entries.push(DirEntry {
+                name,
+                inode: InodeId(child),
+                kind,
+                cookie,
+                attr,
+            });
+        }
+        Ok(ReadDirReply {
+            entries,
+            eof,
+            parent: InodeId(dir.parent),
+        })
+    }
+
+    fn getxattr(&self, r: &XattrRequest) -> Result<Vec<u8>, OpError> {
+        let rec = self.inode(r.inode.0)?;
+        xattr_access(&r.cred, &rec, r.name.as_bytes(), false)?;
+        self.xattr(r.inode.0, r.name.as_bytes())?
+            .ok_or(OpError::Fs(FsError::NoAttr))
+    }
+
+    fn listxattr(&self, cred: &Credentials, ino: u64) -> Result<Vec<Vec<u8>>, OpError> {
+        self.inode(ino)?;
+        let mut names = Vec::new();
+        for item in self.xattrs.range((ino, &[][..])..)? {
+            let (k, _) = item?;
+            let (owner, name) = k.value();
+            if owner != ino {
+                break;
+            }
+            if name.starts_with(b"trusted.") && !cred.is_root() {
+                continue;
+            }
+            names.push(name.to_vec());
+        }
+        Ok(names)
+    }
+
+    fn access(&self, cred: &Credentials, ino: u64, mask: u32) -> Result<(), OpError> {
+        let rec = self.inode(ino)?;
+        check(cred, &rec, mask & 7)
+    }
+
+    fn extent_list(&self, ino: u64) -> Result<Vec<Extent>, OpError> {
+        self.inode(ino)?;
+        self.extents(ino)
+    }
+}
 
 /// The read-only operations, on any view of the tables.
 pub trait Reader {
@@ -221,14 +225,22 @@ pub trait Reader {
     fn extent_list(&self, ino: u64) -> Result<Vec<Extent>, OpError>;
 }
 
-
 /// Who may read or change an extended attribute: `user.*` follows the file's permission bits
 /// (regular files and directories only), `trusted.*` and `security.*` need root for changes,
 /// `trusted.*` also for reads; `system.*` (ACLs) is not supported.
-fn xattr_access(cred: &Credentials, rec: &InodeRec, name: &[u8], write: bool) -> Result<(), OpError> {
+fn xattr_access(
+    cred: &Credentials,
+    rec: &InodeRec,
+    name: &[u8],
+    write: bool,
+) -> Result<(), OpError> {
     if name.starts_with(b"user.") {
         if !matches!(rec.kind, FileType::Regular | FileType::Directory) {
-            return err(if write { FsError::Perm } else { FsError::NoAttr });
+            return err(if write {
+                FsError::Perm
+            } else {
+                FsError::NoAttr
+            });
         }
         if rec.is_dir() && rec.perm & S_ISVTX != 0 && write && !is_owner(cred, rec) {
             return err(FsError::Perm);
@@ -236,10 +248,18 @@ fn xattr_access(cred: &Credentials, rec: &InodeRec, name: &[u8], write: bool) ->
         return check(cred, rec, if write { MAY_WRITE } else { MAY_READ });
     }
     if name.starts_with(b"trusted.") {
-        return if cred.is_root() { Ok(()) } else { err(FsError::Perm) };
+        return if cred.is_root() {
+            Ok(())
+        } else {
+            err(FsError::Perm)
+        };
     }
     if name.starts_with(b"security.") {
-        return if !write || cred.is_root() { Ok(()) } else { err(FsError::Perm) };
+        return if !write || cred.is_root() {
+            Ok(())
+        } else {
+            err(FsError::Perm)
+        };
     }
     err(FsError::NotSupported)
 }
@@ -307,12 +327,18 @@ fn add_entry(
     let cookie = dir_rec.next_cookie.max(FIRST_DIR_COOKIE);
     dir_rec.next_cookie = cookie + 1;
     dir_rec.size += 1;
-    t.dirents.insert((dir, name), (child, cookie, kind_code(kind)))?;
+    t.dirents
+        .insert((dir, name), (child, cookie, kind_code(kind)))?;
     t.cookies.insert((dir, cookie), name)?;
     Ok(())
 }
 
-fn remove_entry(t: &mut WriteTables<'_>, dir: u64, dir_rec: &mut InodeRec, name: &[u8]) -> Result<(), OpError> {
+fn remove_entry(
+    t: &mut WriteTables<'_>,
+    dir: u64,
+    dir_rec: &mut InodeRec,
+    name: &[u8],
+) -> Result<(), OpError> {
     let old = t.dirents.remove((dir, name))?.map(|v| v.value());
     if let Some((_, cookie, _)) = old {
         t.cookies.remove((dir, cookie))?;
@@ -342,7 +368,10 @@ pub fn destroy_inode(ctx: &mut Ctx<'_>, ino: u64) -> Result<(), OpError> {
     }
     ctx.t.inodes.remove(ino)?;
     ctx.orphans.remove(ino)?;
-    ctx.st.usage.inodes.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    ctx.st
+        .usage
+        .inodes
+        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }
 
@@ -367,11 +396,21 @@ fn dispose(ctx: &mut Ctx<'_>, unlinked: Vec<u64>) -> Result<(), OpError> {
 /// A new inode's group: the directory's with setgid directories (BSD semantics), else the
 /// caller's primary group.
 fn new_owner(cred: &Credentials, dir: &InodeRec) -> (u32, u32) {
-    let gid = if dir.perm & S_ISGID != 0 { dir.gid } else { cred.gid };
+    let gid = if dir.perm & S_ISGID != 0 {
+        dir.gid
+    } else {
+        cred.gid
+    };
     (cred.uid, gid)
 }
 
-fn new_inode(ctx: &mut Ctx<'_>, cred: &Credentials, dir: &InodeRec, kind: FileType, perm: u32) -> Result<(u64, InodeRec), OpError> {
+fn new_inode(
+    ctx: &mut Ctx<'_>,
+    cred: &Credentials,
+    dir: &InodeRec,
+    kind: FileType,
+    perm: u32,
+) -> Result<(u64, InodeRec), OpError> {
     let (ino, generation) = ctx.new_inode_number()?;
     let (uid, gid) = new_owner(cred, dir);
     let mut perm = perm & 0o7777;
@@ -407,7 +446,12 @@ fn new_inode(ctx: &mut Ctx<'_>, cred: &Credentials, dir: &InodeRec, kind: FileTy
 }
 
 /// Checks for adding `name` to directory `parent`: returns the directory.
-fn creatable(t: &WriteTables<'_>, cred: &Credentials, parent: u64, name: &[u8]) -> Result<InodeRec, OpError> {
+fn creatable(
+    t: &WriteTables<'_>,
+    cred: &Credentials,
+    parent: u64,
+    name: &[u8],
+) -> Result<InodeRec, OpError> {
     let dir = t.inode(parent)?;
     if !dir.is_dir() {
         return err(FsError::NotDir);
@@ -454,7 +498,15 @@ fn make_node(
 }
 
 pub fn mkdir(ctx: &mut Ctx<'_>, r: &MkdirRequest) -> Result<Attr, OpError> {
-    let (ino, rec) = make_node(ctx, &r.cred, r.parent.0, &r.name, FileType::Directory, r.perm, |_| {})?;
+    let (ino, rec) = make_node(
+        ctx,
+        &r.cred,
+        r.parent.0,
+        &r.name,
+        FileType::Directory,
+        r.perm,
+        |_| {},
+    )?;
     Ok(rec.attr(ino, ctx.block_size))
 }
 
@@ -467,20 +519,32 @@ pub fn mknod(ctx: &mut Ctx<'_>, r: &MknodRequest) -> Result<Attr, OpError> {
             }
         }
         FileType::Directory | FileType::Symlink => {
-            return err(FsError::Invalid("mknod makes no directories or symlinks".into()));
+            return err(FsError::Invalid(
+                "mknod makes no directories or symlinks".into(),
+            ));
         }
     }
     let rdev = r.rdev;
-    let (ino, rec) = make_node(ctx, &r.cred, r.parent.0, &r.name, r.kind, r.perm, |rec| rec.rdev = rdev)?;
+    let (ino, rec) = make_node(ctx, &r.cred, r.parent.0, &r.name, r.kind, r.perm, |rec| {
+        rec.rdev = rdev
+    })?;
     Ok(rec.attr(ino, ctx.block_size))
 }
 
 pub fn symlink(ctx: &mut Ctx<'_>, r: &SymlinkRequest) -> Result<Attr, OpError> {
     let target = r.target.as_bytes().to_vec();
-    let (ino, rec) = make_node(ctx, &r.cred, r.parent.0, &r.name, FileType::Symlink, 0o777, |rec| {
-        rec.size = target.len() as u64;
-        rec.target = target;
-    })?;
+    let (ino, rec) = make_node(
+        ctx,
+        &r.cred,
+        r.parent.0,
+        &r.name,
+        FileType::Symlink,
+        0o777,
+        |rec| {
+            rec.size = target.len() as u64;
+            rec.target = target;
+        },
+    )?;
     Ok(rec.attr(ino, ctx.block_size))
 }
 
@@ -523,7 +587,15 @@ pub fn create(ctx: &mut Ctx<'_>, r: &CreateRequest) -> Result<CreateReply, OpErr
             (child, rec, false)
         }
         None => {
-            let (ino, rec) = make_node(ctx, &r.cred, r.parent.0, &r.name, FileType::Regular, r.perm, |_| {})?;
+            let (ino, rec) = make_node(
+                ctx,
+                &r.cred,
+                r.parent.0,
+                &r.name,
+                FileType::Regular,
+                r.perm,
+                |_| {},
+            )?;
             (ino, rec, true)
         }
     };
@@ -561,7 +633,11 @@ pub fn open(ctx: &mut Ctx<'_>, r: &OpenRequest) -> Result<OpenReply, OpError> {
 }
 
 /// Checks an open without truncation: the caller then registers the handle.
-pub fn open_check_only<R: ReaderInodes>(t: &R, block_size: u32, r: &OpenRequest) -> Result<Attr, OpError> {
+pub fn open_check_only<R: ReaderInodes>(
+    t: &R,
+    block_size: u32,
+    r: &OpenRequest,
+) -> Result<Attr, OpError> {
     let rec = t.inode_rec(r.inode.0)?;
     open_check(&r.cred, &rec, &r.flags)?;
     Ok(rec.attr(r.inode.0, block_size))
@@ -613,7 +689,14 @@ pub fn link(ctx: &mut Ctx<'_>, r: &LinkRequest) -> Result<Attr, OpError> {
         return err(FsError::NotFound);
     }
     let now = ctx.now;
-    add_entry(&mut ctx.t, r.new_parent.0, &mut dir, r.new_name.as_bytes(), r.inode.0, src.kind)?;
+    add_entry(
+        &mut ctx.t,
+        r.new_parent.0,
+        &mut dir,
+        r.new_name.as_bytes(),
+        r.inode.0,
+        src.kind,
+    )?;
     touch_dir(&mut dir, now);
     ctx.t.put_inode(r.new_parent.0, &dir)?;
     // Re-read: the new parent may be... never the source (a directory), so no alias here.
@@ -684,11 +767,19 @@ fn is_ancestor(t: &WriteTables<'_>, ancestor: u64, mut ino: u64) -> Result<bool,
         }
         ino = t.inode(ino)?.parent;
     }
-    Err(crate::store::corrupt("directory tree", "a parent chain does not reach the root"))
+    Err(crate::store::corrupt(
+        "directory tree",
+        "a parent chain does not reach the root",
+    ))
 }
 
 pub fn rename(ctx: &mut Ctx<'_>, r: &RenameRequest) -> Result<(), OpError> {
-    let (op, on, np, nn) = (r.old_parent.0, r.old_name.as_bytes(), r.new_parent.0, r.new_name.as_bytes());
+    let (op, on, np, nn) = (
+        r.old_parent.0,
+        r.old_name.as_bytes(),
+        r.new_parent.0,
+        r.new_name.as_bytes(),
+    );
     let cred = &r.cred;
     let mut w = Working::new();
     let odir = w.load(&ctx.t, op)?.clone();
@@ -699,7 +790,10 @@ pub fn rename(ctx: &mut Ctx<'_>, r: &RenameRequest) -> Result<(), OpError> {
         }
         check(cred, d, MAY_EXEC)?;
     }
-    let (src, _, skind) = ctx.t.dirent(op, on)?.ok_or(OpError::Fs(FsError::NotFound))?;
+    let (src, _, skind) = ctx
+        .t
+        .dirent(op, on)?
+        .ok_or(OpError::Fs(FsError::NotFound))?;
     let dst = ctx.t.dirent(np, nn)?;
     for d in [&odir, &ndir] {
         check(cred, d, MAY_WRITE | MAY_EXEC)?;
@@ -710,7 +804,9 @@ pub fn rename(ctx: &mut Ctx<'_>, r: &RenameRequest) -> Result<(), OpError> {
     }
     let src_is_dir = skind == FileType::Directory;
     if src_is_dir && is_ancestor(&ctx.t, src, np)? {
-        return err(FsError::Invalid("cannot move a directory into itself".into()));
+        return err(FsError::Invalid(
+            "cannot move a directory into itself".into(),
+        ));
     }
     let now = ctx.now;
     match (r.mode, dst) {
@@ -723,7 +819,9 @@ pub fn rename(ctx: &mut Ctx<'_>, r: &RenameRequest) -> Result<(), OpError> {
             }
             let dst_is_dir = dkind == FileType::Directory;
             if dst_is_dir && is_ancestor(&ctx.t, dino, op)? {
-                return err(FsError::Invalid("cannot move a directory into itself".into()));
+                return err(FsError::Invalid(
+                    "cannot move a directory into itself".into(),
+                ));
             }
             if op != np {
                 for (is_dir, rec) in [(src_is_dir, &srec), (dst_is_dir, &drec)] {
@@ -736,10 +834,20 @@ pub fn rename(ctx: &mut Ctx<'_>, r: &RenameRequest) -> Result<(), OpError> {
                 return Ok(());
             }
             // Swap the children of the two entries in place (cookies stay).
-            let (_, ocookie, _) = ctx.t.dirent(op, on)?.ok_or(OpError::Fs(FsError::NotFound))?;
-            let (_, ncookie, _) = ctx.t.dirent(np, nn)?.ok_or(OpError::Fs(FsError::NotFound))?;
-            ctx.t.dirents.insert((op, on), (dino, ocookie, kind_code(dkind)))?;
-            ctx.t.dirents.insert((np, nn), (src, ncookie, kind_code(skind)))?;
+            let (_, ocookie, _) = ctx
+                .t
+                .dirent(op, on)?
+                .ok_or(OpError::Fs(FsError::NotFound))?;
+            let (_, ncookie, _) = ctx
+                .t
+                .dirent(np, nn)?
+                .ok_or(OpError::Fs(FsError::NotFound))?;
+            ctx.t
+                .dirents
+                .insert((op, on), (dino, ocookie, kind_code(dkind)))?;
+            ctx.t
+                .dirents
+                .insert((np, nn), (src, ncookie, kind_code(skind)))?;
             if op != np {
                 if src_is_dir {
                     w.get(src)?.parent = np;
@@ -796,7 +904,11 @@ pub fn rename(ctx: &mut Ctx<'_>, r: &RenameRequest) -> Result<(), OpError> {
                 *w.get(np)? = nd;
                 let d = w.get(dino)?;
                 d.ctime = now;
-                d.nlink = if dkind == FileType::Directory { 0 } else { d.nlink.saturating_sub(1) };
+                d.nlink = if dkind == FileType::Directory {
+                    0
+                } else {
+                    d.nlink.saturating_sub(1)
+                };
             }
             let mut od = w.get(op)?.clone();
             remove_entry(&mut ctx.t, op, &mut od, on)?;
@@ -856,7 +968,8 @@ fn save_extents(t: &mut WriteTables<'_>, ino: u64, map: &ExtentMap) -> Result<()
     if map.is_empty() {
         t.extents.remove(ino)?;
     } else {
-        t.extents.insert(ino, codec::encode_extents(&map.to_vec()).as_slice())?;
+        t.extents
+            .insert(ino, codec::encode_extents(&map.to_vec()).as_slice())?;
     }
     Ok(())
 }
@@ -888,7 +1001,11 @@ pub fn setattr(ctx: &mut Ctx<'_>, r: &SetAttrRequest) -> Result<Attr, OpError> {
         match rec.kind {
             FileType::Regular => {}
             FileType::Directory => return err(FsError::IsDir),
-            _ => return err(FsError::Invalid("only regular files have a size to set".into())),
+            _ => {
+                return err(FsError::Invalid(
+                    "only regular files have a size to set".into(),
+                ));
+            }
         }
         if size > MAX_FILE_SIZE {
             return err(FsError::FileTooBig);
@@ -971,7 +1088,9 @@ pub fn setxattr(ctx: &mut Ctx<'_>, r: &SetXattrRequest) -> Result<(), OpError> {
         (XattrMode::Replace, false) => return err(FsError::NoAttr),
         _ => {}
     }
-    ctx.t.xattrs.insert((ino, r.name.as_bytes()), r.value.as_slice())?;
+    ctx.t
+        .xattrs
+        .insert((ino, r.name.as_bytes()), r.value.as_slice())?;
     rec.ctime = ctx.now;
     ctx.t.put_inode(ino, &rec)
 }
@@ -1000,7 +1119,11 @@ pub fn allocate_range(
 ) -> Result<Attr, OpError> {
     let mut rec = ctx.t.inode(ino)?;
     if rec.kind != FileType::Regular {
-        return err(if rec.is_dir() { FsError::IsDir } else { FsError::Invalid("not a regular file".into()) });
+        return err(if rec.is_dir() {
+            FsError::IsDir
+        } else {
+            FsError::Invalid("not a regular file".into())
+        });
     }
     check(cred, &rec, MAY_WRITE)?;
     let end = offset
@@ -1019,7 +1142,10 @@ pub fn allocate_range(
         .lookup(first, last - first)
         .into_iter()
         .filter_map(|p| match p {
-            sanfs_blockmap::extent::Piece::Hole { file_block, len_blocks } => Some((file_block, len_blocks)),
+            sanfs_blockmap::extent::Piece::Hole {
+                file_block,
+                len_blocks,
+            } => Some((file_block, len_blocks)),
             _ => None,
         })
         .collect();

@@ -113,7 +113,9 @@ impl StorageBackend for BlockDeviceBackend {
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
         let end = offset.checked_add(out.len() as u64);
         if end.is_none_or(|e| e > *self.lock_len()) {
-            return Err(io_err(format!("read past the end of the store at {offset}")));
+            return Err(io_err(format!(
+                "read past the end of the store at {offset}"
+            )));
         }
         self.file.read_exact_at(out, DEVICE_HEADER_SIZE + offset)
     }
@@ -122,7 +124,10 @@ impl StorageBackend for BlockDeviceBackend {
         if len > self.capacity - DEVICE_HEADER_SIZE {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::StorageFull,
-                format!("metadata device full: {len} bytes wanted, {} available", self.capacity - DEVICE_HEADER_SIZE),
+                format!(
+                    "metadata device full: {len} bytes wanted, {} available",
+                    self.capacity - DEVICE_HEADER_SIZE
+                ),
             ));
         }
         let mut cur = self.lock_len();
@@ -132,7 +137,8 @@ impl StorageBackend for BlockDeviceBackend {
             let mut off = *cur;
             while off < len {
                 let n = (len - off).min(zeros.len() as u64);
-                self.file.write_all_at(&zeros[..n as usize], DEVICE_HEADER_SIZE + off)?;
+                self.file
+                    .write_all_at(&zeros[..n as usize], DEVICE_HEADER_SIZE + off)?;
                 off += n;
             }
         }
@@ -148,7 +154,9 @@ impl StorageBackend for BlockDeviceBackend {
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
         let end = offset.checked_add(data.len() as u64);
         if end.is_none_or(|e| e > *self.lock_len()) {
-            return Err(io_err(format!("write past the end of the store at {offset}")));
+            return Err(io_err(format!(
+                "write past the end of the store at {offset}"
+            )));
         }
         self.file.write_all_at(data, DEVICE_HEADER_SIZE + offset)
     }

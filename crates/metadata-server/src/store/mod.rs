@@ -268,7 +268,14 @@ impl Handles {
     pub fn open(&mut self, ino: u64, session: u64, write: bool) -> u64 {
         self.next += 1;
         let h = self.next;
-        self.by_handle.insert(h, OpenFile { ino, session, write });
+        self.by_handle.insert(
+            h,
+            OpenFile {
+                ino,
+                session,
+                write,
+            },
+        );
         *self.open_count.entry(ino).or_insert(0) += 1;
         h
     }
@@ -366,14 +373,19 @@ pub struct Store {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("fs_uuid", &self.sb.fs_uuid).finish()
+        f.debug_struct("Store")
+            .field("fs_uuid", &self.sb.fs_uuid)
+            .finish()
     }
 }
 
 fn builder() -> redb::Builder {
     let mut b = Database::builder();
     b.set_repair_callback(|session| {
-        tracing::warn!(progress = session.progress(), "metadata store: repairing after an unclean shutdown");
+        tracing::warn!(
+            progress = session.progress(),
+            "metadata store: repairing after an unclean shutdown"
+        );
     });
     b
 }
@@ -394,14 +406,20 @@ fn open_db(backend: &Backend, create: bool, force: bool) -> Result<Database, Sto
                 if !path.exists() {
                     return Err(StoreError::Io(std::io::Error::new(
                         std::io::ErrorKind::NotFound,
-                        format!("no metadata store at {} (run sanfs-mds format)", path.display()),
+                        format!(
+                            "no metadata store at {} (run sanfs-mds format)",
+                            path.display()
+                        ),
                     )));
                 }
                 b.open(path)?
             }
         }
         Backend::Device(path) => {
-            let file = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)?;
             let capacity = {
                 use std::io::Seek;
                 let mut f = &file;
@@ -432,7 +450,13 @@ impl Store {
         let block_size = volume.block_size();
         let stripe_unit_blocks = volume
             .stripe_geometry_at(0)
-            .map(|(su, width)| if width > 1 { su / u64::from(block_size) } else { 0 })
+            .map(|(su, width)| {
+                if width > 1 {
+                    su / u64::from(block_size)
+                } else {
+                    0
+                }
+            })
             .unwrap_or(0);
         let sb = Superblock {
             format_version: STORE_FORMAT_VERSION,
@@ -475,7 +499,8 @@ impl Store {
                 next_cookie: sanfs_proto::model::FIRST_DIR_COOKIE,
                 target: Vec::new(),
             };
-            txn.open_table(INODES)?.insert(ROOT, root.encode().as_slice())?;
+            txn.open_table(INODES)?
+                .insert(ROOT, root.encode().as_slice())?;
             // Create the remaining tables so that readers always find them.
             txn.open_table(DIRENTS)?;
             txn.open_table(COOKIES)?;
@@ -509,7 +534,15 @@ impl Store {
             std::thread::Builder::new()
                 .name("sanfs-committer".into())
                 .spawn(move || {
-                    committer_loop(&db, &rx, state, &shared, &clock, block_size, batch_max.max(1))
+                    committer_loop(
+                        &db,
+                        &rx,
+                        state,
+                        &shared,
+                        &clock,
+                        block_size,
+                        batch_max.max(1),
+                    )
                 })?
         };
         let store = Store {
@@ -531,10 +564,15 @@ impl Store {
         let orphans: Vec<u64> = {
             let r = self.db.begin_read()?;
             let t = r.open_table(ORPHANS)?;
-            t.iter()?.map(|e| e.map(|(k, _)| k.value())).collect::<Result<_, _>>()?
+            t.iter()?
+                .map(|e| e.map(|(k, _)| k.value()))
+                .collect::<Result<_, _>>()?
         };
         for ino in orphans {
-            tracing::info!(ino, "reaping an inode unlinked while open before the last stop");
+            tracing::info!(
+                ino,
+                "reaping an inode unlinked while open before the last stop"
+            );
             self.write_blocking(move |ctx| crate::ns::destroy_inode(ctx, ino))
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         }
@@ -649,7 +687,8 @@ impl Store {
         self.submit(f, move |r| {
             let _ = tx.send(r);
         });
-        rx.recv().unwrap_or_else(|_| Err(self.shared.poison_error()))
+        rx.recv()
+            .unwrap_or_else(|_| Err(self.shared.poison_error()))
     }
 
     /// Runs `f` on a consistent snapshot of every acknowledged change.
@@ -681,7 +720,12 @@ impl Store {
     /// Stops the committer after the jobs already queued (a clean shutdown).
     pub fn close(&self) {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(h) = self.committer.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(h) = self
+            .committer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
             let _ = h.join();
         }
     }
@@ -724,9 +768,15 @@ fn load(db: &Database) -> Result<(Superblock, Volume, State), StoreError> {
     let alloc = Allocator::from_free(&volume.allocation_groups(), sb.stripe_unit_blocks, extents)
         .map_err(|e| StoreError::Corrupt(format!("free-space table: {e}")))?;
     let usage = Usage::default();
-    usage.free_blocks.store(alloc.free_blocks(), Ordering::Relaxed);
-    usage.total_blocks.store(alloc.capacity_blocks(), Ordering::Relaxed);
-    usage.inodes.store(r.open_table(INODES)?.len()?, Ordering::Relaxed);
+    usage
+        .free_blocks
+        .store(alloc.free_blocks(), Ordering::Relaxed);
+    usage
+        .total_blocks
+        .store(alloc.capacity_blocks(), Ordering::Relaxed);
+    usage
+        .inodes
+        .store(r.open_table(INODES)?.len()?, Ordering::Relaxed);
     Ok((
         sb,
         volume,
@@ -744,9 +794,7 @@ impl Ctx<'_> {
     /// A fresh inode number and generation, persisted in this transaction.
     pub fn new_inode_number(&mut self) -> Result<(u64, u64), OpError> {
         let ino = self.st.next_inode;
-        let next = ino
-            .checked_add(1)
-            .ok_or(OpError::Fs(FsError::NoSpace))?;
+        let next = ino.checked_add(1).ok_or(OpError::Fs(FsError::NoSpace))?;
         self.st.next_inode = next;
         self.st.generation += 1;
         self.counters.insert(KEY_NEXT_INODE, next)?;
@@ -756,7 +804,10 @@ impl Ctx<'_> {
     }
 
     /// Applies an allocator delta to the free-space table (same transaction).
-    pub fn apply_free_delta(&mut self, delta: &sanfs_blockmap::alloc::FreeSpaceDelta) -> Result<(), OpError> {
+    pub fn apply_free_delta(
+        &mut self,
+        delta: &sanfs_blockmap::alloc::FreeSpaceDelta,
+    ) -> Result<(), OpError> {
         for (start, _) in &delta.removed {
             self.free.remove(*start)?;
         }

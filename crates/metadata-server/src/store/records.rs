@@ -199,7 +199,8 @@ impl Superblock {
                 "metadata store format {format_version}; this server reads {STORE_FORMAT_VERSION}"
             )));
         }
-        let fs_uuid = Uuid::from_slice(r.take(16)?).map_err(|e| DecodeError::Invalid(e.to_string()))?;
+        let fs_uuid =
+            Uuid::from_slice(r.take(16)?).map_err(|e| DecodeError::Invalid(e.to_string()))?;
         let block_size = r.u32()?;
         if !block_size.is_power_of_two() || !(512..=65536).contains(&block_size) {
             return Err(DecodeError::Invalid(format!("block size {block_size}")));

@@ -17,7 +17,7 @@ pub fn volume() -> Volume {
             size_bytes: 64 * MIB,
         })
         .collect();
-    Volume::striped(devices, 64 * 1024, 4096).unwrap()
+    Volume::striped(4096, devices, MIB, 64 * 1024).unwrap()
 }
 
 pub fn fs_info() -> FsInfo {
@@ -38,12 +38,4 @@ pub fn new_store(clock: &Clock) -> (Store, SimDisk) {
 
 pub fn name(s: &str) -> FileName {
     FileName::new(s.as_bytes().to_vec()).unwrap()
-}
-
-pub fn user(uid: u32, gid: u32) -> Credentials {
-    Credentials {
-        uid,
-        gid,
-        groups: Vec::new(),
-    }
 }
