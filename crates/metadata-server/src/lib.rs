@@ -8,5 +8,6 @@
 //! The binary (`main.rs`) is a thin command line over these modules.
 
 pub mod clock;
+pub mod fsck;
 pub mod ns;
 pub mod store;

@@ -390,7 +390,7 @@ fn builder() -> redb::Builder {
     b
 }
 
-fn open_db(backend: &Backend, create: bool, force: bool) -> Result<Database, StoreError> {
+pub(crate) fn open_db(backend: &Backend, create: bool, force: bool) -> Result<Database, StoreError> {
     let b = builder();
     Ok(match backend {
         Backend::File(path) => {

@@ -1,0 +1,422 @@
+//! `sanfs-mds fsck`: an offline consistency check of the metadata store.
+//!
+//! It reads every table once and checks what the rest of the server takes for granted:
+//! every record decodes; every directory entry names a live inode of the type it says; link
+//! counts and directory sizes match the entries; every directory but the root has exactly one
+//! entry naming it, and its `..` is that entry's directory; every inode is reachable from the
+//! root or listed as an orphan; readdir cookies and entries agree; extents are canonical, lie
+//! inside the volume and inside allocation groups, and no block is owned twice (by two files,
+//! or by a file and free space); free + used = capacity; no Written extent lies wholly past
+//! end of file; inode numbers are below the next one to hand out.
+//!
+//! It never changes anything. A problem is a line of text naming the record; the command
+//! exits 0 when there are none, 1 when there are, 2 when the store cannot be read at all.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use redb::{Database, ReadableDatabase, ReadableTable};
+use sanfs_blockmap::alloc::Allocator;
+use sanfs_blockmap::codec;
+use sanfs_blockmap::extent::{ExtentMap, ExtentState};
+use sanfs_proto::model::FIRST_DIR_COOKIE;
+use sanfs_proto::types::FileType;
+
+use crate::store::records::{InodeRec, Superblock, kind_from_code};
+use crate::store::{
+    Backend, COOKIES, COUNTERS, DIRENTS, EXTENTS, FREE, INODES, ORPHANS, ROOT, SUPER, StoreError,
+    XATTRS,
+};
+
+/// What fsck found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub problems: Vec<String>,
+    pub inodes: u64,
+    pub directories: u64,
+    pub entries: u64,
+    pub extents: u64,
+    pub used_blocks: u64,
+    pub free_blocks: u64,
+    pub capacity_blocks: u64,
+    pub orphans: u64,
+}
+
+impl Report {
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+
+    fn problem(&mut self, p: impl Into<String>) {
+        // Enough to act on; a store broken everywhere should not print millions of lines.
+        if self.problems.len() < 10_000 {
+            self.problems.push(p.into());
+        }
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for p in &self.problems {
+            writeln!(f, "problem: {p}")?;
+        }
+        write!(
+            f,
+            "{} inodes ({} directories, {} orphans), {} entries, {} extents; blocks: {} used + {} free of {}; {}",
+            self.inodes,
+            self.directories,
+            self.orphans,
+            self.entries,
+            self.extents,
+            self.used_blocks,
+            self.free_blocks,
+            self.capacity_blocks,
+            if self.is_clean() {
+                "clean".to_string()
+            } else {
+                format!("{} problems", self.problems.len())
+            }
+        )
+    }
+}
+
+/// Checks the store at `backend`.
+pub fn check(backend: &Backend) -> Result<Report, StoreError> {
+    let db = crate::store::open_db(backend, false, false)?;
+    check_db(&db)
+}
+
+/// Checks an open database.
+pub fn check_db(db: &Database) -> Result<Report, StoreError> {
+    let mut rep = Report::default();
+    let r = db.begin_read()?;
+
+    let sup = r.open_table(SUPER)?;
+    let sb = match sup.get("super")? {
+        Some(v) => Superblock::decode(v.value())
+            .map_err(|e| StoreError::Corrupt(format!("super record: {e}")))?,
+        None => return Err(StoreError::Corrupt("no super record".into())),
+    };
+    let volume = match sup.get("volume")? {
+        Some(v) => codec::decode_volume(v.value())
+            .map_err(|e| StoreError::Corrupt(format!("volume record: {e}")))?,
+        None => return Err(StoreError::Corrupt("no volume record".into())),
+    };
+    let counters = r.open_table(COUNTERS)?;
+    let next_inode = counters.get("next_inode")?.map(|v| v.value()).unwrap_or(0);
+
+    // --- inodes ---
+    let mut inodes: HashMap<u64, InodeRec> = HashMap::new();
+    for item in r.open_table(INODES)?.iter()? {
+        let (k, v) = item?;
+        let ino = k.value();
+        match InodeRec::decode(v.value()) {
+            Ok(rec) => {
+                if ino == 0 || ino >= next_inode {
+                    rep.problem(format!(
+                        "inode {ino} is not below the next inode number {next_inode}"
+                    ));
+                }
+                inodes.insert(ino, rec);
+            }
+            Err(e) => rep.problem(format!("inode {ino} does not decode: {e}")),
+        }
+    }
+    rep.inodes = inodes.len() as u64;
+    rep.directories = inodes.values().filter(|r| r.is_dir()).count() as u64;
+    match inodes.get(&ROOT) {
+        Some(root) if root.is_dir() => {
+            if root.parent != ROOT {
+                rep.problem(format!("root's parent is {}, not itself", root.parent));
+            }
+        }
+        Some(_) => rep.problem("the root inode is not a directory"),
+        None => rep.problem("there is no root inode"),
+    }
+
+    // --- directory entries ---
+    let mut links: HashMap<u64, u32> = HashMap::new();
+    let mut subdirs: HashMap<u64, u32> = HashMap::new();
+    let mut entries_in: HashMap<u64, u64> = HashMap::new();
+    let mut named_by: HashMap<u64, Vec<u64>> = HashMap::new();
+    let mut cookies_of: HashMap<(u64, u64), Vec<u8>> = HashMap::new();
+    for item in r.open_table(DIRENTS)?.iter()? {
+        let (k, v) = item?;
+        let (dir, name) = k.value();
+        let (child, cookie, code) = v.value();
+        rep.entries += 1;
+        let shown = String::from_utf8_lossy(name).into_owned();
+        *entries_in.entry(dir).or_default() += 1;
+        match inodes.get(&dir) {
+            Some(d) if d.is_dir() => {
+                if cookie < FIRST_DIR_COOKIE || cookie >= d.next_cookie {
+                    rep.problem(format!(
+                        "entry {shown:?} in directory {dir} has cookie {cookie} outside {FIRST_DIR_COOKIE}..{}",
+                        d.next_cookie
+                    ));
+                }
+            }
+            Some(_) => rep.problem(format!("entry {shown:?} is in inode {dir}, not a directory")),
+            None => rep.problem(format!("entry {shown:?} is in a missing directory {dir}")),
+        }
+        if name.is_empty() || name.len() > 255 || name.contains(&b'/') || name.contains(&0) || name == b"." || name == b".." {
+            rep.problem(format!("entry {shown:?} in directory {dir} has an invalid name"));
+        }
+        match inodes.get(&child) {
+            None => rep.problem(format!("entry {shown:?} in directory {dir} names a missing inode {child}")),
+            Some(c) => {
+                if kind_from_code(code).ok() != Some(c.kind) {
+                    rep.problem(format!(
+                        "entry {shown:?} in directory {dir} says type {code}, inode {child} is {:?}",
+                        c.kind
+                    ));
+                }
+                *links.entry(child).or_default() += 1;
+                if c.is_dir() {
+                    *subdirs.entry(dir).or_default() += 1;
+                    named_by.entry(child).or_default().push(dir);
+                }
+            }
+        }
+        if child == ROOT {
+            rep.problem(format!("entry {shown:?} in directory {dir} names the root"));
+        }
+        if cookies_of.insert((dir, cookie), name.to_vec()).is_some() {
+            rep.problem(format!("two entries of directory {dir} share cookie {cookie}"));
+        }
+    }
+    let cookie_table = r.open_table(COOKIES)?;
+    let mut cookie_rows = 0u64;
+    for item in cookie_table.iter()? {
+        let (k, v) = item?;
+        let (dir, cookie) = k.value();
+        cookie_rows += 1;
+        match cookies_of.get(&(dir, cookie)) {
+            Some(name) if name.as_slice() == v.value() => {}
+            _ => rep.problem(format!(
+                "readdir cookie {cookie} of directory {dir} names {:?}, which has no entry with that cookie",
+                String::from_utf8_lossy(v.value())
+            )),
+        }
+    }
+    if cookie_rows != rep.entries {
+        rep.problem(format!(
+            "{} directory entries but {cookie_rows} readdir cookies",
+            rep.entries
+        ));
+    }
+
+    // --- orphans ---
+    let mut orphans: HashSet<u64> = HashSet::new();
+    for item in r.open_table(ORPHANS)?.iter()? {
+        let (k, _) = item?;
+        let ino = k.value();
+        orphans.insert(ino);
+        match inodes.get(&ino) {
+            Some(rec) if rec.nlink == 0 => {}
+            Some(rec) => rep.problem(format!("orphan {ino} still has {} links", rec.nlink)),
+            None => rep.problem(format!("orphan {ino} does not exist")),
+        }
+    }
+    rep.orphans = orphans.len() as u64;
+
+    // --- link counts, sizes, tree shape ---
+    let mut ids: Vec<u64> = inodes.keys().copied().collect();
+    ids.sort_unstable();
+    for ino in &ids {
+        let rec = &inodes[ino];
+        let named = links.get(ino).copied().unwrap_or(0);
+        if rec.is_dir() {
+            let want = 2 + subdirs.get(ino).copied().unwrap_or(0);
+            if *ino != ROOT && !orphans.contains(ino) && rec.nlink != want {
+                rep.problem(format!("directory {ino} has nlink {} but {want} links", rec.nlink));
+            }
+            if *ino == ROOT && rec.nlink != want {
+                rep.problem(format!("the root has nlink {} but {want} links", rec.nlink));
+            }
+            let entries = entries_in.get(ino).copied().unwrap_or(0);
+            if rec.size != entries {
+                rep.problem(format!("directory {ino} has size {} but {entries} entries", rec.size));
+            }
+            if *ino != ROOT {
+                match named_by.get(ino).map(Vec::as_slice) {
+                    Some([parent]) => {
+                        if rec.parent != *parent {
+                            rep.problem(format!(
+                                "directory {ino} says its parent is {}, but it is named in {parent}",
+                                rec.parent
+                            ));
+                        }
+                    }
+                    Some(more) => rep.problem(format!(
+                        "directory {ino} is named in {} directories",
+                        more.len()
+                    )),
+                    None if orphans.contains(ino) => {}
+                    None => rep.problem(format!("directory {ino} is in no directory (unreachable)")),
+                }
+            }
+        } else {
+            if rec.nlink != named {
+                rep.problem(format!("inode {ino} has nlink {} but {named} entries name it", rec.nlink));
+            }
+            if named == 0 && !orphans.contains(ino) {
+                rep.problem(format!("inode {ino} is in no directory and not an orphan"));
+            }
+            if rec.kind == FileType::Symlink && rec.size != rec.target.len() as u64 {
+                rep.problem(format!("symlink {ino} has size {} but a target of {} bytes", rec.size, rec.target.len()));
+            }
+        }
+    }
+    // Every directory reachable from the root: walk `..` pointers upward (bounded).
+    for ino in &ids {
+        let rec = &inodes[ino];
+        if !rec.is_dir() || orphans.contains(ino) {
+            continue;
+        }
+        let mut cur = *ino;
+        let mut steps = 0usize;
+        while cur != ROOT && steps <= ids.len() {
+            cur = inodes.get(&cur).map(|r| r.parent).unwrap_or(ROOT);
+            steps += 1;
+        }
+        if cur != ROOT || steps > ids.len() {
+            rep.problem(format!("directory {ino} does not lead up to the root (a cycle)"));
+        }
+    }
+
+    // --- space ---
+    let bs = u64::from(sb.block_size);
+    let size_blocks = volume.size_blocks();
+    let groups = volume.allocation_groups();
+    let in_group = |start: u64, len: u64| {
+        let end = start.saturating_add(len);
+        groups.iter().any(|(gs, gl)| start >= *gs && end <= gs.saturating_add(*gl))
+            || coverage_is_groups(&groups, start, end)
+    };
+    let mut owned: BTreeMap<u64, (u64, String)> = BTreeMap::new();
+    for item in r.open_table(EXTENTS)?.iter()? {
+        let (k, v) = item?;
+        let ino = k.value();
+        let extents = match codec::decode_extents(v.value()) {
+            Ok(e) => e,
+            Err(e) => {
+                rep.problem(format!("extents of inode {ino} do not decode: {e}"));
+                continue;
+            }
+        };
+        let map = match ExtentMap::from_extents(extents.clone()) {
+            Ok(m) => m,
+            Err(e) => {
+                rep.problem(format!("extents of inode {ino} are not a valid map: {e}"));
+                continue;
+            }
+        };
+        if map.to_vec() != extents {
+            rep.problem(format!("extents of inode {ino} are not in canonical (merged) form"));
+        }
+        rep.extents += extents.len() as u64;
+        let Some(rec) = inodes.get(&ino) else {
+            rep.problem(format!("extents belong to a missing inode {ino}"));
+            continue;
+        };
+        if rec.kind != FileType::Regular {
+            rep.problem(format!("inode {ino} has extents but is a {:?}", rec.kind));
+        }
+        if rec.blocks != map.mapped_blocks() {
+            rep.problem(format!(
+                "inode {ino} says {} blocks, its extents map {}",
+                rec.blocks,
+                map.mapped_blocks()
+            ));
+        }
+        let eof_block = rec.size.div_ceil(bs);
+        for e in &extents {
+            let end = e.vol_block.saturating_add(e.len_blocks);
+            if end > size_blocks || !in_group(e.vol_block, e.len_blocks) {
+                rep.problem(format!(
+                    "inode {ino}: extent at volume block {}+{} lies outside the volume's allocation groups",
+                    e.vol_block, e.len_blocks
+                ));
+            }
+            if e.state == ExtentState::Written && e.file_block >= eof_block {
+                rep.problem(format!(
+                    "inode {ino}: written extent at file block {} lies past end of file ({} bytes)",
+                    e.file_block, rec.size
+                ));
+            }
+            rep.used_blocks += e.len_blocks;
+            owned.insert(e.vol_block, (e.len_blocks, format!("inode {ino}")));
+        }
+    }
+    for (ino, rec) in &inodes {
+        if rec.blocks != 0 && !owned.values().any(|(_, who)| *who == format!("inode {ino}")) {
+            rep.problem(format!("inode {ino} says {} blocks but has no extents", rec.blocks));
+        }
+    }
+    let mut free_list = Vec::new();
+    for item in r.open_table(FREE)?.iter()? {
+        let (k, v) = item?;
+        let (start, len) = (k.value(), v.value());
+        rep.free_blocks += len;
+        free_list.push((start, len));
+        if owned.insert(start, (len, "free space".into())).is_some() {
+            rep.problem(format!("volume block {start} starts both free space and an extent"));
+        }
+    }
+    // No block owned twice: sorted by start, each run ends before the next begins.
+    let mut prev: Option<(u64, u64, &String)> = None;
+    for (start, (len, who)) in &owned {
+        if let Some((pstart, pend, pwho)) = prev {
+            if *start < pend {
+                rep.problem(format!(
+                    "volume blocks {start}..{} ({who}) overlap {pstart}..{pend} ({pwho})",
+                    start.saturating_add(*len)
+                ));
+            }
+        }
+        prev = Some((*start, start.saturating_add(*len), who));
+    }
+    match Allocator::from_free(&groups, sb.stripe_unit_blocks, free_list) {
+        Ok(a) => {
+            rep.capacity_blocks = a.capacity_blocks();
+            if rep.used_blocks + rep.free_blocks != a.capacity_blocks() {
+                rep.problem(format!(
+                    "free ({}) + used ({}) = {} blocks, but the volume's allocation groups hold {}",
+                    rep.free_blocks,
+                    rep.used_blocks,
+                    rep.free_blocks + rep.used_blocks,
+                    a.capacity_blocks()
+                ));
+            }
+        }
+        Err(e) => rep.problem(format!("the free-space table is not valid: {e}")),
+    }
+
+    // --- xattrs ---
+    for item in r.open_table(XATTRS)?.iter()? {
+        let (k, _) = item?;
+        let (ino, name) = k.value();
+        if !inodes.contains_key(&ino) {
+            rep.problem(format!(
+                "xattr {:?} belongs to a missing inode {ino}",
+                String::from_utf8_lossy(name)
+            ));
+        }
+    }
+    Ok(rep)
+}
+
+/// Whether `[start, end)` is covered by consecutive allocation groups.
+fn coverage_is_groups(groups: &[(u64, u64)], start: u64, end: u64) -> bool {
+    let mut at = start;
+    for (gs, gl) in groups {
+        let ge = gs.saturating_add(*gl);
+        if *gs <= at && at < ge {
+            at = ge;
+            if at >= end {
+                return true;
+            }
+        }
+    }
+    false
+}
