@@ -284,6 +284,13 @@ fn format_and_map_an_lvm_lv_made_by_lvm2() {
     // A second, linear segment on one PV, and a second LV.
     lab.lvm("lvextend", &["-i1", "-l+3", &format!("{vg}/data")]);
     lab.lvm("lvcreate", &["-an", "-Zn", "-y", "-n", "other", "-l1", &vg]);
+    // An LV whose segment type sanfs cannot import.
+    lab.lvm(
+        "lvcreate",
+        &[
+            "-an", "-Zn", "-y", "-n", "virt", "--type", "zero", "-L4m", &vg,
+        ],
+    );
 
     let pvs = report_pvs(&lab);
     let extent: u64 = lab
@@ -435,6 +442,22 @@ fn format_and_map_an_lvm_lv_made_by_lvm2() {
         run.stderr.contains(&format!(
             "is a PV of volume group \"{vg}\", not \"nosuchvg\""
         )),
+        "{run:?}"
+    );
+    let zero = write_config(
+        dir.path(),
+        &format!(
+            "layout = \"lvm\"\nlvm_vg = \"{vg}\"\nlvm_lv = \"virt\"\ndevices = {}",
+            toml_paths(&dev_paths)
+        ),
+    );
+    let run = mds(["format", "--config", zero.to_str().unwrap()]);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stderr.contains(&format!("logical volume {vg}/virt: "))
+            && run
+                .stderr
+                .contains("segment type \"zero\" is not supported"),
         "{run:?}"
     );
     assert_eq!(pv_headers(&devs, &pvs), headers, "a refused format wrote");
