@@ -3,11 +3,18 @@
 //!
 //! - [`store`]: redb tables, the storage backends, and the group-commit committer.
 //! - [`ns`]: the namespace's POSIX rules over those tables.
+//! - [`fsck`]: the offline consistency check.
+//! - [`config`]: `mds.toml`.
+//! - [`device`], [`format`], [`inspect`]: the LUNs: labels, LVM2 import, `volume inspect`.
 //! - [`clock`]: the clock seam.
 //!
 //! The binary (`main.rs`) is a thin command line over these modules.
 
 pub mod clock;
+pub mod config;
+pub mod device;
+pub mod format;
 pub mod fsck;
+pub mod inspect;
 pub mod ns;
 pub mod store;

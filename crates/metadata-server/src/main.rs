@@ -1,6 +1,163 @@
 //! The `sanfs-mds` command line: `format`, `serve`, `fsck`, `volume inspect`.
+//!
+//! Errors print as `sanfs-mds: <error chain>` on stderr and exit with status 2 (clap's usage
+//! errors also exit with 2). Logs go to stderr, filtered by `RUST_LOG` (default `info`).
 
-fn main() -> std::process::ExitCode {
-    eprintln!("sanfs-mds: being built (issue 3)");
-    std::process::ExitCode::from(2)
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use sanfs_blockmap::volume::LayoutKind;
+use sanfs_mds::config::{MdsConfig, parse_size};
+use sanfs_mds::format::{Formatted, format_volume};
+use sanfs_mds::inspect::inspect_with;
+
+#[derive(Debug, Parser)]
+#[command(name = "sanfs-mds", version, about = "sanfs metadata server")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create a file system: label the LUNs (or read the LVM2 LV) and initialise the
+    /// metadata store.
+    Format {
+        #[arg(long)]
+        config: PathBuf,
+        /// Overwrite devices that already hold a file system, a PV label or a sanfs label.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Run the metadata server.
+    Serve {
+        #[arg(long)]
+        config: PathBuf,
+        /// Serve Prometheus metrics here (overrides server.metrics_addr).
+        #[arg(long)]
+        metrics_addr: Option<SocketAddr>,
+    },
+    /// Check the metadata store against the volume.
+    Fsck {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Look at volumes and devices.
+    Volume {
+        #[command(subcommand)]
+        command: VolumeCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum VolumeCommand {
+    /// Show what each device holds; with --map, where a volume byte offset lands.
+    Inspect {
+        #[arg(required = true)]
+        devices: Vec<PathBuf>,
+        /// A volume byte offset (a number, or with a binary suffix: 1M, 4GiB).
+        #[arg(long, value_parser = parse_size)]
+        map: Option<u64>,
+        /// For --map on an LVM2 volume group with several LVs: the LV to map.
+        #[arg(long)]
+        lv: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sanfs-mds: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Format { config, force } => format(&config, force),
+        Command::Serve { .. } => not_wired("serve"),
+        Command::Fsck { .. } => not_wired("fsck"),
+        Command::Volume {
+            command: VolumeCommand::Inspect { devices, map, lv },
+        } => {
+            let mut out = std::io::stdout().lock();
+            inspect_with(&devices, map, lv.as_deref(), &mut out)?;
+            out.flush()?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn not_wired(what: &str) -> anyhow::Result<ExitCode> {
+    eprintln!("sanfs-mds: {what}: not wired yet");
+    Ok(ExitCode::from(2))
+}
+
+fn format(config_path: &Path, force: bool) -> anyhow::Result<ExitCode> {
+    let config = MdsConfig::load(config_path)?;
+    let formatted = format_volume(&config.volume, force, now_unix_secs())?;
+    print_summary(&formatted, &mut std::io::stdout().lock())?;
+    // metadata store initialisation: wired by the lead (store::Store::create)
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Wall-clock seconds for the labels' `formatted_at`. This is the one place the binary reads
+/// the clock; the library takes the time as an argument.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the CLI entry point is the clock seam"
+)]
+fn now_unix_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+fn print_summary(f: &Formatted, out: &mut impl Write) -> std::io::Result<()> {
+    writeln!(out, "fs uuid: {}", f.fs_uuid)?;
+    match f.volume.kind() {
+        LayoutKind::Linear => writeln!(out, "layout: linear")?,
+        LayoutKind::Striped { stripe_unit, width } => writeln!(
+            out,
+            "layout: striped, {width} devices, stripe unit {stripe_unit}"
+        )?,
+        LayoutKind::Lvm { vg_name, lv_name } => {
+            writeln!(out, "layout: lvm, logical volume {vg_name}/{lv_name}")?
+        }
+    }
+    writeln!(out, "block size: {}", f.volume.block_size())?;
+    for (i, dev) in f.volume.devices().iter().enumerate() {
+        let path = f
+            .device_paths
+            .get(i)
+            .map_or_else(String::new, |p| p.display().to_string());
+        writeln!(
+            out,
+            "device {i}: {} {path} {} bytes",
+            dev.uuid, dev.size_bytes
+        )?;
+    }
+    writeln!(
+        out,
+        "total: {} bytes ({} blocks)",
+        f.volume.size_bytes(),
+        f.volume.size_blocks()
+    )
 }

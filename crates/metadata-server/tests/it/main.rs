@@ -1,8 +1,16 @@
 //! Integration tests of `sanfs-mds`: one test binary, one module per boundary.
 //!
-//! - [`support`]: building stores and volumes for the tests.
+//! - [`support`]: building stores and volumes for the in-process tests.
 //! - [`smoke`]: the store and namespace through the committer.
+//! - `format_cli` and `inspect_cli` run the real binary on file-backed LUNs in a temporary
+//!   directory; [`common`] holds their helpers.
+//! - `lvm_real` drives the real lvm2 tools on loop devices; it needs root, lvm2 and loop
+//!   devices, and otherwise prints why it was skipped and passes.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+mod common;
+mod format_cli;
+mod inspect_cli;
+mod lvm_real;
 mod smoke;
 mod support;

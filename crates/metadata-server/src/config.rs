@@ -1,0 +1,593 @@
+//! The `mds.toml` configuration file: where the server listens, its TLS material, where the
+//! metadata store lives and which LUNs make up the volume.
+//!
+//! Every section rejects unknown keys (a misspelt key is an error, never silently ignored).
+//! Sizes are written either as an integer number of bytes or as a string with a binary suffix
+//! (`"64KiB"`, `"4k"`, `"1M"`, `"1GiB"`; every multiplier is a power of 1024). [`MdsConfig::load`]
+//! parses and validates; errors name the file. An annotated example lives in
+//! `deploy/examples/mds.toml` and is parsed by a test with these structs.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Deserializer};
+
+/// The whole `mds.toml`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MdsConfig {
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// Absent: no TLS (only allowed on a loopback address or with `server.insecure`).
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    pub metadata: MetadataConfig,
+    pub volume: VolumeConfig,
+}
+
+/// `[server]`: the gRPC endpoint and the server's tunables.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// Where Prometheus metrics are served; none when absent.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Allow plaintext gRPC on a non-loopback listen address.
+    pub insecure: bool,
+    /// I/O below this many bytes takes the proxied path.
+    #[serde(deserialize_with = "deserialize_size")]
+    pub direct_threshold: u64,
+    pub lease_ttl_ms: u64,
+    /// Group commit: at most this many operations per durable commit.
+    pub commit_batch_max: usize,
+}
+
+/// Default gRPC listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7410";
+/// Default direct-I/O threshold: 64 KiB.
+pub const DEFAULT_DIRECT_THRESHOLD: u64 = 64 << 10;
+/// Default session lease TTL.
+pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
+/// Default group-commit batch limit.
+pub const DEFAULT_COMMIT_BATCH_MAX: usize = 256;
+/// Default file system block size.
+pub const DEFAULT_BLOCK_SIZE: u32 = 4096;
+/// Default stripe unit of a striped volume.
+pub const DEFAULT_STRIPE_UNIT: u64 = 64 << 10;
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7410)),
+            metrics_addr: None,
+            insecure: false,
+            direct_threshold: DEFAULT_DIRECT_THRESHOLD,
+            lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
+            commit_batch_max: DEFAULT_COMMIT_BATCH_MAX,
+        }
+    }
+}
+
+/// `[tls]`: the server's certificate and key, and the CA that client certificates must chain
+/// to (mutual TLS). All three are required when the section is present.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+/// `[metadata]`: where the metadata store lives.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetadataConfig {
+    pub path: PathBuf,
+    #[serde(default)]
+    pub kind: MetadataKind,
+}
+
+/// What `metadata.path` names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MetadataKind {
+    /// A file on a local file system (the default).
+    #[default]
+    File,
+    /// A (small) block device of its own.
+    Block,
+}
+
+/// `[volume]`: the data LUNs and how blocks are laid over them.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeConfig {
+    pub layout: LayoutKindConfig,
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    /// Striped only: bytes per stripe unit, a multiple of `block_size`.
+    #[serde(default = "default_stripe_unit", deserialize_with = "deserialize_size")]
+    pub stripe_unit: u64,
+    /// Where file data starts on sanfs-labelled LUNs (linear and striped).
+    #[serde(default = "default_data_offset", deserialize_with = "deserialize_size")]
+    pub data_offset: u64,
+    /// linear/striped: the LUNs in volume order; lvm: the PVs to read.
+    #[serde(default)]
+    pub devices: Vec<PathBuf>,
+    /// lvm only: the volume group.
+    #[serde(default)]
+    pub lvm_vg: Option<String>,
+    /// lvm only: the logical volume in `lvm_vg`.
+    #[serde(default)]
+    pub lvm_lv: Option<String>,
+}
+
+/// `volume.layout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LayoutKindConfig {
+    Linear,
+    Striped,
+    Lvm,
+}
+
+impl fmt::Display for LayoutKindConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LayoutKindConfig::Linear => "linear",
+            LayoutKindConfig::Striped => "striped",
+            LayoutKindConfig::Lvm => "lvm",
+        })
+    }
+}
+
+fn default_block_size() -> u32 {
+    DEFAULT_BLOCK_SIZE
+}
+
+fn default_stripe_unit() -> u64 {
+    DEFAULT_STRIPE_UNIT
+}
+
+fn default_data_offset() -> u64 {
+    sanfs_blockmap::label::DEFAULT_DATA_OFFSET
+}
+
+/// Parses a size: a plain number of bytes, or a number with a binary suffix (`k`, `K`, `KiB`,
+/// `M`, `MiB`, `G`, `GiB`, `T`, `TiB`, `P`, `PiB`, each a power of 1024; a trailing `B` alone
+/// means bytes). Spaces between number and suffix are allowed. Decimal-looking suffixes
+/// (`KB`, `MB`) are refused as ambiguous.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, suffix) = t.split_at(digits_end);
+    if number.is_empty() {
+        return Err(format!("size {text:?} does not start with a number"));
+    }
+    let number: u64 = number.parse().map_err(|e| format!("size {text:?}: {e}"))?;
+    let shift = match suffix.trim() {
+        "" | "b" | "B" => 0,
+        "k" | "K" | "Ki" | "KiB" | "kiB" => 10,
+        "m" | "M" | "Mi" | "MiB" => 20,
+        "g" | "G" | "Gi" | "GiB" => 30,
+        "t" | "T" | "Ti" | "TiB" => 40,
+        "p" | "P" | "Pi" | "PiB" => 50,
+        s @ ("kB" | "KB" | "MB" | "GB" | "TB" | "PB") => {
+            return Err(format!(
+                "size {text:?}: suffix {s:?} is ambiguous, write {}iB",
+                &s[..1].to_uppercase()
+            ));
+        }
+        s => return Err(format!("size {text:?}: unknown suffix {s:?}")),
+    };
+    number
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("size {text:?} does not fit in 64 bits"))
+}
+
+fn deserialize_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(u64),
+        Text(String),
+    }
+    match Size::deserialize(d).map_err(|_| {
+        serde::de::Error::custom("expected a size: a number of bytes or a string such as \"64KiB\"")
+    })? {
+        Size::Bytes(n) => Ok(n),
+        Size::Text(s) => parse_size(&s).map_err(serde::de::Error::custom),
+    }
+}
+
+impl MdsConfig {
+    /// Reads, parses and validates the config file at `path`.
+    pub fn load(path: &Path) -> anyhow::Result<MdsConfig> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("read config file {}", path.display()))?;
+        let config = MdsConfig::parse(&text)
+            .with_context(|| format!("parse config file {}", path.display()))?;
+        config
+            .validate()
+            .with_context(|| format!("invalid config file {}", path.display()))?;
+        Ok(config)
+    }
+
+    /// Parses TOML text without validating it.
+    pub fn parse(text: &str) -> anyhow::Result<MdsConfig> {
+        Ok(toml::from_str(text)?)
+    }
+
+    /// Checks what the types cannot: ranges, multiples, the fields each layout needs, and that
+    /// plaintext is only used where it was asked for.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let s = &self.server;
+        if self.tls.is_none() && !s.listen.ip().is_loopback() && !s.insecure {
+            bail!(
+                "server.listen {} is not a loopback address and there is no [tls] section; \
+                 add [tls] or set server.insecure = true",
+                s.listen
+            );
+        }
+        if s.direct_threshold == 0 {
+            bail!("server.direct_threshold must be positive");
+        }
+        if s.lease_ttl_ms == 0 {
+            bail!("server.lease_ttl_ms must be positive");
+        }
+        if s.commit_batch_max == 0 {
+            bail!("server.commit_batch_max must be positive");
+        }
+        if let Some(tls) = &self.tls {
+            for (name, path) in [("cert", &tls.cert), ("key", &tls.key), ("ca", &tls.ca)] {
+                if path.as_os_str().is_empty() {
+                    bail!("tls.{name} is empty");
+                }
+            }
+        }
+        if self.metadata.path.as_os_str().is_empty() {
+            bail!("metadata.path is empty");
+        }
+        self.volume.validate()?;
+        if self.volume.devices.contains(&self.metadata.path) {
+            bail!(
+                "metadata.path {} is also a volume device",
+                self.metadata.path.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl VolumeConfig {
+    /// The `[volume]` part of [`MdsConfig::validate`].
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let bs = self.block_size;
+        if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
+            bail!("volume.block_size {bs} is not a power of two from 512 to 65536");
+        }
+        if self.devices.is_empty() {
+            bail!("volume.devices is empty");
+        }
+        let mut seen = BTreeSet::new();
+        for dev in &self.devices {
+            if dev.as_os_str().is_empty() {
+                bail!("volume.devices holds an empty path");
+            }
+            if !seen.insert(dev) {
+                bail!("volume.devices lists {} twice", dev.display());
+            }
+        }
+        match self.layout {
+            LayoutKindConfig::Linear | LayoutKindConfig::Striped => {
+                if self.lvm_vg.is_some() || self.lvm_lv.is_some() {
+                    bail!(
+                        "volume.lvm_vg and volume.lvm_lv only apply to layout = \"lvm\", not {:?}",
+                        self.layout.to_string()
+                    );
+                }
+                let label = sanfs_blockmap::label::LABEL_SIZE as u64;
+                if self.data_offset < label || !self.data_offset.is_multiple_of(u64::from(bs)) {
+                    bail!(
+                        "volume.data_offset {} must be at least {label} (the label) and a \
+                         multiple of volume.block_size {bs}",
+                        self.data_offset
+                    );
+                }
+                if self.layout == LayoutKindConfig::Striped
+                    && (self.stripe_unit == 0 || !self.stripe_unit.is_multiple_of(u64::from(bs)))
+                {
+                    bail!(
+                        "volume.stripe_unit {} is not a positive multiple of volume.block_size {bs}",
+                        self.stripe_unit
+                    );
+                }
+            }
+            LayoutKindConfig::Lvm => {
+                for (name, value) in [("lvm_vg", &self.lvm_vg), ("lvm_lv", &self.lvm_lv)] {
+                    match value {
+                        None => bail!("layout = \"lvm\" needs volume.{name}"),
+                        Some(v) if v.is_empty() => bail!("volume.{name} is empty"),
+                        Some(_) => {}
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: &str = r#"
+        [server]
+        listen = "0.0.0.0:7410"
+        metrics_addr = "127.0.0.1:9410"
+        insecure = false
+        direct_threshold = "128KiB"
+        lease_ttl_ms = 5000
+        commit_batch_max = 64
+        [tls]
+        cert = "/etc/sanfs/server.crt"
+        key = "/etc/sanfs/server.key"
+        ca = "/etc/sanfs/ca.crt"
+        [metadata]
+        path = "/dev/sdz"
+        kind = "block"
+        [volume]
+        layout = "striped"
+        block_size = 8192
+        stripe_unit = "256k"
+        data_offset = "2MiB"
+        devices = ["/dev/loop0", "/dev/loop1"]
+    "#;
+
+    const MINIMAL: &str = r#"
+        [metadata]
+        path = "/var/lib/sanfs/meta.redb"
+        [volume]
+        layout = "linear"
+        devices = ["/dev/sdb"]
+    "#;
+
+    fn with_volume(volume: &str) -> String {
+        format!("[metadata]\npath = \"/m\"\n[volume]\n{volume}\n")
+    }
+
+    fn invalid(text: &str) -> String {
+        let config = MdsConfig::parse(text).unwrap();
+        format!("{:#}", config.validate().unwrap_err())
+    }
+
+    #[test]
+    fn a_full_example_parses() {
+        let c = MdsConfig::parse(FULL).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.server.listen, "0.0.0.0:7410".parse().unwrap());
+        assert_eq!(
+            c.server.metrics_addr,
+            Some("127.0.0.1:9410".parse().unwrap())
+        );
+        assert_eq!(c.server.direct_threshold, 128 << 10);
+        assert_eq!(c.server.lease_ttl_ms, 5000);
+        assert_eq!(c.server.commit_batch_max, 64);
+        assert_eq!(
+            c.tls,
+            Some(TlsConfig {
+                cert: "/etc/sanfs/server.crt".into(),
+                key: "/etc/sanfs/server.key".into(),
+                ca: "/etc/sanfs/ca.crt".into(),
+            })
+        );
+        assert_eq!(
+            c.metadata,
+            MetadataConfig {
+                path: "/dev/sdz".into(),
+                kind: MetadataKind::Block
+            }
+        );
+        assert_eq!(
+            c.volume,
+            VolumeConfig {
+                layout: LayoutKindConfig::Striped,
+                block_size: 8192,
+                stripe_unit: 256 << 10,
+                data_offset: 2 << 20,
+                devices: vec!["/dev/loop0".into(), "/dev/loop1".into()],
+                lvm_vg: None,
+                lvm_lv: None,
+            }
+        );
+    }
+
+    #[test]
+    fn defaults_fill_a_minimal_file() {
+        let c = MdsConfig::parse(MINIMAL).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.server, ServerConfig::default());
+        assert_eq!(c.server.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(c.tls, None);
+        assert_eq!(c.metadata.kind, MetadataKind::File);
+        assert_eq!(c.volume.block_size, 4096);
+        assert_eq!(c.volume.stripe_unit, 64 << 10);
+        assert_eq!(
+            c.volume.data_offset,
+            sanfs_blockmap::label::DEFAULT_DATA_OFFSET
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_in_every_section() {
+        for text in [
+            format!("colour = 1\n{MINIMAL}"),
+            format!("[server]\nlistne = \"127.0.0.1:1\"\n{MINIMAL}"),
+            format!("[tls]\ncert = \"a\"\nkey = \"b\"\nca = \"c\"\ncrl = \"d\"\n{MINIMAL}"),
+            "[metadata]\npath = \"/m\"\nsize = 3\n[volume]\nlayout = \"linear\"\ndevices = [\"/d\"]"
+                .to_owned(),
+        ] {
+            let err = format!("{:#}", MdsConfig::parse(&text).unwrap_err());
+            assert!(err.contains("unknown field"), "{text}: {err}");
+        }
+        let err = MdsConfig::parse(&with_volume(
+            "layout = \"linear\"\ndevices = [\"/d\"]\nstripe_size = 4096",
+        ))
+        .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("unknown field `stripe_size`"),
+            "{err:#}"
+        );
+        let err =
+            MdsConfig::parse(&with_volume("layout = \"raid5\"\ndevices = [\"/d\"]")).unwrap_err();
+        assert!(format!("{err:#}").contains("raid5"), "{err:#}");
+    }
+
+    #[test]
+    fn sizes_take_numbers_and_binary_suffixes() {
+        for (text, bytes) in [
+            ("4096", 4096),
+            ("0", 0),
+            ("512B", 512),
+            ("4k", 4096),
+            ("4K", 4096),
+            ("64KiB", 65536),
+            ("64 KiB", 65536),
+            ("1M", 1 << 20),
+            ("1MiB", 1 << 20),
+            ("1GiB", 1 << 30),
+            ("3G", 3 << 30),
+            ("2TiB", 2 << 40),
+        ] {
+            assert_eq!(parse_size(text), Ok(bytes), "{text}");
+        }
+        for bad in [
+            "",
+            "k",
+            "-1",
+            "1.5M",
+            "4KB",
+            "1MB",
+            "4x",
+            "99999999999P",
+            "0x10",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad:?} accepted");
+        }
+        let c = MdsConfig::parse(&with_volume(
+            "layout = \"striped\"\ndevices = [\"/d\"]\nstripe_unit = 131072\ndata_offset = \"4M\"",
+        ))
+        .unwrap();
+        assert_eq!(
+            (c.volume.stripe_unit, c.volume.data_offset),
+            (128 << 10, 4 << 20)
+        );
+        let err = MdsConfig::parse(&with_volume(
+            "layout = \"striped\"\ndevices = [\"/d\"]\nstripe_unit = \"64KB\"",
+        ))
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("ambiguous"), "{err:#}");
+        let err = MdsConfig::parse(&with_volume(
+            "layout = \"striped\"\ndevices = [\"/d\"]\nstripe_unit = true",
+        ))
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("expected a size"), "{err:#}");
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        let cases = [
+            (
+                "layout = \"striped\"\ndevices = [\"/a\"]\nstripe_unit = 6144",
+                "stripe_unit 6144 is not a positive multiple",
+            ),
+            (
+                "layout = \"striped\"\ndevices = [\"/a\"]\nstripe_unit = 0",
+                "stripe_unit 0",
+            ),
+            (
+                "layout = \"lvm\"\ndevices = [\"/a\"]\nlvm_lv = \"lv\"",
+                "needs volume.lvm_vg",
+            ),
+            (
+                "layout = \"lvm\"\ndevices = [\"/a\"]\nlvm_vg = \"vg\"",
+                "needs volume.lvm_lv",
+            ),
+            (
+                "layout = \"linear\"\ndevices = [\"/a\"]\nlvm_vg = \"vg\"",
+                "only apply to layout = \"lvm\"",
+            ),
+            (
+                "layout = \"linear\"\ndevices = []",
+                "volume.devices is empty",
+            ),
+            ("layout = \"linear\"", "volume.devices is empty"),
+            (
+                "layout = \"linear\"\ndevices = [\"/a\", \"/a\"]",
+                "lists /a twice",
+            ),
+            (
+                "layout = \"linear\"\ndevices = [\"/a\"]\nblock_size = 3000",
+                "block_size 3000",
+            ),
+            (
+                "layout = \"linear\"\ndevices = [\"/a\"]\nblock_size = 131072",
+                "block_size 131072",
+            ),
+            (
+                "layout = \"linear\"\ndevices = [\"/a\"]\ndata_offset = 512",
+                "data_offset 512",
+            ),
+            (
+                "layout = \"linear\"\ndevices = [\"/m\"]",
+                "also a volume device",
+            ),
+        ];
+        for (volume, expect) in cases {
+            let err = invalid(&with_volume(volume));
+            assert!(err.contains(expect), "{volume}: {err}");
+        }
+        let plain = format!("[server]\nlisten = \"0.0.0.0:7410\"\n{MINIMAL}");
+        assert!(invalid(&plain).contains("not a loopback address"));
+        let insecure = format!("[server]\nlisten = \"0.0.0.0:7410\"\ninsecure = true\n{MINIMAL}");
+        MdsConfig::parse(&insecure).unwrap().validate().unwrap();
+        let zero = format!("[server]\nlease_ttl_ms = 0\n{MINIMAL}");
+        assert!(invalid(&zero).contains("lease_ttl_ms"));
+        let partial_tls = format!("[tls]\ncert = \"c\"\nkey = \"k\"\n{MINIMAL}");
+        let err = MdsConfig::parse(&partial_tls).unwrap_err();
+        assert!(format!("{err:#}").contains("missing field `ca`"), "{err:#}");
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mds.toml");
+        let err = MdsConfig::load(&path).unwrap_err();
+        assert!(format!("{err:#}").contains(&path.display().to_string()));
+        std::fs::write(&path, "[volume]\nlayout = 3\n").unwrap();
+        let err = format!("{:#}", MdsConfig::load(&path).unwrap_err());
+        assert!(
+            err.starts_with(&format!("parse config file {}", path.display())),
+            "{err}"
+        );
+        std::fs::write(&path, with_volume("layout = \"linear\"\ndevices = []")).unwrap();
+        let err = format!("{:#}", MdsConfig::load(&path).unwrap_err());
+        assert!(err.starts_with("invalid config file"), "{err}");
+        std::fs::write(&path, MINIMAL).unwrap();
+        assert_eq!(
+            MdsConfig::load(&path).unwrap(),
+            MdsConfig::parse(MINIMAL).unwrap()
+        );
+    }
+
+    #[test]
+    fn the_deploy_example_parses_and_validates() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples/mds.toml");
+        let config = MdsConfig::load(&path).unwrap();
+        assert_eq!(config.volume.layout, LayoutKindConfig::Striped);
+        assert!(config.tls.is_some());
+    }
+}

@@ -1,0 +1,509 @@
+//! `sanfs-mds format` and `volume inspect --map` on an LVM2 logical volume made by the real
+//! lvm2 tools on loop devices (with activation off, so no device-mapper is needed).
+//!
+//! Checks that format writes nothing to the PVs (the label and metadata area bytes are
+//! identical afterwards, and `pvs` still lists the PVs in their VG) and that every `--map`
+//! answer agrees with `lvs --segments -o+seg_pe_ranges`, computed with the kernel's striped
+//! target formula written out here. The lvm2 commands see only this test's loop devices and
+//! write nothing under /etc/lvm; a drop guard removes the VG and the loop devices by exact
+//! name, also when an assertion fails. Without root, lvm2 or loop devices the test prints
+//! why it was skipped and passes (the same gate as blockmap's `lvm_real`).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sanfs_mds::device::Lun;
+
+use crate::common::{MIB, mds, parse_map_line, toml_paths, write_config};
+
+fn runs(program: &str, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .env("LVM_SUPPRESS_FD_WARNINGS", "1")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn missing_prerequisite() -> Option<&'static str> {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !root {
+        return Some("not root");
+    }
+    if !runs("lvm", &["version"]) {
+        return Some("lvm2 is not installed");
+    }
+    if !runs("losetup", &["--version"]) || !Path::new("/dev/loop-control").exists() {
+        return Some("no loop devices");
+    }
+    None
+}
+
+/// Loop devices and a volume group, removed on drop.
+struct Lab {
+    dir: tempfile::TempDir,
+    loops: Vec<String>,
+    vgs: Vec<String>,
+}
+
+impl Lab {
+    fn new() -> Lab {
+        Lab {
+            dir: tempfile::tempdir().unwrap(),
+            loops: Vec::new(),
+            vgs: Vec::new(),
+        }
+    }
+
+    fn add_loop(&mut self, size: u64) -> String {
+        let file = self.dir.path().join(format!("pv{}.img", self.loops.len()));
+        File::create(&file).unwrap().set_len(size).unwrap();
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "losetup failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dev = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        assert!(dev.starts_with("/dev/loop"), "losetup printed {dev:?}");
+        self.loops.push(dev.clone());
+        dev
+    }
+
+    /// Only our loop devices, no device-mapper, no udev, nothing under /etc/lvm or /run/lvm.
+    fn config(&self) -> String {
+        let accept: Vec<String> = self.loops.iter().map(|d| format!("\"a|^{d}$|\"")).collect();
+        format!(
+            "devices {{ filter = [ {}, \"r|.*|\" ] scan_lvs = 0 obtain_device_list_from_udev = 0 \
+             use_devicesfile = 0 hints = \"none\" }} global {{ activation = 0 }} \
+             backup {{ backup = 0 archive = 0 }}",
+            accept.join(", ")
+        )
+    }
+
+    fn try_lvm(&self, command: &str, args: &[&str]) -> Result<String, String> {
+        let out = Command::new("lvm")
+            .arg(command)
+            .arg("--config")
+            .arg(self.config())
+            .args(args)
+            .env("LVM_SUPPRESS_FD_WARNINGS", "1")
+            .output()
+            .map_err(|e| format!("lvm {command}: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "lvm {command} {args:?} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    fn lvm(&self, command: &str, args: &[&str]) -> String {
+        self.try_lvm(command, args)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let mut problems = Vec::new();
+        for vg in self.vgs.clone() {
+            if let Err(e) = self.try_lvm("vgremove", &["-f", &vg]) {
+                problems.push(e);
+            }
+        }
+        if !self.loops.is_empty() {
+            let mut args = vec!["-ff", "-y"];
+            args.extend(self.loops.iter().map(String::as_str));
+            // Fails for devices that never became PVs; that is fine.
+            let _ = self.try_lvm("pvremove", &args);
+        }
+        for dev in &self.loops {
+            match Command::new("losetup").arg("-d").arg(dev).output() {
+                Ok(o) if o.status.success() => {}
+                Ok(o) => problems.push(format!(
+                    "losetup -d {dev}: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                )),
+                Err(e) => problems.push(format!("losetup -d {dev}: {e}")),
+            }
+        }
+        for p in problems {
+            eprintln!("lvm_real cleanup: {p}");
+        }
+    }
+}
+
+/// `pvs`: device path -> (PV UUID, VG name, pe_start bytes).
+fn report_pvs(lab: &Lab) -> BTreeMap<String, (String, String, u64)> {
+    let mut args = vec![
+        "--noheadings",
+        "--units",
+        "b",
+        "--nosuffix",
+        "--separator",
+        "|",
+        "-o",
+        "pv_name,pv_uuid,vg_name,pe_start",
+    ];
+    args.extend(lab.loops.iter().map(String::as_str));
+    lab.lvm("pvs", &args)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let f: Vec<&str> = line.trim().split('|').collect();
+            assert_eq!(f.len(), 4, "pvs line {line:?}");
+            (
+                f[0].to_owned(),
+                (f[1].to_owned(), f[2].to_owned(), f[3].parse().unwrap()),
+            )
+        })
+        .collect()
+}
+
+/// One segment of `lvs --segments -o+seg_pe_ranges`, in bytes.
+#[derive(Debug)]
+struct SegReport {
+    start: u64,
+    size: u64,
+    stripes: u64,
+    stripe_size: u64,
+    /// (PV device path, first PE) per stripe.
+    ranges: Vec<(String, u64)>,
+}
+
+fn report_segments(lab: &Lab, lv: &str) -> Vec<SegReport> {
+    let out = lab.lvm(
+        "lvs",
+        &[
+            "--segments",
+            "--noheadings",
+            "--units",
+            "b",
+            "--nosuffix",
+            "--separator",
+            "|",
+            "-o",
+            "seg_start,seg_size,stripes,stripe_size,seg_pe_ranges",
+            lv,
+        ],
+    );
+    let mut segs: Vec<SegReport> = out
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let f: Vec<&str> = line.trim().split('|').collect();
+            assert_eq!(f.len(), 5, "lvs line {line:?}");
+            SegReport {
+                start: f[0].parse().unwrap(),
+                size: f[1].parse().unwrap(),
+                stripes: f[2].parse().unwrap(),
+                stripe_size: f[3].parse().unwrap(),
+                ranges: f[4]
+                    .split_whitespace()
+                    .map(|r| {
+                        let (dev, pes) = r.rsplit_once(':').unwrap();
+                        let first = pes.split_once('-').unwrap().0;
+                        (dev.to_owned(), first.parse().unwrap())
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    segs.sort_by_key(|s| s.start);
+    segs
+}
+
+/// Where the kernel's striped target puts LV byte `x`: (PV path, physical byte).
+fn expected_location(
+    segs: &[SegReport],
+    pvs: &BTreeMap<String, (String, String, u64)>,
+    extent: u64,
+    x: u64,
+) -> (String, u64) {
+    let seg = segs
+        .iter()
+        .find(|s| s.start <= x && x < s.start + s.size)
+        .unwrap();
+    let rel = x - seg.start;
+    let (stripe, off) = if seg.stripes == 1 {
+        (0, rel)
+    } else {
+        let chunk = rel / seg.stripe_size;
+        (
+            (chunk % seg.stripes) as usize,
+            (chunk / seg.stripes) * seg.stripe_size + rel % seg.stripe_size,
+        )
+    };
+    let (dev, first_pe) = &seg.ranges[stripe];
+    (dev.clone(), pvs[dev].2 + first_pe * extent + off)
+}
+
+/// The bytes before the first PE of each PV: LVM's label and metadata area.
+fn pv_headers(devs: &[String], pvs: &BTreeMap<String, (String, String, u64)>) -> Vec<Vec<u8>> {
+    devs.iter()
+        .map(|d| {
+            let lun = Lun::open(Path::new(d), false).unwrap();
+            lun.read_at(0, usize::try_from(pvs[d].2).unwrap()).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn format_and_map_an_lvm_lv_made_by_lvm2() {
+    if let Some(why) = missing_prerequisite() {
+        println!("skipped: needs root and lvm2 ({why})");
+        return;
+    }
+    let mut lab = Lab::new();
+    let devs: Vec<String> = (0..2).map(|_| lab.add_loop(64 * MIB)).collect();
+    let dev_refs: Vec<&str> = devs.iter().map(String::as_str).collect();
+    let mut args = vec!["-y"];
+    args.extend(&dev_refs);
+    lab.lvm("pvcreate", &args);
+    let vg = format!("sanfs_mds_it_{}", std::process::id());
+    let mut args = vec![vg.as_str()];
+    args.extend(&dev_refs);
+    lab.lvm("vgcreate", &args);
+    lab.vgs.push(vg.clone());
+    lab.lvm(
+        "lvcreate",
+        &["-an", "-Zn", "-y", "-n", "data", "-i2", "-I64k", "-l8", &vg],
+    );
+    // A second, linear segment on one PV, and a second LV.
+    lab.lvm("lvextend", &["-i1", "-l+3", &format!("{vg}/data")]);
+    lab.lvm("lvcreate", &["-an", "-Zn", "-y", "-n", "other", "-l1", &vg]);
+    // An LV whose segment type sanfs cannot import.
+    lab.lvm(
+        "lvcreate",
+        &[
+            "-an", "-Zn", "-y", "-n", "virt", "--type", "zero", "-L4m", &vg,
+        ],
+    );
+
+    let pvs = report_pvs(&lab);
+    let extent: u64 = lab
+        .lvm(
+            "vgs",
+            &[
+                "--noheadings",
+                "--units",
+                "b",
+                "--nosuffix",
+                "-o",
+                "vg_extent_size",
+                &vg,
+            ],
+        )
+        .trim()
+        .parse()
+        .unwrap();
+    let segs = report_segments(&lab, &format!("{vg}/data"));
+    assert_eq!(segs.len(), 2, "{segs:?}");
+    assert_eq!((segs[0].stripes, segs[0].stripe_size), (2, 64 * 1024));
+    let headers = pv_headers(&devs, &pvs);
+
+    let dir = tempfile::tempdir().unwrap();
+    let dev_paths: Vec<PathBuf> = devs.iter().map(PathBuf::from).collect();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "layout = \"lvm\"\nlvm_vg = \"{vg}\"\nlvm_lv = \"data\"\ndevices = {}",
+            toml_paths(&dev_paths)
+        ),
+    );
+    let run = mds(["format", "--config", config.to_str().unwrap()]);
+    assert!(run.success(), "{run:?}");
+    assert!(
+        run.stdout
+            .contains(&format!("layout: lvm, logical volume {vg}/data")),
+        "{run:?}"
+    );
+    let lv_size: u64 = segs.iter().map(|s| s.size).sum();
+    assert!(
+        run.stdout.contains(&format!("total: {lv_size} bytes")),
+        "{run:?}"
+    );
+    for (dev, (uuid, _, _)) in &pvs {
+        assert!(run.stdout.contains(&format!("{uuid} {dev} ")), "{run:?}");
+    }
+
+    // Nothing written to the PVs: same bytes, and LVM still sees them in the VG.
+    assert_eq!(pv_headers(&devs, &pvs), headers, "format wrote to a PV");
+    for h in &headers {
+        assert_eq!(&h[512..520], b"LABELONE");
+    }
+    let after = report_pvs(&lab);
+    assert_eq!(after.len(), 2);
+    for (dev, (_, pv_vg, _)) in &after {
+        assert_eq!(pv_vg, &vg, "{dev}");
+    }
+
+    // Inspect: the PVs, the VG and its segments; --map needs --lv with two LVs.
+    let mut inspect = vec!["volume".to_owned(), "inspect".to_owned()];
+    inspect.extend(devs.iter().cloned());
+    let run = mds(&inspect);
+    assert!(run.success(), "{run:?}");
+    for (dev, (uuid, _, pe_start)) in &pvs {
+        let block = format!(
+            "{dev}: {} bytes\n  LVM2 physical volume\n    pv uuid:      {uuid}\n",
+            64 * MIB
+        );
+        assert!(run.stdout.contains(&block), "{block}\n{run:?}");
+        assert!(
+            run.stdout
+                .contains(&format!("    pe_start:     {pe_start}\n")),
+            "{run:?}"
+        );
+    }
+    assert!(
+        run.stdout.contains(&format!("volume group {vg} ")),
+        "{run:?}"
+    );
+    let mut args = inspect.clone();
+    args.extend(["--map".to_owned(), "0".to_owned()]);
+    let run = mds(&args);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.contains("choose one with --lv"), "{run:?}");
+
+    let mut offsets = vec![lv_size - 1, lv_size / 2 + 777];
+    for s in &segs {
+        let unit = s.stripe_size.max(4096);
+        for k in 0..5 {
+            let edge = s.start + k * unit;
+            if edge < s.start + s.size {
+                offsets.extend([edge, edge + 1, edge + unit - 1]);
+            }
+        }
+        offsets.push(s.start + s.size - 1);
+    }
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..10 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        offsets.push(x % lv_size);
+    }
+    for offset in offsets {
+        let mut args = inspect.clone();
+        args.extend([
+            "--lv".to_owned(),
+            "data".to_owned(),
+            "--map".to_owned(),
+            offset.to_string(),
+        ]);
+        let run = mds(&args);
+        assert!(run.success(), "{run:?}");
+        let (_, uuid, path, phys) = parse_map_line(&run.stdout);
+        let (dev, expect_phys) = expected_location(&segs, &pvs, extent, offset);
+        assert_eq!(
+            (path.as_str(), phys),
+            (dev.as_str(), expect_phys),
+            "{offset}"
+        );
+        assert_eq!(uuid, format!("lvm:{}", pvs[&dev].0), "{offset}");
+    }
+
+    // Refusals: a PV left out, and the wrong VG name.
+    let one = write_config(
+        dir.path(),
+        &format!(
+            "layout = \"lvm\"\nlvm_vg = \"{vg}\"\nlvm_lv = \"data\"\ndevices = [\"{}\"]",
+            devs[0]
+        ),
+    );
+    let run = mds(["format", "--config", one.to_str().unwrap()]);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stderr.contains("which is not in volume.devices"),
+        "{run:?}"
+    );
+    let wrong = write_config(
+        dir.path(),
+        &format!(
+            "layout = \"lvm\"\nlvm_vg = \"nosuchvg\"\nlvm_lv = \"data\"\ndevices = {}",
+            toml_paths(&dev_paths)
+        ),
+    );
+    let run = mds(["format", "--config", wrong.to_str().unwrap()]);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stderr.contains(&format!(
+            "is a PV of volume group \"{vg}\", not \"nosuchvg\""
+        )),
+        "{run:?}"
+    );
+    let zero = write_config(
+        dir.path(),
+        &format!(
+            "layout = \"lvm\"\nlvm_vg = \"{vg}\"\nlvm_lv = \"virt\"\ndevices = {}",
+            toml_paths(&dev_paths)
+        ),
+    );
+    let run = mds(["format", "--config", zero.to_str().unwrap()]);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stderr.contains(&format!("logical volume {vg}/virt: "))
+            && run
+                .stderr
+                .contains("segment type \"zero\" is not supported"),
+        "{run:?}"
+    );
+    assert_eq!(pv_headers(&devs, &pvs), headers, "a refused format wrote");
+}
+
+#[test]
+fn format_labels_loop_devices() {
+    if let Some(why) = missing_prerequisite() {
+        println!("skipped: needs root and loop devices ({why})");
+        return;
+    }
+    let mut lab = Lab::new();
+    let devs: Vec<PathBuf> = (0..2)
+        .map(|_| PathBuf::from(lab.add_loop(16 * MIB)))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!("layout = \"striped\"\ndevices = {}", toml_paths(&devs)),
+    );
+    let run = mds(["format", "--config", config.to_str().unwrap()]);
+    assert!(run.success(), "{run:?}");
+    let mut fs = Vec::new();
+    for (i, dev) in devs.iter().enumerate() {
+        let lun = Lun::open(dev, false).unwrap();
+        assert!(lun.is_block_device());
+        assert!(lun.logical_block_size() >= 512);
+        assert_eq!(lun.size_bytes(), 16 * MIB);
+        let bytes = lun.read_at(0, sanfs_blockmap::label::LABEL_SIZE).unwrap();
+        let label = sanfs_blockmap::label::DeviceLabel::decode(&bytes).unwrap();
+        assert_eq!(label.device_index, i as u32);
+        assert_eq!(label.device_size, 16 * MIB);
+        fs.push(label.fs_uuid);
+    }
+    assert_eq!(fs[0], fs[1]);
+    let run = mds(["format", "--config", config.to_str().unwrap()]);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.contains("holds sanfs label"), "{run:?}");
+    let mut args = vec!["volume".to_owned(), "inspect".to_owned()];
+    args.extend(devs.iter().map(|d| d.display().to_string()));
+    args.extend(["--map".to_owned(), "65536".to_owned()]);
+    let run = mds(&args);
+    assert!(run.success(), "{run:?}");
+    let (index, _, path, phys) = parse_map_line(&run.stdout);
+    assert_eq!(
+        (index, path.as_str(), phys),
+        (1, devs[1].to_str().unwrap(), MIB)
+    );
+}
