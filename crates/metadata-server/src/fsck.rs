@@ -155,14 +155,26 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
                     ));
                 }
             }
-            Some(_) => rep.problem(format!("entry {shown:?} is in inode {dir}, not a directory")),
+            Some(_) => rep.problem(format!(
+                "entry {shown:?} is in inode {dir}, not a directory"
+            )),
             None => rep.problem(format!("entry {shown:?} is in a missing directory {dir}")),
         }
-        if name.is_empty() || name.len() > 255 || name.contains(&b'/') || name.contains(&0) || name == b"." || name == b".." {
-            rep.problem(format!("entry {shown:?} in directory {dir} has an invalid name"));
+        if name.is_empty()
+            || name.len() > 255
+            || name.contains(&b'/')
+            || name.contains(&0)
+            || name == b"."
+            || name == b".."
+        {
+            rep.problem(format!(
+                "entry {shown:?} in directory {dir} has an invalid name"
+            ));
         }
         match inodes.get(&child) {
-            None => rep.problem(format!("entry {shown:?} in directory {dir} names a missing inode {child}")),
+            None => rep.problem(format!(
+                "entry {shown:?} in directory {dir} names a missing inode {child}"
+            )),
             Some(c) => {
                 if kind_from_code(code).ok() != Some(c.kind) {
                     rep.problem(format!(
@@ -181,7 +193,9 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
             rep.problem(format!("entry {shown:?} in directory {dir} names the root"));
         }
         if cookies_of.insert((dir, cookie), name.to_vec()).is_some() {
-            rep.problem(format!("two entries of directory {dir} share cookie {cookie}"));
+            rep.problem(format!(
+                "two entries of directory {dir} share cookie {cookie}"
+            ));
         }
     }
     let cookie_table = r.open_table(COOKIES)?;
@@ -228,14 +242,20 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
         if rec.is_dir() {
             let want = 2 + subdirs.get(ino).copied().unwrap_or(0);
             if *ino != ROOT && !orphans.contains(ino) && rec.nlink != want {
-                rep.problem(format!("directory {ino} has nlink {} but {want} links", rec.nlink));
+                rep.problem(format!(
+                    "directory {ino} has nlink {} but {want} links",
+                    rec.nlink
+                ));
             }
             if *ino == ROOT && rec.nlink != want {
                 rep.problem(format!("the root has nlink {} but {want} links", rec.nlink));
             }
             let entries = entries_in.get(ino).copied().unwrap_or(0);
             if rec.size != entries {
-                rep.problem(format!("directory {ino} has size {} but {entries} entries", rec.size));
+                rep.problem(format!(
+                    "directory {ino} has size {} but {entries} entries",
+                    rec.size
+                ));
             }
             if *ino != ROOT {
                 match named_by.get(ino).map(Vec::as_slice) {
@@ -252,18 +272,27 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
                         more.len()
                     )),
                     None if orphans.contains(ino) => {}
-                    None => rep.problem(format!("directory {ino} is in no directory (unreachable)")),
+                    None => {
+                        rep.problem(format!("directory {ino} is in no directory (unreachable)"))
+                    }
                 }
             }
         } else {
             if rec.nlink != named {
-                rep.problem(format!("inode {ino} has nlink {} but {named} entries name it", rec.nlink));
+                rep.problem(format!(
+                    "inode {ino} has nlink {} but {named} entries name it",
+                    rec.nlink
+                ));
             }
             if named == 0 && !orphans.contains(ino) {
                 rep.problem(format!("inode {ino} is in no directory and not an orphan"));
             }
             if rec.kind == FileType::Symlink && rec.size != rec.target.len() as u64 {
-                rep.problem(format!("symlink {ino} has size {} but a target of {} bytes", rec.size, rec.target.len()));
+                rep.problem(format!(
+                    "symlink {ino} has size {} but a target of {} bytes",
+                    rec.size,
+                    rec.target.len()
+                ));
             }
         }
     }
@@ -280,7 +309,9 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
             steps += 1;
         }
         if cur != ROOT || steps > ids.len() {
-            rep.problem(format!("directory {ino} does not lead up to the root (a cycle)"));
+            rep.problem(format!(
+                "directory {ino} does not lead up to the root (a cycle)"
+            ));
         }
     }
 
@@ -290,7 +321,9 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
     let groups = volume.allocation_groups();
     let in_group = |start: u64, len: u64| {
         let end = start.saturating_add(len);
-        groups.iter().any(|(gs, gl)| start >= *gs && end <= gs.saturating_add(*gl))
+        groups
+            .iter()
+            .any(|(gs, gl)| start >= *gs && end <= gs.saturating_add(*gl))
             || coverage_is_groups(&groups, start, end)
     };
     let mut owned: BTreeMap<u64, (u64, String)> = BTreeMap::new();
@@ -312,7 +345,9 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
             }
         };
         if map.to_vec() != extents {
-            rep.problem(format!("extents of inode {ino} are not in canonical (merged) form"));
+            rep.problem(format!(
+                "extents of inode {ino} are not in canonical (merged) form"
+            ));
         }
         rep.extents += extents.len() as u64;
         let Some(rec) = inodes.get(&ino) else {
@@ -349,8 +384,15 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
         }
     }
     for (ino, rec) in &inodes {
-        if rec.blocks != 0 && !owned.values().any(|(_, who)| *who == format!("inode {ino}")) {
-            rep.problem(format!("inode {ino} says {} blocks but has no extents", rec.blocks));
+        if rec.blocks != 0
+            && !owned
+                .values()
+                .any(|(_, who)| *who == format!("inode {ino}"))
+        {
+            rep.problem(format!(
+                "inode {ino} says {} blocks but has no extents",
+                rec.blocks
+            ));
         }
     }
     let mut free_list = Vec::new();
@@ -360,7 +402,9 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
         rep.free_blocks += len;
         free_list.push((start, len));
         if owned.insert(start, (len, "free space".into())).is_some() {
-            rep.problem(format!("volume block {start} starts both free space and an extent"));
+            rep.problem(format!(
+                "volume block {start} starts both free space and an extent"
+            ));
         }
     }
     // No block owned twice: sorted by start, each run ends before the next begins.

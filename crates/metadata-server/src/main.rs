@@ -8,11 +8,14 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sanfs_blockmap::volume::LayoutKind;
-use sanfs_mds::config::{MdsConfig, parse_size};
+use sanfs_mds::clock::Clock;
+use sanfs_mds::config::{MdsConfig, MetadataKind, parse_size};
 use sanfs_mds::format::{Formatted, format_volume};
 use sanfs_mds::inspect::inspect_with;
+use sanfs_mds::store::{Backend, FsInfo, Store};
 
 #[derive(Debug, Parser)]
 #[command(name = "sanfs-mds", version, about = "sanfs metadata server")]
@@ -93,7 +96,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Format { config, force } => format(&config, force),
         Command::Serve { .. } => not_wired("serve"),
-        Command::Fsck { .. } => not_wired("fsck"),
+        Command::Fsck { config } => fsck(&config),
         Command::Volume {
             command: VolumeCommand::Inspect { devices, map, lv },
         } => {
@@ -112,10 +115,51 @@ fn not_wired(what: &str) -> anyhow::Result<ExitCode> {
 
 fn format(config_path: &Path, force: bool) -> anyhow::Result<ExitCode> {
     let config = MdsConfig::load(config_path)?;
+    let backend = metadata_backend(&config);
+    // Refuse before any label is written, so that a refused format changes nothing.
+    if let Backend::File(path) = &backend {
+        if !force && path.exists() && std::fs::metadata(path)?.len() > 0 {
+            anyhow::bail!(
+                "metadata store {} already exists (use --force to replace it)",
+                path.display()
+            );
+        }
+    }
     let formatted = format_volume(&config.volume, force, now_unix_secs())?;
+    let info = FsInfo {
+        fs_uuid: formatted.fs_uuid,
+        volume: formatted.volume.clone(),
+        lvm: formatted.lvm.clone(),
+    };
+    Store::create(&backend, &info, force, &Clock::System).with_context(|| {
+        format!(
+            "initialise the metadata store {}",
+            config.metadata.path.display()
+        )
+    })?;
     print_summary(&formatted, &mut std::io::stdout().lock())?;
-    // metadata store initialisation: wired by the lead (store::Store::create)
+    println!("metadata store: {}", config.metadata.path.display());
     Ok(ExitCode::SUCCESS)
+}
+
+fn metadata_backend(config: &MdsConfig) -> Backend {
+    match config.metadata.kind {
+        MetadataKind::File => Backend::File(config.metadata.path.clone()),
+        MetadataKind::Block => Backend::Device(config.metadata.path.clone()),
+    }
+}
+
+/// Exit 0: clean; 1: problems found (listed); 2: could not run.
+fn fsck(config_path: &Path) -> anyhow::Result<ExitCode> {
+    let config = MdsConfig::load(config_path)?;
+    let report = sanfs_mds::fsck::check(&metadata_backend(&config))
+        .with_context(|| format!("read the metadata store {}", config.metadata.path.display()))?;
+    println!("{report}");
+    Ok(if report.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// Wall-clock seconds for the labels' `formatted_at`. This is the one place the binary reads

@@ -390,7 +390,11 @@ fn builder() -> redb::Builder {
     b
 }
 
-pub(crate) fn open_db(backend: &Backend, create: bool, force: bool) -> Result<Database, StoreError> {
+pub(crate) fn open_db(
+    backend: &Backend,
+    create: bool,
+    force: bool,
+) -> Result<Database, StoreError> {
     let b = builder();
     Ok(match backend {
         Backend::File(path) => {
