@@ -915,9 +915,18 @@ fn run_batch(
                 drop(job);
                 continue;
             }
-            let (reply, fine) = job(&mut ctx);
-            replies.push(reply);
-            ok = fine;
+            // A panicking job is a bug; it must not take the committer thread (and with it
+            // every later write) down silently: the batch fails and the store stops.
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut ctx))) {
+                Ok((reply, fine)) => {
+                    replies.push(reply);
+                    ok = fine;
+                }
+                Err(_) => {
+                    tracing::error!("a metadata job panicked: failing its batch");
+                    ok = false;
+                }
+            }
         }
     }
     if !ok {
