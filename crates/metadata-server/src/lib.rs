@@ -16,5 +16,6 @@ pub mod device;
 pub mod format;
 pub mod fsck;
 pub mod inspect;
+pub mod locks;
 pub mod ns;
 pub mod store;
