@@ -410,13 +410,13 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
     // No block owned twice: sorted by start, each run ends before the next begins.
     let mut prev: Option<(u64, u64, &String)> = None;
     for (start, (len, who)) in &owned {
-        if let Some((pstart, pend, pwho)) = prev {
-            if *start < pend {
-                rep.problem(format!(
-                    "volume blocks {start}..{} ({who}) overlap {pstart}..{pend} ({pwho})",
-                    start.saturating_add(*len)
-                ));
-            }
+        if let Some((pstart, pend, pwho)) = prev
+            && *start < pend
+        {
+            rep.problem(format!(
+                "volume blocks {start}..{} ({who}) overlap {pstart}..{pend} ({pwho})",
+                start.saturating_add(*len)
+            ));
         }
         prev = Some((*start, start.saturating_add(*len), who));
     }

@@ -4,14 +4,15 @@
 //! - [`store`]: redb tables, the storage backends, and the group-commit committer.
 //! - [`ns`]: the namespace's POSIX rules over those tables.
 //! - [`fsck`]: the offline consistency check.
-//! - [`config`]: `mds.toml`.
-//! - [`device`], [`format`], [`inspect`]: the LUNs: labels, LVM2 import, `volume inspect`.
+//! - [`config`]: the `mds.toml` configuration.
+//! - [`device`], [`format`], [`inspect`]: the LUNs (labels, LVM2 import, `volume inspect`).
 //! - [`clock`]: the clock seam.
 //!
 //! The binary (`main.rs`) is a thin command line over these modules.
 
 pub mod clock;
 pub mod config;
+pub mod data;
 pub mod device;
 pub mod format;
 pub mod fsck;

@@ -55,7 +55,8 @@ struct Lock {
 
 impl Lock {
     fn conflicts(&self, span: &Span, mode: LockMode) -> bool {
-        self.span.overlaps(span) && (self.mode == LockMode::Exclusive || mode == LockMode::Exclusive)
+        self.span.overlaps(span)
+            && (self.mode == LockMode::Exclusive || mode == LockMode::Exclusive)
     }
 }
 
@@ -80,7 +81,10 @@ impl InodeLocks {
     fn wake_ready(&mut self) {
         let mut still = VecDeque::with_capacity(self.waiting.len());
         while let Some(w) = self.waiting.pop_front() {
-            let blocked = self.held.iter().any(|l| l.conflicts(&w.lock.span, w.lock.mode))
+            let blocked = self
+                .held
+                .iter()
+                .any(|l| l.conflicts(&w.lock.span, w.lock.mode))
                 || still
                     .iter()
                     .any(|s: &Waiter| s.lock.conflicts(&w.lock.span, w.lock.mode));
@@ -140,7 +144,9 @@ impl RangeLocks {
         let rx = {
             let mut all = self.lock();
             let locks = all.entry(ino).or_default();
-            if locks.held.iter().any(|l| l.id == id) || locks.waiting.iter().any(|w| w.lock.id == id) {
+            if locks.held.iter().any(|l| l.id == id)
+                || locks.waiting.iter().any(|w| w.lock.id == id)
+            {
                 return Err(LockError::DuplicateId(id));
             }
             let lock = Lock { id, span, mode };
@@ -204,7 +210,14 @@ impl RangeLocks {
             .map(|l| {
                 l.held
                     .iter()
-                    .map(|l| (l.id, l.span.start, l.span.end, l.mode == LockMode::Exclusive))
+                    .map(|l| {
+                        (
+                            l.id,
+                            l.span.start,
+                            l.span.end,
+                            l.mode == LockMode::Exclusive,
+                        )
+                    })
                     .collect()
             })
             .unwrap_or_default()
@@ -225,18 +238,40 @@ mod tests {
     #[tokio::test]
     async fn disjoint_ranges_do_not_wait() {
         let l = RangeLocks::new();
-        assert!(!l.acquire(1, 1, Span::new(0, 100), LockMode::Exclusive, T, |_| {}).await.unwrap());
-        assert!(!l.acquire(1, 2, Span::new(100, 100), LockMode::Exclusive, T, |_| {}).await.unwrap());
-        assert!(!l.acquire(2, 3, Span::new(0, 100), LockMode::Exclusive, T, |_| {}).await.unwrap());
-        assert!(!l.acquire(1, 4, Span::new(300, 1), LockMode::Shared, T, |_| {}).await.unwrap());
-        assert!(!l.acquire(1, 5, Span::new(300, 1), LockMode::Shared, T, |_| {}).await.unwrap());
+        assert!(
+            !l.acquire(1, 1, Span::new(0, 100), LockMode::Exclusive, T, |_| {})
+                .await
+                .unwrap()
+        );
+        assert!(
+            !l.acquire(1, 2, Span::new(100, 100), LockMode::Exclusive, T, |_| {})
+                .await
+                .unwrap()
+        );
+        assert!(
+            !l.acquire(2, 3, Span::new(0, 100), LockMode::Exclusive, T, |_| {})
+                .await
+                .unwrap()
+        );
+        assert!(
+            !l.acquire(1, 4, Span::new(300, 1), LockMode::Shared, T, |_| {})
+                .await
+                .unwrap()
+        );
+        assert!(
+            !l.acquire(1, 5, Span::new(300, 1), LockMode::Shared, T, |_| {})
+                .await
+                .unwrap()
+        );
         assert_eq!(l.held(1).len(), 4);
     }
 
     #[tokio::test]
     async fn a_conflict_waits_until_release_and_is_told_who_blocks() {
         let l = RangeLocks::new();
-        l.acquire(1, 1, Span::new(0, 100), LockMode::Shared, T, |_| {}).await.unwrap();
+        l.acquire(1, 1, Span::new(0, 100), LockMode::Shared, T, |_| {})
+            .await
+            .unwrap();
         let l2 = l.clone();
         let (btx, brx) = std::sync::mpsc::channel();
         let w = tokio::spawn(async move {
@@ -257,10 +292,13 @@ mod tests {
     #[tokio::test]
     async fn readers_queue_behind_a_waiting_writer() {
         let l = RangeLocks::new();
-        l.acquire(1, 1, Span::new(0, 10), LockMode::Shared, T, |_| {}).await.unwrap();
+        l.acquire(1, 1, Span::new(0, 10), LockMode::Shared, T, |_| {})
+            .await
+            .unwrap();
         let l2 = l.clone();
         let writer = tokio::spawn(async move {
-            l2.acquire(1, 2, Span::new(0, 10), LockMode::Exclusive, T, |_| {}).await
+            l2.acquire(1, 2, Span::new(0, 10), LockMode::Exclusive, T, |_| {})
+                .await
         });
         while l.waiting() == 0 {
             tokio::task::yield_now().await;
@@ -268,7 +306,8 @@ mod tests {
         // A new reader conflicts with the waiting writer: it must not overtake it.
         let l3 = l.clone();
         let reader = tokio::spawn(async move {
-            l3.acquire(1, 3, Span::new(0, 10), LockMode::Shared, T, |_| {}).await
+            l3.acquire(1, 3, Span::new(0, 10), LockMode::Shared, T, |_| {})
+                .await
         });
         while l.waiting() < 2 {
             tokio::task::yield_now().await;
@@ -284,16 +323,26 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_bounded_wait_fails_and_leaves_nothing_behind() {
         let l = RangeLocks::new();
-        l.acquire(1, 1, Span::new(0, 10), LockMode::Exclusive, T, |_| {}).await.unwrap();
+        l.acquire(1, 1, Span::new(0, 10), LockMode::Exclusive, T, |_| {})
+            .await
+            .unwrap();
         let err = l
-            .acquire(1, 2, Span::new(5, 10), LockMode::Shared, Duration::from_millis(50), |_| {})
+            .acquire(
+                1,
+                2,
+                Span::new(5, 10),
+                LockMode::Shared,
+                Duration::from_millis(50),
+                |_| {},
+            )
             .await
             .unwrap_err();
         assert_eq!(err, LockError::Timeout(Duration::from_millis(50)));
         assert_eq!(l.waiting(), 0);
         assert_eq!(l.held(1), vec![(1, 0, 10, true)]);
         assert_eq!(
-            l.acquire(1, 1, Span::new(20, 1), LockMode::Shared, T, |_| {}).await,
+            l.acquire(1, 1, Span::new(20, 1), LockMode::Shared, T, |_| {})
+                .await,
             Err(LockError::DuplicateId(1))
         );
         assert!(l.release(1, 1));
@@ -321,11 +370,22 @@ mod tests {
                     x ^= x << 17;
                     let start = x % 1000;
                     let len = 1 + (x >> 20) % 100;
-                    let mode = if (x >> 40) % 3 == 0 { LockMode::Exclusive } else { LockMode::Shared };
+                    let mode = if (x >> 40).is_multiple_of(3) {
+                        LockMode::Exclusive
+                    } else {
+                        LockMode::Shared
+                    };
                     let id = t * 10_000 + i + 1;
-                    l.acquire(7, id, Span::new(start, len), mode, Duration::from_secs(30), |_| {})
-                        .await
-                        .unwrap();
+                    l.acquire(
+                        7,
+                        id,
+                        Span::new(start, len),
+                        mode,
+                        Duration::from_secs(30),
+                        |_| {},
+                    )
+                    .await
+                    .unwrap();
                     let held = l.held(7);
                     for (a, b) in held.iter().flat_map(|a| held.iter().map(move |b| (a, b))) {
                         if a.0 != b.0 && a.1 < b.2 && b.1 < a.2 {

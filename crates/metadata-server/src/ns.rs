@@ -964,7 +964,7 @@ pub fn truncate(ctx: &mut Ctx<'_>, ino: u64, rec: &mut InodeRec, size: u64) -> R
     Ok(())
 }
 
-fn save_extents(t: &mut WriteTables<'_>, ino: u64, map: &ExtentMap) -> Result<(), OpError> {
+pub fn save_extents(t: &mut WriteTables<'_>, ino: u64, map: &ExtentMap) -> Result<(), OpError> {
     if map.is_empty() {
         t.extents.remove(ino)?;
     } else {
@@ -1107,8 +1107,8 @@ pub fn removexattr(ctx: &mut Ctx<'_>, r: &XattrRequest) -> Result<(), OpError> {
 }
 
 /// Allocates Unwritten extents for every hole in `[offset, offset + len)` of a regular file
-/// (fallocate mode 0, and what a write grant does before it is handed out). With
-/// `keep_size` false the file grows to cover the range. Returns the new attributes.
+/// (fallocate mode 0). With `keep_size` false the file grows to cover the range. Returns the
+/// new attributes.
 pub fn allocate_range(
     ctx: &mut Ctx<'_>,
     cred: &Credentials,
@@ -1134,10 +1134,33 @@ pub fn allocate_range(
         return err(FsError::Invalid("zero-length allocation".into()));
     }
     let bs = u64::from(ctx.block_size);
-    let first = offset / bs;
-    let last = end.div_ceil(bs);
+    let map = allocate_blocks(ctx, ino, &mut rec, offset / bs, end.div_ceil(bs))?;
+    drop(map);
+    if !keep_size && end > rec.size {
+        rec.size = end;
+        rec.mtime = ctx.now;
+    }
+    rec.ctime = ctx.now;
+    ctx.t.put_inode(ino, &rec)?;
+    Ok(rec.attr(ino, ctx.block_size))
+}
+
+/// Allocates Unwritten extents for every hole in file blocks `[first, last)` of `ino`, saves
+/// the extent map and `rec.blocks` (the caller writes `rec`), and returns the new map. The
+/// caller has checked the file's type and the caller's right to write. Nothing changes if
+/// the space is not there (ENOSPC).
+pub fn allocate_blocks(
+    ctx: &mut Ctx<'_>,
+    ino: u64,
+    rec: &mut InodeRec,
+    first: u64,
+    last: u64,
+) -> Result<ExtentMap, OpError> {
     let mut map = ExtentMap::from_extents(ctx.t.extents(ino)?)
         .map_err(|e| crate::store::corrupt(format_args!("extents of inode {ino}"), e))?;
+    if last <= first {
+        return Ok(map);
+    }
     let holes: Vec<(u64, u64)> = map
         .lookup(first, last - first)
         .into_iter()
@@ -1149,6 +1172,9 @@ pub fn allocate_range(
             _ => None,
         })
         .collect();
+    if holes.is_empty() {
+        return Ok(map);
+    }
     let wanted: u64 = holes.iter().map(|(_, l)| l).sum();
     if wanted > ctx.st.alloc.free_blocks() {
         return err(FsError::NoSpace);
@@ -1192,12 +1218,6 @@ pub fn allocate_range(
             .map_err(|e| OpError::Store(format!("inserting an allocated extent: {e}")))?;
     }
     rec.blocks = map.mapped_blocks();
-    if !keep_size && end > rec.size {
-        rec.size = end;
-        rec.mtime = ctx.now;
-    }
-    rec.ctime = ctx.now;
     save_extents(&mut ctx.t, ino, &map)?;
-    ctx.t.put_inode(ino, &rec)?;
-    Ok(rec.attr(ino, ctx.block_size))
+    Ok(map)
 }

@@ -213,7 +213,7 @@ impl SimState {
         }
         let n = pending.len();
         for (i, op) in pending.into_iter().enumerate() {
-            if self.next_random() % 2 == 0 {
+            if self.next_random().is_multiple_of(2) {
                 continue;
             }
             match op {

@@ -1,0 +1,198 @@
+//! The data operations of the direct path, as store jobs: what the server does at control
+//! info 1 -> 2 (map a range: allocate what is missing, durably, and plan the device I/O) and
+//! at control info 3 -> 4 (complete: convert exactly the written prefix to Written, extend the
+//! size, set the times).
+//!
+//! Locks, grant ids and sessions are the grant layer's; these functions only change the
+//! tables, and follow the store's rule (check first, then change).
+
+use redb::ReadableTable;
+use sanfs_blockmap::extent::ExtentMap;
+use sanfs_blockmap::plan::{IoPlan, PlanMethod, PlanOp, plan};
+use sanfs_blockmap::volume::Volume;
+use sanfs_proto::types::{Attr, FileType, FsError, MAX_FILE_SIZE};
+
+use crate::ns::{Reader, ReaderInodes, allocate_blocks, save_extents};
+use crate::store::{Ctx, OpError};
+
+/// Most bytes one grant covers; a longer request is granted a prefix and the client asks
+/// again for the rest (docs/protocol.md, "A write grant covers a prefix").
+pub const MAX_GRANT_BYTES: u64 = 64 << 20;
+
+fn err<T>(e: FsError) -> Result<T, OpError> {
+    Err(OpError::Fs(e))
+}
+
+/// What a map answers: the planned I/O of the granted range and the file's size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapped {
+    /// The granted range (a prefix of the requested one, possibly clipped).
+    pub offset: u64,
+    pub len: u64,
+    pub plan: IoPlan,
+    pub file_size: u64,
+}
+
+fn aligned(offset: u64, len: u64, block_size: u32) -> Result<(), OpError> {
+    let bs = u64::from(block_size);
+    if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) || len == 0 {
+        return err(FsError::Invalid(format!(
+            "a direct-path range must be non-empty and aligned to the {bs}-byte block: {offset}+{len}"
+        )));
+    }
+    Ok(())
+}
+
+fn plan_error(e: sanfs_blockmap::plan::PlanError) -> OpError {
+    // The server's own extents failed to plan: the metadata is inconsistent.
+    crate::store::corrupt("extent map", e)
+}
+
+/// Control info 1 -> 2 for a write: allocates every block of `[offset, offset + len)` that
+/// has none as Unwritten (in this job's transaction, so durably before the grant leaves) and
+/// plans the write. The range must be block aligned; a range longer than
+/// [`MAX_GRANT_BYTES`] is granted its first [`MAX_GRANT_BYTES`].
+pub fn map_write(
+    ctx: &mut Ctx<'_>,
+    volume: &Volume,
+    ino: u64,
+    offset: u64,
+    len: u64,
+) -> Result<Mapped, OpError> {
+    aligned(offset, len, ctx.block_size)?;
+    let len = len.min(MAX_GRANT_BYTES);
+    let end = offset
+        .checked_add(len)
+        .filter(|e| *e <= MAX_FILE_SIZE)
+        .ok_or(OpError::Fs(FsError::FileTooBig))?;
+    let mut rec = ctx.t.inode(ino)?;
+    if rec.kind != FileType::Regular {
+        return err(if rec.is_dir() {
+            FsError::IsDir
+        } else {
+            FsError::Invalid("not a regular file".into())
+        });
+    }
+    if rec.nlink == 0 && ctx.orphans.get(ino)?.is_none() {
+        return err(FsError::Stale);
+    }
+    let bs = u64::from(ctx.block_size);
+    let blocks_before = rec.blocks;
+    let map = allocate_blocks(ctx, ino, &mut rec, offset / bs, end / bs)?;
+    if rec.blocks != blocks_before {
+        rec.ctime = ctx.now;
+        ctx.t.put_inode(ino, &rec)?;
+    }
+    let plan = plan(
+        PlanOp::Write,
+        offset,
+        len,
+        &map,
+        volume,
+        PlanMethod::Coalesced,
+    )
+    .map_err(plan_error)?;
+    Ok(Mapped {
+        offset,
+        len,
+        plan,
+        file_size: rec.size,
+    })
+}
+
+/// Control info 1 -> 2 for a read, on a snapshot: the requested range clipped to the end of
+/// file (rounded up to a block) and to [`MAX_GRANT_BYTES`]; Written extents become device
+/// reads, holes and Unwritten extents zero fill. A range wholly past end of file gets an empty
+/// plan.
+pub fn map_read<T: Reader + ReaderInodes>(
+    t: &T,
+    volume: &Volume,
+    block_size: u32,
+    ino: u64,
+    offset: u64,
+    len: u64,
+) -> Result<Mapped, OpError> {
+    aligned(offset, len, block_size)?;
+    let rec = t.inode_rec(ino)?;
+    if rec.kind != FileType::Regular {
+        return err(if rec.is_dir() {
+            FsError::IsDir
+        } else {
+            FsError::Invalid("not a regular file".into())
+        });
+    }
+    let bs = u64::from(block_size);
+    let eof = rec.size.div_ceil(bs) * bs;
+    let len = len.min(MAX_GRANT_BYTES).min(eof.saturating_sub(offset));
+    if len == 0 {
+        return Ok(Mapped {
+            offset,
+            len: 0,
+            plan: IoPlan::default(),
+            file_size: rec.size,
+        });
+    }
+    let map = ExtentMap::from_extents(t.extent_list(ino)?)
+        .map_err(|e| crate::store::corrupt(format_args!("extents of inode {ino}"), e))?;
+    let plan = plan(
+        PlanOp::Read,
+        offset,
+        len,
+        &map,
+        volume,
+        PlanMethod::Coalesced,
+    )
+    .map_err(plan_error)?;
+    Ok(Mapped {
+        offset,
+        len,
+        plan,
+        file_size: rec.size,
+    })
+}
+
+/// Control info 3 -> 4 for a write: converts the whole blocks of the completed prefix
+/// `[offset, offset + bytes_done)` from Unwritten to Written, extends the size to the end of
+/// that prefix, sets mtime and ctime, and clears setuid/setgid when the writer is not root
+/// (as a write(2) does). With `bytes_done == 0` (the device I/O failed at once) nothing
+/// changes: the blocks stay Unwritten and read as zeros.
+pub fn complete_write(
+    ctx: &mut Ctx<'_>,
+    ino: u64,
+    offset: u64,
+    bytes_done: u64,
+    writer_is_root: bool,
+) -> Result<Attr, OpError> {
+    let mut rec = ctx.t.inode(ino)?;
+    if bytes_done == 0 {
+        return Ok(rec.attr(ino, ctx.block_size));
+    }
+    let bs = u64::from(ctx.block_size);
+    let end = offset
+        .checked_add(bytes_done)
+        .filter(|e| *e <= MAX_FILE_SIZE)
+        .ok_or(OpError::Fs(FsError::FileTooBig))?;
+    let mut map = ExtentMap::from_extents(ctx.t.extents(ino)?)
+        .map_err(|e| crate::store::corrupt(format_args!("extents of inode {ino}"), e))?;
+    // Only whole blocks were written with certainty; a torn last block stays Unwritten.
+    let first = offset / bs;
+    let whole = end / bs;
+    if whole > first {
+        map.convert_to_written(first, whole - first);
+        save_extents(&mut ctx.t, ino, &map)?;
+    }
+    let done_end = whole * bs;
+    if done_end > rec.size {
+        rec.size = done_end;
+    }
+    rec.mtime = ctx.now;
+    rec.ctime = ctx.now;
+    if !writer_is_root && rec.perm & 0o6000 != 0 {
+        rec.perm &= !0o4000;
+        if rec.perm & 0o010 != 0 {
+            rec.perm &= !0o2000;
+        }
+    }
+    ctx.t.put_inode(ino, &rec)?;
+    Ok(rec.attr(ino, ctx.block_size))
+}
