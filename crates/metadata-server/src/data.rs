@@ -112,6 +112,31 @@ pub fn map_read<T: Reader + ReaderInodes>(
     offset: u64,
     len: u64,
 ) -> Result<Mapped, OpError> {
+    map_read_clipped(t, volume, block_size, ino, offset, len, true)
+}
+
+/// [`map_read`] without clipping at end of file: for the server's own read-modify-write of
+/// blocks that straddle or lie past it.
+pub fn map_read_unclipped<T: Reader + ReaderInodes>(
+    t: &T,
+    volume: &Volume,
+    block_size: u32,
+    ino: u64,
+    offset: u64,
+    len: u64,
+) -> Result<Mapped, OpError> {
+    map_read_clipped(t, volume, block_size, ino, offset, len, false)
+}
+
+fn map_read_clipped<T: Reader + ReaderInodes>(
+    t: &T,
+    volume: &Volume,
+    block_size: u32,
+    ino: u64,
+    offset: u64,
+    len: u64,
+    clip: bool,
+) -> Result<Mapped, OpError> {
     aligned(offset, len, block_size)?;
     let rec = t.inode_rec(ino)?;
     if rec.kind != FileType::Regular {
@@ -123,7 +148,11 @@ pub fn map_read<T: Reader + ReaderInodes>(
     }
     let bs = u64::from(block_size);
     let eof = rec.size.div_ceil(bs) * bs;
-    let len = len.min(MAX_GRANT_BYTES).min(eof.saturating_sub(offset));
+    let len = if clip {
+        len.min(MAX_GRANT_BYTES).min(eof.saturating_sub(offset))
+    } else {
+        len.min(MAX_GRANT_BYTES)
+    };
     if len == 0 {
         return Ok(Mapped {
             offset,
@@ -163,6 +192,21 @@ pub fn complete_write(
     bytes_done: u64,
     writer_is_root: bool,
 ) -> Result<Attr, OpError> {
+    let end = offset.saturating_add(bytes_done);
+    complete_write_to(ctx, ino, offset, bytes_done, end, writer_is_root)
+}
+
+/// [`complete_write`] for a write whose file data ends at `data_end`, which may lie inside
+/// the last completed block (a proxied write of whole blocks read-modify-written around
+/// unaligned application data): the size grows to at most `data_end`.
+pub fn complete_write_to(
+    ctx: &mut Ctx<'_>,
+    ino: u64,
+    offset: u64,
+    bytes_done: u64,
+    data_end: u64,
+    writer_is_root: bool,
+) -> Result<Attr, OpError> {
     let mut rec = ctx.t.inode(ino)?;
     if bytes_done == 0 {
         return Ok(rec.attr(ino, ctx.block_size));
@@ -181,7 +225,7 @@ pub fn complete_write(
         map.convert_to_written(first, whole - first);
         save_extents(&mut ctx.t, ino, &map)?;
     }
-    let done_end = whole * bs;
+    let done_end = (whole * bs).min(data_end);
     if done_end > rec.size {
         rec.size = done_end;
     }

@@ -13,10 +13,12 @@
 pub mod clock;
 pub mod config;
 pub mod data;
+pub mod datadev;
 pub mod device;
 pub mod format;
 pub mod fsck;
 pub mod inspect;
 pub mod locks;
 pub mod ns;
+pub mod proxy;
 pub mod store;

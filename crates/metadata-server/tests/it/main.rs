@@ -8,6 +8,7 @@
 //!   devices, and otherwise prints why it was skipped and passes.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+mod coherence;
 mod common;
 mod format_cli;
 mod inspect_cli;

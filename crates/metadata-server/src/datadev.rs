@@ -1,0 +1,265 @@
+//! The server's own handles on the data LUNs, for the proxied path (the paper's NFS-style
+//! fallback): the only place where the metadata server touches file data.
+//!
+//! At start the server opens the configured device paths, reads each one's identity (the
+//! sanfs label's device UUID, or the LVM2 PV UUID) and files it under the volume's device
+//! index; paths differ between nodes, identities do not. A LUN that is missing or has the
+//! wrong identity is not fatal: proxied I/O that needs it fails with EIO and the server says
+//! which device is missing.
+//!
+//! I/O is `O_DIRECT` with buffers aligned to 4096 bytes (no page cache, so the server and
+//! every agent see the same bytes on the LUN). Where `O_DIRECT` is refused (a file-backed LUN
+//! on tmpfs), the LUN is used buffered and written through with `fdatasync`.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use sanfs_blockmap::label::{DeviceLabel, LABEL_SIZE};
+use sanfs_blockmap::plan::IoPlan;
+use sanfs_blockmap::volume::{DeviceId, DeviceIndex, Volume};
+use sanfs_proto::types::FsError;
+
+use crate::device::Lun;
+
+/// Memory and offset alignment used for every `O_DIRECT` transfer.
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// A zeroed byte buffer whose start is aligned to [`DIRECT_ALIGN`] (safe code: an
+/// over-allocated `Vec` and an aligned window into it).
+pub struct AlignedBuf {
+    raw: Vec<u8>,
+    shift: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    pub fn zeroed(len: usize) -> AlignedBuf {
+        let raw = vec![0u8; len + DIRECT_ALIGN];
+        let shift = raw.as_ptr().align_offset(DIRECT_ALIGN).min(DIRECT_ALIGN);
+        AlignedBuf { raw, shift, len }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.raw[self.shift..self.shift + self.len]
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.raw[self.shift..self.shift + self.len]
+    }
+}
+
+struct DataLun {
+    path: PathBuf,
+    file: File,
+}
+
+/// The data LUNs of the volume, by device index.
+pub struct DataDevices {
+    luns: Vec<Option<DataLun>>,
+    ids: Vec<DeviceId>,
+}
+
+impl std::fmt::Debug for DataDevices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataDevices")
+            .field("present", &self.present())
+            .field("missing", &self.missing())
+            .finish()
+    }
+}
+
+fn open_direct(path: &Path) -> std::io::Result<File> {
+    let direct = rustix::fs::OFlags::DIRECT.bits() as i32;
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(direct)
+        .open(path)
+    {
+        Ok(f) => Ok(f),
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
+            OpenOptions::new().read(true).write(true).open(path)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The identity a device carries: its sanfs label, else its LVM2 PV label.
+fn identity(path: &Path) -> anyhow::Result<DeviceId> {
+    let lun = Lun::open(path, false)?;
+    let head = lun.read_prefix(LABEL_SIZE)?;
+    if let Ok(label) = DeviceLabel::decode(&head) {
+        return Ok(DeviceId::Sanfs(label.device_uuid));
+    }
+    let pv = crate::format::read_lvm_pv(&lun)
+        .with_context(|| format!("{}: neither a sanfs label nor an LVM2 PV", path.display()))?;
+    Ok(DeviceId::LvmPv(pv.label.pv_id))
+}
+
+impl DataDevices {
+    /// Opens every path and files it under the volume device whose identity it carries.
+    pub fn open(volume: &Volume, paths: &[PathBuf]) -> DataDevices {
+        let ids: Vec<DeviceId> = volume.devices().iter().map(|d| d.uuid.clone()).collect();
+        let mut luns: Vec<Option<DataLun>> = ids.iter().map(|_| None).collect();
+        for path in paths {
+            let id = match identity(path) {
+                Ok(id) => id,
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %format!("{e:#}"), "not a LUN of this volume");
+                    continue;
+                }
+            };
+            let Some(index) = volume.device_index(&id) else {
+                tracing::warn!(path = %path.display(), device = %id, "a LUN of another file system");
+                continue;
+            };
+            match open_direct(path) {
+                Ok(file) => {
+                    tracing::info!(path = %path.display(), device = %id, index = index.0, "data LUN opened");
+                    luns[index.as_usize()] = Some(DataLun {
+                        path: path.clone(),
+                        file,
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot open a data LUN")
+                }
+            }
+        }
+        let devices = DataDevices { luns, ids };
+        for m in devices.missing() {
+            tracing::warn!(device = %m, "data LUN missing on this server: proxied I/O on it fails with EIO");
+        }
+        devices
+    }
+
+    pub fn present(&self) -> usize {
+        self.luns.iter().filter(|l| l.is_some()).count()
+    }
+
+    /// The identities of the volume's devices this server could not open.
+    pub fn missing(&self) -> Vec<DeviceId> {
+        self.luns
+            .iter()
+            .zip(&self.ids)
+            .filter(|(l, _)| l.is_none())
+            .map(|(_, id)| id.clone())
+            .collect()
+    }
+
+    fn lun(&self, d: DeviceIndex) -> Result<&DataLun, FsError> {
+        self.luns
+            .get(d.as_usize())
+            .and_then(Option::as_ref)
+            .ok_or_else(|| {
+                let id = self
+                    .ids
+                    .get(d.as_usize())
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                FsError::Io(format!(
+                    "data LUN {} ({id}) is not available on the server",
+                    d.0
+                ))
+            })
+    }
+
+    /// Executes a read plan into `buf` (`plan.len` bytes): device reads scattered to their
+    /// buffer pieces, zero fill for holes and Unwritten extents.
+    pub fn read_plan(&self, plan: &IoPlan, buf: &mut [u8]) -> Result<(), FsError> {
+        for z in &plan.zero_fill {
+            let s = range(z.buf_off, z.len, buf.len())?;
+            buf[s].fill(0);
+        }
+        for io in &plan.device_ios {
+            let lun = self.lun(io.device)?;
+            let mut tmp = AlignedBuf::zeroed(to_usize(io.len)?);
+            lun.file
+                .read_exact_at(tmp.as_mut_slice(), io.phys_off)
+                .map_err(|e| {
+                    FsError::Io(format!(
+                        "read {} at {}: {e}",
+                        lun.path.display(),
+                        io.phys_off
+                    ))
+                })?;
+            let mut at = 0usize;
+            for piece in &io.iov {
+                let n = to_usize(piece.len)?;
+                let s = range(piece.buf_off, piece.len, buf.len())?;
+                buf[s].copy_from_slice(&tmp.as_slice()[at..at + n]);
+                at += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Executes a write plan from `buf` (`plan.len` bytes): each device I/O gathers its
+    /// buffer pieces. Returns the devices written (to flush for a synchronous write).
+    pub fn write_plan(&self, plan: &IoPlan, buf: &[u8]) -> Result<Vec<DeviceIndex>, FsError> {
+        let mut touched = Vec::new();
+        for io in &plan.device_ios {
+            let lun = self.lun(io.device)?;
+            let mut tmp = AlignedBuf::zeroed(to_usize(io.len)?);
+            let mut at = 0usize;
+            for piece in &io.iov {
+                let n = to_usize(piece.len)?;
+                let s = range(piece.buf_off, piece.len, buf.len())?;
+                tmp.as_mut_slice()[at..at + n].copy_from_slice(&buf[s]);
+                at += n;
+            }
+            lun.file
+                .write_all_at(tmp.as_slice(), io.phys_off)
+                .map_err(|e| {
+                    FsError::Io(format!(
+                        "write {} at {}: {e}",
+                        lun.path.display(),
+                        io.phys_off
+                    ))
+                })?;
+            if !touched.contains(&io.device) {
+                touched.push(io.device);
+            }
+        }
+        Ok(touched)
+    }
+
+    /// Flushes the devices' write caches (fdatasync on the device: a cache flush).
+    pub fn flush(&self, devices: &[DeviceIndex]) -> Result<(), FsError> {
+        for d in devices {
+            let lun = self.lun(*d)?;
+            lun.file
+                .sync_data()
+                .map_err(|e| FsError::Io(format!("flush {}: {e}", lun.path.display())))?;
+        }
+        Ok(())
+    }
+
+    /// Flushes every open LUN.
+    pub fn flush_all(&self) -> Result<(), FsError> {
+        let all: Vec<DeviceIndex> = (0..self.luns.len())
+            .filter(|i| self.luns[*i].is_some())
+            .map(|i| DeviceIndex(u32::try_from(i).unwrap_or(u32::MAX)))
+            .collect();
+        self.flush(&all)
+    }
+}
+
+fn to_usize(v: u64) -> Result<usize, FsError> {
+    usize::try_from(v).map_err(|_| FsError::Invalid(format!("{v} bytes do not fit in memory")))
+}
+
+fn range(off: u64, len: u64, buf_len: usize) -> Result<std::ops::Range<usize>, FsError> {
+    let start = to_usize(off)?;
+    let end = start
+        .checked_add(to_usize(len)?)
+        .filter(|e| *e <= buf_len)
+        .ok_or_else(|| {
+            FsError::Io(format!(
+                "plan piece {off}+{len} outside a {buf_len}-byte buffer"
+            ))
+        })?;
+    Ok(start..end)
+}

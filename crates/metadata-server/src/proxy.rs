@@ -1,0 +1,309 @@
+//! The proxied path: reads and writes whose data goes through the server (below the
+//! direct-I/O threshold, and the unaligned edges of larger I/O), done under the same
+//! byte-range locks as grants so that proxied and direct I/O stay coherent.
+//!
+//! A proxied write locks the block-aligned span around its bytes exclusively, allocates what
+//! is missing (Unwritten, durably), reads the partial head and tail blocks (read-modify-write;
+//! bytes past the old end of file count as zeros), writes whole blocks with `O_DIRECT`,
+//! flushes the devices when asked to be synchronous, and completes like a grant: the span
+//! becomes Written, the size grows to the end of the application's bytes.
+//!
+//! **EOF zeroing**: before anything extends a file whose old end lies inside a block, the
+//! bytes of that block past the old end are zeroed on the device (XFS's `xfs_zero_eof`): a
+//! truncate down leaves them as they were, and an extension must not expose them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sanfs_blockmap::plan::IoPlan;
+use sanfs_proto::types::{Attr, FsError};
+
+use crate::data::{self, Mapped};
+use crate::datadev::DataDevices;
+use crate::locks::{LockMode, RangeLocks, Span};
+use crate::store::Store;
+
+/// Where a proxied write goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Position {
+    At(u64),
+    /// At the end of file, atomically with respect to other appends.
+    Append,
+}
+
+/// The data side of the server: the store, the range locks, the server's LUN handles.
+pub struct DataPath {
+    pub store: Arc<Store>,
+    pub locks: RangeLocks,
+    pub devices: Arc<DataDevices>,
+    pub lock_timeout: Duration,
+    next_lock: AtomicU64,
+}
+
+impl std::fmt::Debug for DataPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataPath")
+            .field("devices", &self.devices)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A held range lock, released when dropped.
+pub struct Held {
+    locks: RangeLocks,
+    ino: u64,
+    id: u64,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.locks.release(self.ino, self.id);
+    }
+}
+
+fn join_error(e: tokio::task::JoinError) -> FsError {
+    FsError::Io(format!("device I/O task failed: {e}"))
+}
+
+impl DataPath {
+    pub fn new(store: Arc<Store>, devices: Arc<DataDevices>, lock_timeout: Duration) -> DataPath {
+        DataPath {
+            store,
+            locks: RangeLocks::new(),
+            devices,
+            lock_timeout,
+            next_lock: AtomicU64::new(1),
+        }
+    }
+
+    /// A fresh id for a lock or grant (one id space for both).
+    pub fn next_id(&self) -> u64 {
+        self.next_lock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Takes a range lock for the proxied path (not recallable: it lasts one request).
+    pub async fn lock(&self, ino: u64, span: Span, mode: LockMode) -> Result<Held, FsError> {
+        let id = self.next_id();
+        self.locks
+            .acquire(ino, id, span, mode, self.lock_timeout, |_| {})
+            .await
+            .map_err(|_| FsError::LockTimeout)?;
+        Ok(Held {
+            locks: self.locks.clone(),
+            ino,
+            id,
+        })
+    }
+
+    fn block_size(&self) -> u64 {
+        u64::from(self.store.block_size())
+    }
+
+    async fn read_plan(&self, plan: IoPlan) -> Result<Vec<u8>, FsError> {
+        let devices = self.devices.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0u8; usize::try_from(plan.len).map_err(|_| FsError::Range)?];
+            devices.read_plan(&plan, &mut buf)?;
+            Ok(buf)
+        })
+        .await
+        .map_err(join_error)?
+    }
+
+    async fn write_plan(&self, plan: IoPlan, buf: Vec<u8>, sync: bool) -> Result<(), FsError> {
+        let devices = self.devices.clone();
+        tokio::task::spawn_blocking(move || {
+            let touched = devices.write_plan(&plan, &buf)?;
+            if sync {
+                devices.flush(&touched)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(join_error)?
+    }
+
+    /// The current contents of the aligned block range `[off, off + len)` as the file reads
+    /// it (Written extents from the LUNs, zeros elsewhere), with bytes at or past `size`
+    /// zeroed.
+    async fn current_blocks(
+        &self,
+        ino: u64,
+        off: u64,
+        len: u64,
+        size: u64,
+    ) -> Result<Vec<u8>, FsError> {
+        let bs = self.store.block_size();
+        let vol = self.store.volume().clone();
+        // Planned as if the file were as long as the span; bytes past `size` are zeroed below.
+        let mapped = self
+            .store
+            .read(|t| data::map_read_unclipped(t, &vol, bs, ino, off, len))?;
+        let mut buf = self.read_plan(mapped.plan).await?;
+        if size < off + len {
+            let from = usize::try_from(size.saturating_sub(off)).map_err(|_| FsError::Range)?;
+            buf[from..].fill(0);
+        }
+        Ok(buf)
+    }
+
+    /// Zeroes the bytes of the block holding `old_size` that lie past it, if that block is
+    /// Written and `old_size` is not block aligned. Call under an exclusive lock covering
+    /// that block, before an extension.
+    pub async fn zero_eof_tail(&self, ino: u64, old_size: u64) -> Result<(), FsError> {
+        let bs = self.block_size();
+        if old_size.is_multiple_of(bs) {
+            return Ok(());
+        }
+        let block = old_size / bs * bs;
+        let bsz = self.store.block_size();
+        let vol = self.store.volume().clone();
+        let mapped = self
+            .store
+            .read(|t| data::map_read_unclipped(t, &vol, bsz, ino, block, bs))?;
+        if mapped.plan.device_ios.is_empty() {
+            return Ok(()); // a hole or Unwritten: reads as zeros already
+        }
+        let mut buf = self.read_plan(mapped.plan.clone()).await?;
+        let from = usize::try_from(old_size - block).map_err(|_| FsError::Range)?;
+        if buf[from..].iter().all(|b| *b == 0) {
+            return Ok(());
+        }
+        buf[from..].fill(0);
+        // Written extents plan the same for reads and writes.
+        self.write_plan(mapped.plan, buf, true).await
+    }
+
+    /// A proxied read: at most `len` bytes from `off`, fewer at end of file.
+    pub async fn read(&self, ino: u64, off: u64, len: u64) -> Result<(Vec<u8>, bool), FsError> {
+        let bs = self.block_size();
+        let end = off.checked_add(len).ok_or(FsError::Range)?;
+        let a = off / bs * bs;
+        let b = end.div_ceil(bs) * bs;
+        if len == 0 {
+            let size = self.store.read(|t| t.getattr_size(ino))?;
+            return Ok((Vec::new(), off >= size));
+        }
+        let _held = self
+            .lock(ino, Span::new(a, b - a), LockMode::Shared)
+            .await?;
+        let bsz = self.store.block_size();
+        let vol = self.store.volume().clone();
+        let Mapped {
+            plan,
+            file_size,
+            len: span,
+            ..
+        } = self
+            .store
+            .read(|t| data::map_read(t, &vol, bsz, ino, a, b - a))?;
+        if span == 0 || off >= file_size {
+            return Ok((Vec::new(), true));
+        }
+        let buf = self.read_plan(plan).await?;
+        let stop = end.min(file_size);
+        let from = usize::try_from(off - a).map_err(|_| FsError::Range)?;
+        let to = usize::try_from(stop - a).map_err(|_| FsError::Range)?;
+        Ok((buf[from..to].to_vec(), stop >= file_size))
+    }
+
+    /// A proxied write of `bytes` at `pos`. Returns the offset written and the new attributes.
+    pub async fn write(
+        &self,
+        ino: u64,
+        pos: Position,
+        bytes: Vec<u8>,
+        sync: bool,
+        writer_is_root: bool,
+    ) -> Result<(u64, Attr), FsError> {
+        let bs = self.block_size();
+        let len = bytes.len() as u64;
+        if len == 0 {
+            return Err(FsError::Invalid("an empty write".into()));
+        }
+        // Appends lock the whole file so that the end of file cannot move under them.
+        let (off, _held) = match pos {
+            Position::At(off) => {
+                let end = off.checked_add(len).ok_or(FsError::FileTooBig)?;
+                let a = off / bs * bs;
+                let b = end.div_ceil(bs) * bs;
+                let size = self.store.read(|t| t.getattr_size(ino))?;
+                // Cover the old EOF block too when this write extends the file past it.
+                let lo = if off > size {
+                    (size / bs * bs).min(a)
+                } else {
+                    a
+                };
+                let held = self
+                    .lock(ino, Span::new(lo, b - lo), LockMode::Exclusive)
+                    .await?;
+                (off, held)
+            }
+            Position::Append => {
+                let held = self
+                    .lock(ino, Span::new(0, u64::MAX), LockMode::Exclusive)
+                    .await?;
+                (self.store.read(|t| t.getattr_size(ino))?, held)
+            }
+        };
+        let end = off.checked_add(len).ok_or(FsError::FileTooBig)?;
+        let a = off / bs * bs;
+        let b = end.div_ceil(bs) * bs;
+        let size = self.store.read(|t| t.getattr_size(ino))?;
+        if off > size {
+            self.zero_eof_tail(ino, size).await?;
+        }
+        // Head and tail blocks that the application's bytes cover only in part.
+        let mut buf = vec![0u8; usize::try_from(b - a).map_err(|_| FsError::Range)?];
+        if off != a {
+            let head = self.current_blocks(ino, a, bs, size).await?;
+            buf[..head.len()].copy_from_slice(&head);
+        }
+        if end != b && (b - bs > a || off == a) {
+            let tail = self.current_blocks(ino, b - bs, bs, size).await?;
+            let at = usize::try_from(b - bs - a).map_err(|_| FsError::Range)?;
+            buf[at..].copy_from_slice(&tail);
+        }
+        let from = usize::try_from(off - a).map_err(|_| FsError::Range)?;
+        buf[from..from + bytes.len()].copy_from_slice(&bytes);
+        drop(bytes);
+        // Allocate (durably) and plan the whole blocks.
+        let vol = self.store.volume().clone();
+        let mapped = self
+            .store
+            .write(move |ctx| data::map_write(ctx, &vol, ino, a, b - a))
+            .await?;
+        if mapped.len != b - a {
+            return Err(FsError::Invalid(format!(
+                "a proxied write of {} bytes is longer than one grant",
+                b - a
+            )));
+        }
+        self.write_plan(mapped.plan, buf, sync).await?;
+        let attr = self
+            .store
+            .write(move |ctx| data::complete_write_to(ctx, ino, a, b - a, end, writer_is_root))
+            .await?;
+        Ok((off, attr))
+    }
+}
+
+/// Size lookups on a snapshot.
+pub trait SizeOf {
+    fn getattr_size(&self, ino: u64) -> Result<u64, crate::store::OpError>;
+}
+
+impl<T: crate::ns::ReaderInodes> SizeOf for T {
+    fn getattr_size(&self, ino: u64) -> Result<u64, crate::store::OpError> {
+        let rec = self.inode_rec(ino)?;
+        if rec.kind != sanfs_proto::types::FileType::Regular {
+            return Err(crate::store::OpError::Fs(if rec.is_dir() {
+                FsError::IsDir
+            } else {
+                FsError::Invalid("not a regular file".into())
+            }));
+        }
+        Ok(rec.size)
+    }
+}
