@@ -240,3 +240,50 @@ pub fn complete_write_to(
     ctx.t.put_inode(ino, &rec)?;
     Ok(rec.attr(ino, ctx.block_size))
 }
+
+/// Frees the Unwritten blocks of file blocks `[first, last)` that lie wholly past the end of
+/// file: what a write grant allocated but never completed (its session expired), so that an
+/// abandoned write does not keep space past EOF. Written blocks and blocks inside the file
+/// are left alone (inside the file, Unwritten blocks read as zeros, as they must).
+pub fn trim_unwritten_past_eof(
+    ctx: &mut Ctx<'_>,
+    ino: u64,
+    first: u64,
+    last: u64,
+) -> Result<u64, OpError> {
+    let Some(mut rec) = ctx.t.try_inode(ino)? else {
+        return Ok(0); // the file is gone: its blocks went with it
+    };
+    let bs = u64::from(ctx.block_size);
+    let first = first.max(rec.size.div_ceil(bs));
+    if last <= first {
+        return Ok(0);
+    }
+    let mut map = ExtentMap::from_extents(ctx.t.extents(ino)?)
+        .map_err(|e| crate::store::corrupt(format_args!("extents of inode {ino}"), e))?;
+    let unwritten: Vec<(u64, u64)> = map
+        .lookup(first, last - first)
+        .into_iter()
+        .filter_map(|p| match p {
+            sanfs_blockmap::extent::Piece::Mapped(e)
+                if e.state == sanfs_blockmap::extent::ExtentState::Unwritten =>
+            {
+                Some((e.file_block, e.len_blocks))
+            }
+            _ => None,
+        })
+        .collect();
+    let mut freed = 0;
+    for (fb, len) in unwritten {
+        for e in map.punch(fb, len) {
+            ctx.free_blocks(e.vol_block, e.len_blocks)?;
+            freed += e.len_blocks;
+        }
+    }
+    if freed > 0 {
+        rec.blocks = map.mapped_blocks();
+        save_extents(&mut ctx.t, ino, &map)?;
+        ctx.t.put_inode(ino, &rec)?;
+    }
+    Ok(freed)
+}

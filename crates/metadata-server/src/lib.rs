@@ -17,6 +17,7 @@ pub mod datadev;
 pub mod device;
 pub mod format;
 pub mod fsck;
+pub mod grants;
 pub mod inspect;
 pub mod locks;
 pub mod ns;

@@ -230,7 +230,7 @@ impl DataPath {
                 let b = end.div_ceil(bs) * bs;
                 let size = self.store.read(|t| t.getattr_size(ino))?;
                 // Cover the old EOF block too when this write extends the file past it.
-                let lo = if off > size {
+                let lo = if off > size && !size.is_multiple_of(bs) {
                     (size / bs * bs).min(a)
                 } else {
                     a

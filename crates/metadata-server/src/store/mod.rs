@@ -58,6 +58,7 @@ const KEY_SUPER: &str = "super";
 const KEY_VOLUME: &str = "volume";
 const KEY_NEXT_INODE: &str = "next_inode";
 const KEY_GENERATION: &str = "generation";
+const KEY_BOOT_EPOCH: &str = "boot_epoch";
 
 /// The root directory's inode number.
 pub const ROOT: u64 = 1;
@@ -369,6 +370,7 @@ pub struct Store {
     clock: Clock,
     handles: Arc<Mutex<Handles>>,
     usage: Arc<Usage>,
+    boot_epoch: u64,
 }
 
 impl std::fmt::Debug for Store {
@@ -520,6 +522,7 @@ impl Store {
     pub fn open(backend: &Backend, clock: Clock, batch_max: usize) -> Result<Store, StoreError> {
         let db = open_db(backend, false, false)?;
         let (sb, volume, state) = load(&db)?;
+        let boot_epoch = bump_boot_epoch(&db)?;
         let handles = state.handles.clone();
         let usage = state.usage.clone();
         let shared = Arc::new(Shared {
@@ -559,6 +562,7 @@ impl Store {
             clock,
             handles,
             usage,
+            boot_epoch,
         };
         store.reap_orphans()?;
         Ok(store)
@@ -581,6 +585,12 @@ impl Store {
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         }
         Ok(())
+    }
+
+    /// This start's epoch: one more than the last start's, durably. Grants and sessions carry
+    /// it, so that nothing issued before a restart is honoured after it.
+    pub fn boot_epoch(&self) -> u64 {
+        self.boot_epoch
     }
 
     pub fn superblock(&self) -> &Superblock {
@@ -739,6 +749,22 @@ impl Drop for Store {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+fn bump_boot_epoch(db: &Database) -> Result<u64, StoreError> {
+    let txn = db.begin_write()?;
+    let epoch = {
+        let mut counters = txn.open_table(COUNTERS)?;
+        let epoch = counters
+            .get(KEY_BOOT_EPOCH)?
+            .map(|v| v.value())
+            .unwrap_or(0)
+            + 1;
+        counters.insert(KEY_BOOT_EPOCH, epoch)?;
+        epoch
+    };
+    txn.commit()?;
+    Ok(epoch)
 }
 
 fn load(db: &Database) -> Result<(Superblock, Volume, State), StoreError> {

@@ -21,13 +21,13 @@ use sanfs_proto::types::{Credentials, InodeId, SessionId};
 
 use crate::support::{MIB, name};
 
-struct Cluster {
-    _dir: tempfile::TempDir,
-    luns: Vec<PathBuf>,
-    dp: DataPath,
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub luns: Vec<PathBuf>,
+    pub dp: DataPath,
 }
 
-fn cluster() -> Cluster {
+pub fn cluster() -> Cluster {
     let dir = tempfile::tempdir().unwrap();
     let luns: Vec<PathBuf> = (0..4).map(|i| dir.path().join(format!("lun{i}"))).collect();
     for l in &luns {
@@ -54,14 +54,10 @@ fn cluster() -> Cluster {
     let devices = Arc::new(DataDevices::open(store.volume(), &luns));
     assert_eq!(devices.present(), 4);
     let dp = DataPath::new(store, devices, Duration::from_secs(10));
-    Cluster {
-        _dir: dir,
-        luns,
-        dp,
-    }
+    Cluster { dir, luns, dp }
 }
 
-fn create(dp: &DataPath, n: &str) -> u64 {
+pub fn create(dp: &DataPath, n: &str) -> u64 {
     let n = name(n);
     dp.store
         .write_blocking(move |ctx| {
@@ -90,7 +86,7 @@ fn create(dp: &DataPath, n: &str) -> u64 {
 }
 
 /// The direct client's device I/O for a plan: pwrite/pread on the LUN files.
-fn device_write(luns: &[PathBuf], plan: &IoPlan, buf: &[u8]) {
+pub fn device_write(luns: &[PathBuf], plan: &IoPlan, buf: &[u8]) {
     for io in &plan.device_ios {
         let f = std::fs::OpenOptions::new()
             .write(true)
@@ -104,7 +100,7 @@ fn device_write(luns: &[PathBuf], plan: &IoPlan, buf: &[u8]) {
     }
 }
 
-fn device_read(luns: &[PathBuf], plan: &IoPlan, buf: &mut [u8]) {
+pub fn device_read(luns: &[PathBuf], plan: &IoPlan, buf: &mut [u8]) {
     for z in &plan.zero_fill {
         buf[z.buf_off as usize..(z.buf_off + z.len) as usize].fill(0);
     }

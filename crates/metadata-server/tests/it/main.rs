@@ -11,6 +11,7 @@
 mod coherence;
 mod common;
 mod format_cli;
+mod grants;
 mod inspect_cli;
 mod lvm_real;
 mod smoke;

@@ -1,0 +1,464 @@
+//! Grants: the server's permission to a client to read or write one byte range directly
+//! (paper section 4.1; docs/protocol.md "The grant life cycle").
+//!
+//! A grant holds a byte-range lock on its inode (shared for reads, exclusive for writes) from
+//! the moment it is issued until it is completed, returned, or its session expires. Its id is
+//! its lock's id. A write grant's missing blocks are allocated Unwritten in a committed
+//! transaction before the grant is returned; its completion converts exactly the completed
+//! prefix to Written.
+//!
+//! Read grants may be **cacheable**: the client keeps them as a layout and reads from it
+//! without asking again. Before a conflicting write lock is granted, the holders of the
+//! blocking cached grants are sent a recall on their session stream; a client that ignores
+//! it loses the grant when its lease runs out ([`Grants::expire_session`]), and the write
+//! then proceeds. The lock wait is bounded (longer than a lease), so nothing waits forever.
+//!
+//! Checks on completion: the grant exists, belongs to the caller's session, carries the
+//! current epoch (a grant from before a restart does not exist any more), is completed once,
+//! and `bytes_done` is at most its length. Each failure is a clear error that changes nothing.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use sanfs_proto::types::{Attr, FsError};
+use tokio::sync::mpsc;
+
+use crate::data::{self, Mapped};
+use crate::locks::{LockMode, Span};
+use crate::ns::Reader;
+use crate::proxy::{DataPath, SizeOf};
+
+/// What a recall asks a session to give back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recall {
+    pub grant_ids: Vec<u64>,
+    pub ino: u64,
+    pub offset: u64,
+    pub len: u64,
+}
+
+#[derive(Debug, Clone)]
+struct GrantState {
+    session: u64,
+    epoch: u64,
+    ino: u64,
+    offset: u64,
+    len: u64,
+    mode: LockMode,
+    cacheable: bool,
+    writer_is_root: bool,
+}
+
+/// Why a grant operation was refused (mapped to statuses by the service layer).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GrantError {
+    #[error("grant {0} does not exist (completed, returned, expired, or from before a restart)")]
+    Unknown(u64),
+    #[error("grant {0} belongs to another session")]
+    Foreign(u64),
+    #[error("grant {grant} is of epoch {has}, the caller's is {caller}")]
+    StaleEpoch { grant: u64, has: u64, caller: u64 },
+    #[error("{done} bytes done, but grant {grant} covers {len}")]
+    TooMuchDone { grant: u64, done: u64, len: u64 },
+    #[error(transparent)]
+    Fs(#[from] FsError),
+}
+
+impl GrantError {
+    /// The file-system error a caller sees.
+    pub fn to_fs(&self) -> FsError {
+        match self {
+            GrantError::Unknown(_) | GrantError::Foreign(_) => FsError::Stale,
+            GrantError::StaleEpoch { .. } => FsError::StaleSession,
+            GrantError::TooMuchDone { .. } => FsError::Invalid(self.to_string()),
+            GrantError::Fs(e) => e.clone(),
+        }
+    }
+}
+
+/// Counters for metrics.
+#[derive(Debug, Default)]
+pub struct GrantStats {
+    pub read_grants: std::sync::atomic::AtomicU64,
+    pub write_grants: std::sync::atomic::AtomicU64,
+    pub recalls: std::sync::atomic::AtomicU64,
+    pub lock_waits: std::sync::atomic::AtomicU64,
+    pub granted_read_bytes: std::sync::atomic::AtomicU64,
+    pub granted_write_bytes: std::sync::atomic::AtomicU64,
+    pub expired_grants: std::sync::atomic::AtomicU64,
+}
+
+/// The live grants of the server.
+pub struct Grants {
+    dp: Arc<DataPath>,
+    table: Mutex<HashMap<u64, GrantState>>,
+    recall_channels: Mutex<HashMap<u64, mpsc::UnboundedSender<Recall>>>,
+    pub stats: GrantStats,
+}
+
+impl std::fmt::Debug for Grants {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grants")
+            .field("live", &self.lock_table().len())
+            .finish()
+    }
+}
+
+fn add(c: &std::sync::atomic::AtomicU64, n: u64) {
+    c.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+}
+
+impl Grants {
+    pub fn new(dp: Arc<DataPath>) -> Grants {
+        Grants {
+            dp,
+            table: Mutex::new(HashMap::new()),
+            recall_channels: Mutex::new(HashMap::new()),
+            stats: GrantStats::default(),
+        }
+    }
+
+    pub fn data_path(&self) -> &Arc<DataPath> {
+        &self.dp
+    }
+
+    fn lock_table(&self) -> MutexGuard<'_, HashMap<u64, GrantState>> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn channels(&self) -> MutexGuard<'_, HashMap<u64, mpsc::UnboundedSender<Recall>>> {
+        self.recall_channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where recalls for `session` go (its session stream). Replaces an earlier channel.
+    pub fn attach(&self, session: u64, tx: mpsc::UnboundedSender<Recall>) {
+        self.channels().insert(session, tx);
+    }
+
+    pub fn detach(&self, session: u64) {
+        self.channels().remove(&session);
+    }
+
+    /// Live grants (for status and tests).
+    pub fn live(&self) -> usize {
+        self.lock_table().len()
+    }
+
+    /// The grant ids a session holds.
+    pub fn of_session(&self, session: u64) -> Vec<u64> {
+        self.lock_table()
+            .iter()
+            .filter(|(_, g)| g.session == session)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Sends recalls for the cacheable grants among `blockers`.
+    fn recall(&self, blockers: Vec<u64>) {
+        let mut by_session: HashMap<u64, Vec<(u64, GrantState)>> = HashMap::new();
+        {
+            let table = self.lock_table();
+            for id in blockers {
+                if let Some(g) = table.get(&id).filter(|g| g.cacheable) {
+                    by_session
+                        .entry(g.session)
+                        .or_default()
+                        .push((id, g.clone()));
+                }
+            }
+        }
+        let channels = self.channels();
+        for (session, grants) in by_session {
+            let Some(tx) = channels.get(&session) else {
+                continue; // no stream: the lease decides
+            };
+            for (id, g) in grants {
+                add(&self.stats.recalls, 1);
+                tracing::debug!(
+                    session,
+                    grant = id,
+                    ino = g.ino,
+                    "recalling a cached read grant"
+                );
+                let _ = tx.send(Recall {
+                    grant_ids: vec![id],
+                    ino: g.ino,
+                    offset: g.offset,
+                    len: g.len,
+                });
+            }
+        }
+    }
+
+    async fn take_lock(
+        &self,
+        id: u64,
+        ino: u64,
+        span: Span,
+        mode: LockMode,
+    ) -> Result<(), FsError> {
+        let waited = self
+            .dp
+            .locks
+            .acquire(ino, id, span, mode, self.dp.lock_timeout, |blockers| {
+                self.recall(blockers)
+            })
+            .await
+            .map_err(|_| FsError::LockTimeout)?;
+        if waited {
+            add(&self.stats.lock_waits, 1);
+        }
+        Ok(())
+    }
+
+    /// Control info 1 -> 2 for a write. `offset`/`len` must be block aligned.
+    pub async fn map_write(
+        &self,
+        session: u64,
+        epoch: u64,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        writer_is_root: bool,
+    ) -> Result<(u64, Mapped), FsError> {
+        let store = &self.dp.store;
+        let bs = u64::from(store.block_size());
+        if len == 0 || !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
+            return Err(FsError::Invalid(format!(
+                "a write grant's range must be non-empty and {bs}-byte aligned: {offset}+{len}"
+            )));
+        }
+        let len = len.min(data::MAX_GRANT_BYTES);
+        let end = offset.checked_add(len).ok_or(FsError::FileTooBig)?;
+        let size = store.read(|t| t.getattr_size(ino))?;
+        // An extension past a mid-block end of file also locks (and zeroes) that block's tail.
+        let lo = if offset > size && !size.is_multiple_of(bs) {
+            size / bs * bs
+        } else {
+            offset
+        };
+        let id = self.dp.next_id();
+        self.take_lock(id, ino, Span::new(lo, end - lo), LockMode::Exclusive)
+            .await?;
+        let result = async {
+            if offset > size {
+                self.dp.zero_eof_tail(ino, size).await?;
+            }
+            let vol = store.volume().clone();
+            store
+                .write(move |ctx| data::map_write(ctx, &vol, ino, offset, len))
+                .await
+        }
+        .await;
+        match result {
+            Ok(mapped) => {
+                self.lock_table().insert(
+                    id,
+                    GrantState {
+                        session,
+                        epoch,
+                        ino,
+                        offset,
+                        len: mapped.len,
+                        mode: LockMode::Exclusive,
+                        cacheable: false,
+                        writer_is_root,
+                    },
+                );
+                add(&self.stats.write_grants, 1);
+                add(&self.stats.granted_write_bytes, mapped.len);
+                Ok((id, mapped))
+            }
+            Err(e) => {
+                self.dp.locks.release(ino, id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Control info 1 -> 2 for a read. Cacheable read grants stay until returned or recalled.
+    pub async fn map_read(
+        &self,
+        session: u64,
+        epoch: u64,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        cacheable: bool,
+    ) -> Result<(u64, Mapped), FsError> {
+        let store = &self.dp.store;
+        let bs = store.block_size();
+        let end = offset.checked_add(len).ok_or(FsError::Range)?;
+        let id = self.dp.next_id();
+        self.take_lock(id, ino, Span::new(offset, end - offset), LockMode::Shared)
+            .await?;
+        let vol = store.volume().clone();
+        match store.read(|t| data::map_read(t, &vol, bs, ino, offset, len)) {
+            Ok(mapped) => {
+                self.lock_table().insert(
+                    id,
+                    GrantState {
+                        session,
+                        epoch,
+                        ino,
+                        offset,
+                        len: mapped.len,
+                        mode: LockMode::Shared,
+                        cacheable,
+                        writer_is_root: false,
+                    },
+                );
+                add(&self.stats.read_grants, 1);
+                add(&self.stats.granted_read_bytes, mapped.len);
+                Ok((id, mapped))
+            }
+            Err(e) => {
+                self.dp.locks.release(ino, id);
+                Err(e)
+            }
+        }
+    }
+
+    fn take_grant(
+        &self,
+        session: u64,
+        epoch: u64,
+        id: u64,
+        done: Option<u64>,
+    ) -> Result<GrantState, GrantError> {
+        let mut table = self.lock_table();
+        let g = table.get(&id).ok_or(GrantError::Unknown(id))?;
+        if g.session != session {
+            return Err(GrantError::Foreign(id));
+        }
+        if g.epoch != epoch {
+            return Err(GrantError::StaleEpoch {
+                grant: id,
+                has: g.epoch,
+                caller: epoch,
+            });
+        }
+        if let Some(done) = done
+            && done > g.len
+        {
+            return Err(GrantError::TooMuchDone {
+                grant: id,
+                done,
+                len: g.len,
+            });
+        }
+        table.remove(&id).ok_or(GrantError::Unknown(id))
+    }
+
+    /// Control info 3 -> 4. For a write, converts `[offset, offset + bytes_done)` to Written
+    /// (nothing with `bytes_done == 0`), and with `sync` flushes the devices the grant wrote
+    /// and makes the metadata durable before answering. Releases the lock in every case once
+    /// the grant is taken.
+    pub async fn complete(
+        &self,
+        session: u64,
+        epoch: u64,
+        id: u64,
+        bytes_done: u64,
+        sync: bool,
+    ) -> Result<Attr, GrantError> {
+        let g = self.take_grant(session, epoch, id, Some(bytes_done))?;
+        let store = self.dp.store.clone();
+        let result = async {
+            if g.mode == LockMode::Shared {
+                return Ok(store.read(|t| t.getattr(store.block_size(), g.ino))?);
+            }
+            if sync && bytes_done > 0 {
+                let devices = self.dp.devices.clone();
+                tokio::task::spawn_blocking(move || devices.flush_all())
+                    .await
+                    .map_err(|e| FsError::Io(format!("flush task: {e}")))??;
+            }
+            let (ino, off, root) = (g.ino, g.offset, g.writer_is_root);
+            let attr = store
+                .write(move |ctx| data::complete_write(ctx, ino, off, bytes_done, root))
+                .await?;
+            if bytes_done < g.len {
+                // A short write: what the device never wrote past end of file goes back.
+                let bs = u64::from(store.block_size());
+                let (first, last) = ((off + bytes_done) / bs, (off + g.len) / bs);
+                store
+                    .write(move |ctx| data::trim_unwritten_past_eof(ctx, ino, first, last))
+                    .await?;
+            }
+            Ok::<Attr, FsError>(attr)
+        }
+        .await;
+        self.dp.locks.release(g.ino, id);
+        result.map_err(GrantError::Fs)
+    }
+
+    /// Gives back cached read grants (or abandons any grant without completing it).
+    pub fn return_grants(&self, session: u64, epoch: u64, ids: &[u64]) -> Result<(), GrantError> {
+        // Check all first: a bad id changes nothing.
+        {
+            let table = self.lock_table();
+            for id in ids {
+                let g = table.get(id).ok_or(GrantError::Unknown(*id))?;
+                if g.session != session {
+                    return Err(GrantError::Foreign(*id));
+                }
+                if g.epoch != epoch {
+                    return Err(GrantError::StaleEpoch {
+                        grant: *id,
+                        has: g.epoch,
+                        caller: epoch,
+                    });
+                }
+            }
+        }
+        for id in ids {
+            if let Some(g) = self.lock_table().remove(id) {
+                self.dp.locks.release(g.ino, *id);
+            }
+        }
+        Ok(())
+    }
+
+    /// A session ended or its lease ran out: its grants are dropped and their locks
+    /// released; blocks of its uncompleted write grants stay Unwritten (they read as zeros),
+    /// and those past end of file are freed.
+    pub async fn expire_session(&self, session: u64) {
+        self.detach(session);
+        let gone: Vec<(u64, GrantState)> = {
+            let mut table = self.lock_table();
+            let ids: Vec<u64> = table
+                .iter()
+                .filter(|(_, g)| g.session == session)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| table.remove(&id).map(|g| (id, g)))
+                .collect()
+        };
+        for (id, g) in gone {
+            add(&self.stats.expired_grants, 1);
+            if g.mode == LockMode::Exclusive {
+                let bs = u64::from(self.dp.store.block_size());
+                let (ino, first, last) = (g.ino, g.offset / bs, (g.offset + g.len) / bs);
+                if let Err(e) = self
+                    .dp
+                    .store
+                    .write(move |ctx| data::trim_unwritten_past_eof(ctx, ino, first, last))
+                    .await
+                {
+                    tracing::warn!(session, grant = id, error = %e, "trimming an abandoned write grant");
+                }
+            }
+            self.dp.locks.release(g.ino, id);
+            tracing::info!(
+                session,
+                grant = id,
+                ino = g.ino,
+                "grant dropped with its session"
+            );
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Grants with byte-range locks, recall and session expiry (issue 4's acceptance at the
+//! library level; the same through gRPC and real processes lives with the service tests).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sanfs_mds::grants::{GrantError, Grants};
+use sanfs_mds::proxy::DataPath;
+use sanfs_mds::store::{Backend, Store};
+use tokio::sync::mpsc;
+
+use crate::coherence::{cluster, create, device_read, device_write};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+fn grants(dp: DataPath) -> Arc<Grants> {
+    Arc::new(Grants::new(Arc::new(dp)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disjoint_writers_overlap_and_overlapping_writers_serialize() {
+    let c = cluster();
+    let ino = create(&c.dp, "shared");
+    let epoch = c.dp.store.boot_epoch();
+    let g = grants(c.dp);
+    // Session 1 holds [0, 1M) while session 2 is granted [1M, 2M): both out at once.
+    let (a, ma) = g.map_write(1, epoch, ino, 0, MIB, true).await.unwrap();
+    let t0 = Instant::now();
+    let (b, mb) = g.map_write(2, epoch, ino, MIB, MIB, true).await.unwrap();
+    eprintln!("disjoint grant while another is out: {:?}", t0.elapsed());
+    assert_eq!(g.live(), 2, "two write grants on one file at the same time");
+    device_write(&c.luns, &ma.plan, &vec![1u8; MIB as usize]);
+    device_write(&c.luns, &mb.plan, &vec![2u8; MIB as usize]);
+    // An overlapping write waits for both.
+    let g2 = g.clone();
+    let waiter = tokio::spawn(async move {
+        let t = Instant::now();
+        let r = g2.map_write(3, epoch, ino, 512 * KIB, MIB, true).await;
+        (r, t.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "an overlapping write must wait");
+    g.complete(1, epoch, a, MIB, false).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiter.is_finished(), "still overlaps grant b");
+    let attr = g.complete(2, epoch, b, MIB, false).await.unwrap();
+    assert_eq!(attr.size, 2 * MIB);
+    let (r, waited) = waiter.await.unwrap();
+    let (cid, mc) = r.unwrap();
+    assert!(waited >= Duration::from_millis(300), "waited {waited:?}");
+    device_write(&c.luns, &mc.plan, &vec![3u8; MIB as usize]);
+    g.complete(3, epoch, cid, MIB, false).await.unwrap();
+    // Never interleaved inside one write: the middle MiB is all 3s, the edges 1s and 2s.
+    let (rid, mr) = g.map_read(9, epoch, ino, 0, 2 * MIB, false).await.unwrap();
+    let mut buf = vec![0u8; mr.len as usize];
+    device_read(&c.luns, &mr.plan, &mut buf);
+    g.complete(9, epoch, rid, 0, false).await.unwrap();
+    assert!(buf[..512 * KIB as usize].iter().all(|b| *b == 1));
+    assert!(
+        buf[512 * KIB as usize..1536 * KIB as usize]
+            .iter()
+            .all(|b| *b == 3)
+    );
+    assert!(buf[1536 * KIB as usize..].iter().all(|b| *b == 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_session_loses_its_grants_and_its_range_reads_as_zeros() {
+    let c = cluster();
+    let ino = create(&c.dp, "f");
+    let epoch = c.dp.store.boot_epoch();
+    let g = grants(c.dp);
+    let dp = g.data_path().clone();
+    // Some data first, then a write grant that never completes over part of it and past EOF.
+    dp.write(
+        ino,
+        sanfs_mds::proxy::Position::At(0),
+        vec![7u8; 256 * KIB as usize],
+        false,
+        true,
+    )
+    .await
+    .unwrap();
+    let (id, m) = g
+        .map_write(5, epoch, ino, 256 * KIB, 512 * KIB, false)
+        .await
+        .unwrap();
+    device_write(&c.luns, &m.plan, &vec![9u8; 512 * KIB as usize]);
+    let used_before = dp
+        .store
+        .usage()
+        .free_blocks
+        .load(std::sync::atomic::Ordering::Relaxed);
+    g.expire_session(5).await;
+    assert_eq!(g.live(), 0);
+    assert!(dp.locks.held(ino).is_empty(), "locks released");
+    // A Complete after expiry is refused.
+    assert!(matches!(
+        g.complete(5, epoch, id, 512 * KIB, false).await,
+        Err(GrantError::Unknown(_))
+    ));
+    // Past EOF, the abandoned blocks were trimmed.
+    let free_after = dp
+        .store
+        .usage()
+        .free_blocks
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        free_after - used_before,
+        128,
+        "512 KiB of 4 KiB blocks freed"
+    );
+    // The file is still 256 KiB of 7s: the uncompleted write is invisible on both paths.
+    let (data, eof) = dp.read(ino, 0, MIB).await.unwrap();
+    assert_eq!(data.len(), 256 * KIB as usize);
+    assert!(eof && data.iter().all(|b| *b == 7));
+    // Extending the file over the abandoned range reads zeros there, not the 9s on the LUN.
+    dp.write(
+        ino,
+        sanfs_mds::proxy::Position::At(MIB - 1),
+        vec![1],
+        false,
+        true,
+    )
+    .await
+    .unwrap();
+    let (data, _) = dp.read(ino, 256 * KIB, 768 * KIB).await.unwrap();
+    assert_eq!(data.len(), 768 * KIB as usize);
+    assert!(
+        data[..data.len() - 1].iter().all(|b| *b == 0),
+        "uncompleted range reads as zeros"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_read_grant_is_recalled_before_a_conflicting_write() {
+    let c = cluster();
+    let ino = create(&c.dp, "r");
+    let epoch = c.dp.store.boot_epoch();
+    let g = grants(c.dp);
+    let (tx, mut recalls) = mpsc::unbounded_channel();
+    g.attach(1, tx);
+    let (rid, _) = g.map_read(1, epoch, ino, 0, MIB, true).await.unwrap();
+    let g2 = g.clone();
+    let writer = tokio::spawn(async move { g2.map_write(2, epoch, ino, 0, 64 * KIB, true).await });
+    let recall = tokio::time::timeout(Duration::from_secs(5), recalls.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(recall.grant_ids, vec![rid]);
+    assert!(
+        !writer.is_finished(),
+        "the write waits for the recalled grant"
+    );
+    g.return_grants(1, epoch, &[rid]).unwrap();
+    let (wid, _) = writer.await.unwrap().unwrap();
+    g.complete(2, epoch, wid, 64 * KIB, false).await.unwrap();
+    assert!(g.stats.recalls.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_ignores_a_recall_loses_the_grant_at_lease_expiry() {
+    let c = cluster();
+    let ino = create(&c.dp, "r");
+    let epoch = c.dp.store.boot_epoch();
+    let g = grants(c.dp);
+    let (tx, mut recalls) = mpsc::unbounded_channel();
+    g.attach(1, tx);
+    g.map_read(1, epoch, ino, 0, MIB, true).await.unwrap();
+    let g2 = g.clone();
+    let writer = tokio::spawn(async move { g2.map_write(2, epoch, ino, 0, 64 * KIB, true).await });
+    recalls.recv().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!writer.is_finished());
+    // The lease ran out (the session layer calls this when it notices).
+    g.expire_session(1).await;
+    let (wid, _) = writer.await.unwrap().unwrap();
+    g.complete(2, epoch, wid, 64 * KIB, false).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_completions_get_clear_errors_and_change_nothing() {
+    let c = cluster();
+    let ino = create(&c.dp, "b");
+    let epoch = c.dp.store.boot_epoch();
+    let g = grants(c.dp);
+    let (id, _) = g.map_write(1, epoch, ino, 0, 64 * KIB, true).await.unwrap();
+    assert_eq!(
+        g.complete(1, epoch, 999_999, 0, false).await,
+        Err(GrantError::Unknown(999_999))
+    );
+    assert_eq!(
+        g.complete(2, epoch, id, 0, false).await,
+        Err(GrantError::Foreign(id))
+    );
+    assert!(matches!(
+        g.complete(1, epoch + 1, id, 0, false).await,
+        Err(GrantError::StaleEpoch { .. })
+    ));
+    assert!(matches!(
+        g.complete(1, epoch, id, 64 * KIB + 1, false).await,
+        Err(GrantError::TooMuchDone { .. })
+    ));
+    assert_eq!(g.live(), 1, "refused completions leave the grant in place");
+    let attr = g.complete(1, epoch, id, 64 * KIB, false).await.unwrap();
+    assert_eq!(attr.size, 64 * KIB);
+    assert_eq!(
+        g.complete(1, epoch, id, 64 * KIB, false).await,
+        Err(GrantError::Unknown(id)),
+        "twice"
+    );
+    // Unaligned, empty and overflowing ranges.
+    assert!(g.map_write(1, epoch, ino, 100, 4096, true).await.is_err());
+    assert!(g.map_write(1, epoch, ino, 0, 0, true).await.is_err());
+    assert!(
+        g.map_write(1, epoch, ino, u64::MAX - 4095, 4096, true)
+            .await
+            .is_err()
+    );
+    assert!(g.map_read(1, epoch, ino, u64::MAX, 2, false).await.is_err());
+    assert_eq!(g.live(), 0);
+}
+
+/// Restart with write grants out: the blocks stay allocated to the file, the new start has a
+/// new epoch (old grants are unknown), and fsck is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_with_grants_out_keeps_their_blocks_and_forgets_the_grants() {
+    let c = cluster();
+    let ino = create(&c.dp, "g");
+    let epoch = c.dp.store.boot_epoch();
+    let meta = c.dir.path().join("meta.redb");
+    let g = grants(c.dp);
+    let (_id, m) = g.map_write(1, epoch, ino, 0, 4 * MIB, true).await.unwrap();
+    assert_eq!(m.plan.device_bytes(), 4 * MIB);
+    let store = g.data_path().store.clone();
+    store.close();
+    drop(g);
+    drop(store);
+    let rep = sanfs_mds::fsck::check(&Backend::File(meta.clone())).unwrap();
+    assert!(rep.is_clean(), "{rep}");
+    assert_eq!(
+        rep.used_blocks, 1024,
+        "the grant's blocks are still the file's"
+    );
+    let store = Store::open(&Backend::File(meta), sanfs_mds::clock::Clock::System, 16).unwrap();
+    assert!(store.boot_epoch() > epoch);
+    let ext = store
+        .read(|t| {
+            use sanfs_mds::ns::Reader;
+            t.extent_list(ino)
+        })
+        .unwrap();
+    assert!(
+        ext.iter()
+            .all(|e| e.state == sanfs_blockmap::extent::ExtentState::Unwritten)
+    );
+    assert_eq!(ext.iter().map(|e| e.len_blocks).sum::<u64>(), 1024);
+}
