@@ -227,7 +227,8 @@ pub trait Reader {
 
 /// Who may read or change an extended attribute: `user.*` follows the file's permission bits
 /// (regular files and directories only), `trusted.*` and `security.*` need root for changes,
-/// `trusted.*` also for reads; `system.*` (ACLs) is not supported.
+/// `trusted.*` also for reads (ENODATA to others, as on Linux); `system.*` (ACLs) is not
+/// supported.
 fn xattr_access(
     cred: &Credentials,
     rec: &InodeRec,
@@ -248,10 +249,13 @@ fn xattr_access(
         return check(cred, rec, if write { MAY_WRITE } else { MAY_READ });
     }
     if name.starts_with(b"trusted.") {
+        // Hidden from other callers: a read finds nothing (ENODATA), a change is EPERM.
         return if cred.is_root() {
             Ok(())
-        } else {
+        } else if write {
             err(FsError::Perm)
+        } else {
+            err(FsError::NoAttr)
         };
     }
     if name.starts_with(b"security.") {
@@ -415,6 +419,9 @@ fn new_inode(
     let (uid, gid) = new_owner(cred, dir);
     let mut perm = perm & 0o7777;
     if kind == FileType::Directory {
+        // mkdir keeps only the rwx and sticky bits asked for (Linux's vfs_mkdir); setgid
+        // comes from the parent alone.
+        perm &= 0o1777;
         if dir.perm & S_ISGID != 0 {
             perm |= S_ISGID;
         }

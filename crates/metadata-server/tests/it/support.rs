@@ -4,7 +4,7 @@ use sanfs_blockmap::volume::{DeviceId, Volume, VolumeDevice};
 use sanfs_mds::clock::Clock;
 use sanfs_mds::store::backend::{FaultPlan, SimDisk};
 use sanfs_mds::store::{Backend, FsInfo, Store};
-use sanfs_proto::types::{Credentials, FileName};
+use sanfs_proto::types::FileName;
 use uuid::Uuid;
 
 pub const MIB: u64 = 1 << 20;
