@@ -285,9 +285,8 @@ impl Working {
     }
 
     fn load(&mut self, t: &WriteTables<'_>, ino: u64) -> Result<&mut InodeRec, OpError> {
-        if !self.recs.contains_key(&ino) {
-            let rec = t.inode(ino)?;
-            self.recs.insert(ino, rec);
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.recs.entry(ino) {
+            slot.insert(t.inode(ino)?);
             self.order.push(ino);
         }
         self.recs
@@ -733,10 +732,8 @@ pub fn unlink(ctx: &mut Ctx<'_>, r: &EntryRequest, want_dir: bool) -> Result<(),
         (false, true) => return err(FsError::IsDir),
         _ => {}
     }
-    if want_dir {
-        if victim.size != 0 {
-            return err(FsError::NotEmpty);
-        }
+    if want_dir && victim.size != 0 {
+        return err(FsError::NotEmpty);
     }
     if !sticky_allows(&r.cred, &dir, &victim) {
         return err(FsError::Perm);
@@ -875,11 +872,9 @@ pub fn rename(ctx: &mut Ctx<'_>, r: &RenameRequest) -> Result<(), OpError> {
             Ok(())
         }
         (_, dst) => {
-            if let Some((dino, _, _)) = dst {
-                if dino == src {
-                    // Two names of one inode (or the same name): POSIX says do nothing.
-                    return Ok(());
-                }
+            if dst.is_some_and(|(dino, _, _)| dino == src) {
+                // Two names of one inode (or the same name): POSIX says do nothing.
+                return Ok(());
             }
             if src_is_dir && op != np && !permits(cred, &srec, MAY_WRITE) {
                 return err(FsError::Access);
@@ -999,10 +994,10 @@ pub fn setattr(ctx: &mut Ctx<'_>, r: &SetAttrRequest) -> Result<Attr, OpError> {
             return err(FsError::Perm);
         }
     }
-    if let Some(gid) = c.gid {
-        if !cred.is_root() && (cred.uid != rec.uid || (gid != rec.gid && !cred.in_group(gid))) {
-            return err(FsError::Perm);
-        }
+    if c.gid.is_some_and(|gid| {
+        !cred.is_root() && (cred.uid != rec.uid || (gid != rec.gid && !cred.in_group(gid)))
+    }) {
+        return err(FsError::Perm);
     }
     if let Some(size) = c.size {
         match rec.kind {

@@ -543,10 +543,8 @@ impl World {
                     self.write(move |ctx| ns::removexattr(ctx, &r))?;
                 } else {
                     let got = self.store.read(|t| t.getxattr(&r))?;
-                    if let Some(want) = want {
-                        if got != want.as_bytes() {
-                            return fail(format!("value {:?}", String::from_utf8_lossy(&got)));
-                        }
+                    if want.is_some_and(|w| got != w.as_bytes()) {
+                        return fail(format!("value {:?}", String::from_utf8_lossy(&got)));
                     }
                 }
             }
@@ -857,6 +855,44 @@ fn rename_across_directories() {
             check("parent /p/f = /p"),
             check("same /p/f #/q/d"),
             check("readdir /p = f"),
+        ],
+    );
+    case(
+        "RENAME_EXCHANGE of two dirs across directories swaps their `..`",
+        &[
+            as_root("mkdir /p 0755"),
+            as_root("mkdir /q 0755"),
+            as_root("mkdir /p/a 0755"),
+            as_root("mkdir /q/b 0755"),
+            as_root("create /p/a/in-a 0644"),
+            as_root("exchange /p/a /q/b"),
+            check("stat /p nlink=3 size=1"),
+            check("stat /q nlink=3 size=1"),
+            check("lookup /q/b/in-a"),
+            check("parent /q/b = /q"),
+            check("parent /p/a = /p"),
+            check("same /q/b #/p/a"),
+        ],
+    );
+    case(
+        "RENAME_EXCHANGE of two hard links of one inode is a no-op",
+        &[
+            as_root("create /f 0644"),
+            as_root("link /f /g"),
+            as_root("exchange /f /g"),
+            check("stat /f nlink=2 ctime=old"),
+            check("same /f /g"),
+        ],
+    );
+    case(
+        "rename of a dir inside its parent leaves the nlinks alone",
+        &[
+            as_root("mkdir /p 0755"),
+            as_root("mkdir /p/d 0755"),
+            as_root("rename /p/d /p/e"),
+            check("stat /p nlink=3 size=1 mtime=last"),
+            check("stat /p/e nlink=2 ctime=last"),
+            check("parent /p/e = /p"),
         ],
     );
     case(
@@ -1199,11 +1235,26 @@ fn errors() {
         ],
     );
     case(
-        "ENOENT: creating in a removed dir",
+        "ENOENT: making entries in a removed dir still held open",
         &[
             as_root("mkdir /d 0755"),
+            as_root("open /d r"),
             as_root("rmdir /d"),
+            check("stat #/d nlink=0 size=0"),
             expect(as_root("create #/d/x 0644"), ENOENT),
+            expect(as_root("mkdir #/d/x 0755"), ENOENT),
+            as_root("release /d"),
+            expect(check("stat #/d"), ENOENT),
+        ],
+    );
+    case(
+        "ENOENT: linking to an unlinked file still held open",
+        &[
+            as_root("create /f 0644"),
+            as_root("open /f r"),
+            as_root("unlink /f"),
+            expect(as_root("link #/f /g"), ENOENT),
+            as_root("release /f"),
         ],
     );
     case(
