@@ -727,6 +727,10 @@ pub fn unlink(ctx: &mut Ctx<'_>, r: &EntryRequest, want_dir: bool) -> Result<(),
         .ok_or(OpError::Fs(FsError::NotFound))?;
     check(&r.cred, &dir, MAY_WRITE | MAY_EXEC)?;
     let victim = w.load(&ctx.t, child)?.clone();
+    // Linux's order (may_delete): the sticky rule, then the victim's type, then emptiness.
+    if !sticky_allows(&r.cred, &dir, &victim) {
+        return err(FsError::Perm);
+    }
     match (want_dir, kind == FileType::Directory) {
         (true, false) => return err(FsError::NotDir),
         (false, true) => return err(FsError::IsDir),
@@ -734,9 +738,6 @@ pub fn unlink(ctx: &mut Ctx<'_>, r: &EntryRequest, want_dir: bool) -> Result<(),
     }
     if want_dir && victim.size != 0 {
         return err(FsError::NotEmpty);
-    }
-    if !sticky_allows(&r.cred, &dir, &victim) {
-        return err(FsError::Perm);
     }
     let now = ctx.now;
     {
@@ -881,14 +882,15 @@ pub fn rename(ctx: &mut Ctx<'_>, r: &RenameRequest) -> Result<(), OpError> {
             }
             if let Some((dino, _, dkind)) = dst {
                 let drec = w.load(&ctx.t, dino)?.clone();
+                // As in unlink: the sticky rule before the target's type and emptiness.
+                if !sticky_allows(cred, &ndir, &drec) {
+                    return err(FsError::Perm);
+                }
                 match (src_is_dir, dkind == FileType::Directory) {
                     (true, false) => return err(FsError::NotDir),
                     (false, true) => return err(FsError::IsDir),
                     (true, true) if drec.size != 0 => return err(FsError::NotEmpty),
                     _ => {}
-                }
-                if !sticky_allows(cred, &ndir, &drec) {
-                    return err(FsError::Perm);
                 }
                 if dkind == FileType::Directory && is_ancestor(&ctx.t, dino, op)? {
                     return err(FsError::NotEmpty);

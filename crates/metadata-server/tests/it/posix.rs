@@ -10,6 +10,7 @@
 //! open P r|w|rw|wt (the handle is kept, by path) | release P (and drops an orphan)
 //! chmod P MODE | chown P UID | chgrp P GID | truncate P SIZE | utimes P now|SEC
 //! setxattr P NAME VALUE [create|replace] | getxattr P NAME = VALUE | removexattr P NAME
+//! listxattr P = a,b (`-` for none)
 //! lookup P | access P rwx | readlink P = TARGET | same P Q (one inode)
 //! readdir P = a,b,c (the whole listing in cookie order, `-` for none) | parent P = Q (`..`)
 //! ls P N = a,b [eof] (a first page of N) | ls+ P N = ... (the next page, from the last cookie)
@@ -48,6 +49,7 @@ const EINVAL: i32 = 22;
 const ENAMETOOLONG: i32 = 36;
 const ENOTEMPTY: i32 = 39;
 const ENODATA: i32 = 61;
+const EOPNOTSUPP: i32 = 95;
 
 /// One line of a case: who runs it, what, and the errno it must fail with (`None`: success).
 struct Step {
@@ -548,6 +550,18 @@ impl World {
                     }
                 }
             }
+            "listxattr" => {
+                let ino = self.ino(cred, arg(0)?)?;
+                let got: Vec<String> = self
+                    .store
+                    .read(|t| t.listxattr(cred, ino.0))?
+                    .iter()
+                    .map(|n| String::from_utf8_lossy(n).into_owned())
+                    .collect();
+                if got != names(want.unwrap_or("-")) {
+                    return fail(format!("names {got:?}"));
+                }
+            }
             "lookup" => {
                 self.resolve(cred, arg(0)?)?;
             }
@@ -943,6 +957,25 @@ fn sticky_directories() {
             as_("carol", "rename /t/c /t/d"),
             as_root("unlink /t/b"),
             check("readdir /t = d"),
+        ],
+    );
+    case(
+        "sticky: EPERM comes before the victim's type and emptiness (Linux's may_delete)",
+        &[
+            as_root("mkdir /tmp 1777"),
+            as_("bob", "mkdir /tmp/bd 0777"),
+            as_("bob", "create /tmp/bd/x 0644"),
+            as_("bob", "create /tmp/bf 0644"),
+            as_("alice", "mkdir /tmp/ad 0755"),
+            expect(as_("alice", "rmdir /tmp/bd"), EPERM),
+            expect(as_("alice", "unlink /tmp/bd"), EPERM),
+            expect(as_("alice", "rmdir /tmp/bf"), EPERM),
+            expect(as_("alice", "rename /tmp/ad /tmp/bd"), EPERM),
+            expect(as_("alice", "rename /tmp/ad /tmp/bf"), EPERM),
+            // The owner gets the errors of the type and emptiness checks.
+            expect(as_("bob", "rmdir /tmp/bd"), ENOTEMPTY),
+            expect(as_("bob", "unlink /tmp/bd"), EISDIR),
+            expect(as_("bob", "rename /tmp/bf /tmp/bd"), EISDIR),
         ],
     );
     case(
@@ -1363,6 +1396,17 @@ fn modes_and_sizes() {
         ],
     );
     case(
+        "chmod of a symlink inode",
+        &[
+            as_root("symlink /l target"),
+            check("stat /l perm=0777"),
+            // FIXME: Linux has no lchmod (fchmodat with AT_SYMLINK_NOFOLLOW is EOPNOTSUPP) and
+            // a symlink's mode stays 0777; the server lets a SetAttr of the perm through.
+            as_root("chmod /l 0700"),
+            check("stat /l perm=0700 ctime=last"),
+        ],
+    );
+    case(
         "a directory's size is its number of entries",
         &[
             as_root("mkdir /d 0755"),
@@ -1472,6 +1516,24 @@ fn xattrs() {
             expect(as_("alice", "getxattr /d/f trusted.a"), ENODATA),
             expect(as_("alice", "removexattr /d/f trusted.a"), EPERM),
             expect(as_("alice", "setxattr /d/f security.a v"), EPERM),
+            as_root("setxattr /d/f user.u v"),
+            check("listxattr /d/f = trusted.a,user.u"),
+            as_("alice", "listxattr /d/f = user.u"),
+        ],
+    );
+    case(
+        "xattr names: 255 bytes, and the namespaces with no support",
+        &[
+            as_root("create /f 0644"),
+            as_root(&format!("setxattr /f user.{} v", "x".repeat(250))),
+            // FIXME: Linux answers ERANGE for an xattr name over XATTR_NAME_MAX; the proto
+            // layer maps its NameTooLong to ENAMETOOLONG for every kind of name.
+            expect(
+                as_root(&format!("setxattr /f user.{} v", "x".repeat(251))),
+                ENAMETOOLONG,
+            ),
+            expect(as_root("setxattr /f system.posix_acl_access v"), EOPNOTSUPP),
+            expect(as_root("setxattr /f other.a v"), EOPNOTSUPP),
         ],
     );
 }
