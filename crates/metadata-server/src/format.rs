@@ -45,12 +45,28 @@ pub fn format_volume(
     force: bool,
     now_unix_secs: i64,
 ) -> anyhow::Result<Formatted> {
+    format_volume_checked(cfg, force, now_unix_secs, || Ok(()))
+}
+
+/// [`format_volume`], running `before_write` after every device check has passed and before
+/// the first byte is written, so that a caller's own refusal (the metadata store exists)
+/// also leaves every device as it was.
+pub fn format_volume_checked(
+    cfg: &VolumeConfig,
+    force: bool,
+    now_unix_secs: i64,
+    before_write: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<Formatted> {
     cfg.validate().context("volume configuration")?;
     match cfg.layout {
         LayoutKindConfig::Linear | LayoutKindConfig::Striped => {
-            format_labelled(cfg, force, now_unix_secs)
+            format_labelled(cfg, force, now_unix_secs, before_write)
         }
-        LayoutKindConfig::Lvm => import_lvm(cfg),
+        LayoutKindConfig::Lvm => {
+            let formatted = import_lvm(cfg)?;
+            before_write()?;
+            Ok(formatted)
+        }
     }
 }
 
@@ -75,6 +91,7 @@ fn format_labelled(
     cfg: &VolumeConfig,
     force: bool,
     now_unix_secs: i64,
+    before_write: impl FnOnce() -> anyhow::Result<()>,
 ) -> anyhow::Result<Formatted> {
     let luns = open_all(cfg, true)?;
     let striped = cfg.layout == LayoutKindConfig::Striped;
@@ -177,6 +194,7 @@ fn format_labelled(
         .collect();
 
     // 4. Write every label, then make each durable and read it back.
+    before_write()?;
     for (lun, label) in luns.iter().zip(&labels) {
         lun.write_at(0, &label.encode())?;
     }

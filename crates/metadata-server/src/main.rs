@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 use sanfs_blockmap::volume::LayoutKind;
 use sanfs_mds::clock::Clock;
 use sanfs_mds::config::{MdsConfig, MetadataKind, parse_size};
-use sanfs_mds::format::{Formatted, format_volume};
+use sanfs_mds::format::{Formatted, format_volume_checked};
 use sanfs_mds::inspect::inspect_with;
 use sanfs_mds::store::{Backend, FsInfo, Store};
 
@@ -116,16 +116,22 @@ fn not_wired(what: &str) -> anyhow::Result<ExitCode> {
 fn format(config_path: &Path, force: bool) -> anyhow::Result<ExitCode> {
     let config = MdsConfig::load(config_path)?;
     let backend = metadata_backend(&config);
-    // Refuse before any label is written, so that a refused format changes nothing.
-    if let Backend::File(path) = &backend {
-        if !force && path.exists() && std::fs::metadata(path)?.len() > 0 {
+    // The store is checked after the devices and before any label is written, so that a
+    // refused format changes nothing.
+    let store_check = || -> anyhow::Result<()> {
+        if let Backend::File(path) = &backend
+            && !force
+            && path.exists()
+            && std::fs::metadata(path)?.len() > 0
+        {
             anyhow::bail!(
-                "metadata store {} already exists (use --force to replace it)",
+                "metadata store {} already exists; nothing was written (use --force to replace it)",
                 path.display()
             );
         }
-    }
-    let formatted = format_volume(&config.volume, force, now_unix_secs())?;
+        Ok(())
+    };
+    let formatted = format_volume_checked(&config.volume, force, now_unix_secs(), store_check)?;
     let info = FsInfo {
         fs_uuid: formatted.fs_uuid,
         volume: formatted.volume.clone(),

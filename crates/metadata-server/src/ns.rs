@@ -227,7 +227,8 @@ pub trait Reader {
 
 /// Who may read or change an extended attribute: `user.*` follows the file's permission bits
 /// (regular files and directories only), `trusted.*` and `security.*` need root for changes,
-/// `trusted.*` also for reads; `system.*` (ACLs) is not supported.
+/// `trusted.*` also for reads (ENODATA to others, as on Linux); `system.*` (ACLs) is not
+/// supported.
 fn xattr_access(
     cred: &Credentials,
     rec: &InodeRec,
@@ -248,10 +249,13 @@ fn xattr_access(
         return check(cred, rec, if write { MAY_WRITE } else { MAY_READ });
     }
     if name.starts_with(b"trusted.") {
+        // Hidden from other callers: a read finds nothing (ENODATA), a change is EPERM.
         return if cred.is_root() {
             Ok(())
-        } else {
+        } else if write {
             err(FsError::Perm)
+        } else {
+            err(FsError::NoAttr)
         };
     }
     if name.starts_with(b"security.") {
@@ -281,9 +285,8 @@ impl Working {
     }
 
     fn load(&mut self, t: &WriteTables<'_>, ino: u64) -> Result<&mut InodeRec, OpError> {
-        if !self.recs.contains_key(&ino) {
-            let rec = t.inode(ino)?;
-            self.recs.insert(ino, rec);
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.recs.entry(ino) {
+            slot.insert(t.inode(ino)?);
             self.order.push(ino);
         }
         self.recs
@@ -415,6 +418,9 @@ fn new_inode(
     let (uid, gid) = new_owner(cred, dir);
     let mut perm = perm & 0o7777;
     if kind == FileType::Directory {
+        // mkdir keeps only the rwx and sticky bits asked for (Linux's vfs_mkdir); setgid
+        // comes from the parent alone.
+        perm &= 0o1777;
         if dir.perm & S_ISGID != 0 {
             perm |= S_ISGID;
         }
@@ -721,18 +727,17 @@ pub fn unlink(ctx: &mut Ctx<'_>, r: &EntryRequest, want_dir: bool) -> Result<(),
         .ok_or(OpError::Fs(FsError::NotFound))?;
     check(&r.cred, &dir, MAY_WRITE | MAY_EXEC)?;
     let victim = w.load(&ctx.t, child)?.clone();
+    // Linux's order (may_delete): the sticky rule, then the victim's type, then emptiness.
+    if !sticky_allows(&r.cred, &dir, &victim) {
+        return err(FsError::Perm);
+    }
     match (want_dir, kind == FileType::Directory) {
         (true, false) => return err(FsError::NotDir),
         (false, true) => return err(FsError::IsDir),
         _ => {}
     }
-    if want_dir {
-        if victim.size != 0 {
-            return err(FsError::NotEmpty);
-        }
-    }
-    if !sticky_allows(&r.cred, &dir, &victim) {
-        return err(FsError::Perm);
+    if want_dir && victim.size != 0 {
+        return err(FsError::NotEmpty);
     }
     let now = ctx.now;
     {
@@ -868,25 +873,24 @@ pub fn rename(ctx: &mut Ctx<'_>, r: &RenameRequest) -> Result<(), OpError> {
             Ok(())
         }
         (_, dst) => {
-            if let Some((dino, _, _)) = dst {
-                if dino == src {
-                    // Two names of one inode (or the same name): POSIX says do nothing.
-                    return Ok(());
-                }
+            if dst.is_some_and(|(dino, _, _)| dino == src) {
+                // Two names of one inode (or the same name): POSIX says do nothing.
+                return Ok(());
             }
             if src_is_dir && op != np && !permits(cred, &srec, MAY_WRITE) {
                 return err(FsError::Access);
             }
             if let Some((dino, _, dkind)) = dst {
                 let drec = w.load(&ctx.t, dino)?.clone();
+                // As in unlink: the sticky rule before the target's type and emptiness.
+                if !sticky_allows(cred, &ndir, &drec) {
+                    return err(FsError::Perm);
+                }
                 match (src_is_dir, dkind == FileType::Directory) {
                     (true, false) => return err(FsError::NotDir),
                     (false, true) => return err(FsError::IsDir),
                     (true, true) if drec.size != 0 => return err(FsError::NotEmpty),
                     _ => {}
-                }
-                if !sticky_allows(cred, &ndir, &drec) {
-                    return err(FsError::Perm);
                 }
                 if dkind == FileType::Directory && is_ancestor(&ctx.t, dino, op)? {
                     return err(FsError::NotEmpty);
@@ -992,10 +996,10 @@ pub fn setattr(ctx: &mut Ctx<'_>, r: &SetAttrRequest) -> Result<Attr, OpError> {
             return err(FsError::Perm);
         }
     }
-    if let Some(gid) = c.gid {
-        if !cred.is_root() && (cred.uid != rec.uid || (gid != rec.gid && !cred.in_group(gid))) {
-            return err(FsError::Perm);
-        }
+    if c.gid.is_some_and(|gid| {
+        !cred.is_root() && (cred.uid != rec.uid || (gid != rec.gid && !cred.in_group(gid)))
+    }) {
+        return err(FsError::Perm);
     }
     if let Some(size) = c.size {
         match rec.kind {

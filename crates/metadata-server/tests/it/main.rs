@@ -1,6 +1,8 @@
 //! Integration tests of `sanfs-mds`: one test binary, one module per boundary.
 //!
+//! - [`posix`]: POSIX namespace rules as a table of cases.
 //! - [`support`]: building stores and volumes for the in-process tests.
+//! - [`support`]: building stores and volumes for the tests.
 //! - [`smoke`]: the store and namespace through the committer.
 //! - `format_cli` and `inspect_cli` run the real binary on file-backed LUNs in a temporary
 //!   directory; [`common`] holds their helpers.
@@ -14,5 +16,6 @@ mod format_cli;
 mod grants;
 mod inspect_cli;
 mod lvm_real;
+mod posix;
 mod smoke;
 mod support;
