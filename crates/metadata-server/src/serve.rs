@@ -210,7 +210,7 @@ impl Server {
     pub(crate) fn end_streams(&self, event: ServerEvent) {
         let mut s = self.sessions();
         for state in s.by_id.values_mut() {
-            if let Some((_, tx)) = state.stream.take() {
+            if let Some((_, tx, _)) = state.stream.take() {
                 let _ = tx.try_send(Ok(event.clone().into()));
             }
         }

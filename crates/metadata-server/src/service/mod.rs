@@ -61,11 +61,14 @@ pub(crate) struct SessionState {
     pub host: String,
     /// When the lease runs out on the server's clock (ns since the epoch), grace included.
     pub deadline_ns: i64,
-    /// The attached session stream, if any: its number and where its replies go.
-    pub stream: Option<(u64, StreamTx)>,
+    /// The attached session stream, if any: its number, where its replies go, and what
+    /// keeps its task reading (dropping it ends the stream's task).
+    pub stream: Option<(u64, StreamTx, tokio::sync::oneshot::Sender<()>)>,
 }
 
-pub(crate) type StreamTx = mpsc::Sender<Result<pb::SessionStreamReply, Status>>;
+/// One reply on a session stream.
+pub(crate) type StreamItem = Result<pb::SessionStreamReply, Status>;
+pub(crate) type StreamTx = mpsc::Sender<StreamItem>;
 
 #[derive(Debug, Default)]
 pub(crate) struct Sessions {
@@ -223,7 +226,7 @@ impl Server {
         let Some(state) = state else {
             return false;
         };
-        if let (Some(event), Some((_, tx))) = (reason, state.stream) {
+        if let (Some(event), Some((_, tx, _))) = (reason, state.stream) {
             let _ = tx.try_send(Ok(event.into()));
         }
         self.release_session_handles(session).await;

@@ -84,8 +84,9 @@ impl Server {
         let total_blocks = load(&usage.total_blocks);
         let free_blocks = load(&usage.free_blocks).min(total_blocks);
         let inodes = load(&usage.inodes);
-        // Inodes are not preallocated: as many more fit as there are free blocks, roughly.
-        let free_inodes = free_blocks.max(1 << 20);
+        // Inodes are not preallocated (they live in the metadata store): report as many
+        // free as there are free blocks, so that `df -i` shows a full volume as full.
+        let free_inodes = free_blocks;
         Ok(StatFs {
             block_size: bs,
             total_blocks,

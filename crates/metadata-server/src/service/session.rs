@@ -20,7 +20,7 @@ use sanfs_proto::pb;
 use sanfs_proto::pb::session_server::Session;
 use sanfs_proto::status::status_from_protocol_error;
 use sanfs_proto::types::{FsError, ProtocolError, SessionId};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -41,10 +41,20 @@ impl SessionService {
     }
 }
 
-/// One reply on a session stream.
-type StreamItem = Result<pb::SessionStreamReply, Status>;
+use super::StreamItem;
 
-type ReplyStream = Pin<Box<dyn Stream<Item = Result<pb::SessionStreamReply, Status>> + Send>>;
+/// A stream just attached to a session.
+struct Attached {
+    stream_id: u64,
+    /// What the agent receives.
+    replies: mpsc::Receiver<StreamItem>,
+    /// Where the stream's own task sends (weak: the session holds the strong sender).
+    sender: mpsc::WeakSender<StreamItem>,
+    /// Resolves when the session lets go of the stream (ended, replaced, shutdown).
+    cancel: oneshot::Receiver<()>,
+}
+
+type ReplyStream = Pin<Box<dyn Stream<Item = StreamItem> + Send>>;
 
 impl Server {
     fn check_epoch(&self, r: &SessionRef) -> Result<(), Status> {
@@ -98,10 +108,7 @@ impl Server {
     }
 
     /// Attaches a new stream to a session, replacing (and ending) the previous one.
-    fn attach(
-        &self,
-        r: &SessionRef,
-    ) -> Result<(u64, mpsc::Receiver<StreamItem>, mpsc::WeakSender<StreamItem>), Status> {
+    fn attach(&self, r: &SessionRef) -> Result<Attached, Status> {
         self.check_epoch(r)?;
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         let weak = tx.downgrade();
@@ -112,14 +119,20 @@ impl Server {
             .by_id
             .get_mut(&r.session.0)
             .ok_or_else(|| fs_status(&FsError::StaleSession))?;
-        if let Some((_, old)) = state.stream.replace((stream_id, tx)) {
+        let (cancel_tx, cancel_rx) = oneshot::channel();
+        if let Some((_, old, _)) = state.stream.replace((stream_id, tx, cancel_tx)) {
             let _ = old.try_send(Ok(ServerEvent::Ended {
                 reason: SessionEndReason::Replaced,
                 message: "another session stream attached to this session".to_owned(),
             }
             .into()));
         }
-        Ok((stream_id, rx, weak))
+        Ok(Attached {
+            stream_id,
+            replies: rx,
+            sender: weak,
+            cancel: cancel_rx,
+        })
     }
 
     /// Serves one attached stream until the agent closes it or the server replaces or ends
@@ -131,9 +144,15 @@ impl Server {
         stream_id: u64,
         mut inbound: Streaming<pb::SessionStreamRequest>,
         tx: mpsc::WeakSender<StreamItem>,
+        mut cancel: oneshot::Receiver<()>,
     ) {
         loop {
-            let msg = match inbound.message().await {
+            let next = tokio::select! {
+                m = inbound.message() => m,
+                // The session let go of this stream: stop reading so that the call ends.
+                _ = &mut cancel => break,
+            };
+            let msg = match next {
                 Ok(Some(m)) => m,
                 Ok(None) => break,
                 Err(e) => {
@@ -154,7 +173,7 @@ impl Server {
                             if state
                                 .stream
                                 .as_ref()
-                                .is_some_and(|(id, _)| *id == stream_id) =>
+                                .is_some_and(|(id, _, _)| *id == stream_id) =>
                         {
                             state.deadline_ns = deadline;
                             Ok(Some(ServerEvent::HeartbeatAck {
@@ -193,7 +212,7 @@ impl Server {
             && state
                 .stream
                 .as_ref()
-                .is_some_and(|(id, _)| *id == stream_id)
+                .is_some_and(|(id, _, _)| *id == stream_id)
         {
             state.stream = None;
         }
@@ -286,13 +305,15 @@ impl Session for SessionService {
                 ));
             };
             note(Some(r.session.0), None);
-            let (stream_id, rx, weak) = self.server.attach(&r)?;
-            tokio::spawn(
-                self.server
-                    .clone()
-                    .run_stream(r.session.0, stream_id, inbound, weak),
-            );
-            let out: ReplyStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
+            let a = self.server.attach(&r)?;
+            tokio::spawn(self.server.clone().run_stream(
+                r.session.0,
+                a.stream_id,
+                inbound,
+                a.sender,
+                a.cancel,
+            ));
+            let out: ReplyStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(a.replies));
             Ok(out)
         })
         .await

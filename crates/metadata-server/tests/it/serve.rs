@@ -779,7 +779,57 @@ async fn session_stream_answers_heartbeats() {
         .unwrap();
     assert!(matches!(end, Ok(None) | Err(_)), "{end:?}");
     drop(tx);
+
+    // A second stream attached to a session replaces the first, which is told so.
+    let (session, epoch) = c.open_session().await;
+    let attach = |session, epoch| pb::SessionStreamRequest {
+        event: Some(pb::session_stream_request::Event::Attach(pb::Attach {
+            session,
+            epoch,
+        })),
+    };
+    let (tx1, rx1) = tokio::sync::mpsc::channel(4);
+    tx1.send(attach(session, epoch)).await.unwrap();
+    let mut first = c
+        .session
+        .session_stream(tokio_stream::wrappers::ReceiverStream::new(rx1))
+        .await
+        .unwrap()
+        .into_inner();
+    let (tx2, rx2) = tokio::sync::mpsc::channel(4);
+    tx2.send(attach(session, epoch)).await.unwrap();
+    let mut second = c
+        .session
+        .session_stream(tokio_stream::wrappers::ReceiverStream::new(rx2))
+        .await
+        .unwrap()
+        .into_inner();
+    let ended = first.message().await.unwrap().unwrap();
+    match ended.event {
+        Some(pb::session_stream_reply::Event::Ended(e)) => {
+            assert_eq!(e.reason, pb::SessionEndReason::Replaced as i32);
+        }
+        other => panic!("expected the end of the replaced stream, got {other:?}"),
+    }
+
+    // Stopping the server ends attached streams, so the stop does not wait for agents.
+    let started = std::time::Instant::now();
     srv.stop().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let last = second.message().await;
+    if let Ok(Some(r)) = last {
+        match r.event {
+            Some(pb::session_stream_reply::Event::Ended(e)) => {
+                assert_eq!(e.reason, pb::SessionEndReason::Shutdown as i32);
+            }
+            other => panic!("expected the end of the stream, got {other:?}"),
+        }
+    }
+    drop((tx1, tx2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
