@@ -101,7 +101,11 @@ pub async fn serve(
     let tls = opts.tls.as_ref().map(load_tls).transpose()?;
     crate::metrics::install();
 
-    let store = Store::open(&opts.backend, clock, opts.batch_max)
+    // Opening reads and checks the store: blocking work, off the async threads.
+    let (backend, batch_max) = (opts.backend.clone(), opts.batch_max);
+    let store = tokio::task::spawn_blocking(move || Store::open(&backend, clock, batch_max))
+        .await
+        .context("the store-opening task failed")?
         .with_context(|| format!("open the metadata store {:?}", opts.backend))?;
     let params = ServiceParams {
         direct_threshold: opts.direct_threshold,
