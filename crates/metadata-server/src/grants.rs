@@ -427,11 +427,22 @@ impl Grants {
     /// and those past end of file are freed.
     pub async fn expire_session(&self, session: u64) {
         self.detach(session);
+        self.drop_where(|g| g.session == session).await;
+    }
+
+    /// The session closed its last handle on `ino`: its grants there go (grants live under
+    /// open handles, so an inode whose blocks are freed has no cached layout anywhere).
+    pub async fn drop_for_inode(&self, session: u64, ino: u64) {
+        self.drop_where(|g| g.session == session && g.ino == ino)
+            .await;
+    }
+
+    async fn drop_where(&self, pred: impl Fn(&GrantState) -> bool) {
         let gone: Vec<(u64, GrantState)> = {
             let mut table = self.lock_table();
             let ids: Vec<u64> = table
                 .iter()
-                .filter(|(_, g)| g.session == session)
+                .filter(|(_, g)| pred(g))
                 .map(|(id, _)| *id)
                 .collect();
             ids.into_iter()
@@ -449,16 +460,24 @@ impl Grants {
                     .write(move |ctx| data::trim_unwritten_past_eof(ctx, ino, first, last))
                     .await
                 {
-                    tracing::warn!(session, grant = id, error = %e, "trimming an abandoned write grant");
+                    tracing::warn!(session = g.session, grant = id, error = %e, "trimming an abandoned write grant");
                 }
             }
             self.dp.locks.release(g.ino, id);
             tracing::info!(
-                session,
+                session = g.session,
                 grant = id,
                 ino = g.ino,
-                "grant dropped with its session"
+                "grant dropped"
             );
         }
+    }
+
+    /// Takes an exclusive lock for a change that alters what grants describe (truncate,
+    /// fallocate), recalling cached read grants in the way. Released when dropped.
+    pub async fn exclusive(&self, ino: u64, span: Span) -> Result<crate::proxy::Held, FsError> {
+        let id = self.dp.next_id();
+        self.take_lock(id, ino, span, LockMode::Exclusive).await?;
+        Ok(crate::proxy::Held::new(self.dp.locks.clone(), ino, id))
     }
 }

@@ -6,7 +6,13 @@
 //! - [`fsck`]: the offline consistency check.
 //! - [`config`]: the `mds.toml` configuration.
 //! - [`device`], [`format`], [`inspect`]: the LUNs (labels, LVM2 import, `volume inspect`).
+//! - [`locks`], [`grants`], [`data`]: byte-range locks, grants (the direct path's control
+//!   info 1 to 4), and their store jobs.
+//! - [`proxy`], [`datadev`]: the proxied path and the server's own handles on the LUNs.
 //! - [`clock`]: the clock seam.
+//! - [`service`]: the four `sanfs.v1` gRPC services over one shared server state.
+//! - [`serve`]: binding, TLS, the serving loop, fail-stop.
+//! - [`metrics`]: Prometheus counters and the `/metrics` responder.
 //!
 //! The binary (`main.rs`) is a thin command line over these modules.
 
@@ -20,6 +26,9 @@ pub mod fsck;
 pub mod grants;
 pub mod inspect;
 pub mod locks;
+pub mod metrics;
 pub mod ns;
 pub mod proxy;
+pub mod serve;
+pub mod service;
 pub mod store;

@@ -15,6 +15,7 @@ use sanfs_mds::clock::Clock;
 use sanfs_mds::config::{MdsConfig, MetadataKind, parse_size};
 use sanfs_mds::format::{Formatted, format_volume_checked};
 use sanfs_mds::inspect::inspect_with;
+use sanfs_mds::serve::{ServeOptions, TlsPaths};
 use sanfs_mds::store::{Backend, FsInfo, Store};
 
 #[derive(Debug, Parser)]
@@ -95,7 +96,10 @@ fn init_logging() {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Format { config, force } => format(&config, force),
-        Command::Serve { .. } => not_wired("serve"),
+        Command::Serve {
+            config,
+            metrics_addr,
+        } => serve(&config, metrics_addr),
         Command::Fsck { config } => fsck(&config),
         Command::Volume {
             command: VolumeCommand::Inspect { devices, map, lv },
@@ -108,9 +112,76 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn not_wired(what: &str) -> anyhow::Result<ExitCode> {
-    eprintln!("sanfs-mds: {what}: not wired yet");
-    Ok(ExitCode::from(2))
+/// Runs the server until SIGINT or SIGTERM (exit 0) or a fatal error such as a failed
+/// metadata commit (exit 2: fail-stop; restart to recover).
+fn serve(config_path: &Path, metrics_addr: Option<SocketAddr>) -> anyhow::Result<ExitCode> {
+    let config = MdsConfig::load(config_path)?;
+    let opts = ServeOptions {
+        listen: config.server.listen,
+        metrics_addr: metrics_addr.or(config.server.metrics_addr),
+        insecure: config.server.insecure,
+        tls: config.tls.as_ref().map(|t| TlsPaths {
+            cert: t.cert.clone(),
+            key: t.key.clone(),
+            ca: t.ca.clone(),
+        }),
+        direct_threshold: config.server.direct_threshold,
+        lease_ttl_ms: config.server.lease_ttl_ms,
+        batch_max: config.server.commit_batch_max,
+        backend: metadata_backend(&config),
+        data_devices: config.volume.devices.clone(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("sanfs-mds")
+        .build()
+        .context("start the async runtime")?;
+    runtime.block_on(async move {
+        let shutdown = async {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot watch SIGTERM; stop with SIGINT");
+                        let _ = tokio::signal::ctrl_c().await;
+                        return;
+                    }
+                };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            tracing::info!("stopping");
+        };
+        let ready = |addr: SocketAddr| {
+            tracing::info!(%addr, "serving");
+            notify_systemd_ready();
+        };
+        sanfs_mds::serve::serve(opts, Clock::System, ready, shutdown).await
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Tells systemd (Type=notify) that the server is serving, when it runs under systemd.
+fn notify_systemd_ready() {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let path = std::path::PathBuf::from(path);
+    let sent = std::os::unix::net::UnixDatagram::unbound().and_then(|sock| {
+        let bytes = path.as_os_str().as_encoded_bytes();
+        if let Some(name) = bytes.strip_prefix(b"@") {
+            // An abstract socket name.
+            use std::os::linux::net::SocketAddrExt;
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
+            sock.send_to_addr(b"READY=1\nSTATUS=serving", &addr)
+        } else {
+            sock.send_to(b"READY=1\nSTATUS=serving", &path)
+        }
+    });
+    if let Err(e) = sent {
+        tracing::warn!(error = %e, "could not tell systemd that the server is ready");
+    }
 }
 
 fn format(config_path: &Path, force: bool) -> anyhow::Result<ExitCode> {

@@ -56,6 +56,13 @@ pub struct Held {
     id: u64,
 }
 
+impl Held {
+    /// Wraps a lock already taken with `id`.
+    pub fn new(locks: RangeLocks, ino: u64, id: u64) -> Held {
+        Held { locks, ino, id }
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         self.locks.release(self.ino, self.id);

@@ -1,9 +1,11 @@
 //! Integration tests of `sanfs-mds`: one test binary, one module per boundary.
 //!
-//! - [`posix`]: POSIX namespace rules as a table of cases.
 //! - [`support`]: building stores and volumes for the in-process tests.
-//! - [`support`]: building stores and volumes for the tests.
 //! - [`smoke`]: the store and namespace through the committer.
+//! - [`posix`]: POSIX namespace rules as a table of cases.
+//! - [`coherence`], [`grants`]: the direct and proxied paths on file-backed LUNs.
+//! - [`harness`]: a server started in-process with `serve`, its clients, test certificates.
+//! - [`serve`]: the four gRPC services end to end: namespace, sessions, TLS, metrics.
 //! - `format_cli` and `inspect_cli` run the real binary on file-backed LUNs in a temporary
 //!   directory; [`common`] holds their helpers.
 //! - `lvm_real` drives the real lvm2 tools on loop devices; it needs root, lvm2 and loop
@@ -14,8 +16,10 @@ mod coherence;
 mod common;
 mod format_cli;
 mod grants;
+mod harness;
 mod inspect_cli;
 mod lvm_real;
 mod posix;
+mod serve;
 mod smoke;
 mod support;

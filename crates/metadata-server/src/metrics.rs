@@ -1,0 +1,201 @@
+//! Prometheus metrics: what the server counts, and a tiny HTTP/1.1 responder that serves
+//! them in the text format on `GET /metrics`.
+//!
+//! | metric | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `sanfs_rpc_requests_total` | counter | `rpc`, `code` | requests answered, by gRPC code |
+//! | `sanfs_rpc_duration_seconds` | histogram | `rpc` | time from request to answer |
+//! | `sanfs_commits_total` | counter | | durable group commits |
+//! | `sanfs_commit_ops_total` | counter | | metadata transactions made durable |
+//! | `sanfs_commit_ops_per_commit` | gauge | | `sanfs_commit_ops_total / sanfs_commits_total` |
+//! | `sanfs_sessions` | gauge | | live sessions |
+//!
+//! The recorder is the process-wide `metrics` recorder, installed once by [`install`]; the
+//! exporter's own HTTP listener is compiled out (default features off), and
+//! [`serve_metrics`] answers scrapes itself: at most [`MAX_REQUEST_BYTES`] of request are
+//! read, anything but `GET /metrics` is a 404, and every connection is closed after one
+//! answer.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::service::Server;
+
+/// Most bytes of an HTTP request read before answering.
+pub const MAX_REQUEST_BYTES: usize = 4096;
+/// Most scrapes answered at once; more connections wait to be accepted.
+const MAX_CONNECTIONS: usize = 8;
+/// How long a scraper may take to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Latency buckets of `sanfs_rpc_duration_seconds`, 50 us to 10 s.
+const DURATION_BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 10.0,
+];
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the Prometheus recorder as the process's `metrics` recorder (once); `None` if
+/// another recorder was installed first.
+pub fn install() -> Option<&'static PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new();
+            let builder = match builder.set_buckets_for_metric(
+                Matcher::Full("sanfs_rpc_duration_seconds".to_owned()),
+                DURATION_BUCKETS,
+            ) {
+                Ok(b) => b,
+                // Only an empty bucket list is refused; ours is not empty.
+                Err(_) => PrometheusBuilder::new(),
+            };
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            match metrics::set_global_recorder(recorder) {
+                Ok(()) => Some(handle),
+                Err(_) => {
+                    tracing::warn!("another metrics recorder is installed: no Prometheus metrics");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// Counts and times one answered request.
+pub fn record_rpc(rpc: &'static str, code: tonic::Code, elapsed: Duration) {
+    metrics::counter!("sanfs_rpc_requests_total", "rpc" => rpc, "code" => format!("{code:?}"))
+        .increment(1);
+    metrics::histogram!("sanfs_rpc_duration_seconds", "rpc" => rpc).record(elapsed.as_secs_f64());
+}
+
+/// Publishes the number of live sessions.
+pub fn set_sessions(n: usize) {
+    metrics::gauge!("sanfs_sessions").set(n as f64);
+}
+
+/// Counts bytes moved on the proxied path (`op` is "read" or "write").
+pub fn count_proxied(op: &'static str, bytes: u64) {
+    metrics::counter!("sanfs_proxied_bytes_total", "op" => op).increment(bytes);
+}
+
+/// The text exposition of every metric, with the committer's and the grants' counters
+/// brought up to date.
+pub fn render(server: &Server) -> String {
+    let g = &server.grants().stats;
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    metrics::counter!("sanfs_grants_total", "op" => "read").absolute(load(&g.read_grants));
+    metrics::counter!("sanfs_grants_total", "op" => "write").absolute(load(&g.write_grants));
+    metrics::counter!("sanfs_grant_bytes_total", "op" => "read")
+        .absolute(load(&g.granted_read_bytes));
+    metrics::counter!("sanfs_grant_bytes_total", "op" => "write")
+        .absolute(load(&g.granted_write_bytes));
+    metrics::counter!("sanfs_recalls_total").absolute(load(&g.recalls));
+    metrics::counter!("sanfs_lock_waits_total").absolute(load(&g.lock_waits));
+    metrics::counter!("sanfs_expired_grants_total").absolute(load(&g.expired_grants));
+    metrics::gauge!("sanfs_grants_live").set(server.grants().live() as f64);
+    let stats = server.store().stats();
+    let commits = stats.commits.load(Ordering::Relaxed);
+    let ops = stats.ops.load(Ordering::Relaxed);
+    metrics::counter!("sanfs_commits_total").absolute(commits);
+    metrics::counter!("sanfs_commit_ops_total").absolute(ops);
+    let per_commit = if commits == 0 {
+        0.0
+    } else {
+        ops as f64 / commits as f64
+    };
+    metrics::gauge!("sanfs_commit_ops_per_commit").set(per_commit);
+    set_sessions(server.session_count());
+    install().map(|h| h.render()).unwrap_or_default()
+}
+
+/// Answers scrapes on `listener` until the task is dropped.
+pub async fn serve_metrics(listener: TcpListener, server: Arc<Server>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(error = %e, "metrics accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let server = server.clone();
+        tokio::spawn(async move {
+            if let Err(e) = answer(stream, &server).await {
+                tracing::debug!(%peer, error = %e, "metrics scrape failed");
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// Whether a request (its first bytes) asks for `GET /metrics`.
+fn wants_metrics(request: &[u8]) -> bool {
+    let line = request.split(|b| *b == b'\n').next().unwrap_or_default();
+    let mut parts = line.split(|b| *b == b' ');
+    let method = parts.next();
+    let target = parts.next().unwrap_or_default();
+    let path = target.split(|b| *b == b'?').next().unwrap_or_default();
+    method == Some(b"GET".as_slice()) && path == b"/metrics"
+}
+
+async fn answer(mut stream: TcpStream, server: &Server) -> std::io::Result<()> {
+    let mut buf = vec![0u8; MAX_REQUEST_BYTES];
+    let mut n = 0;
+    let read_head = async {
+        while n < buf.len() {
+            let got = stream.read(&mut buf[n..]).await?;
+            if got == 0 {
+                break;
+            }
+            n += got;
+            if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+        Ok::<(), std::io::Error>(())
+    };
+    match tokio::time::timeout(REQUEST_TIMEOUT, read_head).await {
+        Ok(r) => r?,
+        Err(_) => return Ok(()),
+    }
+    let (status, body) = if wants_metrics(&buf[..n]) {
+        ("200 OK", render(server))
+    } else {
+        ("404 Not Found", "not found: try GET /metrics\n".to_owned())
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wants_metrics;
+
+    #[test]
+    fn only_get_metrics_is_served() {
+        assert!(wants_metrics(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"));
+        assert!(wants_metrics(b"GET /metrics?x=1 HTTP/1.1\r\n\r\n"));
+        assert!(!wants_metrics(b"POST /metrics HTTP/1.1\r\n\r\n"));
+        assert!(!wants_metrics(b"GET / HTTP/1.1\r\n\r\n"));
+        assert!(!wants_metrics(b"GET /metricsx HTTP/1.1\r\n\r\n"));
+        assert!(!wants_metrics(b""));
+    }
+}

@@ -1,0 +1,129 @@
+//! The Admin service: the volume layout agents plan their I/O with, and the server's status.
+//! Directory quotas come with issue 8 and answer `UNIMPLEMENTED` until then.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use sanfs_proto::model::{
+    CommitStats, InodeRequest, ServerStatus, SessionSummary, SetQuotaRequest, VolumeInfo,
+};
+use sanfs_proto::pb;
+use sanfs_proto::pb::admin_server::Admin;
+use sanfs_proto::types::SessionId;
+use tonic::{Request, Response, Status};
+
+use super::{SERVER_VERSION, Server, convert, note, rpc};
+
+/// The Admin service over the shared server.
+#[derive(Debug, Clone)]
+pub struct AdminService {
+    server: Arc<Server>,
+}
+
+impl AdminService {
+    pub fn new(server: Arc<Server>) -> AdminService {
+        AdminService { server }
+    }
+}
+
+impl Server {
+    /// The status ServerStatus reports.
+    pub fn status(&self) -> ServerStatus {
+        let now = self.now_ns();
+        let ms_between =
+            |from: i64, to: i64| u64::try_from(to.saturating_sub(from) / 1_000_000).unwrap_or(0);
+        let started_ns = self
+            .started
+            .sec
+            .saturating_mul(1_000_000_000)
+            .saturating_add(i64::from(self.started.nsec));
+        let mut open_handles: std::collections::HashMap<u64, u32> =
+            std::collections::HashMap::new();
+        for f in self.store.handles().by_handle.values() {
+            *open_handles.entry(f.session).or_insert(0) += 1;
+        }
+        let mut sessions: Vec<SessionSummary> = self
+            .sessions()
+            .by_id
+            .iter()
+            .map(|(id, s)| SessionSummary {
+                session: SessionId(*id),
+                client_name: s.client_name.clone(),
+                host: s.host.clone(),
+                grants: 0,
+                open_handles: open_handles.get(id).copied().unwrap_or(0),
+                lease_remaining_ms: ms_between(now, s.deadline_ns),
+            })
+            .collect();
+        sessions.sort_by_key(|s| s.session.0);
+        let stats = self.store.stats();
+        ServerStatus {
+            epoch: self.epoch,
+            fs_uuid: self.store.superblock().fs_uuid,
+            server_version: SERVER_VERSION.to_owned(),
+            uptime_ms: ms_between(started_ns, now),
+            sessions,
+            read_grants: 0,
+            write_grants: 0,
+            commits: CommitStats {
+                transactions: stats.ops.load(Ordering::Relaxed),
+                commits: stats.commits.load(Ordering::Relaxed),
+                pending: self.pending_writes.load(Ordering::Relaxed),
+            },
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn get_volume(
+        &self,
+        request: Request<pb::GetVolumeRequest>,
+    ) -> Result<Response<pb::GetVolumeReply>, Status> {
+        rpc("GetVolume", async {
+            // The request has no fields: nothing to convert.
+            drop(request);
+            let info = VolumeInfo {
+                fs_uuid: self.server.store.superblock().fs_uuid,
+                volume: self.server.store.volume().as_ref().clone(),
+            };
+            Ok(info.into())
+        })
+        .await
+    }
+
+    async fn server_status(
+        &self,
+        request: Request<pb::ServerStatusRequest>,
+    ) -> Result<Response<pb::ServerStatusReply>, Status> {
+        rpc("ServerStatus", async {
+            drop(request);
+            Ok(self.server.status().into())
+        })
+        .await
+    }
+
+    async fn set_quota(
+        &self,
+        request: Request<pb::SetQuotaRequest>,
+    ) -> Result<Response<pb::SetQuotaReply>, Status> {
+        rpc("SetQuota", async {
+            let req: SetQuotaRequest = convert(request.into_inner())?;
+            note(None, Some(req.inode.0));
+            Err(Status::unimplemented("directory quotas come with issue 8"))
+        })
+        .await
+    }
+
+    async fn get_quota(
+        &self,
+        request: Request<pb::GetQuotaRequest>,
+    ) -> Result<Response<pb::GetQuotaReply>, Status> {
+        rpc("GetQuota", async {
+            let req: InodeRequest = convert(request.into_inner())?;
+            note(None, Some(req.inode.0));
+            Err(Status::unimplemented("directory quotas come with issue 8"))
+        })
+        .await
+    }
+}

@@ -1,0 +1,405 @@
+//! The Data service: grants (the direct path: MapRead/MapWrite are control info 1 -> 2,
+//! Complete is 3 -> 4), the proxied path (Read, Write), fallocate, extents and fsync.
+
+use std::sync::Arc;
+
+use sanfs_blockmap::extent::Extent;
+use sanfs_proto::model::{
+    CompleteRequest, ExtentMapping, FallocateMode, FallocateRequest, FsyncRequest, GetExtentsReply,
+    GetExtentsRequest, Grant, HandleRef, IoOutcome, LockMode, MapRequest, PhysPiece, ReadReply,
+    ReadRequest, ReturnGrantRequest, WritePosition, WriteReply, WriteRequest,
+};
+use sanfs_proto::pb;
+use sanfs_proto::pb::data_server::Data;
+use sanfs_proto::types::{ByteRange, Credentials, FsError, GrantId, InodeId, SessionEpoch};
+use tonic::{Request, Response, Status};
+
+use super::{Server, convert, fs_status, note, rpc};
+use crate::data::Mapped;
+use crate::ns::Reader;
+use crate::proxy::Position;
+
+/// `access(2)` read bit.
+const MAY_READ: u32 = 4;
+
+/// The Data service over the shared server.
+#[derive(Debug, Clone)]
+pub struct DataService {
+    server: Arc<Server>,
+}
+
+impl DataService {
+    pub fn new(server: Arc<Server>) -> DataService {
+        DataService { server }
+    }
+}
+
+impl Server {
+    /// Checks that `handle` is an open handle of `session` on `inode`, opened for writing
+    /// when `write`; answers ESTALE (stale handle) or EBADF-like EACCES otherwise.
+    fn check_handle(&self, h: &HandleRef, inode: InodeId, write: bool) -> Result<(), Status> {
+        self.check_session(h.session)?;
+        let file = self.store.handles().by_handle.get(&h.handle.0).copied();
+        match file {
+            Some(f) if f.session == h.session.0 && f.ino == inode.0 => {
+                if write && !f.write {
+                    Err(fs_status(&FsError::Access))
+                } else {
+                    Ok(())
+                }
+            }
+            _ => Err(fs_status(&FsError::Stale)),
+        }
+    }
+
+    fn extents(&self, req: &GetExtentsRequest) -> Result<GetExtentsReply, Status> {
+        let bs = self.store.block_size();
+        let (attr, extents) = self.read(|t| {
+            let attr = t.getattr(bs, req.inode.0)?;
+            t.access(&req.cred, req.inode.0, MAY_READ)?;
+            Ok((attr, t.extent_list(req.inode.0)?))
+        })?;
+        let bs64 = u64::from(bs);
+        let volume = self.store.volume();
+        let mut out = Vec::new();
+        for e in extents {
+            let mapped = map_extent(&e, bs64, |off, len| {
+                volume
+                    .map(off, len)
+                    .map(|runs| {
+                        runs.into_iter()
+                            .map(|r| PhysPiece {
+                                device: r.device,
+                                phys_off: r.phys_off,
+                                len: r.len,
+                            })
+                            .collect()
+                    })
+                    .map_err(|e| e.to_string())
+            })
+            .map_err(|why| {
+                fs_status(&FsError::Io(format!(
+                    "corrupt metadata: extent {e:?} of inode {}: {why}",
+                    req.inode.0
+                )))
+            })?;
+            if mapped.file_range.overlaps(&req.range) {
+                out.push(mapped);
+            }
+        }
+        Ok(GetExtentsReply {
+            extents: out,
+            file_size: attr.size,
+            block_size: bs,
+        })
+    }
+}
+
+impl Server {
+    /// A grant must name this start's epoch: anything older is from before a restart.
+    fn check_grant_epoch(&self, epoch: SessionEpoch) -> Result<(), Status> {
+        if epoch == self.epoch {
+            Ok(())
+        } else {
+            Err(fs_status(&FsError::StaleSession))
+        }
+    }
+
+    /// Whether the session has a stream attached (and so can be recalled).
+    fn has_stream(&self, session: u64) -> bool {
+        self.sessions()
+            .by_id
+            .get(&session)
+            .is_some_and(|s| s.stream.is_some())
+    }
+}
+
+/// The wire grant for a mapped range (control info 2).
+fn grant_reply(
+    id: u64,
+    req: &MapRequest,
+    mapped: Mapped,
+    mode: LockMode,
+    cacheable: bool,
+) -> Result<Grant, Status> {
+    let range = ByteRange::new(mapped.offset, mapped.len)
+        .map_err(|e| fs_status(&FsError::Invalid(e.to_string())))?;
+    Ok(Grant {
+        grant_id: GrantId(id),
+        epoch: req.epoch,
+        inode: req.inode,
+        range,
+        mode,
+        device_ios: mapped.plan.device_ios,
+        zero_fill: mapped.plan.zero_fill,
+        file_size: mapped.file_size,
+        cacheable,
+    })
+}
+
+/// One extent record in bytes with its physical pieces; an error if it does not fit.
+fn map_extent(
+    e: &Extent,
+    block_size: u64,
+    map: impl FnOnce(u64, u64) -> Result<Vec<PhysPiece>, String>,
+) -> Result<ExtentMapping, String> {
+    let file_off = e
+        .file_block
+        .checked_mul(block_size)
+        .ok_or("file offset overflows")?;
+    let len = e
+        .len_blocks
+        .checked_mul(block_size)
+        .ok_or("length overflows")?;
+    let vol_off = e
+        .vol_block
+        .checked_mul(block_size)
+        .ok_or("volume offset overflows")?;
+    let file_range = ByteRange::new(file_off, len).map_err(|e| e.to_string())?;
+    Ok(ExtentMapping {
+        file_range,
+        vol_off,
+        state: e.state,
+        pieces: map(vol_off, len)?,
+    })
+}
+
+#[tonic::async_trait]
+impl Data for DataService {
+    async fn map_read(
+        &self,
+        request: Request<pb::MapRequest>,
+    ) -> Result<Response<pb::Grant>, Status> {
+        rpc("MapRead", async {
+            let req: MapRequest = convert(request.into_inner())?;
+            note(Some(req.handle.session.0), Some(req.inode.0));
+            self.server.check_grant_epoch(req.epoch)?;
+            self.server.check_handle(&req.handle, req.inode, false)?;
+            // A read grant may be cached when its session can hear a recall.
+            let cacheable = self.server.has_stream(req.handle.session.0);
+            let (id, mapped) = self
+                .server
+                .grants
+                .map_read(
+                    req.handle.session.0,
+                    req.epoch.0,
+                    req.inode.0,
+                    req.range.offset(),
+                    req.range.len(),
+                    cacheable,
+                )
+                .await
+                .map_err(|e| fs_status(&e))?;
+            Ok(grant_reply(id, &req, mapped, LockMode::Shared, cacheable)?.into())
+        })
+        .await
+    }
+
+    async fn map_write(
+        &self,
+        request: Request<pb::MapRequest>,
+    ) -> Result<Response<pb::Grant>, Status> {
+        rpc("MapWrite", async {
+            let req: MapRequest = convert(request.into_inner())?;
+            note(Some(req.handle.session.0), Some(req.inode.0));
+            self.server.check_grant_epoch(req.epoch)?;
+            self.server.check_handle(&req.handle, req.inode, true)?;
+            let (id, mapped) = self
+                .server
+                .grants
+                .map_write(
+                    req.handle.session.0,
+                    req.epoch.0,
+                    req.inode.0,
+                    req.range.offset(),
+                    req.range.len(),
+                    req.cred.is_root(),
+                )
+                .await
+                .map_err(|e| fs_status(&e))?;
+            Ok(grant_reply(id, &req, mapped, LockMode::Exclusive, false)?.into())
+        })
+        .await
+    }
+
+    async fn complete(
+        &self,
+        request: Request<pb::CompleteRequest>,
+    ) -> Result<Response<pb::CompleteReply>, Status> {
+        rpc("Complete", async {
+            let req: CompleteRequest = convert(request.into_inner())?;
+            note(Some(req.session.0), None);
+            self.server.check_session(req.session)?;
+            if let IoOutcome::DeviceErrors(errors) = &req.outcome {
+                for e in errors {
+                    tracing::warn!(
+                        session = req.session.0,
+                        grant = req.grant_id.0,
+                        device = e.device.0,
+                        phys_off = e.phys_off,
+                        len = e.len,
+                        errno = e.errno,
+                        "device I/O failed on the direct path"
+                    );
+                }
+            }
+            let attr = self
+                .server
+                .grants
+                .complete(
+                    req.session.0,
+                    req.epoch.0,
+                    req.grant_id.0,
+                    req.bytes_done,
+                    req.sync,
+                )
+                .await
+                .map_err(|e| fs_status(&e.to_fs()))?;
+            Ok(attr.into())
+        })
+        .await
+    }
+
+    async fn return_grant(
+        &self,
+        request: Request<pb::ReturnGrantRequest>,
+    ) -> Result<Response<pb::ReturnGrantReply>, Status> {
+        rpc("ReturnGrant", async {
+            let req: ReturnGrantRequest = convert(request.into_inner())?;
+            note(Some(req.session.0), None);
+            self.server.check_session(req.session)?;
+            let ids: Vec<u64> = req.grant_ids.iter().map(|g| g.0).collect();
+            self.server
+                .grants
+                .return_grants(req.session.0, req.epoch.0, &ids)
+                .map_err(|e| fs_status(&e.to_fs()))?;
+            Ok(pb::ReturnGrantReply {})
+        })
+        .await
+    }
+
+    async fn read(
+        &self,
+        request: Request<pb::ReadRequest>,
+    ) -> Result<Response<pb::ReadReply>, Status> {
+        rpc("Read", async {
+            let req: ReadRequest = convert(request.into_inner())?;
+            note(Some(req.handle.session.0), Some(req.inode.0));
+            self.server.check_handle(&req.handle, req.inode, false)?;
+            let (data, eof) = self
+                .server
+                .grants
+                .data_path()
+                .read(req.inode.0, req.range.offset(), req.range.len())
+                .await
+                .map_err(|e| fs_status(&e))?;
+            crate::metrics::count_proxied("read", data.len() as u64);
+            Ok(ReadReply { data, eof }.into())
+        })
+        .await
+    }
+
+    async fn write(
+        &self,
+        request: Request<pb::WriteRequest>,
+    ) -> Result<Response<pb::WriteReply>, Status> {
+        rpc("Write", async {
+            let req: WriteRequest = convert(request.into_inner())?;
+            note(Some(req.handle.session.0), Some(req.inode.0));
+            self.server.check_handle(&req.handle, req.inode, true)?;
+            let len = req.data.len() as u64;
+            let pos = match req.position {
+                WritePosition::At(off) => Position::At(off),
+                WritePosition::Append => Position::Append,
+            };
+            let (off, attr) = self
+                .server
+                .grants
+                .data_path()
+                .write(req.inode.0, pos, req.data, req.sync, req.cred.is_root())
+                .await
+                .map_err(|e| fs_status(&e))?;
+            crate::metrics::count_proxied("write", len);
+            let written = ByteRange::new(off, len)
+                .map_err(|e| fs_status(&FsError::Invalid(e.to_string())))?;
+            Ok(WriteReply { written, attr }.into())
+        })
+        .await
+    }
+
+    async fn fsync(
+        &self,
+        request: Request<pb::FsyncRequest>,
+    ) -> Result<Response<pb::FsyncReply>, Status> {
+        rpc("Fsync", async {
+            let req: FsyncRequest = convert(request.into_inner())?;
+            note(Some(req.handle.session.0), Some(req.inode.0));
+            self.server.check_handle(&req.handle, req.inode, false)?;
+            // Every metadata change (Complete included) is durable before it is acknowledged;
+            // what the server wrote on the proxied path may sit in the LUNs' write caches:
+            // flush them. The agent flushes the LUNs it wrote itself.
+            let bs = self.server.store.block_size();
+            self.server.read(|t| t.getattr(bs, req.inode.0))?;
+            let devices = self.server.grants.data_path().devices.clone();
+            tokio::task::spawn_blocking(move || devices.flush_all())
+                .await
+                .map_err(|e| fs_status(&FsError::Io(format!("flush task: {e}"))))?
+                .map_err(|e| fs_status(&e))?;
+            Ok(pb::FsyncReply {})
+        })
+        .await
+    }
+
+    async fn fallocate(
+        &self,
+        request: Request<pb::FallocateRequest>,
+    ) -> Result<Response<pb::FallocateReply>, Status> {
+        rpc("Fallocate", async {
+            let req: FallocateRequest = convert(request.into_inner())?;
+            note(Some(req.handle.session.0), Some(req.inode.0));
+            let keep_size = match req.mode {
+                FallocateMode::Allocate => false,
+                FallocateMode::AllocateKeepSize => true,
+                // Punching and zeroing must recall cached read grants first: with grants.
+                FallocateMode::PunchHole
+                | FallocateMode::ZeroRange
+                | FallocateMode::ZeroRangeKeepSize => {
+                    return Err(fs_status(&FsError::NotSupported));
+                }
+            };
+            self.server.check_handle(&req.handle, req.inode, true)?;
+            // The handle's open mode decides, not the file's current mode (POSIX: a file
+            // opened for writing stays writable after chmod 0444): the handle was checked
+            // above, so the allocation itself runs with root's permission bypass.
+            let ino = req.inode.0;
+            let (offset, len) = (req.range.offset(), req.range.len());
+            let attr = self
+                .server
+                .write(move |ctx| {
+                    crate::ns::allocate_range(
+                        ctx,
+                        &Credentials::root(),
+                        ino,
+                        offset,
+                        len,
+                        keep_size,
+                    )
+                })
+                .await?;
+            Ok(attr.into())
+        })
+        .await
+    }
+
+    async fn get_extents(
+        &self,
+        request: Request<pb::GetExtentsRequest>,
+    ) -> Result<Response<pb::GetExtentsReply>, Status> {
+        rpc("GetExtents", async {
+            let req: GetExtentsRequest = convert(request.into_inner())?;
+            note(None, Some(req.inode.0));
+            Ok(self.server.extents(&req)?.into())
+        })
+        .await
+    }
+}

@@ -1,0 +1,312 @@
+//! The gRPC services of `sanfs.v1` over one shared [`Server`]: the wire boundary.
+//!
+//! Every handler does the same three things: convert the generated request
+//! (`sanfs_proto::pb`) into its validated domain type (`sanfs_proto::model`), call the store
+//! and the namespace, and convert the domain reply back. Protocol errors become statuses with
+//! `status_from_protocol_error`, file-system errors with `status_from_fs_error`: nothing else
+//! maps errors to statuses. Each request runs in a `tracing` span named `rpc` with the RPC
+//! name, its session and inode, and is counted and timed in [`crate::metrics`].
+//!
+//! - [`namespace`]: the POSIX metadata operations (reads on a snapshot, changes in a group
+//!   commit), open handles.
+//! - [`session`]: sessions, leases, the session stream, and lease expiry.
+//! - [`data`]: grants (the direct path's control info 1 to 4), the proxied path, fallocate,
+//!   extents, fsync.
+//! - [`admin`]: the volume layout and the server status; quotas answer `UNIMPLEMENTED`.
+
+pub mod admin;
+pub mod data;
+pub mod namespace;
+pub mod session;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use sanfs_proto::model::{MAX_INLINE_DATA, ServerEvent, ServerInfo};
+use sanfs_proto::pb;
+use sanfs_proto::status::{status_from_fs_error, status_from_protocol_error};
+use sanfs_proto::types::{FsError, ProtocolError, SessionEpoch, SessionId, Timestamp};
+use tokio::sync::mpsc;
+use tonic::{Response, Status};
+use tracing::Instrument;
+
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::datadev::DataDevices;
+use crate::grants::Grants;
+use crate::proxy::DataPath;
+use crate::store::{Ctx, OpError, ReadTables, Store};
+
+/// The server's software version, reported in `ServerInfo` and `ServerStatus`.
+pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Largest range one grant covers (a multiple of every block size up to 64 KiB).
+pub const MAX_GRANT_BYTES: u64 = crate::data::MAX_GRANT_BYTES;
+
+/// What the services need to know that the store does not.
+#[derive(Debug, Clone, Copy)]
+pub struct ServiceParams {
+    /// I/O shorter than this goes the proxied path (reported to agents).
+    pub direct_threshold: u64,
+    /// Lease length handed to agents, milliseconds.
+    pub lease_ttl_ms: u64,
+}
+
+/// One registered agent.
+#[derive(Debug)]
+pub(crate) struct SessionState {
+    pub client_name: String,
+    pub host: String,
+    /// When the lease runs out on the server's clock (ns since the epoch), grace included.
+    pub deadline_ns: i64,
+    /// The attached session stream, if any: its number, where its replies go, and what
+    /// keeps its task reading (dropping it ends the stream's task).
+    pub stream: Option<(u64, StreamTx, tokio::sync::oneshot::Sender<()>)>,
+}
+
+/// One reply on a session stream.
+pub(crate) type StreamItem = Result<pb::SessionStreamReply, Status>;
+pub(crate) type StreamTx = mpsc::Sender<StreamItem>;
+
+#[derive(Debug, Default)]
+pub(crate) struct Sessions {
+    pub next_id: u64,
+    pub next_stream: u64,
+    pub by_id: HashMap<u64, SessionState>,
+}
+
+/// State shared by the four services.
+#[derive(Debug)]
+pub struct Server {
+    pub(crate) store: Arc<Store>,
+    /// Grants, range locks and the proxied path.
+    pub(crate) grants: Arc<Grants>,
+    pub(crate) clock: Clock,
+    pub(crate) params: ServiceParams,
+    pub(crate) epoch: SessionEpoch,
+    pub(crate) started: Timestamp,
+    pub(crate) sessions: Mutex<Sessions>,
+    /// Changes submitted to the committer and not answered yet.
+    pub(crate) pending_writes: AtomicU64,
+}
+
+impl Server {
+    /// Takes the store over. The epoch is the store's boot epoch (a durable counter bumped
+    /// at every start).
+    pub async fn start(
+        store: Store,
+        params: ServiceParams,
+        devices: DataDevices,
+    ) -> Result<Arc<Server>, FsError> {
+        let epoch = store.boot_epoch();
+        let store = Arc::new(store);
+        // A request waits for a conflicting lock longer than a lease, so that a holder that
+        // ignores a recall has lost its grant by the time the wait gives up.
+        let lock_timeout = Duration::from_millis(params.lease_ttl_ms.saturating_mul(2))
+            .max(Duration::from_secs(5));
+        let dp = Arc::new(DataPath::new(
+            store.clone(),
+            Arc::new(devices),
+            lock_timeout,
+        ));
+        let grants = Arc::new(Grants::new(dp));
+        let clock = store.clock().clone();
+        let started = clock.now();
+        // Session ids carry the epoch in their high bits so that a restarted server never
+        // hands out an id that an agent of the previous epoch still uses.
+        let first_id = (epoch & 0xffff_ffff) << 32;
+        Ok(Arc::new(Server {
+            store,
+            grants,
+            clock,
+            params,
+            epoch: SessionEpoch(epoch),
+            started,
+            sessions: Mutex::new(Sessions {
+                next_id: first_id,
+                ..Sessions::default()
+            }),
+            pending_writes: AtomicU64::new(0),
+        }))
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn grants(&self) -> &Arc<Grants> {
+        &self.grants
+    }
+
+    pub fn epoch(&self) -> SessionEpoch {
+        self.epoch
+    }
+
+    pub(crate) fn sessions(&self) -> MutexGuard<'_, Sessions> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The number of live sessions.
+    pub fn session_count(&self) -> usize {
+        self.sessions().by_id.len()
+    }
+
+    /// Now on the server's clock, nanoseconds since the epoch.
+    pub(crate) fn now_ns(&self) -> i64 {
+        let t = self.clock.now();
+        t.sec
+            .saturating_mul(1_000_000_000)
+            .saturating_add(i64::from(t.nsec))
+    }
+
+    /// How long after its last heartbeat a session expires: the TTL plus a grace for clock
+    /// rate drift (a tenth of the TTL, at least one second), see docs/protocol.md.
+    pub(crate) fn expiry_after_ns(&self) -> i64 {
+        let ttl = self.params.lease_ttl_ms;
+        let grace = (ttl / 10).max(1000);
+        i64::try_from(ttl.saturating_add(grace).saturating_mul(1_000_000)).unwrap_or(i64::MAX)
+    }
+
+    pub(crate) fn server_info(&self) -> ServerInfo {
+        ServerInfo {
+            fs_uuid: self.store.superblock().fs_uuid,
+            block_size: self.store.block_size(),
+            direct_io_threshold: self.params.direct_threshold,
+            max_grant_bytes: MAX_GRANT_BYTES,
+            max_inline_bytes: u32::try_from(MAX_INLINE_DATA).unwrap_or(u32::MAX),
+            server_version: SERVER_VERSION.to_owned(),
+        }
+    }
+
+    /// A read on a snapshot.
+    pub(crate) fn read<R>(
+        &self,
+        f: impl FnOnce(&ReadTables) -> Result<R, OpError>,
+    ) -> Result<R, Status> {
+        self.store.read(f).map_err(|e| fs_status(&e))
+    }
+
+    /// A change in the next durable group commit.
+    pub(crate) async fn write<R: Send + 'static>(
+        &self,
+        f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
+    ) -> Result<R, Status> {
+        self.pending_writes.fetch_add(1, Ordering::Relaxed);
+        let r = self.store.write(f).await;
+        self.pending_writes.fetch_sub(1, Ordering::Relaxed);
+        r.map_err(|e| fs_status(&e))
+    }
+
+    /// Fails with `StaleSession` unless `session` is live.
+    pub(crate) fn check_session(&self, session: SessionId) -> Result<(), Status> {
+        if self.sessions().by_id.contains_key(&session.0) {
+            Ok(())
+        } else {
+            Err(fs_status(&FsError::StaleSession))
+        }
+    }
+
+    /// Forgets one open handle; if it was its inode's last, an unlinked inode is destroyed.
+    pub(crate) async fn release_handle(&self, handle: u64) -> Result<(), Status> {
+        let released = self.store.handles().release(handle);
+        if let Some((file, _)) = released {
+            // Grants live under open handles: a session that closed its last handle on an
+            // inode keeps no grant on it (so freed blocks are never under a cached layout).
+            let still_open = self
+                .store
+                .handles()
+                .by_handle
+                .values()
+                .any(|f| f.session == file.session && f.ino == file.ino);
+            if !still_open {
+                self.grants.drop_for_inode(file.session, file.ino).await;
+            }
+        }
+        if let Some((file, true)) = released {
+            let ino = file.ino;
+            self.write(move |ctx| crate::ns::release_orphan(ctx, ino))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Releases every open handle of a session (closed or expired).
+    pub(crate) async fn release_session_handles(&self, session: u64) {
+        let handles: Vec<u64> = self
+            .store
+            .handles()
+            .by_handle
+            .iter()
+            .filter(|(_, f)| f.session == session)
+            .map(|(h, _)| *h)
+            .collect();
+        for h in handles {
+            if let Err(e) = self.release_handle(h).await {
+                tracing::warn!(session, handle = h, error = %e.message(), "releasing a handle of an ended session");
+            }
+        }
+    }
+
+    /// Ends a session: removes it, tells its stream why, releases its handles.
+    pub(crate) async fn end_session(&self, session: u64, reason: Option<ServerEvent>) -> bool {
+        let state = self.sessions().by_id.remove(&session);
+        let Some(state) = state else {
+            return false;
+        };
+        if let (Some(event), Some((_, tx, _))) = (reason, state.stream) {
+            let _ = tx.try_send(Ok(event.into()));
+        }
+        self.grants.expire_session(session).await;
+        self.release_session_handles(session).await;
+        crate::metrics::set_sessions(self.session_count());
+        true
+    }
+}
+
+/// The status of a file-system error (the one mapping, in `sanfs_proto::status`).
+pub(crate) fn fs_status(e: &FsError) -> Status {
+    status_from_fs_error(e)
+}
+
+/// Converts a wire request into its domain type, or answers `INVALID_ARGUMENT`.
+pub(crate) fn convert<P, D>(p: P) -> Result<D, Status>
+where
+    D: TryFrom<P, Error = ProtocolError>,
+{
+    D::try_from(p).map_err(|e| status_from_protocol_error(&e))
+}
+
+/// Runs one request in its span, counts and times it.
+pub(crate) async fn rpc<T>(
+    name: &'static str,
+    fut: impl Future<Output = Result<T, Status>>,
+) -> Result<Response<T>, Status> {
+    let span = tracing::debug_span!(
+        "rpc",
+        rpc = name,
+        session = tracing::field::Empty,
+        inode = tracing::field::Empty
+    );
+    let started = std::time::Instant::now();
+    let r = fut.instrument(span).await;
+    let code = match &r {
+        Ok(_) => tonic::Code::Ok,
+        Err(s) => s.code(),
+    };
+    crate::metrics::record_rpc(name, code, started.elapsed());
+    r.map(Response::new)
+}
+
+/// Records the request's session and inode on the current `rpc` span.
+pub(crate) fn note(session: Option<u64>, inode: Option<u64>) {
+    let span = tracing::Span::current();
+    if let Some(s) = session {
+        span.record("session", s);
+    }
+    if let Some(i) = inode {
+        span.record("inode", i);
+    }
+}

@@ -1,0 +1,462 @@
+//! The Namespace service: POSIX metadata operations.
+//!
+//! Lookups, attributes, directory listings, symlink targets, xattrs, access checks and statfs
+//! are answered from a snapshot (`Store::read`); every change is one job in a durable group
+//! commit (`Store::write`). Opening without truncation checks permissions on a snapshot and
+//! registers the handle in memory; with truncation it is a write job. Releasing the last
+//! handle of an unlinked inode destroys it.
+
+use std::sync::Arc;
+
+use sanfs_proto::model::{
+    AccessRequest, CreateRequest, EntryRequest, HandleRef, InodeRequest, LinkRequest, MkdirRequest,
+    MknodRequest, OpenReply, OpenRequest, ReadDirRequest, RenameRequest, SetAttrRequest,
+    SetXattrRequest, StatFs, SymlinkRequest, XattrNames, XattrRequest, XattrValue,
+};
+use sanfs_proto::pb;
+use sanfs_proto::pb::namespace_server::Namespace;
+use sanfs_proto::types::{Attr, FsError, NAME_MAX, OpenHandle, SymlinkTarget, XattrName};
+use tonic::{Request, Response, Status};
+
+use super::{Server, convert, fs_status, note, rpc};
+use crate::ns::{self, Reader};
+
+/// The Namespace service over the shared server.
+#[derive(Debug, Clone)]
+pub struct NamespaceService {
+    server: Arc<Server>,
+}
+
+impl NamespaceService {
+    pub fn new(server: Arc<Server>) -> NamespaceService {
+        NamespaceService { server }
+    }
+}
+
+/// A stored value that no longer passes the wire's own checks: corrupt metadata.
+fn corrupt(what: &str, e: impl std::fmt::Display) -> Status {
+    fs_status(&FsError::Io(format!("corrupt metadata: {what}: {e}")))
+}
+
+impl Server {
+    async fn open_handle(&self, req: OpenRequest) -> Result<OpenReply, Status> {
+        self.check_session(req.session)?;
+        let reply = if req.flags.truncate {
+            let _guard = self.size_change_guard(req.inode.0, 0).await?;
+            let r = req.clone();
+            self.write(move |ctx| ns::open(ctx, &r)).await?
+        } else {
+            let bs = self.store.block_size();
+            let attr = self.read(|t| ns::open_check_only(t, bs, &req))?;
+            let handle = self
+                .store
+                .handles()
+                .open(req.inode.0, req.session.0, req.flags.write);
+            // An unlink may have destroyed the inode between the check and the handle:
+            // look again now that the handle keeps it alive.
+            if let Err(e) = self.read(|t| t.getattr(bs, req.inode.0)) {
+                self.release_handle(handle).await?;
+                return Err(e);
+            }
+            OpenReply {
+                handle: OpenHandle(handle),
+                attr,
+            }
+        };
+        self.keep_if_session_lives(req.session.0, reply.handle.0)
+            .await?;
+        Ok(reply)
+    }
+
+    /// Before a file's size changes: an exclusive lock from the lower of the old and new
+    /// ends to infinity (recalling cached read grants there, waiting for write grants), and
+    /// for an extension the old end-of-file block's tail zeroed on the LUN. `None` for
+    /// inodes that are not regular files (the change itself then answers the error).
+    pub(crate) async fn size_change_guard(
+        &self,
+        ino: u64,
+        new_size: u64,
+    ) -> Result<Option<crate::proxy::Held>, Status> {
+        use crate::proxy::SizeOf;
+        let Ok(old) = self.store.read(|t| t.getattr_size(ino)) else {
+            return Ok(None);
+        };
+        let bs = u64::from(self.store.block_size());
+        let from = old.min(new_size) / bs * bs;
+        let held = self
+            .grants
+            .exclusive(ino, crate::locks::Span::new(from, u64::MAX - from))
+            .await
+            .map_err(|e| fs_status(&e))?;
+        if new_size > old {
+            self.grants
+                .data_path()
+                .zero_eof_tail(ino, old)
+                .await
+                .map_err(|e| fs_status(&e))?;
+        }
+        Ok(Some(held))
+    }
+
+    /// A handle registered for a session that ended meanwhile is released at once.
+    async fn keep_if_session_lives(&self, session: u64, handle: u64) -> Result<(), Status> {
+        if self.sessions().by_id.contains_key(&session) {
+            return Ok(());
+        }
+        self.release_handle(handle).await?;
+        Err(fs_status(&FsError::StaleSession))
+    }
+
+    fn statfs(&self, req: &InodeRequest) -> Result<StatFs, Status> {
+        let bs = self.store.block_size();
+        self.read(|t| t.getattr(bs, req.inode.0))?;
+        let usage = self.store.usage();
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let total_blocks = load(&usage.total_blocks);
+        let free_blocks = load(&usage.free_blocks).min(total_blocks);
+        let inodes = load(&usage.inodes);
+        // Inodes are not preallocated (they live in the metadata store): report as many
+        // free as there are free blocks, so that `df -i` shows a full volume as full.
+        let free_inodes = free_blocks;
+        Ok(StatFs {
+            block_size: bs,
+            total_blocks,
+            free_blocks,
+            avail_blocks: free_blocks,
+            total_inodes: inodes.saturating_add(free_inodes),
+            free_inodes,
+            name_max: u32::try_from(NAME_MAX).unwrap_or(255),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Namespace for NamespaceService {
+    async fn lookup(
+        &self,
+        request: Request<pb::LookupRequest>,
+    ) -> Result<Response<pb::LookupReply>, Status> {
+        rpc("Lookup", async {
+            let req: EntryRequest = convert(request.into_inner())?;
+            note(None, Some(req.parent.0));
+            let bs = self.server.store.block_size();
+            let attr = self.server.read(|t| t.lookup(bs, &req))?;
+            Ok(attr.into())
+        })
+        .await
+    }
+
+    async fn get_attr(
+        &self,
+        request: Request<pb::GetAttrRequest>,
+    ) -> Result<Response<pb::GetAttrReply>, Status> {
+        rpc("GetAttr", async {
+            let req: InodeRequest = convert(request.into_inner())?;
+            note(None, Some(req.inode.0));
+            let bs = self.server.store.block_size();
+            let attr = self.server.read(|t| t.getattr(bs, req.inode.0))?;
+            Ok(attr.into())
+        })
+        .await
+    }
+
+    async fn set_attr(
+        &self,
+        request: Request<pb::SetAttrRequest>,
+    ) -> Result<Response<pb::SetAttrReply>, Status> {
+        rpc("SetAttr", async {
+            let req: SetAttrRequest = convert(request.into_inner())?;
+            note(req.handle.map(|h| h.session.0), Some(req.inode.0));
+            let _guard = match req.changes.size {
+                Some(size) => self.server.size_change_guard(req.inode.0, size).await?,
+                None => None,
+            };
+            let attr: Attr = self.server.write(move |ctx| ns::setattr(ctx, &req)).await?;
+            Ok(attr.into())
+        })
+        .await
+    }
+
+    async fn create(
+        &self,
+        request: Request<pb::CreateRequest>,
+    ) -> Result<Response<pb::CreateReply>, Status> {
+        rpc("Create", async {
+            let req: CreateRequest = convert(request.into_inner())?;
+            note(Some(req.session.0), Some(req.parent.0));
+            let session = req.session;
+            self.server.check_session(session)?;
+            // Truncating an existing file changes what grants describe.
+            let existing = if req.flags.truncate && !req.exclusive {
+                let (parent, name) = (req.parent.0, req.name.clone());
+                self.server
+                    .store
+                    .read(|t| t.dirent(parent, name.as_bytes()))
+                    .ok()
+                    .flatten()
+                    .map(|(child, _, _)| child)
+            } else {
+                None
+            };
+            let _guard = match existing {
+                Some(child) => self.server.size_change_guard(child, 0).await?,
+                None => None,
+            };
+            let reply = self.server.write(move |ctx| ns::create(ctx, &req)).await?;
+            self.server
+                .keep_if_session_lives(session.0, reply.handle.0)
+                .await?;
+            Ok(reply.into())
+        })
+        .await
+    }
+
+    async fn mkdir(
+        &self,
+        request: Request<pb::MkdirRequest>,
+    ) -> Result<Response<pb::MkdirReply>, Status> {
+        rpc("Mkdir", async {
+            let req: MkdirRequest = convert(request.into_inner())?;
+            note(None, Some(req.parent.0));
+            let attr = self.server.write(move |ctx| ns::mkdir(ctx, &req)).await?;
+            Ok(attr.into())
+        })
+        .await
+    }
+
+    async fn mknod(
+        &self,
+        request: Request<pb::MknodRequest>,
+    ) -> Result<Response<pb::MknodReply>, Status> {
+        rpc("Mknod", async {
+            let req: MknodRequest = convert(request.into_inner())?;
+            note(None, Some(req.parent.0));
+            let attr = self.server.write(move |ctx| ns::mknod(ctx, &req)).await?;
+            Ok(attr.into())
+        })
+        .await
+    }
+
+    async fn unlink(
+        &self,
+        request: Request<pb::UnlinkRequest>,
+    ) -> Result<Response<pb::UnlinkReply>, Status> {
+        rpc("Unlink", async {
+            let req: EntryRequest = convert(request.into_inner())?;
+            note(None, Some(req.parent.0));
+            self.server
+                .write(move |ctx| ns::unlink(ctx, &req, false))
+                .await?;
+            Ok(pb::UnlinkReply {})
+        })
+        .await
+    }
+
+    async fn rmdir(
+        &self,
+        request: Request<pb::RmdirRequest>,
+    ) -> Result<Response<pb::RmdirReply>, Status> {
+        rpc("Rmdir", async {
+            let req: EntryRequest = convert(request.into_inner())?;
+            note(None, Some(req.parent.0));
+            self.server
+                .write(move |ctx| ns::unlink(ctx, &req, true))
+                .await?;
+            Ok(pb::RmdirReply {})
+        })
+        .await
+    }
+
+    async fn rename(
+        &self,
+        request: Request<pb::RenameRequest>,
+    ) -> Result<Response<pb::RenameReply>, Status> {
+        rpc("Rename", async {
+            let req: RenameRequest = convert(request.into_inner())?;
+            note(None, Some(req.old_parent.0));
+            self.server.write(move |ctx| ns::rename(ctx, &req)).await?;
+            Ok(pb::RenameReply {})
+        })
+        .await
+    }
+
+    async fn link(
+        &self,
+        request: Request<pb::LinkRequest>,
+    ) -> Result<Response<pb::LinkReply>, Status> {
+        rpc("Link", async {
+            let req: LinkRequest = convert(request.into_inner())?;
+            note(None, Some(req.inode.0));
+            let attr = self.server.write(move |ctx| ns::link(ctx, &req)).await?;
+            Ok(attr.into())
+        })
+        .await
+    }
+
+    async fn symlink(
+        &self,
+        request: Request<pb::SymlinkRequest>,
+    ) -> Result<Response<pb::SymlinkReply>, Status> {
+        rpc("Symlink", async {
+            let req: SymlinkRequest = convert(request.into_inner())?;
+            note(None, Some(req.parent.0));
+            let attr = self.server.write(move |ctx| ns::symlink(ctx, &req)).await?;
+            Ok(attr.into())
+        })
+        .await
+    }
+
+    async fn readlink(
+        &self,
+        request: Request<pb::ReadlinkRequest>,
+    ) -> Result<Response<pb::ReadlinkReply>, Status> {
+        rpc("Readlink", async {
+            let req: InodeRequest = convert(request.into_inner())?;
+            note(None, Some(req.inode.0));
+            let bytes = self.server.read(|t| t.readlink(req.inode.0))?;
+            let target = SymlinkTarget::new(bytes).map_err(|e| corrupt("symlink target", e))?;
+            Ok(target.into())
+        })
+        .await
+    }
+
+    async fn read_dir(
+        &self,
+        request: Request<pb::ReadDirRequest>,
+    ) -> Result<Response<pb::ReadDirReply>, Status> {
+        rpc("ReadDir", async {
+            let req: ReadDirRequest = convert(request.into_inner())?;
+            note(None, Some(req.inode.0));
+            let bs = self.server.store.block_size();
+            let reply = self.server.read(|t| t.readdir(bs, &req))?;
+            Ok(reply.into())
+        })
+        .await
+    }
+
+    async fn stat_fs(
+        &self,
+        request: Request<pb::StatFsRequest>,
+    ) -> Result<Response<pb::StatFsReply>, Status> {
+        rpc("StatFs", async {
+            let req: InodeRequest = convert(request.into_inner())?;
+            note(None, Some(req.inode.0));
+            Ok(self.server.statfs(&req)?.into())
+        })
+        .await
+    }
+
+    async fn get_xattr(
+        &self,
+        request: Request<pb::GetXattrRequest>,
+    ) -> Result<Response<pb::GetXattrReply>, Status> {
+        rpc("GetXattr", async {
+            let req: XattrRequest = convert(request.into_inner())?;
+            note(None, Some(req.inode.0));
+            let value = self.server.read(|t| t.getxattr(&req))?;
+            Ok(XattrValue(value).into())
+        })
+        .await
+    }
+
+    async fn set_xattr(
+        &self,
+        request: Request<pb::SetXattrRequest>,
+    ) -> Result<Response<pb::SetXattrReply>, Status> {
+        rpc("SetXattr", async {
+            let req: SetXattrRequest = convert(request.into_inner())?;
+            note(None, Some(req.inode.0));
+            self.server
+                .write(move |ctx| ns::setxattr(ctx, &req))
+                .await?;
+            Ok(pb::SetXattrReply {})
+        })
+        .await
+    }
+
+    async fn list_xattr(
+        &self,
+        request: Request<pb::ListXattrRequest>,
+    ) -> Result<Response<pb::ListXattrReply>, Status> {
+        rpc("ListXattr", async {
+            let req: InodeRequest = convert(request.into_inner())?;
+            note(None, Some(req.inode.0));
+            let names = self.server.read(|t| t.listxattr(&req.cred, req.inode.0))?;
+            let names = names
+                .into_iter()
+                .map(XattrName::new)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| corrupt("xattr name", e))?;
+            Ok(XattrNames(names).into())
+        })
+        .await
+    }
+
+    async fn remove_xattr(
+        &self,
+        request: Request<pb::RemoveXattrRequest>,
+    ) -> Result<Response<pb::RemoveXattrReply>, Status> {
+        rpc("RemoveXattr", async {
+            let req: XattrRequest = convert(request.into_inner())?;
+            note(None, Some(req.inode.0));
+            self.server
+                .write(move |ctx| ns::removexattr(ctx, &req))
+                .await?;
+            Ok(pb::RemoveXattrReply {})
+        })
+        .await
+    }
+
+    async fn open(
+        &self,
+        request: Request<pb::OpenRequest>,
+    ) -> Result<Response<pb::OpenReply>, Status> {
+        rpc("Open", async {
+            let req: OpenRequest = convert(request.into_inner())?;
+            note(Some(req.session.0), Some(req.inode.0));
+            Ok(self.server.open_handle(req).await?.into())
+        })
+        .await
+    }
+
+    async fn release(
+        &self,
+        request: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseReply>, Status> {
+        rpc("Release", async {
+            let req: HandleRef = convert(request.into_inner())?;
+            note(Some(req.session.0), None);
+            let owned = self
+                .server
+                .store
+                .handles()
+                .by_handle
+                .get(&req.handle.0)
+                .map(|f| (f.session, f.ino));
+            match owned {
+                Some((session, ino)) if session == req.session.0 => {
+                    note(None, Some(ino));
+                    self.server.release_handle(req.handle.0).await?;
+                    Ok(pb::ReleaseReply {})
+                }
+                // Not open, or another session's: a stale handle.
+                _ => Err(fs_status(&FsError::Stale)),
+            }
+        })
+        .await
+    }
+
+    async fn access(
+        &self,
+        request: Request<pb::AccessRequest>,
+    ) -> Result<Response<pb::AccessReply>, Status> {
+        rpc("Access", async {
+            let req: AccessRequest = convert(request.into_inner())?;
+            note(None, Some(req.inode.0));
+            self.server
+                .read(|t| t.access(&req.cred, req.inode.0, req.mask))?;
+            Ok(pb::AccessReply {})
+        })
+        .await
+    }
+}

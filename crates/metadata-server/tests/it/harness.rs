@@ -1,0 +1,218 @@
+//! A server started in-process with `serve`, clients for it, and test certificates.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use sanfs_mds::clock::Clock;
+use sanfs_mds::serve::{ServeOptions, TlsPaths, serve};
+use sanfs_mds::store::{Backend, Store};
+use sanfs_proto::model::MAX_MESSAGE_SIZE;
+use sanfs_proto::pb;
+use sanfs_proto::pb::admin_client::AdminClient;
+use sanfs_proto::pb::data_client::DataClient;
+use sanfs_proto::pb::namespace_client::NamespaceClient;
+use sanfs_proto::pb::session_client::SessionClient;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+use crate::support::fs_info;
+
+/// A running server.
+pub struct Running {
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    pub task: JoinHandle<anyhow::Result<()>>,
+    /// Holds the store file.
+    _dir: tempfile::TempDir,
+}
+
+/// Options for a plaintext server on 127.0.0.1:0 over a fresh file store in `dir`.
+pub fn options(dir: &Path, clock: &Clock) -> ServeOptions {
+    let path = dir.join("mds.redb");
+    let backend = Backend::File(path);
+    Store::create(&backend, &fs_info(), false, clock).unwrap();
+    ServeOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_addr: None,
+        insecure: false,
+        tls: None,
+        direct_threshold: 65536,
+        lease_ttl_ms: 10_000,
+        batch_max: 64,
+        backend,
+        data_devices: Vec::new(),
+    }
+}
+
+/// Starts `serve` with the default options changed by `tweak`.
+pub async fn start_with(clock: Clock, tweak: impl FnOnce(&mut ServeOptions, &Path)) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path(), &clock);
+    tweak(&mut opts, dir.path());
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(serve(
+        opts,
+        clock.clone(),
+        move |addr| {
+            let _ = ready_tx.send(addr);
+        },
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let addr = match ready_rx.await {
+        Ok(a) => a,
+        Err(_) => panic!("serve did not start: {:?}", task.await),
+    };
+    Running {
+        addr,
+        stop: Some(stop_tx),
+        task,
+        _dir: dir,
+    }
+}
+
+pub async fn start() -> Running {
+    start_with(Clock::System, |_, _| {}).await
+}
+
+impl Running {
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    pub async fn clients(&self) -> Clients {
+        Clients::new(self.channel().await)
+    }
+
+    /// Stops the server and checks that it stopped cleanly.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let r = tokio::time::timeout(std::time::Duration::from_secs(20), self.task)
+            .await
+            .expect("serve stops within the grace");
+        r.unwrap().unwrap();
+    }
+}
+
+/// One client per service on one channel.
+pub struct Clients {
+    pub session: SessionClient<Channel>,
+    pub ns: NamespaceClient<Channel>,
+    pub data: DataClient<Channel>,
+    pub admin: AdminClient<Channel>,
+}
+
+impl Clients {
+    pub fn new(ch: Channel) -> Clients {
+        Clients {
+            session: SessionClient::new(ch.clone()),
+            ns: NamespaceClient::new(ch.clone()),
+            data: DataClient::new(ch.clone())
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            admin: AdminClient::new(ch),
+        }
+    }
+
+    /// Opens a session; returns (session, epoch).
+    pub async fn open_session(&mut self) -> (u64, u64) {
+        let r = self
+            .session
+            .open_session(pb::OpenSessionRequest {
+                protocol_version: 1,
+                client_name: "test".into(),
+                host: "localhost".into(),
+                agent_version: "0".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        (r.session, r.epoch)
+    }
+}
+
+pub fn root() -> Option<pb::Credentials> {
+    Some(pb::Credentials {
+        uid: 0,
+        gid: 0,
+        groups: vec![],
+    })
+}
+
+pub fn rw() -> Option<pb::OpenFlags> {
+    Some(pb::OpenFlags {
+        read: true,
+        write: true,
+        append: false,
+        truncate: false,
+    })
+}
+
+/// A CA: its issuer and its certificate in PEM.
+pub struct Ca {
+    pub issuer: Issuer<'static, KeyPair>,
+    pub pem: String,
+}
+
+pub fn ca(name: &str) -> Ca {
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name.push(DnType::CommonName, name);
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let key = KeyPair::generate().unwrap();
+    let cert = p.self_signed(&key).unwrap();
+    Ca {
+        issuer: Issuer::new(p, key),
+        pem: cert.pem(),
+    }
+}
+
+/// A leaf certificate signed by `ca`: (certificate PEM, key PEM).
+pub fn leaf(ca: &Ca, names: &[&str], client: bool) -> (String, String) {
+    let mut p =
+        CertificateParams::new(names.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()).unwrap();
+    p.distinguished_name.push(
+        DnType::CommonName,
+        names.first().copied().unwrap_or("agent"),
+    );
+    p.extended_key_usages = vec![if client {
+        ExtendedKeyUsagePurpose::ClientAuth
+    } else {
+        ExtendedKeyUsagePurpose::ServerAuth
+    }];
+    let key = KeyPair::generate().unwrap();
+    let cert = p.signed_by(&key, &ca.issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// Writes the server's TLS files into `dir`.
+pub fn write_server_tls(dir: &Path, ca: &Ca) -> TlsPaths {
+    let (cert, key) = leaf(ca, &["localhost", "127.0.0.1"], false);
+    let write = |name: &str, text: &str| -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    TlsPaths {
+        cert: write("server.pem", &cert),
+        key: write("server.key", &key),
+        ca: write("ca.pem", &ca.pem),
+    }
+}
