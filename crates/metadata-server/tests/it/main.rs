@@ -14,6 +14,7 @@
 
 mod coherence;
 mod common;
+mod crash_real;
 mod format_cli;
 mod grants;
 mod harness;
