@@ -205,7 +205,7 @@ async fn worker(mut c: Clients, session: u64, model: Model, prefix: String, seed
             .lock()
             .unwrap()
             .insert(name.clone(), Expect::Present(data));
-        if rng.next() % 3 == 0 {
+        if rng.next().is_multiple_of(3) {
             model
                 .lock()
                 .unwrap()
@@ -336,7 +336,7 @@ async fn kill_9_during_a_mixed_workload_loses_nothing_acknowledged() {
             .collect();
         let recent = format!("c{}_", cycle.saturating_sub(1));
         for (name, expect) in &snapshot {
-            if name.starts_with(&recent) || rng.next() % 16 == 0 {
+            if name.starts_with(&recent) || rng.next().is_multiple_of(16) {
                 check(&mut c, session, name, expect).await;
                 checked += 1;
             }
