@@ -4,6 +4,8 @@
 //! - [`support`]: building stores and volumes for the in-process tests.
 //! - [`support`]: building stores and volumes for the tests.
 //! - [`smoke`]: the store and namespace through the committer.
+//! - [`crash`]: crash consistency: a crash at every disk write or sync of a seeded workload
+//!   recovers to exactly the acknowledged operations, with fsck clean.
 //! - `format_cli` and `inspect_cli` run the real binary on file-backed LUNs in a temporary
 //!   directory; [`common`] holds their helpers.
 //! - `lvm_real` drives the real lvm2 tools on loop devices; it needs root, lvm2 and loop
@@ -12,6 +14,7 @@
 
 mod coherence;
 mod common;
+mod crash;
 mod format_cli;
 mod grants;
 mod inspect_cli;
