@@ -101,7 +101,7 @@ fn identity(path: &Path) -> anyhow::Result<DeviceId> {
 impl DataDevices {
     /// Opens every path and files it under the volume device whose identity it carries.
     pub fn open(volume: &Volume, paths: &[PathBuf]) -> DataDevices {
-        let ids: Vec<DeviceId> = volume.devices().iter().map(|d| d.uuid.clone()).collect();
+        let ids: Vec<DeviceId> = volume.devices().iter().map(|d| d.uuid).collect();
         let mut luns: Vec<Option<DataLun>> = ids.iter().map(|_| None).collect();
         for path in paths {
             let id = match identity(path) {
@@ -145,7 +145,7 @@ impl DataDevices {
             .iter()
             .zip(&self.ids)
             .filter(|(l, _)| l.is_none())
-            .map(|(_, id)| id.clone())
+            .map(|(_, id)| *id)
             .collect()
     }
 

@@ -368,7 +368,7 @@ impl Grants {
         let store = self.dp.store.clone();
         let result = async {
             if g.mode == LockMode::Shared {
-                return Ok(store.read(|t| t.getattr(store.block_size(), g.ino))?);
+                return store.read(|t| t.getattr(store.block_size(), g.ino));
             }
             if sync && bytes_done > 0 {
                 let devices = self.dp.devices.clone();
