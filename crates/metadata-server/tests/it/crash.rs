@@ -779,6 +779,12 @@ fn check_recovery(w: &Workload, image: Vec<u8>, acked: usize, what: &str) -> boo
         "seed {:#x}, {what}, {acked} operations acknowledged",
         w.seed
     );
+    // fsck straight after the restart (on a copy: it recovers the image by itself), and
+    // again below after the store has taken new writes.
+    let copy = Backend::Sim(SimDisk::from_image(image.clone(), FaultPlan::default()));
+    let report =
+        fsck::check(&copy).unwrap_or_else(|e| panic!("{what}: fsck cannot read the store: {e}"));
+    assert!(report.is_clean(), "{what}: fsck after the crash:\n{report}");
     let disk = SimDisk::from_image(image, FaultPlan::default());
     let backend = Backend::Sim(disk.clone());
     let clock = Clock::manual(EPOCH_SEC + 1_000_000);
@@ -830,7 +836,10 @@ fn check_recovery(w: &Workload, image: Vec<u8>, acked: usize, what: &str) -> boo
     drop(store);
     let report =
         fsck::check(&backend).unwrap_or_else(|e| panic!("{what}: fsck cannot read the store: {e}"));
-    assert!(report.is_clean(), "{what}: fsck after recovery:\n{report}");
+    assert!(
+        report.is_clean(),
+        "{what}: fsck after new writes:\n{report}"
+    );
     got != *before
 }
 
