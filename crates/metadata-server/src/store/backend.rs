@@ -301,6 +301,11 @@ impl SimDisk {
         self.lock().ops
     }
 
+    /// sync_data calls so far (to choose which sync fails).
+    pub fn syncs(&self) -> u64 {
+        self.lock().syncs
+    }
+
     pub fn has_crashed(&self) -> bool {
         self.lock().crashed
     }

@@ -4,8 +4,12 @@
 //! - [`smoke`]: the store and namespace through the committer.
 //! - [`posix`]: POSIX namespace rules as a table of cases.
 //! - [`coherence`], [`grants`]: the direct and proxied paths on file-backed LUNs.
+//! - [`crash`]: injected crashes at every write and sync of the store (crash-simulating disk).
+//! - [`crash_real`]: `kill -9` of the real server during a gRPC workload.
 //! - [`harness`]: a server started in-process with `serve`, its clients, test certificates.
 //! - [`serve`]: the four gRPC services end to end: namespace, sessions, TLS, metrics.
+//! - [`crash`]: crash consistency: a crash at every disk write or sync of a seeded workload
+//!   recovers to exactly the acknowledged operations, with fsck clean.
 //! - `format_cli` and `inspect_cli` run the real binary on file-backed LUNs in a temporary
 //!   directory; [`common`] holds their helpers.
 //! - `lvm_real` drives the real lvm2 tools on loop devices; it needs root, lvm2 and loop
@@ -14,6 +18,7 @@
 
 mod coherence;
 mod common;
+mod crash;
 mod crash_real;
 mod format_cli;
 mod grants;
