@@ -4,7 +4,6 @@
 //! - [`smoke`]: the store and namespace through the committer.
 //! - [`posix`]: POSIX namespace rules as a table of cases.
 //! - [`coherence`], [`grants`]: the direct and proxied paths on file-backed LUNs.
-//! - [`crash`]: injected crashes at every write and sync of the store (crash-simulating disk).
 //! - [`crash_real`]: `kill -9` of the real server during a gRPC workload.
 //! - [`harness`]: a server started in-process with `serve`, its clients, test certificates.
 //! - [`serve`]: the four gRPC services end to end: namespace, sessions, TLS, metrics.
