@@ -34,7 +34,10 @@ impl RawAlloc {
     /// Allocates `capacity` bytes rounded up to [`BUF_ALIGN`] (at least one unit, since a
     /// zero-sized allocation is not allowed), zeroed.
     fn zeroed(capacity: usize) -> RawAlloc {
-        let size = capacity.max(1).div_ceil(BUF_ALIGN).saturating_mul(BUF_ALIGN);
+        let size = capacity
+            .max(1)
+            .div_ceil(BUF_ALIGN)
+            .saturating_mul(BUF_ALIGN);
         let layout = match Layout::from_size_align(size, BUF_ALIGN) {
             Ok(layout) => layout,
             Err(_) => panic!("buffer of {capacity} bytes is larger than the address space"),

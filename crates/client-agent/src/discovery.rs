@@ -188,7 +188,7 @@ fn read_head(path: &Path) -> io::Result<Vec<u8>> {
         }
         // A direct read of a file whose end is not block aligned returns a short, unaligned
         // tail; anything after it would be misaligned, and there is nothing after it anyway.
-        if got % 512 != 0 {
+        if !got.is_multiple_of(512) {
             break;
         }
     }
@@ -269,7 +269,7 @@ fn open_lun(
             "{size_bytes} bytes, but the volume needs {need} on this device"
         ));
     }
-    if volume.block_size() % logical_block_size != 0 {
+    if !volume.block_size().is_multiple_of(logical_block_size) {
         return Err(format!(
             "logical block size {logical_block_size} does not divide the volume's block size {}",
             volume.block_size()
@@ -412,7 +412,10 @@ mod tests {
         };
         let mut head = label.encode();
         head.resize(PROBE_SIZE, 0);
-        assert_eq!(identify(&head), Some(DeviceId::Sanfs(uuid::Uuid::from_u128(2))));
+        assert_eq!(
+            identify(&head),
+            Some(DeviceId::Sanfs(uuid::Uuid::from_u128(2)))
+        );
         assert_eq!(identify(&vec![0u8; PROBE_SIZE]), None);
         assert_eq!(identify(b"short"), None);
     }

@@ -219,10 +219,10 @@ impl DeviceState {
     }
 
     fn poison(&self, d: DeviceIndex) {
-        if let Some(p) = self.poisoned.get(d.as_usize()) {
-            if !p.swap(true, Ordering::AcqRel) {
-                tracing::error!(device = %d, "device write failed: device poisoned until recovery");
-            }
+        if let Some(p) = self.poisoned.get(d.as_usize())
+            && !p.swap(true, Ordering::AcqRel)
+        {
+            tracing::error!(device = %d, "device write failed: device poisoned until recovery");
         }
     }
 
@@ -388,10 +388,10 @@ impl BatchResults {
 
     /// Records a chunk's outcome; returns whether the whole batch is now done.
     fn chunk_done(&mut self, op: usize, outcome: Result<(), IoErr>) -> bool {
-        if let Err(e) = outcome {
-            if !matches!(self.results[op], Some(Err(_))) {
-                self.results[op] = Some(Err(e));
-            }
+        if let Err(e) = outcome
+            && !matches!(self.results[op], Some(Err(_)))
+        {
+            self.results[op] = Some(Err(e));
         }
         self.chunks_left[op] -= 1;
         if self.chunks_left[op] == 0 {
@@ -435,7 +435,12 @@ fn prepare(ops: &[DeviceOp], buf_len: usize, state: &DeviceState) -> (BatchResul
             .phys_off
             .checked_add(len)
             .is_some_and(|end| end <= i64::MAX as u64);
-        let check = if !state.present.get(op.device.as_usize()).copied().unwrap_or(false) {
+        let check = if !state
+            .present
+            .get(op.device.as_usize())
+            .copied()
+            .unwrap_or(false)
+        {
             Err(IoErrKind::NoDevice)
         } else if !in_buf || !in_dev || (op.kind == OpKind::Flush && len != 0) {
             Err(IoErrKind::BadRange)
@@ -585,11 +590,11 @@ impl UringEngine {
                         (fds.len() - 1) as u32
                     }));
                 }
-                if !fds.is_empty() {
-                    if let Err(e) = ring.submitter().register_files(&fds) {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
+                if !fds.is_empty()
+                    && let Err(e) = ring.submitter().register_files(&fds)
+                {
+                    let _ = ready_tx.send(Err(e));
+                    return;
                 }
                 let _ = ready_tx.send(Ok(()));
                 let mut worker = UringWorker {
@@ -623,7 +628,9 @@ impl UringEngine {
             }
             Err(_) => {
                 let _ = thread.join();
-                Err(io::Error::other("io_uring engine thread died while starting"))
+                Err(io::Error::other(
+                    "io_uring engine thread died while starting",
+                ))
             }
         }
     }
@@ -665,10 +672,10 @@ impl Drop for UringEngine {
         if self.tx.send(UringMsg::Shutdown).is_ok() {
             self.poke();
         }
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                tracing::error!("the io_uring engine thread panicked");
-            }
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the io_uring engine thread panicked");
         }
     }
 }
@@ -831,13 +838,11 @@ impl UringWorker {
         let off = chunk.cur_off();
         let plain = iovecs.len() == 1 && chunk.len - chunk.done <= MAX_PLAIN_RW;
         let entry = match chunk.kind {
-            OpKind::Read if plain => io_uring::opcode::Read::new(
-                fd,
-                iovecs[0].iov_base.cast(),
-                iovecs[0].iov_len as u32,
-            )
-            .offset(off)
-            .build(),
+            OpKind::Read if plain => {
+                io_uring::opcode::Read::new(fd, iovecs[0].iov_base.cast(), iovecs[0].iov_len as u32)
+                    .offset(off)
+                    .build()
+            }
             OpKind::Write if plain => io_uring::opcode::Write::new(
                 fd,
                 iovecs[0].iov_base.cast::<u8>().cast_const(),
@@ -845,11 +850,9 @@ impl UringWorker {
             )
             .offset(off)
             .build(),
-            OpKind::Read => {
-                io_uring::opcode::Readv::new(fd, iovecs.as_ptr(), iovecs.len() as u32)
-                    .offset(off)
-                    .build()
-            }
+            OpKind::Read => io_uring::opcode::Readv::new(fd, iovecs.as_ptr(), iovecs.len() as u32)
+                .offset(off)
+                .build(),
             OpKind::Write => {
                 io_uring::opcode::Writev::new(fd, iovecs.as_ptr(), iovecs.len() as u32)
                     .offset(off)
@@ -907,7 +910,13 @@ impl UringWorker {
         }
     }
 
-    fn finish_chunk(&mut self, batch: usize, chunk: Chunk, outcome: Result<(), IoErrKind>, at: u64) {
+    fn finish_chunk(
+        &mut self,
+        batch: usize,
+        chunk: Chunk,
+        outcome: Result<(), IoErrKind>,
+        at: u64,
+    ) {
         if outcome.is_err() && chunk.kind != OpKind::Read {
             self.state.poison(chunk.device);
         }
@@ -915,15 +924,15 @@ impl UringWorker {
             return;
         };
         let outcome = outcome.map_err(|kind| b.agg.err(chunk.op, at, kind));
-        if b.agg.chunk_done(chunk.op, outcome) {
-            if let Some(b) = self.batches[batch].take() {
-                self.free_batches.push(batch);
-                // The caller may have stopped waiting; the buffer is then freed here.
-                let _ = b.tx.send(Completed {
-                    buf: b.buf,
-                    results: b.agg.finish(),
-                });
-            }
+        if b.agg.chunk_done(chunk.op, outcome)
+            && let Some(b) = self.batches[batch].take()
+        {
+            self.free_batches.push(batch);
+            // The caller may have stopped waiting; the buffer is then freed here.
+            let _ = b.tx.send(Completed {
+                buf: b.buf,
+                results: b.agg.finish(),
+            });
         }
     }
 }
@@ -1117,7 +1126,11 @@ fn run_sync_chunk(
                     }
                 };
                 if n < 0 {
-                    -i64::from(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
+                    -i64::from(
+                        io::Error::last_os_error()
+                            .raw_os_error()
+                            .unwrap_or(libc::EIO),
+                    )
                 } else {
                     n as i64
                 }
@@ -1247,14 +1260,16 @@ mod tests {
     }
 
     fn engines(files: &[File]) -> Vec<Engine> {
-        let mut out = vec![Engine::new(
-            &EngineConfig {
-                kind: EngineKind::Sync,
-                queue_depth_per_device: 4,
-            },
-            dup(files),
-        )
-        .unwrap()];
+        let mut out = vec![
+            Engine::new(
+                &EngineConfig {
+                    kind: EngineKind::Sync,
+                    queue_depth_per_device: 4,
+                },
+                dup(files),
+            )
+            .unwrap(),
+        ];
         match Engine::new(
             &EngineConfig {
                 kind: EngineKind::Uring,
@@ -1304,16 +1319,28 @@ mod tests {
         assert_eq!(chunks.len(), 3);
         assert_eq!(chunks[1].phys_off, 4096 + 1024 * 4);
         assert_eq!(chunks[2].len, (2500 - 2048) * 4);
-        assert_eq!(agg.results[1].as_ref().unwrap().as_ref().unwrap_err().error, IoErrKind::NoDevice);
-        assert_eq!(agg.results[2].as_ref().unwrap().as_ref().unwrap_err().error, IoErrKind::BadRange);
+        assert_eq!(
+            agg.results[1].as_ref().unwrap().as_ref().unwrap_err().error,
+            IoErrKind::NoDevice
+        );
+        assert_eq!(
+            agg.results[2].as_ref().unwrap().as_ref().unwrap_err().error,
+            IoErrKind::BadRange
+        );
         let c = &mut chunks[0];
         assert!(matches!(judge(c, 6), Next::Again));
         let iov = c.iovecs(BufPtr(std::ptr::null_mut()));
         assert_eq!(iov.len(), 1023);
         assert_eq!((iov[0].iov_base as usize, iov[0].iov_len), (10, 2));
         assert!(matches!(judge(c, -i64::from(libc::EINTR)), Next::Again));
-        assert!(matches!(judge(c, 0), Next::Failed(IoErrKind::UnexpectedEof)));
-        assert!(matches!(judge(c, -i64::from(libc::EIO)), Next::Failed(IoErrKind::Os(libc::EIO))));
+        assert!(matches!(
+            judge(c, 0),
+            Next::Failed(IoErrKind::UnexpectedEof)
+        ));
+        assert!(matches!(
+            judge(c, -i64::from(libc::EIO)),
+            Next::Failed(IoErrKind::Os(libc::EIO))
+        ));
     }
 
     #[tokio::test]
@@ -1353,7 +1380,12 @@ mod tests {
                 DeviceOp::flush(DeviceIndex(1)),
             ];
             let done = engine.submit(buf, ops.clone()).await.unwrap();
-            assert!(done.results.iter().all(Result::is_ok), "{}: {:?}", engine.name(), done.results);
+            assert!(
+                done.results.iter().all(Result::is_ok),
+                "{}: {:?}",
+                engine.name(),
+                done.results
+            );
             let mut page = vec![0u8; 4096];
             files[0].read_exact_at(&mut page, 8192 + 4096).unwrap();
             assert!(page.iter().all(|&b| b == 4));
@@ -1363,13 +1395,25 @@ mod tests {
             let reads: Vec<DeviceOp> = ops
                 .into_iter()
                 .map(|o| DeviceOp {
-                    kind: if o.kind == OpKind::Write { OpKind::Read } else { o.kind },
+                    kind: if o.kind == OpKind::Write {
+                        OpKind::Read
+                    } else {
+                        o.kind
+                    },
                     ..o
                 })
                 .collect();
-            let back = engine.submit(AlignedBuf::zeroed(6 * 4096), reads).await.unwrap();
+            let back = engine
+                .submit(AlignedBuf::zeroed(6 * 4096), reads)
+                .await
+                .unwrap();
             assert!(back.results.iter().all(Result::is_ok));
-            assert_eq!(back.buf.as_slice(), done.buf.as_slice(), "{}", engine.name());
+            assert_eq!(
+                back.buf.as_slice(),
+                done.buf.as_slice(),
+                "{}",
+                engine.name()
+            );
         }
     }
 
@@ -1397,11 +1441,20 @@ mod tests {
                     iov: vec![piece(0, 4096)],
                 },
             ];
-            let done = engine.submit(AlignedBuf::zeroed(3 * 4096), ops).await.unwrap();
+            let done = engine
+                .submit(AlignedBuf::zeroed(3 * 4096), ops)
+                .await
+                .unwrap();
             assert!(done.results[0].is_ok());
             let e = done.results[1].as_ref().unwrap_err();
-            assert_eq!((e.error, e.failed_at, e.errno()), (IoErrKind::UnexpectedEof, 8192, libc::EIO));
-            assert_eq!(done.results[2].as_ref().unwrap_err().error, IoErrKind::NoDevice);
+            assert_eq!(
+                (e.error, e.failed_at, e.errno()),
+                (IoErrKind::UnexpectedEof, 8192, libc::EIO)
+            );
+            assert_eq!(
+                done.results[2].as_ref().unwrap_err().error,
+                IoErrKind::NoDevice
+            );
 
             // Poisoned by hand here; a real failed write is in the next test.
             assert!(!engine.is_poisoned(DeviceIndex(0)));
@@ -1418,7 +1471,10 @@ mod tests {
                 )
                 .await
                 .unwrap();
-            assert_eq!(done.results[0].as_ref().unwrap_err().error, IoErrKind::Poisoned);
+            assert_eq!(
+                done.results[0].as_ref().unwrap_err().error,
+                IoErrKind::Poisoned
+            );
             engine.clear_poison(DeviceIndex(0));
             assert!(!engine.is_poisoned(DeviceIndex(0)));
         }
@@ -1436,14 +1492,16 @@ mod tests {
                 Some(ok[0].try_clone().unwrap()),
             ]
         };
-        let mut all = vec![Engine::new(
-            &EngineConfig {
-                kind: EngineKind::Sync,
-                queue_depth_per_device: 1,
-            },
-            devs(),
-        )
-        .unwrap()];
+        let mut all = vec![
+            Engine::new(
+                &EngineConfig {
+                    kind: EngineKind::Sync,
+                    queue_depth_per_device: 1,
+                },
+                devs(),
+            )
+            .unwrap(),
+        ];
         if let Ok(e) = Engine::new(&EngineConfig::default(), devs()) {
             all.push(e);
         }
@@ -1454,8 +1512,16 @@ mod tests {
                 kind: OpKind::Write,
                 iov: vec![piece(0, 4096)],
             };
-            let done = engine.submit(AlignedBuf::zeroed(4096), vec![w(0), w(1)]).await.unwrap();
-            assert_eq!(done.results[0].as_ref().unwrap_err().errno(), libc::EBADF, "{}", engine.name());
+            let done = engine
+                .submit(AlignedBuf::zeroed(4096), vec![w(0), w(1)])
+                .await
+                .unwrap();
+            assert_eq!(
+                done.results[0].as_ref().unwrap_err().errno(),
+                libc::EBADF,
+                "{}",
+                engine.name()
+            );
             assert!(done.results[1].is_ok());
             assert!(engine.is_poisoned(DeviceIndex(0)));
             assert!(!engine.is_poisoned(DeviceIndex(1)));
@@ -1466,7 +1532,10 @@ mod tests {
     async fn empty_batches_and_dropped_futures_are_harmless() {
         let (_dir, files) = files(1, 1 << 20);
         for engine in engines(&files) {
-            let done = engine.submit(AlignedBuf::zeroed(0), Vec::new()).await.unwrap();
+            let done = engine
+                .submit(AlignedBuf::zeroed(0), Vec::new())
+                .await
+                .unwrap();
             assert!(done.results.is_empty());
             for _ in 0..20 {
                 drop(engine.submit(
