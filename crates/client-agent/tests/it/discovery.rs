@@ -200,3 +200,13 @@ impl Drop for Pv {
             .output();
     }
 }
+
+/// The default globs scan this machine's real devices (read-only probes) and find nothing of a
+/// volume nobody formatted: every device is reported missing, nothing fails.
+#[test]
+fn the_default_globs_scan_the_machine_and_report_unknown_luns_missing() {
+    let volume = striped_volume(2, DEV_SIZE);
+    let found = discover(&volume, &DiscoveryConfig::default());
+    assert!(found.found.is_empty());
+    assert_eq!(found.missing.len(), 2);
+}
