@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand};
 use sanfs_bench::metadata::{MetadataParams, run};
 
 #[derive(Debug, Parser)]
-#[command(name = "sanfs-bench", version, about = "sanfs benchmarks: the paper's experiments on your hardware")]
+#[command(
+    name = "sanfs-bench",
+    version,
+    about = "sanfs benchmarks: the paper's experiments on your hardware"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -34,7 +38,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("sanfs-bench: start the runtime: {e}");

@@ -73,7 +73,13 @@ fn volume() -> anyhow::Result<Volume> {
     Volume::striped(4096, devices, 1 << 20, 64 << 10).context("build the benchmark volume")
 }
 
-async fn caller(ch: Channel, session: u64, index: usize, files: usize, phase: &'static str) -> anyhow::Result<u64> {
+async fn caller(
+    ch: Channel,
+    session: u64,
+    index: usize,
+    files: usize,
+    phase: &'static str,
+) -> anyhow::Result<u64> {
     let mut ns = NamespaceClient::new(ch);
     let dir_name = format!("caller{index}");
     let dir = ns
@@ -277,9 +283,17 @@ impl std::fmt::Display for MetadataReport {
             "metadata through gRPC, {} concurrent callers x {} files, durable file store",
             self.callers, self.files_per_caller
         )?;
-        writeln!(f, "{:<10} {:>10} {:>10} {:>12}", "op", "ops", "seconds", "ops/s")?;
+        writeln!(
+            f,
+            "{:<10} {:>10} {:>10} {:>12}",
+            "op", "ops", "seconds", "ops/s"
+        )?;
         for p in &self.phases {
-            writeln!(f, "{:<10} {:>10} {:>10.3} {:>12.0}", p.op, p.ops, p.seconds, p.ops_per_sec)?;
+            writeln!(
+                f,
+                "{:<10} {:>10} {:>10.3} {:>12.0}",
+                p.op, p.ops, p.seconds, p.ops_per_sec
+            )?;
         }
         write!(
             f,
