@@ -163,10 +163,11 @@ impl Server {
     }
 
     /// How long after its last heartbeat a session expires: the TTL plus a grace for clock
-    /// rate drift (a tenth of the TTL, at least one second), see docs/protocol.md.
+    /// rate drift (a tenth of the TTL, between 250 and 900 ms), see docs/protocol.md. With
+    /// the 50 ms expiry scan, a silent session loses its grants within TTL + 1 s.
     pub(crate) fn expiry_after_ns(&self) -> i64 {
         let ttl = self.params.lease_ttl_ms;
-        let grace = (ttl / 10).max(1000);
+        let grace = (ttl / 10).clamp(250, 900);
         i64::try_from(ttl.saturating_add(grace).saturating_mul(1_000_000)).unwrap_or(i64::MAX)
     }
 

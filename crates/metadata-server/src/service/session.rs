@@ -265,7 +265,7 @@ impl Server {
 /// Runs lease expiry every `lease_ttl_ms / 4` (at least every 10 ms), judged by the server's
 /// clock, until the task is aborted.
 pub fn spawn_expiry(server: Arc<Server>) -> tokio::task::JoinHandle<()> {
-    let period = Duration::from_millis((server.params.lease_ttl_ms / 4).max(10));
+    let period = Duration::from_millis((server.params.lease_ttl_ms / 4).clamp(10, 50));
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -7,6 +7,7 @@
 //! - [`crash_real`]: `kill -9` of the real server during a gRPC workload.
 //! - [`harness`]: a server started in-process with `serve`, its clients, test certificates.
 //! - [`serve`]: the four gRPC services end to end: namespace, sessions, TLS, metrics.
+//! - [`lease`]: grants, recalls and lease expiry through gRPC in real time on real LUNs.
 //! - [`crash`]: crash consistency: a crash at every disk write or sync of a seeded workload
 //!   recovers to exactly the acknowledged operations, with fsck clean.
 //! - `format_cli` and `inspect_cli` run the real binary on file-backed LUNs in a temporary
@@ -23,6 +24,7 @@ mod format_cli;
 mod grants;
 mod harness;
 mod inspect_cli;
+mod lease;
 mod lvm_real;
 mod posix;
 mod serve;

@@ -880,7 +880,7 @@ async fn expired_session_releases_handles_and_destroys_orphans() {
     assert_eq!(orphan.nlink, 0);
     assert_eq!(used(&statfs(&mut c).await), used(&with_file));
 
-    // The lease lapses (TTL plus the one-second grace) on the server's clock.
+    // The lease lapses (TTL plus the grace) on the server's clock.
     clock.advance_ns(5_000_000_000);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {

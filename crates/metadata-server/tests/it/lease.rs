@@ -1,0 +1,285 @@
+//! Grants and leases through the real gRPC services, with real time (lease TTL 1 s) and real
+//! LUNs: a cached read grant is recalled before a conflicting write; a client that ignores
+//! the recall and stops heartbeating loses its grants within TTL + 1 s of its last
+//! heartbeat, its locks go, and the range its uncompleted write grant covered reads as zeros
+//! through both paths.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use sanfs_mds::clock::Clock;
+use sanfs_mds::config::{LayoutKindConfig, VolumeConfig};
+use sanfs_mds::store::{FsInfo, Store};
+use sanfs_proto::pb;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::harness::{Clients, root, rw, start_with};
+
+const MIB: u64 = 1 << 20;
+const TTL_MS: u64 = 1000;
+
+/// An attached session stream: what the client sends, what it receives.
+struct Stream {
+    tx: mpsc::Sender<pb::SessionStreamRequest>,
+    rx: tonic::Streaming<pb::SessionStreamReply>,
+}
+
+async fn attach(c: &mut Clients, session: u64, epoch: u64) -> Stream {
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(pb::SessionStreamRequest {
+        event: Some(pb::session_stream_request::Event::Attach(pb::Attach {
+            session,
+            epoch,
+        })),
+    })
+    .await
+    .unwrap();
+    let rx = c
+        .session
+        .session_stream(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    Stream { tx, rx }
+}
+
+async fn heartbeat(s: &Stream, seq: u64) {
+    s.tx.send(pb::SessionStreamRequest {
+        event: Some(pb::session_stream_request::Event::Heartbeat(
+            pb::Heartbeat { seq },
+        )),
+    })
+    .await
+    .unwrap();
+}
+
+async fn create(c: &mut Clients, session: u64, name: &str) -> (u64, u64) {
+    let r =
+        c.ns.create(pb::CreateRequest {
+            cred: root(),
+            session,
+            parent: 1,
+            name: name.into(),
+            perm: 0o644,
+            exclusive: false,
+            flags: rw(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    (r.attr.unwrap().ino, r.handle)
+}
+
+async fn open(c: &mut Clients, session: u64, ino: u64) -> u64 {
+    c.ns.open(pb::OpenRequest {
+        cred: root(),
+        session,
+        inode: ino,
+        flags: rw(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .handle
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ignored_recall_and_a_silent_client_lose_their_grants_within_ttl_plus_one_second() {
+    let srv = start_with(Clock::System, |o, dir| {
+        let luns: Vec<PathBuf> = (0..4).map(|i| dir.join(format!("lun{i}"))).collect();
+        for l in &luns {
+            std::fs::File::create(l).unwrap().set_len(32 * MIB).unwrap();
+        }
+        let f = sanfs_mds::format::format_volume(
+            &VolumeConfig {
+                layout: LayoutKindConfig::Striped,
+                block_size: 4096,
+                stripe_unit: 64 * 1024,
+                data_offset: MIB,
+                devices: luns.clone(),
+                lvm_vg: None,
+                lvm_lv: None,
+            },
+            false,
+            0,
+        )
+        .unwrap();
+        let info = FsInfo {
+            fs_uuid: f.fs_uuid,
+            volume: f.volume,
+            lvm: None,
+        };
+        Store::create(&o.backend, &info, true, &Clock::System).unwrap();
+        o.data_devices = luns;
+        o.lease_ttl_ms = TTL_MS;
+    })
+    .await;
+    let mut a = srv.clients().await;
+    let mut b = srv.clients().await;
+    let (sa, epoch) = a.open_session().await;
+    let (sb, _) = b.open_session().await;
+    let mut stream_a = attach(&mut a, sa, epoch).await;
+    let stream_b = attach(&mut b, sb, epoch).await;
+    // B keeps its lease for the whole test.
+    let hb = tokio::spawn(async move {
+        for seq in 1.. {
+            heartbeat(&stream_b, seq).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+
+    // A writes 1 MiB of 0x5a the proxied way, then takes a cached read grant of it and a
+    // write grant over the next MiB that it never completes.
+    let (ino, ha) = create(&mut a, sa, "f").await;
+    a.data
+        .write(pb::WriteRequest {
+            cred: root(),
+            session: sa,
+            handle: ha,
+            inode: ino,
+            offset: 0,
+            data: vec![0x5a; MIB as usize],
+            sync: true,
+            append: false,
+        })
+        .await
+        .unwrap();
+    let map = |session: u64, handle: u64, offset: u64, length: u64| pb::MapRequest {
+        cred: root(),
+        session,
+        epoch,
+        handle,
+        inode: ino,
+        offset,
+        length,
+        sync: false,
+    };
+    let cached = a
+        .data
+        .map_read(map(sa, ha, 0, MIB))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        cached.cacheable,
+        "a session with a stream gets cacheable read grants"
+    );
+    let abandoned = a
+        .data
+        .map_write(map(sa, ha, MIB, MIB))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(abandoned.device_ios.iter().map(|d| d.len).sum::<u64>(), MIB);
+    heartbeat(&stream_a, 1).await;
+    let last_heartbeat = Instant::now();
+    // From now on A is silent and ignores every recall.
+
+    // B wants to write the first 64 KiB: A's cached read grant is recalled first.
+    let hbh = open(&mut b, sb, ino).await;
+    let mut b2 = b.data.clone();
+    let write_req = map(sb, hbh, 0, 64 * 1024);
+    let writer = tokio::spawn(async move { (b2.map_write(write_req).await, Instant::now()) });
+    let recall = loop {
+        let m = tokio::time::timeout(Duration::from_secs(5), stream_a.rx.message())
+            .await
+            .expect("a recall within 5 s")
+            .unwrap()
+            .unwrap();
+        if let Some(pb::session_stream_reply::Event::Recall(r)) = m.event {
+            break r;
+        }
+    };
+    assert_eq!(recall.grant_ids, vec![cached.grant_id]);
+    let (granted, at) = writer.await.unwrap();
+    let waited = at - last_heartbeat;
+    eprintln!(
+        "a silent session's grants went {waited:?} after its last heartbeat (TTL {TTL_MS} ms)"
+    );
+    let grant = granted.unwrap().into_inner();
+    assert!(
+        waited <= Duration::from_millis(TTL_MS + 1000),
+        "grants of a silent session must go within TTL + 1 s, took {waited:?}"
+    );
+    assert!(
+        waited >= Duration::from_millis(TTL_MS),
+        "not before the lease ran out: {waited:?}"
+    );
+    b.data
+        .complete(pb::CompleteRequest {
+            session: sb,
+            epoch,
+            grant_id: grant.grant_id,
+            status: pb::IoStatus::Ok as i32,
+            errors: vec![],
+            bytes_done: 0,
+            sync: false,
+        })
+        .await
+        .unwrap();
+
+    // A's session is gone: its Complete is refused.
+    let late = a
+        .data
+        .complete(pb::CompleteRequest {
+            session: sa,
+            epoch,
+            grant_id: abandoned.grant_id,
+            status: pb::IoStatus::Ok as i32,
+            errors: vec![],
+            bytes_done: MIB,
+            sync: false,
+        })
+        .await;
+    assert!(
+        late.is_err(),
+        "a Complete of an expired session was accepted"
+    );
+
+    // The abandoned range reads as zeros through both paths once B extends the file over it.
+    b.data
+        .write(pb::WriteRequest {
+            cred: root(),
+            session: sb,
+            handle: hbh,
+            inode: ino,
+            offset: 2 * MIB - 1,
+            data: vec![1],
+            sync: false,
+            append: false,
+        })
+        .await
+        .unwrap();
+    let proxied = b
+        .data
+        .read(pb::ReadRequest {
+            cred: root(),
+            session: sb,
+            handle: hbh,
+            inode: ino,
+            offset: MIB,
+            length: 64 * 1024,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .data;
+    assert!(
+        proxied.iter().all(|x| *x == 0),
+        "proxied read of the abandoned range"
+    );
+    let rg = b
+        .data
+        .map_read(map(sb, hbh, MIB, MIB))
+        .await
+        .unwrap()
+        .into_inner();
+    let zero: u64 = rg.zero_fill.iter().map(|z| z.len).sum();
+    assert!(
+        zero >= MIB - 4096,
+        "the abandoned range is zero fill in a read grant: {rg:?}"
+    );
+    hb.abort();
+    srv.stop().await;
+}
