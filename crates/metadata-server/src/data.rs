@@ -59,6 +59,31 @@ pub fn map_write(
     offset: u64,
     len: u64,
 ) -> Result<Mapped, OpError> {
+    map_write_ahead(ctx, volume, ino, offset, len, 0).map(|(m, _)| m)
+}
+
+/// How far ahead a sequential writer's allocation reaches (XFS-style speculative
+/// preallocation): as much as the file already holds, at least 4 MiB, at most 64 MiB, never
+/// more than an eighth of the free space.
+pub fn speculative_blocks(file_end_block: u64, block_size: u32, free_blocks: u64) -> u64 {
+    let bs = u64::from(block_size);
+    let min = (4 << 20) / bs;
+    let max = (64 << 20) / bs;
+    file_end_block.clamp(min, max).min(free_blocks / 8)
+}
+
+/// [`map_write`] that, for a sequential writer (the range starts at or past the end of the
+/// file's allocation), also allocates `ahead_blocks` past the range: later grants of a
+/// streaming writer then find their blocks allocated and need no commit. Returns the mapping
+/// and the blocks allocated ahead as `(first, end)` (empty when none).
+pub fn map_write_ahead(
+    ctx: &mut Ctx<'_>,
+    volume: &Volume,
+    ino: u64,
+    offset: u64,
+    len: u64,
+    ahead_blocks: u64,
+) -> Result<(Mapped, (u64, u64)), OpError> {
     aligned(offset, len, ctx.block_size)?;
     let len = len.min(MAX_GRANT_BYTES);
     let end = offset
@@ -78,7 +103,21 @@ pub fn map_write(
     }
     let bs = u64::from(ctx.block_size);
     let blocks_before = rec.blocks;
-    let map = allocate_blocks(ctx, ino, &mut rec, offset / bs, end / bs)?;
+    let sequential = {
+        let map = ExtentMap::from_extents(ctx.t.extents(ino)?)
+            .map_err(|e| crate::store::corrupt(format_args!("extents of inode {ino}"), e))?;
+        offset / bs >= map.end_block()
+    };
+    let ahead = if sequential { ahead_blocks } else { 0 };
+    let alloc_end = (end / bs).saturating_add(ahead);
+    let map = match allocate_blocks(ctx, ino, &mut rec, offset / bs, alloc_end) {
+        Ok(m) => m,
+        // Not enough room to allocate ahead: the range itself is what matters.
+        Err(OpError::Fs(FsError::NoSpace)) if ahead > 0 => {
+            return map_write_ahead(ctx, volume, ino, offset, len, 0);
+        }
+        Err(e) => return Err(e),
+    };
     if rec.blocks != blocks_before {
         rec.ctime = ctx.now;
         ctx.t.put_inode(ino, &rec)?;
@@ -92,12 +131,64 @@ pub fn map_write(
         PlanMethod::Coalesced,
     )
     .map_err(plan_error)?;
-    Ok(Mapped {
+    let ahead_range = if ahead > 0 {
+        (end / bs, alloc_end)
+    } else {
+        (0, 0)
+    };
+    Ok((
+        Mapped {
+            offset,
+            len,
+            plan,
+            file_size: rec.size,
+        },
+        ahead_range,
+    ))
+}
+
+/// A write grant's plan on a snapshot when every block of the range is allocated already
+/// (a streaming writer inside its preallocation, or an overwrite): no transaction at all.
+/// `None` when something must be allocated first.
+pub fn plan_allocated_write<T: Reader + ReaderInodes>(
+    t: &T,
+    volume: &Volume,
+    block_size: u32,
+    ino: u64,
+    offset: u64,
+    len: u64,
+) -> Result<Option<Mapped>, OpError> {
+    aligned(offset, len, block_size)?;
+    let len = len.min(MAX_GRANT_BYTES);
+    let rec = t.inode_rec(ino)?;
+    if rec.kind != FileType::Regular || rec.nlink == 0 {
+        return Ok(None);
+    }
+    let map = ExtentMap::from_extents(t.extent_list(ino)?)
+        .map_err(|e| crate::store::corrupt(format_args!("extents of inode {ino}"), e))?;
+    let bs = u64::from(block_size);
+    let holes = map
+        .lookup(offset / bs, len / bs)
+        .iter()
+        .any(|p| matches!(p, sanfs_blockmap::extent::Piece::Hole { .. }));
+    if holes {
+        return Ok(None);
+    }
+    let plan = plan(
+        PlanOp::Write,
+        offset,
+        len,
+        &map,
+        volume,
+        PlanMethod::Coalesced,
+    )
+    .map_err(plan_error)?;
+    Ok(Some(Mapped {
         offset,
         len,
         plan,
         file_size: rec.size,
-    })
+    }))
 }
 
 /// Control info 1 -> 2 for a read, on a snapshot: the requested range clipped to the end of

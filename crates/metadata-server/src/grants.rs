@@ -93,6 +93,10 @@ pub struct Grants {
     dp: Arc<DataPath>,
     table: Mutex<HashMap<u64, GrantState>>,
     recall_channels: Mutex<HashMap<u64, mpsc::UnboundedSender<Recall>>>,
+    /// Speculative preallocation per inode: file blocks `[first, end)` allocated ahead of
+    /// sequential writers, trimmed when the file's last handle closes (in memory: after a
+    /// crash what was allocated ahead stays until truncate or unlink).
+    prealloc: Mutex<HashMap<u64, (u64, u64)>>,
     pub stats: GrantStats,
 }
 
@@ -114,6 +118,7 @@ impl Grants {
             dp,
             table: Mutex::new(HashMap::new()),
             recall_channels: Mutex::new(HashMap::new()),
+            prealloc: Mutex::new(HashMap::new()),
             stats: GrantStats::default(),
         }
     }
@@ -124,6 +129,41 @@ impl Grants {
 
     fn lock_table(&self) -> MutexGuard<'_, HashMap<u64, GrantState>> {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn prealloc(&self) -> MutexGuard<'_, HashMap<u64, (u64, u64)>> {
+        self.prealloc.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The file's last handle closed: what was allocated ahead of its writers and lies past
+    /// its end is freed, under an exclusive lock past the end of file (so no grant that may
+    /// use those blocks is out).
+    pub async fn trim_prealloc(&self, ino: u64) {
+        let Some((first, end)) = self.prealloc().remove(&ino) else {
+            return;
+        };
+        let bs = u64::from(self.dp.store.block_size());
+        let from = first.saturating_mul(bs);
+        let held = match self.exclusive(ino, Span::new(from, u64::MAX - from)).await {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(ino, error = %e, "preallocation not trimmed");
+                return;
+            }
+        };
+        match self
+            .dp
+            .store
+            .write(move |ctx| data::trim_unwritten_past_eof(ctx, ino, first, end))
+            .await
+        {
+            Ok(freed) if freed > 0 => {
+                tracing::debug!(ino, freed, "speculative preallocation trimmed")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(ino, error = %e, "preallocation not trimmed"),
+        }
+        drop(held);
     }
 
     fn channels(&self) -> MutexGuard<'_, HashMap<u64, mpsc::UnboundedSender<Recall>>> {
@@ -247,9 +287,28 @@ impl Grants {
                 self.dp.zero_eof_tail(ino, size).await?;
             }
             let vol = store.volume().clone();
-            store
-                .write(move |ctx| data::map_write(ctx, &vol, ino, offset, len))
-                .await
+            // Inside blocks allocated already (preallocation, overwrites): no commit at all.
+            let bsz = store.block_size();
+            if let Some(m) =
+                store.read(|t| data::plan_allocated_write(t, &vol, bsz, ino, offset, len))?
+            {
+                return Ok(m);
+            }
+            let free = store
+                .usage()
+                .free_blocks
+                .load(std::sync::atomic::Ordering::Relaxed);
+            let ahead = data::speculative_blocks(end.div_ceil(bs), bsz, free);
+            let (m, ahead_range) = store
+                .write(move |ctx| data::map_write_ahead(ctx, &vol, ino, offset, len, ahead))
+                .await?;
+            if ahead_range.1 > ahead_range.0 {
+                let mut pre = self.prealloc();
+                let e = pre.entry(ino).or_insert(ahead_range);
+                e.0 = e.0.min(ahead_range.0);
+                e.1 = e.1.max(ahead_range.1);
+            }
+            Ok(m)
         }
         .await;
         match result {
@@ -377,9 +436,17 @@ impl Grants {
                     .map_err(|e| FsError::Io(format!("flush task: {e}")))??;
             }
             let (ino, off, root) = (g.ino, g.offset, g.writer_is_root);
-            let attr = store
-                .write(move |ctx| data::complete_write(ctx, ino, off, bytes_done, root))
-                .await?;
+            // The conversion may be lazy (docs/protocol.md): durable now only when asked,
+            // otherwise with the next durable commit or fsync. A crash before that leaves the
+            // blocks Unwritten: they read as zeros, never as stale data.
+            let job = move |ctx: &mut crate::store::Ctx<'_>| {
+                data::complete_write(ctx, ino, off, bytes_done, root)
+            };
+            let attr = if sync {
+                store.write(job).await?
+            } else {
+                store.write_lazy(job).await?
+            };
             if bytes_done < g.len {
                 // A short write: what the device never wrote past end of file goes back.
                 let bs = u64::from(store.block_size());

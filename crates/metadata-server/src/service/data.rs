@@ -335,11 +335,14 @@ impl Data for DataService {
             let req: FsyncRequest = convert(request.into_inner())?;
             note(Some(req.handle.session.0), Some(req.inode.0));
             self.server.check_handle(&req.handle, req.inode, false)?;
-            // Every metadata change (Complete included) is durable before it is acknowledged;
-            // what the server wrote on the proxied path may sit in the LUNs' write caches:
+            // Every metadata change is durable before it is acknowledged except the lazy
+            // Unwritten -> Written conversions of Complete without sync: commit them durably.
+            // What the server wrote on the proxied path may sit in the LUNs' write caches:
             // flush them. The agent flushes the LUNs it wrote itself.
             let bs = self.server.store.block_size();
             self.server.read(|t| t.getattr(bs, req.inode.0))?;
+            // Lazy conversions of completed direct writes become durable here.
+            self.server.store.sync().await.map_err(|e| fs_status(&e))?;
             let devices = self.server.grants.data_path().devices.clone();
             tokio::task::spawn_blocking(move || devices.flush_all())
                 .await

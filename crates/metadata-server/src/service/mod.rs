@@ -226,6 +226,11 @@ impl Server {
                 self.grants.drop_for_inode(file.session, file.ino).await;
             }
         }
+        if let Some((file, _)) = released
+            && !self.store.handles().is_open(file.ino)
+        {
+            self.grants.trim_prealloc(file.ino).await;
+        }
         if let Some((file, true)) = released {
             let ino = file.ino;
             self.write(move |ctx| crate::ns::release_orphan(ctx, ino))

@@ -322,7 +322,15 @@ pub struct Ctx<'t> {
 }
 
 type Reply = Box<dyn FnOnce(Result<(), String>) + Send>;
-type Job = Box<dyn for<'t> FnOnce(&mut Ctx<'t>) -> (Reply, bool) + Send>;
+type Run = Box<dyn for<'t> FnOnce(&mut Ctx<'t>) -> (Reply, bool) + Send>;
+
+/// A queued change. A `lazy` one may be committed without a sync: it becomes durable with the
+/// next durable commit (any non-lazy job, or [`Store::sync`]), and a crash before that loses
+/// it whole (never half of it).
+struct Job {
+    run: Run,
+    lazy: bool,
+}
 
 /// Counters of the committer, for metrics and the bench.
 #[derive(Debug, Default)]
@@ -639,6 +647,7 @@ impl Store {
 
     fn submit<R: Send + 'static>(
         &self,
+        lazy: bool,
         f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
         done: impl FnOnce(Result<R, FsError>) + Send + 'static,
     ) {
@@ -647,7 +656,7 @@ impl Store {
             return;
         }
         let shared = self.shared.clone();
-        let job: Job = Box::new(move |ctx: &mut Ctx<'_>| match f(ctx) {
+        let run: Run = Box::new(move |ctx: &mut Ctx<'_>| match f(ctx) {
             Ok(r) => (
                 Box::new(move |commit: Result<(), String>| match commit {
                     Ok(()) => done(Ok(r)),
@@ -665,6 +674,7 @@ impl Store {
                 )
             }
         });
+        let job = Job { run, lazy };
         let sent = self
             .jobs
             .lock()
@@ -686,10 +696,30 @@ impl Store {
         f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
     ) -> Result<R, FsError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.submit(f, move |r| {
+        self.submit(false, f, move |r| {
             let _ = tx.send(r);
         });
         rx.await.unwrap_or_else(|_| Err(self.shared.poison_error()))
+    }
+
+    /// Runs `f` in the next group commit and answers once that commit is done, durable or
+    /// not: a lazy change becomes durable with the next durable commit ([`Store::sync`], or
+    /// any [`Store::write`]); after a crash before that, it is as if it never happened. For
+    /// what the protocol allows to be lost until fsync (an Unwritten -> Written conversion).
+    pub async fn write_lazy<R: Send + 'static>(
+        &self,
+        f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
+    ) -> Result<R, FsError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.submit(true, f, move |r| {
+            let _ = tx.send(r);
+        });
+        rx.await.unwrap_or_else(|_| Err(self.shared.poison_error()))
+    }
+
+    /// Makes every change committed so far durable (fsync).
+    pub async fn sync(&self) -> Result<(), FsError> {
+        self.write(|_| Ok(())).await
     }
 
     /// [`Store::write`] for callers outside an async runtime (startup, tools, tests).
@@ -698,7 +728,7 @@ impl Store {
         f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
     ) -> Result<R, FsError> {
         let (tx, rx) = mpsc::sync_channel(1);
-        self.submit(f, move |r| {
+        self.submit(false, f, move |r| {
             let _ = tx.send(r);
         });
         rx.recv()
@@ -919,7 +949,8 @@ fn run_batch(
     block_size: u32,
 ) -> BatchResult {
     let mut replies = Vec::with_capacity(batch.len());
-    let txn = match begin(db) {
+    let durable = batch.iter().any(|j| !j.lazy);
+    let txn = match begin(db, durable) {
         Ok(t) => t,
         Err(e) => {
             // Nothing ran: answer every job with the failure.
@@ -943,7 +974,8 @@ fn run_batch(
             }
             // A panicking job is a bug; it must not take the committer thread (and with it
             // every later write) down silently: the batch fails and the store stops.
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut ctx))) {
+            let run = job.run;
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&mut ctx))) {
                 Ok((reply, fine)) => {
                     replies.push(reply);
                     ok = fine;
@@ -965,9 +997,13 @@ fn run_batch(
     }
 }
 
-fn begin(db: &Database) -> Result<WriteTransaction, String> {
+fn begin(db: &Database, durable: bool) -> Result<WriteTransaction, String> {
     let mut txn = db.begin_write().map_err(|e| e.to_string())?;
     txn.set_quick_repair(true);
+    if !durable {
+        txn.set_durability(redb::Durability::None)
+            .map_err(|e| e.to_string())?;
+    }
     Ok(txn)
 }
 

@@ -58,8 +58,13 @@ pub fn cluster() -> Cluster {
 }
 
 pub fn create(dp: &DataPath, n: &str) -> u64 {
+    create_in(&dp.store, n)
+}
+
+/// Creates a regular file in the root of `store`; returns its inode.
+pub fn create_in(store: &Store, n: &str) -> u64 {
     let n = name(n);
-    dp.store
+    store
         .write_blocking(move |ctx| {
             ns::create(
                 ctx,

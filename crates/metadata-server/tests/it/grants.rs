@@ -240,8 +240,8 @@ async fn a_restart_with_grants_out_keeps_their_blocks_and_forgets_the_grants() {
     let rep = sanfs_mds::fsck::check(&Backend::File(meta.clone())).unwrap();
     assert!(rep.is_clean(), "{rep}");
     assert_eq!(
-        rep.used_blocks, 1024,
-        "the grant's blocks are still the file's"
+        rep.used_blocks, 2048,
+        "the grant's 1024 blocks and the 4 MiB allocated ahead of this sequential writer"
     );
     let store = Store::open(&Backend::File(meta), sanfs_mds::clock::Clock::System, 16).unwrap();
     assert!(store.boot_epoch() > epoch);
@@ -255,5 +255,124 @@ async fn a_restart_with_grants_out_keeps_their_blocks_and_forgets_the_grants() {
         ext.iter()
             .all(|e| e.state == sanfs_blockmap::extent::ExtentState::Unwritten)
     );
-    assert_eq!(ext.iter().map(|e| e.len_blocks).sum::<u64>(), 1024);
+    assert_eq!(ext.iter().map(|e| e.len_blocks).sum::<u64>(), 2048);
+}
+
+/// A streaming writer pays one commit for its first grant; the next grants fall inside the
+/// blocks allocated ahead and need none. Closing the file trims what lies past its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_writer_runs_on_preallocation_that_is_trimmed_at_close() {
+    let c = cluster();
+    let ino = create(&c.dp, "stream");
+    let epoch = c.dp.store.boot_epoch();
+    let g = grants(c.dp);
+    let store = g.data_path().store.clone();
+    let commits = || {
+        store
+            .stats()
+            .commits
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let mut map_commits = 0;
+    for i in 0..8 {
+        let before = commits();
+        let (id, m) = g
+            .map_write(1, epoch, ino, i * MIB, MIB, true)
+            .await
+            .unwrap();
+        map_commits += commits() - before;
+        device_write(&c.luns, &m.plan, &vec![i as u8; MIB as usize]);
+        g.complete(1, epoch, id, MIB, false).await.unwrap();
+    }
+    eprintln!("8 sequential 1 MiB grants needed {map_commits} allocation commits");
+    assert!(
+        map_commits <= 2,
+        "grants inside the preallocation need no commit: {map_commits}"
+    );
+    let free = || {
+        store
+            .usage()
+            .free_blocks
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before_trim = free();
+    g.trim_prealloc(ino).await;
+    let trimmed = free() - before_trim;
+    assert!(
+        trimmed > 0,
+        "what was allocated past the end is freed at close"
+    );
+    let ext = store
+        .read(|t| {
+            use sanfs_mds::ns::Reader;
+            t.extent_list(ino)
+        })
+        .unwrap();
+    let mapped: u64 = ext.iter().map(|e| e.len_blocks).sum();
+    assert_eq!(
+        mapped * 4096,
+        8 * MIB,
+        "exactly the file's 8 MiB stay allocated"
+    );
+    assert!(
+        ext.iter()
+            .all(|e| e.state == sanfs_blockmap::extent::ExtentState::Written)
+    );
+}
+
+/// A Complete without sync is committed lazily: durable with the next durable commit
+/// (fsync); a crash before that loses the conversion whole and the blocks read as zeros.
+#[test]
+fn a_lazy_completion_is_durable_only_after_a_sync() {
+    use sanfs_mds::clock::Clock;
+    use sanfs_mds::store::backend::{FaultPlan, SimDisk};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for synced in [false, true] {
+        let disk = SimDisk::new(FaultPlan::default());
+        let backend = Backend::Sim(disk.clone());
+        Store::create(&backend, &crate::support::fs_info(), false, &Clock::System).unwrap();
+        let store = Store::open(&backend, Clock::System, 16).unwrap();
+        let vol = store.volume().clone();
+        let f = crate::coherence::create_in(&store, "lazy");
+        rt.block_on(async {
+            let v = vol.clone();
+            store
+                .write(move |ctx| sanfs_mds::data::map_write(ctx, &v, f, 0, 64 * KIB))
+                .await
+                .unwrap();
+            store
+                .write_lazy(move |ctx| sanfs_mds::data::complete_write(ctx, f, 0, 64 * KIB, true))
+                .await
+                .unwrap();
+            if synced {
+                store.sync().await.unwrap();
+            }
+        });
+        disk.crash_now();
+        drop(store);
+        let disk = SimDisk::from_image(disk.durable_image(), FaultPlan::default());
+        let store = Store::open(&Backend::Sim(disk), Clock::System, 16).unwrap();
+        let attr = store
+            .read(|t| {
+                use sanfs_mds::ns::Reader;
+                t.getattr(4096, f)
+            })
+            .unwrap();
+        let ext = store
+            .read(|t| {
+                use sanfs_mds::ns::Reader;
+                t.extent_list(f)
+            })
+            .unwrap();
+        let written = ext
+            .iter()
+            .any(|e| e.state == sanfs_blockmap::extent::ExtentState::Written);
+        if synced {
+            assert_eq!(attr.size, 64 * KIB, "synced: the write survives");
+            assert!(written);
+        } else {
+            assert_eq!(attr.size, 0, "not synced: the conversion is lost whole");
+            assert!(!written, "the blocks stay Unwritten (read as zeros)");
+        }
+    }
 }
