@@ -136,6 +136,14 @@ pub fn map_write_ahead(
     } else {
         (0, 0)
     };
+    if ahead > 0 {
+        // Recorded durably with the allocation, so that a crash cannot leak it.
+        let merged = match ctx.prealloc.get(ino)?.map(|v| v.value()) {
+            Some((first, last)) => (first.min(ahead_range.0), last.max(ahead_range.1)),
+            None => ahead_range,
+        };
+        ctx.prealloc.insert(ino, merged)?;
+    }
     Ok((
         Mapped {
             offset,

@@ -23,8 +23,8 @@ use sanfs_proto::types::FileType;
 
 use crate::store::records::{InodeRec, Superblock, kind_from_code};
 use crate::store::{
-    Backend, COOKIES, COUNTERS, DIRENTS, EXTENTS, FREE, INODES, ORPHANS, ROOT, SUPER, StoreError,
-    XATTRS,
+    Backend, COOKIES, COUNTERS, DIRENTS, EXTENTS, FREE, INODES, ORPHANS, PREALLOC, ROOT, SUPER,
+    StoreError, XATTRS,
 };
 
 /// What fsck found.
@@ -434,6 +434,25 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
             }
         }
         Err(e) => rep.problem(format!("the free-space table is not valid: {e}")),
+    }
+
+    // --- speculative preallocation records ---
+    // (A store made before the table existed has none: nothing to check.)
+    let prealloc = match r.open_table(PREALLOC) {
+        Ok(t) => Some(t),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(e.into()),
+    };
+    for item in prealloc.iter().flat_map(|t| t.iter()).flatten() {
+        let (k, v) = item?;
+        let (ino, (first, end)) = (k.value(), v.value());
+        match inodes.get(&ino) {
+            Some(rec) if rec.kind == FileType::Regular && first <= end => {}
+            Some(_) => rep.problem(format!(
+                "preallocation record of inode {ino} ({first}..{end}) is not of a regular file"
+            )),
+            None => rep.problem(format!("preallocation record of a missing inode {ino}")),
+        }
     }
 
     // --- xattrs ---

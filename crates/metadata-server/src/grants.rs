@@ -93,9 +93,9 @@ pub struct Grants {
     dp: Arc<DataPath>,
     table: Mutex<HashMap<u64, GrantState>>,
     recall_channels: Mutex<HashMap<u64, mpsc::UnboundedSender<Recall>>>,
-    /// Speculative preallocation per inode: file blocks `[first, end)` allocated ahead of
-    /// sequential writers, trimmed when the file's last handle closes (in memory: after a
-    /// crash what was allocated ahead stays until truncate or unlink).
+    /// Inodes with speculative preallocation made this run (the durable record, in the
+    /// store's `prealloc` table, says which blocks), trimmed when the file's last handle
+    /// closes; the next start trims whatever a crash left.
     prealloc: Mutex<HashMap<u64, (u64, u64)>>,
     pub stats: GrantStats,
 }
@@ -139,11 +139,18 @@ impl Grants {
     /// its end is freed, under an exclusive lock past the end of file (so no grant that may
     /// use those blocks is out).
     pub async fn trim_prealloc(&self, ino: u64) {
-        let Some((first, end)) = self.prealloc().remove(&ino) else {
+        // The in-memory map says which inodes have preallocation this run (the start trimmed
+        // every earlier one); the durable record says how much.
+        if self.prealloc().remove(&ino).is_none() {
             return;
+        }
+        let store = self.dp.store.clone();
+        let bs = u64::from(store.block_size());
+        let size = match store.read(|t| t.getattr_size(ino)) {
+            Ok(s) => s,
+            Err(_) => return, // gone: its blocks went with it
         };
-        let bs = u64::from(self.dp.store.block_size());
-        let from = first.saturating_mul(bs);
+        let from = size / bs * bs;
         let held = match self.exclusive(ino, Span::new(from, u64::MAX - from)).await {
             Ok(h) => h,
             Err(e) => {
@@ -151,12 +158,15 @@ impl Grants {
                 return;
             }
         };
-        match self
-            .dp
-            .store
-            .write(move |ctx| data::trim_unwritten_past_eof(ctx, ino, first, end))
-            .await
-        {
+        let trimmed = store
+            .write(move |ctx| {
+                let Some((first, end)) = ctx.prealloc.remove(ino)?.map(|v| v.value()) else {
+                    return Ok(0);
+                };
+                data::trim_unwritten_past_eof(ctx, ino, first, end)
+            })
+            .await;
+        match trimmed {
             Ok(freed) if freed > 0 => {
                 tracing::debug!(ino, freed, "speculative preallocation trimmed")
             }

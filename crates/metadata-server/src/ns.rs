@@ -371,6 +371,7 @@ pub fn destroy_inode(ctx: &mut Ctx<'_>, ino: u64) -> Result<(), OpError> {
     }
     ctx.t.inodes.remove(ino)?;
     ctx.orphans.remove(ino)?;
+    ctx.prealloc.remove(ino)?;
     ctx.st
         .usage
         .inodes

@@ -53,6 +53,9 @@ pub const FREE: TableDefinition<'_, u64, u64> = TableDefinition::new("free");
 pub const XATTRS: TableDefinition<'_, (u64, &[u8]), &[u8]> = TableDefinition::new("xattrs");
 /// Inodes with no links left that were still open: reaped at last close or next start.
 pub const ORPHANS: TableDefinition<'_, u64, ()> = TableDefinition::new("orphans");
+/// Speculative preallocation: inode -> file blocks `[first, end)` allocated ahead of a
+/// sequential writer; trimmed (past end of file) at the file's last close or the next start.
+pub const PREALLOC: TableDefinition<'_, u64, (u64, u64)> = TableDefinition::new("prealloc");
 
 const KEY_SUPER: &str = "super";
 const KEY_VOLUME: &str = "volume";
@@ -316,6 +319,7 @@ pub struct Ctx<'t> {
     pub free: Table<'t, u64, u64>,
     pub counters: Table<'t, &'static str, u64>,
     pub orphans: Table<'t, u64, ()>,
+    pub prealloc: Table<'t, u64, (u64, u64)>,
     pub st: &'t mut State,
     pub now: Timestamp,
     pub block_size: u32,
@@ -521,6 +525,7 @@ impl Store {
             txn.open_table(EXTENTS)?;
             txn.open_table(XATTRS)?;
             txn.open_table(ORPHANS)?;
+            txn.open_table(PREALLOC)?;
         }
         txn.commit()?;
         Ok(())
@@ -573,6 +578,7 @@ impl Store {
             boot_epoch,
         };
         store.reap_orphans()?;
+        store.trim_preallocations()?;
         Ok(store)
     }
 
@@ -599,6 +605,30 @@ impl Store {
     /// it, so that nothing issued before a restart is honoured after it.
     pub fn boot_epoch(&self) -> u64 {
         self.boot_epoch
+    }
+
+    /// No handle survives a restart: every speculative preallocation left by the last run is
+    /// trimmed past its file's end.
+    fn trim_preallocations(&self) -> Result<(), StoreError> {
+        let freed = self
+            .write_blocking(|ctx| {
+                let mut all = Vec::new();
+                for item in ctx.prealloc.iter()? {
+                    let (k, v) = item?;
+                    all.push((k.value(), v.value()));
+                }
+                let mut freed = 0;
+                for (ino, (first, end)) in all {
+                    ctx.prealloc.remove(ino)?;
+                    freed += crate::data::trim_unwritten_past_eof(ctx, ino, first, end)?;
+                }
+                Ok(freed)
+            })
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        if freed > 0 {
+            tracing::info!(blocks = freed, "trimmed preallocation left by the last run");
+        }
+        Ok(())
     }
 
     pub fn superblock(&self) -> &Superblock {
@@ -1025,6 +1055,7 @@ fn open_ctx<'t>(
         free: txn.open_table(FREE).map_err(e)?,
         counters: txn.open_table(COUNTERS).map_err(e)?,
         orphans: txn.open_table(ORPHANS).map_err(e)?,
+        prealloc: txn.open_table(PREALLOC).map_err(e)?,
         st,
         now,
         block_size,
