@@ -7,7 +7,6 @@
 //! tables, and follow the store's rule (check first, then change).
 
 use redb::ReadableTable;
-use sanfs_blockmap::extent::ExtentMap;
 use sanfs_blockmap::plan::{IoPlan, PlanMethod, PlanOp, plan};
 use sanfs_blockmap::volume::Volume;
 use sanfs_proto::types::{Attr, FileType, FsError, MAX_FILE_SIZE};
@@ -91,21 +90,14 @@ pub fn map_write_ahead(
         .filter(|e| *e <= MAX_FILE_SIZE)
         .ok_or(OpError::Fs(FsError::FileTooBig))?;
     let mut rec = ctx.t.inode(ino)?;
-    if rec.kind != FileType::Regular {
-        return err(if rec.is_dir() {
-            FsError::IsDir
-        } else {
-            FsError::Invalid("not a regular file".into())
-        });
-    }
+    rec.regular()?;
     if rec.nlink == 0 && ctx.orphans.get(ino)?.is_none() {
         return err(FsError::Stale);
     }
     let bs = u64::from(ctx.block_size);
     let blocks_before = rec.blocks;
     let sequential = {
-        let map = ExtentMap::from_extents(ctx.t.extents(ino)?)
-            .map_err(|e| crate::store::corrupt(format_args!("extents of inode {ino}"), e))?;
+        let map = ctx.t.extent_map(ino)?;
         offset / bs >= map.end_block()
     };
     let ahead = if sequential { ahead_blocks } else { 0 };
@@ -172,8 +164,7 @@ pub fn plan_allocated_write<T: Reader + ReaderInodes>(
     if rec.kind != FileType::Regular || rec.nlink == 0 {
         return Ok(None);
     }
-    let map = ExtentMap::from_extents(t.extent_list(ino)?)
-        .map_err(|e| crate::store::corrupt(format_args!("extents of inode {ino}"), e))?;
+    let map = t.extent_map_of(ino)?;
     let bs = u64::from(block_size);
     let holes = map
         .lookup(offset / bs, len / bs)
@@ -238,13 +229,7 @@ fn map_read_clipped<T: Reader + ReaderInodes>(
 ) -> Result<Mapped, OpError> {
     aligned(offset, len, block_size)?;
     let rec = t.inode_rec(ino)?;
-    if rec.kind != FileType::Regular {
-        return err(if rec.is_dir() {
-            FsError::IsDir
-        } else {
-            FsError::Invalid("not a regular file".into())
-        });
-    }
+    rec.regular()?;
     let bs = u64::from(block_size);
     let eof = rec.size.div_ceil(bs) * bs;
     let len = if clip {
@@ -260,8 +245,7 @@ fn map_read_clipped<T: Reader + ReaderInodes>(
             file_size: rec.size,
         });
     }
-    let map = ExtentMap::from_extents(t.extent_list(ino)?)
-        .map_err(|e| crate::store::corrupt(format_args!("extents of inode {ino}"), e))?;
+    let map = t.extent_map_of(ino)?;
     let plan = plan(
         PlanOp::Read,
         offset,
@@ -315,8 +299,7 @@ pub fn complete_write_to(
         .checked_add(bytes_done)
         .filter(|e| *e <= MAX_FILE_SIZE)
         .ok_or(OpError::Fs(FsError::FileTooBig))?;
-    let mut map = ExtentMap::from_extents(ctx.t.extents(ino)?)
-        .map_err(|e| crate::store::corrupt(format_args!("extents of inode {ino}"), e))?;
+    let mut map = ctx.t.extent_map(ino)?;
     // Only whole blocks were written with certainty; a torn last block stays Unwritten.
     let first = offset / bs;
     let whole = end / bs;
@@ -358,8 +341,7 @@ pub fn trim_unwritten_past_eof(
     if last <= first {
         return Ok(0);
     }
-    let mut map = ExtentMap::from_extents(ctx.t.extents(ino)?)
-        .map_err(|e| crate::store::corrupt(format_args!("extents of inode {ino}"), e))?;
+    let mut map = ctx.t.extent_map(ino)?;
     let unwritten: Vec<(u64, u64)> = map
         .lookup(first, last - first)
         .into_iter()

@@ -321,30 +321,17 @@ impl Grants {
             Ok(m)
         }
         .await;
-        match result {
-            Ok(mapped) => {
-                self.lock_table().insert(
-                    id,
-                    GrantState {
-                        session,
-                        epoch,
-                        ino,
-                        offset,
-                        len: mapped.len,
-                        mode: LockMode::Exclusive,
-                        cacheable: false,
-                        writer_is_root,
-                    },
-                );
-                add(&self.stats.write_grants, 1);
-                add(&self.stats.granted_write_bytes, mapped.len);
-                Ok((id, mapped))
-            }
-            Err(e) => {
-                self.dp.locks.release(ino, id);
-                Err(e)
-            }
-        }
+        let state = GrantState {
+            session,
+            epoch,
+            ino,
+            offset,
+            len: 0,
+            mode: LockMode::Exclusive,
+            cacheable: false,
+            writer_is_root,
+        };
+        self.register(id, state, result)
     }
 
     /// Control info 1 -> 2 for a read. Cacheable read grants stay until returned or recalled.
@@ -364,30 +351,44 @@ impl Grants {
         self.take_lock(id, ino, Span::new(offset, end - offset), LockMode::Shared)
             .await?;
         let vol = store.volume().clone();
-        match store.read(|t| data::map_read(t, &vol, bs, ino, offset, len)) {
-            Ok(mapped) => {
-                self.lock_table().insert(
-                    id,
-                    GrantState {
-                        session,
-                        epoch,
-                        ino,
-                        offset,
-                        len: mapped.len,
-                        mode: LockMode::Shared,
-                        cacheable,
-                        writer_is_root: false,
-                    },
-                );
-                add(&self.stats.read_grants, 1);
-                add(&self.stats.granted_read_bytes, mapped.len);
-                Ok((id, mapped))
-            }
+        let result = store.read(|t| data::map_read(t, &vol, bs, ino, offset, len));
+        let state = GrantState {
+            session,
+            epoch,
+            ino,
+            offset,
+            len: 0,
+            mode: LockMode::Shared,
+            cacheable,
+            writer_is_root: false,
+        };
+        self.register(id, state, result)
+    }
+
+    /// Files a grant whose lock `id` is held, once its range is mapped; on an error the lock
+    /// goes and nothing is filed.
+    fn register(
+        &self,
+        id: u64,
+        mut state: GrantState,
+        mapped: Result<Mapped, FsError>,
+    ) -> Result<(u64, Mapped), FsError> {
+        let mapped = match mapped {
+            Ok(m) => m,
             Err(e) => {
-                self.dp.locks.release(ino, id);
-                Err(e)
+                self.dp.locks.release(state.ino, id);
+                return Err(e);
             }
-        }
+        };
+        state.len = mapped.len;
+        let (count, bytes) = match state.mode {
+            LockMode::Shared => (&self.stats.read_grants, &self.stats.granted_read_bytes),
+            LockMode::Exclusive => (&self.stats.write_grants, &self.stats.granted_write_bytes),
+        };
+        add(count, 1);
+        add(bytes, mapped.len);
+        self.lock_table().insert(id, state);
+        Ok((id, mapped))
     }
 
     fn take_grant(

@@ -653,6 +653,7 @@ pub fn open_check_only<R: ReaderInodes>(
 /// Raw inode access for read-side helpers outside the [`Reader`] trait.
 pub trait ReaderInodes {
     fn inode_rec(&self, ino: u64) -> Result<InodeRec, OpError>;
+    fn extent_map_of(&self, ino: u64) -> Result<ExtentMap, OpError>;
 }
 
 impl<I, D, C, E, X> ReaderInodes for Tables<I, D, C, E, X>
@@ -665,6 +666,10 @@ where
 {
     fn inode_rec(&self, ino: u64) -> Result<InodeRec, OpError> {
         self.inode(ino)
+    }
+
+    fn extent_map_of(&self, ino: u64) -> Result<ExtentMap, OpError> {
+        self.extent_map(ino)
     }
 }
 
@@ -954,8 +959,7 @@ pub fn truncate(ctx: &mut Ctx<'_>, ino: u64, rec: &mut InodeRec, size: u64) -> R
     let bs = u64::from(ctx.block_size);
     if size < rec.size {
         let first_gone = size.div_ceil(bs);
-        let mut map = ExtentMap::from_extents(ctx.t.extents(ino)?)
-            .map_err(|e| crate::store::corrupt(format_args!("extents of inode {ino}"), e))?;
+        let mut map = ctx.t.extent_map(ino)?;
         let gone = map.truncate(first_gone);
         for e in &gone {
             ctx.free_blocks(e.vol_block, e.len_blocks)?;
@@ -1123,13 +1127,7 @@ pub fn allocate_range(
     keep_size: bool,
 ) -> Result<Attr, OpError> {
     let mut rec = ctx.t.inode(ino)?;
-    if rec.kind != FileType::Regular {
-        return err(if rec.is_dir() {
-            FsError::IsDir
-        } else {
-            FsError::Invalid("not a regular file".into())
-        });
-    }
+    rec.regular()?;
     check(cred, &rec, MAY_WRITE)?;
     let end = offset
         .checked_add(len)
@@ -1161,8 +1159,7 @@ pub fn allocate_blocks(
     first: u64,
     last: u64,
 ) -> Result<ExtentMap, OpError> {
-    let mut map = ExtentMap::from_extents(ctx.t.extents(ino)?)
-        .map_err(|e| crate::store::corrupt(format_args!("extents of inode {ino}"), e))?;
+    let mut map = ctx.t.extent_map(ino)?;
     if last <= first {
         return Ok(map);
     }

@@ -304,13 +304,7 @@ pub trait SizeOf {
 impl<T: crate::ns::ReaderInodes> SizeOf for T {
     fn getattr_size(&self, ino: u64) -> Result<u64, crate::store::OpError> {
         let rec = self.inode_rec(ino)?;
-        if rec.kind != sanfs_proto::types::FileType::Regular {
-            return Err(crate::store::OpError::Fs(if rec.is_dir() {
-                FsError::IsDir
-            } else {
-                FsError::Invalid("not a regular file".into())
-            }));
-        }
+        rec.regular()?;
         Ok(rec.size)
     }
 }

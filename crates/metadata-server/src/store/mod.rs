@@ -229,6 +229,12 @@ where
         }
     }
 
+    /// The file's extents as a map (checked canonical form).
+    pub fn extent_map(&self, ino: u64) -> Result<sanfs_blockmap::extent::ExtentMap, OpError> {
+        sanfs_blockmap::extent::ExtentMap::from_extents(self.extents(ino)?)
+            .map_err(|e| corrupt(format_args!("extents of inode {ino}"), e))
+    }
+
     pub fn xattr(&self, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>, OpError> {
         Ok(self.xattrs.get((ino, name))?.map(|v| v.value().to_vec()))
     }

@@ -69,6 +69,18 @@ impl InodeRec {
         self.kind == FileType::Directory
     }
 
+    /// Ok for a regular file; EISDIR for a directory, EINVAL for anything else: what data
+    /// operations answer on an inode that holds no file data.
+    pub fn regular(&self) -> Result<(), sanfs_proto::types::FsError> {
+        match self.kind {
+            FileType::Regular => Ok(()),
+            FileType::Directory => Err(sanfs_proto::types::FsError::IsDir),
+            _ => Err(sanfs_proto::types::FsError::Invalid(
+                "not a regular file".into(),
+            )),
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::with_capacity(128 + self.target.len());
         w.u8(kind_code(self.kind))
