@@ -104,8 +104,8 @@ pub fn map_write_ahead(
     let alloc_end = (end / bs).saturating_add(ahead);
     let map = match allocate_blocks(ctx, ino, &mut rec, offset / bs, alloc_end) {
         Ok(m) => m,
-        // Not enough room to allocate ahead: the range itself is what matters.
-        Err(OpError::Fs(FsError::NoSpace)) if ahead > 0 => {
+        // Not enough room (or quota) to allocate ahead: the range itself is what matters.
+        Err(OpError::Fs(FsError::NoSpace | FsError::QuotaExceeded)) if ahead > 0 => {
             return map_write_ahead(ctx, volume, ino, offset, len, 0);
         }
         Err(e) => return Err(e),
@@ -361,6 +361,12 @@ pub fn trim_unwritten_past_eof(
             freed += e.len_blocks;
         }
     }
+    crate::quota::apply(
+        ctx,
+        rec.project,
+        -i64::try_from(freed).unwrap_or(i64::MAX),
+        0,
+    )?;
     if freed > 0 {
         rec.blocks = map.mapped_blocks();
         save_extents(&mut ctx.t, ino, &map)?;

@@ -23,8 +23,8 @@ use sanfs_proto::types::FileType;
 
 use crate::store::records::{InodeRec, Superblock, kind_from_code};
 use crate::store::{
-    Backend, COOKIES, COUNTERS, DIRENTS, EXTENTS, FREE, INODES, ORPHANS, PREALLOC, ROOT, SUPER,
-    StoreError, XATTRS,
+    Backend, COOKIES, COUNTERS, DIRENTS, EXTENTS, FREE, INODES, ORPHANS, PREALLOC, QUOTAS, ROOT,
+    SUPER, StoreError, XATTRS,
 };
 
 /// What fsck found.
@@ -434,6 +434,45 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
             }
         }
         Err(e) => rep.problem(format!("the free-space table is not valid: {e}")),
+    }
+
+    // --- directory quotas: usage recomputed from the inodes ---
+    let mut used: HashMap<u64, (u64, u64)> = HashMap::new();
+    for rec in inodes.values() {
+        if rec.project != 0 {
+            let u = used.entry(rec.project).or_default();
+            u.0 += rec.blocks;
+            u.1 += 1;
+        }
+    }
+    let quotas = match r.open_table(QUOTAS) {
+        Ok(t) => Some(t),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(e.into()),
+    };
+    let mut quota_dirs = HashSet::new();
+    for item in quotas.iter().flat_map(|t| t.iter()).flatten() {
+        let (k, v) = item?;
+        let dir = k.value();
+        let q = crate::quota::QuotaRow::from_tuple(v.value());
+        quota_dirs.insert(dir);
+        if !inodes.get(&dir).is_some_and(|r| r.is_dir()) {
+            rep.problem(format!("quota on {dir}, which is not a directory"));
+        }
+        let (blocks, count) = used.get(&dir).copied().unwrap_or((0, 0));
+        if (q.used_blocks, q.used_inodes) != (blocks, count) {
+            rep.problem(format!(
+                "quota of directory {dir} says {} blocks and {} inodes used, its inodes hold {blocks} and {count}",
+                q.used_blocks, q.used_inodes
+            ));
+        }
+    }
+    for project in used.keys() {
+        if !quota_dirs.contains(project) {
+            rep.problem(format!(
+                "inodes are charged to directory {project}, which has no quota"
+            ));
+        }
     }
 
     // --- speculative preallocation records ---

@@ -9,6 +9,7 @@
 //! - [`locks`], [`grants`], [`data`]: byte-range locks, grants (the direct path's control
 //!   info 1 to 4), and their store jobs.
 //! - [`proxy`], [`datadev`]: the proxied path and the server's own handles on the LUNs.
+//! - [`quota`]: directory quotas (what a CSI volume is).
 //! - [`clock`]: the clock seam.
 //! - [`service`]: the four `sanfs.v1` gRPC services over one shared server state.
 //! - [`serve`]: binding, TLS, the serving loop, fail-stop.
@@ -29,6 +30,7 @@ pub mod locks;
 pub mod metrics;
 pub mod ns;
 pub mod proxy;
+pub mod quota;
 pub mod serve;
 pub mod service;
 pub mod store;

@@ -352,10 +352,16 @@ fn remove_entry(
 
 /// Frees everything an inode owns and deletes it (its last link and last handle are gone).
 pub fn destroy_inode(ctx: &mut Ctx<'_>, ino: u64) -> Result<(), OpError> {
+    let project = ctx.t.try_inode(ino)?.map(|r| r.project).unwrap_or(0);
     let extents = ctx.t.extents(ino)?;
+    let mut blocks = 0u64;
     for e in &extents {
         ctx.free_blocks(e.vol_block, e.len_blocks)?;
+        blocks += e.len_blocks;
     }
+    crate::quota::apply(ctx, project, -i64::try_from(blocks).unwrap_or(i64::MAX), -1)?;
+    // A quota directory going away takes its quota with it.
+    ctx.quotas.remove(ino)?;
     ctx.t.extents.remove(ino)?;
     let mut names: Vec<Vec<u8>> = Vec::new();
     for item in ctx.t.xattrs.range((ino, &[][..])..)? {
@@ -448,6 +454,7 @@ fn new_inode(
             parent: 0,
             next_cookie: 0,
             target: Vec::new(),
+            project: 0,
         },
     ))
 }
@@ -490,7 +497,11 @@ fn make_node(
     if kind == FileType::Directory && dir.nlink >= LINK_MAX {
         return err(FsError::TooManyLinks);
     }
+    let project = crate::quota::child_project(ctx, parent, &dir)?;
+    crate::quota::check(ctx, project, 0, 1)?;
     let (ino, mut rec) = new_inode(ctx, cred, &dir, kind, perm)?;
+    rec.project = project;
+    crate::quota::apply(ctx, project, 0, 1)?;
     fill(&mut rec);
     if kind == FileType::Directory {
         rec.parent = parent;
@@ -694,6 +705,9 @@ pub fn link(ctx: &mut Ctx<'_>, r: &LinkRequest) -> Result<Attr, OpError> {
         return err(FsError::Perm);
     }
     let mut dir = creatable(&ctx.t, &r.cred, r.new_parent.0, r.new_name.as_bytes())?;
+    if crate::quota::child_project(ctx, r.new_parent.0, &dir)? != src.project {
+        return err(FsError::CrossDevice);
+    }
     if src.nlink >= LINK_MAX {
         return err(FsError::TooManyLinks);
     }
@@ -812,6 +826,13 @@ pub fn rename(ctx: &mut Ctx<'_>, r: &RenameRequest) -> Result<(), OpError> {
     let srec = w.load(&ctx.t, src)?.clone();
     if !sticky_allows(cred, &odir, &srec) {
         return err(FsError::Perm);
+    }
+    // Across directory quotas a rename is a move between file systems: EXDEV (mv copies).
+    if op != np
+        && crate::quota::child_project(ctx, op, &odir)?
+            != crate::quota::child_project(ctx, np, &ndir)?
+    {
+        return err(FsError::CrossDevice);
     }
     let src_is_dir = skind == FileType::Directory;
     if src_is_dir && is_ancestor(&ctx.t, src, np)? {
@@ -961,9 +982,17 @@ pub fn truncate(ctx: &mut Ctx<'_>, ino: u64, rec: &mut InodeRec, size: u64) -> R
         let first_gone = size.div_ceil(bs);
         let mut map = ctx.t.extent_map(ino)?;
         let gone = map.truncate(first_gone);
+        let mut freed = 0u64;
         for e in &gone {
             ctx.free_blocks(e.vol_block, e.len_blocks)?;
+            freed += e.len_blocks;
         }
+        crate::quota::apply(
+            ctx,
+            rec.project,
+            -i64::try_from(freed).unwrap_or(i64::MAX),
+            0,
+        )?;
         rec.blocks = map.mapped_blocks();
         save_extents(&mut ctx.t, ino, &map)?;
     }
@@ -1178,6 +1207,7 @@ pub fn allocate_blocks(
         return Ok(map);
     }
     let wanted: u64 = holes.iter().map(|(_, l)| l).sum();
+    crate::quota::check(ctx, rec.project, wanted, 0)?;
     if wanted > ctx.st.alloc.free_blocks() {
         return err(FsError::NoSpace);
     }
@@ -1221,5 +1251,11 @@ pub fn allocate_blocks(
     }
     rec.blocks = map.mapped_blocks();
     save_extents(&mut ctx.t, ino, &map)?;
+    crate::quota::apply(
+        ctx,
+        rec.project,
+        i64::try_from(wanted).unwrap_or(i64::MAX),
+        0,
+    )?;
     Ok(map)
 }

@@ -43,7 +43,8 @@ pub fn code_of(e: &FsError) -> Code {
         | FsError::NotEmpty
         | FsError::NotSymlink
         | FsError::TooManyLinks
-        | FsError::StaleSession => Code::FailedPrecondition,
+        | FsError::StaleSession
+        | FsError::CrossDevice => Code::FailedPrecondition,
         FsError::Access | FsError::Perm => Code::PermissionDenied,
         FsError::NameTooLong | FsError::Invalid(_) => Code::InvalidArgument,
         FsError::NoSpace | FsError::QuotaExceeded => Code::ResourceExhausted,
@@ -78,6 +79,7 @@ pub fn kind_of(e: &FsError) -> &'static str {
         FsError::LockTimeout => "lock_timeout",
         FsError::Io(_) => "io",
         FsError::NotSupported => "not_supported",
+        FsError::CrossDevice => "cross_device",
     }
 }
 
@@ -95,6 +97,7 @@ fn from_kind(kind: &str, message: &str) -> Option<FsError> {
         "invalid" => FsError::Invalid(message.to_owned()),
         "no_space" => FsError::NoSpace,
         "quota_exceeded" => FsError::QuotaExceeded,
+        "cross_device" => FsError::CrossDevice,
         "too_many_links" => FsError::TooManyLinks,
         "file_too_big" => FsError::FileTooBig,
         "no_attr" => FsError::NoAttr,
@@ -130,6 +133,7 @@ fn from_errno(errno: i32, message: &str) -> FsError {
         116 => FsError::Stale,
         11 => FsError::LockTimeout,
         95 => FsError::NotSupported,
+        18 => FsError::CrossDevice,
         _ => FsError::Io(format!("errno {errno}: {message}")),
     }
 }

@@ -497,6 +497,9 @@ pub enum FsError {
     Io(String),
     #[error("operation not supported")]
     NotSupported,
+    /// A rename or link across directory quotas (as across file systems: `mv` copies).
+    #[error("cross-device link (across directory quotas)")]
+    CrossDevice,
 }
 
 impl FsError {
@@ -524,6 +527,7 @@ impl FsError {
             FsError::LockTimeout => 11,    // EAGAIN
             FsError::Io(_) => 5,           // EIO
             FsError::NotSupported => 95,   // EOPNOTSUPP
+            FsError::CrossDevice => 18,    // EXDEV
         }
     }
 }

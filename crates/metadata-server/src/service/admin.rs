@@ -12,7 +12,7 @@ use sanfs_proto::pb::admin_server::Admin;
 use sanfs_proto::types::SessionId;
 use tonic::{Request, Response, Status};
 
-use super::{SERVER_VERSION, Server, convert, note, rpc};
+use super::{SERVER_VERSION, Server, convert, fs_status, note, rpc};
 
 /// The Admin service over the shared server.
 #[derive(Debug, Clone)]
@@ -110,7 +110,11 @@ impl Admin for AdminService {
         rpc("SetQuota", async {
             let req: SetQuotaRequest = convert(request.into_inner())?;
             note(None, Some(req.inode.0));
-            Err(Status::unimplemented("directory quotas come with issue 8"))
+            let info = self
+                .server
+                .write(move |ctx| crate::quota::set(ctx, &req.cred, req.inode.0, &req.limits))
+                .await?;
+            Ok(info.into())
         })
         .await
     }
@@ -122,7 +126,16 @@ impl Admin for AdminService {
         rpc("GetQuota", async {
             let req: InodeRequest = convert(request.into_inner())?;
             note(None, Some(req.inode.0));
-            Err(Status::unimplemented("directory quotas come with issue 8"))
+            let bs = self.server.store.block_size();
+            match self
+                .server
+                .store
+                .quota_of(req.inode.0)
+                .map_err(|e| fs_status(&e))?
+            {
+                Some((dir, q)) if dir == req.inode.0 => Ok(q.info(dir, bs).into()),
+                _ => Err(fs_status(&sanfs_proto::types::FsError::NoAttr)),
+            }
         })
         .await
     }

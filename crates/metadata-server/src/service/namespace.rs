@@ -118,7 +118,7 @@ impl Server {
         // Inodes are not preallocated (they live in the metadata store): report as many
         // free as there are free blocks, so that `df -i` shows a full volume as full.
         let free_inodes = free_blocks;
-        Ok(StatFs {
+        let mut st = StatFs {
             block_size: bs,
             total_blocks,
             free_blocks,
@@ -126,7 +126,26 @@ impl Server {
             total_inodes: inodes.saturating_add(free_inodes),
             free_inodes,
             name_max: u32::try_from(NAME_MAX).unwrap_or(255),
-        })
+        };
+        // Inside a directory quota, df shows the quota (what a CSI volume's user expects).
+        if let Some((_, q)) = self
+            .store
+            .quota_of(req.inode.0)
+            .map_err(|e| fs_status(&e))?
+        {
+            if let Some(limit) = q.limit_bytes {
+                let total = limit / u64::from(bs);
+                let free = total.saturating_sub(q.used_blocks).min(free_blocks);
+                st.total_blocks = total;
+                st.free_blocks = free;
+                st.avail_blocks = free;
+            }
+            if let Some(limit) = q.limit_inodes {
+                st.total_inodes = limit;
+                st.free_inodes = limit.saturating_sub(q.used_inodes);
+            }
+        }
+        Ok(st)
     }
 }
 

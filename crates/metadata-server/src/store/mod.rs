@@ -56,6 +56,9 @@ pub const ORPHANS: TableDefinition<'_, u64, ()> = TableDefinition::new("orphans"
 /// Speculative preallocation: inode -> file blocks `[first, end)` allocated ahead of a
 /// sequential writer; trimmed (past end of file) at the file's last close or the next start.
 pub const PREALLOC: TableDefinition<'_, u64, (u64, u64)> = TableDefinition::new("prealloc");
+/// Directory quotas: directory inode -> (byte limit, inode limit, blocks used, inodes used);
+/// `u64::MAX` is "no limit" (see `quota.rs`).
+pub const QUOTAS: TableDefinition<'_, u64, (u64, u64, u64, u64)> = TableDefinition::new("quotas");
 
 const KEY_SUPER: &str = "super";
 const KEY_VOLUME: &str = "volume";
@@ -326,6 +329,7 @@ pub struct Ctx<'t> {
     pub counters: Table<'t, &'static str, u64>,
     pub orphans: Table<'t, u64, ()>,
     pub prealloc: Table<'t, u64, (u64, u64)>,
+    pub quotas: Table<'t, u64, (u64, u64, u64, u64)>,
     pub st: &'t mut State,
     pub now: Timestamp,
     pub block_size: u32,
@@ -379,7 +383,8 @@ impl Shared {
 
 /// The metadata store.
 pub struct Store {
-    db: Arc<Database>,
+    /// The database; `None` once closed (its file lock is released then).
+    db: std::sync::RwLock<Option<Arc<Database>>>,
     sb: Superblock,
     volume: Arc<Volume>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
@@ -522,6 +527,7 @@ impl Store {
                 parent: ROOT,
                 next_cookie: sanfs_proto::model::FIRST_DIR_COOKIE,
                 target: Vec::new(),
+                project: 0,
             };
             txn.open_table(INODES)?
                 .insert(ROOT, root.encode().as_slice())?;
@@ -532,6 +538,7 @@ impl Store {
             txn.open_table(XATTRS)?;
             txn.open_table(ORPHANS)?;
             txn.open_table(PREALLOC)?;
+            txn.open_table(QUOTAS)?;
         }
         txn.commit()?;
         Ok(())
@@ -572,7 +579,7 @@ impl Store {
                 })?
         };
         let store = Store {
-            db,
+            db: std::sync::RwLock::new(Some(db)),
             sb,
             volume: Arc::new(volume),
             jobs: Mutex::new(Some(tx)),
@@ -590,7 +597,7 @@ impl Store {
 
     fn reap_orphans(&self) -> Result<(), StoreError> {
         let orphans: Vec<u64> = {
-            let r = self.db.begin_read()?;
+            let r = self.database()?.begin_read()?;
             let t = r.open_table(ORPHANS)?;
             t.iter()?
                 .map(|e| e.map(|(k, _)| k.value()))
@@ -635,6 +642,32 @@ impl Store {
             tracing::info!(blocks = freed, "trimmed preallocation left by the last run");
         }
         Ok(())
+    }
+
+    /// The quota an inode is charged to, with its limits and usage (for statfs inside it and
+    /// GetQuota): `(quota directory, row)`; a quota directory is its own quota.
+    pub fn quota_of(&self, ino: u64) -> Result<Option<(u64, crate::quota::QuotaRow)>, FsError> {
+        self.read(|t| {
+            let rec = t.inode(ino)?;
+            let r = self.database()?.begin_read()?;
+            let quotas = match r.open_table(QUOTAS) {
+                Ok(q) => q,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+            for project in [ino, rec.project] {
+                if project == 0 {
+                    continue;
+                }
+                if let Some(v) = quotas.get(project)? {
+                    return Ok(Some((
+                        project,
+                        crate::quota::QuotaRow::from_tuple(v.value()),
+                    )));
+                }
+            }
+            Ok(None)
+        })
     }
 
     pub fn superblock(&self) -> &Superblock {
@@ -777,7 +810,7 @@ impl Store {
             return Err(self.shared.poison_error());
         }
         let run = || -> Result<R, OpError> {
-            let r = self.db.begin_read()?;
+            let r = self.database()?.begin_read()?;
             let t = Tables {
                 inodes: r.open_table(INODES)?,
                 dirents: r.open_table(DIRENTS)?,
@@ -797,7 +830,9 @@ impl Store {
         }
     }
 
-    /// Stops the committer after the jobs already queued (a clean shutdown).
+    /// Stops the committer after the jobs already queued and closes the database (a clean
+    /// shutdown: its file lock is released, so `fsck` or a new server can open it at once).
+    /// Later calls answer as a failed store would.
     pub fn close(&self) {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(h) = self
@@ -808,6 +843,19 @@ impl Store {
         {
             let _ = h.join();
         }
+        self.db.write().unwrap_or_else(|p| p.into_inner()).take();
+        let mut r = self.shared.reason.lock().unwrap_or_else(|p| p.into_inner());
+        if r.is_none() {
+            *r = Some("the store is closed".into());
+        }
+    }
+
+    fn database(&self) -> Result<Arc<Database>, OpError> {
+        self.db
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| OpError::Fs(self.shared.poison_error()))
     }
 }
 
@@ -1062,6 +1110,7 @@ fn open_ctx<'t>(
         counters: txn.open_table(COUNTERS).map_err(e)?,
         orphans: txn.open_table(ORPHANS).map_err(e)?,
         prealloc: txn.open_table(PREALLOC).map_err(e)?,
+        quotas: txn.open_table(QUOTAS).map_err(e)?,
         st,
         now,
         block_size,

@@ -10,7 +10,9 @@ use sanfs_proto::types::{Attr, FileType, InodeId, Timestamp};
 use uuid::Uuid;
 
 const INODE_MAGIC: [u8; 4] = *b"SIN1";
-const INODE_VERSION: u16 = 1;
+/// Version 2 added `project` (the directory quota the inode is charged to); version 1
+/// records read as `project = 0`.
+const INODE_VERSION: u16 = 2;
 const SUPER_MAGIC: [u8; 4] = *b"SSB1";
 const SUPER_VERSION: u16 = 1;
 
@@ -43,6 +45,9 @@ pub struct InodeRec {
     pub next_cookie: u64,
     /// Symlinks: the target.
     pub target: Vec<u8>,
+    /// The directory quota this inode is charged to (the quota directory's inode), 0 for none.
+    /// Set at creation from the parent; renames and links across quotas are refused (EXDEV).
+    pub project: u64,
 }
 
 impl InodeRec {
@@ -97,12 +102,13 @@ impl InodeRec {
             .u64(self.generation)
             .u64(self.parent)
             .u64(self.next_cookie)
-            .bytes(&self.target);
+            .bytes(&self.target)
+            .u64(self.project);
         codec::seal(INODE_MAGIC, INODE_VERSION, &w.into_vec())
     }
 
     pub fn decode(bytes: &[u8]) -> Result<InodeRec, DecodeError> {
-        let (_, payload) = codec::open(INODE_MAGIC, INODE_VERSION, bytes)?;
+        let (version, payload) = codec::open(INODE_MAGIC, INODE_VERSION, bytes)?;
         let mut r = Reader::new(payload);
         let kind = kind_from_code(r.u8()?)?;
         let perm = r.u32()?;
@@ -125,6 +131,7 @@ impl InodeRec {
         let parent = r.u64()?;
         let next_cookie = r.u64()?;
         let target = r.bytes()?.to_vec();
+        let project = if version >= 2 { r.u64()? } else { 0 };
         r.finish()?;
         let [atime, mtime, ctime, btime] = times;
         Ok(InodeRec {
@@ -144,6 +151,7 @@ impl InodeRec {
             parent,
             next_cookie,
             target,
+            project,
         })
     }
 }
@@ -266,6 +274,7 @@ mod tests {
             parent: 0,
             next_cookie: 0,
             target: b"/a/b/c".to_vec(),
+            project: 7,
         }
     }
 

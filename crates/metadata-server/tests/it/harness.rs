@@ -49,6 +49,41 @@ pub fn options(dir: &Path, clock: &Clock) -> ServeOptions {
     }
 }
 
+/// Starts `serve` on four 32 MiB file-backed LUNs formatted by `format` (64 KiB stripes),
+/// so that grants and the proxied path have real devices, with the lease TTL given.
+pub async fn start_with_luns(lease_ttl_ms: u64) -> Running {
+    const MIB: u64 = 1 << 20;
+    start_with(Clock::System, move |o, dir| {
+        let luns: Vec<std::path::PathBuf> = (0..4).map(|i| dir.join(format!("lun{i}"))).collect();
+        for l in &luns {
+            std::fs::File::create(l).unwrap().set_len(32 * MIB).unwrap();
+        }
+        let f = sanfs_mds::format::format_volume(
+            &sanfs_mds::config::VolumeConfig {
+                layout: sanfs_mds::config::LayoutKindConfig::Striped,
+                block_size: 4096,
+                stripe_unit: 64 * 1024,
+                data_offset: MIB,
+                devices: luns.clone(),
+                lvm_vg: None,
+                lvm_lv: None,
+            },
+            false,
+            0,
+        )
+        .unwrap();
+        let info = sanfs_mds::store::FsInfo {
+            fs_uuid: f.fs_uuid,
+            volume: f.volume,
+            lvm: None,
+        };
+        Store::create(&o.backend, &info, true, &Clock::System).unwrap();
+        o.data_devices = luns;
+        o.lease_ttl_ms = lease_ttl_ms;
+    })
+    .await
+}
+
 /// Starts `serve` with the default options changed by `tweak`.
 pub async fn start_with(clock: Clock, tweak: impl FnOnce(&mut ServeOptions, &Path)) -> Running {
     let dir = tempfile::tempdir().unwrap();
@@ -96,7 +131,12 @@ impl Running {
     }
 
     /// Stops the server and checks that it stopped cleanly.
-    pub async fn stop(mut self) {
+    pub async fn stop(self) {
+        self.stop_keeping_files().await;
+    }
+
+    /// [`Running::stop`], handing back the directory with the store (`mds.redb`) and LUNs.
+    pub async fn stop_keeping_files(mut self) -> tempfile::TempDir {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
@@ -104,6 +144,7 @@ impl Running {
             .await
             .expect("serve stops within the grace");
         r.unwrap().unwrap();
+        std::mem::replace(&mut self._dir, tempfile::tempdir().unwrap())
     }
 }
 

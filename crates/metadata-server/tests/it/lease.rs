@@ -4,17 +4,13 @@
 //! heartbeat, its locks go, and the range its uncompleted write grant covered reads as zeros
 //! through both paths.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use sanfs_mds::clock::Clock;
-use sanfs_mds::config::{LayoutKindConfig, VolumeConfig};
-use sanfs_mds::store::{FsInfo, Store};
 use sanfs_proto::pb;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::harness::{Clients, root, rw, start_with};
+use crate::harness::{Clients, root, rw, start_with_luns};
 
 const MIB: u64 = 1 << 20;
 const TTL_MS: u64 = 1000;
@@ -86,35 +82,7 @@ async fn open(c: &mut Clients, session: u64, ino: u64) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ignored_recall_and_a_silent_client_lose_their_grants_within_ttl_plus_one_second() {
-    let srv = start_with(Clock::System, |o, dir| {
-        let luns: Vec<PathBuf> = (0..4).map(|i| dir.join(format!("lun{i}"))).collect();
-        for l in &luns {
-            std::fs::File::create(l).unwrap().set_len(32 * MIB).unwrap();
-        }
-        let f = sanfs_mds::format::format_volume(
-            &VolumeConfig {
-                layout: LayoutKindConfig::Striped,
-                block_size: 4096,
-                stripe_unit: 64 * 1024,
-                data_offset: MIB,
-                devices: luns.clone(),
-                lvm_vg: None,
-                lvm_lv: None,
-            },
-            false,
-            0,
-        )
-        .unwrap();
-        let info = FsInfo {
-            fs_uuid: f.fs_uuid,
-            volume: f.volume,
-            lvm: None,
-        };
-        Store::create(&o.backend, &info, true, &Clock::System).unwrap();
-        o.data_devices = luns;
-        o.lease_ttl_ms = TTL_MS;
-    })
-    .await;
+    let srv = start_with_luns(TTL_MS).await;
     let mut a = srv.clients().await;
     let mut b = srv.clients().await;
     let (sa, epoch) = a.open_session().await;

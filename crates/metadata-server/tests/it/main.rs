@@ -8,6 +8,7 @@
 //! - [`harness`]: a server started in-process with `serve`, its clients, test certificates.
 //! - [`serve`]: the four gRPC services end to end: namespace, sessions, TLS, metrics.
 //! - [`lease`]: grants, recalls and lease expiry through gRPC in real time on real LUNs.
+//! - [`quota`]: directory quotas through gRPC: EDQUOT, growth, exact usage, EXDEV, fsck.
 //! - [`crash`]: crash consistency: a crash at every disk write or sync of a seeded workload
 //!   recovers to exactly the acknowledged operations, with fsck clean.
 //! - `format_cli` and `inspect_cli` run the real binary on file-backed LUNs in a temporary
@@ -27,6 +28,7 @@ mod inspect_cli;
 mod lease;
 mod lvm_real;
 mod posix;
+mod quota;
 mod serve;
 mod smoke;
 mod support;

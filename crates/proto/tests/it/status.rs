@@ -36,6 +36,7 @@ fn every_fs_error() -> Vec<FsError> {
         FsError::LockTimeout,
         FsError::Io("d1: read at 4096: EIO".into()),
         FsError::NotSupported,
+        FsError::CrossDevice,
     ]
 }
 
