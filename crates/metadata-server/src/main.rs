@@ -190,14 +190,19 @@ fn format(config_path: &Path, force: bool) -> anyhow::Result<ExitCode> {
     // The store is checked after the devices and before any label is written, so that a
     // refused format changes nothing.
     let store_check = || -> anyhow::Result<()> {
-        if let Backend::File(path) = &backend
-            && !force
-            && path.exists()
-            && std::fs::metadata(path)?.len() > 0
-        {
+        if force {
+            return Ok(());
+        }
+        let exists = match &backend {
+            Backend::File(path) => path.exists() && std::fs::metadata(path)?.len() > 0,
+            Backend::Device(path) => sanfs_mds::store::backend::is_metadata_device(path)
+                .with_context(|| format!("read the metadata device {}", path.display()))?,
+            Backend::Sim(_) => false,
+        };
+        if exists {
             anyhow::bail!(
                 "metadata store {} already exists; nothing was written (use --force to replace it)",
-                path.display()
+                config.metadata.path.display()
             );
         }
         Ok(())

@@ -78,6 +78,17 @@ impl BlockDeviceBackend {
     }
 }
 
+/// Whether a device already holds a sanfs metadata store (its header's magic).
+pub fn is_metadata_device(path: &std::path::Path) -> std::io::Result<bool> {
+    let file = File::open(path)?;
+    let mut magic = [0u8; 8];
+    match file.read_exact_at(&mut magic, 0) {
+        Ok(()) => Ok(magic == DEVICE_MAGIC),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 fn encode_header(len: u64) -> [u8; 24] {
     let mut h = [0u8; 24];
     h[..8].copy_from_slice(&DEVICE_MAGIC);

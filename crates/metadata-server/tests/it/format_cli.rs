@@ -199,3 +199,51 @@ fn errors_exit_2_with_the_error_chain() {
     assert_eq!(run.code, Some(2), "{run:?}");
     assert!(run.stderr.contains("no metadata store"), "{run:?}");
 }
+
+/// The metadata store on a device of its own (`kind = "block"`; a plain file stands in for
+/// the LUN here): format creates it, fsck reads it, and a second format onto the same
+/// metadata device is refused before anything is written, even with fresh data LUNs.
+#[test]
+fn a_block_metadata_store_is_created_checked_and_not_formatted_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = dir.path().join("meta.lun");
+    std::fs::File::create(&meta)
+        .unwrap()
+        .set_len(16 * MIB)
+        .unwrap();
+    let config_for = |luns: &[PathBuf]| {
+        let path = dir.path().join("mds-block.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[metadata]\npath = \"{}\"\nkind = \"block\"\n\n[volume]\nlayout = \"striped\"\nstripe_unit = \"64KiB\"\ndevices = {}\n",
+                meta.display(),
+                toml_paths(luns)
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let first = lun_files(dir.path(), &[8 * MIB; 2]);
+    let config = config_for(&first);
+    let run = mds(["format", "--config", config.to_str().unwrap()]);
+    assert!(run.success(), "{run:?}");
+    let run = mds(["fsck", "--config", config.to_str().unwrap()]);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(run.stdout.contains("clean"), "{run:?}");
+
+    let fresh_dir = dir.path().join("fresh");
+    std::fs::create_dir(&fresh_dir).unwrap();
+    let fresh = lun_files(&fresh_dir, &[8 * MIB; 2]);
+    let config = config_for(&fresh);
+    let run = mds(["format", "--config", config.to_str().unwrap()]);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.contains("already exists"), "{run:?}");
+    for lun in &fresh {
+        assert_eq!(
+            std::fs::read(lun).unwrap(),
+            vec![0u8; 8 << 20],
+            "a refused format wrote"
+        );
+    }
+}
