@@ -118,6 +118,12 @@ impl Grants {
         }
     }
 
+    /// Recalls the cacheable grants among `blockers` (the proxied path's hook, see
+    /// [`DataPath::set_recaller`]).
+    pub fn recall_blockers(&self, blockers: Vec<u64>) {
+        self.recall(blockers);
+    }
+
     pub fn data_path(&self) -> &Arc<DataPath> {
         &self.dp
     }

@@ -1,0 +1,262 @@
+//! Cached read grants (layouts): the read grants this agent keeps under its session lease.
+//!
+//! A cacheable read grant is entered here as soon as it arrives, *before* its I/O, with one
+//! user in flight: a `Recall` for it may then arrive at any time (the server may need the range
+//! for a writer), and it must wait for that I/O. A later read inside a cached grant's range
+//! takes it ([`GrantCache::take`]: one more user in flight) and gives it back with
+//! [`GrantCache::release`]. A recalled grant is never handed out again; once its last user is
+//! done it leaves the table, and whoever waits for it ([`GrantCache::wait_idle`]) may then
+//! acknowledge the recall or return the grant.
+//!
+//! Recalls of grants this table does not know (the recall overtook the Map reply, or the grant
+//! was evicted) are remembered for a while as tombstones, so that a grant whose recall came
+//! first is never used.
+//!
+//! The table is bounded: inserting past `max_grants` evicts the least recently used idle
+//! grants, which the caller returns to the server.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use sanfs_proto::model::Grant;
+use sanfs_proto::types::{ByteRange, GrantId, InodeId};
+use tokio::sync::Notify;
+
+/// How many recalled-but-unknown grant ids are remembered.
+const MAX_TOMBSTONES: usize = 4096;
+
+struct Entry {
+    grant: Arc<Grant>,
+    /// The session generation the grant belongs to.
+    generation: u64,
+    in_flight: usize,
+    recalled: bool,
+    /// Whether the grant is kept after its first I/O (false: completed by its first user).
+    cached: bool,
+    last_use: u64,
+}
+
+#[derive(Default)]
+struct Table {
+    entries: HashMap<GrantId, Entry>,
+    tombstones: HashSet<GrantId>,
+    tombstone_order: VecDeque<GrantId>,
+    tick: u64,
+}
+
+/// The agent's cached read grants.
+pub(crate) struct GrantCache {
+    table: Mutex<Table>,
+    idle: Notify,
+    max_grants: usize,
+}
+
+/// What a grant's first user does with it once its I/O is done.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum AfterIo {
+    /// Keep it cached; nothing to send.
+    Keep,
+    /// It was recalled meanwhile: the recall's acknowledgement covers it; nothing to send.
+    Recalled,
+    /// Not kept (the caller did not ask to): it left the table; return it to the server.
+    Return,
+}
+
+impl GrantCache {
+    pub(crate) fn new(max_grants: usize) -> GrantCache {
+        GrantCache {
+            table: Mutex::new(Table::default()),
+            idle: Notify::new(),
+            max_grants: max_grants.max(1),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // A panic while holding the lock leaves plain bookkeeping; keep going with it.
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Enters a freshly received cacheable grant, with its first user in flight. Returns
+    /// false if its recall already arrived (the grant must not be used).
+    pub(crate) fn enter(&self, grant: Arc<Grant>, generation: u64) -> bool {
+        let mut t = self.lock();
+        if t.tombstones.remove(&grant.grant_id) {
+            return false;
+        }
+        t.tick += 1;
+        let last_use = t.tick;
+        t.entries.insert(
+            grant.grant_id,
+            Entry {
+                grant,
+                generation,
+                in_flight: 1,
+                recalled: false,
+                cached: false,
+                last_use,
+            },
+        );
+        true
+    }
+
+    /// A cached, unrecalled grant of `generation` on `inode` that covers `range` (and whose
+    /// file size covers it), with one more user in flight.
+    pub(crate) fn take(
+        &self,
+        inode: InodeId,
+        range: ByteRange,
+        generation: u64,
+    ) -> Option<Arc<Grant>> {
+        let mut t = self.lock();
+        t.tick += 1;
+        let tick = t.tick;
+        let e = t.entries.values_mut().find(|e| {
+            e.cached
+                && !e.recalled
+                && e.generation == generation
+                && e.grant.inode == inode
+                && e.grant.range.offset() <= range.offset()
+                && range.end() <= e.grant.range.end()
+                && range.end() <= e.grant.file_size
+        })?;
+        e.in_flight += 1;
+        e.last_use = tick;
+        Some(Arc::clone(&e.grant))
+    }
+
+    /// The end of one user's I/O on a grant. With `keep`, the grant's first user asks to keep
+    /// it cached. Returns what became of it, and the grants evicted to make room (to return).
+    pub(crate) fn release(&self, id: GrantId, keep: bool) -> (AfterIo, Vec<GrantId>) {
+        let mut t = self.lock();
+        let mut evicted = Vec::new();
+        let outcome = match t.entries.get_mut(&id) {
+            None => AfterIo::Recalled,
+            Some(e) => {
+                e.in_flight = e.in_flight.saturating_sub(1);
+                if keep {
+                    e.cached = true;
+                }
+                if e.recalled {
+                    if e.in_flight == 0 {
+                        t.entries.remove(&id);
+                    }
+                    AfterIo::Recalled
+                } else if !e.cached {
+                    if e.in_flight == 0 {
+                        t.entries.remove(&id);
+                    }
+                    AfterIo::Return
+                } else {
+                    AfterIo::Keep
+                }
+            }
+        };
+        if outcome == AfterIo::Keep {
+            while t.entries.len() > self.max_grants {
+                let victim = t
+                    .entries
+                    .iter()
+                    .filter(|(g, e)| e.in_flight == 0 && !e.recalled && **g != id)
+                    .min_by_key(|(_, e)| e.last_use)
+                    .map(|(g, _)| *g);
+                match victim {
+                    Some(g) => {
+                        t.entries.remove(&g);
+                        evicted.push(g);
+                    }
+                    None => break,
+                }
+            }
+        }
+        drop(t);
+        self.idle.notify_waiters();
+        (outcome, evicted)
+    }
+
+    /// Marks `ids` recalled (unknown ones become tombstones); none of them is handed out again.
+    pub(crate) fn recall(&self, ids: &[GrantId]) {
+        let mut t = self.lock();
+        for id in ids {
+            match t.entries.get_mut(id) {
+                Some(e) => {
+                    e.recalled = true;
+                    if e.in_flight == 0 {
+                        t.entries.remove(id);
+                    }
+                }
+                None => {
+                    if t.tombstones.insert(*id) {
+                        t.tombstone_order.push_back(*id);
+                    }
+                    while t.tombstone_order.len() > MAX_TOMBSTONES {
+                        if let Some(old) = t.tombstone_order.pop_front() {
+                            t.tombstones.remove(&old);
+                        }
+                    }
+                }
+            }
+        }
+        drop(t);
+        self.idle.notify_waiters();
+    }
+
+    /// Marks every cached grant of `inode` that overlaps `range` recalled and returns their
+    /// ids: the writer's own layouts, to be given back before it asks for the range.
+    pub(crate) fn take_overlapping(&self, inode: InodeId, range: ByteRange) -> Vec<GrantId> {
+        let mut t = self.lock();
+        let ids: Vec<GrantId> = t
+            .entries
+            .iter()
+            .filter(|(_, e)| e.grant.inode == inode && e.grant.range.overlaps(&range))
+            .map(|(g, _)| *g)
+            .collect();
+        for id in &ids {
+            if let Some(e) = t.entries.get_mut(id) {
+                e.recalled = true;
+                if e.in_flight == 0 {
+                    t.entries.remove(id);
+                }
+            }
+        }
+        ids
+    }
+
+    /// Waits until none of `ids` has I/O in flight (they have left the table).
+    pub(crate) async fn wait_idle(&self, ids: &[GrantId]) {
+        loop {
+            let notified = self.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let t = self.lock();
+                if ids.iter().all(|id| !t.entries.contains_key(id)) {
+                    return;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Drops every grant (the session is lost): nothing is handed out again; returns how many
+    /// still have I/O in flight.
+    pub(crate) fn clear(&self) -> Vec<GrantId> {
+        let mut t = self.lock();
+        t.entries.retain(|_, e| {
+            e.recalled = true;
+            e.in_flight > 0
+        });
+        t.tombstones.clear();
+        t.tombstone_order.clear();
+        t.entries.keys().copied().collect()
+    }
+
+    /// Ids of the grants currently kept (cached and not recalled).
+    pub(crate) fn cached_ids(&self) -> Vec<GrantId> {
+        let t = self.lock();
+        t.entries
+            .iter()
+            .filter(|(_, e)| e.cached && !e.recalled)
+            .map(|(g, _)| *g)
+            .collect()
+    }
+}
