@@ -260,3 +260,101 @@ impl GrantCache {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sanfs_proto::model::LockMode;
+    use sanfs_proto::types::SessionEpoch;
+    use std::time::Duration;
+
+    fn grant(id: u64, offset: u64, len: u64) -> Arc<Grant> {
+        Arc::new(Grant {
+            grant_id: GrantId(id),
+            epoch: SessionEpoch(1),
+            inode: InodeId(2),
+            range: ByteRange::new(offset, len).unwrap(),
+            mode: LockMode::Shared,
+            device_ios: Vec::new(),
+            zero_fill: Vec::new(),
+            file_size: 1 << 30,
+            cacheable: true,
+        })
+    }
+
+    fn r(offset: u64, len: u64) -> ByteRange {
+        ByteRange::new(offset, len).unwrap()
+    }
+
+    #[test]
+    fn a_kept_grant_serves_reads_inside_it_only() {
+        let c = GrantCache::new(8);
+        assert!(c.enter(grant(1, 0, 4096 * 4), 1));
+        // Not handed out before its first I/O is done and it is kept.
+        assert!(c.take(InodeId(2), r(0, 4096), 1).is_none());
+        assert_eq!(c.release(GrantId(1), true), (AfterIo::Keep, vec![]));
+        assert!(c.take(InodeId(2), r(4096, 8192), 1).is_some());
+        assert_eq!(c.release(GrantId(1), true).0, AfterIo::Keep);
+        assert!(
+            c.take(InodeId(2), r(4096, 4096 * 4), 1).is_none(),
+            "past its end"
+        );
+        assert!(c.take(InodeId(3), r(0, 4096), 1).is_none(), "another inode");
+        assert!(
+            c.take(InodeId(2), r(0, 4096), 2).is_none(),
+            "another session"
+        );
+        assert_eq!(c.cached_ids(), vec![GrantId(1)]);
+    }
+
+    #[tokio::test]
+    async fn a_recall_waits_for_io_in_flight_and_stops_new_use() {
+        let c = Arc::new(GrantCache::new(8));
+        assert!(c.enter(grant(1, 0, 4096), 1));
+        c.release(GrantId(1), true);
+        let _g = c.take(InodeId(2), r(0, 4096), 1).unwrap();
+        c.recall(&[GrantId(1)]);
+        assert!(c.take(InodeId(2), r(0, 4096), 1).is_none());
+        let waiter = {
+            let c = Arc::clone(&c);
+            tokio::spawn(async move { c.wait_idle(&[GrantId(1)]).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "the read is still in flight");
+        assert_eq!(c.release(GrantId(1), true).0, AfterIo::Recalled);
+        tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    #[test]
+    fn a_recall_that_overtakes_its_grant_makes_the_grant_unusable() {
+        let c = GrantCache::new(8);
+        c.recall(&[GrantId(7)]);
+        assert!(!c.enter(grant(7, 0, 4096), 1));
+        assert!(c.enter(grant(8, 0, 4096), 1));
+    }
+
+    #[test]
+    fn the_least_recently_used_idle_grants_are_evicted() {
+        let c = GrantCache::new(2);
+        for id in 1..=3 {
+            assert!(c.enter(grant(id, id * 4096, 4096), 1));
+            let (after, evicted) = c.release(GrantId(id), true);
+            assert_eq!(after, AfterIo::Keep);
+            if id == 3 {
+                assert_eq!(evicted, vec![GrantId(1)]);
+            }
+        }
+        let mut ids = c.cached_ids();
+        ids.sort();
+        assert_eq!(ids, vec![GrantId(2), GrantId(3)]);
+        // A grant not kept (its I/O failed) is returned.
+        assert!(c.enter(grant(9, 0, 4096), 1));
+        assert_eq!(c.release(GrantId(9), false).0, AfterIo::Return);
+        // The writer's own overlapping grants leave the cache.
+        assert_eq!(c.take_overlapping(InodeId(2), r(8192, 1)), vec![GrantId(2)]);
+        assert_eq!(c.cached_ids(), vec![GrantId(3)]);
+    }
+}

@@ -595,7 +595,8 @@ impl Inner {
                     self.return_in_background(view, vec![grant.grant_id]);
                 }
             } else if !matches!(result, Err(FsError::StaleSession)) {
-                self.complete(view, &grant, IoOutcome::Ok, glen).await?;
+                let done = if result.is_ok() { glen } else { 0 };
+                self.complete(view, &grant, IoOutcome::Ok, done).await?;
             }
             match result {
                 Ok(()) => {}

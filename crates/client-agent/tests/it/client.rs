@@ -361,6 +361,42 @@ async fn a_node_whose_lease_lapsed_refuses_direct_io_and_recovers_with_a_new_ses
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_server_restart_the_node_has_a_new_session_and_old_handles_are_estale() {
+    let mut srv = cluster::start(2_000).await;
+    let a = srv.client("a").await;
+    let (ino, ha) = create(&a, "restart").await;
+    let data = vec![0x44u8; 512 * KIB as usize];
+    a.write_at(&root(), &ha, ino, 0, &data).await.unwrap();
+    a.fsync(&root(), &ha, ino, false).await.unwrap();
+    // A cached read grant of the old epoch.
+    let _ = a.read_at(&root(), &ha, ino, 0, 512 * KIB).await.unwrap();
+    let (old, _) = a.session();
+
+    srv.restart().await;
+    let new = a
+        .wait_for_new_session(old, Duration::from_secs(15))
+        .await
+        .unwrap();
+    assert_ne!(new, old);
+    assert_eq!(
+        a.read_at(&root(), &ha, ino, 0, 512 * KIB)
+            .await
+            .unwrap_err(),
+        FsError::Stale,
+        "a handle of the old session is stale"
+    );
+    let ha2 = open(&a, ino).await;
+    let got = a.read_at(&root(), &ha2, ino, 0, 512 * KIB).await.unwrap();
+    assert_bytes(&got, &data, "the synced write survives the restart");
+    let data2 = vec![0x55u8; 512 * KIB as usize];
+    a.write_at(&root(), &ha2, ino, 0, &data2).await.unwrap();
+    let got = a.read_at(&root(), &ha2, ino, 0, 512 * KIB).await.unwrap();
+    assert_bytes(&got, &data2, "a write in the new session");
+    a.close().await.unwrap();
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespace_calls_round_trip() {
     let srv = cluster::start(10_000).await;
     let a = srv.client("a").await;

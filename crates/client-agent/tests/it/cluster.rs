@@ -22,6 +22,7 @@ pub const LUN_SIZE: u64 = 64 * MIB;
 pub struct Cluster {
     pub addr: SocketAddr,
     pub luns: Vec<PathBuf>,
+    opts: ServeOptions,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
     _dir: tempfile::TempDir,
@@ -73,32 +74,72 @@ pub async fn start(lease_ttl_ms: u64) -> Cluster {
         backend,
         data_devices: luns.clone(),
     };
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve(
-        opts,
-        Clock::System,
-        move |addr| {
-            let _ = ready_tx.send(addr);
-        },
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
-    let addr = match ready_rx.await {
-        Ok(a) => a,
-        Err(_) => panic!("serve did not start: {:?}", task.await),
-    };
-    Cluster {
-        addr,
+    let mut cluster = Cluster {
+        addr: opts.listen,
         luns,
-        stop: Some(stop_tx),
-        task: Some(task),
+        opts,
+        stop: None,
+        task: None,
         _dir: dir,
-    }
+    };
+    cluster.run().await;
+    cluster
 }
 
 impl Cluster {
+    /// Starts `serve` with the cluster's options; remembers the bound address so that a
+    /// restart listens on the same one.
+    async fn run(&mut self) {
+        // After a stop, the previous instance's last tasks may hold the store for a moment.
+        for attempt in 0.. {
+            let (ready_tx, ready_rx) = oneshot::channel();
+            let (stop_tx, stop_rx) = oneshot::channel::<()>();
+            let task = tokio::spawn(serve(
+                self.opts.clone(),
+                Clock::System,
+                move |addr| {
+                    let _ = ready_tx.send(addr);
+                },
+                async move {
+                    let _ = stop_rx.await;
+                },
+            ));
+            match ready_rx.await {
+                Ok(a) => {
+                    self.addr = a;
+                    self.opts.listen = a;
+                    self.stop = Some(stop_tx);
+                    self.task = Some(task);
+                    return;
+                }
+                Err(_) if attempt < 50 => {
+                    let _ = task.await;
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(_) => panic!("serve did not start: {:?}", task.await),
+            }
+        }
+    }
+
+    /// Stops the server cleanly and starts it again on the same address and store (a new
+    /// epoch: every session of the old one is gone).
+    pub async fn restart(&mut self) {
+        self.shutdown().await;
+        self.run().await;
+    }
+
+    async fn shutdown(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let r = tokio::time::timeout(std::time::Duration::from_secs(20), t)
+                .await
+                .expect("serve stops within the grace");
+            r.unwrap().unwrap();
+        }
+    }
+
     pub fn config(&self, name: &str) -> ClientConfig {
         let globs = self
             .luns
@@ -126,15 +167,7 @@ impl Cluster {
 
     /// Stops the server and checks that it stopped cleanly.
     pub async fn stop(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.task.take() {
-            let r = tokio::time::timeout(std::time::Duration::from_secs(20), t)
-                .await
-                .expect("serve stops within the grace");
-            r.unwrap().unwrap();
-        }
+        self.shutdown().await;
     }
 }
 
