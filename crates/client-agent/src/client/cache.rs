@@ -151,6 +151,32 @@ impl GrantCache {
                 }
             }
         };
+        if outcome == AfterIo::Keep && keep {
+            // Idle cached grants that the newly kept one covers are of no more use.
+            let (inode, range, generation) = match t.entries.get(&id) {
+                Some(e) => (e.grant.inode, e.grant.range, e.generation),
+                None => return (outcome, evicted),
+            };
+            let covered: Vec<GrantId> = t
+                .entries
+                .iter()
+                .filter(|(g, e)| {
+                    **g != id
+                        && e.cached
+                        && !e.recalled
+                        && e.in_flight == 0
+                        && e.generation == generation
+                        && e.grant.inode == inode
+                        && range.offset() <= e.grant.range.offset()
+                        && e.grant.range.end() <= range.end()
+                })
+                .map(|(g, _)| *g)
+                .collect();
+            for g in covered {
+                t.entries.remove(&g);
+                evicted.push(g);
+            }
+        }
         if outcome == AfterIo::Keep {
             while t.entries.len() > self.max_grants {
                 let victim = t
@@ -353,8 +379,15 @@ mod tests {
         // A grant not kept (its I/O failed) is returned.
         assert!(c.enter(grant(9, 0, 4096), 1));
         assert_eq!(c.release(GrantId(9), false).0, AfterIo::Return);
+        // A kept grant replaces the idle ones it covers.
+        assert!(c.enter(grant(10, 0, 4096 * 3), 1));
+        let (_, evicted) = c.release(GrantId(10), true);
+        assert_eq!(evicted, vec![GrantId(2)]);
         // The writer's own overlapping grants leave the cache.
-        assert_eq!(c.take_overlapping(InodeId(2), r(8192, 1)), vec![GrantId(2)]);
+        assert_eq!(
+            c.take_overlapping(InodeId(2), r(8192, 1)),
+            vec![GrantId(10)]
+        );
         assert_eq!(c.cached_ids(), vec![GrantId(3)]);
     }
 }

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use sanfs_blockmap::volume::DeviceIndex;
-use sanfs_client_agent::client::FaultInjection;
+use sanfs_client_agent::client::{Client, FaultInjection, TlsConfig};
 use sanfs_proto::model::{FallocateMode, OpenFlags};
 use sanfs_proto::types::{FsError, ROOT_INODE, RenameMode, SetAttr, XattrMode};
 
@@ -393,6 +393,59 @@ async fn after_a_server_restart_the_node_has_a_new_session_and_old_handles_are_e
     let got = a.read_at(&root(), &ha2, ino, 0, 512 * KIB).await.unwrap();
     assert_bytes(&got, &data2, "a write in the new session");
     a.close().await.unwrap();
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_connects_with_mutual_tls_and_plaintext_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = cluster::pki(dir.path());
+    let srv = cluster::start_with(10_000, Some(pki.server.clone())).await;
+    let mut config = srv.config("tls");
+    config.tls = Some(TlsConfig {
+        ca: pki.ca.clone(),
+        cert: pki.agent_cert.clone(),
+        key: pki.agent_key.clone(),
+        domain: None,
+    });
+    let a = Client::connect(config.clone()).await.unwrap();
+    let (ino, h) = create(&a, "tls").await;
+    let data = vec![0x77u8; 256 * KIB as usize];
+    a.write_at(&root(), &h, ino, 0, &data).await.unwrap();
+    let got = a.read_at(&root(), &h, ino, 0, 256 * KIB).await.unwrap();
+    assert_bytes(&got, &data, "over TLS");
+    a.close().await.unwrap();
+    // Plaintext towards a TLS server fails to connect.
+    let mut plain = config;
+    plain.tls = None;
+    assert!(Client::connect(plain).await.is_err());
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_missing_a_lun_sends_that_io_proxied_in_inline_sized_chunks() {
+    let srv = cluster::start(10_000).await;
+    let a = srv.client("a").await;
+    // Node C sees only LUNs 0 to 2.
+    let mut config = srv.config("c");
+    config.discovery.globs.truncate(3);
+    let c = Client::connect(config).await.unwrap();
+    let (ino, hc) = create(&c, "missing").await;
+    let ha = open(&a, ino).await;
+    let mut rng = Rng::new(5);
+    let data = rng.bytes(12 * MIB as usize);
+    c.write_at(&root(), &hc, ino, 0, &data).await.unwrap();
+    let s = c.stats();
+    assert_eq!(s.device_submits, 0, "every grant touches LUN 3: {s:?}");
+    assert!(s.map_writes >= 1 && s.proxied_writes >= 2, "chunked: {s:?}");
+    for (n, h, who) in [(&a, &ha, "a"), (&c, &hc, "c")] {
+        let got = n.read_at(&root(), h, ino, 0, 16 * MIB).await.unwrap();
+        assert_bytes(&got, &data, who);
+    }
+    assert!(a.stats().device_submits > 0, "A reads directly");
+    assert!(c.stats().proxied_reads >= 2, "C reads through the server");
+    a.close().await.unwrap();
+    c.close().await.unwrap();
     srv.stop().await;
 }
 

@@ -8,7 +8,7 @@ use sanfs_client_agent::client::{Client, ClientConfig, FaultInjection, FileHandl
 use sanfs_client_agent::engine::{EngineConfig, EngineKind};
 use sanfs_mds::clock::Clock;
 use sanfs_mds::config::{LayoutKindConfig, VolumeConfig};
-use sanfs_mds::serve::{ServeOptions, serve};
+use sanfs_mds::serve::{ServeOptions, TlsPaths, serve};
 use sanfs_mds::store::{Backend, FsInfo, Store};
 use sanfs_proto::model::OpenFlags;
 use sanfs_proto::types::{Credentials, InodeId, ROOT_INODE};
@@ -30,6 +30,11 @@ pub struct Cluster {
 
 /// Starts a server with lease TTL `lease_ttl_ms`.
 pub async fn start(lease_ttl_ms: u64) -> Cluster {
+    start_with(lease_ttl_ms, None).await
+}
+
+/// Starts a server with lease TTL `lease_ttl_ms`, speaking mutual TLS with `tls`.
+pub async fn start_with(lease_ttl_ms: u64, tls: Option<TlsPaths>) -> Cluster {
     // Logs with RUST_LOG=... (once per process).
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -67,7 +72,7 @@ pub async fn start(lease_ttl_ms: u64) -> Cluster {
         listen: "127.0.0.1:0".parse().unwrap(),
         metrics_addr: None,
         insecure: false,
-        tls: None,
+        tls,
         direct_threshold: 65536,
         lease_ttl_ms,
         batch_max: 64,
@@ -263,5 +268,65 @@ pub fn assert_bytes(got: &[u8], want: &[u8], what: &str) {
             got.len(),
             want.len()
         );
+    }
+}
+
+/// A test PKI: a CA, and the server's and one agent's certificates signed by it, as PEM files
+/// in `dir`.
+pub struct Pki {
+    pub server: TlsPaths,
+    pub ca: PathBuf,
+    pub agent_cert: PathBuf,
+    pub agent_key: PathBuf,
+}
+
+pub fn pki(dir: &std::path::Path) -> Pki {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name
+        .push(DnType::CommonName, "sanfs test CA");
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_pem = p.self_signed(&ca_key).unwrap().pem();
+    let issuer = Issuer::new(p, ca_key);
+    let leaf = |names: &[&str], client: bool| {
+        let mut p =
+            CertificateParams::new(names.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+                .unwrap();
+        p.distinguished_name.push(DnType::CommonName, names[0]);
+        p.extended_key_usages = vec![if client {
+            ExtendedKeyUsagePurpose::ClientAuth
+        } else {
+            ExtendedKeyUsagePurpose::ServerAuth
+        }];
+        let key = KeyPair::generate().unwrap();
+        let cert = p.signed_by(&key, &issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let (server_cert, server_key) = leaf(&["localhost", "127.0.0.1"], false);
+    let (agent_cert, agent_key) = leaf(&["agent-a"], true);
+    let ca = write("ca.pem", &ca_pem);
+    Pki {
+        server: TlsPaths {
+            cert: write("server.pem", &server_cert),
+            key: write("server.key", &server_key),
+            ca: ca.clone(),
+        },
+        ca,
+        agent_cert: write("agent.pem", &agent_cert),
+        agent_key: write("agent.key", &agent_key),
     }
 }
