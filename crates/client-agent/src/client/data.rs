@@ -561,6 +561,10 @@ impl Inner {
             if grant.range.is_empty() {
                 return Ok(at);
             }
+            if !self.lease_valid(view.generation) {
+                // Fenced while the grant was on its way: it died with the session.
+                return Err(FsError::StaleSession);
+            }
             let usable = self.check_grant(view, &grant, ino, want, LockMode::Shared);
             let cached = grant.cacheable;
             if cached && !self.cache.enter(Arc::clone(&grant), view.generation) {
@@ -600,8 +604,13 @@ impl Inner {
             }
             match result {
                 Ok(()) => {}
-                Err(FsError::NotSupported) => {
-                    // A LUN this node lacks: this grant's range goes through the server.
+                Err(FsError::StaleSession) => return Err(FsError::StaleSession),
+                Err(e) => {
+                    // A LUN this node lacks (NotSupported), or a failed device read: this
+                    // grant's range goes through the server, which has its own LUN handles.
+                    if e != FsError::NotSupported {
+                        tracing::warn!(inode = %ino, error = %e, "direct read failed: reading through the server");
+                    }
                     let n = usize_of(visible).min(buf.len() - at);
                     let got = self
                         .proxied_read(view, cred, fh, ino, pos, &mut buf[at..at + n])
@@ -610,7 +619,6 @@ impl Inner {
                         return Ok(at + got);
                     }
                 }
-                Err(e) => return Err(e),
             }
             if grant.file_size < grant.range.end() || visible < glen {
                 return Ok(at + usize_of(visible).min(buf.len() - at));

@@ -490,6 +490,25 @@ impl Inner {
         Ok(s.view.clone())
     }
 
+    /// The current session for a call that opens files: waits (at most two lease TTLs) while
+    /// the session is being re-established, then ESTALE.
+    pub(crate) async fn live_view(&self) -> Result<SessionView, FsError> {
+        let mut rx = self.generation_tx.subscribe();
+        let wait_ms = self.lock_state().lease_ttl_ms.saturating_mul(2).max(1000);
+        let wait = async {
+            loop {
+                if let Ok(v) = self.view_for(None) {
+                    return v;
+                }
+                // Re-check at least every 50 ms: a lapse is noticed by the deadline alone.
+                let _ = tokio::time::timeout(Duration::from_millis(50), rx.changed()).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_millis(wait_ms), wait)
+            .await
+            .map_err(|_| FsError::StaleSession)
+    }
+
     /// Whether the lease of session generation `generation` is valid at this instant.
     pub(crate) fn lease_valid(&self, generation: u64) -> bool {
         let s = self.lock_state();

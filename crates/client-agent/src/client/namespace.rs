@@ -107,7 +107,8 @@ impl Client {
         rpc!(self, set_attr, req, Attr, "SetAttr reply")
     }
 
-    /// Creates (or, without `exclusive`, opens an existing) regular file and opens it.
+    /// Creates (or, without `exclusive`, opens an existing) regular file and opens it under
+    /// the current session (waiting briefly if a new session is being opened).
     pub async fn create(
         &self,
         cred: &Credentials,
@@ -117,7 +118,7 @@ impl Client {
         exclusive: bool,
         flags: OpenFlags,
     ) -> Result<Created, FsError> {
-        let view = self.inner.view_for(None)?;
+        let view = self.inner.live_view().await?;
         let req = pb::CreateRequest::from(CreateRequest {
             cred: cred.clone(),
             session: view.session,
@@ -351,14 +352,15 @@ impl Client {
         rpc!(self, remove_xattr, req)
     }
 
-    /// Opens an existing file under the current session.
+    /// Opens an existing file under the current session (waiting briefly if a new session
+    /// is being opened).
     pub async fn open(
         &self,
         cred: &Credentials,
         ino: InodeId,
         flags: OpenFlags,
     ) -> Result<(FileHandle, Attr), FsError> {
-        let view = self.inner.view_for(None)?;
+        let view = self.inner.live_view().await?;
         let req = pb::OpenRequest::from(OpenRequest {
             cred: cred.clone(),
             session: view.session,

@@ -102,8 +102,13 @@ async fn attach_and_serve(
                 while sent.len() > 64 {
                     sent.pop_front();
                 }
-                if tx.send(ClientEvent::Heartbeat { seq: *seq }.into()).await.is_err() {
-                    return Outcome::StreamBroke("stream closed".to_owned());
+                // Never block the loop on a server that does not read: the lease deadline
+                // must stay watched. A full queue skips this heartbeat.
+                match tx.try_send(ClientEvent::Heartbeat { seq: *seq }.into()) {
+                    Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        return Outcome::StreamBroke("stream closed".to_owned());
+                    }
                 }
             }
             m = stream.message() => match m {
