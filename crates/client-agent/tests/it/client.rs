@@ -171,6 +171,70 @@ async fn a_completed_write_is_seen_by_the_other_nodes_next_read_despite_cached_g
     srv.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_are_seen_by_the_other_nodes_next_read() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let srv = cluster::start(10_000).await;
+    let a = Arc::new(srv.client("a").await);
+    let b = Arc::new(srv.client("b").await);
+    let (ino, ha) = create(&a, "conc").await;
+    let hb = open(&b, ino).await;
+    // Region 0: 256 KiB written directly; region 1: 16 KiB written proxied, read as part of
+    // a 256 KiB direct (cacheable) read.
+    const R0: (u64, u64) = (0, 256 * KIB);
+    const R1: (u64, u64) = (MIB, 16 * KIB);
+    a.write_at(&root(), &ha, ino, 0, &vec![0u8; 2 * MIB as usize])
+        .await
+        .unwrap();
+    let completed = [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
+    const VERSIONS: u64 = 40;
+    let writer = {
+        let (a, completed) = (Arc::clone(&a), completed.clone());
+        tokio::spawn(async move {
+            for v in 1..=VERSIONS {
+                for (i, (off, len)) in [R0, R1].into_iter().enumerate() {
+                    a.write_at(&root(), &ha, ino, off, &vec![v as u8; len as usize])
+                        .await
+                        .unwrap();
+                    completed[i].store(v, Ordering::SeqCst);
+                }
+            }
+        })
+    };
+    let mut reads = 0;
+    loop {
+        let done = writer.is_finished();
+        for (i, (off, len)) in [R0, (R1.0, 256 * KIB)].into_iter().enumerate() {
+            let at_least = completed[i].load(Ordering::SeqCst);
+            let got = b.read_at(&root(), &hb, ino, off, len).await.unwrap();
+            let region = if i == 0 {
+                &got[..]
+            } else {
+                &got[..R1.1 as usize]
+            };
+            let v = u64::from(region[0]);
+            assert!(
+                region.iter().all(|&x| u64::from(x) == v),
+                "region {i}: a read mixes versions"
+            );
+            assert!(
+                v >= at_least,
+                "region {i}: read version {v} after version {at_least} was completed"
+            );
+            reads += 1;
+        }
+        if done {
+            break;
+        }
+    }
+    writer.await.unwrap();
+    let s = b.stats();
+    println!("{reads} reads; reader: {s:?}");
+    assert!(s.recalls > 0, "cached grants were in play: {s:?}");
+    srv.stop().await;
+}
+
 /// Seeded random interleaving of both nodes' writes, reads and truncates on shared files.
 async fn random_interleaving(seed: u64, ops: usize) {
     println!("random interleaving: seed {seed} ({ops} operations)");
