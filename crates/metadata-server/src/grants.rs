@@ -298,29 +298,49 @@ impl Grants {
         let bs = store.block_size();
         let end = offset.checked_add(len).ok_or(FsError::Range)?;
         let id = self.dp.next_id();
-        self.take_lock(id, ino, Span::new(offset, end - offset), LockMode::Shared)
-            .await?;
+        // The grant is in the table before its lock is taken: a writer that queues behind
+        // the lock while the plan is being built must find it there to recall it (else it
+        // would wait for a cached grant nobody recalls until its lock timeout).
+        self.lock_table().insert(
+            id,
+            GrantState {
+                session,
+                epoch,
+                ino,
+                offset,
+                len,
+                mode: LockMode::Shared,
+                cacheable,
+                writer_is_root: false,
+            },
+        );
+        if let Err(e) = self
+            .take_lock(id, ino, Span::new(offset, end - offset), LockMode::Shared)
+            .await
+        {
+            self.lock_table().remove(&id);
+            return Err(e);
+        }
+        if !self.lock_table().contains_key(&id) {
+            // The session ended while the lock was awaited.
+            self.dp.locks.release(ino, id);
+            return Err(FsError::StaleSession);
+        }
         let vol = store.volume().clone();
         match store.read(|t| data::map_read(t, &vol, bs, ino, offset, len)) {
             Ok(mapped) => {
-                self.lock_table().insert(
-                    id,
-                    GrantState {
-                        session,
-                        epoch,
-                        ino,
-                        offset,
-                        len: mapped.len,
-                        mode: LockMode::Shared,
-                        cacheable,
-                        writer_is_root: false,
-                    },
-                );
+                // Gone already if a recall of it was acknowledged meanwhile (the agent
+                // acknowledges ids it does not know yet, and never uses such a grant): then
+                // its lock is released and the reply is harmless.
+                if let Some(g) = self.lock_table().get_mut(&id) {
+                    g.len = mapped.len;
+                }
                 add(&self.stats.read_grants, 1);
                 add(&self.stats.granted_read_bytes, mapped.len);
                 Ok((id, mapped))
             }
             Err(e) => {
+                self.lock_table().remove(&id);
                 self.dp.locks.release(ino, id);
                 Err(e)
             }
