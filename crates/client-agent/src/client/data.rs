@@ -25,9 +25,9 @@ use std::sync::Arc;
 
 use sanfs_blockmap::plan::IoPlan;
 use sanfs_proto::model::{
-    CompleteRequest, ExtentError, FallocateMode, FallocateRequest, FsyncRequest, Grant, IoOutcome,
-    LockMode, MAX_GRANTS_PER_MESSAGE, MapRequest, ReadReply, ReadRequest, ReturnGrantRequest,
-    WritePosition, WriteReply, WriteRequest,
+    CompleteRequest, ExtentError, FallocateMode, FallocateRequest, FsyncRequest, Grant, HandleRef,
+    IoOutcome, LockMode, MAX_GRANTS_PER_MESSAGE, MapRequest, ReadReply, ReadRequest,
+    ReturnGrantRequest, WritePosition, WriteReply, WriteRequest,
 };
 use sanfs_proto::pb;
 use sanfs_proto::types::{
@@ -39,7 +39,6 @@ use super::subplan::sub_plan;
 use super::{Client, FileHandle, Inner, SessionView, bump, malformed};
 use crate::buf::AlignedBuf;
 use crate::engine::{PlanIoError, execute_read, execute_write};
-use sanfs_proto::model::HandleRef;
 
 /// What a write did.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@
 //! session is replaced.
 
 use sanfs_proto::model::{
-    AccessRequest, CreateReply, CreateRequest, EntryRequest, InodeRequest, LinkRequest,
+    AccessRequest, CreateReply, CreateRequest, EntryRequest, HandleRef, InodeRequest, LinkRequest,
     MkdirRequest, MknodRequest, OpenFlags, OpenReply, OpenRequest, ReadDirReply, ReadDirRequest,
     RenameRequest, SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames,
     XattrRequest, XattrValue,
@@ -18,7 +18,6 @@ use sanfs_proto::types::{
 };
 
 use super::{Client, FileHandle, malformed};
-use sanfs_proto::model::HandleRef;
 
 /// What `create` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
