@@ -4,7 +4,12 @@
 //! identity and opens them with `O_DIRECT`; [`buf`] provides the aligned buffers and their
 //! pool; [`engine`] moves a grant's I/O plan between those buffers and the LUNs, all devices at
 //! once, with `io_uring` (or `preadv`/`pwritev` where the kernel has no `io_uring`).
+//!
+//! On top of it, [`client`] is the `sanfs_client` library: a session with its lease and
+//! session stream, the namespace calls, and the data path (direct or proxied, with cached read
+//! grants), which the FUSE mount, the bench and the tests use.
 
 pub mod buf;
+pub mod client;
 pub mod discovery;
 pub mod engine;

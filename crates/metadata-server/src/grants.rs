@@ -123,6 +123,12 @@ impl Grants {
         }
     }
 
+    /// Recalls the cacheable grants among `blockers` (the proxied path's hook, see
+    /// [`DataPath::set_recaller`]).
+    pub fn recall_blockers(&self, blockers: Vec<u64>) {
+        self.recall(blockers);
+    }
+
     pub fn data_path(&self) -> &Arc<DataPath> {
         &self.dp
     }
@@ -348,25 +354,58 @@ impl Grants {
         let bs = store.block_size();
         let end = offset.checked_add(len).ok_or(FsError::Range)?;
         let id = self.dp.next_id();
-        self.take_lock(id, ino, Span::new(offset, end - offset), LockMode::Shared)
-            .await?;
+        // The grant is in the table before its lock is taken: a writer that queues behind
+        // the lock while the plan is being built must find it there to recall it (else it
+        // would wait for a cached grant nobody recalls until its lock timeout).
+        self.lock_table().insert(
+            id,
+            GrantState {
+                session,
+                epoch,
+                ino,
+                offset,
+                len,
+                mode: LockMode::Shared,
+                cacheable,
+                writer_is_root: false,
+            },
+        );
+        if let Err(e) = self
+            .take_lock(id, ino, Span::new(offset, end - offset), LockMode::Shared)
+            .await
+        {
+            self.lock_table().remove(&id);
+            return Err(e);
+        }
+        if !self.lock_table().contains_key(&id) {
+            // The session ended while the lock was awaited.
+            self.dp.locks.release(ino, id);
+            return Err(FsError::StaleSession);
+        }
         let vol = store.volume().clone();
-        let result = store.read(|t| data::map_read(t, &vol, bs, ino, offset, len));
-        let state = GrantState {
-            session,
-            epoch,
-            ino,
-            offset,
-            len: 0,
-            mode: LockMode::Shared,
-            cacheable,
-            writer_is_root: false,
-        };
-        self.register(id, state, result)
+        match store.read(|t| data::map_read(t, &vol, bs, ino, offset, len)) {
+            Ok(mapped) => {
+                // Gone already if a recall of it was acknowledged meanwhile (the agent
+                // acknowledges ids it does not know yet, and never uses such a grant): then
+                // its lock is released and the reply is harmless.
+                if let Some(g) = self.lock_table().get_mut(&id) {
+                    g.len = mapped.len;
+                }
+                add(&self.stats.read_grants, 1);
+                add(&self.stats.granted_read_bytes, mapped.len);
+                Ok((id, mapped))
+            }
+            Err(e) => {
+                self.lock_table().remove(&id);
+                self.dp.locks.release(ino, id);
+                Err(e)
+            }
+        }
     }
 
-    /// Files a grant whose lock `id` is held, once its range is mapped; on an error the lock
-    /// goes and nothing is filed.
+    /// Files a write grant whose lock `id` is held, once its range is mapped; on an error
+    /// the lock goes and nothing is filed. (Read grants are filed before their lock is taken,
+    /// see `map_read`.)
     fn register(
         &self,
         id: u64,

@@ -39,7 +39,13 @@ pub struct DataPath {
     pub devices: Arc<DataDevices>,
     pub lock_timeout: Duration,
     next_lock: AtomicU64,
+    /// Recalls the cached read grants among the locks a proxied request waits for (set by
+    /// the grant table, which owns the recall channels).
+    recaller: std::sync::OnceLock<Recaller>,
 }
+
+/// What [`DataPath::set_recaller`] takes: called with the ids of the locks in the way.
+pub type Recaller = Box<dyn Fn(Vec<u64>) + Send + Sync>;
 
 impl std::fmt::Debug for DataPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -81,7 +87,14 @@ impl DataPath {
             devices,
             lock_timeout,
             next_lock: AtomicU64::new(1),
+            recaller: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Lets proxied requests recall cached read grants in their way (as a write grant
+    /// does). Only the first call takes effect.
+    pub fn set_recaller(&self, recaller: Recaller) {
+        let _ = self.recaller.set(recaller);
     }
 
     /// A fresh id for a lock or grant (one id space for both).
@@ -90,10 +103,15 @@ impl DataPath {
     }
 
     /// Takes a range lock for the proxied path (not recallable: it lasts one request).
+    /// Cached read grants in the way are recalled first.
     pub async fn lock(&self, ino: u64, span: Span, mode: LockMode) -> Result<Held, FsError> {
         let id = self.next_id();
         self.locks
-            .acquire(ino, id, span, mode, self.lock_timeout, |_| {})
+            .acquire(ino, id, span, mode, self.lock_timeout, |blockers| {
+                if let Some(recall) = self.recaller.get() {
+                    recall(blockers);
+                }
+            })
             .await
             .map_err(|_| FsError::LockTimeout)?;
         Ok(Held {

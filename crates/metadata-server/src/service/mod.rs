@@ -113,6 +113,15 @@ impl Server {
             lock_timeout,
         ));
         let grants = Arc::new(Grants::new(dp));
+        // Proxied writes recall cached read grants in their way, as write grants do.
+        let weak = Arc::downgrade(&grants);
+        grants
+            .data_path()
+            .set_recaller(Box::new(move |blockers: Vec<u64>| {
+                if let Some(g) = weak.upgrade() {
+                    g.recall_blockers(blockers);
+                }
+            }));
         let clock = store.clock().clone();
         let started = clock.now();
         // Session ids carry the epoch in their high bits so that a restarted server never

@@ -1,0 +1,752 @@
+//! The data path: the routing rule, the direct path (grants and device I/O) and the proxied
+//! path (Read / Write through the server), plus fsync, truncate and fallocate.
+//!
+//! **Routing.** An I/O shorter than the server's `direct_io_threshold` goes proxied. A longer
+//! one is split at the volume's block size: the unaligned head and tail go proxied, the aligned
+//! middle direct, if the middle is itself at least the threshold (else everything goes
+//! proxied). Proxied calls are chunked to `max_inline_bytes`.
+//!
+//! **Direct path.** `MapRead` / `MapWrite` return a grant that may cover only a prefix of the
+//! range asked for: the call loops for the rest. Each grant's plan is checked against the
+//! volume (device index, bounds) before anything is issued; if it touches a LUN this node does
+//! not have (or one poisoned by a failed write) that grant's range goes proxied instead. The
+//! lease is checked right before the device I/O is submitted ([`Inner::begin_device_io`]). A
+//! write whose device I/O failed is completed with `DEVICE_ERROR`, the failed device I/Os, and
+//! `bytes_done` = the prefix of the grant whose every byte was written, so the server converts
+//! only that prefix and leaves the rest Unwritten (reading as zeros); the caller gets EIO.
+//!
+//! **Cached read grants.** A cacheable read grant is kept after its I/O instead of being
+//! completed, and later reads inside it (and inside the file size it was granted with) are
+//! served from it without a round trip while the lease is valid and it was not recalled. A
+//! writer first gives back its own cached grants overlapping the range it writes (truncates,
+//! fallocates), so that its write grant never waits for a recall of its own layouts.
+
+use std::sync::Arc;
+
+use sanfs_blockmap::plan::IoPlan;
+use sanfs_proto::model::{
+    CompleteRequest, ExtentError, FallocateMode, FallocateRequest, FsyncRequest, Grant, HandleRef,
+    IoOutcome, LockMode, MAX_GRANTS_PER_MESSAGE, MapRequest, ReadReply, ReadRequest,
+    ReturnGrantRequest, WritePosition, WriteReply, WriteRequest,
+};
+use sanfs_proto::pb;
+use sanfs_proto::types::{
+    Attr, ByteRange, Credentials, FsError, GrantId, InodeId, MAX_FILE_SIZE, SetAttr,
+};
+
+use super::cache::AfterIo;
+use super::subplan::sub_plan;
+use super::{Client, FileHandle, Inner, SessionView, bump, malformed};
+use crate::buf::AlignedBuf;
+use crate::engine::{PlanIoError, execute_read, execute_write};
+
+/// What a write did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteOutcome {
+    /// Bytes written (all of them: a write either completes or fails).
+    pub written: u64,
+    /// The file's attributes after the last piece, as the server reported them.
+    pub attr: Option<Attr>,
+}
+
+fn round_up(x: u64, to: u64) -> u64 {
+    x.div_ceil(to).saturating_mul(to)
+}
+
+fn round_down(x: u64, to: u64) -> u64 {
+    x - x % to
+}
+
+fn usize_of(x: u64) -> usize {
+    usize::try_from(x).unwrap_or(usize::MAX)
+}
+
+/// How an I/O of `[offset, offset + len)` is split: (proxied head end, direct middle end);
+/// `None`: all proxied.
+fn split(offset: u64, len: u64, block: u64, threshold: u64) -> Option<(u64, u64)> {
+    let end = offset + len;
+    if len < threshold {
+        return None;
+    }
+    let head_end = round_up(offset, block).min(end);
+    let mid_end = round_down(end, block).max(head_end);
+    if mid_end - head_end < threshold.max(1) {
+        return None;
+    }
+    Some((head_end, mid_end))
+}
+
+fn handle_ref(fh: &FileHandle) -> HandleRef {
+    HandleRef {
+        session: fh.session,
+        handle: fh.handle,
+    }
+}
+
+impl Client {
+    /// Reads up to `len` bytes at `offset`; fewer only at end of file.
+    pub async fn read_at(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, FsError> {
+        ByteRange::new(offset, len)?;
+        let mut out = vec![0u8; usize_of(len)];
+        let n = self.read_into(cred, fh, ino, offset, &mut out).await?;
+        out.truncate(n);
+        Ok(out)
+    }
+
+    /// Reads into `buf` from `offset`; returns the bytes read (fewer than `buf.len()` only at
+    /// end of file).
+    pub async fn read_into(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, FsError> {
+        let len = buf.len() as u64;
+        ByteRange::new(offset, len)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        let inner = &self.inner;
+        let view = inner.view_for(Some(fh))?;
+        let block = u64::from(view.server.block_size);
+        let Some((head_end, mid_end)) = split(offset, len, block, view.server.direct_io_threshold)
+        else {
+            return inner.proxied_read(&view, cred, fh, ino, offset, buf).await;
+        };
+        let end = offset + len;
+        let mut done = 0usize;
+        let (head, rest) = buf.split_at_mut(usize_of(head_end - offset));
+        if !head.is_empty() {
+            let n = inner
+                .proxied_read(&view, cred, fh, ino, offset, head)
+                .await?;
+            done += n;
+            if n < head.len() {
+                return Ok(done);
+            }
+        }
+        let (mid, tail) = rest.split_at_mut(usize_of(mid_end - head_end));
+        let n = inner
+            .direct_read(&view, cred, fh, ino, head_end, mid)
+            .await?;
+        done += n;
+        if n < mid.len() {
+            return Ok(done);
+        }
+        if end > mid_end {
+            done += inner
+                .proxied_read(&view, cred, fh, ino, mid_end, tail)
+                .await?;
+        }
+        Ok(done)
+    }
+
+    /// Writes `data` at `offset`. On a device error the caller gets EIO and the blocks of
+    /// the failed range stay Unwritten (they read as zeros, never as stale data).
+    pub async fn write_at(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<WriteOutcome, FsError> {
+        let len = data.len() as u64;
+        let range = ByteRange::new(offset, len)?;
+        if len == 0 {
+            return Ok(WriteOutcome {
+                written: 0,
+                attr: None,
+            });
+        }
+        let inner = &*self.inner;
+        let view = inner.view_for(Some(fh))?;
+        inner.give_back_own(&view, ino, range).await;
+        let block = u64::from(view.server.block_size);
+        let mut attr = None;
+        match split(offset, len, block, view.server.direct_io_threshold) {
+            None => {
+                attr = inner
+                    .proxied_write(&view, cred, fh, ino, offset, data)
+                    .await?;
+            }
+            Some((head_end, mid_end)) => {
+                let h = usize_of(head_end - offset);
+                let m = usize_of(mid_end - offset);
+                if h > 0 {
+                    attr = inner
+                        .proxied_write(&view, cred, fh, ino, offset, &data[..h])
+                        .await?;
+                }
+                attr = inner
+                    .direct_write(&view, cred, fh, ino, head_end, &data[h..m])
+                    .await?
+                    .or(attr);
+                if m < data.len() {
+                    attr = inner
+                        .proxied_write(&view, cred, fh, ino, mid_end, &data[m..])
+                        .await?
+                        .or(attr);
+                }
+            }
+        }
+        Ok(WriteOutcome { written: len, attr })
+    }
+
+    /// Makes the file's completed writes (and, unless `data_only`, its metadata) durable.
+    pub async fn fsync(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        data_only: bool,
+    ) -> Result<(), FsError> {
+        let inner = &*self.inner;
+        let view = inner.view_for(Some(fh))?;
+        let req = FsyncRequest {
+            cred: cred.clone(),
+            handle: handle_ref(fh),
+            inode: ino,
+            data_only,
+        };
+        inner
+            .data()
+            .fsync(pb::FsyncRequest::from(req))
+            .await
+            .map_err(|s| inner.status_error(view.session, &s))?;
+        Ok(())
+    }
+
+    /// Sets the file size (SetAttr with a size; under `fh` for ftruncate).
+    pub async fn truncate(
+        &self,
+        cred: &Credentials,
+        fh: Option<&FileHandle>,
+        ino: InodeId,
+        size: u64,
+    ) -> Result<Attr, FsError> {
+        let view = self.inner.view_for(fh)?;
+        let tail = ByteRange::new(size, MAX_FILE_SIZE.saturating_sub(size))?;
+        self.inner.give_back_own(&view, ino, tail).await;
+        let changes = SetAttr {
+            size: Some(size),
+            ..SetAttr::default()
+        };
+        self.setattr(cred, ino, changes, fh).await
+    }
+
+    /// Allocates (or punches, zeroes) `[offset, offset + len)` as `mode` says.
+    pub async fn fallocate(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        len: u64,
+        mode: FallocateMode,
+    ) -> Result<Attr, FsError> {
+        let range = ByteRange::new(offset, len)?;
+        if len == 0 {
+            return Err(FsError::Invalid("fallocate of 0 bytes".to_owned()));
+        }
+        let inner = &*self.inner;
+        let view = inner.view_for(Some(fh))?;
+        inner.give_back_own(&view, ino, range).await;
+        let req = FallocateRequest {
+            cred: cred.clone(),
+            handle: handle_ref(fh),
+            inode: ino,
+            range,
+            mode,
+        };
+        let reply = inner
+            .data()
+            .fallocate(pb::FallocateRequest::from(req))
+            .await
+            .map_err(|s| inner.status_error(view.session, &s))?
+            .into_inner();
+        Attr::try_from(reply).map_err(|e| malformed("Fallocate reply", e))
+    }
+}
+
+impl Inner {
+    /// Gives back this agent's cached read grants on `ino` that overlap `range` (waiting for
+    /// their reads in flight), before it writes there.
+    pub(crate) async fn give_back_own(&self, view: &SessionView, ino: InodeId, range: ByteRange) {
+        let own = self.cache.take_overlapping(ino, range);
+        if own.is_empty() {
+            return;
+        }
+        self.cache.wait_idle(&own).await;
+        self.return_grants(view, own).await;
+    }
+
+    /// `Data.ReturnGrant` (waits for the server). Failures are only logged: a grant the
+    /// server still holds ends with the session at the latest.
+    pub(crate) async fn return_grants(&self, view: &SessionView, ids: Vec<GrantId>) {
+        for chunk in ids.chunks(MAX_GRANTS_PER_MESSAGE) {
+            let req = ReturnGrantRequest {
+                session: view.session,
+                epoch: view.epoch,
+                grant_ids: chunk.to_vec(),
+            };
+            if let Err(s) = self
+                .data()
+                .return_grant(pb::ReturnGrantRequest::from(req))
+                .await
+            {
+                let e = self.status_error(view.session, &s);
+                tracing::debug!(error = %e, "returning cached read grants failed");
+            }
+        }
+    }
+
+    fn return_in_background(self: &Arc<Self>, view: &SessionView, ids: Vec<GrantId>) {
+        if ids.is_empty() {
+            return;
+        }
+        let inner = Arc::clone(self);
+        let view = view.clone();
+        tokio::spawn(async move { inner.return_grants(&view, ids).await });
+    }
+
+    async fn proxied_read(
+        &self,
+        view: &SessionView,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, FsError> {
+        let chunk = view.server.max_inline_bytes.max(1) as usize;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let want = (buf.len() - done).min(chunk);
+            let req = ReadRequest {
+                cred: cred.clone(),
+                handle: handle_ref(fh),
+                inode: ino,
+                range: ByteRange::new(offset + done as u64, want as u64)?,
+            };
+            bump(&self.counters.proxied_reads);
+            let reply = self
+                .data()
+                .read(pb::ReadRequest::from(req))
+                .await
+                .map_err(|s| self.status_error(view.session, &s))?
+                .into_inner();
+            let reply = ReadReply::try_from(reply).map_err(|e| malformed("Read reply", e))?;
+            let n = reply.data.len().min(want);
+            buf[done..done + n].copy_from_slice(&reply.data[..n]);
+            done += n;
+            if n < want {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    async fn proxied_write(
+        &self,
+        view: &SessionView,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<Option<Attr>, FsError> {
+        let chunk = view.server.max_inline_bytes.max(1) as usize;
+        let mut attr = None;
+        let mut done = 0usize;
+        while done < data.len() {
+            let piece = &data[done..(done + chunk).min(data.len())];
+            let req = WriteRequest {
+                cred: cred.clone(),
+                handle: handle_ref(fh),
+                inode: ino,
+                position: WritePosition::At(offset + done as u64),
+                data: piece.to_vec(),
+                sync: false,
+            };
+            bump(&self.counters.proxied_writes);
+            let reply = self
+                .data()
+                .write(pb::WriteRequest::from(req))
+                .await
+                .map_err(|s| self.status_error(view.session, &s))?
+                .into_inner();
+            let reply = WriteReply::try_from(reply).map_err(|e| malformed("Write reply", e))?;
+            if reply.written.len() != piece.len() as u64 {
+                return Err(FsError::Io(format!(
+                    "proxied write of {} bytes wrote {}",
+                    piece.len(),
+                    reply.written.len()
+                )));
+            }
+            attr = Some(reply.attr);
+            done += piece.len();
+        }
+        Ok(attr)
+    }
+
+    /// Checks a grant against the request and the volume. Returns whether every device of its
+    /// plan is usable from this node.
+    fn check_grant(
+        &self,
+        view: &SessionView,
+        grant: &Grant,
+        ino: InodeId,
+        asked: ByteRange,
+        mode: LockMode,
+    ) -> Result<bool, FsError> {
+        let bad = |what: String| Err(FsError::Io(format!("bad grant from the server: {what}")));
+        if grant.inode != ino || grant.mode != mode || grant.epoch != view.epoch {
+            return bad(format!(
+                "{} {:?} {} for {ino} {mode:?} {}",
+                grant.inode, grant.mode, grant.epoch, view.epoch
+            ));
+        }
+        if grant.range.offset() != asked.offset() || grant.range.len() > asked.len() {
+            return bad(format!(
+                "range {}+{} for {}+{}",
+                grant.range.offset(),
+                grant.range.len(),
+                asked.offset(),
+                asked.len()
+            ));
+        }
+        let devices = self.volume.devices();
+        let mut usable = true;
+        for io in &grant.device_ios {
+            let Some(dev) = devices.get(io.device.as_usize()) else {
+                return bad(format!("no device {}", io.device));
+            };
+            if io
+                .phys_off
+                .checked_add(io.len)
+                .is_none_or(|e| e > dev.size_bytes)
+            {
+                return bad(format!("I/O past the end of {}", io.device));
+            }
+            usable &= self.device_usable(io.device);
+        }
+        Ok(usable)
+    }
+
+    async fn map(
+        &self,
+        view: &SessionView,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        range: ByteRange,
+        mode: LockMode,
+    ) -> Result<Grant, FsError> {
+        let req = pb::MapRequest::from(MapRequest {
+            cred: cred.clone(),
+            handle: handle_ref(fh),
+            epoch: view.epoch,
+            inode: ino,
+            range,
+            sync: false,
+        });
+        let mut data = self.data();
+        let reply = match mode {
+            LockMode::Shared => {
+                bump(&self.counters.map_reads);
+                data.map_read(req).await
+            }
+            LockMode::Exclusive => {
+                bump(&self.counters.map_writes);
+                data.map_write(req).await
+            }
+        }
+        .map_err(|s| self.status_error(view.session, &s))?
+        .into_inner();
+        Grant::try_from(reply).map_err(|e| malformed("grant", e))
+    }
+
+    async fn complete(
+        &self,
+        view: &SessionView,
+        grant: &Grant,
+        outcome: IoOutcome,
+        bytes_done: u64,
+    ) -> Result<Attr, FsError> {
+        let req = CompleteRequest {
+            session: view.session,
+            epoch: view.epoch,
+            grant_id: grant.grant_id,
+            outcome,
+            bytes_done,
+            sync: false,
+        };
+        let reply = self
+            .data()
+            .complete(pb::CompleteRequest::from(req))
+            .await
+            .map_err(|s| self.status_error(view.session, &s))?
+            .into_inner();
+        Attr::try_from(reply).map_err(|e| malformed("Complete reply", e))
+    }
+
+    /// Reads the block-aligned `[offset, offset + buf.len())` directly; returns the bytes
+    /// read (fewer only at end of file).
+    async fn direct_read(
+        self: &Arc<Self>,
+        view: &SessionView,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, FsError> {
+        let end = offset + buf.len() as u64;
+        let mut pos = offset;
+        while pos < end {
+            let want = ByteRange::new(pos, end - pos)?;
+            let at = usize_of(pos - offset);
+            // A cached layout first.
+            if let Some(grant) = self.cache.take(ino, want, view.generation) {
+                let start = pos - grant.range.offset();
+                let plan = sub_plan(
+                    &grant.device_ios,
+                    &grant.zero_fill,
+                    start,
+                    start + want.len(),
+                );
+                let usable = plan
+                    .device_ios
+                    .iter()
+                    .all(|io| self.device_usable(io.device));
+                let result = if usable {
+                    bump(&self.counters.cached_reads);
+                    self.read_plan(view, &plan, &mut buf[at..]).await
+                } else {
+                    Err(FsError::Io("device unusable".to_owned()))
+                };
+                let (after, evicted) = self.cache.release(grant.grant_id, true);
+                debug_assert_ne!(after, AfterIo::Return);
+                self.return_in_background(view, evicted);
+                match result {
+                    Ok(()) => return Ok(usize_of(end - offset)),
+                    Err(FsError::StaleSession) => return Err(FsError::StaleSession),
+                    // A device went bad since the layout was cached: the server's way.
+                    Err(_) => {
+                        let n = self
+                            .proxied_read(view, cred, fh, ino, pos, &mut buf[at..])
+                            .await?;
+                        return Ok(at + n);
+                    }
+                }
+            }
+            if !self.lease_valid(view.generation) {
+                return Err(FsError::StaleSession);
+            }
+            let grant = Arc::new(
+                self.map(view, cred, fh, ino, want, LockMode::Shared)
+                    .await?,
+            );
+            if grant.range.is_empty() {
+                return Ok(at);
+            }
+            if !self.lease_valid(view.generation) {
+                // Fenced while the grant was on its way: it died with the session.
+                return Err(FsError::StaleSession);
+            }
+            let usable = self.check_grant(view, &grant, ino, want, LockMode::Shared);
+            let cached = grant.cacheable;
+            if cached && !self.cache.enter(Arc::clone(&grant), view.generation) {
+                // Its recall overtook it: it is no longer ours to use; ask again.
+                continue;
+            }
+            let glen = grant.range.len();
+            let visible = grant.file_size.min(grant.range.end()).saturating_sub(pos);
+            let result = match usable {
+                Err(e) => Err(e),
+                Ok(false) => Err(FsError::NotSupported),
+                Ok(true) => {
+                    let plan = IoPlan {
+                        len: glen,
+                        device_ios: grant.device_ios.clone(),
+                        zero_fill: grant.zero_fill.clone(),
+                    };
+                    let mut tmp = vec![0u8; usize_of(glen)];
+                    let r = self.read_plan(view, &plan, &mut tmp).await;
+                    if r.is_ok() {
+                        let n = usize_of(visible).min(buf.len() - at);
+                        buf[at..at + n].copy_from_slice(&tmp[..n]);
+                    }
+                    r
+                }
+            };
+            // End the grant: keep it cached, or complete it.
+            if cached {
+                let (after, evicted) = self.cache.release(grant.grant_id, result.is_ok());
+                self.return_in_background(view, evicted);
+                if after == AfterIo::Return {
+                    self.return_in_background(view, vec![grant.grant_id]);
+                }
+            } else if !matches!(result, Err(FsError::StaleSession)) {
+                let done = if result.is_ok() { glen } else { 0 };
+                self.complete(view, &grant, IoOutcome::Ok, done).await?;
+            }
+            match result {
+                Ok(()) => {}
+                Err(FsError::StaleSession) => return Err(FsError::StaleSession),
+                Err(e) => {
+                    // A LUN this node lacks (NotSupported), or a failed device read: this
+                    // grant's range goes through the server, which has its own LUN handles.
+                    if e != FsError::NotSupported {
+                        tracing::warn!(inode = %ino, error = %e, "direct read failed: reading through the server");
+                    }
+                    let n = usize_of(visible).min(buf.len() - at);
+                    let got = self
+                        .proxied_read(view, cred, fh, ino, pos, &mut buf[at..at + n])
+                        .await?;
+                    if got < n {
+                        return Ok(at + got);
+                    }
+                }
+            }
+            if grant.file_size < grant.range.end() || visible < glen {
+                return Ok(at + usize_of(visible).min(buf.len() - at));
+            }
+            pos = grant.range.end();
+        }
+        Ok(buf.len())
+    }
+
+    /// Runs a read plan into `out` (its first `plan.len` bytes) under the lease.
+    async fn read_plan(
+        &self,
+        view: &SessionView,
+        plan: &IoPlan,
+        out: &mut [u8],
+    ) -> Result<(), FsError> {
+        let abuf = AlignedBuf::zeroed(usize_of(plan.len));
+        let guard = self.begin_device_io(view.generation)?;
+        let r = execute_read(&self.engine, plan, abuf).await;
+        drop(guard);
+        match r {
+            Ok(b) => {
+                let n = usize_of(plan.len).min(out.len());
+                out[..n].copy_from_slice(&b.as_slice()[..n]);
+                Ok(())
+            }
+            Err(e) => Err(FsError::Io(format!("direct read: {e}"))),
+        }
+    }
+
+    /// Writes the block-aligned `[offset, offset + data.len())` directly.
+    async fn direct_write(
+        &self,
+        view: &SessionView,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<Option<Attr>, FsError> {
+        let end = offset + data.len() as u64;
+        let mut pos = offset;
+        let mut attr = None;
+        while pos < end {
+            // No grant is even asked for under a lapsed lease.
+            if !self.lease_valid(view.generation) {
+                return Err(FsError::StaleSession);
+            }
+            let want = ByteRange::new(pos, end - pos)?;
+            let grant = self
+                .map(view, cred, fh, ino, want, LockMode::Exclusive)
+                .await?;
+            let glen = grant.range.len();
+            let at = usize_of(pos - offset);
+            let piece = &data[at..at + usize_of(glen)];
+            let usable = match self.check_grant(view, &grant, ino, want, LockMode::Exclusive) {
+                Ok(u) => u,
+                Err(e) => {
+                    let _ = self.complete(view, &grant, IoOutcome::Ok, 0).await;
+                    return Err(e);
+                }
+            };
+            if !usable {
+                self.complete(view, &grant, IoOutcome::Ok, 0).await?;
+                attr = self
+                    .proxied_write(view, cred, fh, ino, pos, piece)
+                    .await?
+                    .or(attr);
+                pos = grant.range.end();
+                continue;
+            }
+            let plan = IoPlan {
+                len: glen,
+                device_ios: grant.device_ios.clone(),
+                zero_fill: Vec::new(),
+            };
+            let abuf = AlignedBuf::from_slice(piece);
+            let guard = match self.begin_device_io(view.generation) {
+                Ok(g) => g,
+                Err(e) => {
+                    // Fenced between the grant and the I/O: nothing was written.
+                    let _ = self.complete(view, &grant, IoOutcome::Ok, 0).await;
+                    return Err(e);
+                }
+            };
+            let r = execute_write(&self.engine, &plan, abuf).await;
+            drop(guard);
+            match r {
+                Ok(_) => {
+                    attr = Some(self.complete(view, &grant, IoOutcome::Ok, glen).await?);
+                }
+                Err(PlanIoError::Device(errs)) => {
+                    // The prefix before the first buffer byte of any failed device I/O was
+                    // written completely.
+                    let bytes_done = errs
+                        .iter()
+                        .flat_map(|e| {
+                            plan.device_ios
+                                .iter()
+                                .filter(move |io| {
+                                    io.device == e.device && io.phys_off == e.phys_off
+                                })
+                                .flat_map(|io| io.iov.iter().map(|p| p.buf_off))
+                        })
+                        .min()
+                        .unwrap_or(0);
+                    let first = errs.first().map(ToString::to_string).unwrap_or_default();
+                    let extents = errs
+                        .iter()
+                        .map(|e| ExtentError {
+                            device: e.device,
+                            phys_off: e.phys_off,
+                            len: e.len,
+                            errno: e.errno().clamp(1, 4095),
+                        })
+                        .collect();
+                    tracing::error!(inode = %ino, grant = %grant.grant_id, bytes_done, error = %first, "direct write failed");
+                    let _ = self
+                        .complete(view, &grant, IoOutcome::DeviceErrors(extents), bytes_done)
+                        .await;
+                    return Err(FsError::Io(format!("device write failed: {first}")));
+                }
+                Err(e) => {
+                    let _ = self.complete(view, &grant, IoOutcome::Ok, 0).await;
+                    return Err(FsError::Io(format!("direct write: {e}")));
+                }
+            }
+            pos = grant.range.end();
+        }
+        Ok(attr)
+    }
+}

@@ -1,0 +1,569 @@
+//! `sanfs_client`: the library the FUSE mount, the bench and the tests use to reach a sanfs
+//! file system: a session at the metadata server, the namespace calls, and the data path
+//! (direct through this node's LUNs, or proxied through the server).
+//!
+//! [`Client::connect`] opens a session (`OpenSession`), reads the volume (`Admin.GetVolume`),
+//! finds this node's LUNs ([`crate::discovery`]; a LUN it cannot see is not fatal: I/O on it
+//! goes proxied), starts the I/O [`Engine`], and starts the *session task*, which attaches the
+//! session stream, heartbeats every `lease_ttl_ms / 3`, answers recalls of cached read grants,
+//! and keeps the lease as the protocol's agent rule says: valid until the **send** time of the
+//! last acknowledged heartbeat plus the TTL (for the first, the send time of `OpenSession`).
+//!
+//! **Self-fencing.** Every direct-path call checks the lease right before it submits device
+//! I/O. When the lease lapses (no acknowledgement in time), the session task fences: it marks
+//! the session lost (every later data call fails with `StaleSession`, ESTALE, before any
+//! device I/O), drops every cached read grant, waits for device I/O in flight, and opens a new
+//! session. It does the same when the server ends the session (`SessionEnded` other than
+//! `REPLACED`), when a call answers `StaleSession`, or when attaching fails with it (a
+//! restarted server). When only the stream breaks while the lease is still valid, it attaches
+//! again to the same session.
+//!
+//! **Handles across sessions.** Open handles belong to a session. A [`FileHandle`] of a session
+//! that has been replaced is refused locally with [`FsError::Stale`] (ESTALE); the caller
+//! re-opens the file (inode numbers are stable) under the new session. Likewise a call made
+//! while the session is being re-established fails with ESTALE rather than waiting.
+//!
+//! Submodules: `namespace` (the POSIX metadata calls), `data` (the routing rule and both
+//! paths), `cache` (cached read grants), `subplan` (cutting a cached grant's plan), `session`
+//! (the session task).
+
+mod cache;
+mod data;
+mod namespace;
+mod session;
+mod subplan;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use sanfs_blockmap::volume::{DeviceIndex, Volume};
+use sanfs_proto::model::{
+    MAX_MESSAGE_SIZE, OpenSessionReply, OpenSessionRequest, PROTOCOL_VERSION, ServerInfo,
+    VolumeInfo,
+};
+use sanfs_proto::pb;
+use sanfs_proto::pb::admin_client::AdminClient;
+use sanfs_proto::pb::data_client::DataClient;
+use sanfs_proto::pb::namespace_client::NamespaceClient;
+use sanfs_proto::pb::session_client::SessionClient;
+use sanfs_proto::status::fs_error_from_status;
+use sanfs_proto::types::{FsError, OpenHandle, SessionEpoch, SessionId};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinHandle;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::discovery::{DiscoveryConfig, discover};
+use crate::engine::{Engine, EngineConfig};
+use cache::GrantCache;
+
+pub use data::WriteOutcome;
+pub use namespace::Created;
+
+/// Mutual TLS towards the server: PEM files.
+#[derive(Debug, Clone)]
+pub struct TlsConfig {
+    /// The CA that signed the server's certificate.
+    pub ca: PathBuf,
+    /// This agent's certificate chain and key.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The name to check the server's certificate against (default: the host of `server`).
+    pub domain: Option<String>,
+}
+
+/// Faults a test can inject (never set in production).
+#[derive(Debug, Clone, Default)]
+pub struct FaultInjection {
+    /// Open these LUNs read-only instead of read-write: device writes on them fail (EBADF)
+    /// as a failing LUN would, while reads work.
+    pub read_only_devices: Vec<DeviceIndex>,
+}
+
+/// How to connect.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// `host:port` of the metadata server.
+    pub server: String,
+    /// Mutual TLS; `None`: plaintext (the server accepts it on loopback only, unless insecure).
+    pub tls: Option<TlsConfig>,
+    /// Where to look for the volume's LUNs.
+    pub discovery: DiscoveryConfig,
+    pub engine: EngineConfig,
+    /// Shown by the server in `ServerStatus` and its logs.
+    pub client_name: String,
+    /// Most read grants kept cached at once (least recently used ones are returned).
+    pub max_cached_grants: usize,
+    pub faults: FaultInjection,
+}
+
+impl ClientConfig {
+    /// Defaults for everything but the server address and the LUN globs.
+    pub fn new(server: impl Into<String>, globs: Vec<String>) -> ClientConfig {
+        ClientConfig {
+            server: server.into(),
+            tls: None,
+            discovery: DiscoveryConfig { globs },
+            engine: EngineConfig::default(),
+            client_name: "sanfs-agent".to_owned(),
+            max_cached_grants: 256,
+            faults: FaultInjection::default(),
+        }
+    }
+}
+
+/// An open file: the handle the server gave, and the session it belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileHandle {
+    pub session: SessionId,
+    pub handle: OpenHandle,
+}
+
+/// Counters of what the client did (for tests and metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Batches of device I/O submitted to the engine.
+    pub device_submits: u64,
+    /// Grants asked for (MapRead + MapWrite).
+    pub map_reads: u64,
+    pub map_writes: u64,
+    /// Reads served from a cached read grant without asking the server.
+    pub cached_reads: u64,
+    /// Proxied Read / Write calls.
+    pub proxied_reads: u64,
+    pub proxied_writes: u64,
+    /// Sessions opened (1 after connect).
+    pub sessions: u64,
+    /// Recalls answered.
+    pub recalls: u64,
+    /// Times the lease lapsed or the session was lost.
+    pub fences: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    device_submits: AtomicU64,
+    map_reads: AtomicU64,
+    map_writes: AtomicU64,
+    cached_reads: AtomicU64,
+    proxied_reads: AtomicU64,
+    proxied_writes: AtomicU64,
+    sessions: AtomicU64,
+    recalls: AtomicU64,
+    fences: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The current session as the data path sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionView {
+    pub(crate) session: SessionId,
+    pub(crate) epoch: SessionEpoch,
+    /// Bumped for every new session; cached grants and in-flight calls carry it.
+    pub(crate) generation: u64,
+    pub(crate) server: ServerInfo,
+}
+
+struct LeaseState {
+    view: SessionView,
+    lease_ttl_ms: u64,
+    /// The lease holds until then (agent rule).
+    deadline: Instant,
+    /// False once fenced, until a new session is open.
+    live: bool,
+}
+
+pub(crate) struct Inner {
+    config: ClientConfig,
+    channel: Channel,
+    volume: Volume,
+    fs_uuid: uuid::Uuid,
+    engine: Engine,
+    /// Per device index: whether this node has the LUN.
+    present: Vec<bool>,
+    state: Mutex<LeaseState>,
+    /// Signals a new session (its generation).
+    generation_tx: watch::Sender<u64>,
+    cache: Arc<GrantCache>,
+    counters: Counters,
+    /// Device I/O batches in flight, and a wake-up when one ends.
+    device_in_flight: AtomicU64,
+    device_idle: Notify,
+    /// Sessions a call found stale (`StaleSession`): the session task replaces them.
+    lost_tx: mpsc::UnboundedSender<SessionId>,
+    /// Test hook: while set, the session task sends no heartbeats and opens no session.
+    heartbeats_paused: AtomicBool,
+}
+
+/// A connected agent. Dropping it stops its session task (the session then expires at the
+/// server); [`Client::close`] ends it cleanly.
+pub struct Client {
+    inner: Arc<Inner>,
+    task: Option<JoinHandle<()>>,
+}
+
+/// Why connecting failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("bad server address {0:?}: {1}")]
+    Address(String, String),
+    #[error("TLS setup: {0}")]
+    Tls(String),
+    #[error("cannot reach the server: {0}")]
+    Transport(String),
+    #[error("server refused: {0}")]
+    Server(#[from] FsError),
+    #[error("cannot start the I/O engine: {0}")]
+    Engine(std::io::Error),
+}
+
+fn malformed(what: &str, e: impl std::fmt::Display) -> FsError {
+    FsError::Io(format!("malformed {what} from the server: {e}"))
+}
+
+async fn make_channel(config: &ClientConfig) -> Result<Channel, ConnectError> {
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let url = format!("{scheme}://{}", config.server);
+    let mut endpoint = Endpoint::from_shared(url)
+        .map_err(|e| ConnectError::Address(config.server.clone(), e.to_string()))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true);
+    if let Some(tls) = &config.tls {
+        let read = |p: &PathBuf| {
+            std::fs::read(p).map_err(|e| ConnectError::Tls(format!("{}: {e}", p.display())))
+        };
+        let mut t = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(&tls.ca)?))
+            .identity(Identity::from_pem(read(&tls.cert)?, read(&tls.key)?));
+        let domain = tls.domain.clone().or_else(|| {
+            config
+                .server
+                .rsplit_once(':')
+                .map(|(h, _)| h.trim_matches(['[', ']']).to_owned())
+        });
+        if let Some(d) = domain {
+            t = t.domain_name(d);
+        }
+        endpoint = endpoint
+            .tls_config(t)
+            .map_err(|e| ConnectError::Tls(e.to_string()))?;
+    }
+    endpoint
+        .connect()
+        .await
+        .map_err(|e| ConnectError::Transport(e.to_string()))
+}
+
+/// Opens a session; returns the reply and when the request was sent (the first lease starts
+/// then).
+async fn open_session(
+    channel: &Channel,
+    client_name: &str,
+) -> Result<(OpenSessionReply, Instant), FsError> {
+    let req = OpenSessionRequest {
+        protocol_version: PROTOCOL_VERSION,
+        client_name: client_name.to_owned(),
+        host: hostname(),
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+    };
+    let sent = Instant::now();
+    let reply = SessionClient::new(channel.clone())
+        .open_session(pb::OpenSessionRequest::from(req))
+        .await
+        .map_err(|s| fs_error_from_status(&s))?
+        .into_inner();
+    let reply = OpenSessionReply::try_from(reply).map_err(|e| malformed("OpenSession reply", e))?;
+    Ok((reply, sent))
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().chars().take(255).collect())
+        .unwrap_or_default()
+}
+
+impl Client {
+    /// Connects: opens a session, reads the volume, finds the LUNs, starts the engine and
+    /// the session task. Missing LUNs are not fatal (warned; their I/O goes proxied).
+    pub async fn connect(config: ClientConfig) -> Result<Client, ConnectError> {
+        let channel = make_channel(&config).await?;
+        let (opened, sent) = open_session(&channel, &config.client_name).await?;
+        let reply = AdminClient::new(channel.clone())
+            .get_volume(pb::GetVolumeRequest {})
+            .await
+            .map_err(|s| ConnectError::Server(fs_error_from_status(&s)))?
+            .into_inner();
+        let info = VolumeInfo::try_from(reply)
+            .map_err(|e| ConnectError::Server(malformed("GetVolume reply", e)))?;
+        if info.fs_uuid != opened.server.fs_uuid {
+            return Err(ConnectError::Server(FsError::Io(
+                "GetVolume and OpenSession name different file systems".to_owned(),
+            )));
+        }
+        let found = discover(&info.volume, &config.discovery);
+        let device_count = info.volume.devices().len();
+        for (index, id) in &found.missing {
+            tracing::warn!(device = %index, ?id, "LUN not found on this node: its I/O goes proxied");
+        }
+        let mut present = vec![false; device_count];
+        let mut files: Vec<Option<std::fs::File>> = (0..device_count).map(|_| None).collect();
+        for d in found.found {
+            let i = d.index.as_usize();
+            if i >= device_count {
+                continue;
+            }
+            let file = if config.faults.read_only_devices.contains(&d.index) {
+                std::fs::File::open(&d.path).map_err(ConnectError::Engine)?
+            } else {
+                d.file
+            };
+            present[i] = true;
+            files[i] = Some(file);
+        }
+        let engine = Engine::new(&config.engine, files).map_err(ConnectError::Engine)?;
+        let generation = 1;
+        let (generation_tx, _) = watch::channel(generation);
+        let (lost_tx, lost_rx) = mpsc::unbounded_channel();
+        let state = LeaseState {
+            view: SessionView {
+                session: opened.session,
+                epoch: opened.epoch,
+                generation,
+                server: opened.server.clone(),
+            },
+            lease_ttl_ms: opened.lease_ttl_ms,
+            deadline: sent + Duration::from_millis(opened.lease_ttl_ms),
+            live: true,
+        };
+        let max_cached = config.max_cached_grants;
+        let inner = Arc::new(Inner {
+            config,
+            channel,
+            volume: info.volume,
+            fs_uuid: info.fs_uuid,
+            engine,
+            present,
+            state: Mutex::new(state),
+            generation_tx,
+            cache: Arc::new(GrantCache::new(max_cached)),
+            counters: Counters::default(),
+            device_in_flight: AtomicU64::new(0),
+            device_idle: Notify::new(),
+            lost_tx,
+            heartbeats_paused: AtomicBool::new(false),
+        });
+        bump(&inner.counters.sessions);
+        tracing::info!(session = %opened.session, epoch = %opened.epoch, engine = inner.engine.name(), "session opened");
+        let task = tokio::spawn(session::run(Arc::clone(&inner), lost_rx));
+        Ok(Client {
+            inner,
+            task: Some(task),
+        })
+    }
+
+    /// The file system's UUID.
+    pub fn fs_uuid(&self) -> uuid::Uuid {
+        self.inner.fs_uuid
+    }
+
+    /// The volume this client plans I/O on.
+    pub fn volume(&self) -> &Volume {
+        &self.inner.volume
+    }
+
+    /// What the server told this session (block size, thresholds, limits).
+    pub fn server_info(&self) -> ServerInfo {
+        self.inner.lock_state().view.server.clone()
+    }
+
+    /// The current session, and whether its lease is valid now.
+    pub fn session(&self) -> (SessionId, bool) {
+        let s = self.inner.lock_state();
+        (s.view.session, s.live && Instant::now() < s.deadline)
+    }
+
+    /// Waits until a session other than `old` is open and its lease valid, at most `timeout`.
+    pub async fn wait_for_new_session(
+        &self,
+        old: SessionId,
+        timeout: Duration,
+    ) -> Result<SessionId, FsError> {
+        let mut rx = self.inner.generation_tx.subscribe();
+        let wait = async {
+            loop {
+                let (s, valid) = self.session();
+                if s != old && valid {
+                    return s;
+                }
+                if rx.changed().await.is_err() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| FsError::StaleSession)
+    }
+
+    /// Counters of what this client did so far.
+    pub fn stats(&self) -> ClientStats {
+        let c = &self.inner.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ClientStats {
+            device_submits: get(&c.device_submits),
+            map_reads: get(&c.map_reads),
+            map_writes: get(&c.map_writes),
+            cached_reads: get(&c.cached_reads),
+            proxied_reads: get(&c.proxied_reads),
+            proxied_writes: get(&c.proxied_writes),
+            sessions: get(&c.sessions),
+            recalls: get(&c.recalls),
+            fences: get(&c.fences),
+        }
+    }
+
+    /// Test hook: stop (true) or resume (false) heartbeats and session re-establishment, so
+    /// that a test can let the lease lapse.
+    pub fn pause_heartbeats(&self, paused: bool) {
+        self.inner.heartbeats_paused.store(paused, Ordering::SeqCst);
+    }
+
+    /// Returns the cached read grants and ends the session at the server.
+    pub async fn close(mut self) -> Result<(), FsError> {
+        if let Some(t) = self.task.take() {
+            t.abort();
+            let _ = t.await;
+        }
+        let view = self.inner.lock_state().view.clone();
+        let cached = self.inner.cache.cached_ids();
+        let busy = self.inner.cache.clear();
+        self.inner.cache.wait_idle(&busy).await;
+        if !cached.is_empty() {
+            let _ = self.inner.return_grants(&view, cached).await;
+        }
+        SessionClient::new(self.inner.channel.clone())
+            .close_session(pb::CloseSessionRequest::from(
+                sanfs_proto::model::SessionRef {
+                    session: view.session,
+                    epoch: view.epoch,
+                },
+            ))
+            .await
+            .map_err(|s| fs_error_from_status(&s))?;
+        Ok(())
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+impl Inner {
+    fn lock_state(&self) -> MutexGuard<'_, LeaseState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The session a call on `fh` runs under: ESTALE if `fh` is of another session, or the
+    /// session is lost (lease lapsed, being replaced).
+    pub(crate) fn view_for(&self, fh: Option<&FileHandle>) -> Result<SessionView, FsError> {
+        let s = self.lock_state();
+        if let Some(fh) = fh
+            && fh.session != s.view.session
+        {
+            return Err(FsError::Stale);
+        }
+        if !s.live || Instant::now() >= s.deadline {
+            return Err(FsError::StaleSession);
+        }
+        Ok(s.view.clone())
+    }
+
+    /// The current session for a call that opens files: waits (at most two lease TTLs) while
+    /// the session is being re-established, then ESTALE.
+    pub(crate) async fn live_view(&self) -> Result<SessionView, FsError> {
+        let mut rx = self.generation_tx.subscribe();
+        let wait_ms = self.lock_state().lease_ttl_ms.saturating_mul(2).max(1000);
+        let wait = async {
+            loop {
+                if let Ok(v) = self.view_for(None) {
+                    return v;
+                }
+                // Re-check at least every 50 ms: a lapse is noticed by the deadline alone.
+                let _ = tokio::time::timeout(Duration::from_millis(50), rx.changed()).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_millis(wait_ms), wait)
+            .await
+            .map_err(|_| FsError::StaleSession)
+    }
+
+    /// Whether the lease of session generation `generation` is valid at this instant.
+    pub(crate) fn lease_valid(&self, generation: u64) -> bool {
+        let s = self.lock_state();
+        s.live && s.view.generation == generation && Instant::now() < s.deadline
+    }
+
+    /// The gate of every device I/O: checks the lease right before the submission and
+    /// counts the batch in flight. The returned guard ends the count.
+    pub(crate) fn begin_device_io(&self, generation: u64) -> Result<DeviceIoGuard<'_>, FsError> {
+        // Count first, then check: the fence waits for the count after marking the session
+        // lost, so either it sees this batch or this batch sees the lost session.
+        self.device_in_flight.fetch_add(1, Ordering::SeqCst);
+        let guard = DeviceIoGuard { inner: self };
+        if !self.lease_valid(generation) {
+            return Err(FsError::StaleSession);
+        }
+        bump(&self.counters.device_submits);
+        Ok(guard)
+    }
+
+    /// Whether device `d` can take I/O from this node (found, and not poisoned by a failed
+    /// write).
+    pub(crate) fn device_usable(&self, d: DeviceIndex) -> bool {
+        self.present.get(d.as_usize()).copied().unwrap_or(false) && !self.engine.is_poisoned(d)
+    }
+
+    /// Converts a failed call's status; a `StaleSession` answer makes the session task
+    /// replace the session.
+    pub(crate) fn status_error(&self, session: SessionId, status: &tonic::Status) -> FsError {
+        let e = fs_error_from_status(status);
+        if e == FsError::StaleSession {
+            let _ = self.lost_tx.send(session);
+        }
+        e
+    }
+
+    pub(crate) fn ns(&self) -> NamespaceClient<Channel> {
+        NamespaceClient::new(self.channel.clone())
+    }
+
+    pub(crate) fn data(&self) -> DataClient<Channel> {
+        DataClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE)
+    }
+}
+
+/// One device I/O batch in flight (see [`Inner::begin_device_io`]).
+pub(crate) struct DeviceIoGuard<'a> {
+    inner: &'a Inner,
+}
+
+impl Drop for DeviceIoGuard<'_> {
+    fn drop(&mut self) {
+        self.inner.device_in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.inner.device_idle.notify_waiters();
+    }
+}

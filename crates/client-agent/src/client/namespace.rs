@@ -1,0 +1,398 @@
+//! The namespace calls: thin wrappers that validate their arguments with the protocol's own
+//! types (so a 256-byte name never leaves the node), send the request, and convert the reply
+//! back to model types. Errors are [`FsError`] (errno via [`FsError::errno`]). Calls that
+//! open files (`create`, `open`) run under the current session and return a [`FileHandle`]
+//! naming it; see the module docs of [`crate::client`] for what happens to handles when the
+//! session is replaced.
+
+use sanfs_proto::model::{
+    AccessRequest, CreateReply, CreateRequest, EntryRequest, HandleRef, InodeRequest, LinkRequest,
+    MkdirRequest, MknodRequest, OpenFlags, OpenReply, OpenRequest, ReadDirReply, ReadDirRequest,
+    RenameRequest, SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames,
+    XattrRequest, XattrValue,
+};
+use sanfs_proto::pb;
+use sanfs_proto::types::{
+    Attr, Credentials, FileName, FileType, FsError, InodeId, RenameMode, SetAttr, SymlinkTarget,
+    XattrMode, XattrName,
+};
+
+use super::{Client, FileHandle, malformed};
+
+/// What `create` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Created {
+    pub handle: FileHandle,
+    pub attr: Attr,
+    /// False: the file existed and was opened.
+    pub created: bool,
+}
+
+fn name(bytes: impl AsRef<[u8]>) -> Result<FileName, FsError> {
+    Ok(FileName::new(bytes.as_ref().to_vec())?)
+}
+
+/// Runs one namespace rpc: `$call` on a fresh client with the request, the error converted,
+/// the reply converted with `TryFrom` into `$out`.
+macro_rules! rpc {
+    ($self:ident, $call:ident, $req:expr, $out:ty, $what:literal) => {{
+        let session = $self.inner.lock_state().view.session;
+        let reply = $self
+            .inner
+            .ns()
+            .$call($req)
+            .await
+            .map_err(|s| $self.inner.status_error(session, &s))?
+            .into_inner();
+        <$out>::try_from(reply).map_err(|e| malformed($what, e))
+    }};
+    ($self:ident, $call:ident, $req:expr) => {{
+        let session = $self.inner.lock_state().view.session;
+        $self
+            .inner
+            .ns()
+            .$call($req)
+            .await
+            .map_err(|s| $self.inner.status_error(session, &s))?;
+        Ok(())
+    }};
+}
+
+impl Client {
+    pub async fn lookup(
+        &self,
+        cred: &Credentials,
+        parent: InodeId,
+        entry: impl AsRef<[u8]>,
+    ) -> Result<Attr, FsError> {
+        let req = pb::LookupRequest::from(EntryRequest {
+            cred: cred.clone(),
+            parent,
+            name: name(entry)?,
+        });
+        rpc!(self, lookup, req, Attr, "Lookup reply")
+    }
+
+    pub async fn getattr(&self, cred: &Credentials, ino: InodeId) -> Result<Attr, FsError> {
+        let req = pb::GetAttrRequest::from(InodeRequest {
+            cred: cred.clone(),
+            inode: ino,
+        });
+        rpc!(self, get_attr, req, Attr, "GetAttr reply")
+    }
+
+    /// Changes attributes; with `fh`, permission is checked against the handle's open mode
+    /// (ftruncate). A size change is better done with [`Client::truncate`], which first
+    /// gives back this agent's cached read grants past the new size.
+    pub async fn setattr(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+        changes: SetAttr,
+        fh: Option<&FileHandle>,
+    ) -> Result<Attr, FsError> {
+        if fh.is_some() {
+            self.inner.view_for(fh)?;
+        }
+        let req = pb::SetAttrRequest::from(SetAttrRequest {
+            cred: cred.clone(),
+            inode: ino,
+            changes,
+            handle: fh.map(|f| HandleRef {
+                session: f.session,
+                handle: f.handle,
+            }),
+        });
+        rpc!(self, set_attr, req, Attr, "SetAttr reply")
+    }
+
+    /// Creates (or, without `exclusive`, opens an existing) regular file and opens it under
+    /// the current session (waiting briefly if a new session is being opened).
+    pub async fn create(
+        &self,
+        cred: &Credentials,
+        parent: InodeId,
+        entry: impl AsRef<[u8]>,
+        perm: u32,
+        exclusive: bool,
+        flags: OpenFlags,
+    ) -> Result<Created, FsError> {
+        let view = self.inner.live_view().await?;
+        let req = pb::CreateRequest::from(CreateRequest {
+            cred: cred.clone(),
+            session: view.session,
+            parent,
+            name: name(entry)?,
+            perm,
+            exclusive,
+            flags,
+        });
+        let r: CreateReply = rpc!(self, create, req, CreateReply, "Create reply")?;
+        Ok(Created {
+            handle: FileHandle {
+                session: view.session,
+                handle: r.handle,
+            },
+            attr: r.attr,
+            created: r.created,
+        })
+    }
+
+    pub async fn mkdir(
+        &self,
+        cred: &Credentials,
+        parent: InodeId,
+        entry: impl AsRef<[u8]>,
+        perm: u32,
+    ) -> Result<Attr, FsError> {
+        let req = pb::MkdirRequest::from(MkdirRequest {
+            cred: cred.clone(),
+            parent,
+            name: name(entry)?,
+            perm,
+        });
+        rpc!(self, mkdir, req, Attr, "Mkdir reply")
+    }
+
+    pub async fn mknod(
+        &self,
+        cred: &Credentials,
+        parent: InodeId,
+        entry: impl AsRef<[u8]>,
+        kind: FileType,
+        perm: u32,
+        rdev: u64,
+    ) -> Result<Attr, FsError> {
+        let req = pb::MknodRequest::from(MknodRequest {
+            cred: cred.clone(),
+            parent,
+            name: name(entry)?,
+            kind,
+            perm,
+            rdev,
+        });
+        rpc!(self, mknod, req, Attr, "Mknod reply")
+    }
+
+    pub async fn unlink(
+        &self,
+        cred: &Credentials,
+        parent: InodeId,
+        entry: impl AsRef<[u8]>,
+    ) -> Result<(), FsError> {
+        let req = pb::UnlinkRequest::from(EntryRequest {
+            cred: cred.clone(),
+            parent,
+            name: name(entry)?,
+        });
+        rpc!(self, unlink, req)
+    }
+
+    pub async fn rmdir(
+        &self,
+        cred: &Credentials,
+        parent: InodeId,
+        entry: impl AsRef<[u8]>,
+    ) -> Result<(), FsError> {
+        let req = pb::RmdirRequest::from(EntryRequest {
+            cred: cred.clone(),
+            parent,
+            name: name(entry)?,
+        });
+        rpc!(self, rmdir, req)
+    }
+
+    pub async fn rename(
+        &self,
+        cred: &Credentials,
+        old_parent: InodeId,
+        old_name: impl AsRef<[u8]>,
+        new_parent: InodeId,
+        new_name: impl AsRef<[u8]>,
+        mode: RenameMode,
+    ) -> Result<(), FsError> {
+        let req = pb::RenameRequest::from(RenameRequest {
+            cred: cred.clone(),
+            old_parent,
+            old_name: name(old_name)?,
+            new_parent,
+            new_name: name(new_name)?,
+            mode,
+        });
+        rpc!(self, rename, req)
+    }
+
+    /// A hard link; returns the inode's attributes (new link count).
+    pub async fn link(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+        new_parent: InodeId,
+        new_name: impl AsRef<[u8]>,
+    ) -> Result<Attr, FsError> {
+        let req = pb::LinkRequest::from(LinkRequest {
+            cred: cred.clone(),
+            inode: ino,
+            new_parent,
+            new_name: name(new_name)?,
+        });
+        rpc!(self, link, req, Attr, "Link reply")
+    }
+
+    pub async fn symlink(
+        &self,
+        cred: &Credentials,
+        parent: InodeId,
+        entry: impl AsRef<[u8]>,
+        target: impl AsRef<[u8]>,
+    ) -> Result<Attr, FsError> {
+        let req = pb::SymlinkRequest::from(SymlinkRequest {
+            cred: cred.clone(),
+            parent,
+            name: name(entry)?,
+            target: SymlinkTarget::new(target.as_ref().to_vec())?,
+        });
+        rpc!(self, symlink, req, Attr, "Symlink reply")
+    }
+
+    pub async fn readlink(&self, cred: &Credentials, ino: InodeId) -> Result<Vec<u8>, FsError> {
+        let req = pb::ReadlinkRequest::from(InodeRequest {
+            cred: cred.clone(),
+            inode: ino,
+        });
+        let t: SymlinkTarget = rpc!(self, readlink, req, SymlinkTarget, "Readlink reply")?;
+        Ok(t.into_bytes())
+    }
+
+    /// One batch of directory entries after `cookie` (0: from the start).
+    pub async fn readdir(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+        cookie: u64,
+        max_entries: u32,
+        plus: bool,
+    ) -> Result<ReadDirReply, FsError> {
+        let req = pb::ReadDirRequest::from(ReadDirRequest {
+            cred: cred.clone(),
+            inode: ino,
+            cookie,
+            max_entries: max_entries.clamp(1, sanfs_proto::model::MAX_READDIR_ENTRIES),
+            plus,
+        });
+        rpc!(self, read_dir, req, ReadDirReply, "ReadDir reply")
+    }
+
+    pub async fn statfs(&self, cred: &Credentials, ino: InodeId) -> Result<StatFs, FsError> {
+        let req = pb::StatFsRequest::from(InodeRequest {
+            cred: cred.clone(),
+            inode: ino,
+        });
+        rpc!(self, stat_fs, req, StatFs, "StatFs reply")
+    }
+
+    pub async fn getxattr(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+        xattr: impl AsRef<[u8]>,
+    ) -> Result<Vec<u8>, FsError> {
+        let req = pb::GetXattrRequest::from(XattrRequest {
+            cred: cred.clone(),
+            inode: ino,
+            name: XattrName::new(xattr.as_ref().to_vec())?,
+        });
+        let v: XattrValue = rpc!(self, get_xattr, req, XattrValue, "GetXattr reply")?;
+        Ok(v.0)
+    }
+
+    pub async fn setxattr(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+        xattr: impl AsRef<[u8]>,
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<(), FsError> {
+        let req = pb::SetXattrRequest::from(SetXattrRequest {
+            cred: cred.clone(),
+            inode: ino,
+            name: XattrName::new(xattr.as_ref().to_vec())?,
+            value: value.to_vec(),
+            mode,
+        });
+        rpc!(self, set_xattr, req)
+    }
+
+    pub async fn listxattr(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+    ) -> Result<Vec<Vec<u8>>, FsError> {
+        let req = pb::ListXattrRequest::from(InodeRequest {
+            cred: cred.clone(),
+            inode: ino,
+        });
+        let n: XattrNames = rpc!(self, list_xattr, req, XattrNames, "ListXattr reply")?;
+        Ok(n.0.into_iter().map(XattrName::into_bytes).collect())
+    }
+
+    pub async fn removexattr(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+        xattr: impl AsRef<[u8]>,
+    ) -> Result<(), FsError> {
+        let req = pb::RemoveXattrRequest::from(XattrRequest {
+            cred: cred.clone(),
+            inode: ino,
+            name: XattrName::new(xattr.as_ref().to_vec())?,
+        });
+        rpc!(self, remove_xattr, req)
+    }
+
+    /// Opens an existing file under the current session (waiting briefly if a new session
+    /// is being opened).
+    pub async fn open(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+        flags: OpenFlags,
+    ) -> Result<(FileHandle, Attr), FsError> {
+        let view = self.inner.live_view().await?;
+        let req = pb::OpenRequest::from(OpenRequest {
+            cred: cred.clone(),
+            session: view.session,
+            inode: ino,
+            flags,
+        });
+        let r: OpenReply = rpc!(self, open, req, OpenReply, "Open reply")?;
+        Ok((
+            FileHandle {
+                session: view.session,
+                handle: r.handle,
+            },
+            r.attr,
+        ))
+    }
+
+    /// Closes an open handle. A handle of a replaced session is already gone: ESTALE.
+    pub async fn release(&self, fh: &FileHandle) -> Result<(), FsError> {
+        let view = self.inner.view_for(Some(fh))?;
+        let req = pb::ReleaseRequest::from(HandleRef {
+            session: view.session,
+            handle: fh.handle,
+        });
+        rpc!(self, release, req)
+    }
+
+    /// POSIX access check: `mask` of R 4, W 2, X 1, or 0 (exists).
+    pub async fn access(&self, cred: &Credentials, ino: InodeId, mask: u32) -> Result<(), FsError> {
+        let req = pb::AccessRequest::from(AccessRequest {
+            cred: cred.clone(),
+            inode: ino,
+            mask,
+        });
+        rpc!(self, access, req)
+    }
+}

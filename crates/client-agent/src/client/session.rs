@@ -1,0 +1,245 @@
+//! The session task: the session stream (attach, heartbeats, recalls), the lease, fencing and
+//! re-establishment.
+//!
+//! One task per [`super::Client`]. It attaches the stream, sends `Heartbeat {seq}` every
+//! `lease_ttl_ms / 3` remembering each one's send time, and on `HeartbeatAck {seq}` moves the
+//! lease deadline to that send time plus the TTL (never backwards). A `Recall` marks the
+//! grants recalled in the cache at once (no new I/O starts on them), and a helper task sends
+//! `RecallAck` once their I/O in flight is done.
+//!
+//! Outcomes of one attachment: the stream broke (or was replaced) while the lease is valid:
+//! attach again to the same session; anything else (the lease deadline passed, the server
+//! ended the session, a call or the attach answered `StaleSession`): fence and open a new
+//! session, retrying with backoff while the server is unreachable.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use sanfs_proto::model::{ClientEvent, ServerEvent, SessionEndReason, SessionRef};
+use sanfs_proto::pb;
+use sanfs_proto::pb::session_client::SessionClient;
+use sanfs_proto::status::{fs_error_from_status, is_server_error};
+use sanfs_proto::types::{FsError, SessionId};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{Inner, SessionView, bump, open_session};
+
+/// How one attachment of the stream ended.
+enum Outcome {
+    /// The stream is gone but the session may live: attach again.
+    StreamBroke(String),
+    /// The session is lost: fence, then open a new one.
+    Lost(String),
+}
+
+pub(super) async fn run(inner: Arc<Inner>, mut lost_rx: mpsc::UnboundedReceiver<SessionId>) {
+    let mut seq = 0u64;
+    let mut session = inner.lock_state().view.session;
+    loop {
+        let view = inner.lock_state().view.clone();
+        if view.session != session {
+            session = view.session;
+            seq = 0;
+        }
+        let outcome = attach_and_serve(&inner, &view, &mut seq, &mut lost_rx).await;
+        match outcome {
+            Outcome::StreamBroke(why) if inner.lease_valid(view.generation) => {
+                tracing::warn!(session = %view.session, %why, "session stream broke: attaching again");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Outcome::StreamBroke(why) | Outcome::Lost(why) => {
+                fence(&inner, &view, &why).await;
+                reopen(&inner).await;
+            }
+        }
+    }
+}
+
+async fn attach_and_serve(
+    inner: &Inner,
+    view: &SessionView,
+    seq: &mut u64,
+    lost_rx: &mut mpsc::UnboundedReceiver<SessionId>,
+) -> Outcome {
+    let (tx, rx) = mpsc::channel::<pb::SessionStreamRequest>(64);
+    let attach = ClientEvent::Attach(SessionRef {
+        session: view.session,
+        epoch: view.epoch,
+    });
+    if tx.send(attach.into()).await.is_err() {
+        return Outcome::StreamBroke("stream closed".to_owned());
+    }
+    let mut stream = match SessionClient::new(inner.channel.clone())
+        .session_stream(ReceiverStream::new(rx))
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(status) => {
+            let e = fs_error_from_status(&status);
+            return if e == FsError::StaleSession || is_server_error(&status) {
+                Outcome::Lost(format!("attach refused: {e}"))
+            } else {
+                Outcome::StreamBroke(format!("attach failed: {e}"))
+            };
+        }
+    };
+    let ttl_ms = inner.lock_state().lease_ttl_ms;
+    let mut ticker = tokio::time::interval(Duration::from_millis((ttl_ms / 3).max(1)));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut sent: VecDeque<(u64, Instant)> = VecDeque::new();
+    loop {
+        let deadline = tokio::time::Instant::from_std(inner.lock_state().deadline);
+        tokio::select! {
+            _ = ticker.tick() => {
+                if inner.heartbeats_paused.load(Ordering::SeqCst) {
+                    continue;
+                }
+                *seq += 1;
+                sent.push_back((*seq, Instant::now()));
+                while sent.len() > 64 {
+                    sent.pop_front();
+                }
+                // Never block the loop on a server that does not read: the lease deadline
+                // must stay watched. A full queue skips this heartbeat.
+                match tx.try_send(ClientEvent::Heartbeat { seq: *seq }.into()) {
+                    Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        return Outcome::StreamBroke("stream closed".to_owned());
+                    }
+                }
+            }
+            m = stream.message() => match m {
+                Ok(Some(reply)) => match ServerEvent::try_from(reply) {
+                    Ok(ServerEvent::HeartbeatAck { seq: acked, lease_ttl_ms }) => {
+                        if let Some(&(_, at)) = sent.iter().find(|(s, _)| *s == acked) {
+                            let mut s = inner.lock_state();
+                            if s.live && s.view.generation == view.generation {
+                                let until = at + Duration::from_millis(lease_ttl_ms);
+                                if until > s.deadline {
+                                    s.deadline = until;
+                                }
+                                s.lease_ttl_ms = lease_ttl_ms;
+                            }
+                        }
+                        while sent.front().is_some_and(|(s, _)| *s <= acked) {
+                            sent.pop_front();
+                        }
+                    }
+                    Ok(ServerEvent::Recall(recall)) => {
+                        bump(&inner.counters.recalls);
+                        tracing::debug!(inode = %recall.inode, grants = recall.grant_ids.len(), reason = ?recall.reason, "recall");
+                        inner.cache.recall(&recall.grant_ids);
+                        let tx = tx.clone();
+                        let ids = recall.grant_ids;
+                        let waiter = Arc::clone(&inner.cache);
+                        tokio::spawn(async move {
+                            waiter.wait_idle(&ids).await;
+                            let sent = tx.send(ClientEvent::RecallAck { grant_ids: ids }.into()).await;
+                            tracing::debug!(ok = sent.is_ok(), "recall acknowledged");
+                        });
+                    }
+                    Ok(ServerEvent::Ended { reason, message }) => {
+                        return match reason {
+                            SessionEndReason::Replaced => Outcome::StreamBroke(format!("stream replaced: {message}")),
+                            other => Outcome::Lost(format!("server ended the session ({other:?}): {message}")),
+                        };
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "malformed session stream message ignored");
+                    }
+                },
+                Ok(None) => return Outcome::StreamBroke("stream ended".to_owned()),
+                Err(status) => {
+                    let e = fs_error_from_status(&status);
+                    return if e == FsError::StaleSession {
+                        Outcome::Lost(format!("stream: {e}"))
+                    } else {
+                        Outcome::StreamBroke(format!("stream: {e}"))
+                    };
+                }
+            },
+            _ = tokio::time::sleep_until(deadline) => {
+                if !inner.lease_valid(view.generation) {
+                    return Outcome::Lost("lease lapsed".to_owned());
+                }
+            }
+            lost = lost_rx.recv() => {
+                if lost == Some(view.session) {
+                    return Outcome::Lost("the server answered StaleSession".to_owned());
+                }
+            }
+        }
+    }
+}
+
+/// Stops direct I/O of `view`'s session: marks it lost, drops every cached grant, and waits
+/// for device I/O in flight.
+async fn fence(inner: &Inner, view: &SessionView, why: &str) {
+    {
+        let mut s = inner.lock_state();
+        if s.view.generation == view.generation {
+            s.live = false;
+        }
+    }
+    bump(&inner.counters.fences);
+    tracing::warn!(session = %view.session, %why, "session lost: fenced (no device I/O until a new session)");
+    let busy = inner.cache.clear();
+    loop {
+        let idle = inner.device_idle.notified();
+        tokio::pin!(idle);
+        idle.as_mut().enable();
+        if inner.device_in_flight.load(Ordering::SeqCst) == 0 {
+            break;
+        }
+        idle.await;
+    }
+    inner.cache.wait_idle(&busy).await;
+    // Best effort: let the server release the old session's locks and handles now rather
+    // than at expiry.
+    let mut client = SessionClient::new(inner.channel.clone());
+    let close = client.close_session(pb::CloseSessionRequest::from(SessionRef {
+        session: view.session,
+        epoch: view.epoch,
+    }));
+    let _ = tokio::time::timeout(Duration::from_secs(1), close).await;
+}
+
+/// Opens a new session (retrying with backoff) and makes it current.
+async fn reopen(inner: &Inner) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        while inner.heartbeats_paused.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        match open_session(&inner.channel, &inner.config.client_name).await {
+            Ok((reply, sent)) => {
+                let generation = {
+                    let mut s = inner.lock_state();
+                    let generation = s.view.generation + 1;
+                    s.view = SessionView {
+                        session: reply.session,
+                        epoch: reply.epoch,
+                        generation,
+                        server: reply.server,
+                    };
+                    s.lease_ttl_ms = reply.lease_ttl_ms;
+                    s.deadline = sent + Duration::from_millis(reply.lease_ttl_ms);
+                    s.live = true;
+                    generation
+                };
+                bump(&inner.counters.sessions);
+                tracing::info!(session = %reply.session, epoch = %reply.epoch, "new session opened");
+                inner.generation_tx.send_replace(generation);
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot open a new session yet");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
