@@ -8,6 +8,7 @@
 //! - [`harness`]: a server started in-process with `serve`, its clients, test certificates.
 //! - [`serve`]: the four gRPC services end to end: namespace, sessions, TLS, metrics.
 //! - [`lease`]: grants, recalls and lease expiry through gRPC in real time on real LUNs.
+//! - [`deploy_units`]: the systemd units pass `systemd-analyze verify`.
 //! - [`quota`]: directory quotas through gRPC: EDQUOT, growth, exact usage, EXDEV, fsck.
 //! - [`crash`]: crash consistency: a crash at every disk write or sync of a seeded workload
 //!   recovers to exactly the acknowledged operations, with fsck clean.
@@ -21,6 +22,7 @@ mod coherence;
 mod common;
 mod crash;
 mod crash_real;
+mod deploy_units;
 mod format_cli;
 mod grants;
 mod harness;

@@ -1,0 +1,63 @@
+//! The systemd units in deploy/systemd, checked with `systemd-analyze verify` (skipped, and
+//! said so, where systemd's tools are missing). Any diagnostic fails the test: systemd only
+//! warns about unknown keys, and a unit whose hardening line is misspelt silently loses it.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn deploy() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/systemd")
+}
+
+#[test]
+fn systemd_units_verify_without_a_diagnostic() {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        println!("skipped: systemd-analyze is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let read = |name: &str| std::fs::read_to_string(deploy().join(name)).unwrap();
+    // The binaries the units start must exist for verify: the real server, and a stand-in
+    // for the agent (another crate's binary).
+    std::fs::write(
+        dir.path().join("sanfs-mds.service"),
+        read("sanfs-mds.service")
+            .replace("/usr/local/bin/sanfs-mds", env!("CARGO_BIN_EXE_sanfs-mds")),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("sanfs-agent@mnt-sanfs.service"),
+        read("sanfs-agent@.service").replace("/usr/local/bin/sanfs-agent", "/bin/true"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("mnt-sanfs.mount"),
+        read("mnt-sanfs.mount.example"),
+    )
+    .unwrap();
+    let out = Command::new("systemd-analyze")
+        .current_dir(dir.path())
+        .env("SYSTEMD_LOG_LEVEL", "notice")
+        .args([
+            "verify",
+            "--man=no",
+            "./sanfs-mds.service",
+            "./sanfs-agent@mnt-sanfs.service",
+            "./mnt-sanfs.mount",
+        ])
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "systemd-analyze verify:\n{said}"
+    );
+}
