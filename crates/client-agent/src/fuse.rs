@@ -31,9 +31,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, Errno, FileAttr, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use sanfs_proto::model::{FallocateMode, OpenFlags};
 use sanfs_proto::types::{
@@ -118,7 +117,10 @@ fn to_system_time(t: Timestamp) -> SystemTime {
 
 fn to_timestamp(t: SystemTime) -> Result<Timestamp, FsError> {
     let (sec, nsec) = match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => (i64::try_from(d.as_secs()).unwrap_or(i64::MAX), d.subsec_nanos()),
+        Ok(d) => (
+            i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            d.subsec_nanos(),
+        ),
         Err(e) => {
             let d = e.duration();
             let secs = i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
@@ -188,9 +190,11 @@ fn credentials(req: &Request) -> Credentials {
         std::fs::read_to_string(format!("/proc/{}/status", req.pid()))
             .ok()
             .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("Groups:"))
-                    .map(|g| g.split_whitespace().filter_map(|n| n.parse().ok()).collect())
+                s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
+                    g.split_whitespace()
+                        .filter_map(|n| n.parse().ok())
+                        .collect()
+                })
             })
             .unwrap_or_default()
     };
@@ -371,12 +375,10 @@ async fn do_setattr(
     let mut attr = None;
     if let Some(size) = changes.size {
         attr = Some(match &file {
-            Some(f) => {
-                with_handle!(st, cred, f, |fh| st
-                    .client
-                    .truncate(cred, Some(&fh), ino, size)
-                    .await)?
-            }
+            Some(f) => with_handle!(st, cred, f, |fh| st
+                .client
+                .truncate(cred, Some(&fh), ino, size)
+                .await)?,
             None => st.client.truncate(cred, None, ino, size).await?,
         });
     }
@@ -402,7 +404,11 @@ async fn do_readdir(
     mut reply: ReplyDirectory,
 ) -> Result<(), (ReplyDirectory, FsError)> {
     let mut cookie = if offset <= 2 { 0 } else { offset };
-    let first = match st.client.readdir(cred, ino, cookie, READDIR_BATCH, false).await {
+    let first = match st
+        .client
+        .readdir(cred, ino, cookie, READDIR_BATCH, false)
+        .await
+    {
         Ok(r) => r,
         Err(e) => return Err((reply, e)),
     };
@@ -439,7 +445,11 @@ async fn do_readdir(
             reply.ok();
             return Ok(());
         }
-        batch = match st.client.readdir(cred, ino, cookie, READDIR_BATCH, false).await {
+        batch = match st
+            .client
+            .readdir(cred, ino, cookie, READDIR_BATCH, false)
+            .await
+        {
             Ok(r) => r,
             Err(e) => return Err((reply, e)),
         };
@@ -455,7 +465,11 @@ async fn do_readdirplus(
 ) -> Result<(), (ReplyDirectoryPlus, FsError)> {
     let ttl = st.options.entry_ttl;
     let mut cookie = if offset <= 2 { 0 } else { offset };
-    let first = match st.client.readdir(cred, ino, cookie, READDIR_BATCH, true).await {
+    let first = match st
+        .client
+        .readdir(cred, ino, cookie, READDIR_BATCH, true)
+        .await
+    {
         Ok(r) => r,
         Err(e) => return Err((reply, e)),
     };
@@ -503,7 +517,11 @@ async fn do_readdirplus(
             reply.ok();
             return Ok(());
         }
-        batch = match st.client.readdir(cred, ino, cookie, READDIR_BATCH, true).await {
+        batch = match st
+            .client
+            .readdir(cred, ino, cookie, READDIR_BATCH, true)
+            .await
+        {
             Ok(r) => r,
             Err(e) => return Err((reply, e)),
         };
@@ -530,7 +548,13 @@ impl fuser::Filesystem for SanFs {
         });
     }
 
-    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<fuser::FileHandle>, reply: ReplyAttr) {
+    fn getattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: Option<fuser::FileHandle>,
+        reply: ReplyAttr,
+    ) {
         let cred = credentials(req);
         self.spawn(move |st| async move {
             let r = st.client.getattr(&cred, st.ino(ino)).await;
@@ -600,9 +624,9 @@ impl fuser::Filesystem for SanFs {
         let name = name_bytes(name);
         self.spawn(move |st| async move {
             let r = match kind_of_mode(mode) {
-                Some(FileType::Directory) | None => Err(FsError::Invalid(format!(
-                    "mknod of mode {mode:o}"
-                ))),
+                Some(FileType::Directory) | None => {
+                    Err(FsError::Invalid(format!("mknod of mode {mode:o}")))
+                }
                 Some(kind) => {
                     let perm = mode & !umask & 0o7777;
                     st.client
@@ -698,7 +722,14 @@ impl fuser::Filesystem for SanFs {
         self.spawn(move |st| async move {
             let r = st
                 .client
-                .rename(&cred, st.ino(parent), name, st.ino(newparent), newname, mode)
+                .rename(
+                    &cred,
+                    st.ino(parent),
+                    name,
+                    st.ino(newparent),
+                    newname,
+                    mode,
+                )
                 .await;
             match r {
                 Ok(()) => reply.ok(),
@@ -916,8 +947,7 @@ impl fuser::Filesystem for SanFs {
     ) {
         let cred = credentials(req);
         self.spawn(move |st| async move {
-            if let Err((reply, e)) = do_readdirplus(&st, &cred, st.ino(ino), offset, reply).await
-            {
+            if let Err((reply, e)) = do_readdirplus(&st, &cred, st.ino(ino), offset, reply).await {
                 reply.error(errno(&e));
             }
         });

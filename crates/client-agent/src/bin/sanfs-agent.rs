@@ -22,7 +22,11 @@ use sanfs_client_agent::fuse::{FsOptions, SanFs};
 use sanfs_proto::types::{Credentials, FileType, ROOT_INODE};
 
 #[derive(Parser)]
-#[command(name = "sanfs-agent", version, about = "sanfs client agent: FUSE mount")]
+#[command(
+    name = "sanfs-agent",
+    version,
+    about = "sanfs client agent: FUSE mount"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -100,7 +104,11 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         client_name: "sanfs-agent".to_owned(),
     };
     let mut last_was_devices = false;
-    for item in raw.iter().flat_map(|r| r.split(',')).filter(|i| !i.is_empty()) {
+    for item in raw
+        .iter()
+        .flat_map(|r| r.split(','))
+        .filter(|i| !i.is_empty())
+    {
         let (key, value) = match item.split_once('=') {
             Some((k, v)) => (k, Some(v)),
             None => (item, None),
@@ -126,8 +134,12 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
                 }
             }
             "devices" => {
-                o.devices
-                    .extend(need(key, value)?.split(':').filter(|g| !g.is_empty()).map(str::to_owned));
+                o.devices.extend(
+                    need(key, value)?
+                        .split(':')
+                        .filter(|g| !g.is_empty())
+                        .map(str::to_owned),
+                );
                 last_was_devices = true;
             }
             "tls_ca" => o.tls_ca = Some(need(key, value)?.into()),
@@ -136,9 +148,9 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
             "tls_domain" => o.tls_domain = Some(need(key, value)?.to_owned()),
             "client_name" => o.client_name = need(key, value)?.to_owned(),
             // mount(8) and fstab options that mean nothing to the agent.
-            "defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "nouser"
-            | "users" | "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "atime"
-            | "noatime" | "relatime" => {}
+            "defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "nouser" | "users"
+            | "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "atime" | "noatime"
+            | "relatime" => {}
             k if k.starts_with("x-") || k.starts_with("comment=") => {}
             k => bail!("unknown mount option {k:?}"),
         }
@@ -156,7 +168,10 @@ fn parse_source(source: &str) -> anyhow::Result<(String, String)> {
         Some(i) => (&source[..i], &source[i + 1..]),
         None => (source, "/"),
     };
-    if server.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()) {
+    if server
+        .rsplit_once(':')
+        .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+    {
         bail!("source {source:?} is not SERVER:PORT[:/SUBDIR]");
     }
     Ok((server.to_owned(), subdir.to_owned()))
@@ -364,7 +379,10 @@ fn mount_in_background(
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().context("find this executable")?;
     let mut cmd = std::process::Command::new(exe);
-    cmd.arg("mount").arg(source).arg(mountpoint).arg("--foreground");
+    cmd.arg("mount")
+        .arg(source)
+        .arg(mountpoint)
+        .arg("--foreground");
     for o in raw_options {
         cmd.arg("-o").arg(o);
     }
@@ -380,7 +398,10 @@ fn mount_in_background(
             bail!("the agent exited before mounting: {status}");
         }
         if Instant::now() >= deadline {
-            bail!("the mount did not appear within 60 s (agent pid {})", child.id());
+            bail!(
+                "the mount did not appear within 60 s (agent pid {})",
+                child.id()
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -60,6 +60,11 @@ struct Mount {
 
 impl Mount {
     async fn start(srv: &Cluster, name: &str, extra: &str) -> Mount {
+        Mount::start_at(srv, "", name, extra).await
+    }
+
+    /// Mounts `SERVER:PORT` followed by `subdir` (e.g. `:/some/dir`, or empty).
+    async fn start_at(srv: &Cluster, subdir: &str, name: &str, extra: &str) -> Mount {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("mnt");
         std::fs::create_dir(&path).unwrap();
@@ -74,7 +79,7 @@ impl Mount {
         }
         let child = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
             .arg("mount")
-            .arg(srv.addr.to_string())
+            .arg(format!("{}{subdir}", srv.addr))
             .arg(&path)
             .arg("-o")
             .arg(&opts)
@@ -202,12 +207,18 @@ async fn mount_serves_posix_calls() {
             std::os::unix::fs::PermissionsExt::from_mode(0o600),
         )
         .unwrap();
-        assert_eq!(std::fs::metadata(p("a.txt")).unwrap().mode() & 0o7777, 0o600);
+        assert_eq!(
+            std::fs::metadata(p("a.txt")).unwrap().mode() & 0o7777,
+            0o600
+        );
         let f = std::fs::File::open(p("a.txt")).unwrap();
         let t = std::time::UNIX_EPOCH + Duration::new(1_000_000_000, 5);
         f.set_modified(t).unwrap();
         drop(f);
-        assert_eq!(std::fs::metadata(p("a.txt")).unwrap().modified().unwrap(), t);
+        assert_eq!(
+            std::fs::metadata(p("a.txt")).unwrap().modified().unwrap(),
+            t
+        );
         // mkdir, rename (plain, NOREPLACE, EXCHANGE), link, symlink, readdir
         std::fs::create_dir(p("d")).unwrap();
         std::fs::rename(p("a.txt"), p("d/b.txt")).unwrap();
@@ -351,7 +362,11 @@ async fn mount_64_mib_file_round_trips_on_all_luns() {
         .collect();
     devices.sort_unstable();
     devices.dedup();
-    assert_eq!(devices, vec![0, 1, 2, 3], "the file is striped over all 4 LUNs");
+    assert_eq!(
+        devices,
+        vec![0, 1, 2, 3],
+        "the file is striped over all 4 LUNs"
+    );
     drop(m);
     srv.stop().await;
 }
@@ -458,6 +473,84 @@ async fn agent_unmounts_on_sigterm_and_umount() {
     let st = m.wait_exit(20).expect("the agent exits after umount");
     assert!(st.success(), "{st}");
     assert!(!is_mounted(&m.path));
+    drop(m);
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subdir_mount_read_only() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "writer", "").await;
+    let (sub, file) = (a.p("exports/one"), a.p("exports/one/f"));
+    timed("prepare the sub-directory", 30, move || {
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(&file, b"in the subdir").unwrap();
+    })
+    .await;
+    let b = Mount::start_at(&srv, ":/exports/one", "reader", "ro").await;
+    let root = b.path.clone();
+    timed("read through the sub-directory mount", 30, move || {
+        assert_eq!(std::fs::read(root.join("f")).unwrap(), b"in the subdir");
+        let names: Vec<_> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["f"]);
+        assert_eq!(std::fs::metadata(&root).unwrap().ino(), 1);
+        assert_eq!(errno_of(std::fs::write(root.join("g"), b"x")), libc::EROFS);
+    })
+    .await;
+    drop(b);
+    // A sub-directory that does not exist: the agent refuses to mount.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
+        .arg("mount")
+        .arg(format!("{}:/no/such", srv.addr))
+        .arg(dir.path())
+        .arg("--foreground")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(!is_mounted(dir.path()));
+    drop(a);
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_file_survives_a_server_restart() {
+    if !can_mount() {
+        return;
+    }
+    let mut srv = cluster::start(2_000).await;
+    let m = Mount::start(&srv, "restart", "").await;
+    let path = m.p("f");
+    let f = timed("open and write", 30, move || {
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(b"before").unwrap();
+        f
+    })
+    .await;
+    // A new server epoch: the agent's session and its open handles are gone.
+    srv.restart().await;
+    let back = timed("write and read through the old descriptor", 60, move || {
+        let mut f = f;
+        f.write_all(b" after").unwrap();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        let mut s = String::new();
+        f.read_to_string(&mut s).unwrap();
+        s
+    })
+    .await;
+    assert_eq!(back, "before after");
     drop(m);
     srv.stop().await;
 }
