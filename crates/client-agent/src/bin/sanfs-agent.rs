@@ -115,7 +115,8 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         };
         // `devices=GLOB,GLOB`: a bare path after it continues the list.
         if value.is_none() && key.contains('/') && last_was_devices {
-            o.devices.push(key.to_owned());
+            o.devices
+                .extend(key.split(':').filter(|g| !g.is_empty()).map(str::to_owned));
             continue;
         }
         last_was_devices = false;
@@ -404,5 +405,45 @@ fn mount_in_background(
             );
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+
+    use super::*;
+
+    #[test]
+    fn options_parse() {
+        let o = parse_options(&[
+            "attr_ttl=0,entry_ttl=250ms,allow_other".to_owned(),
+            "ro,engine=sync,devices=/dev/loop*,/srv/luns/*:/x/y,_netdev,x-systemd.automount"
+                .to_owned(),
+        ])
+        .unwrap();
+        assert_eq!(o.attr_ttl, Duration::ZERO);
+        assert_eq!(o.entry_ttl, Duration::from_millis(250));
+        assert!(o.allow_other && o.read_only);
+        assert_eq!(o.engine, EngineKind::Sync);
+        assert_eq!(o.devices, ["/dev/loop*", "/srv/luns/*", "/x/y"]);
+        let d = parse_options(&[]).unwrap();
+        assert_eq!(d.attr_ttl, Duration::from_secs(1));
+        assert!(d.devices.is_empty() && !d.read_only);
+        assert!(parse_options(&["bogus".to_owned()]).is_err());
+        assert!(parse_options(&["attr_ttl=fast".to_owned()]).is_err());
+        assert!(parse_options(&["engine=spdk".to_owned()]).is_err());
+    }
+
+    #[test]
+    fn source_parse() {
+        let s = |x: &str| parse_source(x).unwrap();
+        assert_eq!(s("mds:7000"), ("mds:7000".to_owned(), "/".to_owned()));
+        assert_eq!(
+            s("10.0.0.1:7000:/a/b"),
+            ("10.0.0.1:7000".to_owned(), "/a/b".to_owned())
+        );
+        assert!(parse_source("mds").is_err());
+        assert!(parse_source("mds:port:/x").is_err());
     }
 }
