@@ -73,6 +73,9 @@ impl Default for FsOptions {
 struct OpenFile {
     ino: InodeId,
     flags: OpenFlags,
+    /// `O_SYNC` (`Some(false)`: data and metadata) or `O_DSYNC` (`Some(true)`: data only):
+    /// every write is followed by an fsync before it is answered.
+    sync: Option<bool>,
     handle: Mutex<FileHandle>,
     /// Serialises re-opens (one per stale handle) and append writes (size, then write).
     serial: tokio::sync::Mutex<()>,
@@ -178,6 +181,17 @@ fn open_flags(flags: i32) -> OpenFlags {
         write,
         append: write && flags & libc::O_APPEND != 0,
         truncate: write && flags & libc::O_TRUNC != 0,
+    }
+}
+
+/// Whether `open(2)` flags ask for synchronous writes: `Some(data_only)`.
+fn sync_of(flags: i32) -> Option<bool> {
+    if flags & libc::O_SYNC == libc::O_SYNC {
+        Some(false)
+    } else if flags & libc::O_DSYNC != 0 {
+        Some(true)
+    } else {
+        None
     }
 }
 
@@ -304,7 +318,13 @@ impl State {
             .ok_or_else(|| FsError::Invalid(format!("unknown file handle {}", fh.0)))
     }
 
-    fn insert(&self, ino: InodeId, flags: OpenFlags, handle: FileHandle) -> fuser::FileHandle {
+    fn insert(
+        &self,
+        ino: InodeId,
+        flags: OpenFlags,
+        sync: Option<bool>,
+        handle: FileHandle,
+    ) -> fuser::FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let file = Arc::new(OpenFile {
             ino,
@@ -313,6 +333,7 @@ impl State {
                 ..flags
             },
             handle: Mutex::new(handle),
+            sync,
             serial: tokio::sync::Mutex::new(()),
         });
         self.files
@@ -759,12 +780,13 @@ impl fuser::Filesystem for SanFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: fuser::OpenFlags, reply: ReplyOpen) {
         let cred = credentials(req);
+        let sync = sync_of(flags.0);
         let flags = open_flags(flags.0);
         self.spawn(move |st| async move {
             let ino = st.ino(ino);
             match st.client.open(&cred, ino, flags).await {
                 Ok((handle, _)) => {
-                    let fh = st.insert(ino, flags, handle);
+                    let fh = st.insert(ino, flags, sync, handle);
                     reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO);
                 }
                 Err(e) => reply.error(errno(&e)),
@@ -822,7 +844,7 @@ impl fuser::Filesystem for SanFs {
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
-                if file.flags.append {
+                let written = if file.flags.append {
                     // O_APPEND: at the size the server has now (another node may have grown
                     // the file), one append at a time through this handle.
                     let _serial = file.serial.lock().await;
@@ -834,7 +856,14 @@ impl fuser::Filesystem for SanFs {
                         .client
                         .write_at(&cred, &h, ino, offset, &data)
                         .await)
+                }?;
+                if let Some(data_only) = file.sync {
+                    with_handle!(st, cred, file, |h| st
+                        .client
+                        .fsync(&cred, &h, ino, data_only)
+                        .await)?;
                 }
+                Ok::<_, FsError>(written)
             }
             .await;
             match r {
@@ -1101,7 +1130,7 @@ impl fuser::Filesystem for SanFs {
                 .await
             {
                 Ok(c) => {
-                    let fh = st.insert(c.attr.ino, open, c.handle);
+                    let fh = st.insert(c.attr.ino, open, sync_of(flags), c.handle);
                     reply.created(
                         &st.options.entry_ttl,
                         &st.attr(&c.attr),

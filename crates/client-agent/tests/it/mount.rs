@@ -6,7 +6,7 @@
 //! never hangs it.
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -174,6 +174,16 @@ async fn mount_serves_posix_calls() {
         f.write_all(b", world").unwrap();
         drop(f);
         assert_eq!(std::fs::read(p("a.txt")).unwrap(), b"hello, world");
+        // O_SYNC and O_DSYNC writes (each followed by an fsync at the server)
+        for flag in [libc::O_SYNC, libc::O_DSYNC] {
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .custom_flags(flag)
+                .open(p("a.txt"))
+                .unwrap();
+            f.write_all(b"!").unwrap();
+        }
+        assert_eq!(std::fs::read(p("a.txt")).unwrap(), b"hello, world!!");
         // pwrite in the middle, read at an offset
         let mut f = std::fs::OpenOptions::new()
             .read(true)
@@ -185,7 +195,7 @@ async fn mount_serves_posix_calls() {
         f.seek(SeekFrom::Start(5)).unwrap();
         let mut s = String::new();
         f.read_to_string(&mut s).unwrap();
-        assert_eq!(s, ", World");
+        assert_eq!(s, ", World!!");
         // ftruncate down and up
         f.set_len(5).unwrap();
         assert_eq!(f.metadata().unwrap().len(), 5);
