@@ -7,9 +7,11 @@
 //!
 //! On top of it, [`client`] is the `sanfs_client` library: a session with its lease and
 //! session stream, the namespace calls, and the data path (direct or proxied, with cached read
-//! grants), which the FUSE mount, the bench and the tests use.
+//! grants), which the FUSE mount, the bench and the tests use; [`fuse`] is the FUSE file system
+//! over it that `sanfs-agent mount` serves.
 
 pub mod buf;
 pub mod client;
 pub mod discovery;
 pub mod engine;
+pub mod fuse;

@@ -10,4 +10,5 @@ mod client;
 mod cluster;
 mod discovery;
 mod engine_io;
+mod mount;
 mod support;

@@ -1,0 +1,1202 @@
+//! The FUSE mount (issue 6): a thin [`fuser::Filesystem`] over the [`Client`] library.
+//!
+//! fuser calls the trait synchronously on its worker threads; every request is handed to the
+//! tokio runtime as a task that answers the request's `Reply*` when the client call returns,
+//! so requests run concurrently (a slow read does not hold up a lookup).
+//!
+//! **Inode numbers** are the server's: the FUSE inode number is the sanfs inode number, except
+//! when a sub-directory is mounted as the root: then that directory and the real root swap
+//! numbers (FUSE's root is always 1), which keeps the mapping a bijection with no table.
+//! Nothing per inode is kept here, so `forget` has nothing to do.
+//!
+//! **File data** never enters the kernel's page cache: every open answers `FOPEN_DIRECT_IO`
+//! (paper 4.4), requests are up to 1 MiB, and reads and writes go straight to
+//! [`Client::read_into`] / [`Client::write_at`] (which route direct or proxied).
+//!
+//! **Handles.** A FUSE file handle names an [`OpenFile`] here: the inode, the open flags and
+//! the current [`FileHandle`]. A handle of a replaced session answers ESTALE; the file is then
+//! re-opened once with the same flags (without `O_TRUNC`) and the call retried.
+//!
+//! **Credentials** are the request's uid and gid plus the caller's supplementary groups from
+//! `/proc/PID/status`; the server checks permissions (no `default_permissions`).
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::future::Future;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, Errno, FileAttr, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use sanfs_proto::model::{FallocateMode, OpenFlags};
+use sanfs_proto::types::{
+    Attr, Credentials, FileType, FsError, InodeId, RenameMode, SetAttr, TimeSet, Timestamp,
+    XattrMode,
+};
+
+use crate::client::{Client, FileHandle};
+
+/// Largest read or write request the kernel sends (and the readahead limit).
+pub const MAX_IO_BYTES: u32 = 1 << 20;
+
+/// Directory entries asked of the server per ReadDir call.
+const READDIR_BATCH: u32 = 256;
+
+/// How the mount behaves (from `-o` options).
+#[derive(Debug, Clone)]
+pub struct FsOptions {
+    /// How long the kernel may cache attributes (0: ask every time).
+    pub attr_ttl: Duration,
+    /// How long the kernel may cache name lookups (0: ask every time).
+    pub entry_ttl: Duration,
+    /// The sanfs inode shown as the mount's root (the root directory or a sub-directory).
+    pub root: InodeId,
+}
+
+impl Default for FsOptions {
+    fn default() -> FsOptions {
+        FsOptions {
+            attr_ttl: Duration::from_secs(1),
+            entry_ttl: Duration::from_secs(1),
+            root: InodeId(1),
+        }
+    }
+}
+
+/// One open file behind a FUSE file handle.
+struct OpenFile {
+    ino: InodeId,
+    flags: OpenFlags,
+    /// `O_SYNC` (`Some(false)`: data and metadata) or `O_DSYNC` (`Some(true)`: data only):
+    /// every write is followed by an fsync before it is answered.
+    sync: Option<bool>,
+    handle: Mutex<FileHandle>,
+    /// Serialises re-opens (one per stale handle) and append writes (size, then write).
+    serial: tokio::sync::Mutex<()>,
+}
+
+impl OpenFile {
+    fn current(&self) -> FileHandle {
+        *self.handle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+struct State {
+    client: Arc<Client>,
+    options: FsOptions,
+    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    next_fh: AtomicU64,
+    /// `st_blksize` reported for every file (the volume's block size).
+    block_size: u32,
+}
+
+/// The FUSE file system of one mount.
+pub struct SanFs {
+    state: Arc<State>,
+    runtime: tokio::runtime::Handle,
+}
+
+fn errno(e: &FsError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn is_stale(e: &FsError) -> bool {
+    matches!(e, FsError::Stale | FsError::StaleSession)
+}
+
+fn to_system_time(t: Timestamp) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec.unsigned_abs(), t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(t.nsec.into())
+    }
+}
+
+fn to_timestamp(t: SystemTime) -> Result<Timestamp, FsError> {
+    let (sec, nsec) = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => (
+            i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            d.subsec_nanos(),
+        ),
+        Err(e) => {
+            let d = e.duration();
+            let secs = i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+            if d.subsec_nanos() == 0 {
+                (-secs, 0)
+            } else {
+                (-secs - 1, 1_000_000_000 - d.subsec_nanos())
+            }
+        }
+    };
+    Timestamp::new(sec, nsec).map_err(|e| FsError::Invalid(e.to_string()))
+}
+
+fn to_time_set(t: TimeOrNow) -> Result<TimeSet, FsError> {
+    Ok(match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(t) => TimeSet::At(to_timestamp(t)?),
+    })
+}
+
+fn fuse_kind(k: FileType) -> fuser::FileType {
+    match k {
+        FileType::Regular => fuser::FileType::RegularFile,
+        FileType::Directory => fuser::FileType::Directory,
+        FileType::Symlink => fuser::FileType::Symlink,
+        FileType::Fifo => fuser::FileType::NamedPipe,
+        FileType::Socket => fuser::FileType::Socket,
+        FileType::CharDevice => fuser::FileType::CharDevice,
+        FileType::BlockDevice => fuser::FileType::BlockDevice,
+    }
+}
+
+/// The file type in a `mode`'s `S_IFMT` bits (mknod).
+fn kind_of_mode(mode: u32) -> Option<FileType> {
+    Some(match mode & libc::S_IFMT {
+        libc::S_IFREG | 0 => FileType::Regular,
+        libc::S_IFIFO => FileType::Fifo,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        libc::S_IFDIR => FileType::Directory,
+        _ => return None,
+    })
+}
+
+/// sanfs open flags of Linux `open(2)` flags.
+fn open_flags(flags: i32) -> OpenFlags {
+    let (read, write) = match flags & libc::O_ACCMODE {
+        libc::O_WRONLY => (false, true),
+        libc::O_RDWR => (true, true),
+        _ => (true, false),
+    };
+    OpenFlags {
+        read,
+        write,
+        append: write && flags & libc::O_APPEND != 0,
+        truncate: write && flags & libc::O_TRUNC != 0,
+    }
+}
+
+/// Whether `open(2)` flags ask for synchronous writes: `Some(data_only)`.
+fn sync_of(flags: i32) -> Option<bool> {
+    if flags & libc::O_SYNC == libc::O_SYNC {
+        Some(false)
+    } else if flags & libc::O_DSYNC != 0 {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// The caller's credentials: uid and gid of the request, supplementary groups from
+/// `/proc/PID/status` when the process is still there.
+fn credentials(req: &Request) -> Credentials {
+    let groups = if req.pid() == 0 {
+        Vec::new()
+    } else {
+        std::fs::read_to_string(format!("/proc/{}/status", req.pid()))
+            .ok()
+            .and_then(|s| {
+                s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
+                    g.split_whitespace()
+                        .filter_map(|n| n.parse().ok())
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
+    };
+    Credentials {
+        uid: req.uid(),
+        gid: req.gid(),
+        groups,
+    }
+}
+
+fn name_bytes(name: &OsStr) -> Vec<u8> {
+    name.as_bytes().to_vec()
+}
+
+impl SanFs {
+    /// A file system over `client`; requests run on `runtime`.
+    pub fn new(client: Arc<Client>, options: FsOptions, runtime: tokio::runtime::Handle) -> SanFs {
+        let block_size = client.server_info().block_size;
+        SanFs {
+            state: Arc::new(State {
+                client,
+                options,
+                files: Mutex::new(HashMap::new()),
+                next_fh: AtomicU64::new(1),
+                block_size,
+            }),
+            runtime,
+        }
+    }
+
+    /// Runs `f` on the runtime as a task of its own.
+    fn spawn<F, Fut>(&self, f: F)
+    where
+        F: FnOnce(Arc<State>) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.runtime.spawn(f(Arc::clone(&self.state)));
+    }
+}
+
+impl State {
+    /// sanfs inode of a FUSE inode number.
+    fn ino(&self, fuse: INodeNo) -> InodeId {
+        let root = self.options.root.0;
+        InodeId(match fuse.0 {
+            1 => root,
+            n if n == root => 1,
+            n => n,
+        })
+    }
+
+    /// FUSE inode number of a sanfs inode.
+    fn fuse_ino(&self, ino: InodeId) -> INodeNo {
+        let root = self.options.root.0;
+        INodeNo(match ino.0 {
+            n if n == root => 1,
+            1 => root,
+            n => n,
+        })
+    }
+
+    fn attr(&self, a: &Attr) -> FileAttr {
+        FileAttr {
+            ino: self.fuse_ino(a.ino),
+            size: a.size,
+            blocks: a.allocated.div_ceil(512),
+            atime: to_system_time(a.atime),
+            mtime: to_system_time(a.mtime),
+            ctime: to_system_time(a.ctime),
+            crtime: to_system_time(a.btime),
+            kind: fuse_kind(a.kind),
+            perm: u16::try_from(a.perm & 0o7777).unwrap_or(0),
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            rdev: u32::try_from(a.rdev).unwrap_or(u32::MAX),
+            blksize: self.block_size,
+            flags: 0,
+        }
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, r: Result<Attr, FsError>) {
+        match r {
+            Ok(a) => reply.entry_with_ttls(
+                &self.options.attr_ttl,
+                &self.options.entry_ttl,
+                &self.attr(&a),
+                Generation(a.generation),
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn reply_attr(&self, reply: ReplyAttr, r: Result<Attr, FsError>) {
+        match r {
+            Ok(a) => reply.attr(&self.options.attr_ttl, &self.attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn file(&self, fh: fuser::FileHandle) -> Result<Arc<OpenFile>, FsError> {
+        self.files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&fh.0)
+            .cloned()
+            .ok_or_else(|| FsError::Invalid(format!("unknown file handle {}", fh.0)))
+    }
+
+    fn insert(
+        &self,
+        ino: InodeId,
+        flags: OpenFlags,
+        sync: Option<bool>,
+        handle: FileHandle,
+    ) -> fuser::FileHandle {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let file = Arc::new(OpenFile {
+            ino,
+            flags: OpenFlags {
+                truncate: false,
+                ..flags
+            },
+            handle: Mutex::new(handle),
+            sync,
+            serial: tokio::sync::Mutex::new(()),
+        });
+        self.files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(fh, file);
+        fuser::FileHandle(fh)
+    }
+
+    /// Re-opens `file` after its handle `stale` was refused (a new session); returns the
+    /// handle to retry with. Concurrent callers re-open once.
+    async fn reopen(
+        &self,
+        cred: &Credentials,
+        file: &OpenFile,
+        stale: FileHandle,
+    ) -> Result<FileHandle, FsError> {
+        let _serial = file.serial.lock().await;
+        let current = file.current();
+        if current != stale {
+            return Ok(current);
+        }
+        let (handle, _) = self.client.open(cred, file.ino, file.flags).await?;
+        tracing::info!(ino = %file.ino, old = ?stale, new = ?handle, "re-opened a file under a new session");
+        *file.handle.lock().unwrap_or_else(|e| e.into_inner()) = handle;
+        Ok(handle)
+    }
+}
+
+/// Runs `$body` with `$fh` bound to the file's current handle; when it answers ESTALE, the
+/// file is re-opened once and `$body` runs again with the new handle.
+macro_rules! with_handle {
+    ($st:expr, $cred:expr, $file:expr, |$fh:ident| $body:expr) => {{
+        let $fh = $file.current();
+        match $body {
+            Err(e) if is_stale(&e) => match $st.reopen(&$cred, &$file, $fh).await {
+                Ok($fh) => $body,
+                Err(e2) => {
+                    tracing::warn!(ino = %$file.ino, error = %e2, "re-open after a stale handle failed");
+                    Err(e)
+                }
+            },
+            r => r,
+        }
+    }};
+}
+
+async fn do_setattr(
+    st: &State,
+    cred: &Credentials,
+    ino: InodeId,
+    changes: SetAttr,
+    file: Option<Arc<OpenFile>>,
+) -> Result<Attr, FsError> {
+    let rest = SetAttr {
+        size: None,
+        ..changes.clone()
+    };
+    let nothing_else = rest == SetAttr::default();
+    let mut attr = None;
+    if let Some(size) = changes.size {
+        attr = Some(match &file {
+            Some(f) => with_handle!(st, cred, f, |fh| st
+                .client
+                .truncate(cred, Some(&fh), ino, size)
+                .await)?,
+            None => st.client.truncate(cred, None, ino, size).await?,
+        });
+    }
+    match attr {
+        Some(a) if nothing_else => Ok(a),
+        _ => match &file {
+            Some(f) => {
+                with_handle!(st, cred, f, |fh| st
+                    .client
+                    .setattr(cred, ino, rest.clone(), Some(&fh))
+                    .await)
+            }
+            None => st.client.setattr(cred, ino, rest, None).await,
+        },
+    }
+}
+
+async fn do_readdir(
+    st: &State,
+    cred: &Credentials,
+    ino: InodeId,
+    offset: u64,
+    mut reply: ReplyDirectory,
+) -> Result<(), (ReplyDirectory, FsError)> {
+    let mut cookie = if offset <= 2 { 0 } else { offset };
+    let first = match st
+        .client
+        .readdir(cred, ino, cookie, READDIR_BATCH, false)
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return Err((reply, e)),
+    };
+    if offset == 0 && reply.add(st.fuse_ino(ino), 1, fuser::FileType::Directory, ".") {
+        reply.ok();
+        return Ok(());
+    }
+    if offset <= 1
+        && reply.add(
+            st.fuse_ino(first.parent),
+            2,
+            fuser::FileType::Directory,
+            "..",
+        )
+    {
+        reply.ok();
+        return Ok(());
+    }
+    let mut batch = first;
+    loop {
+        for e in &batch.entries {
+            if reply.add(
+                st.fuse_ino(e.inode),
+                e.cookie,
+                fuse_kind(e.kind),
+                OsStr::from_bytes(e.name.as_bytes()),
+            ) {
+                reply.ok();
+                return Ok(());
+            }
+            cookie = e.cookie;
+        }
+        if batch.eof || batch.entries.is_empty() {
+            reply.ok();
+            return Ok(());
+        }
+        batch = match st
+            .client
+            .readdir(cred, ino, cookie, READDIR_BATCH, false)
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => return Err((reply, e)),
+        };
+    }
+}
+
+async fn do_readdirplus(
+    st: &State,
+    cred: &Credentials,
+    ino: InodeId,
+    offset: u64,
+    mut reply: ReplyDirectoryPlus,
+) -> Result<(), (ReplyDirectoryPlus, FsError)> {
+    let ttl = st.options.entry_ttl;
+    let mut cookie = if offset <= 2 { 0 } else { offset };
+    let first = match st
+        .client
+        .readdir(cred, ino, cookie, READDIR_BATCH, true)
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return Err((reply, e)),
+    };
+    if offset <= 1 {
+        // The kernel takes no lookup reference on `.` and `..`; their attributes are the
+        // directory's own (the `..` entry's inode number is what matters).
+        let dir = match st.client.getattr(cred, ino).await {
+            Ok(a) => a,
+            Err(e) => return Err((reply, e)),
+        };
+        let dot = st.attr(&dir);
+        if offset == 0 && reply.add(dot.ino, 1, ".", &Duration::ZERO, &dot, Generation(0)) {
+            reply.ok();
+            return Ok(());
+        }
+        let dotdot = FileAttr {
+            ino: st.fuse_ino(first.parent),
+            ..dot
+        };
+        if reply.add(dotdot.ino, 2, "..", &Duration::ZERO, &dotdot, Generation(0)) {
+            reply.ok();
+            return Ok(());
+        }
+    }
+    let mut batch = first;
+    loop {
+        for e in &batch.entries {
+            let Some(a) = &e.attr else {
+                return Err((reply, FsError::Io("ReadDir plus without attributes".into())));
+            };
+            if reply.add(
+                st.fuse_ino(e.inode),
+                e.cookie,
+                OsStr::from_bytes(e.name.as_bytes()),
+                &ttl,
+                &st.attr(a),
+                Generation(a.generation),
+            ) {
+                reply.ok();
+                return Ok(());
+            }
+            cookie = e.cookie;
+        }
+        if batch.eof || batch.entries.is_empty() {
+            reply.ok();
+            return Ok(());
+        }
+        batch = match st
+            .client
+            .readdir(cred, ino, cookie, READDIR_BATCH, true)
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => return Err((reply, e)),
+        };
+    }
+}
+
+impl fuser::Filesystem for SanFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_IO_BYTES);
+        let _ = config.set_max_readahead(MAX_IO_BYTES);
+        let wanted = fuser::InitFlags::FUSE_DO_READDIRPLUS
+            | fuser::InitFlags::FUSE_READDIRPLUS_AUTO
+            | fuser::InitFlags::FUSE_PARALLEL_DIROPS;
+        let _ = config.add_capabilities(wanted & config.capabilities());
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let cred = credentials(req);
+        let name = name_bytes(name);
+        self.spawn(move |st| async move {
+            let r = st.client.lookup(&cred, st.ino(parent), name).await;
+            st.reply_entry(reply, r);
+        });
+    }
+
+    fn getattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: Option<fuser::FileHandle>,
+        reply: ReplyAttr,
+    ) {
+        let cred = credentials(req);
+        self.spawn(move |st| async move {
+            let r = st.client.getattr(&cred, st.ino(ino)).await;
+            st.reply_attr(reply, r);
+        });
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<fuser::FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let cred = credentials(req);
+        self.spawn(move |st| async move {
+            let r = async {
+                let changes = SetAttr {
+                    perm: mode.map(|m| m & 0o7777),
+                    uid,
+                    gid,
+                    size,
+                    atime: atime.map(to_time_set).transpose()?,
+                    mtime: mtime.map(to_time_set).transpose()?,
+                    ctime: None,
+                };
+                let file = fh.map(|fh| st.file(fh)).transpose()?;
+                do_setattr(&st, &cred, st.ino(ino), changes, file).await
+            }
+            .await;
+            st.reply_attr(reply, r);
+        });
+    }
+
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let cred = credentials(req);
+        self.spawn(move |st| async move {
+            match st.client.readlink(&cred, st.ino(ino)).await {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let cred = credentials(req);
+        let name = name_bytes(name);
+        self.spawn(move |st| async move {
+            let r = match kind_of_mode(mode) {
+                Some(FileType::Directory) | None => {
+                    Err(FsError::Invalid(format!("mknod of mode {mode:o}")))
+                }
+                Some(kind) => {
+                    let perm = mode & !umask & 0o7777;
+                    st.client
+                        .mknod(&cred, st.ino(parent), name, kind, perm, rdev.into())
+                        .await
+                }
+            };
+            st.reply_entry(reply, r);
+        });
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let cred = credentials(req);
+        let name = name_bytes(name);
+        self.spawn(move |st| async move {
+            let perm = mode & !umask & 0o7777;
+            let r = st.client.mkdir(&cred, st.ino(parent), name, perm).await;
+            st.reply_entry(reply, r);
+        });
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let cred = credentials(req);
+        let name = name_bytes(name);
+        self.spawn(move |st| async move {
+            match st.client.unlink(&cred, st.ino(parent), name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let cred = credentials(req);
+        let name = name_bytes(name);
+        self.spawn(move |st| async move {
+            match st.client.rmdir(&cred, st.ino(parent), name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let cred = credentials(req);
+        let name = name_bytes(link_name);
+        let target = target.as_os_str().as_bytes().to_vec();
+        self.spawn(move |st| async move {
+            let r = st.client.symlink(&cred, st.ino(parent), name, target).await;
+            st.reply_entry(reply, r);
+        });
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let mode = if flags.is_empty() {
+            RenameMode::Replace
+        } else if flags == RenameFlags::RENAME_NOREPLACE {
+            RenameMode::NoReplace
+        } else if flags == RenameFlags::RENAME_EXCHANGE {
+            RenameMode::Exchange
+        } else {
+            // RENAME_WHITEOUT (overlayfs) or a contradictory combination.
+            reply.error(Errno::EINVAL);
+            return;
+        };
+        let cred = credentials(req);
+        let name = name_bytes(name);
+        let newname = name_bytes(newname);
+        self.spawn(move |st| async move {
+            let r = st
+                .client
+                .rename(
+                    &cred,
+                    st.ino(parent),
+                    name,
+                    st.ino(newparent),
+                    newname,
+                    mode,
+                )
+                .await;
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let cred = credentials(req);
+        let newname = name_bytes(newname);
+        self.spawn(move |st| async move {
+            let r = st
+                .client
+                .link(&cred, st.ino(ino), st.ino(newparent), newname)
+                .await;
+            st.reply_entry(reply, r);
+        });
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: fuser::OpenFlags, reply: ReplyOpen) {
+        let cred = credentials(req);
+        let sync = sync_of(flags.0);
+        let flags = open_flags(flags.0);
+        self.spawn(move |st| async move {
+            let ino = st.ino(ino);
+            match st.client.open(&cred, ino, flags).await {
+                Ok((handle, _)) => {
+                    let fh = st.insert(ino, flags, sync, handle);
+                    reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO);
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: fuser::FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: fuser::OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let cred = credentials(req);
+        self.spawn(move |st| async move {
+            let r = async {
+                let file = st.file(fh)?;
+                let ino = st.ino(ino);
+                let mut buf = vec![0u8; size.min(MAX_IO_BYTES) as usize];
+                let n = with_handle!(st, cred, file, |h| st
+                    .client
+                    .read_into(&cred, &h, ino, offset, &mut buf)
+                    .await)?;
+                buf.truncate(n);
+                Ok::<_, FsError>(buf)
+            }
+            .await;
+            match r {
+                Ok(buf) => reply.data(&buf),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: fuser::FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: fuser::OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let cred = credentials(req);
+        let data = data.to_vec();
+        self.spawn(move |st| async move {
+            let r = async {
+                let file = st.file(fh)?;
+                let ino = st.ino(ino);
+                let written = if file.flags.append {
+                    // O_APPEND: at the size the server has now (another node may have grown
+                    // the file), one append at a time through this handle.
+                    let _serial = file.serial.lock().await;
+                    let size = st.client.getattr(&cred, ino).await?.size;
+                    let fh = file.current();
+                    st.client.write_at(&cred, &fh, ino, size, &data).await
+                } else {
+                    with_handle!(st, cred, file, |h| st
+                        .client
+                        .write_at(&cred, &h, ino, offset, &data)
+                        .await)
+                }?;
+                if let Some(data_only) = file.sync {
+                    with_handle!(st, cred, file, |h| st
+                        .client
+                        .fsync(&cred, &h, ino, data_only)
+                        .await)?;
+                }
+                Ok::<_, FsError>(written)
+            }
+            .await;
+            match r {
+                Ok(w) => reply.written(u32::try_from(w.written).unwrap_or(u32::MAX)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: fuser::FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // No client cache: every write has completed at the server before it was answered.
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: fuser::FileHandle,
+        _flags: fuser::OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let file = self
+            .state
+            .files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fh.0);
+        reply.ok();
+        if let Some(file) = file {
+            self.spawn(move |st| async move {
+                match st.client.release(&file.current()).await {
+                    // A handle of a replaced session is already gone at the server.
+                    Ok(()) | Err(FsError::Stale | FsError::StaleSession) => {}
+                    Err(e) => tracing::warn!(ino = %file.ino, error = %e, "release failed"),
+                }
+            });
+        }
+    }
+
+    fn fsync(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: fuser::FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let cred = credentials(req);
+        self.spawn(move |st| async move {
+            let r = async {
+                let file = st.file(fh)?;
+                let ino = st.ino(ino);
+                with_handle!(st, cred, file, |h| st
+                    .client
+                    .fsync(&cred, &h, ino, datasync)
+                    .await)
+            }
+            .await;
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
+        // Directories are read by cookie, statelessly; opening checks read permission.
+        let cred = credentials(req);
+        self.spawn(move |st| async move {
+            match st.client.access(&cred, st.ino(ino), 4).await {
+                Ok(()) => reply.opened(fuser::FileHandle(0), FopenFlags::empty()),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readdir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: fuser::FileHandle,
+        offset: u64,
+        reply: ReplyDirectory,
+    ) {
+        let cred = credentials(req);
+        self.spawn(move |st| async move {
+            if let Err((reply, e)) = do_readdir(&st, &cred, st.ino(ino), offset, reply).await {
+                reply.error(errno(&e));
+            }
+        });
+    }
+
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: fuser::FileHandle,
+        offset: u64,
+        reply: ReplyDirectoryPlus,
+    ) {
+        let cred = credentials(req);
+        self.spawn(move |st| async move {
+            if let Err((reply, e)) = do_readdirplus(&st, &cred, st.ino(ino), offset, reply).await {
+                reply.error(errno(&e));
+            }
+        });
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: fuser::FileHandle,
+        _flags: fuser::OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: fuser::FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Namespace changes are durable at the server when answered.
+        reply.ok();
+    }
+
+    fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        let cred = credentials(req);
+        self.spawn(move |st| async move {
+            match st.client.statfs(&cred, st.ino(ino)).await {
+                Ok(s) => reply.statfs(
+                    s.total_blocks,
+                    s.free_blocks,
+                    s.avail_blocks,
+                    s.total_inodes,
+                    s.free_inodes,
+                    s.block_size,
+                    s.name_max,
+                    s.block_size,
+                ),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let mode = match flags {
+            0 => XattrMode::Either,
+            libc::XATTR_CREATE => XattrMode::Create,
+            libc::XATTR_REPLACE => XattrMode::Replace,
+            _ => {
+                reply.error(Errno::EINVAL);
+                return;
+            }
+        };
+        let cred = credentials(req);
+        let name = name_bytes(name);
+        let value = value.to_vec();
+        self.spawn(move |st| async move {
+            match st
+                .client
+                .setxattr(&cred, st.ino(ino), name, &value, mode)
+                .await
+            {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let cred = credentials(req);
+        let name = name_bytes(name);
+        self.spawn(move |st| async move {
+            match st.client.getxattr(&cred, st.ino(ino), name).await {
+                Ok(v) => reply_xattr(reply, size, &v),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let cred = credentials(req);
+        self.spawn(move |st| async move {
+            match st.client.listxattr(&cred, st.ino(ino)).await {
+                Ok(names) => {
+                    let mut list = Vec::new();
+                    for n in names {
+                        list.extend_from_slice(&n);
+                        list.push(0);
+                    }
+                    reply_xattr(reply, size, &list);
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let cred = credentials(req);
+        let name = name_bytes(name);
+        self.spawn(move |st| async move {
+            match st.client.removexattr(&cred, st.ino(ino), name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let cred = credentials(req);
+        let mask = u32::try_from(mask.bits() & 7).unwrap_or(0);
+        self.spawn(move |st| async move {
+            match st.client.access(&cred, st.ino(ino), mask).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let cred = credentials(req);
+        let name = name_bytes(name);
+        let open = open_flags(flags);
+        let exclusive = flags & libc::O_EXCL != 0;
+        self.spawn(move |st| async move {
+            let perm = mode & !umask & 0o7777;
+            match st
+                .client
+                .create(&cred, st.ino(parent), name, perm, exclusive, open)
+                .await
+            {
+                Ok(c) => {
+                    let fh = st.insert(c.attr.ino, open, sync_of(flags), c.handle);
+                    reply.created(
+                        &st.options.entry_ttl,
+                        &st.attr(&c.attr),
+                        Generation(c.attr.generation),
+                        fh,
+                        FopenFlags::FOPEN_DIRECT_IO,
+                    );
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn fallocate(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: fuser::FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
+        const ZERO_KEEP: i32 = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+        let mode = match mode {
+            0 => FallocateMode::Allocate,
+            KEEP_SIZE => FallocateMode::AllocateKeepSize,
+            PUNCH => FallocateMode::PunchHole,
+            ZERO => FallocateMode::ZeroRange,
+            ZERO_KEEP => FallocateMode::ZeroRangeKeepSize,
+            _ => {
+                reply.error(Errno::EOPNOTSUPP);
+                return;
+            }
+        };
+        let cred = credentials(req);
+        self.spawn(move |st| async move {
+            let r = async {
+                let file = st.file(fh)?;
+                let ino = st.ino(ino);
+                with_handle!(st, cred, file, |h| st
+                    .client
+                    .fallocate(&cred, &h, ino, offset, length, mode)
+                    .await)
+            }
+            .await;
+            match r {
+                Ok(_) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+}
+
+/// Answers a getxattr or listxattr: the length when `size` is 0 (a probe), ERANGE when the
+/// caller's buffer is too small, else the bytes.
+fn reply_xattr(reply: ReplyXattr, size: u32, value: &[u8]) {
+    let len = u32::try_from(value.len()).unwrap_or(u32::MAX);
+    if size == 0 {
+        reply.size(len);
+    } else if len > size {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(value);
+    }
+}

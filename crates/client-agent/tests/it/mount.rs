@@ -1,0 +1,566 @@
+//! The FUSE mount end to end: the real `sanfs-agent mount --foreground` binary as a child
+//! process against the in-process server, driven through plain `std::fs` calls on the mount.
+//! Needs root and /dev/fuse ("skipped: needs root and /dev/fuse" otherwise). Every file
+//! system call runs on a blocking thread under a timeout, and every mount is taken down by its
+//! guard (clean unmount, else kill the agent by PID and detach lazily): a bug fails the test,
+//! never hangs it.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sanfs_proto::pb;
+use sanfs_proto::pb::data_client::DataClient;
+
+use crate::cluster::{self, Cluster, MIB};
+
+fn can_mount() -> bool {
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+    if !root || !Path::new("/dev/fuse").exists() {
+        println!("skipped: needs root and /dev/fuse");
+        return false;
+    }
+    true
+}
+
+fn is_mounted(path: &Path) -> bool {
+    let want = path.to_string_lossy();
+    std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| {
+        m.lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(want.as_ref()))
+    })
+}
+
+/// Runs blocking file-system work on a thread of its own; panics if it takes longer than
+/// `secs` (the thread is left behind, unblocked when the guard takes the mount down).
+async fn timed<T: Send + 'static>(
+    what: &str,
+    secs: u64,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match tokio::time::timeout(Duration::from_secs(secs), rx).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(_)) => panic!("{what}: the worker thread panicked"),
+        Err(_) => panic!("{what}: no answer within {secs} s"),
+    }
+}
+
+/// One `sanfs-agent mount --foreground` child and its mount point; dropping it unmounts.
+struct Mount {
+    path: PathBuf,
+    child: Option<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl Mount {
+    async fn start(srv: &Cluster, name: &str, extra: &str) -> Mount {
+        Mount::start_at(srv, "", name, extra).await
+    }
+
+    /// Mounts `SERVER:PORT` followed by `subdir` (e.g. `:/some/dir`, or empty).
+    async fn start_at(srv: &Cluster, subdir: &str, name: &str, extra: &str) -> Mount {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mnt");
+        std::fs::create_dir(&path).unwrap();
+        let devices: Vec<String> = srv
+            .luns
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        let mut opts = format!("devices={},client_name={name}", devices.join(":"));
+        if !extra.is_empty() {
+            opts = format!("{opts},{extra}");
+        }
+        let child = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
+            .arg("mount")
+            .arg(format!("{}{subdir}", srv.addr))
+            .arg(&path)
+            .arg("-o")
+            .arg(&opts)
+            .arg("--foreground")
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
+            )
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut m = Mount {
+            path,
+            child: Some(child),
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !is_mounted(&m.path) {
+            if let Some(st) = m.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("sanfs-agent exited before mounting: {st}");
+            }
+            assert!(Instant::now() < deadline, "mount did not appear in 30 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        m
+    }
+
+    fn p(&self, rel: &str) -> PathBuf {
+        self.path.join(rel)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Waits (at most `secs`) for the agent to exit.
+    fn wait_exit(&mut self, secs: u64) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                self.child = None;
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if is_mounted(&self.path) {
+            let _ = rustix::mount::unmount(&self.path, rustix::mount::UnmountFlags::empty());
+        }
+        if self.wait_exit(10).is_none()
+            && let Some(mut c) = self.child.take()
+        {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if is_mounted(&self.path) {
+            let _ = rustix::mount::unmount(&self.path, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+}
+
+fn errno_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.expect_err("expected an error").raw_os_error().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mount_serves_posix_calls() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let m = Mount::start(&srv, "posix", "").await;
+    let root = m.path.clone();
+    timed("posix calls", 60, move || {
+        let p = |r: &str| root.join(r);
+        // create, write, read
+        std::fs::write(p("a.txt"), b"hello").unwrap();
+        assert_eq!(std::fs::read(p("a.txt")).unwrap(), b"hello");
+        // O_APPEND writes at the end
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(p("a.txt"))
+            .unwrap();
+        f.write_all(b", world").unwrap();
+        drop(f);
+        assert_eq!(std::fs::read(p("a.txt")).unwrap(), b"hello, world");
+        // O_SYNC and O_DSYNC writes (each followed by an fsync at the server)
+        for flag in [libc::O_SYNC, libc::O_DSYNC] {
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .custom_flags(flag)
+                .open(p("a.txt"))
+                .unwrap();
+            f.write_all(b"!").unwrap();
+        }
+        assert_eq!(std::fs::read(p("a.txt")).unwrap(), b"hello, world!!");
+        // pwrite in the middle, read at an offset
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p("a.txt"))
+            .unwrap();
+        f.seek(SeekFrom::Start(7)).unwrap();
+        f.write_all(b"W").unwrap();
+        f.seek(SeekFrom::Start(5)).unwrap();
+        let mut s = String::new();
+        f.read_to_string(&mut s).unwrap();
+        assert_eq!(s, ", World!!");
+        // ftruncate down and up
+        f.set_len(5).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 5);
+        f.set_len(8).unwrap();
+        drop(f);
+        assert_eq!(std::fs::read(p("a.txt")).unwrap(), b"hello\0\0\0");
+        // O_TRUNC
+        std::fs::write(p("a.txt"), b"x").unwrap();
+        assert_eq!(std::fs::read(p("a.txt")).unwrap(), b"x");
+        // O_EXCL
+        let e = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(p("a.txt"));
+        assert_eq!(errno_of(e), libc::EEXIST);
+        // chmod, utimens
+        std::fs::set_permissions(
+            p("a.txt"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        assert_eq!(
+            std::fs::metadata(p("a.txt")).unwrap().mode() & 0o7777,
+            0o600
+        );
+        let f = std::fs::File::open(p("a.txt")).unwrap();
+        let t = std::time::UNIX_EPOCH + Duration::new(1_000_000_000, 5);
+        f.set_modified(t).unwrap();
+        drop(f);
+        assert_eq!(
+            std::fs::metadata(p("a.txt")).unwrap().modified().unwrap(),
+            t
+        );
+        // mkdir, rename (plain, NOREPLACE, EXCHANGE), link, symlink, readdir
+        std::fs::create_dir(p("d")).unwrap();
+        std::fs::rename(p("a.txt"), p("d/b.txt")).unwrap();
+        assert_eq!(errno_of(std::fs::metadata(p("a.txt"))), libc::ENOENT);
+        std::fs::write(p("c.txt"), b"c").unwrap();
+        let cwd = rustix::fs::CWD;
+        let r = rustix::fs::renameat_with(
+            cwd,
+            p("c.txt"),
+            cwd,
+            p("d/b.txt"),
+            rustix::fs::RenameFlags::NOREPLACE,
+        );
+        assert_eq!(r, Err(rustix::io::Errno::EXIST));
+        rustix::fs::renameat_with(
+            cwd,
+            p("c.txt"),
+            cwd,
+            p("d/b.txt"),
+            rustix::fs::RenameFlags::EXCHANGE,
+        )
+        .unwrap();
+        assert_eq!(std::fs::read(p("c.txt")).unwrap(), b"x");
+        assert_eq!(std::fs::read(p("d/b.txt")).unwrap(), b"c");
+        std::fs::hard_link(p("c.txt"), p("d/hard")).unwrap();
+        assert_eq!(std::fs::metadata(p("c.txt")).unwrap().nlink(), 2);
+        assert_eq!(
+            std::fs::metadata(p("c.txt")).unwrap().ino(),
+            std::fs::metadata(p("d/hard")).unwrap().ino()
+        );
+        std::os::unix::fs::symlink("../c.txt", p("d/sym")).unwrap();
+        assert_eq!(
+            std::fs::read_link(p("d/sym")).unwrap(),
+            PathBuf::from("../c.txt")
+        );
+        assert_eq!(std::fs::read(p("d/sym")).unwrap(), b"x");
+        let mut names: Vec<String> = std::fs::read_dir(p("d"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["b.txt", "hard", "sym"]);
+        // a directory longer than one readdir reply
+        std::fs::create_dir(p("many")).unwrap();
+        for i in 0..300 {
+            std::fs::write(p(&format!("many/file-with-a-longish-name-{i:04}")), b"").unwrap();
+        }
+        assert_eq!(std::fs::read_dir(p("many")).unwrap().count(), 300);
+        // xattrs, including the size probe
+        rustix::fs::setxattr(
+            p("c.txt"),
+            "user.k",
+            b"value",
+            rustix::fs::XattrFlags::CREATE,
+        )
+        .unwrap();
+        assert_eq!(rustix::fs::getxattr_query(p("c.txt"), "user.k").unwrap(), 5);
+        let mut buf = [0u8; 64];
+        let n = rustix::fs::getxattr(p("c.txt"), "user.k", &mut buf[..]).unwrap();
+        assert_eq!(&buf[..n], b"value");
+        let n = rustix::fs::listxattr(p("c.txt"), &mut buf[..]).unwrap();
+        assert_eq!(&buf[..n], b"user.k\0");
+        let mut small = [0u8; 2];
+        assert_eq!(
+            rustix::fs::getxattr(p("c.txt"), "user.k", &mut small[..]),
+            Err(rustix::io::Errno::RANGE)
+        );
+        rustix::fs::removexattr(p("c.txt"), "user.k").unwrap();
+        assert_eq!(
+            rustix::fs::getxattr(p("c.txt"), "user.k", &mut buf[..]),
+            Err(rustix::io::Errno::NODATA)
+        );
+        // statfs
+        let st = rustix::fs::statfs(p("")).unwrap();
+        assert!(st.f_blocks > 0);
+        // unlink, rmdir
+        assert_eq!(errno_of(std::fs::remove_dir(p("d"))), libc::ENOTEMPTY);
+        for n in ["d/b.txt", "d/hard", "d/sym"] {
+            std::fs::remove_file(p(n)).unwrap();
+        }
+        assert_eq!(std::fs::metadata(p("c.txt")).unwrap().nlink(), 1);
+        std::fs::remove_dir(p("d")).unwrap();
+        std::fs::remove_file(p("c.txt")).unwrap();
+        assert_eq!(errno_of(std::fs::metadata(p("d"))), libc::ENOENT);
+    })
+    .await;
+    drop(m);
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mount_64_mib_file_round_trips_on_all_luns() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let m = Mount::start(&srv, "big", "").await;
+    let path = m.p("big");
+    const LEN: usize = 64 << 20;
+    let ino = timed("64 MiB write and read back", 240, move || {
+        let data = crate::support::pattern(LEN, 7);
+        let mut f = std::fs::File::create(&path).unwrap();
+        for chunk in data.chunks(MIB as usize) {
+            f.write_all(chunk).unwrap();
+        }
+        f.sync_all().unwrap();
+        drop(f);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), LEN as u64);
+        let mut f = std::fs::File::open(&path).unwrap();
+        let mut buf = vec![0u8; MIB as usize];
+        for (i, want) in data.chunks(MIB as usize).enumerate() {
+            f.read_exact(&mut buf).unwrap();
+            if buf != want {
+                let at = buf.iter().zip(want).position(|(a, b)| a != b).unwrap();
+                panic!("differs at byte {}", i * MIB as usize + at);
+            }
+        }
+        assert_eq!(f.read(&mut buf).unwrap(), 0, "nothing past the end");
+        std::fs::metadata(&path).unwrap().ino()
+    })
+    .await;
+    let mut data = DataClient::connect(format!("http://{}", srv.addr))
+        .await
+        .unwrap();
+    let ext = data
+        .get_extents(pb::GetExtentsRequest {
+            cred: Some(cluster::root().into()),
+            inode: ino,
+            offset: 0,
+            length: LEN as u64,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let ext = sanfs_proto::model::GetExtentsReply::try_from(ext).unwrap();
+    assert_eq!(ext.file_size, LEN as u64);
+    let mut devices: Vec<u32> = ext
+        .extents
+        .iter()
+        .flat_map(|e| e.pieces.iter().map(|p| p.device.0))
+        .collect();
+    devices.sort_unstable();
+    devices.dedup();
+    assert_eq!(
+        devices,
+        vec![0, 1, 2, 3],
+        "the file is striped over all 4 LUNs"
+    );
+    drop(m);
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_mounts_see_each_others_writes() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "node-a", "attr_ttl=0,entry_ttl=0").await;
+    let b = Mount::start(&srv, "node-b", "attr_ttl=0,entry_ttl=0").await;
+    let (pa, pb) = (a.p("shared"), b.p("shared"));
+    timed("two nodes", 120, move || {
+        let one = crate::support::pattern(3 * MIB as usize + 123, 1);
+        std::fs::write(&pa, &one).unwrap();
+        assert_eq!(std::fs::read(&pb).unwrap(), one, "b reads a's file");
+        // b overwrites part of it (direct and proxied pieces); a sees it at once
+        let two = crate::support::pattern(MIB as usize + 5000, 2);
+        let mut f = std::fs::OpenOptions::new().write(true).open(&pb).unwrap();
+        f.seek(SeekFrom::Start(4096 * 3 + 17)).unwrap();
+        f.write_all(&two).unwrap();
+        drop(f);
+        let mut want = one.clone();
+        want[4096 * 3 + 17..4096 * 3 + 17 + two.len()].copy_from_slice(&two);
+        assert_eq!(std::fs::read(&pa).unwrap(), want, "a reads b's overwrite");
+        // an append through b lands after a's view of the end
+        let mut f = std::fs::OpenOptions::new().append(true).open(&pb).unwrap();
+        f.write_all(b"tail").unwrap();
+        drop(f);
+        want.extend_from_slice(b"tail");
+        assert_eq!(std::fs::read(&pa).unwrap(), want);
+        std::fs::remove_file(&pa).unwrap();
+        assert_eq!(errno_of(std::fs::metadata(&pb)), libc::ENOENT);
+    })
+    .await;
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_agent_leaves_enotconn_and_unmounts() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let mut m = Mount::start(&srv, "victim", "").await;
+    let path = m.path.clone();
+    let file = m.p("f");
+    timed("write before the kill", 30, move || {
+        std::fs::write(&file, b"data").unwrap()
+    })
+    .await;
+    let pid = m.pid();
+    let status = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(m.wait_exit(10).is_some(), "the agent died");
+    let probe = path.clone();
+    let e = timed("stat after the kill", 10, move || {
+        errno_of(std::fs::metadata(probe.join("f")))
+    })
+    .await;
+    assert_eq!(e, libc::ENOTCONN);
+    assert!(is_mounted(&path), "the dead mount is still listed");
+    let target = path.clone();
+    timed("lazy unmount", 10, move || {
+        rustix::mount::unmount(&target, rustix::mount::UnmountFlags::DETACH).unwrap()
+    })
+    .await;
+    assert!(!is_mounted(&path));
+    drop(m);
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_unmounts_on_sigterm_and_umount() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    // SIGTERM: the agent unmounts and exits cleanly.
+    let mut m = Mount::start(&srv, "term", "").await;
+    let status = Command::new("kill")
+        .args(["-TERM", &m.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let st = m.wait_exit(20).expect("the agent exits after SIGTERM");
+    assert!(st.success(), "{st}");
+    assert!(!is_mounted(&m.path));
+    drop(m);
+    // `sanfs-agent umount`: likewise.
+    let mut m = Mount::start(&srv, "umount", "").await;
+    let st = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
+        .arg("umount")
+        .arg(&m.path)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let st = m.wait_exit(20).expect("the agent exits after umount");
+    assert!(st.success(), "{st}");
+    assert!(!is_mounted(&m.path));
+    drop(m);
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subdir_mount_read_only() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "writer", "").await;
+    let (sub, file) = (a.p("exports/one"), a.p("exports/one/f"));
+    timed("prepare the sub-directory", 30, move || {
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(&file, b"in the subdir").unwrap();
+    })
+    .await;
+    let b = Mount::start_at(&srv, ":/exports/one", "reader", "ro").await;
+    let root = b.path.clone();
+    timed("read through the sub-directory mount", 30, move || {
+        assert_eq!(std::fs::read(root.join("f")).unwrap(), b"in the subdir");
+        let names: Vec<_> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["f"]);
+        assert_eq!(std::fs::metadata(&root).unwrap().ino(), 1);
+        assert_eq!(errno_of(std::fs::write(root.join("g"), b"x")), libc::EROFS);
+    })
+    .await;
+    drop(b);
+    // A sub-directory that does not exist: the agent refuses to mount.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
+        .arg("mount")
+        .arg(format!("{}:/no/such", srv.addr))
+        .arg(dir.path())
+        .arg("--foreground")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(!is_mounted(dir.path()));
+    drop(a);
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_file_survives_a_server_restart() {
+    if !can_mount() {
+        return;
+    }
+    let mut srv = cluster::start(2_000).await;
+    let m = Mount::start(&srv, "restart", "").await;
+    let path = m.p("f");
+    let f = timed("open and write", 30, move || {
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(b"before").unwrap();
+        f
+    })
+    .await;
+    // A new server epoch: the agent's session and its open handles are gone.
+    srv.restart().await;
+    let back = timed("write and read through the old descriptor", 60, move || {
+        let mut f = f;
+        f.write_all(b" after").unwrap();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        let mut s = String::new();
+        f.read_to_string(&mut s).unwrap();
+        s
+    })
+    .await;
+    assert_eq!(back, "before after");
+    drop(m);
+    srv.stop().await;
+}
