@@ -1,13 +1,16 @@
-//! Compiles `proto/sanfs/v1/sanfs.proto` into Rust with protox (a pure-Rust protobuf compiler,
-//! so no `protoc` is needed anywhere) feeding tonic-prost-build. Also writes the encoded
-//! `FileDescriptorSet`, which the crate exports for gRPC reflection and for the fuzz test.
+//! Compiles `proto/sanfs/v1/sanfs.proto` and `proto/csi/v1/csi.proto` into Rust with protox (a
+//! pure-Rust protobuf compiler, so no `protoc` is needed anywhere) feeding tonic-prost-build.
+//! Also writes the encoded `FileDescriptorSet` of `sanfs.v1`, which the crate exports for gRPC
+//! reflection and for the fuzz test.
 
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto_dir = PathBuf::from("proto");
     let proto_file = proto_dir.join("sanfs/v1/sanfs.proto");
+    let csi_file = proto_dir.join("csi/v1/csi.proto");
     println!("cargo:rerun-if-changed={}", proto_file.display());
+    println!("cargo:rerun-if-changed={}", csi_file.display());
 
     let mut compiler = protox::Compiler::new([&proto_dir])?;
     compiler
@@ -25,5 +28,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .emit_rerun_if_changed(false)
         .compile_fds(compiler.file_descriptor_set())?;
+
+    // CSI v1: its own package and compiler run (it imports the well-known wrapper types,
+    // which prost maps to `Option<bool>` / `Option<i64>`).
+    let mut csi = protox::Compiler::new([&proto_dir])?;
+    csi.include_imports(true).open_file(&csi_file)?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .emit_rerun_if_changed(false)
+        .compile_fds(csi.file_descriptor_set())?;
     Ok(())
 }

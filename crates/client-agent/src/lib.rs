@@ -8,10 +8,12 @@
 //! On top of it, [`client`] is the `sanfs_client` library: a session with its lease and
 //! session stream, the namespace calls, and the data path (direct or proxied, with cached read
 //! grants), which the FUSE mount, the bench and the tests use; [`fuse`] is the FUSE file system
-//! over it that `sanfs-agent mount` serves.
+//! over it that `sanfs-agent mount` serves; [`csi`] is the CSI driver `sanfs-csi` (volumes as
+//! directories with quotas, staged on a node with `sanfs-agent mount`).
 
 pub mod buf;
 pub mod client;
+pub mod csi;
 pub mod discovery;
 pub mod engine;
 pub mod fuse;

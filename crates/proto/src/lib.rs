@@ -1,9 +1,11 @@
 //! `sanfs-proto`: the `sanfs.v1` wire protocol and the validated domain types that the rest of
 //! the code uses. Generated protobuf types ([`pb`]) are converted to these types at the receive
 //! boundary (`TryFrom`, in [`model`]) and never reach core logic; [`status`] is the one place
-//! that maps file-system errors to gRPC statuses and back.
+//! that maps file-system errors to gRPC statuses and back. [`csi`] is the Container Storage
+//! Interface (v1) that the CSI driver serves, with its own validated request types.
 #![deny(unsafe_code)]
 
+pub mod csi;
 pub mod model;
 pub mod status;
 pub mod types;

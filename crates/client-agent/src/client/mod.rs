@@ -23,13 +23,14 @@
 //! re-opens the file (inode numbers are stable) under the new session. Likewise a call made
 //! while the session is being re-established fails with ESTALE rather than waiting.
 //!
-//! Submodules: `namespace` (the POSIX metadata calls), `data` (the routing rule and both
-//! paths), `cache` (cached read grants), `subplan` (cutting a cached grant's plan), `session`
+//! Submodules: `namespace` (the POSIX metadata calls), `quota` (directory quotas), `data` (the
+//! routing rule and both paths), `cache` (cached read grants), `subplan` (cutting a cached grant's plan), `session`
 //! (the session task).
 
 mod cache;
 mod data;
 mod namespace;
+mod quota;
 mod session;
 mod subplan;
 

@@ -41,9 +41,34 @@ pub async fn start_with(lease_ttl_ms: u64, tls: Option<TlsPaths>) -> Cluster {
         .with_test_writer()
         .try_init();
     let dir = tempfile::tempdir().unwrap();
-    let luns: Vec<PathBuf> = (0..LUNS)
-        .map(|i| dir.path().join(format!("lun{i}")))
-        .collect();
+    let (luns, opts) = prepare(
+        dir.path(),
+        "127.0.0.1:0".parse().unwrap(),
+        lease_ttl_ms,
+        tls,
+    );
+    let mut cluster = Cluster {
+        addr: opts.listen,
+        luns,
+        opts,
+        stop: None,
+        task: None,
+        _dir: dir,
+    };
+    cluster.run().await;
+    cluster
+}
+
+/// Makes [`LUNS`] file LUNs in `dir`, formats them as a striped volume, creates the metadata
+/// store, and returns the LUNs and the options to serve it on `listen` (plaintext on a
+/// non-loopback address is allowed: such addresses exist only in a test's own namespaces).
+pub fn prepare(
+    dir: &std::path::Path,
+    listen: SocketAddr,
+    lease_ttl_ms: u64,
+    tls: Option<TlsPaths>,
+) -> (Vec<PathBuf>, ServeOptions) {
+    let luns: Vec<PathBuf> = (0..LUNS).map(|i| dir.join(format!("lun{i}"))).collect();
     for l in &luns {
         std::fs::File::create(l).unwrap().set_len(LUN_SIZE).unwrap();
     }
@@ -61,7 +86,7 @@ pub async fn start_with(lease_ttl_ms: u64, tls: Option<TlsPaths>) -> Cluster {
         0,
     )
     .unwrap();
-    let backend = Backend::File(dir.path().join("mds.redb"));
+    let backend = Backend::File(dir.join("mds.redb"));
     let info = FsInfo {
         fs_uuid: f.fs_uuid,
         volume: f.volume,
@@ -69,9 +94,9 @@ pub async fn start_with(lease_ttl_ms: u64, tls: Option<TlsPaths>) -> Cluster {
     };
     Store::create(&backend, &info, true, &Clock::System).unwrap();
     let opts = ServeOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
+        listen,
         metrics_addr: None,
-        insecure: false,
+        insecure: !listen.ip().is_loopback(),
         tls,
         direct_threshold: 65536,
         lease_ttl_ms,
@@ -79,16 +104,73 @@ pub async fn start_with(lease_ttl_ms: u64, tls: Option<TlsPaths>) -> Cluster {
         backend,
         data_devices: luns.clone(),
     };
-    let mut cluster = Cluster {
-        addr: opts.listen,
-        luns,
-        opts,
-        stop: None,
-        task: None,
-        _dir: dir,
-    };
-    cluster.run().await;
-    cluster
+    (luns, opts)
+}
+
+/// A server on a thread of its own inside a network namespace (a test cluster's server node),
+/// on a current-thread runtime. Stopped cleanly on drop.
+pub struct NetServer {
+    pub addr: SocketAddr,
+    pub luns: Vec<PathBuf>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl NetServer {
+    /// Serves on `ip` (an address of `ns`), any port.
+    pub fn start_in(
+        ns: &sanfs_testcluster::Netns,
+        ip: std::net::IpAddr,
+        lease_ttl_ms: u64,
+    ) -> NetServer {
+        let dir = tempfile::tempdir().unwrap();
+        let (luns, opts) = prepare(dir.path(), SocketAddr::new(ip, 0), lease_ttl_ms, None);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let thread = ns
+            .run_thread("mds", move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                rt.block_on(serve(
+                    opts,
+                    Clock::System,
+                    move |addr| {
+                        let _ = ready_tx.send(addr);
+                    },
+                    async move {
+                        let _ = stop_rx.await;
+                    },
+                ))
+            })
+            .unwrap();
+        let addr = ready_rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the server serves within 30 s");
+        NetServer {
+            addr,
+            luns,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for NetServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            match t.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => eprintln!("server ended with an error: {e:#}"),
+                Err(_) => eprintln!("server thread panicked"),
+            }
+        }
+    }
 }
 
 impl Cluster {

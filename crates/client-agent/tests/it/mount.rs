@@ -16,7 +16,7 @@ use sanfs_proto::pb::data_client::DataClient;
 
 use crate::cluster::{self, Cluster, MIB};
 
-fn can_mount() -> bool {
+pub(crate) fn can_mount() -> bool {
     let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
     if !root || !Path::new("/dev/fuse").exists() {
         println!("skipped: needs root and /dev/fuse");
@@ -35,7 +35,7 @@ fn is_mounted(path: &Path) -> bool {
 
 /// Runs blocking file-system work on a thread of its own; panics if it takes longer than
 /// `secs` (the thread is left behind, unblocked when the guard takes the mount down).
-async fn timed<T: Send + 'static>(
+pub(crate) async fn timed<T: Send + 'static>(
     what: &str,
     secs: u64,
     f: impl FnOnce() -> T + Send + 'static,

@@ -1,0 +1,213 @@
+//! The node's mount table as the node plugin needs it: which mount sits at a path (parsed
+//! from `/proc/self/mountinfo`), whether a sanfs FUSE mount still has its agent (a mount whose
+//! agent died answers `ENOTCONN`), bind mounts (read-only and with `nosuid`/`nodev`/`noexec`/
+//! `noatime` on request) and unmounts. Everything here blocks; callers run it on
+//! `spawn_blocking`.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use rustix::mount::{MountFlags, UnmountFlags};
+
+use super::volume::MountOptions;
+
+/// Whether a mount-table file system type can be a sanfs FUSE mount: the agent mounts with
+/// the `mount` system call as type `fuse` (its subtype `sanfs` shows as `fuse.sanfs` only when
+/// mounted through fusermount). The source (`SERVER:PORT:/SUBDIR`) says which volume it is.
+pub fn is_fuse_type(fs_type: &str) -> bool {
+    fs_type == "fuse" || fs_type == "fuse.sanfs"
+}
+
+/// One line of `/proc/self/mountinfo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    pub mount_point: PathBuf,
+    /// The path inside the mounted file system that is mounted here.
+    pub root: String,
+    /// The per-mount options (`rw`/`ro`, `nosuid`, ...).
+    pub options: String,
+    pub fs_type: String,
+    /// The source (for sanfs: `SERVER:PORT:/SUBDIR`, the agent's FUSE fsname).
+    pub source: String,
+}
+
+impl MountEntry {
+    pub fn is_read_only(&self) -> bool {
+        self.options.split(',').any(|o| o == "ro")
+    }
+}
+
+/// Undoes the octal escapes (`\040` for a space, ...) the kernel writes in mountinfo fields.
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Parses mountinfo text; malformed lines are skipped.
+pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
+    text.lines()
+        .filter_map(|line| {
+            let (front, back) = line.split_once(" - ")?;
+            let f: Vec<&str> = front.split(' ').collect();
+            let b: Vec<&str> = back.split(' ').collect();
+            if f.len() < 6 || b.len() < 2 {
+                return None;
+            }
+            Some(MountEntry {
+                root: unescape(f[3]),
+                mount_point: PathBuf::from(unescape(f[4])),
+                options: f[5].to_owned(),
+                fs_type: b[0].to_owned(),
+                source: unescape(b[1]),
+            })
+        })
+        .collect()
+}
+
+/// The mount at exactly `path` (the topmost, when several are stacked), if any.
+pub fn mount_at(path: &Path) -> io::Result<Option<MountEntry>> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(parse_mountinfo(&text)
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == path))
+}
+
+/// What is at a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathState {
+    Missing,
+    Directory,
+    /// Exists but is not a directory.
+    Other,
+    /// A FUSE mount whose daemon is gone (`ENOTCONN`) or broken.
+    Dead,
+}
+
+/// Looks at `path` with `stat` (which a FUSE mount answers through its agent).
+pub fn path_state(path: &Path) -> PathState {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => PathState::Directory,
+        Ok(_) => PathState::Other,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => PathState::Missing,
+        Err(e) => {
+            if e.raw_os_error() != Some(libc::ENOTCONN) {
+                tracing::warn!(path = %path.display(), error = %e, "mount point cannot be read: treating it as dead");
+            }
+            PathState::Dead
+        }
+    }
+}
+
+/// Bind-mounts `source` at `target`, then applies `options` (a bind mount takes read-only
+/// and the other per-mount flags only on a remount).
+pub fn bind(source: &Path, target: &Path, options: MountOptions) -> io::Result<()> {
+    rustix::mount::mount_bind(source, target)?;
+    let mut flags = MountFlags::BIND;
+    if options.read_only {
+        flags |= MountFlags::RDONLY;
+    }
+    if options.nosuid {
+        flags |= MountFlags::NOSUID;
+    }
+    if options.nodev {
+        flags |= MountFlags::NODEV;
+    }
+    if options.noexec {
+        flags |= MountFlags::NOEXEC;
+    }
+    if options.noatime {
+        flags |= MountFlags::NOATIME;
+    }
+    if flags != MountFlags::BIND
+        && let Err(e) = rustix::mount::mount_remount(target, flags, "")
+    {
+        // Never leave a writable mount where a read-only one was asked for.
+        let _ = rustix::mount::unmount(target, UnmountFlags::DETACH);
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+/// Unmounts `path`; a mount whose agent is gone is detached (it cannot answer a sync unmount).
+pub fn unmount(path: &Path, dead: bool) -> io::Result<()> {
+    let flags = if dead {
+        UnmountFlags::DETACH
+    } else {
+        UnmountFlags::empty()
+    };
+    match rustix::mount::unmount(path, flags) {
+        Ok(()) => Ok(()),
+        Err(e) if e == rustix::io::Errno::BUSY && !dead => {
+            // A process still has a file open in it: detach now, the kernel finishes when
+            // the last user lets go (as `umount -l`).
+            tracing::warn!(path = %path.display(), "mount busy: detaching lazily");
+            rustix::mount::unmount(path, UnmountFlags::DETACH).map_err(Into::into)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+
+    use super::*;
+
+    #[test]
+    fn mountinfo_lines_parse_with_escapes_and_optional_fields() {
+        let text = "\
+36 35 98:0 /mnt1 /mnt/parent rw,noatime master:1 - ext3 /dev/root rw,errors=continue
+612 29 0:58 / /var/lib/kubelet/plugins/x/globalmount rw,nosuid,nodev,relatime shared:330 - fuse.sanfs 10.0.0.1:7410:/csi/pvc-1 rw,user_id=0,group_id=0,allow_other
+613 30 0:58 / /var/lib/kubelet/pods/p/volumes/a\\040b/mount ro,relatime shared:330 - fuse.sanfs 10.0.0.1:7410:/csi/pvc-1 rw,user_id=0
+garbage line
+";
+        let m = parse_mountinfo(text);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[0].fs_type, "ext3");
+        assert_eq!(m[0].root, "/mnt1");
+        assert_eq!(m[1].source, "10.0.0.1:7410:/csi/pvc-1");
+        assert!(is_fuse_type(&m[1].fs_type) && !is_fuse_type(&m[0].fs_type));
+        assert!(!m[1].is_read_only());
+        assert_eq!(
+            m[2].mount_point,
+            PathBuf::from("/var/lib/kubelet/pods/p/volumes/a b/mount")
+        );
+        assert!(m[2].is_read_only());
+        assert_eq!(unescape("a\\134b\\011"), "a\\b\t");
+        assert_eq!(unescape("trailing\\04"), "trailing\\04");
+    }
+
+    #[test]
+    fn the_root_mount_is_found_and_a_missing_path_is_missing() {
+        assert!(mount_at(Path::new("/")).unwrap().is_some());
+        assert!(
+            mount_at(Path::new("/no/such/mount/point"))
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(path_state(Path::new("/")), PathState::Directory);
+        assert_eq!(path_state(Path::new("/no/such/path")), PathState::Missing);
+        assert_eq!(
+            path_state(Path::new("/proc/self/mountinfo")),
+            PathState::Other
+        );
+    }
+}
