@@ -3,8 +3,8 @@
 //! directory quota (bytes, optionally inodes) as its capacity.
 //!
 //! One binary serves CSI v1 over a unix socket, in one of three modes: `controller` (Identity
-//! + Controller: create, delete, list, expand, validate volumes, report capacity; runs once
-//! per cluster with the csi-provisioner and csi-resizer sidecars), `node` (Identity + Node:
+//! and Controller: create, delete, list, expand, validate volumes, report capacity; runs once
+//! per cluster with the csi-provisioner and csi-resizer sidecars), `node` (Identity and Node:
 //! stage, publish, stats; one per node, beside the kubelet) or `both`.
 //!
 //! - [`volume`]: names to ids, capacities, parameters, capabilities (pure).

@@ -97,7 +97,7 @@ pub enum PathState {
     Directory,
     /// Exists but is not a directory.
     Other,
-    /// A FUSE mount whose daemon is gone (`ENOTCONN`) or broken.
+    /// A FUSE mount whose daemon is gone (`ENOTCONN`, `ECONNABORTED`) or broken.
     Dead,
 }
 
@@ -108,7 +108,7 @@ pub fn path_state(path: &Path) -> PathState {
         Ok(_) => PathState::Other,
         Err(e) if e.kind() == io::ErrorKind::NotFound => PathState::Missing,
         Err(e) => {
-            if e.raw_os_error() != Some(libc::ENOTCONN) {
+            if !matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)) {
                 tracing::warn!(path = %path.display(), error = %e, "mount point cannot be read: treating it as dead");
             }
             PathState::Dead

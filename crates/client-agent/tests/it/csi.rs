@@ -839,3 +839,125 @@ async fn two_pods_and_a_pod_on_a_second_node_share_a_volume() {
     drop(b.guard);
     drop(srv);
 }
+
+/// The pid of the `sanfs-agent` serving `staging` (found by its exact command line).
+fn agent_serving(staging: &Path) -> Option<u32> {
+    let want = staging.as_os_str().as_encoded_bytes();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_agent = args.first()?.ends_with(b"sanfs-agent");
+        (is_agent && args.contains(&want)).then_some(pid)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_agent_is_replaced_when_the_volume_is_published_again() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let dir = tempfile::tempdir().unwrap();
+    let _sweep = Sweep(dir.path().to_owned());
+    let host = Netns::host();
+    let mut csi = Csi::start(DriverArgs {
+        ns: &host,
+        socket: dir.path().join("csi.sock"),
+        mode: "both",
+        node_id: "node-a",
+        server: srv.addr.to_string(),
+        luns: &srv.luns,
+    })
+    .await;
+    let mode = Mode::MultiNodeMultiWriter;
+    let id = create(&mut csi, "pvc-restart", 8 * MIB as i64, mode)
+        .await
+        .volume_id;
+    let staging = dir.path().join("staging");
+    std::fs::create_dir(&staging).unwrap();
+    let pods = dir.path().join("pods");
+    std::fs::create_dir(&pods).unwrap();
+    let (pod1, pod2) = (pods.join("one"), pods.join("two"));
+    stage(&mut csi, &id, &staging, mode).await;
+    publish(&mut csi, &id, &staging, &pod1, mode, false)
+        .await
+        .unwrap();
+    let p1 = pod1.clone();
+    timed("write", 30, move || {
+        std::fs::write(p1.join("kept"), b"still here").unwrap()
+    })
+    .await;
+
+    // The node's agent dies (kill -9): the pod's mount answers ENOTCONN, stats say so.
+    let pid = agent_serving(&staging).expect("an agent serves the staging path");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let p1 = pod1.clone();
+    let errno = timed("see the dead mount", 30, move || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match std::fs::metadata(p1.join("kept")) {
+                Err(e) => return e.raw_os_error(),
+                Ok(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                Ok(_) => return None,
+            }
+        }
+    })
+    .await;
+    // ENOTCONN, or ECONNABORTED for a request that was in flight when the connection died.
+    assert!(
+        matches!(errno, Some(libc::ENOTCONN | libc::ECONNABORTED)),
+        "{errno:?}"
+    );
+    let e = csi
+        .node
+        .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+            volume_id: id.clone(),
+            volume_path: pod1.to_string_lossy().into_owned(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+
+    // A pod started afterwards gets a working volume: publishing mounts the staging path
+    // again with a new agent. The old pod's mount stays dead until that pod restarts.
+    publish(&mut csi, &id, &staging, &pod2, mode, false)
+        .await
+        .unwrap();
+    assert_ne!(agent_serving(&staging), Some(pid));
+    let (p1, p2) = (pod1.clone(), pod2.clone());
+    timed("read through the new agent", 30, move || {
+        assert_eq!(std::fs::read(p2.join("kept")).unwrap(), b"still here");
+        let dead = std::fs::metadata(p1.join("kept"))
+            .unwrap_err()
+            .raw_os_error();
+        assert!(
+            matches!(dead, Some(libc::ENOTCONN | libc::ECONNABORTED)),
+            "{dead:?}"
+        );
+    })
+    .await;
+    let (bytes, _) = stats(&mut csi, &id, &pod2).await;
+    assert!(bytes.used > 0);
+
+    // Unpublishing the dead mount works (detached) and removes the directory.
+    unpublish(&mut csi, &id, &pod1).await;
+    assert!(!pod1.exists());
+    unpublish(&mut csi, &id, &pod2).await;
+    unstage(&mut csi, &id, &staging).await;
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !parse_mountinfo(&text)
+            .iter()
+            .any(|m| m.mount_point.starts_with(dir.path())),
+        "no mount left"
+    );
+    delete(&mut csi, &id).await;
+    drop(csi.guard);
+    srv.stop().await;
+}
