@@ -328,6 +328,57 @@ fn du(dir: &Path) -> (u64, u64) {
     (bytes, count)
 }
 
+/// One node: a server on loopback, a driver in mode `both`, and the directories the kubelet
+/// would make (a staging directory, and a parent for the pods' target paths).
+struct OneNode {
+    srv: cluster::Cluster,
+    dir: tempfile::TempDir,
+    _sweep: Sweep,
+    csi: Csi,
+    staging: PathBuf,
+    pods: PathBuf,
+}
+
+impl OneNode {
+    async fn start() -> OneNode {
+        let srv = cluster::start(10_000).await;
+        let dir = tempfile::tempdir().unwrap();
+        let sweep = Sweep(dir.path().to_owned());
+        let csi = Csi::start(DriverArgs {
+            ns: &Netns::host(),
+            socket: dir.path().join("csi.sock"),
+            mode: "both",
+            node_id: "node-a",
+            server: srv.addr.to_string(),
+            luns: &srv.luns,
+        })
+        .await;
+        let staging = dir.path().join("staging");
+        std::fs::create_dir(&staging).unwrap();
+        let pods = dir.path().join("pods");
+        std::fs::create_dir(&pods).unwrap();
+        OneNode {
+            srv,
+            dir,
+            _sweep: sweep,
+            csi,
+            staging,
+            pods,
+        }
+    }
+}
+
+#[track_caller]
+fn assert_no_mounts_below(dir: &Path) {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let left: Vec<PathBuf> = parse_mountinfo(&text)
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    assert!(left.is_empty(), "mounts left: {left:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_volumes_are_idempotent_listed_expanded_and_deleted() {
     let srv = cluster::start(10_000).await;
@@ -567,26 +618,17 @@ async fn quota_edquot_then_expand_then_exact_stats() {
     if !can_mount() {
         return;
     }
-    let srv = cluster::start(10_000).await;
-    let dir = tempfile::tempdir().unwrap();
-    let _sweep = Sweep(dir.path().to_owned());
-    let host = Netns::host();
-    let mut csi = Csi::start(DriverArgs {
-        ns: &host,
-        socket: dir.path().join("csi.sock"),
-        mode: "both",
-        node_id: "node-a",
-        server: srv.addr.to_string(),
-        luns: &srv.luns,
-    })
-    .await;
+    let OneNode {
+        srv,
+        dir,
+        _sweep,
+        mut csi,
+        staging,
+        pods,
+    } = OneNode::start().await;
     let mode = Mode::MultiNodeMultiWriter;
     let vol = create(&mut csi, "pvc-quota", 8 * MIB as i64, mode).await;
     let id = vol.volume_id.clone();
-    let staging = dir.path().join("staging");
-    std::fs::create_dir(&staging).unwrap();
-    let pods = dir.path().join("pods");
-    std::fs::create_dir(&pods).unwrap();
     let target = pods.join("mount");
     stage(&mut csi, &id, &staging, mode).await;
     stage(&mut csi, &id, &staging, mode).await; // idempotent
@@ -713,13 +755,7 @@ async fn quota_edquot_then_expand_then_exact_stats() {
     assert!(!target.exists());
     unstage(&mut csi, &id, &staging).await;
     unstage(&mut csi, &id, &staging).await;
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(
-        !parse_mountinfo(&text)
-            .iter()
-            .any(|m| m.mount_point.starts_with(dir.path())),
-        "no mount left"
-    );
+    assert_no_mounts_below(dir.path());
     delete(&mut csi, &id).await;
     drop(client);
     drop(csi.guard);
@@ -857,27 +893,18 @@ async fn a_dead_agent_is_replaced_when_the_volume_is_published_again() {
     if !can_mount() {
         return;
     }
-    let srv = cluster::start(10_000).await;
-    let dir = tempfile::tempdir().unwrap();
-    let _sweep = Sweep(dir.path().to_owned());
-    let host = Netns::host();
-    let mut csi = Csi::start(DriverArgs {
-        ns: &host,
-        socket: dir.path().join("csi.sock"),
-        mode: "both",
-        node_id: "node-a",
-        server: srv.addr.to_string(),
-        luns: &srv.luns,
-    })
-    .await;
+    let OneNode {
+        srv,
+        dir,
+        _sweep,
+        mut csi,
+        staging,
+        pods,
+    } = OneNode::start().await;
     let mode = Mode::MultiNodeMultiWriter;
     let id = create(&mut csi, "pvc-restart", 8 * MIB as i64, mode)
         .await
         .volume_id;
-    let staging = dir.path().join("staging");
-    std::fs::create_dir(&staging).unwrap();
-    let pods = dir.path().join("pods");
-    std::fs::create_dir(&pods).unwrap();
     let (pod1, pod2) = (pods.join("one"), pods.join("two"));
     stage(&mut csi, &id, &staging, mode).await;
     publish(&mut csi, &id, &staging, &pod1, mode, false)
@@ -950,13 +977,7 @@ async fn a_dead_agent_is_replaced_when_the_volume_is_published_again() {
     assert!(!pod1.exists());
     unpublish(&mut csi, &id, &pod2).await;
     unstage(&mut csi, &id, &staging).await;
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(
-        !parse_mountinfo(&text)
-            .iter()
-            .any(|m| m.mount_point.starts_with(dir.path())),
-        "no mount left"
-    );
+    assert_no_mounts_below(dir.path());
     delete(&mut csi, &id).await;
     drop(csi.guard);
     srv.stop().await;
