@@ -62,6 +62,8 @@ struct DriverArgs<'a> {
     node_id: &'a str,
     server: String,
     luns: &'a [PathBuf],
+    /// More flags (e.g. `--tls-ca ...`).
+    extra: Vec<String>,
 }
 
 impl Csi {
@@ -79,6 +81,7 @@ impl Csi {
             .args(["--devices", &luns.join(",")])
             .args(["--agent", env!("CARGO_BIN_EXE_sanfs-agent")])
             .args(["--mount-timeout", "30"])
+            .args(&a.extra)
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
@@ -341,7 +344,23 @@ struct OneNode {
 
 impl OneNode {
     async fn start() -> OneNode {
-        let srv = cluster::start(10_000).await;
+        Self::start_with(None).await
+    }
+
+    /// With mutual TLS between the server and both the driver and its agents.
+    async fn start_with(tls: Option<&cluster::Pki>) -> OneNode {
+        let srv = cluster::start_with(10_000, tls.map(|p| p.server.clone())).await;
+        let extra = tls.map_or_else(Vec::new, |p| {
+            let path = |p: &PathBuf| p.to_string_lossy().into_owned();
+            vec![
+                "--tls-ca".to_owned(),
+                path(&p.ca),
+                "--tls-cert".to_owned(),
+                path(&p.agent_cert),
+                "--tls-key".to_owned(),
+                path(&p.agent_key),
+            ]
+        });
         let dir = tempfile::tempdir().unwrap();
         let sweep = Sweep(dir.path().to_owned());
         let csi = Csi::start(DriverArgs {
@@ -351,6 +370,7 @@ impl OneNode {
             node_id: "node-a",
             server: srv.addr.to_string(),
             luns: &srv.luns,
+            extra,
         })
         .await;
         let staging = dir.path().join("staging");
@@ -391,6 +411,7 @@ async fn controller_volumes_are_idempotent_listed_expanded_and_deleted() {
         node_id: "ctl",
         server: srv.addr.to_string(),
         luns: &srv.luns,
+        extra: Vec::new(),
     })
     .await;
 
@@ -779,6 +800,7 @@ async fn two_pods_and_a_pod_on_a_second_node_share_a_volume() {
         node_id: "node-a",
         server: server.clone(),
         luns: &srv.luns,
+        extra: Vec::new(),
     })
     .await;
     let mut b = Csi::start(DriverArgs {
@@ -788,6 +810,7 @@ async fn two_pods_and_a_pod_on_a_second_node_share_a_volume() {
         node_id: "node-b",
         server,
         luns: &srv.luns,
+        extra: Vec::new(),
     })
     .await;
     let node_b = b
@@ -976,6 +999,47 @@ async fn a_dead_agent_is_replaced_when_the_volume_is_published_again() {
     unpublish(&mut csi, &id, &pod1).await;
     assert!(!pod1.exists());
     unpublish(&mut csi, &id, &pod2).await;
+    unstage(&mut csi, &id, &staging).await;
+    assert_no_mounts_below(dir.path());
+    delete(&mut csi, &id).await;
+    drop(csi.guard);
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_and_its_agents_speak_mutual_tls() {
+    if !can_mount() {
+        return;
+    }
+    let certs = tempfile::tempdir().unwrap();
+    let pki = cluster::pki(certs.path());
+    let OneNode {
+        srv,
+        dir,
+        _sweep,
+        mut csi,
+        staging,
+        pods,
+    } = OneNode::start_with(Some(&pki)).await;
+    let mode = Mode::SingleNodeWriter;
+    let id = create(&mut csi, "pvc-tls", 4 * MIB as i64, mode)
+        .await
+        .volume_id;
+    let target = pods.join("mount");
+    stage(&mut csi, &id, &staging, mode).await;
+    publish(&mut csi, &id, &staging, &target, mode, false)
+        .await
+        .unwrap();
+    let t = target.clone();
+    timed("write and read over TLS", 30, move || {
+        let data = crate::support::pattern(300_000, 5);
+        std::fs::write(t.join("f"), &data).unwrap();
+        assert_eq!(std::fs::read(t.join("f")).unwrap(), data);
+    })
+    .await;
+    let (bytes, inodes) = stats(&mut csi, &id, &target).await;
+    assert!(bytes.used >= 300_000 && inodes.used == 1);
+    unpublish(&mut csi, &id, &target).await;
     unstage(&mut csi, &id, &staging).await;
     assert_no_mounts_below(dir.path());
     delete(&mut csi, &id).await;
