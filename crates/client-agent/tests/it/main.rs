@@ -10,5 +10,6 @@ mod client;
 mod cluster;
 mod discovery;
 mod engine_io;
+mod fallocate;
 mod mount;
 mod support;
