@@ -11,5 +11,6 @@ mod cluster;
 mod discovery;
 mod engine_io;
 mod fallocate;
+mod locks;
 mod mount;
 mod support;

@@ -106,7 +106,12 @@ impl Server {
 
     /// Checks that `handle` is an open handle of `session` on `inode`, opened for writing
     /// when `write`; answers ESTALE (stale handle) or EBADF-like EACCES otherwise.
-    fn check_handle(&self, h: &HandleRef, inode: InodeId, write: bool) -> Result<(), Status> {
+    pub(crate) fn check_handle(
+        &self,
+        h: &HandleRef,
+        inode: InodeId,
+        write: bool,
+    ) -> Result<(), Status> {
         self.check_session(h.session)?;
         let file = self.store.handles().by_handle.get(&h.handle.0).copied();
         match file {
