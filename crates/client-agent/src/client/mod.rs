@@ -29,6 +29,7 @@
 
 mod cache;
 mod data;
+mod locks;
 mod namespace;
 mod quota;
 mod session;
@@ -60,6 +61,7 @@ use crate::engine::{Engine, EngineConfig};
 use cache::GrantCache;
 
 pub use data::WriteOutcome;
+pub use locks::LockWait;
 pub use namespace::Created;
 
 /// Mutual TLS towards the server: PEM files.
@@ -140,6 +142,8 @@ pub struct ClientStats {
     pub recalls: u64,
     /// Times the lease lapsed or the session was lost.
     pub fences: u64,
+    /// Advisory locks that could not be reclaimed after a new session.
+    pub locks_lost: u64,
 }
 
 #[derive(Default)]
@@ -153,6 +157,7 @@ struct Counters {
     sessions: AtomicU64,
     recalls: AtomicU64,
     fences: AtomicU64,
+    locks_lost: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -198,6 +203,8 @@ pub(crate) struct Inner {
     lost_tx: mpsc::UnboundedSender<SessionId>,
     /// Test hook: while set, the session task sends no heartbeats and opens no session.
     heartbeats_paused: AtomicBool,
+    /// The advisory locks this agent's owners hold (reclaimed after a new session).
+    locks_held: locks::LockMirror,
 }
 
 /// A connected agent. Dropping it stops its session task (the session then expires at the
@@ -360,6 +367,7 @@ impl Client {
             device_idle: Notify::new(),
             lost_tx,
             heartbeats_paused: AtomicBool::new(false),
+            locks_held: locks::LockMirror::default(),
         });
         bump(&inner.counters.sessions);
         tracing::info!(session = %opened.session, epoch = %opened.epoch, engine = inner.engine.name(), "session opened");
@@ -428,6 +436,7 @@ impl Client {
             sessions: get(&c.sessions),
             recalls: get(&c.recalls),
             fences: get(&c.fences),
+            locks_lost: get(&c.locks_lost),
         }
     }
 

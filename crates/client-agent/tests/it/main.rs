@@ -11,5 +11,7 @@ mod cluster;
 mod csi;
 mod discovery;
 mod engine_io;
+mod fallocate;
+mod locks;
 mod mount;
 mod support;
