@@ -80,9 +80,17 @@ pub fn set_sessions(n: usize) {
     metrics::gauge!("sanfs_sessions").set(n as f64);
 }
 
-/// Counts bytes moved on the proxied path (`op` is "read" or "write").
-pub fn count_proxied(op: &'static str, bytes: u64) {
-    metrics::counter!("sanfs_proxied_bytes_total", "op" => op).increment(bytes);
+/// Counts bytes moved on the proxied path (`op` is "read" or "write") in the server's own
+/// counters (published at each scrape, so that a scrape shows this server's figure even when
+/// a process runs several, as tests do).
+pub fn count_proxied(server: &Server, op: &'static str, bytes: u64) {
+    let g = &server.grants().stats;
+    let c = if op == "read" {
+        &g.proxied_read_bytes
+    } else {
+        &g.proxied_write_bytes
+    };
+    c.fetch_add(bytes, Ordering::Relaxed);
 }
 
 /// The text exposition of every metric, with the committer's and the grants' counters
@@ -99,6 +107,10 @@ pub fn render(server: &Server) -> String {
     metrics::counter!("sanfs_recalls_total").absolute(load(&g.recalls));
     metrics::counter!("sanfs_lock_waits_total").absolute(load(&g.lock_waits));
     metrics::counter!("sanfs_expired_grants_total").absolute(load(&g.expired_grants));
+    metrics::counter!("sanfs_proxied_bytes_total", "op" => "read")
+        .absolute(load(&g.proxied_read_bytes));
+    metrics::counter!("sanfs_proxied_bytes_total", "op" => "write")
+        .absolute(load(&g.proxied_write_bytes));
     metrics::gauge!("sanfs_grants_live").set(server.grants().live() as f64);
     let stats = server.store().stats();
     let commits = stats.commits.load(Ordering::Relaxed);
