@@ -8,10 +8,13 @@
 //! On top of it, [`client`] is the `sanfs_client` library: a session with its lease and
 //! session stream, the namespace calls, and the data path (direct or proxied, with cached read
 //! grants), which the FUSE mount, the bench and the tests use; [`fuse`] is the FUSE file system
-//! over it that `sanfs-agent mount` serves.
+//! over it that `sanfs-agent mount` serves. [`control`] is each mount's control socket (what
+//! `sanfs-agent status` and `bmap` ask), [`metrics`] the agent's Prometheus endpoint.
 
 pub mod buf;
 pub mod client;
+pub mod control;
 pub mod discovery;
 pub mod engine;
 pub mod fuse;
+pub mod metrics;
