@@ -1789,6 +1789,59 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn stats_count_ops_requests_and_overlap_and_a_replaced_handle_is_used() {
+        let (_dir, files) = files(4, 1 << 20);
+        let (_dir2, fresh) = files(1, 1 << 20);
+        for engine in engines(&files) {
+            let read = |d| DeviceOp {
+                device: DeviceIndex(d),
+                phys_off: 4096,
+                kind: OpKind::Read,
+                iov: vec![piece(u64::from(d) * 8192, 8192)],
+            };
+            engine.reset_max_in_flight();
+            let done = engine
+                .submit(AlignedBuf::zeroed(4 * 8192), (0..4).map(read).collect())
+                .await
+                .unwrap();
+            assert!(done.results.iter().all(Result::is_ok));
+            let st = engine.stats();
+            for d in &st.devices {
+                assert_eq!((d.read_ops, d.read_bytes, d.submissions), (1, 8192, 1));
+                assert_eq!((d.write_ops, d.errors), (0, 0));
+            }
+            assert_eq!(st.in_flight, 0);
+            assert!(st.max_in_flight >= 1 && st.max_in_flight <= 4, "{st:?}");
+            if engine.name() == "uring" {
+                // One ring: the batch's four requests enter the kernel together.
+                assert_eq!(st.max_in_flight, 4, "{st:?}");
+            }
+            // Device 2 now writes to another file.
+            engine
+                .replace_device(DeviceIndex(2), fresh[0].try_clone().unwrap())
+                .await
+                .unwrap();
+            let mut buf = AlignedBuf::zeroed(4096);
+            buf.as_mut_slice().fill(0xee);
+            let w = DeviceOp {
+                device: DeviceIndex(2),
+                phys_off: 0,
+                kind: OpKind::Write,
+                iov: vec![piece(0, 4096)],
+            };
+            let done = engine.submit(buf, vec![w]).await.unwrap();
+            assert!(done.results[0].is_ok());
+            let mut got = [0u8; 4096];
+            fresh[0].read_exact_at(&mut got, 0).unwrap();
+            assert_eq!(got, [0xee; 4096], "{}", engine.name());
+            files[2].read_exact_at(&mut got, 0).unwrap();
+            assert_eq!(got, [0; 4096], "the old handle is no longer written");
+            fresh[0].write_all_at(&[0; 4096], 0).unwrap();
+            assert_eq!(engine.stats().devices[2].write_ops, 1);
+        }
+    }
+
+    #[tokio::test]
     async fn empty_batches_and_dropped_futures_are_harmless() {
         let (_dir, files) = files(1, 1 << 20);
         for engine in engines(&files) {

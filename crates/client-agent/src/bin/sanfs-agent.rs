@@ -506,18 +506,21 @@ fn format_bmap(path: &Path, reply: &BmapReply) -> String {
         "PHYS-OFFSET"
     );
     let range = |a: u64, len: u64| format!("[{a}..{}]", a + len - 1);
-    let mut pos = 0u64;
     let mut n = 0usize;
-    for e in &reply.entries {
-        if e.file_off > pos {
+    let mut hole = |out: &mut String, n: &mut usize, from: u64, to: u64| {
+        if to > from {
             let _ = writeln!(
                 out,
                 "{n:>3}:  {:<27} {:>12}  hole",
-                range(pos, e.file_off - pos),
-                e.file_off - pos
+                range(from, to - from),
+                to - from
             );
-            n += 1;
+            *n += 1;
         }
+    };
+    let mut pos = 0u64;
+    for e in &reply.entries {
+        hole(&mut out, &mut n, pos, e.file_off);
         let _ = writeln!(
             out,
             "{n:>3}:  {:<27} {:>12}  {:<36}  {:<20} {:<27} {}",
@@ -531,14 +534,7 @@ fn format_bmap(path: &Path, reply: &BmapReply) -> String {
         n += 1;
         pos = e.file_off + e.len;
     }
-    if reply.file_size > pos {
-        let _ = writeln!(
-            out,
-            "{n:>3}:  {:<27} {:>12}  hole",
-            range(pos, reply.file_size - pos),
-            reply.file_size - pos
-        );
-    }
+    hole(&mut out, &mut n, pos, reply.file_size);
     out
 }
 

@@ -12,10 +12,10 @@ use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use sanfs_client_agent::client::Client;
-use sanfs_proto::model::OpenFlags;
 use sanfs_proto::types::{Credentials, FsError, InodeId, ROOT_INODE};
 use sanfs_testcluster::Throttle;
 
+use crate::cluster::rw;
 use crate::san::{self, MIB, Rng, San, SanOptions, metric, read_raw};
 
 const TTL_MS: u64 = 2000;
@@ -51,15 +51,6 @@ struct Sectors {
     new: u64,
     old: u64,
     zero: u64,
-}
-
-fn rw() -> OpenFlags {
-    OpenFlags {
-        read: true,
-        write: true,
-        append: false,
-        truncate: false,
-    }
 }
 
 /// Fills the volume with a stamped file until it is full, then unlinks it.

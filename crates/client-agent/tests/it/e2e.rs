@@ -10,10 +10,10 @@
 
 use std::time::Instant;
 
-use sanfs_client_agent::client::BmapEntry;
-use sanfs_proto::model::OpenFlags;
+use sanfs_client_agent::client::{BmapEntry, ByteCounts};
 use sanfs_proto::types::{Credentials, ROOT_INODE};
 
+use crate::cluster::rw;
 use crate::san::{
     self, BLOCK, MIB, Pool, Rng, San, SanOptions, THRESHOLD, log_size, metric, read_raw,
 };
@@ -110,12 +110,7 @@ fn two_nodes_random_io_matches_model_luns_and_proxied_counter() {
     let san = San::start(SanOptions::default());
     let nodes = [san.node(0, "e2e-a"), san.node(1, "e2e-b")];
     let cred = Credentials::root();
-    let rw = OpenFlags {
-        read: true,
-        write: true,
-        append: false,
-        truncate: false,
-    };
+    let rw = rw();
     // Shared files: created on node A, opened on both.
     let mut inos = Vec::new();
     let mut handles = [Vec::new(), Vec::new()];
@@ -234,19 +229,13 @@ fn two_nodes_random_io_matches_model_luns_and_proxied_counter() {
         proxied_write as u64, fig.expect_proxied_write,
         "proxied write bytes"
     );
-    let node_proxied: u64 = stats
-        .iter()
-        .map(|s| s.bytes.proxied_read + s.bytes.proxied_write)
-        .sum();
+    let total = |f: fn(&ByteCounts) -> u64| stats.iter().map(|s| f(&s.bytes)).sum::<u64>();
     assert_eq!(
-        node_proxied,
+        total(|b| b.proxied_read + b.proxied_write),
         fig.expect_proxied_read + fig.expect_proxied_write,
         "the nodes' own proxied counters"
     );
-    let direct: u64 = stats
-        .iter()
-        .map(|s| s.bytes.direct_read + s.bytes.direct_write)
-        .sum();
+    let direct = total(|b| b.direct_read + b.direct_write);
     assert!(
         direct > fig.read_bytes.min(fig.write_bytes),
         "most bytes go direct: {direct}"

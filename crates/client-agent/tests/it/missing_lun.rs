@@ -9,9 +9,9 @@ use std::os::unix::fs::FileExt;
 
 use sanfs_client_agent::client::DeviceHealth;
 use sanfs_client_agent::control::MountStatus;
-use sanfs_proto::model::OpenFlags;
 use sanfs_proto::types::{Credentials, ROOT_INODE};
 
+use crate::cluster::rw;
 use crate::san::{self, MIB, Rng, San, SanOptions, metric};
 
 #[test]
@@ -47,13 +47,7 @@ fn a_node_without_one_lun_reads_and_writes_through_the_server_and_reports_it() {
         let name = format!("from-b-{i}");
         let got = a.run(move |c| async move {
             let attr = c.lookup(&cred, ROOT_INODE, name.as_str()).await.unwrap();
-            let rw = OpenFlags {
-                read: true,
-                write: false,
-                append: false,
-                truncate: false,
-            };
-            let (fh, _) = c.open(&cred, attr.ino, rw).await.unwrap();
+            let (fh, _) = c.open(&cred, attr.ino, rw()).await.unwrap();
             c.read_at(&cred, &fh, attr.ino, off, len as u64)
                 .await
                 .unwrap()
@@ -63,14 +57,8 @@ fn a_node_without_one_lun_reads_and_writes_through_the_server_and_reports_it() {
     let from_a = rng.bytes(16 * MIB as usize);
     let (cred, d2) = (Credentials::root(), from_a.clone());
     a.run(move |c| async move {
-        let rw = OpenFlags {
-            read: true,
-            write: true,
-            append: false,
-            truncate: false,
-        };
         let f = c
-            .create(&cred, ROOT_INODE, "from-a", 0o644, false, rw)
+            .create(&cred, ROOT_INODE, "from-a", 0o644, false, rw())
             .await
             .unwrap();
         c.write_at(&cred, &f.handle, f.attr.ino, 0, &d2)

@@ -8,9 +8,9 @@
 
 use std::time::Instant;
 
-use sanfs_proto::model::OpenFlags;
 use sanfs_proto::types::{Credentials, ROOT_INODE};
 
+use crate::cluster::rw;
 use crate::san::{MIB, Rng, San, SanOptions};
 
 #[test]
@@ -21,12 +21,7 @@ fn a_4_mib_aligned_read_issues_one_io_per_lun_all_in_flight_together() {
     });
     let (a, b) = (san.node(0, "stripe-w"), san.node(1, "stripe-r"));
     let cred = Credentials::root();
-    let rw = OpenFlags {
-        read: true,
-        write: true,
-        append: false,
-        truncate: false,
-    };
+    let rw = rw();
     let data = Rng::new(4).bytes(4 * MIB as usize);
     let (c2, d2) = (cred.clone(), data.clone());
     let ino = a.run(move |c| async move {
