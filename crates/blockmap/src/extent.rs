@@ -326,6 +326,34 @@ impl ExtentMap {
     /// 2^64) as written, splitting records at the range's edges and merging afterwards.
     /// Holes and written blocks are left alone. Returns the number of blocks converted.
     pub fn convert_to_written(&mut self, file_block: u64, len_blocks: u64) -> u64 {
+        self.convert(
+            file_block,
+            len_blocks,
+            ExtentState::Unwritten,
+            ExtentState::Written,
+        )
+    }
+
+    /// Marks the written blocks inside `[file_block, file_block + len_blocks)` (clipped at
+    /// 2^64) as unwritten: they keep their volume blocks and read as zeros (fallocate's zero
+    /// range, as XFS does it). Holes and unwritten blocks are left alone. Returns the number of
+    /// blocks converted.
+    pub fn convert_to_unwritten(&mut self, file_block: u64, len_blocks: u64) -> u64 {
+        self.convert(
+            file_block,
+            len_blocks,
+            ExtentState::Written,
+            ExtentState::Unwritten,
+        )
+    }
+
+    fn convert(
+        &mut self,
+        file_block: u64,
+        len_blocks: u64,
+        from: ExtentState,
+        to: ExtentState,
+    ) -> u64 {
         let end = file_block.saturating_add(len_blocks);
         if end == file_block {
             return 0;
@@ -335,7 +363,7 @@ impl ExtentMap {
                 .records
                 .range(first..end)
                 .map(|(_, e)| *e)
-                .filter(|e| e.state == ExtentState::Unwritten)
+                .filter(|e| e.state == from)
                 .collect(),
             None => Vec::new(),
         };
@@ -348,7 +376,7 @@ impl ExtentMap {
                 self.records.insert(e.file_block, e.clip(e.file_block, lo));
             }
             let mut middle = e.clip(lo, hi);
-            middle.state = ExtentState::Written;
+            middle.state = to;
             self.records.insert(lo, middle);
             if hi < e.file_end() {
                 self.records.insert(hi, e.clip(hi, e.file_end()));
@@ -765,6 +793,7 @@ mod tests {
         Punch(u64, u64),
         Truncate(u64),
         Convert(u64, u64),
+        Unconvert(u64, u64),
         Lookup(u64, u64),
     }
 
@@ -784,6 +813,7 @@ mod tests {
             1 => range.clone().prop_map(|(f, l)| Op::Punch(f, l)),
             1 => (0u64..MODEL_BLOCKS).prop_map(Op::Truncate),
             2 => range.clone().prop_map(|(f, l)| Op::Convert(f, l)),
+            1 => range.clone().prop_map(|(f, l)| Op::Unconvert(f, l)),
             2 => range.prop_map(|(f, l)| Op::Lookup(f, l)),
         ]
     }
@@ -827,6 +857,16 @@ mod tests {
                             }
                         }
                         prop_assert_eq!(m.convert_to_written(f, len), expected);
+                    }
+                    Op::Unconvert(f, len) => {
+                        let mut expected = 0;
+                        for slot in &mut model[f as usize..(f + len) as usize] {
+                            if let Some((_, state @ Written)) = slot {
+                                *state = Unwritten;
+                                expected += 1;
+                            }
+                        }
+                        prop_assert_eq!(m.convert_to_unwritten(f, len), expected);
                     }
                     Op::Lookup(f, len) => {
                         prop_assert_eq!(m.lookup(f, len), model_lookup(&model, f, f + len));

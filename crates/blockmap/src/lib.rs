@@ -12,8 +12,10 @@
 //! - [`plan`]: the I/O planner that turns a file byte range into per-device I/O.
 //! - [`label`]: the sanfs device label and recognising signatures already on a device.
 //! - [`codec`]: little-endian, versioned, checksummed binary encodings of the above.
+//! - [`advisory`]: POSIX advisory record locks on one file (fcntl, and flock as NFS does it).
 #![deny(unsafe_code)]
 
+pub mod advisory;
 pub mod alloc;
 pub mod codec;
 pub mod extent;

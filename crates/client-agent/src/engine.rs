@@ -1790,8 +1790,8 @@ mod tests {
 
     #[tokio::test]
     async fn stats_count_ops_requests_and_overlap_and_a_replaced_handle_is_used() {
-        let (_dir, files) = files(4, 1 << 20);
         let (_dir2, fresh) = files(1, 1 << 20);
+        let (_dir, files) = files(4, 1 << 20);
         for engine in engines(&files) {
             let read = |d| DeviceOp {
                 device: DeviceIndex(d),

@@ -32,15 +32,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{
     AccessFlags, Errno, FileAttr, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
-use sanfs_proto::model::{FallocateMode, OpenFlags};
+use sanfs_blockmap::advisory::LockKind;
+use sanfs_proto::model::{FallocateMode, FileLock, LockType, OpenFlags};
 use sanfs_proto::types::{
     Attr, Credentials, FileType, FsError, InodeId, RenameMode, SetAttr, TimeSet, Timestamp,
     XattrMode,
 };
 
-use crate::client::{Client, FileHandle, OpenFile, retrying};
+use crate::client::{Client, FileHandle, LockWait, OpenFile, retrying};
 
 /// Largest read or write request the kernel sends (and the readahead limit).
 pub const MAX_IO_BYTES: u32 = 1 << 20;
@@ -511,9 +513,13 @@ impl fuser::Filesystem for SanFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(MAX_IO_BYTES);
         let _ = config.set_max_readahead(MAX_IO_BYTES);
+        // POSIX and flock locks come here (held cluster-wide by the server) instead of being
+        // kept by this node's kernel alone.
         let wanted = fuser::InitFlags::FUSE_DO_READDIRPLUS
             | fuser::InitFlags::FUSE_READDIRPLUS_AUTO
-            | fuser::InitFlags::FUSE_PARALLEL_DIROPS;
+            | fuser::InitFlags::FUSE_PARALLEL_DIROPS
+            | fuser::InitFlags::FUSE_POSIX_LOCKS
+            | fuser::InitFlags::FUSE_FLOCK_LOCKS;
         let _ = config.add_capabilities(wanted & config.capabilities());
         Ok(())
     }
@@ -833,23 +839,131 @@ impl fuser::Filesystem for SanFs {
 
     fn flush(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: fuser::FileHandle,
-        _lock_owner: LockOwner,
+        req: &Request,
+        ino: INodeNo,
+        fh: fuser::FileHandle,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         // No client cache: every write has completed at the server before it was answered.
-        reply.ok();
+        // A close drops the closing process's POSIX locks on the file (any descriptor of it),
+        // cluster-wide; only when this agent holds some, to keep close cheap.
+        if self.state.client.locks_held() == 0 {
+            reply.ok();
+            return;
+        }
+        let cred = credentials(req);
+        self.spawn(move |st| async move {
+            let r = async {
+                let file = st.file(fh)?;
+                let ino = st.ino(ino);
+                with_handle!(st, cred, file, |h| st
+                    .client
+                    .release_lock_owner(&cred, &h, ino, lock_owner.0)
+                    .await)
+            }
+            .await;
+            if let Err(e) = r {
+                tracing::warn!(%ino, error = %e, "dropping a closing owner's locks failed");
+            }
+            reply.ok();
+        });
+    }
+
+    fn getlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: fuser::FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let Some(lock) = file_lock(typ, start, end, pid) else {
+            reply.error(Errno::EINVAL);
+            return;
+        };
+        let cred = credentials(req);
+        self.spawn(move |st| async move {
+            let r = async {
+                let file = st.file(fh)?;
+                let ino = st.ino(ino);
+                with_handle!(st, cred, file, |h| st
+                    .client
+                    .getlk(&cred, &h, ino, lock_owner.0, lock)
+                    .await)
+            }
+            .await;
+            match r {
+                Ok(Some(c)) => {
+                    let typ = match c.typ {
+                        LockType::Lock(LockKind::Write) => libc::F_WRLCK,
+                        _ => libc::F_RDLCK,
+                    };
+                    reply.locked(c.start, c.end, typ, c.pid);
+                }
+                // No conflict: F_UNLCK, the range as asked.
+                Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: fuser::FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(lock) = file_lock(typ, start, end, pid) else {
+            reply.error(Errno::EINVAL);
+            return;
+        };
+        let cred = credentials(req);
+        // The kernel does not tell this file system about signals (fuser drops FUSE_INTERRUPT):
+        // a waiter is interrupted when its process has a signal pending it does not block or
+        // ignore, as a local F_SETLKW would be.
+        let waiter = req.pid();
+        self.spawn(move |st| async move {
+            let interrupted = move || signal_pending(waiter);
+            let wait = if sleep {
+                LockWait::Until(&interrupted)
+            } else {
+                LockWait::No
+            };
+            let r = async {
+                let file = st.file(fh)?;
+                let ino = st.ino(ino);
+                with_handle!(st, cred, file, |h| st
+                    .client
+                    .setlk(&cred, &h, ino, lock_owner.0, lock, wait)
+                    .await)
+            }
+            .await;
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: fuser::FileHandle,
         _flags: fuser::OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
@@ -861,7 +975,18 @@ impl fuser::Filesystem for SanFs {
             .remove(&fh.0);
         reply.ok();
         if let Some(file) = file {
+            let cred = credentials(req);
             self.spawn(move |st| async move {
+                // flock's locks belong to the open file and go with its last descriptor.
+                if let Some(owner) = lock_owner
+                    && st.client.locks_held() > 0
+                    && let Err(e) = st
+                        .client
+                        .release_lock_owner(&cred, &file.file.current(), file.file.ino(), owner.0)
+                        .await
+                {
+                    tracing::warn!(ino = %file.file.ino(), error = %e, "dropping flock locks failed");
+                }
                 // A handle of a replaced session is already gone at the server.
                 if let Err(e) = file.file.release(&st.client).await {
                     tracing::warn!(ino = %file.file.ino(), error = %e, "release failed");
@@ -1156,6 +1281,39 @@ fn reply_xattr(reply: ReplyXattr, size: u32, value: &[u8]) {
     } else {
         reply.data(value);
     }
+}
+
+/// The lock a FUSE getlk/setlk describes (`typ` F_RDLCK, F_WRLCK or F_UNLCK; `[start, end]`).
+fn file_lock(typ: i32, start: u64, end: u64, pid: u32) -> Option<FileLock> {
+    let typ = match typ {
+        libc::F_RDLCK => LockType::Lock(LockKind::Read),
+        libc::F_WRLCK => LockType::Lock(LockKind::Write),
+        libc::F_UNLCK => LockType::Unlock,
+        _ => return None,
+    };
+    (start <= end).then_some(FileLock {
+        typ,
+        start,
+        end,
+        pid,
+    })
+}
+
+/// Whether process `pid` has a signal pending that it neither blocks nor ignores (or is gone):
+/// what ends a local F_SETLKW with EINTR.
+fn signal_pending(pid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return true;
+    };
+    let mask = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    let pending = mask("SigPnd:") | mask("ShdPnd:");
+    pending & !mask("SigBlk:") & !mask("SigIgn:") != 0
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@
 //!
 //! The binary (`main.rs`) is a thin command line over these modules.
 
+pub mod advisory;
 pub mod clock;
 pub mod config;
 pub mod data;

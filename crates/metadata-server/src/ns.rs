@@ -1177,6 +1177,73 @@ pub fn allocate_range(
     Ok(rec.attr(ino, ctx.block_size))
 }
 
+/// Unmaps file blocks `[first, end)` of a regular file (fallocate PUNCH_HOLE; the caller has
+/// zeroed the partial blocks at the range's edges and holds an exclusive lock over it): their
+/// volume blocks are freed and the quota given back; the size stays. Returns the new attributes.
+pub fn punch_blocks(ctx: &mut Ctx<'_>, ino: u64, first: u64, end: u64) -> Result<Attr, OpError> {
+    let mut rec = ctx.t.inode(ino)?;
+    rec.regular()?;
+    if first < end {
+        let mut map = ctx.t.extent_map(ino)?;
+        let gone = map.punch(first, end - first);
+        let mut freed = 0u64;
+        for e in &gone {
+            ctx.free_blocks(e.vol_block, e.len_blocks)?;
+            freed += e.len_blocks;
+        }
+        if freed > 0 {
+            crate::quota::apply(
+                ctx,
+                rec.project,
+                -i64::try_from(freed).unwrap_or(i64::MAX),
+                0,
+            )?;
+            rec.blocks = map.mapped_blocks();
+            save_extents(&mut ctx.t, ino, &map)?;
+        }
+    }
+    rec.mtime = ctx.now;
+    rec.ctime = ctx.now;
+    ctx.t.put_inode(ino, &rec)?;
+    Ok(rec.attr(ino, ctx.block_size))
+}
+
+/// fallocate ZERO_RANGE over bytes `[offset, end)` of a regular file, as XFS does it: every
+/// hole in the blocks the range touches gets Unwritten blocks (so later writes there cannot
+/// fail for space), and the Written blocks wholly inside it become Unwritten, keeping their
+/// volume blocks. The caller has zeroed the partial edge blocks and holds an exclusive lock.
+/// Unless `keep_size`, the file grows to `end`. Nothing changes on ENOSPC or EDQUOT.
+pub fn zero_range(
+    ctx: &mut Ctx<'_>,
+    ino: u64,
+    offset: u64,
+    end: u64,
+    keep_size: bool,
+) -> Result<Attr, OpError> {
+    let mut rec = ctx.t.inode(ino)?;
+    rec.regular()?;
+    if offset >= end {
+        return err(FsError::Invalid("zero-length range".into()));
+    }
+    if end > MAX_FILE_SIZE {
+        return err(FsError::FileTooBig);
+    }
+    let bs = u64::from(ctx.block_size);
+    // The only step that can fail comes first, and changes nothing when it does.
+    let mut map = allocate_blocks(ctx, ino, &mut rec, offset / bs, end.div_ceil(bs))?;
+    let (first_full, end_full) = (offset.div_ceil(bs), end / bs);
+    if first_full < end_full && map.convert_to_unwritten(first_full, end_full - first_full) > 0 {
+        save_extents(&mut ctx.t, ino, &map)?;
+    }
+    if !keep_size && end > rec.size {
+        rec.size = end;
+    }
+    rec.mtime = ctx.now;
+    rec.ctime = ctx.now;
+    ctx.t.put_inode(ino, &rec)?;
+    Ok(rec.attr(ino, ctx.block_size))
+}
+
 /// Allocates Unwritten extents for every hole in file blocks `[first, last)` of `ino`, saves
 /// the extent map and `rec.blocks` (the caller writes `rec`), and returns the new map. The
 /// caller has checked the file's type and the caller's right to write. Nothing changes if

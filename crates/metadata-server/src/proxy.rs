@@ -181,21 +181,35 @@ impl DataPath {
         if old_size.is_multiple_of(bs) {
             return Ok(());
         }
-        let block = old_size / bs * bs;
+        self.zero_in_block(ino, old_size, bs - old_size % bs).await
+    }
+
+    /// Zeroes `len` bytes from `off`, which lie inside one block, if that block is Written
+    /// (a hole or an Unwritten block reads as zeros already); a block that already holds
+    /// zeros there is not rewritten. Call under an exclusive lock covering that block.
+    pub async fn zero_in_block(&self, ino: u64, off: u64, len: u64) -> Result<(), FsError> {
+        let bs = self.block_size();
+        let block = off / bs * bs;
+        if len == 0 || off - block + len > bs {
+            return Err(FsError::Invalid(format!(
+                "zeroing {len} bytes at {off} crosses a block edge"
+            )));
+        }
         let bsz = self.store.block_size();
         let vol = self.store.volume().clone();
         let mapped = self
             .store
             .read(|t| data::map_read_unclipped(t, &vol, bsz, ino, block, bs))?;
         if mapped.plan.device_ios.is_empty() {
-            return Ok(()); // a hole or Unwritten: reads as zeros already
-        }
-        let mut buf = self.read_plan(mapped.plan.clone()).await?;
-        let from = usize::try_from(old_size - block).map_err(|_| FsError::Range)?;
-        if buf[from..].iter().all(|b| *b == 0) {
             return Ok(());
         }
-        buf[from..].fill(0);
+        let mut buf = self.read_plan(mapped.plan.clone()).await?;
+        let from = usize::try_from(off - block).map_err(|_| FsError::Range)?;
+        let to = from + usize::try_from(len).map_err(|_| FsError::Range)?;
+        if buf[from..to].iter().all(|b| *b == 0) {
+            return Ok(());
+        }
+        buf[from..to].fill(0);
         // Written extents plan the same for reads and writes.
         self.write_plan(mapped.plan, buf, true).await
     }

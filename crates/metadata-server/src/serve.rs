@@ -15,6 +15,7 @@ use anyhow::{Context, bail};
 use sanfs_proto::model::{MAX_MESSAGE_SIZE, ServerEvent, SessionEndReason};
 use sanfs_proto::pb::admin_server::AdminServer;
 use sanfs_proto::pb::data_server::DataServer;
+use sanfs_proto::pb::locks_server::LocksServer;
 use sanfs_proto::pb::namespace_server::NamespaceServer;
 use sanfs_proto::pb::session_server::SessionServer;
 use tokio::net::TcpListener;
@@ -24,6 +25,7 @@ use crate::clock::Clock;
 use crate::datadev::DataDevices;
 use crate::service::admin::AdminService;
 use crate::service::data::DataService;
+use crate::service::locks::LocksService;
 use crate::service::namespace::NamespaceService;
 use crate::service::session::{SessionService, spawn_expiry};
 use crate::service::{Server, ServiceParams};
@@ -166,7 +168,8 @@ pub async fn serve(
             AdminServer::new(AdminService::new(server.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
-        );
+        )
+        .add_service(LocksServer::new(LocksService::new(server.clone())));
 
     let expiry = spawn_expiry(server.clone());
     tracing::info!(
@@ -209,6 +212,9 @@ pub async fn serve(
         t.abort();
     }
     let poisoned = server.store().poisoned();
+    if !poisoned {
+        server.unmark_locks_if_none().await;
+    }
     server.store().close();
     served?;
     if poisoned {

@@ -44,12 +44,14 @@ pub fn code_of(e: &FsError) -> Code {
         | FsError::NotSymlink
         | FsError::TooManyLinks
         | FsError::StaleSession
-        | FsError::CrossDevice => Code::FailedPrecondition,
+        | FsError::CrossDevice
+        | FsError::WouldBlock => Code::FailedPrecondition,
         FsError::Access | FsError::Perm => Code::PermissionDenied,
         FsError::NameTooLong | FsError::Invalid(_) => Code::InvalidArgument,
         FsError::NoSpace | FsError::QuotaExceeded => Code::ResourceExhausted,
         FsError::FileTooBig | FsError::Range => Code::OutOfRange,
         FsError::LockTimeout => Code::Aborted,
+        FsError::Interrupted => Code::Cancelled,
         FsError::Io(_) => Code::Internal,
         FsError::NotSupported => Code::Unimplemented,
     }
@@ -80,6 +82,8 @@ pub fn kind_of(e: &FsError) -> &'static str {
         FsError::Io(_) => "io",
         FsError::NotSupported => "not_supported",
         FsError::CrossDevice => "cross_device",
+        FsError::WouldBlock => "would_block",
+        FsError::Interrupted => "interrupted",
     }
 }
 
@@ -108,6 +112,8 @@ fn from_kind(kind: &str, message: &str) -> Option<FsError> {
         "lock_timeout" => FsError::LockTimeout,
         "io" => FsError::Io(message.to_owned()),
         "not_supported" => FsError::NotSupported,
+        "would_block" => FsError::WouldBlock,
+        "interrupted" => FsError::Interrupted,
         _ => return None,
     })
 }
@@ -134,6 +140,7 @@ fn from_errno(errno: i32, message: &str) -> FsError {
         11 => FsError::LockTimeout,
         95 => FsError::NotSupported,
         18 => FsError::CrossDevice,
+        4 => FsError::Interrupted,
         _ => FsError::Io(format!("errno {errno}: {message}")),
     }
 }

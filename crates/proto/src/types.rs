@@ -500,6 +500,12 @@ pub enum FsError {
     /// A rename or link across directory quotas (as across file systems: `mv` copies).
     #[error("cross-device link (across directory quotas)")]
     CrossDevice,
+    /// An advisory lock conflicts with one another owner holds (F_SETLK's EAGAIN).
+    #[error("resource temporarily unavailable (a conflicting lock is held)")]
+    WouldBlock,
+    /// A wait (F_SETLKW) ended because the waiting process got a signal.
+    #[error("interrupted")]
+    Interrupted,
 }
 
 impl FsError {
@@ -528,6 +534,8 @@ impl FsError {
             FsError::Io(_) => 5,           // EIO
             FsError::NotSupported => 95,   // EOPNOTSUPP
             FsError::CrossDevice => 18,    // EXDEV
+            FsError::WouldBlock => 11,     // EAGAIN
+            FsError::Interrupted => 4,     // EINTR
         }
     }
 }

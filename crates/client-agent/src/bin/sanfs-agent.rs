@@ -362,6 +362,16 @@ fn mount(
     }
     fuse_config.n_threads = Some(2);
     fuse_config.clone_fd = true;
+    // The handlers are in place before the mount appears: whoever sees the mount may send
+    // SIGTERM at once, and it must unmount, not kill the agent.
+    let (mut term, mut int) = {
+        use tokio::signal::unix::{SignalKind, signal};
+        let _rt = runtime.enter();
+        (
+            signal(SignalKind::terminate()).context("install the SIGTERM handler")?,
+            signal(SignalKind::interrupt()).context("install the SIGINT handler")?,
+        )
+    };
     let mut session = fuser::Session::new(fs, &mountpoint, &fuse_config)
         .with_context(|| format!("mount at {}", mountpoint.display()))?;
     let mut unmounter = session.unmount_callable();
@@ -385,15 +395,12 @@ fn mount(
         },
     );
     let signalled = runtime.block_on(async {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
         tokio::select! {
-            _ = done_rx => Ok::<_, std::io::Error>(false),
-            _ = term.recv() => Ok(true),
-            _ = int.recv() => Ok(true),
+            _ = done_rx => false,
+            _ = term.recv() => true,
+            _ = int.recv() => true,
         }
-    })?;
+    });
     if signalled {
         tracing::info!(mountpoint = %mountpoint.display(), "signalled: unmounting");
         if let Err(e) = unmounter.unmount() {
@@ -507,7 +514,7 @@ fn format_bmap(path: &Path, reply: &BmapReply) -> String {
     );
     let range = |a: u64, len: u64| format!("[{a}..{}]", a + len - 1);
     let mut n = 0usize;
-    let mut hole = |out: &mut String, n: &mut usize, from: u64, to: u64| {
+    let hole = |out: &mut String, n: &mut usize, from: u64, to: u64| {
         if to > from {
             let _ = writeln!(
                 out,

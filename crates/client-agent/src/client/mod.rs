@@ -41,6 +41,7 @@ mod cache;
 mod data;
 mod file;
 mod health;
+mod locks;
 mod namespace;
 mod session;
 mod status;
@@ -74,6 +75,7 @@ use cache::GrantCache;
 pub use data::WriteOutcome;
 pub(crate) use file::retrying;
 pub use file::{OpenFile, is_stale};
+pub use locks::LockWait;
 pub use namespace::Created;
 pub use status::{
     AgentStatus, BmapEntry, BmapReply, ByteCounts, DeviceHealth, DeviceStatus, GrantCounts,
@@ -169,6 +171,8 @@ pub struct ClientStats {
     pub proxied_write_bytes: u64,
     /// Poisoned LUNs brought back by the health task.
     pub device_recoveries: u64,
+    /// Advisory locks that could not be reclaimed after a new session.
+    pub locks_lost: u64,
 }
 
 #[derive(Default)]
@@ -187,6 +191,7 @@ struct Counters {
     proxied_read_bytes: AtomicU64,
     proxied_write_bytes: AtomicU64,
     device_recoveries: AtomicU64,
+    locks_lost: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -242,6 +247,8 @@ pub(crate) struct Inner {
     lost_tx: mpsc::UnboundedSender<SessionId>,
     /// Test hook: while set, the session task sends no heartbeats and opens no session.
     heartbeats_paused: AtomicBool,
+    /// The advisory locks this agent's owners hold (reclaimed after a new session).
+    locks_held: locks::LockMirror,
 }
 
 /// A connected agent. Dropping it stops its session task (the session then expires at the
@@ -410,6 +417,7 @@ impl Client {
             device_idle: Notify::new(),
             lost_tx,
             heartbeats_paused: AtomicBool::new(false),
+            locks_held: locks::LockMirror::default(),
         });
         bump(&inner.counters.sessions);
         tracing::info!(session = %opened.session, epoch = %opened.epoch, engine = inner.engine.name(), "session opened");
@@ -485,6 +493,7 @@ impl Client {
             proxied_read_bytes: get(&c.proxied_read_bytes),
             proxied_write_bytes: get(&c.proxied_write_bytes),
             device_recoveries: get(&c.device_recoveries),
+            locks_lost: get(&c.locks_lost),
         }
     }
 

@@ -53,6 +53,9 @@ pub(super) async fn run(inner: Arc<Inner>, mut lost_rx: mpsc::UnboundedReceiver<
             Outcome::StreamBroke(why) | Outcome::Lost(why) => {
                 fence(&inner, &view, &why).await;
                 reopen(&inner).await;
+                // Concurrently with attaching the new session's stream: reclaims wait for
+                // nothing but the server's answers.
+                tokio::spawn(super::locks::reclaim(inner.clone()));
             }
         }
     }

@@ -5,8 +5,9 @@
 //! (measured from the kill and printed; the bound asserted is generous), and every sector it
 //! reads is A's new data, the file's old data, or zeros; never the blocks of the file deleted
 //! before (the LUNs were first filled with a stamped file that was then unlinked, so A's new
-//! blocks are that file's old blocks). Up to four attempts, until one kill lands while A holds
-//! a write grant (the server's `sanfs_expired_grants_total` grows). Needs root and /dev/fuse.
+//! blocks are that file's old blocks). Up to six attempts, until one kill lands while A holds a
+//! write grant on new blocks (the server's `sanfs_expired_grants_total` grows and the victim keeps
+//! unwritten extents). Needs root and /dev/fuse.
 
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
@@ -19,6 +20,7 @@ use crate::cluster::rw;
 use crate::san::{self, MIB, Rng, San, SanOptions, metric, read_raw};
 
 const TTL_MS: u64 = 2000;
+const ATTEMPTS: usize = 6;
 /// The victim file: old data in [0, V), a hole in [V, 2V); A writes [V, 2V) then [0, V).
 const V: u64 = 8 * MIB;
 const SECTOR: usize = 512;
@@ -103,7 +105,10 @@ fn killed_agent_leaves_no_stale_blocks_and_the_other_node_proceeds() {
         filled / MIB
     );
     let mut landed = false;
-    for attempt in 0..4 {
+    // Where in A's writes the kill lands depends on the machine's load: the next attempt
+    // kills earlier when A had written past the hole, later when it had not started.
+    let mut delay_scale = 1.0f64;
+    for attempt in 0..ATTEMPTS {
         let name = format!("victim{attempt}");
         let n2 = name.clone();
         let ino: InodeId = b.run(move |c| async move {
@@ -157,11 +162,12 @@ fn killed_agent_leaves_no_stale_blocks_and_the_other_node_proceeds() {
         });
         // Into A's writes of the hole (the first 8 MiB, at about 16 MiB/s with the throttle),
         // where they allocate blocks.
-        let delay_ms = if throttle.is_some() {
+        let base_ms = if throttle.is_some() {
             80 + rng.below(300)
         } else {
             5 + rng.below(30)
         };
+        let delay_ms = ((base_ms as f64) * delay_scale) as u64;
         std::thread::sleep(Duration::from_millis(delay_ms));
         let expired_before = metric(&san.server_metrics(), "sanfs_expired_grants_total", &[]);
         a.kill9();
@@ -256,9 +262,14 @@ fn killed_agent_leaves_no_stale_blocks_and_the_other_node_proceeds() {
             landed = true;
             break;
         }
+        if completed >= V / MIB {
+            delay_scale *= 0.5;
+        } else if completed == 0 {
+            delay_scale *= 1.5;
+        }
     }
     assert!(
         landed,
-        "no kill landed inside a write grant on new blocks in four attempts"
+        "no kill landed inside a write grant on new blocks in {ATTEMPTS} attempts"
     );
 }

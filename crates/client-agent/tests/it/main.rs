@@ -16,6 +16,8 @@ mod coherence;
 mod discovery;
 mod e2e;
 mod engine_io;
+mod fallocate;
+mod locks;
 mod lun_recovery;
 mod missing_lun;
 mod mount;

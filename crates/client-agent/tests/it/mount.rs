@@ -564,3 +564,105 @@ async fn open_file_survives_a_server_restart() {
     drop(m);
     srv.stop().await;
 }
+
+/// `fcntl(F_SETLK / F_GETLK)` of a write lock on `[start, start + len)`; the conflict's
+/// `(type, pid)` for F_GETLK.
+fn fcntl_lock(
+    file: &std::fs::File,
+    cmd: i32,
+    typ: i32,
+    start: i64,
+    len: i64,
+) -> std::io::Result<(i32, i32)> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero `struct flock` is a valid value of the plain C struct.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = typ as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_start = start;
+    fl.l_len = len;
+    // SAFETY: the descriptor is open for the call's duration and `fl` outlives it.
+    let r = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((i32::from(fl.l_type), fl.l_pid))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_exclude_each_other_across_two_mounts() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let m1 = Mount::start(&srv, "lock1", "").await;
+    let m2 = Mount::start(&srv, "lock2", "").await;
+    let (p1, p2) = (m1.p("shared.lock"), m2.p("shared.lock"));
+    std::fs::write(&p1, b"x").unwrap();
+
+    // fcntl: a write lock through mount 1 (node 1) is seen and refused through mount 2.
+    let pid = std::process::id() as i32;
+    let (q1, q2) = (p1.clone(), p2.clone());
+    timed("fcntl across mounts", 30, move || {
+        let f1 = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&q1)
+            .unwrap();
+        let f2 = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&q2)
+            .unwrap();
+        fcntl_lock(&f1, libc::F_SETLK, libc::F_WRLCK, 0, 100).unwrap();
+        let e = fcntl_lock(&f2, libc::F_SETLK, libc::F_RDLCK, 50, 1).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EAGAIN));
+        let (typ, holder) = fcntl_lock(&f2, libc::F_GETLK, libc::F_RDLCK, 0, 0).unwrap();
+        assert_eq!((typ, holder), (i32::from(libc::F_WRLCK as i16), pid));
+        // Outside the range: fine. Closing node 1's descriptor drops its locks.
+        fcntl_lock(&f2, libc::F_SETLK, libc::F_WRLCK, 100, 10).unwrap();
+        drop(f1);
+        fcntl_lock(&f2, libc::F_SETLK, libc::F_WRLCK, 0, 100).unwrap();
+    })
+    .await;
+
+    // flock(1) through mount 1 holds the file for a while; through mount 2 `flock -n` is
+    // refused, and a blocking flock gets it once the holder exits.
+    let marker = m1.p("held");
+    let holder = Command::new("flock")
+        .arg(&p1)
+        .arg("-c")
+        .arg(format!("touch {}; sleep 2", marker.display()))
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !marker.exists() {
+        assert!(Instant::now() < deadline, "the holder never got the lock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let p2b = p2.clone();
+    let refused = timed("flock -n", 30, move || {
+        Command::new("flock")
+            .args(["-n", "-E", "42"])
+            .arg(&p2b)
+            .arg("true")
+            .status()
+            .unwrap()
+    })
+    .await;
+    assert_eq!(
+        refused.code(),
+        Some(42),
+        "flock -n through the other mount is refused"
+    );
+    let waited = timed("flock", 30, move || {
+        let t = Instant::now();
+        let st = Command::new("flock").arg(&p2).arg("true").status().unwrap();
+        (st, t.elapsed())
+    })
+    .await;
+    assert!(waited.0.success());
+    eprintln!("the blocking flock through mount 2 waited {:?}", waited.1);
+    let mut holder = holder;
+    assert!(holder.wait().unwrap().success());
+}

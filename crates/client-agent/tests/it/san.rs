@@ -243,7 +243,8 @@ impl San {
         }
     }
 
-    /// The server's metrics text (scraped from inside its namespace).
+    /// The server's metrics text (scraped from inside its namespace). The figures the server
+    /// counts itself are this server's alone, also with other tests' servers in the process.
     pub fn server_metrics(&self) -> String {
         let addr = self.metrics_addr;
         run_on(self.server_rt.as_ref().unwrap(), http_get(addr))

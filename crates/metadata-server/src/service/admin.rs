@@ -1,5 +1,5 @@
-//! The Admin service: the volume layout agents plan their I/O with, and the server's status.
-//! Directory quotas come with issue 8 and answer `UNIMPLEMENTED` until then.
+//! The Admin service: the volume layout agents plan their I/O with, the server's status, and
+//! directory quotas.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

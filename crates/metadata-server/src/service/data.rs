@@ -35,9 +35,83 @@ impl DataService {
 }
 
 impl Server {
+    /// fallocate PUNCH_HOLE and ZERO_RANGE: under an exclusive lock over the range (recalling
+    /// cached read grants there, waiting for write grants), the partial blocks at its edges
+    /// are zeroed on the LUN through the proxied path, then the whole blocks inside are
+    /// unmapped (punch) or turned Unwritten with every hole allocated (zero range) in one
+    /// transaction. A zero range that grows the file first zeroes the old end-of-file block's
+    /// tail, as an extension does.
+    async fn punch_or_zero(
+        &self,
+        ino: u64,
+        range: ByteRange,
+        mode: FallocateMode,
+    ) -> Result<sanfs_proto::types::Attr, Status> {
+        use crate::proxy::SizeOf;
+        let bs = u64::from(self.store.block_size());
+        let (offset, len) = (range.offset(), range.len());
+        let fs = |e: FsError| fs_status(&e);
+        if len == 0 {
+            return Err(fs(FsError::Invalid("fallocate of 0 bytes".into())));
+        }
+        let end = offset
+            .checked_add(len)
+            .filter(|e| *e <= sanfs_proto::types::MAX_FILE_SIZE)
+            .ok_or_else(|| fs(FsError::FileTooBig))?;
+        let keep_size = mode != FallocateMode::ZeroRange;
+        let old = self.read(|t| t.getattr_size(ino))?;
+        let from = (offset / bs * bs).min(if keep_size { u64::MAX } else { old / bs * bs });
+        let to = if keep_size {
+            end.div_ceil(bs) * bs
+        } else {
+            u64::MAX
+        };
+        let _held = self
+            .grants
+            .exclusive(ino, crate::locks::Span::new(from, to - from))
+            .await
+            .map_err(fs)?;
+        let dp = self.grants.data_path();
+        // The size may have changed while the lock was awaited: read it under the lock.
+        let size = self.read(|t| t.getattr_size(ino))?;
+        if !keep_size && end > size {
+            dp.zero_eof_tail(ino, size).await.map_err(fs)?;
+        }
+        let (first_full, end_full) = (offset.div_ceil(bs), end / bs);
+        if first_full > end_full {
+            dp.zero_in_block(ino, offset, len).await.map_err(fs)?;
+        } else {
+            if !offset.is_multiple_of(bs) {
+                dp.zero_in_block(ino, offset, first_full * bs - offset)
+                    .await
+                    .map_err(fs)?;
+            }
+            if !end.is_multiple_of(bs) {
+                dp.zero_in_block(ino, end_full * bs, end - end_full * bs)
+                    .await
+                    .map_err(fs)?;
+            }
+        }
+        match mode {
+            FallocateMode::PunchHole => {
+                self.write(move |ctx| crate::ns::punch_blocks(ctx, ino, first_full, end_full))
+                    .await
+            }
+            _ => {
+                self.write(move |ctx| crate::ns::zero_range(ctx, ino, offset, end, keep_size))
+                    .await
+            }
+        }
+    }
+
     /// Checks that `handle` is an open handle of `session` on `inode`, opened for writing
     /// when `write`; answers ESTALE (stale handle) or EBADF-like EACCES otherwise.
-    fn check_handle(&self, h: &HandleRef, inode: InodeId, write: bool) -> Result<(), Status> {
+    pub(crate) fn check_handle(
+        &self,
+        h: &HandleRef,
+        inode: InodeId,
+        write: bool,
+    ) -> Result<(), Status> {
         self.check_session(h.session)?;
         let file = self.store.handles().by_handle.get(&h.handle.0).copied();
         match file {
@@ -363,11 +437,15 @@ impl Data for DataService {
             let keep_size = match req.mode {
                 FallocateMode::Allocate => false,
                 FallocateMode::AllocateKeepSize => true,
-                // Punching and zeroing must recall cached read grants first: with grants.
                 FallocateMode::PunchHole
                 | FallocateMode::ZeroRange
                 | FallocateMode::ZeroRangeKeepSize => {
-                    return Err(fs_status(&FsError::NotSupported));
+                    self.server.check_handle(&req.handle, req.inode, true)?;
+                    let attr = self
+                        .server
+                        .punch_or_zero(req.inode.0, req.range, req.mode)
+                        .await?;
+                    return Ok(attr.into());
                 }
             };
             self.server.check_handle(&req.handle, req.inode, true)?;

@@ -12,10 +12,12 @@
 //! - [`session`]: sessions, leases, the session stream, and lease expiry.
 //! - [`data`]: grants (the direct path's control info 1 to 4), the proxied path, fallocate,
 //!   extents, fsync.
-//! - [`admin`]: the volume layout and the server status; quotas answer `UNIMPLEMENTED`.
+//! - [`admin`]: the volume layout, the server status, directory quotas.
+//! - [`locks`]: cluster-wide POSIX advisory locks (fcntl and flock).
 
 pub mod admin;
 pub mod data;
+pub mod locks;
 pub mod namespace;
 pub mod session;
 
@@ -91,6 +93,10 @@ pub struct Server {
     pub(crate) sessions: Mutex<Sessions>,
     /// Changes submitted to the committer and not answered yet.
     pub(crate) pending_writes: AtomicU64,
+    /// Advisory locks (fcntl, flock), in memory, per session.
+    pub(crate) advisory: crate::advisory::AdvisoryLocks,
+    /// Whether the store says agents may hold advisory locks (see `Store::set_locks_in_use`).
+    pub(crate) locks_marked: std::sync::atomic::AtomicBool,
 }
 
 impl Server {
@@ -102,6 +108,15 @@ impl Server {
         devices: DataDevices,
     ) -> Result<Arc<Server>, FsError> {
         let epoch = store.boot_epoch();
+        // Agents of the previous run reclaim their locks before new ones are granted: they
+        // notice the restart within a heartbeat (a third of a lease). No grace when the last
+        // run stopped cleanly with no lock held.
+        let locks_in_use = store.locks_in_use_at_start();
+        let lock_grace = if locks_in_use {
+            Duration::from_millis(params.lease_ttl_ms).saturating_add(Duration::from_secs(1))
+        } else {
+            Duration::ZERO
+        };
         let store = Arc::new(store);
         // A request waits for a conflicting lock longer than a lease, so that a holder that
         // ignores a recall has lost its grant by the time the wait gives up.
@@ -139,6 +154,8 @@ impl Server {
                 ..Sessions::default()
             }),
             pending_writes: AtomicU64::new(0),
+            advisory: crate::advisory::AdvisoryLocks::new(lock_grace),
+            locks_marked: std::sync::atomic::AtomicBool::new(locks_in_use),
         }))
     }
 
@@ -233,6 +250,7 @@ impl Server {
                 .any(|f| f.session == file.session && f.ino == file.ino);
             if !still_open {
                 self.grants.drop_for_inode(file.session, file.ino).await;
+                self.advisory.release_session_inode(file.session, file.ino);
             }
         }
         if let Some((file, _)) = released
@@ -265,6 +283,26 @@ impl Server {
         }
     }
 
+    /// Before the first advisory lock of a run is granted: durably notes that agents may hold
+    /// locks, so that a restart after a crash gives them a grace period to reclaim them.
+    pub(crate) async fn mark_locks_in_use(&self) -> Result<(), FsError> {
+        if !self.locks_marked.load(Ordering::Acquire) {
+            self.store.set_locks_in_use(true).await?;
+            self.locks_marked.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// At a clean stop: with no advisory lock held, the next start needs no grace period.
+    pub(crate) async fn unmark_locks_if_none(&self) {
+        if self.locks_marked.load(Ordering::Acquire)
+            && self.advisory.held() == 0
+            && self.store.set_locks_in_use(false).await.is_ok()
+        {
+            self.locks_marked.store(false, Ordering::Release);
+        }
+    }
+
     /// Ends a session: removes it, tells its stream why, releases its handles.
     pub(crate) async fn end_session(&self, session: u64, reason: Option<ServerEvent>) -> bool {
         let state = self.sessions().by_id.remove(&session);
@@ -275,8 +313,8 @@ impl Server {
             let _ = tx.try_send(Ok(event.into()));
         }
         self.grants.expire_session(session).await;
+        self.advisory.release_session(session);
         self.release_session_handles(session).await;
-        crate::metrics::set_sessions(self.session_count());
         true
     }
 }

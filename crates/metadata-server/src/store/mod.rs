@@ -65,6 +65,10 @@ const KEY_VOLUME: &str = "volume";
 const KEY_NEXT_INODE: &str = "next_inode";
 const KEY_GENERATION: &str = "generation";
 const KEY_BOOT_EPOCH: &str = "boot_epoch";
+/// 1 while agents may hold advisory locks (set durably before the first lock of a run is
+/// granted, cleared by a clean stop with none held): a start that finds it set gives agents a
+/// grace period to reclaim their locks.
+const KEY_LOCKS_IN_USE: &str = "advisory_locks_in_use";
 
 /// The root directory's inode number.
 pub const ROOT: u64 = 1;
@@ -394,6 +398,7 @@ pub struct Store {
     handles: Arc<Mutex<Handles>>,
     usage: Arc<Usage>,
     boot_epoch: u64,
+    locks_in_use_at_start: bool,
 }
 
 impl std::fmt::Debug for Store {
@@ -549,6 +554,13 @@ impl Store {
         let db = open_db(backend, false, false)?;
         let (sb, volume, state) = load(&db)?;
         let boot_epoch = bump_boot_epoch(&db)?;
+        let locks_in_use_at_start = {
+            let r = db.begin_read()?;
+            let counters = r.open_table(COUNTERS)?;
+            counters
+                .get(KEY_LOCKS_IN_USE)?
+                .is_some_and(|v| v.value() != 0)
+        };
         let handles = state.handles.clone();
         let usage = state.usage.clone();
         let shared = Arc::new(Shared {
@@ -589,6 +601,7 @@ impl Store {
             handles,
             usage,
             boot_epoch,
+            locks_in_use_at_start,
         };
         store.reap_orphans()?;
         store.trim_preallocations()?;
@@ -618,6 +631,21 @@ impl Store {
     /// it, so that nothing issued before a restart is honoured after it.
     pub fn boot_epoch(&self) -> u64 {
         self.boot_epoch
+    }
+
+    /// Whether the last run may have ended with advisory locks held (then agents reclaim them
+    /// in a grace period).
+    pub fn locks_in_use_at_start(&self) -> bool {
+        self.locks_in_use_at_start
+    }
+
+    /// Durably records whether agents may hold advisory locks (see `KEY_LOCKS_IN_USE`).
+    pub async fn set_locks_in_use(&self, in_use: bool) -> Result<(), FsError> {
+        self.write(move |ctx| {
+            ctx.counters.insert(KEY_LOCKS_IN_USE, u64::from(in_use))?;
+            Ok(())
+        })
+        .await
     }
 
     /// No handle survives a restart: every speculative preallocation left by the last run is

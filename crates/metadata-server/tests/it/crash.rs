@@ -147,6 +147,19 @@ enum Op {
         len: u64,
         keep_size: bool,
     },
+    /// fallocate PUNCH_HOLE's transaction: whole file blocks `[first, end)` unmapped.
+    Punch {
+        ino: u64,
+        first: u64,
+        end: u64,
+    },
+    /// fallocate ZERO_RANGE's transaction over bytes `[offset, end)`.
+    ZeroRange {
+        ino: u64,
+        offset: u64,
+        end: u64,
+        keep_size: bool,
+    },
 }
 
 fn cred() -> Credentials {
@@ -313,6 +326,16 @@ fn apply(store: &Store, op: &Op) -> Result<(), FsError> {
         } => store.write_blocking(move |ctx| {
             ns::allocate_range(ctx, &cred(), ino, offset, len, keep_size).map(drop)
         }),
+        Op::Punch { ino, first, end } => {
+            store.write_blocking(move |ctx| ns::punch_blocks(ctx, ino, first, end).map(drop))
+        }
+        Op::ZeroRange {
+            ino,
+            offset,
+            end,
+            keep_size,
+        } => store
+            .write_blocking(move |ctx| ns::zero_range(ctx, ino, offset, end, keep_size).map(drop)),
     }
 }
 
@@ -647,11 +670,25 @@ fn generate(rng: &mut Rng, s: &State) -> Op {
                     offset &= !4095;
                     len = len.div_ceil(4096) * 4096;
                 }
-                Op::Allocate {
-                    ino: file_ino(rng),
-                    offset,
-                    len,
-                    keep_size: rng.chance(30),
+                let ino = file_ino(rng);
+                match rng.below(4) {
+                    0 => Op::Punch {
+                        ino,
+                        first: offset / 4096,
+                        end: (offset + len) / 4096,
+                    },
+                    1 => Op::ZeroRange {
+                        ino,
+                        offset,
+                        end: offset + len,
+                        keep_size: rng.chance(50),
+                    },
+                    _ => Op::Allocate {
+                        ino,
+                        offset,
+                        len,
+                        keep_size: rng.chance(30),
+                    },
                 }
             }
         };

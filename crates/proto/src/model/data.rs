@@ -427,7 +427,7 @@ impl From<ReturnGrantRequest> for pb::ReturnGrantRequest {
 }
 
 /// The handle fields (`session`, `handle`) of a Data request.
-fn handle_ref(session: u64, raw_handle: u64) -> Result<HandleRef, ProtocolError> {
+pub(crate) fn handle_ref(session: u64, raw_handle: u64) -> Result<HandleRef, ProtocolError> {
     Ok(HandleRef {
         session: session_id(session)?,
         handle: handle(raw_handle)?,

@@ -17,15 +17,18 @@
 //! - [`namespace`]: the POSIX metadata operations.
 //! - [`data`]: map requests, grants (I/O plans), completions, the proxied path, extents.
 //! - [`admin`]: the volume layout, server status, directory quotas.
+//! - [`locks`]: cluster-wide POSIX advisory record locks.
 
 pub mod admin;
 mod common;
 pub mod data;
+pub mod locks;
 pub mod namespace;
 pub mod session;
 
 pub use admin::*;
 pub use data::*;
+pub use locks::*;
 pub use namespace::*;
 pub use session::*;
 

@@ -150,6 +150,10 @@ fn targets() -> Vec<(&'static str, Target)> {
         SetQuotaReply => QuotaInfo,
         GetQuotaRequest => InodeRequest,
         GetQuotaReply => QuotaInfo,
+        // locks
+        FileLock => FileLock,
+        LockRequest => LockRequest,
+        GetLockReply => GetLockReply,
     ]
 }
 

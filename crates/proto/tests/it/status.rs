@@ -37,6 +37,8 @@ fn every_fs_error() -> Vec<FsError> {
         FsError::Io("d1: read at 4096: EIO".into()),
         FsError::NotSupported,
         FsError::CrossDevice,
+        FsError::WouldBlock,
+        FsError::Interrupted,
     ]
 }
 
@@ -82,6 +84,7 @@ fn the_exact_grpc_codes() {
         (FsError::FileTooBig, Code::OutOfRange),
         (FsError::StaleSession, Code::FailedPrecondition),
         (FsError::LockTimeout, Code::Aborted),
+        (FsError::WouldBlock, Code::FailedPrecondition),
         (FsError::Io(String::new()), Code::Internal),
         (FsError::NotSupported, Code::Unimplemented),
     ];
