@@ -292,6 +292,27 @@ fn open_lun(
 
 /// Finds and opens this node's devices of `volume` among the configured globs.
 pub fn discover(volume: &Volume, config: &DiscoveryConfig) -> Discovery {
+    scan(volume, config, None)
+}
+
+/// Finds and opens one device of `volume` again (the health check of a LUN poisoned by a
+/// failed write): the same identity search as [`discover`], for `index` only.
+pub fn find_device(
+    volume: &Volume,
+    config: &DiscoveryConfig,
+    index: DeviceIndex,
+) -> Result<FoundDevice, String> {
+    let mut result = scan(volume, config, Some(index));
+    if let Some(pos) = result.found.iter().position(|d| d.index == index) {
+        return Ok(result.found.swap_remove(pos));
+    }
+    Err(match result.rejected.first() {
+        Some((path, why)) => format!("{}: {why}", path.display()),
+        None => "no device with its identity among the configured globs".to_owned(),
+    })
+}
+
+fn scan(volume: &Volume, config: &DiscoveryConfig, only: Option<DeviceIndex>) -> Discovery {
     let mut result = Discovery::default();
     let mut seen: HashSet<(bool, u64, u64)> = HashSet::new();
     for path in expand_globs(&config.globs) {
@@ -321,6 +342,9 @@ pub fn discover(volume: &Volume, config: &DiscoveryConfig) -> Discovery {
             result.foreign.push((path, id));
             continue;
         };
+        if only.is_some_and(|o| o != index) {
+            continue;
+        }
         if let Some(first) = result.device(index) {
             tracing::warn!(path = %path.display(), first = %first.path.display(), device = %id,
                 "a second device carries the identity of one already opened: ignored");
@@ -344,9 +368,9 @@ pub fn discover(volume: &Volume, config: &DiscoveryConfig) -> Discovery {
     result.found.sort_by_key(|d| d.index);
     for (i, dev) in volume.devices().iter().enumerate() {
         let index = DeviceIndex(i as u32);
-        if result.device(index).is_none() {
+        if only.is_none_or(|o| o == index) && result.device(index).is_none() {
             tracing::warn!(device = %dev.uuid, index = i,
-                "LUN not found on this node: I/O on it will fail");
+                "LUN not found on this node");
             result.missing.push((index, dev.uuid));
         }
     }

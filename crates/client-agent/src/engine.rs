@@ -26,9 +26,10 @@ use std::fs::File;
 use std::future::Future;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use sanfs_blockmap::plan::{BufRange, DeviceIo, IoPlan};
 use sanfs_blockmap::volume::DeviceIndex;
@@ -198,10 +199,76 @@ impl Default for EngineConfig {
     }
 }
 
+/// Counters of one device's I/O (see [`EngineStats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceIoStats {
+    /// Ops ([`DeviceOp`]s) accepted for the device, by kind.
+    pub read_ops: u64,
+    pub write_ops: u64,
+    pub flush_ops: u64,
+    /// Bytes those ops moved (counted when the op was accepted).
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Requests handed to the kernel (SQEs, or syscalls): one per op unless an op is longer
+    /// than `IOV_MAX` pieces or a short transfer or `EINTR` resubmits its remainder.
+    pub submissions: u64,
+    /// Ops that failed.
+    pub errors: u64,
+}
+
+/// What an engine did so far: per device, and how many requests were in the kernel at once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// By device index.
+    pub devices: Vec<DeviceIoStats>,
+    /// Requests in the kernel now.
+    pub in_flight: u64,
+    /// The most requests that were in the kernel at the same time (since the engine started
+    /// or [`Engine::reset_max_in_flight`]).
+    pub max_in_flight: u64,
+}
+
+#[derive(Default)]
+struct DeviceCounters {
+    read_ops: AtomicU64,
+    write_ops: AtomicU64,
+    flush_ops: AtomicU64,
+    read_bytes: AtomicU64,
+    write_bytes: AtomicU64,
+    submissions: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// Latency histograms of one device's requests, by kind (`sanfs_agent_device_io_seconds`).
+struct DeviceLatency {
+    read: metrics::Histogram,
+    write: metrics::Histogram,
+    flush: metrics::Histogram,
+}
+
+impl DeviceLatency {
+    fn new(device: usize) -> DeviceLatency {
+        let h = |op: &'static str| metrics::histogram!(DEVICE_IO_SECONDS, "device" => device.to_string(), "op" => op);
+        DeviceLatency {
+            read: h("read"),
+            write: h("write"),
+            flush: h("flush"),
+        }
+    }
+}
+
+/// The name of the device latency histogram (seconds per request, by `device` index and
+/// `op`), recorded into the process's `metrics` recorder.
+pub const DEVICE_IO_SECONDS: &str = "sanfs_agent_device_io_seconds";
+
 /// What every engine knows about its devices.
 struct DeviceState {
     present: Vec<bool>,
     poisoned: Vec<AtomicBool>,
+    counters: Vec<DeviceCounters>,
+    latency: Vec<DeviceLatency>,
+    in_flight: AtomicU64,
+    max_in_flight: AtomicU64,
 }
 
 impl DeviceState {
@@ -209,6 +276,81 @@ impl DeviceState {
         DeviceState {
             present: files.iter().map(Option::is_some).collect(),
             poisoned: files.iter().map(|_| AtomicBool::new(false)).collect(),
+            counters: files.iter().map(|_| DeviceCounters::default()).collect(),
+            latency: (0..files.len()).map(DeviceLatency::new).collect(),
+            in_flight: AtomicU64::new(0),
+            max_in_flight: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts an op accepted for its device.
+    fn count_op(&self, op: &DeviceOp) {
+        let Some(c) = self.counters.get(op.device.as_usize()) else {
+            return;
+        };
+        let len = op.len();
+        match op.kind {
+            OpKind::Read => {
+                c.read_ops.fetch_add(1, Ordering::Relaxed);
+                c.read_bytes.fetch_add(len, Ordering::Relaxed);
+            }
+            OpKind::Write => {
+                c.write_ops.fetch_add(1, Ordering::Relaxed);
+                c.write_bytes.fetch_add(len, Ordering::Relaxed);
+            }
+            OpKind::Flush => {
+                c.flush_ops.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A request goes to the kernel now; returns its start time.
+    fn begin_request(&self, d: DeviceIndex) -> Instant {
+        if let Some(c) = self.counters.get(d.as_usize()) {
+            c.submissions.fetch_add(1, Ordering::Relaxed);
+        }
+        let now = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::AcqRel);
+        Instant::now()
+    }
+
+    /// The kernel answered a request started at `started`.
+    fn end_request(&self, d: DeviceIndex, kind: OpKind, started: Instant) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if let Some(l) = self.latency.get(d.as_usize()) {
+            let h = match kind {
+                OpKind::Read => &l.read,
+                OpKind::Write => &l.write,
+                OpKind::Flush => &l.flush,
+            };
+            h.record(started.elapsed().as_secs_f64());
+        }
+    }
+
+    fn count_error(&self, d: DeviceIndex) {
+        if let Some(c) = self.counters.get(d.as_usize()) {
+            c.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn stats(&self) -> EngineStats {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        EngineStats {
+            devices: self
+                .counters
+                .iter()
+                .map(|c| DeviceIoStats {
+                    read_ops: get(&c.read_ops),
+                    write_ops: get(&c.write_ops),
+                    flush_ops: get(&c.flush_ops),
+                    read_bytes: get(&c.read_bytes),
+                    write_bytes: get(&c.write_bytes),
+                    submissions: get(&c.submissions),
+                    errors: get(&c.errors),
+                })
+                .collect(),
+            in_flight: get(&self.in_flight),
+            max_in_flight: get(&self.max_in_flight),
         }
     }
 
@@ -301,6 +443,36 @@ impl Engine {
     /// Lets I/O reach `device` again, once the caller has recovered from a failed write.
     pub fn clear_poison(&self, device: DeviceIndex) {
         self.state().clear_poison(device)
+    }
+
+    /// Uses `file` (a fresh handle on the same LUN) for `device` from now on. Requests in
+    /// flight on the old handle finish on it. Only a device that had a handle at start can be
+    /// replaced.
+    pub fn replace_device(
+        &self,
+        device: DeviceIndex,
+        file: File,
+    ) -> impl Future<Output = io::Result<()>> + Send + 'static + use<> {
+        let rx = match self {
+            Engine::Uring(e) => e.replace(device, file),
+            Engine::Sync(e) => e.replace(device, file),
+        };
+        async move {
+            rx.await
+                .unwrap_or_else(|_| Err(io::Error::other(EngineStopped)))
+        }
+    }
+
+    /// What the engine did so far.
+    pub fn stats(&self) -> EngineStats {
+        self.state().stats()
+    }
+
+    /// Starts measuring [`EngineStats::max_in_flight`] afresh from the requests in flight now.
+    pub fn reset_max_in_flight(&self) {
+        let s = self.state();
+        s.max_in_flight
+            .store(s.in_flight.load(Ordering::Acquire), Ordering::Release);
     }
 
     fn state(&self) -> &DeviceState {
@@ -450,9 +622,11 @@ fn prepare(ops: &[DeviceOp], buf_len: usize, state: &DeviceState) -> (BatchResul
             Ok(())
         };
         if let Err(kind) = check {
+            state.count_error(op.device);
             agg.results[i] = Some(Err(agg.err(i, op.phys_off, kind)));
             continue;
         }
+        state.count_op(op);
         if len == 0 && op.kind != OpKind::Flush {
             agg.results[i] = Some(Ok(()));
             continue;
@@ -528,6 +702,12 @@ enum UringMsg {
         agg: BatchResults,
         chunks: Vec<Chunk>,
         tx: oneshot::Sender<Completed>,
+    },
+    /// Swap a device's registered file for a fresh handle.
+    Replace {
+        device: usize,
+        file: File,
+        tx: oneshot::Sender<io::Result<()>>,
     },
     Shutdown,
 }
@@ -611,9 +791,9 @@ impl UringEngine {
                     total: 0,
                     batches: Vec::new(),
                     free_batches: Vec::new(),
+                    files: devices,
                 };
                 worker.run(&rx);
-                drop(devices);
             })?;
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(UringEngine {
@@ -667,6 +847,21 @@ impl UringEngine {
     }
 }
 
+impl UringEngine {
+    fn replace(&self, device: DeviceIndex, file: File) -> oneshot::Receiver<io::Result<()>> {
+        let (tx, rx) = oneshot::channel();
+        let msg = UringMsg::Replace {
+            device: device.as_usize(),
+            file,
+            tx,
+        };
+        if self.tx.send(msg).is_ok() {
+            self.poke();
+        }
+        rx
+    }
+}
+
 impl Drop for UringEngine {
     fn drop(&mut self) {
         if self.tx.send(UringMsg::Shutdown).is_ok() {
@@ -690,6 +885,7 @@ struct UringBatch {
 struct InFlight {
     batch: usize,
     chunk: Chunk,
+    started: Instant,
     /// Referenced by the submitted SQE until its completion arrives.
     _iovecs: Vec<libc::iovec>,
 }
@@ -708,6 +904,9 @@ struct UringWorker {
     total: u32,
     batches: Vec<Option<UringBatch>>,
     free_batches: Vec<usize>,
+    /// The registered files' owners (a replaced one is dropped here; requests in flight on
+    /// it keep the kernel's own reference).
+    files: Vec<Option<File>>,
 }
 
 impl UringWorker {
@@ -741,6 +940,9 @@ impl UringWorker {
                         chunks,
                         tx,
                     }) => self.admit(buf, base, agg, chunks, tx),
+                    Ok(UringMsg::Replace { device, file, tx }) => {
+                        let _ = tx.send(self.replace(device, file));
+                    }
                     Ok(UringMsg::Shutdown) | Err(mpsc::TryRecvError::Disconnected) => {
                         shutdown = true;
                         break;
@@ -805,6 +1007,20 @@ impl UringWorker {
         for chunk in chunks {
             self.queues[chunk.device.as_usize()].push_back((key, chunk));
         }
+    }
+
+    /// Registers `file` in `device`'s fixed-file slot instead of its current handle.
+    fn replace(&mut self, device: usize, file: File) -> io::Result<()> {
+        let Some(Some(slot)) = self.fixed.get(device).copied() else {
+            return Err(io::Error::other(
+                "the device had no handle when the engine started",
+            ));
+        };
+        self.ring
+            .submitter()
+            .register_files_update(slot, &[file.as_raw_fd()])?;
+        self.files[device] = Some(file);
+        Ok(())
     }
 
     /// Moves queued chunks into the submission queue, per-device queue depth permitting.
@@ -875,9 +1091,11 @@ impl UringWorker {
         // at most one more.
         match unsafe { self.ring.submission().push(&entry) } {
             Ok(()) => {
+                let started = self.state.begin_request(chunk.device);
                 self.in_flight[slot] = Some(InFlight {
                     batch,
                     chunk,
+                    started,
                     _iovecs: iovecs,
                 });
                 self.in_dev[d] += 1;
@@ -892,12 +1110,16 @@ impl UringWorker {
 
     fn complete(&mut self, slot: usize, res: i64) {
         let Some(InFlight {
-            batch, mut chunk, ..
+            batch,
+            mut chunk,
+            started,
+            ..
         }) = self.in_flight.get_mut(slot).and_then(Option::take)
         else {
             tracing::error!(slot, "io_uring completion for an unknown slot");
             return;
         };
+        self.state.end_request(chunk.device, chunk.kind, started);
         self.free_slots.push(slot);
         let d = chunk.device.as_usize();
         self.in_dev[d] -= 1;
@@ -917,8 +1139,11 @@ impl UringWorker {
         outcome: Result<(), IoErrKind>,
         at: u64,
     ) {
-        if outcome.is_err() && chunk.kind != OpKind::Read {
-            self.state.poison(chunk.device);
+        if outcome.is_err() {
+            self.state.count_error(chunk.device);
+            if chunk.kind != OpKind::Read {
+                self.state.poison(chunk.device);
+            }
         }
         let Some(b) = self.batches.get_mut(batch).and_then(Option::as_mut) else {
             return;
@@ -978,9 +1203,13 @@ impl SyncBatch {
     }
 }
 
-struct SyncJob {
-    batch: Arc<SyncBatch>,
-    chunk: Chunk,
+enum SyncJob {
+    Io {
+        batch: Arc<SyncBatch>,
+        chunk: Chunk,
+    },
+    /// Use this handle for the device from now on.
+    Replace(File, oneshot::Sender<io::Result<()>>),
 }
 
 /// The synchronous engine: `preadv`/`pwritev` on one thread per device, so devices still work
@@ -1015,11 +1244,22 @@ impl SyncEngine {
                 std::thread::Builder::new()
                     .name(format!("sanfs-sync-d{i}"))
                     .spawn(move || {
+                        let mut file = file;
                         for job in rx {
-                            let SyncJob { batch, mut chunk } = job;
+                            let (batch, mut chunk) = match job {
+                                SyncJob::Io { batch, chunk } => (batch, chunk),
+                                SyncJob::Replace(new, tx) => {
+                                    file = new;
+                                    let _ = tx.send(Ok(()));
+                                    continue;
+                                }
+                            };
                             let outcome = run_sync_chunk(&file, batch.base, &mut chunk, &state);
-                            if outcome.is_err() && chunk.kind != OpKind::Read {
-                                state.poison(chunk.device);
+                            if outcome.is_err() {
+                                state.count_error(chunk.device);
+                                if chunk.kind != OpKind::Read {
+                                    state.poison(chunk.device);
+                                }
                             }
                             batch.chunk_done(chunk.op, outcome);
                         }
@@ -1057,7 +1297,7 @@ impl SyncEngine {
             let at = chunk.cur_off();
             let sent = match self.workers.get(chunk.device.as_usize()) {
                 Some(Some(w)) => w
-                    .send(SyncJob {
+                    .send(SyncJob::Io {
                         batch: Arc::clone(&batch),
                         chunk,
                     })
@@ -1066,6 +1306,24 @@ impl SyncEngine {
             };
             if !sent {
                 batch.chunk_done(op, Err((IoErrKind::NoDevice, at)));
+            }
+        }
+        rx
+    }
+}
+
+impl SyncEngine {
+    fn replace(&self, device: DeviceIndex, file: File) -> oneshot::Receiver<io::Result<()>> {
+        let (tx, rx) = oneshot::channel();
+        match self.workers.get(device.as_usize()) {
+            Some(Some(w)) => {
+                // A send error drops `tx`: the caller sees the engine stopped.
+                let _ = w.send(SyncJob::Replace(file, tx));
+            }
+            _ => {
+                let _ = tx.send(Err(io::Error::other(
+                    "the device had no handle when the engine started",
+                )));
             }
         }
         rx
@@ -1095,6 +1353,7 @@ fn run_sync_chunk(
     }
     loop {
         let at = chunk.cur_off();
+        let started = state.begin_request(chunk.device);
         let res = match chunk.kind {
             OpKind::Flush => match file.sync_data() {
                 Ok(()) => 0,
@@ -1136,6 +1395,7 @@ fn run_sync_chunk(
                 }
             }
         };
+        state.end_request(chunk.device, chunk.kind, started);
         match judge(chunk, res) {
             Next::Done => return Ok(()),
             Next::Again => continue,
@@ -1525,6 +1785,59 @@ mod tests {
             assert!(done.results[1].is_ok());
             assert!(engine.is_poisoned(DeviceIndex(0)));
             assert!(!engine.is_poisoned(DeviceIndex(1)));
+        }
+    }
+
+    #[tokio::test]
+    async fn stats_count_ops_requests_and_overlap_and_a_replaced_handle_is_used() {
+        let (_dir2, fresh) = files(1, 1 << 20);
+        let (_dir, files) = files(4, 1 << 20);
+        for engine in engines(&files) {
+            let read = |d| DeviceOp {
+                device: DeviceIndex(d),
+                phys_off: 4096,
+                kind: OpKind::Read,
+                iov: vec![piece(u64::from(d) * 8192, 8192)],
+            };
+            engine.reset_max_in_flight();
+            let done = engine
+                .submit(AlignedBuf::zeroed(4 * 8192), (0..4).map(read).collect())
+                .await
+                .unwrap();
+            assert!(done.results.iter().all(Result::is_ok));
+            let st = engine.stats();
+            for d in &st.devices {
+                assert_eq!((d.read_ops, d.read_bytes, d.submissions), (1, 8192, 1));
+                assert_eq!((d.write_ops, d.errors), (0, 0));
+            }
+            assert_eq!(st.in_flight, 0);
+            assert!(st.max_in_flight >= 1 && st.max_in_flight <= 4, "{st:?}");
+            if engine.name() == "uring" {
+                // One ring: the batch's four requests enter the kernel together.
+                assert_eq!(st.max_in_flight, 4, "{st:?}");
+            }
+            // Device 2 now writes to another file.
+            engine
+                .replace_device(DeviceIndex(2), fresh[0].try_clone().unwrap())
+                .await
+                .unwrap();
+            let mut buf = AlignedBuf::zeroed(4096);
+            buf.as_mut_slice().fill(0xee);
+            let w = DeviceOp {
+                device: DeviceIndex(2),
+                phys_off: 0,
+                kind: OpKind::Write,
+                iov: vec![piece(0, 4096)],
+            };
+            let done = engine.submit(buf, vec![w]).await.unwrap();
+            assert!(done.results[0].is_ok());
+            let mut got = [0u8; 4096];
+            fresh[0].read_exact_at(&mut got, 0).unwrap();
+            assert_eq!(got, [0xee; 4096], "{}", engine.name());
+            files[2].read_exact_at(&mut got, 0).unwrap();
+            assert_eq!(got, [0; 4096], "the old handle is no longer written");
+            fresh[0].write_all_at(&[0; 4096], 0).unwrap();
+            assert_eq!(engine.stats().devices[2].write_ops, 1);
         }
     }
 

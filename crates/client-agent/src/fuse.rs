@@ -42,7 +42,7 @@ use sanfs_proto::types::{
     XattrMode,
 };
 
-use crate::client::{Client, FileHandle, LockWait};
+use crate::client::{Client, FileHandle, LockWait, OpenFile, retrying};
 
 /// Largest read or write request the kernel sends (and the readahead limit).
 pub const MAX_IO_BYTES: u32 = 1 << 20;
@@ -71,28 +71,30 @@ impl Default for FsOptions {
     }
 }
 
+/// The sanfs inode behind FUSE inode number `fuse` on a mount whose root is `root` (the
+/// mount's root and the real root swap numbers; every other number is the same).
+pub fn sanfs_ino(root: InodeId, fuse: u64) -> InodeId {
+    InodeId(match fuse {
+        1 => root.0,
+        n if n == root.0 => 1,
+        n => n,
+    })
+}
+
 /// One open file behind a FUSE file handle.
-struct OpenFile {
-    ino: InodeId,
-    flags: OpenFlags,
+struct FuseFile {
+    /// The inode, flags and current handle (re-opened after a session change). Its lock
+    /// also serialises append writes (size, then write).
+    file: OpenFile,
     /// `O_SYNC` (`Some(false)`: data and metadata) or `O_DSYNC` (`Some(true)`: data only):
     /// every write is followed by an fsync before it is answered.
     sync: Option<bool>,
-    handle: Mutex<FileHandle>,
-    /// Serialises re-opens (one per stale handle) and append writes (size, then write).
-    serial: tokio::sync::Mutex<()>,
-}
-
-impl OpenFile {
-    fn current(&self) -> FileHandle {
-        *self.handle.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 struct State {
     client: Arc<Client>,
     options: FsOptions,
-    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    files: Mutex<HashMap<u64, Arc<FuseFile>>>,
     next_fh: AtomicU64,
     /// `st_blksize` reported for every file (the volume's block size).
     block_size: u32,
@@ -106,10 +108,6 @@ pub struct SanFs {
 
 fn errno(e: &FsError) -> Errno {
     Errno::from_i32(e.errno())
-}
-
-fn is_stale(e: &FsError) -> bool {
-    matches!(e, FsError::Stale | FsError::StaleSession)
 }
 
 fn to_system_time(t: Timestamp) -> SystemTime {
@@ -254,12 +252,7 @@ impl SanFs {
 impl State {
     /// sanfs inode of a FUSE inode number.
     fn ino(&self, fuse: INodeNo) -> InodeId {
-        let root = self.options.root.0;
-        InodeId(match fuse.0 {
-            1 => root,
-            n if n == root => 1,
-            n => n,
-        })
+        sanfs_ino(self.options.root, fuse.0)
     }
 
     /// FUSE inode number of a sanfs inode.
@@ -311,7 +304,7 @@ impl State {
         }
     }
 
-    fn file(&self, fh: fuser::FileHandle) -> Result<Arc<OpenFile>, FsError> {
+    fn file(&self, fh: fuser::FileHandle) -> Result<Arc<FuseFile>, FsError> {
         self.files
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -328,15 +321,9 @@ impl State {
         handle: FileHandle,
     ) -> fuser::FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let file = Arc::new(OpenFile {
-            ino,
-            flags: OpenFlags {
-                truncate: false,
-                ..flags
-            },
-            handle: Mutex::new(handle),
+        let file = Arc::new(FuseFile {
+            file: OpenFile::new(ino, flags, handle),
             sync,
-            serial: tokio::sync::Mutex::new(()),
         });
         self.files
             .lock()
@@ -344,43 +331,14 @@ impl State {
             .insert(fh, file);
         fuser::FileHandle(fh)
     }
-
-    /// Re-opens `file` after its handle `stale` was refused (a new session); returns the
-    /// handle to retry with. Concurrent callers re-open once.
-    async fn reopen(
-        &self,
-        cred: &Credentials,
-        file: &OpenFile,
-        stale: FileHandle,
-    ) -> Result<FileHandle, FsError> {
-        let _serial = file.serial.lock().await;
-        let current = file.current();
-        if current != stale {
-            return Ok(current);
-        }
-        let (handle, _) = self.client.open(cred, file.ino, file.flags).await?;
-        tracing::info!(ino = %file.ino, old = ?stale, new = ?handle, "re-opened a file under a new session");
-        *file.handle.lock().unwrap_or_else(|e| e.into_inner()) = handle;
-        Ok(handle)
-    }
 }
 
 /// Runs `$body` with `$fh` bound to the file's current handle; when it answers ESTALE, the
 /// file is re-opened once and `$body` runs again with the new handle.
 macro_rules! with_handle {
-    ($st:expr, $cred:expr, $file:expr, |$fh:ident| $body:expr) => {{
-        let $fh = $file.current();
-        match $body {
-            Err(e) if is_stale(&e) => match $st.reopen(&$cred, &$file, $fh).await {
-                Ok($fh) => $body,
-                Err(e2) => {
-                    tracing::warn!(ino = %$file.ino, error = %e2, "re-open after a stale handle failed");
-                    Err(e)
-                }
-            },
-            r => r,
-        }
-    }};
+    ($st:expr, $cred:expr, $file:expr, |$fh:ident| $body:expr) => {
+        retrying!($file.file, &$st.client, &$cred, |$fh| $body)
+    };
 }
 
 async fn do_setattr(
@@ -388,7 +346,7 @@ async fn do_setattr(
     cred: &Credentials,
     ino: InodeId,
     changes: SetAttr,
-    file: Option<Arc<OpenFile>>,
+    file: Option<Arc<FuseFile>>,
 ) -> Result<Attr, FsError> {
     let rest = SetAttr {
         size: None,
@@ -850,12 +808,12 @@ impl fuser::Filesystem for SanFs {
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
-                let written = if file.flags.append {
+                let written = if file.file.flags().append {
                     // O_APPEND: at the size the server has now (another node may have grown
                     // the file), one append at a time through this handle.
-                    let _serial = file.serial.lock().await;
+                    let _serial = file.file.serial().await;
                     let size = st.client.getattr(&cred, ino).await?.size;
-                    let fh = file.current();
+                    let fh = file.file.current();
                     st.client.write_at(&cred, &fh, ino, size, &data).await
                 } else {
                     with_handle!(st, cred, file, |h| st
@@ -1024,15 +982,14 @@ impl fuser::Filesystem for SanFs {
                     && st.client.locks_held() > 0
                     && let Err(e) = st
                         .client
-                        .release_lock_owner(&cred, &file.current(), file.ino, owner.0)
+                        .release_lock_owner(&cred, &file.file.current(), file.file.ino(), owner.0)
                         .await
                 {
-                    tracing::warn!(ino = %file.ino, error = %e, "dropping flock locks failed");
+                    tracing::warn!(ino = %file.file.ino(), error = %e, "dropping flock locks failed");
                 }
-                match st.client.release(&file.current()).await {
-                    // A handle of a replaced session is already gone at the server.
-                    Ok(()) | Err(FsError::Stale | FsError::StaleSession) => {}
-                    Err(e) => tracing::warn!(ino = %file.ino, error = %e, "release failed"),
+                // A handle of a replaced session is already gone at the server.
+                if let Err(e) = file.file.release(&st.client).await {
+                    tracing::warn!(ino = %file.file.ino(), error = %e, "release failed");
                 }
             });
         }
@@ -1357,4 +1314,18 @@ fn signal_pending(pid: u32) -> bool {
     };
     let pending = mask("SigPnd:") | mask("ShdPnd:");
     pending & !mask("SigBlk:") & !mask("SigIgn:") != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inode_numbers_swap_only_the_two_roots() {
+        let sub = InodeId(42);
+        assert_eq!(sanfs_ino(sub, 1), sub);
+        assert_eq!(sanfs_ino(sub, 42), InodeId(1));
+        assert_eq!(sanfs_ino(sub, 7), InodeId(7));
+        assert_eq!(sanfs_ino(InodeId(1), 1), InodeId(1));
+    }
 }

@@ -9,11 +9,15 @@
 //! session stream, the namespace calls, and the data path (direct or proxied, with cached read
 //! grants), which the FUSE mount, the bench and the tests use; [`fuse`] is the FUSE file system
 //! over it that `sanfs-agent mount` serves; [`csi`] is the CSI driver `sanfs-csi` (volumes as
-//! directories with quotas, staged on a node with `sanfs-agent mount`).
+//! directories with quotas, staged on a node with `sanfs-agent mount`). [`control`] is each
+//! mount's control socket (what `sanfs-agent status` and `bmap` ask), [`metrics`] the agent's
+//! Prometheus endpoint.
 
 pub mod buf;
 pub mod client;
+pub mod control;
 pub mod csi;
 pub mod discovery;
 pub mod engine;
 pub mod fuse;
+pub mod metrics;

@@ -86,6 +86,9 @@ pub struct GrantStats {
     pub granted_read_bytes: std::sync::atomic::AtomicU64,
     pub granted_write_bytes: std::sync::atomic::AtomicU64,
     pub expired_grants: std::sync::atomic::AtomicU64,
+    /// Bytes moved through the server (the proxied path), by this server instance.
+    pub proxied_read_bytes: std::sync::atomic::AtomicU64,
+    pub proxied_write_bytes: std::sync::atomic::AtomicU64,
 }
 
 /// The live grants of the server.

@@ -10,7 +10,8 @@
 //! | `sanfs_commit_ops_per_commit` | gauge | | `sanfs_commit_ops_total / sanfs_commits_total` |
 //! | `sanfs_sessions` | gauge | | live sessions |
 //!
-//! The recorder is the process-wide `metrics` recorder, installed once by [`install`]; the
+//! RPC counters and latencies go to the process-wide `metrics` recorder, installed once by
+//! [`install`]; what the server counts itself is published per scrape ([`render`]). The
 //! exporter's own HTTP listener is compiled out (default features off), and
 //! [`serve_metrics`] answers scrapes itself: at most [`MAX_REQUEST_BYTES`] of request are
 //! read, anything but `GET /metrics` is a 404, and every connection is closed after one
@@ -75,19 +76,35 @@ pub fn record_rpc(rpc: &'static str, code: tonic::Code, elapsed: Duration) {
     metrics::histogram!("sanfs_rpc_duration_seconds", "rpc" => rpc).record(elapsed.as_secs_f64());
 }
 
-/// Publishes the number of live sessions.
-pub fn set_sessions(n: usize) {
-    metrics::gauge!("sanfs_sessions").set(n as f64);
+/// Counts bytes moved on the proxied path (`op` is "read" or "write") in the server's own
+/// counters (see [`render`]).
+pub fn count_proxied(server: &Server, op: &'static str, bytes: u64) {
+    let g = &server.grants().stats;
+    let c = if op == "read" {
+        &g.proxied_read_bytes
+    } else {
+        &g.proxied_write_bytes
+    };
+    c.fetch_add(bytes, Ordering::Relaxed);
 }
 
-/// Counts bytes moved on the proxied path (`op` is "read" or "write").
-pub fn count_proxied(op: &'static str, bytes: u64) {
-    metrics::counter!("sanfs_proxied_bytes_total", "op" => op).increment(bytes);
-}
-
-/// The text exposition of every metric, with the committer's and the grants' counters
-/// brought up to date.
+/// The text exposition of every metric.
+///
+/// What the server counts itself (grants, recalls, proxied bytes, commits, sessions) is
+/// published into a recorder made for this scrape, so that the figures are exactly this
+/// server's even where a process runs several servers (the agent's acceptance tests do); the
+/// process-wide recorder holds only what is recorded as it happens (the RPC counters and
+/// latencies). The two expositions never share a metric name.
 pub fn render(server: &Server) -> String {
+    let own = PrometheusBuilder::new().build_recorder();
+    metrics::with_local_recorder(&own, || publish(server));
+    let mut text = own.handle().render();
+    text.push_str(&install().map(|h| h.render()).unwrap_or_default());
+    text
+}
+
+/// Sets the server's own counters and gauges in the current recorder.
+fn publish(server: &Server) {
     let g = &server.grants().stats;
     let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
     metrics::counter!("sanfs_grants_total", "op" => "read").absolute(load(&g.read_grants));
@@ -99,6 +116,10 @@ pub fn render(server: &Server) -> String {
     metrics::counter!("sanfs_recalls_total").absolute(load(&g.recalls));
     metrics::counter!("sanfs_lock_waits_total").absolute(load(&g.lock_waits));
     metrics::counter!("sanfs_expired_grants_total").absolute(load(&g.expired_grants));
+    metrics::counter!("sanfs_proxied_bytes_total", "op" => "read")
+        .absolute(load(&g.proxied_read_bytes));
+    metrics::counter!("sanfs_proxied_bytes_total", "op" => "write")
+        .absolute(load(&g.proxied_write_bytes));
     metrics::gauge!("sanfs_grants_live").set(server.grants().live() as f64);
     let stats = server.store().stats();
     let commits = stats.commits.load(Ordering::Relaxed);
@@ -111,8 +132,7 @@ pub fn render(server: &Server) -> String {
         ops as f64 / commits as f64
     };
     metrics::gauge!("sanfs_commit_ops_per_commit").set(per_commit);
-    set_sessions(server.session_count());
-    install().map(|h| h.render()).unwrap_or_default()
+    metrics::gauge!("sanfs_sessions").set(server.session_count() as f64);
 }
 
 /// Answers scrapes on `listener` until the task is dropped.

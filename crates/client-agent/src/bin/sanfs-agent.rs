@@ -1,4 +1,5 @@
-//! `sanfs-agent`: mounts a sanfs file system with FUSE (`mount`) and unmounts it (`umount`).
+//! `sanfs-agent`: mounts a sanfs file system with FUSE (`mount`) and unmounts it (`umount`);
+//! shows a mount's agent (`status`) and a file's layout on the LUNs (`bmap`).
 //!
 //! `sanfs-agent mount SERVER:PORT[:/SUBDIR] MOUNTPOINT [-o OPTIONS] [--foreground]` connects
 //! a [`Client`] (a session at the server, this node's LUNs found by label), then serves the
@@ -7,7 +8,12 @@
 //! mount is busy). Without `--foreground` it starts itself in the foreground as a child in a
 //! process group of its own and returns once the mount is there. Logs go to stderr
 //! (`RUST_LOG`, default `info`).
+//!
+//! A mounted agent answers `status` and `bmap` on its control socket ([`control`]), found
+//! from any path on the mount by the mount's device number, and serves Prometheus metrics
+//! with `-o metrics=ADDR`.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +21,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use fuser::{Config, MountOption, SessionACL};
-use sanfs_client_agent::client::{Client, ClientConfig, TlsConfig};
+use sanfs_client_agent::client::{
+    AgentStatus, BmapReply, Client, ClientConfig, DeviceHealth, TlsConfig,
+};
+use sanfs_client_agent::control::{self, ControlContext, MountStatus, Request};
 use sanfs_client_agent::discovery::DEFAULT_GLOBS;
 use sanfs_client_agent::engine::EngineKind;
 use sanfs_client_agent::fuse::{FsOptions, SanFs};
@@ -25,7 +34,7 @@ use sanfs_proto::types::{Credentials, FileType, ROOT_INODE};
 #[command(
     name = "sanfs-agent",
     version,
-    about = "sanfs client agent: FUSE mount"
+    about = "sanfs client agent: FUSE mount, status, bmap"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -41,7 +50,9 @@ enum Command {
         mountpoint: PathBuf,
         /// Comma-separated options: attr_ttl=1s, entry_ttl=1s, allow_other, ro, rw,
         /// engine=uring|sync|auto, devices=GLOB,GLOB (LUN discovery), tls_ca=, tls_cert=,
-        /// tls_key=, tls_domain=, client_name=; mount(8)'s generic ones are ignored.
+        /// tls_key=, tls_domain=, client_name=, metrics=ADDR:PORT (Prometheus),
+        /// device_retry=5s (probe a LUN poisoned by a failed write again after this);
+        /// mount(8)'s generic ones are ignored.
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Stay in the foreground (otherwise return once mounted, the agent running on).
@@ -54,6 +65,23 @@ enum Command {
         /// Detach now even if busy (MNT_DETACH).
         #[arg(short = 'l', long)]
         lazy: bool,
+    },
+    /// Show where a file's bytes live: one line per device piece (file range, LUN, this
+    /// node's path to it, device offset, length, state), in bytes.
+    Bmap {
+        /// A file on a sanfs mount.
+        path: PathBuf,
+        /// Print a JSON array of {file_off, len, device_uuid, device_path, phys_off, state}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a mount's agent (all sanfs mounts without MOUNTPOINT): session, lease, LUNs
+    /// found and missing, bytes direct and proxied, grants and recalls.
+    Status {
+        mountpoint: Option<PathBuf>,
+        /// Print JSON (an object for MOUNTPOINT, else an array).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -71,6 +99,8 @@ struct MountOpts {
     tls_key: Option<PathBuf>,
     tls_domain: Option<String>,
     client_name: String,
+    metrics: Option<std::net::SocketAddr>,
+    device_retry: Duration,
 }
 
 /// `1s`, `500ms`, `0`, `2` (seconds).
@@ -102,6 +132,8 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
         tls_key: None,
         tls_domain: None,
         client_name: "sanfs-agent".to_owned(),
+        metrics: None,
+        device_retry: Duration::from_secs(5),
     };
     let mut last_was_devices = false;
     for item in raw
@@ -148,6 +180,14 @@ fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
             "tls_key" => o.tls_key = Some(need(key, value)?.into()),
             "tls_domain" => o.tls_domain = Some(need(key, value)?.to_owned()),
             "client_name" => o.client_name = need(key, value)?.to_owned(),
+            "metrics" => {
+                let v = need(key, value)?;
+                o.metrics = Some(
+                    v.parse()
+                        .with_context(|| format!("metrics={v}: not ADDRESS:PORT"))?,
+                );
+            }
+            "device_retry" => o.device_retry = parse_duration(need(key, value)?)?,
             // mount(8) and fstab options that mean nothing to the agent.
             "defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "nouser" | "users"
             | "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "atime" | "noatime"
@@ -203,6 +243,8 @@ fn main() -> std::process::ExitCode {
             foreground,
         } => mount(&source, &mountpoint, &options, foreground),
         Command::Umount { mountpoint, lazy } => umount(&mountpoint, lazy),
+        Command::Bmap { path, json } => bmap(&path, json),
+        Command::Status { mountpoint, json } => status(mountpoint.as_deref(), json),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -241,6 +283,18 @@ fn mount(
         .enable_all()
         .build()
         .context("start the tokio runtime")?;
+    // Before the client: the engine's latency histograms register with the recorder.
+    let metrics_listener = match opts.metrics {
+        Some(addr) => {
+            sanfs_client_agent::metrics::install();
+            Some(
+                runtime
+                    .block_on(tokio::net::TcpListener::bind(addr))
+                    .with_context(|| format!("bind the metrics listener {addr}"))?,
+            )
+        }
+        None => None,
+    };
     let mut config = ClientConfig::new(
         server.clone(),
         if opts.devices.is_empty() {
@@ -251,6 +305,7 @@ fn mount(
     );
     config.client_name = opts.client_name.clone();
     config.engine.kind = opts.engine;
+    config.device_retry = opts.device_retry;
     config.tls = match (&opts.tls_ca, &opts.tls_cert, &opts.tls_key) {
         (None, None, None) => None,
         (Some(ca), Some(cert), Some(key)) => Some(TlsConfig {
@@ -265,6 +320,10 @@ fn mount(
         .block_on(Client::connect(config))
         .with_context(|| format!("connect to {server}"))?;
     let client = Arc::new(client);
+    if let Some(l) = metrics_listener {
+        tracing::info!(addr = ?l.local_addr().ok(), "metrics listening");
+        runtime.spawn(sanfs_client_agent::metrics::serve(l, Arc::clone(&client)));
+    }
     let root = runtime.block_on(async {
         let mut ino = ROOT_INODE;
         for part in subdir.split('/').filter(|p| !p.is_empty()) {
@@ -303,6 +362,16 @@ fn mount(
     }
     fuse_config.n_threads = Some(2);
     fuse_config.clone_fd = true;
+    // The handlers are in place before the mount appears: whoever sees the mount may send
+    // SIGTERM at once, and it must unmount, not kill the agent.
+    let (mut term, mut int) = {
+        use tokio::signal::unix::{SignalKind, signal};
+        let _rt = runtime.enter();
+        (
+            signal(SignalKind::terminate()).context("install the SIGTERM handler")?,
+            signal(SignalKind::interrupt()).context("install the SIGINT handler")?,
+        )
+    };
     let mut session = fuser::Session::new(fs, &mountpoint, &fuse_config)
         .with_context(|| format!("mount at {}", mountpoint.display()))?;
     let mut unmounter = session.unmount_callable();
@@ -316,16 +385,22 @@ fn mount(
             r
         })
         .context("start the FUSE session thread")?;
+    let control_socket = start_control(
+        &runtime,
+        ControlContext {
+            client: Arc::clone(&client),
+            mount_point: mountpoint.clone(),
+            source: source.to_owned(),
+            root,
+        },
+    );
     let signalled = runtime.block_on(async {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
         tokio::select! {
-            _ = done_rx => Ok::<_, std::io::Error>(false),
-            _ = term.recv() => Ok(true),
-            _ = int.recv() => Ok(true),
+            _ = done_rx => false,
+            _ = term.recv() => true,
+            _ = int.recv() => true,
         }
-    })?;
+    });
     if signalled {
         tracing::info!(mountpoint = %mountpoint.display(), "signalled: unmounting");
         if let Err(e) = unmounter.unmount() {
@@ -346,6 +421,9 @@ fn mount(
         }
     }
     tracing::info!(mountpoint = %mountpoint.display(), "unmounted");
+    if let Some(path) = control_socket {
+        let _ = std::fs::remove_file(path);
+    }
     // The file system's tasks may still hold the client for a moment.
     let close = runtime.block_on(async {
         let deadline = Instant::now() + Duration::from_secs(2);
@@ -368,6 +446,213 @@ fn mount(
     }
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(())
+}
+
+/// Binds this mount's control socket (named by the mount's device number, read from
+/// mountinfo, so that no request to the mount itself is needed) and serves it. A failure is
+/// logged, not fatal: the mount works without `status` and `bmap`.
+fn start_control(runtime: &tokio::runtime::Runtime, ctx: ControlContext) -> Option<PathBuf> {
+    let found =
+        control::fuse_mounts().map(|m| m.into_iter().rfind(|e| e.mount_point == ctx.mount_point));
+    let entry = match found {
+        Ok(Some(e)) => e,
+        Ok(None) => {
+            tracing::warn!(mountpoint = %ctx.mount_point.display(), "mount not in mountinfo: no control socket");
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no control socket");
+            return None;
+        }
+    };
+    let dir = control::run_dir();
+    let _guard = runtime.enter();
+    match control::bind(&dir, entry.major, entry.minor) {
+        Ok((listener, path)) => {
+            tracing::info!(socket = %path.display(), "control socket listening");
+            runtime.spawn(control::serve(listener, Arc::new(ctx)));
+            Some(path)
+        }
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "no control socket");
+            None
+        }
+    }
+}
+
+fn bmap(path: &Path, json: bool) -> anyhow::Result<()> {
+    let (entry, meta) = control::mount_of(path)?;
+    if !meta.is_file() {
+        bail!("{} is not a regular file", path.display());
+    }
+    let socket = control::socket_path(&control::run_dir(), entry.major, entry.minor);
+    let reply = control::ask(&socket, &Request::Bmap { ino: meta.ino() })?
+        .bmap
+        .context("the agent's answer has no layout")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&reply.entries)?);
+    } else {
+        print!("{}", format_bmap(path, &reply));
+    }
+    Ok(())
+}
+
+/// xfs_bmap -v's shape, in bytes: one line per device piece, holes in between.
+fn format_bmap(path: &Path, reply: &BmapReply) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!(
+        "{}: {} bytes, block size {}\n{:>4}  {:<27} {:>12}  {:<36}  {:<20} {:<27} STATE\n",
+        path.display(),
+        reply.file_size,
+        reply.block_size,
+        "EXT",
+        "FILE-OFFSET",
+        "LENGTH",
+        "DEVICE",
+        "PATH",
+        "PHYS-OFFSET"
+    );
+    let range = |a: u64, len: u64| format!("[{a}..{}]", a + len - 1);
+    let mut n = 0usize;
+    let hole = |out: &mut String, n: &mut usize, from: u64, to: u64| {
+        if to > from {
+            let _ = writeln!(
+                out,
+                "{n:>3}:  {:<27} {:>12}  hole",
+                range(from, to - from),
+                to - from
+            );
+            *n += 1;
+        }
+    };
+    let mut pos = 0u64;
+    for e in &reply.entries {
+        hole(&mut out, &mut n, pos, e.file_off);
+        let _ = writeln!(
+            out,
+            "{n:>3}:  {:<27} {:>12}  {:<36}  {:<20} {:<27} {}",
+            range(e.file_off, e.len),
+            e.len,
+            e.device_uuid,
+            e.device_path.as_deref().unwrap_or("(missing here)"),
+            range(e.phys_off, e.len),
+            e.state
+        );
+        n += 1;
+        pos = e.file_off + e.len;
+    }
+    hole(&mut out, &mut n, pos, reply.file_size);
+    out
+}
+
+fn status(mountpoint: Option<&Path>, json: bool) -> anyhow::Result<()> {
+    let ask = |e: &control::MountEntry| -> anyhow::Result<MountStatus> {
+        let socket = control::socket_path(&control::run_dir(), e.major, e.minor);
+        control::ask(&socket, &Request::Status)?
+            .status
+            .context("the agent's answer has no status")
+    };
+    if let Some(mp) = mountpoint {
+        let (entry, _) = control::mount_of(mp)?;
+        let st = ask(&entry)?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&st)?);
+        } else {
+            print!("{}", format_status(&st));
+        }
+        return Ok(());
+    }
+    let mut all = Vec::new();
+    let mut failed = 0;
+    for entry in control::sanfs_mounts()? {
+        match ask(&entry) {
+            Ok(st) => all.push(st),
+            Err(e) => {
+                failed += 1;
+                eprintln!("{}: {e:#}", entry.mount_point.display());
+            }
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+    } else if all.is_empty() && failed == 0 {
+        println!("no sanfs mounts");
+    } else {
+        for st in &all {
+            print!("{}", format_status(st));
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} mount(s) did not answer");
+    }
+    Ok(())
+}
+
+fn format_status(m: &MountStatus) -> String {
+    use std::fmt::Write as _;
+    let a: &AgentStatus = &m.agent;
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / 1_048_576.0);
+    let mut out = format!("{} ({}, agent pid {})\n", m.mount_point, m.source, m.pid);
+    let _ = writeln!(out, "  server     {} (file system {})", a.server, a.fs_uuid);
+    let lease = if a.lease_valid {
+        format!(
+            "valid, {:.1} s of {:.1} s left",
+            a.lease_remaining_ms as f64 / 1000.0,
+            a.lease_ttl_ms as f64 / 1000.0
+        )
+    } else {
+        "LAPSED (no device I/O until a new session)".to_owned()
+    };
+    let _ = writeln!(
+        out,
+        "  session    {} epoch {}: lease {lease}; {} session(s) opened, {} lost",
+        a.session, a.epoch, a.sessions_opened, a.fences
+    );
+    let found = a
+        .devices
+        .iter()
+        .filter(|d| d.state != DeviceHealth::Missing)
+        .count();
+    let _ = writeln!(
+        out,
+        "  LUNs       {found} of {} found, {} missing; engine {}; {} recovered after a failed write",
+        a.devices.len(),
+        a.missing().count(),
+        a.engine,
+        a.device_recoveries
+    );
+    for d in &a.devices {
+        let state = match d.state {
+            DeviceHealth::Ok => "ok",
+            DeviceHealth::Missing => "MISSING (its I/O goes through the server)",
+            DeviceHealth::Poisoned => "POISONED by a failed write (proxied until a probe succeeds)",
+        };
+        let _ = writeln!(
+            out,
+            "    {:>3} {} {:<20} {state}; reads {} ({}), writes {} ({}), errors {}",
+            d.index,
+            d.uuid,
+            d.path.as_deref().unwrap_or("-"),
+            d.read_ops,
+            mib(d.read_bytes),
+            d.write_ops,
+            mib(d.write_bytes),
+            d.errors
+        );
+    }
+    let b = &a.bytes;
+    let _ = writeln!(
+        out,
+        "  bytes      direct read {} write {}; proxied read {} write {}",
+        b.direct_read, b.direct_write, b.proxied_read, b.proxied_write
+    );
+    let g = &a.grants;
+    let _ = writeln!(
+        out,
+        "  grants     read {} write {}; reads from cached grants {} ({} cached now); recalls {}",
+        g.read, g.write, g.cached_reads, g.cached_now, g.recalls
+    );
+    out
 }
 
 /// Starts `sanfs-agent mount --foreground` as a child in its own process group and waits
@@ -433,6 +718,34 @@ mod tests {
         assert!(parse_options(&["bogus".to_owned()]).is_err());
         assert!(parse_options(&["attr_ttl=fast".to_owned()]).is_err());
         assert!(parse_options(&["engine=spdk".to_owned()]).is_err());
+        let m = parse_options(&["metrics=10.0.0.2:9420,device_retry=250ms".to_owned()]).unwrap();
+        assert_eq!(m.metrics, Some("10.0.0.2:9420".parse().unwrap()));
+        assert_eq!(m.device_retry, Duration::from_millis(250));
+        assert!(parse_options(&["metrics=nowhere".to_owned()]).is_err());
+    }
+
+    #[test]
+    fn bmap_text_shows_pieces_and_holes() {
+        use sanfs_client_agent::client::BmapEntry;
+        let reply = BmapReply {
+            file_size: 3 * 4096,
+            block_size: 4096,
+            entries: vec![BmapEntry {
+                file_off: 4096,
+                len: 4096,
+                device_uuid: "u".to_owned(),
+                device_path: None,
+                phys_off: 1 << 20,
+                state: "unwritten".to_owned(),
+            }],
+        };
+        let text = format_bmap(Path::new("/m/f"), &reply);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 5, "{text}");
+        assert!(lines[2].contains("[0..4095]") && lines[2].ends_with("hole"));
+        assert!(lines[3].contains("[4096..8191]") && lines[3].contains("(missing here)"));
+        assert!(lines[3].contains("[1048576..1052671]") && lines[3].ends_with("unwritten"));
+        assert!(lines[4].contains("[8192..12287]") && lines[4].ends_with("hole"));
     }
 
     #[test]

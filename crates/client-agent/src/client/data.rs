@@ -36,7 +36,7 @@ use sanfs_proto::types::{
 
 use super::cache::AfterIo;
 use super::subplan::sub_plan;
-use super::{Client, FileHandle, Inner, SessionView, bump, malformed};
+use super::{Client, FileHandle, Inner, SessionView, add, bump, malformed};
 use crate::buf::AlignedBuf;
 use crate::engine::{PlanIoError, execute_read, execute_write};
 
@@ -348,6 +348,7 @@ impl Inner {
             let reply = ReadReply::try_from(reply).map_err(|e| malformed("Read reply", e))?;
             let n = reply.data.len().min(want);
             buf[done..done + n].copy_from_slice(&reply.data[..n]);
+            add(&self.counters.proxied_read_bytes, n as u64);
             done += n;
             if n < want {
                 break;
@@ -394,6 +395,7 @@ impl Inner {
                 )));
             }
             attr = Some(reply.attr);
+            add(&self.counters.proxied_write_bytes, piece.len() as u64);
             done += piece.len();
         }
         Ok(attr)
@@ -539,7 +541,10 @@ impl Inner {
                 debug_assert_ne!(after, AfterIo::Return);
                 self.return_in_background(view, evicted);
                 match result {
-                    Ok(()) => return Ok(usize_of(end - offset)),
+                    Ok(()) => {
+                        add(&self.counters.direct_read_bytes, want.len());
+                        return Ok(usize_of(end - offset));
+                    }
                     Err(FsError::StaleSession) => return Err(FsError::StaleSession),
                     // A device went bad since the layout was cached: the server's way.
                     Err(_) => {
@@ -586,6 +591,7 @@ impl Inner {
                     if r.is_ok() {
                         let n = usize_of(visible).min(buf.len() - at);
                         buf[at..at + n].copy_from_slice(&tmp[..n]);
+                        add(&self.counters.direct_read_bytes, n as u64);
                     }
                     r
                 }
@@ -708,6 +714,7 @@ impl Inner {
             match r {
                 Ok(_) => {
                     attr = Some(self.complete(view, &grant, IoOutcome::Ok, glen).await?);
+                    add(&self.counters.direct_write_bytes, glen);
                 }
                 Err(PlanIoError::Device(errs)) => {
                     // The prefix before the first buffer byte of any failed device I/O was
@@ -735,6 +742,8 @@ impl Inner {
                         })
                         .collect();
                     tracing::error!(inode = %ino, grant = %grant.grant_id, bytes_done, error = %first, "direct write failed");
+                    // The engine poisoned the device: let the health task schedule its probe.
+                    self.health_kick.notify_one();
                     let _ = self
                         .complete(view, &grant, IoOutcome::DeviceErrors(extents), bytes_done)
                         .await;

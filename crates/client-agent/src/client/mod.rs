@@ -19,20 +19,35 @@
 //! again to the same session.
 //!
 //! **Handles across sessions.** Open handles belong to a session. A [`FileHandle`] of a session
-//! that has been replaced is refused locally with [`FsError::Stale`] (ESTALE); the caller
-//! re-opens the file (inode numbers are stable) under the new session. Likewise a call made
-//! while the session is being re-established fails with ESTALE rather than waiting.
+//! that has been replaced is refused locally with [`FsError::Stale`] (ESTALE), and a call made
+//! while the session is being re-established fails with ESTALE rather than waiting. An
+//! [`OpenFile`] (from [`Client::open_file`]) re-opens itself once under the new session
+//! (inode numbers are stable) and retries; the FUSE mount keeps one per open file.
+//!
+//! **LUN health.** A failed device write poisons the device in the engine (fail stop): its I/O
+//! goes through the server from then on. The *health task* (`health`) probes a poisoned LUN
+//! again after [`ClientConfig::device_retry`] (doubling while it keeps failing, up to 64
+//! times that): it looks the LUN up again by its label identity among the globs, opens it
+//! afresh with `O_DIRECT`, swaps the new handle into the engine and lifts the poison. Nothing
+//! the failed write touched is trusted meanwhile: that grant was completed with the error, so
+//! the server keeps its blocks Unwritten.
 //!
 //! Submodules: `namespace` (the POSIX metadata calls), `quota` (directory quotas), `data` (the
-//! routing rule and both paths), `cache` (cached read grants), `subplan` (cutting a cached grant's plan), `session`
-//! (the session task).
+//! routing rule and both paths), `file` (open files that survive a session change), `cache`
+//! (cached read grants), `subplan` (cutting a cached grant's plan), `session` (the session
+//! task), `health` (re-probing poisoned LUNs), `locks` (cluster-wide fcntl/flock locks),
+//! `status` (what `sanfs-agent status` and `bmap` show, and the counters behind the agent's
+//! metrics).
 
 mod cache;
 mod data;
+mod file;
+mod health;
 mod locks;
 mod namespace;
 mod quota;
 mod session;
+mod status;
 mod subplan;
 
 use std::path::PathBuf;
@@ -61,8 +76,13 @@ use crate::engine::{Engine, EngineConfig};
 use cache::GrantCache;
 
 pub use data::WriteOutcome;
+pub(crate) use file::retrying;
+pub use file::{OpenFile, is_stale};
 pub use locks::LockWait;
 pub use namespace::Created;
+pub use status::{
+    AgentStatus, BmapEntry, BmapReply, ByteCounts, DeviceHealth, DeviceStatus, GrantCounts,
+};
 
 /// Mutual TLS towards the server: PEM files.
 #[derive(Debug, Clone)]
@@ -98,6 +118,9 @@ pub struct ClientConfig {
     pub client_name: String,
     /// Most read grants kept cached at once (least recently used ones are returned).
     pub max_cached_grants: usize,
+    /// How long a LUN poisoned by a failed write waits before it is probed again (doubling
+    /// while probes fail, up to 64 times this).
+    pub device_retry: Duration,
     pub faults: FaultInjection,
 }
 
@@ -111,6 +134,7 @@ impl ClientConfig {
             engine: EngineConfig::default(),
             client_name: "sanfs-agent".to_owned(),
             max_cached_grants: 256,
+            device_retry: Duration::from_secs(5),
             faults: FaultInjection::default(),
         }
     }
@@ -142,6 +166,14 @@ pub struct ClientStats {
     pub recalls: u64,
     /// Times the lease lapsed or the session was lost.
     pub fences: u64,
+    /// Bytes moved on the direct path (to or from this node's LUNs, holes included), and
+    /// through the server, by operation.
+    pub direct_read_bytes: u64,
+    pub direct_write_bytes: u64,
+    pub proxied_read_bytes: u64,
+    pub proxied_write_bytes: u64,
+    /// Poisoned LUNs brought back by the health task.
+    pub device_recoveries: u64,
     /// Advisory locks that could not be reclaimed after a new session.
     pub locks_lost: u64,
 }
@@ -157,11 +189,20 @@ struct Counters {
     sessions: AtomicU64,
     recalls: AtomicU64,
     fences: AtomicU64,
+    direct_read_bytes: AtomicU64,
+    direct_write_bytes: AtomicU64,
+    proxied_read_bytes: AtomicU64,
+    proxied_write_bytes: AtomicU64,
+    device_recoveries: AtomicU64,
     locks_lost: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
+}
+
+fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
 }
 
 /// The current session as the data path sees it.
@@ -191,6 +232,12 @@ pub(crate) struct Inner {
     engine: Engine,
     /// Per device index: whether this node has the LUN.
     present: Vec<bool>,
+    /// Per device index: the path this node opened it by (`None`: missing here).
+    device_paths: Mutex<Vec<Option<PathBuf>>>,
+    /// Per device index: the health task's view of a poisoned LUN.
+    health: Mutex<Vec<health::Probe>>,
+    /// Wakes the health task (a device write failed).
+    health_kick: Notify,
     state: Mutex<LeaseState>,
     /// Signals a new session (its generation).
     generation_tx: watch::Sender<u64>,
@@ -212,6 +259,7 @@ pub(crate) struct Inner {
 pub struct Client {
     inner: Arc<Inner>,
     task: Option<JoinHandle<()>>,
+    health_task: Option<JoinHandle<()>>,
 }
 
 /// Why connecting failed.
@@ -322,12 +370,14 @@ impl Client {
             tracing::warn!(device = %index, ?id, "LUN not found on this node: its I/O goes proxied");
         }
         let mut present = vec![false; device_count];
+        let mut device_paths: Vec<Option<PathBuf>> = vec![None; device_count];
         let mut files: Vec<Option<std::fs::File>> = (0..device_count).map(|_| None).collect();
         for d in found.found {
             let i = d.index.as_usize();
             if i >= device_count {
                 continue;
             }
+            device_paths[i] = Some(d.path.clone());
             let file = if config.faults.read_only_devices.contains(&d.index) {
                 std::fs::File::open(&d.path).map_err(ConnectError::Engine)?
             } else {
@@ -359,6 +409,9 @@ impl Client {
             fs_uuid: info.fs_uuid,
             engine,
             present,
+            device_paths: Mutex::new(device_paths),
+            health: Mutex::new(vec![health::Probe::default(); device_count]),
+            health_kick: Notify::new(),
             state: Mutex::new(state),
             generation_tx,
             cache: Arc::new(GrantCache::new(max_cached)),
@@ -372,9 +425,11 @@ impl Client {
         bump(&inner.counters.sessions);
         tracing::info!(session = %opened.session, epoch = %opened.epoch, engine = inner.engine.name(), "session opened");
         let task = tokio::spawn(session::run(Arc::clone(&inner), lost_rx));
+        let health_task = tokio::spawn(health::run(Arc::clone(&inner)));
         Ok(Client {
             inner,
             task: Some(task),
+            health_task: Some(health_task),
         })
     }
 
@@ -436,6 +491,11 @@ impl Client {
             sessions: get(&c.sessions),
             recalls: get(&c.recalls),
             fences: get(&c.fences),
+            direct_read_bytes: get(&c.direct_read_bytes),
+            direct_write_bytes: get(&c.direct_write_bytes),
+            proxied_read_bytes: get(&c.proxied_read_bytes),
+            proxied_write_bytes: get(&c.proxied_write_bytes),
+            device_recoveries: get(&c.device_recoveries),
             locks_lost: get(&c.locks_lost),
         }
     }
@@ -448,6 +508,10 @@ impl Client {
 
     /// Returns the cached read grants and ends the session at the server.
     pub async fn close(mut self) -> Result<(), FsError> {
+        if let Some(t) = self.health_task.take() {
+            t.abort();
+            let _ = t.await;
+        }
         if let Some(t) = self.task.take() {
             t.abort();
             let _ = t.await;
@@ -474,7 +538,10 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        if let Some(t) = self.task.take() {
+        for t in [self.task.take(), self.health_task.take()]
+            .into_iter()
+            .flatten()
+        {
             t.abort();
         }
     }
@@ -483,6 +550,14 @@ impl Drop for Client {
 impl Inner {
     fn lock_state(&self) -> MutexGuard<'_, LeaseState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_health(&self) -> MutexGuard<'_, Vec<health::Probe>> {
+        self.health.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_device_paths(&self) -> MutexGuard<'_, Vec<Option<PathBuf>>> {
+        self.device_paths.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The session a call on `fh` runs under: ESTALE if `fh` is of another session, or the

@@ -461,6 +461,52 @@ async fn after_a_server_restart_the_node_has_a_new_session_and_old_handles_are_e
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_file_reopens_itself_after_a_session_change() {
+    let mut srv = cluster::start(2_000).await;
+    let a = srv.client("a").await;
+    let (ino, ha) = create(&a, "reopen").await;
+    a.release(&ha).await.unwrap();
+    let rw = OpenFlags {
+        read: true,
+        write: true,
+        append: false,
+        truncate: true,
+    };
+    let f = a.open_file(&root(), ino, rw).await.unwrap();
+    assert!(!f.flags().truncate, "re-opens never truncate");
+    let data = vec![0x66u8; 256 * KIB as usize];
+    f.write_at(&a, &root(), 0, &data).await.unwrap();
+    f.fsync(&a, &root(), false).await.unwrap();
+    let before = f.current();
+    let (old, _) = a.session();
+    srv.restart().await;
+    a.wait_for_new_session(old, Duration::from_secs(15))
+        .await
+        .unwrap();
+    // The plain handle is stale; the open file re-opens (once) and carries on.
+    assert_eq!(
+        a.read_at(&root(), &before, ino, 0, 1).await.unwrap_err(),
+        FsError::Stale
+    );
+    let got = f.read_at(&a, &root(), 0, 256 * KIB).await.unwrap();
+    assert_bytes(&got, &data, "read through the re-opened file");
+    let after = f.current();
+    assert_ne!(after, before, "a new handle under the new session");
+    let data2 = vec![0x77u8; 256 * KIB as usize];
+    f.write_at(&a, &root(), 0, &data2).await.unwrap();
+    assert_eq!(f.current(), after, "re-opened once");
+    let mut buf = vec![0u8; 256 * KIB as usize];
+    assert_eq!(
+        f.read_into(&a, &root(), 0, &mut buf).await.unwrap(),
+        buf.len()
+    );
+    assert_bytes(&buf, &data2, "written after the re-open");
+    f.release(&a).await.unwrap();
+    a.close().await.unwrap();
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_connects_with_mutual_tls_and_plaintext_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let pki = cluster::pki(dir.path());

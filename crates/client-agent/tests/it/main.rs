@@ -1,17 +1,28 @@
 //! Integration tests of the agent, by boundary: the engines against real files and loop
-//! devices (`engine_io`), discovery against labelled LUNs (`discovery`), and the client
-//! library against a real in-process metadata server on file-backed LUNs (`client`, with its
-//! fixture `cluster`), the FUSE mount (`mount`) and the CSI driver (`csi`). Tests that
-//! need root (loop devices, LVM) print "skipped: needs root" and pass without it.
+//! devices (`engine_io`), discovery against labelled LUNs (`discovery`), the client library
+//! against a real in-process metadata server on file-backed LUNs (`client`, `lun_recovery`,
+//! `fallocate`, `locks`, with their fixture `cluster`), the FUSE mount (`mount`), the CSI
+//! driver (`csi`), and the acceptance tests of the data path on a multi-node test cluster
+//! (`san`: network namespaces, loop-device LUNs, real agent processes): `e2e`, `coherence`,
+//! `agent_crash`, `striping`, `missing_lun`. Tests that need root (loop devices, namespaces,
+//! FUSE) say that they were skipped and pass without it; the `san` ones run on loopback with
+//! plain files instead where they can.
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+mod agent_crash;
 mod client;
 mod cluster;
+mod coherence;
 mod csi;
 mod discovery;
+mod e2e;
 mod engine_io;
 mod fallocate;
 mod locks;
+mod lun_recovery;
+mod missing_lun;
 mod mount;
+mod san;
+mod striping;
 mod support;

@@ -367,7 +367,7 @@ impl Data for DataService {
                 .read(req.inode.0, req.range.offset(), req.range.len())
                 .await
                 .map_err(|e| fs_status(&e))?;
-            crate::metrics::count_proxied("read", data.len() as u64);
+            crate::metrics::count_proxied(&self.server, "read", data.len() as u64);
             Ok(ReadReply { data, eof }.into())
         })
         .await
@@ -393,7 +393,7 @@ impl Data for DataService {
                 .write(req.inode.0, pos, req.data, req.sync, req.cred.is_root())
                 .await
                 .map_err(|e| fs_status(&e))?;
-            crate::metrics::count_proxied("write", len);
+            crate::metrics::count_proxied(&self.server, "write", len);
             let written = ByteRange::new(off, len)
                 .map_err(|e| fs_status(&FsError::Invalid(e.to_string())))?;
             Ok(WriteReply { written, attr }.into())

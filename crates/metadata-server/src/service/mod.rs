@@ -315,7 +315,6 @@ impl Server {
         self.grants.expire_session(session).await;
         self.advisory.release_session(session);
         self.release_session_handles(session).await;
-        crate::metrics::set_sessions(self.session_count());
         true
     }
 }

@@ -105,7 +105,6 @@ impl Server {
             );
             id
         };
-        crate::metrics::set_sessions(self.session_count());
         tracing::info!(
             session = id,
             client = %req.client_name,

@@ -1,0 +1,180 @@
+//! [`OpenFile`]: an open file that outlives its session.
+//!
+//! A [`FileHandle`] belongs to one session; after the session is replaced (the lease lapsed,
+//! the server restarted) calls on it answer ESTALE. An `OpenFile` keeps the inode and the
+//! open flags beside its current handle, and its calls re-open the file once under the new
+//! session (with the same flags, never `O_TRUNC`: the file was truncated at the first open)
+//! and retry. Concurrent callers that find the same stale handle re-open once. This is what
+//! the FUSE mount does for every open file, and what a long-running library user (the bench,
+//! the CSI driver) wants; callers that manage handles themselves keep using [`FileHandle`].
+
+use std::sync::Mutex;
+
+use sanfs_proto::model::OpenFlags;
+use sanfs_proto::types::{Credentials, FsError, InodeId};
+
+use super::{Client, FileHandle, WriteOutcome};
+
+/// Whether `e` means "this handle's session is gone".
+pub fn is_stale(e: &FsError) -> bool {
+    matches!(e, FsError::Stale | FsError::StaleSession)
+}
+
+/// An open file whose handle is renewed after a session change (see the module doc).
+#[derive(Debug)]
+pub struct OpenFile {
+    ino: InodeId,
+    flags: OpenFlags,
+    handle: Mutex<FileHandle>,
+    /// Serialises re-opens, and whatever else a caller needs done one at a time per file
+    /// (the FUSE mount's appends).
+    serial: tokio::sync::Mutex<()>,
+}
+
+/// Runs `$call` with `$fh` bound to an [`OpenFile`]'s current handle; on ESTALE re-opens the
+/// file once and runs it again with the new handle. (A macro rather than a function taking a
+/// closure: the call borrows the caller's buffers.)
+macro_rules! retrying {
+    ($file:expr, $client:expr, $cred:expr, |$fh:ident| $call:expr) => {{
+        let $fh = $file.current();
+        match $call {
+            Err(e) if $crate::client::is_stale(&e) => {
+                match $file.reopen($client, $cred, $fh).await {
+                    Ok($fh) => $call,
+                    Err(e2) => {
+                        tracing::warn!(ino = %$file.ino(), error = %e2, "re-open after a stale handle failed");
+                        Err(e)
+                    }
+                }
+            }
+            r => r,
+        }
+    }};
+}
+pub(crate) use retrying;
+
+impl OpenFile {
+    /// Wraps a handle `open` returned for `ino` with `flags`.
+    pub fn new(ino: InodeId, flags: OpenFlags, handle: FileHandle) -> OpenFile {
+        OpenFile {
+            ino,
+            flags: OpenFlags {
+                truncate: false,
+                ..flags
+            },
+            handle: Mutex::new(handle),
+            serial: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn ino(&self) -> InodeId {
+        self.ino
+    }
+
+    /// The flags it is (re-)opened with (`truncate` cleared).
+    pub fn flags(&self) -> OpenFlags {
+        self.flags
+    }
+
+    /// The handle to use now.
+    pub fn current(&self) -> FileHandle {
+        *self.handle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Holds this file's lock (re-opens take it too).
+    pub async fn serial(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.serial.lock().await
+    }
+
+    /// Re-opens the file after `stale` was refused; returns the handle to retry with. If
+    /// another caller re-opened it already, that handle.
+    pub async fn reopen(
+        &self,
+        client: &Client,
+        cred: &Credentials,
+        stale: FileHandle,
+    ) -> Result<FileHandle, FsError> {
+        let _serial = self.serial.lock().await;
+        let current = self.current();
+        if current != stale {
+            return Ok(current);
+        }
+        let (handle, _) = client.open(cred, self.ino, self.flags).await?;
+        tracing::info!(ino = %self.ino, old = ?stale, new = ?handle, "re-opened a file under a new session");
+        *self.handle.lock().unwrap_or_else(|e| e.into_inner()) = handle;
+        Ok(handle)
+    }
+
+    /// [`Client::read_at`], re-opening once after a session change.
+    pub async fn read_at(
+        &self,
+        client: &Client,
+        cred: &Credentials,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, FsError> {
+        retrying!(self, client, cred, |fh| client
+            .read_at(cred, &fh, self.ino, offset, len)
+            .await)
+    }
+
+    /// [`Client::read_into`], re-opening once after a session change.
+    pub async fn read_into(
+        &self,
+        client: &Client,
+        cred: &Credentials,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, FsError> {
+        retrying!(self, client, cred, |fh| client
+            .read_into(cred, &fh, self.ino, offset, buf)
+            .await)
+    }
+
+    /// [`Client::write_at`], re-opening once after a session change.
+    pub async fn write_at(
+        &self,
+        client: &Client,
+        cred: &Credentials,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<WriteOutcome, FsError> {
+        retrying!(self, client, cred, |fh| client
+            .write_at(cred, &fh, self.ino, offset, data)
+            .await)
+    }
+
+    /// [`Client::fsync`], re-opening once after a session change.
+    pub async fn fsync(
+        &self,
+        client: &Client,
+        cred: &Credentials,
+        data_only: bool,
+    ) -> Result<(), FsError> {
+        retrying!(self, client, cred, |fh| client
+            .fsync(cred, &fh, self.ino, data_only)
+            .await)
+    }
+
+    /// [`Client::release`] of the current handle; a handle of a replaced session is gone
+    /// already, which is not an error here.
+    pub async fn release(&self, client: &Client) -> Result<(), FsError> {
+        match client.release(&self.current()).await {
+            Err(e) if is_stale(&e) => Ok(()),
+            r => r,
+        }
+    }
+}
+
+impl Client {
+    /// Opens `ino` as an [`OpenFile`] (re-opened by itself after a session change).
+    pub async fn open_file(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+        flags: OpenFlags,
+    ) -> Result<OpenFile, FsError> {
+        let (handle, _) = self.open(cred, ino, flags).await?;
+        Ok(OpenFile::new(ino, flags, handle))
+    }
+}

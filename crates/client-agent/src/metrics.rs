@@ -1,0 +1,203 @@
+//! The agent's Prometheus metrics (`sanfs-agent mount -o metrics=ADDR`).
+//!
+//! | metric | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `sanfs_agent_direct_bytes_total` | counter | `op` | bytes read / written on the direct path |
+//! | `sanfs_agent_proxied_bytes_total` | counter | `op` | bytes read / written through the server |
+//! | `sanfs_agent_grants_total` | counter | `op` | grants asked for (MapRead / MapWrite) |
+//! | `sanfs_agent_cached_reads_total` | counter | | reads served from a cached read grant |
+//! | `sanfs_agent_cached_grants` | gauge | | read grants cached now |
+//! | `sanfs_agent_recalls_total` | counter | | recalls of cached grants answered |
+//! | `sanfs_agent_sessions_total`, `sanfs_agent_fences_total` | counter | | sessions opened; sessions lost |
+//! | `sanfs_agent_lease_valid`, `sanfs_agent_lease_remaining_seconds` | gauge | | the lease now |
+//! | `sanfs_agent_missing_luns`, `sanfs_agent_poisoned_luns` | gauge | | LUNs not found here; LUNs poisoned by a failed write |
+//! | `sanfs_agent_lun_usable` | gauge | `device`, `uuid` | 1 when direct I/O goes to the LUN |
+//! | `sanfs_agent_device_ios_total` | counter | `device`, `op` | device I/Os issued |
+//! | `sanfs_agent_device_bytes_total` | counter | `device`, `op` | device bytes moved |
+//! | `sanfs_agent_device_errors_total` | counter | `device` | failed device I/Os |
+//! | `sanfs_agent_device_io_seconds` | histogram | `device`, `op` | latency of each request to the kernel |
+//! | `sanfs_agent_device_recoveries_total` | counter | | poisoned LUNs brought back |
+//!
+//! The recorder is the process's `metrics` recorder ([`install`], once, before the client
+//! connects so that the engine's latency histograms register with it). Counters are kept by
+//! the client and engine themselves and published at each scrape ([`render`]). [`serve`]
+//! answers `GET /metrics` on a TCP listener: one request per connection, at most
+//! [`MAX_REQUEST_BYTES`] of it read, anything else a 404.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::client::{Client, DeviceHealth};
+use crate::engine::DEVICE_IO_SECONDS;
+
+/// Most bytes of a request read.
+pub const MAX_REQUEST_BYTES: u64 = 4096;
+
+/// Latency buckets of device requests, 20 us to 5 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.000_02, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 5.0,
+];
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the Prometheus recorder as the process's `metrics` recorder (once); `None` if
+/// another recorder was there first.
+pub fn install() -> Option<&'static PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full(DEVICE_IO_SECONDS.to_owned()),
+                    LATENCY_BUCKETS,
+                )
+                .unwrap_or_else(|_| PrometheusBuilder::new());
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            match metrics::set_global_recorder(recorder) {
+                Ok(()) => Some(handle),
+                Err(_) => {
+                    tracing::warn!("another metrics recorder is installed: no agent metrics");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// Publishes `client`'s counters and renders every metric in the text format.
+pub fn render(client: &Client) -> String {
+    let s = client.status();
+    let bytes = [
+        (
+            "sanfs_agent_direct_bytes_total",
+            "read",
+            s.bytes.direct_read,
+        ),
+        (
+            "sanfs_agent_direct_bytes_total",
+            "write",
+            s.bytes.direct_write,
+        ),
+        (
+            "sanfs_agent_proxied_bytes_total",
+            "read",
+            s.bytes.proxied_read,
+        ),
+        (
+            "sanfs_agent_proxied_bytes_total",
+            "write",
+            s.bytes.proxied_write,
+        ),
+        ("sanfs_agent_grants_total", "read", s.grants.read),
+        ("sanfs_agent_grants_total", "write", s.grants.write),
+    ];
+    for (name, op, v) in bytes {
+        metrics::counter!(name, "op" => op).absolute(v);
+    }
+    metrics::counter!("sanfs_agent_cached_reads_total").absolute(s.grants.cached_reads);
+    metrics::gauge!("sanfs_agent_cached_grants").set(s.grants.cached_now as f64);
+    metrics::counter!("sanfs_agent_recalls_total").absolute(s.grants.recalls);
+    metrics::counter!("sanfs_agent_sessions_total").absolute(s.sessions_opened);
+    metrics::counter!("sanfs_agent_fences_total").absolute(s.fences);
+    metrics::counter!("sanfs_agent_device_recoveries_total").absolute(s.device_recoveries);
+    metrics::gauge!("sanfs_agent_lease_valid").set(if s.lease_valid { 1.0 } else { 0.0 });
+    metrics::gauge!("sanfs_agent_lease_remaining_seconds")
+        .set(Duration::from_millis(s.lease_remaining_ms).as_secs_f64());
+    let count = |h: DeviceHealth| s.devices.iter().filter(|d| d.state == h).count() as f64;
+    metrics::gauge!("sanfs_agent_missing_luns").set(count(DeviceHealth::Missing));
+    metrics::gauge!("sanfs_agent_poisoned_luns").set(count(DeviceHealth::Poisoned));
+    for d in &s.devices {
+        let device = d.index.to_string();
+        let usable = if d.state == DeviceHealth::Ok {
+            1.0
+        } else {
+            0.0
+        };
+        metrics::gauge!("sanfs_agent_lun_usable", "device" => device.clone(), "uuid" => d.uuid.clone())
+            .set(usable);
+        for (op, ios, bytes) in [
+            ("read", d.read_ops, d.read_bytes),
+            ("write", d.write_ops, d.write_bytes),
+        ] {
+            metrics::counter!("sanfs_agent_device_ios_total", "device" => device.clone(), "op" => op)
+                .absolute(ios);
+            metrics::counter!("sanfs_agent_device_bytes_total", "device" => device.clone(), "op" => op)
+                .absolute(bytes);
+        }
+        metrics::counter!("sanfs_agent_device_errors_total", "device" => device).absolute(d.errors);
+    }
+    install().map(PrometheusHandle::render).unwrap_or_default()
+}
+
+/// Answers scrapes on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, client: Arc<Client>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let client = Arc::clone(&client);
+                tokio::spawn(async move {
+                    let answered =
+                        tokio::time::timeout(Duration::from_secs(5), answer(stream, &client)).await;
+                    if !matches!(answered, Ok(Ok(()))) {
+                        tracing::debug!(%peer, "metrics scrape failed or timed out");
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "metrics accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Whether an HTTP request line asks for `GET /metrics`.
+fn is_metrics_request(line: &str) -> bool {
+    let mut words = line.split_ascii_whitespace();
+    let (method, target) = (words.next(), words.next().unwrap_or(""));
+    method == Some("GET") && target.split('?').next() == Some("/metrics")
+}
+
+async fn answer(stream: TcpStream, client: &Client) -> std::io::Result<()> {
+    let mut reader = BufReader::new(stream.take(MAX_REQUEST_BYTES));
+    let mut request_line = String::new();
+    reader.read_line(&mut request_line).await?;
+    // The headers are read and ignored (up to the size limit), so the client sees its
+    // request consumed before the answer.
+    let mut header = String::new();
+    while reader.read_line(&mut header).await? > 2 {
+        header.clear();
+    }
+    let mut stream = reader.into_inner().into_inner();
+    let (status, body) = if is_metrics_request(&request_line) {
+        ("200 OK", render(client))
+    } else {
+        ("404 Not Found", "not found: GET /metrics\n".to_owned())
+    };
+    let reply = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(reply.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_metrics_request;
+
+    #[test]
+    fn request_lines() {
+        assert!(is_metrics_request("GET /metrics HTTP/1.1\r\n"));
+        assert!(is_metrics_request("GET /metrics?name=x HTTP/1.0\r\n"));
+        assert!(!is_metrics_request("GET / HTTP/1.1\r\n"));
+        assert!(!is_metrics_request("PUT /metrics HTTP/1.1\r\n"));
+        assert!(!is_metrics_request(""));
+    }
+}
