@@ -32,8 +32,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{
     AccessFlags, Errno, FileAttr, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 use sanfs_blockmap::advisory::LockKind;
 use sanfs_proto::model::{FallocateMode, FileLock, LockType, OpenFlags};
@@ -42,7 +42,7 @@ use sanfs_proto::types::{
     XattrMode,
 };
 
-use crate::client::{Client, FileHandle, LockWait, OpenFile, retrying};
+use crate::client::{Client, FileHandle, LockWait, OpenFile, SeekWhat, retrying};
 
 /// Largest read or write request the kernel sends (and the readahead limit).
 pub const MAX_IO_BYTES: u32 = 1 << 20;
@@ -519,7 +519,11 @@ impl fuser::Filesystem for SanFs {
             | fuser::InitFlags::FUSE_READDIRPLUS_AUTO
             | fuser::InitFlags::FUSE_PARALLEL_DIROPS
             | fuser::InitFlags::FUSE_POSIX_LOCKS
-            | fuser::InitFlags::FUSE_FLOCK_LOCKS;
+            | fuser::InitFlags::FUSE_FLOCK_LOCKS
+            // Shared mmap of a direct-I/O file (kernel 6.6+): its pages go through the page
+            // cache while mapped, written back through this file system; reads and writes keep
+            // bypassing it.
+            | fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
         let _ = config.add_capabilities(wanted & config.capabilities());
         Ok(())
     }
@@ -1221,6 +1225,42 @@ impl fuser::Filesystem for SanFs {
                         FopenFlags::FOPEN_DIRECT_IO,
                     );
                 }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn lseek(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: fuser::FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        // The kernel sends only SEEK_DATA and SEEK_HOLE; it answers the others itself.
+        let what = match whence {
+            libc::SEEK_DATA => SeekWhat::Data,
+            libc::SEEK_HOLE => SeekWhat::Hole,
+            _ => {
+                reply.error(Errno::EINVAL);
+                return;
+            }
+        };
+        let Ok(offset) = u64::try_from(offset) else {
+            reply.error(Errno::ENXIO);
+            return;
+        };
+        let cred = credentials(req);
+        self.spawn(move |st| async move {
+            let ino = st.ino(ino);
+            match st.client.seek(&cred, ino, offset, what).await {
+                Ok(Some(pos)) => match i64::try_from(pos) {
+                    Ok(pos) => reply.offset(pos),
+                    Err(_) => reply.error(Errno::EOVERFLOW),
+                },
+                Ok(None) => reply.error(Errno::ENXIO),
                 Err(e) => reply.error(errno(&e)),
             }
         });

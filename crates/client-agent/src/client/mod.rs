@@ -46,6 +46,7 @@ mod health;
 mod locks;
 mod namespace;
 mod quota;
+mod seek;
 mod session;
 mod status;
 mod subplan;
@@ -80,6 +81,7 @@ pub(crate) use file::retrying;
 pub use file::{OpenFile, is_stale};
 pub use locks::LockWait;
 pub use namespace::Created;
+pub use seek::SeekWhat;
 pub use status::{
     AgentStatus, BmapEntry, BmapReply, ByteCounts, DeviceHealth, DeviceStatus, GrantCounts,
 };

@@ -666,3 +666,84 @@ async fn locks_exclude_each_other_across_two_mounts() {
     let mut holder = holder;
     assert!(holder.wait().unwrap().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_files_seek_data_and_holes_and_shared_mmap_writes_reach_other_nodes() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let m1 = Mount::start(&srv, "seek1", "").await;
+    let m2 = Mount::start(&srv, "seek2", "attr_ttl=0,entry_ttl=0").await;
+    let (p1, p2) = (m1.p("sparse"), m2.p("sparse"));
+    timed("seek and mmap", 60, move || {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p1)
+            .unwrap();
+        let block = vec![0xabu8; 64 * 1024];
+        f.write_all_at(&block, 0).unwrap();
+        f.write_all_at(&block, 2 * MIB).unwrap();
+        let size = 2 * MIB + 64 * 1024;
+        let seek = |off: u64, whence: i32| {
+            // SAFETY: lseek on a descriptor open for the call's duration.
+            let r = unsafe { libc::lseek(f.as_raw_fd(), off as i64, whence) };
+            if r < 0 {
+                Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+            } else {
+                Ok(r as u64)
+            }
+        };
+        assert_eq!(seek(0, libc::SEEK_DATA), Ok(0));
+        assert_eq!(seek(0, libc::SEEK_HOLE), Ok(64 * 1024));
+        assert_eq!(seek(100_000, libc::SEEK_DATA), Ok(2 * MIB));
+        assert_eq!(seek(100_000, libc::SEEK_HOLE), Ok(100_000));
+        assert_eq!(
+            seek(2 * MIB + 5, libc::SEEK_HOLE),
+            Ok(size),
+            "the end of file is a hole"
+        );
+        assert_eq!(seek(size, libc::SEEK_DATA), Err(libc::ENXIO));
+
+        // A shared writable mapping: the bytes written into it reach the LUNs at msync, and
+        // another node reads them.
+        let len = 8192usize;
+        // SAFETY: a fresh shared mapping of `len` bytes of an open file; nothing else maps it
+        // in this process, and it is unmapped below before `f` closes.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        // SAFETY: `map` is a live mapping of `len` writable bytes.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(map.cast::<u8>(), len) };
+        assert!(
+            bytes.iter().all(|b| *b == 0xab),
+            "the mapping shows the file"
+        );
+        bytes[100..105].copy_from_slice(b"mmap!");
+        // SAFETY: the same live mapping; msync then munmap it once.
+        unsafe {
+            assert_eq!(libc::msync(map, len, libc::MS_SYNC), 0);
+            assert_eq!(libc::munmap(map, len), 0);
+        }
+        let mut got = [0u8; 5];
+        std::fs::File::open(&p2)
+            .unwrap()
+            .read_exact_at(&mut got, 100)
+            .unwrap();
+        assert_eq!(&got, b"mmap!");
+    })
+    .await;
+}
