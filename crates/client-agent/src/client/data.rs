@@ -118,8 +118,7 @@ impl Client {
         let inner = &self.inner;
         let view = inner.view_for(Some(fh))?;
         let block = u64::from(view.server.block_size);
-        let Some((head_end, mid_end)) = split(offset, len, block, view.server.direct_io_threshold)
-        else {
+        let Some((head_end, mid_end)) = split(offset, len, block, inner.threshold(&view)) else {
             return inner.proxied_read(&view, cred, fh, ino, offset, buf).await;
         };
         let end = offset + len;
@@ -173,7 +172,7 @@ impl Client {
         inner.give_back_own(&view, ino, range).await;
         let block = u64::from(view.server.block_size);
         let mut attr = None;
-        match split(offset, len, block, view.server.direct_io_threshold) {
+        match split(offset, len, block, inner.threshold(&view)) {
             None => {
                 attr = inner
                     .proxied_write(&view, cred, fh, ino, offset, data)
@@ -279,6 +278,27 @@ impl Client {
 }
 
 impl Inner {
+    /// The direct-I/O threshold: this client's override, else the server's.
+    fn threshold(&self, view: &SessionView) -> u64 {
+        self.config
+            .direct_io_threshold
+            .unwrap_or(view.server.direct_io_threshold)
+    }
+
+    /// The range to ask one grant for, from `pos` to at most `end`: all of it, or with
+    /// `grant_per_stripe_unit` (method A) only up to the next stripe-unit boundary.
+    fn grant_range(&self, pos: u64, end: u64) -> Result<ByteRange, FsError> {
+        let mut stop = end;
+        if self.config.grant_per_stripe_unit
+            && let sanfs_blockmap::volume::LayoutKind::Striped { stripe_unit, .. } =
+                self.volume.kind()
+            && *stripe_unit > 0
+        {
+            stop = stop.min((pos / stripe_unit + 1).saturating_mul(*stripe_unit));
+        }
+        Ok(ByteRange::new(pos, stop - pos)?)
+    }
+
     /// Gives back this agent's cached read grants on `ino` that overlap `range` (waiting for
     /// their reads in flight), before it writes there.
     pub(crate) async fn give_back_own(&self, view: &SessionView, ino: InodeId, range: ByteRange) {
@@ -514,7 +534,7 @@ impl Inner {
         let end = offset + buf.len() as u64;
         let mut pos = offset;
         while pos < end {
-            let want = ByteRange::new(pos, end - pos)?;
+            let want = self.grant_range(pos, end)?;
             let at = usize_of(pos - offset);
             // A cached layout first.
             if let Some(grant) = self.cache.take(ino, want, view.generation) {
@@ -666,7 +686,7 @@ impl Inner {
             if !self.lease_valid(view.generation) {
                 return Err(FsError::StaleSession);
             }
-            let want = ByteRange::new(pos, end - pos)?;
+            let want = self.grant_range(pos, end)?;
             let grant = self
                 .map(view, cred, fh, ino, want, LockMode::Exclusive)
                 .await?;

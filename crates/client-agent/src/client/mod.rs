@@ -95,6 +95,13 @@ pub struct ClientConfig {
     pub client_name: String,
     /// Most read grants kept cached at once (least recently used ones are returned).
     pub max_cached_grants: usize,
+    /// This client's direct-I/O threshold instead of the server's (`Some(u64::MAX)`: every
+    /// I/O proxied; `Some(0)`: every block-aligned I/O direct). For benchmarks and tuning.
+    pub direct_io_threshold: Option<u64>,
+    /// Method A of the paper (section 4.3), for the benchmark of control messages: one grant,
+    /// so one MapRead/MapWrite and one Complete, per stripe unit of the file instead of one
+    /// per I/O. Never faster; off in production.
+    pub grant_per_stripe_unit: bool,
     pub faults: FaultInjection,
 }
 
@@ -108,6 +115,8 @@ impl ClientConfig {
             engine: EngineConfig::default(),
             client_name: "sanfs-agent".to_owned(),
             max_cached_grants: 256,
+            direct_io_threshold: None,
+            grant_per_stripe_unit: false,
             faults: FaultInjection::default(),
         }
     }
