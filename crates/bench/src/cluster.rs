@@ -126,7 +126,10 @@ impl BenchCluster {
         let cluster = BenchCluster {
             addr,
             metrics_addr: Some(metrics),
-            globs: paths.iter().map(|p| p.to_string_lossy().into_owned()).collect(),
+            globs: paths
+                .iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect(),
             lun_paths: paths,
             loop_luns: luns.is_loop(),
             in_process: mds.is_none(),

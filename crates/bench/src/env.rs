@@ -46,6 +46,8 @@ pub struct Env {
     pub existing: Option<Existing>,
     /// Print progress bars.
     pub progress: bool,
+    /// I/O sizes asked for on the command line (figure 6, crossover, latency).
+    pub sizes: Option<Vec<u64>>,
 }
 
 impl Env {
@@ -65,6 +67,11 @@ impl Env {
             Length::Quick => 64 * MIB,
             Length::Smoke => 16 * MIB,
         }
+    }
+
+    /// The sizes asked for, else `default`.
+    pub fn sizes_or(&self, default: Vec<u64>) -> Vec<u64> {
+        self.sizes.clone().unwrap_or(default)
     }
 
     pub fn pick<T: Clone>(&self, full: T, quick: T, smoke: T) -> T {

@@ -106,9 +106,17 @@ impl std::fmt::Display for Fig10 {
             self.io_size / MIB,
             self.via
         )?;
-        writeln!(f, "{:>9} {:>15} {:>20}", "processes", "aggregate MB/s", "per process MB/s")?;
+        writeln!(
+            f,
+            "{:>9} {:>15} {:>20}",
+            "processes", "aggregate MB/s", "per process MB/s"
+        )?;
         for r in &self.rows {
-            let per: Vec<String> = r.per_process_mb_s.iter().map(|m| format!("{m:.0}")).collect();
+            let per: Vec<String> = r
+                .per_process_mb_s
+                .iter()
+                .map(|m| format!("{m:.0}"))
+                .collect();
             writeln!(
                 f,
                 "{:>9} {:>15.1} {:>20}",
@@ -118,7 +126,11 @@ impl std::fmt::Display for Fig10 {
             )?;
         }
         if let Some(s) = self.spread_2_up {
-            writeln!(f, "spread of the aggregate, 2 processes and up: {:.1}%", s * 100.0)?;
+            writeln!(
+                f,
+                "spread of the aggregate, 2 processes and up: {:.1}%",
+                s * 100.0
+            )?;
         }
         for s in &self.skipped {
             writeln!(f, "skipped: {s}")?;

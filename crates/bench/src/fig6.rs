@@ -147,8 +147,7 @@ impl Fio {
                 last = Some(String::from_utf8_lossy(&out.stderr).into_owned());
                 continue;
             }
-            let v: serde_json::Value =
-                serde_json::from_slice(&out.stdout).context("fio's JSON")?;
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("fio's JSON")?;
             let bw = v["jobs"][0][op.name()]["bw_bytes"]
                 .as_f64()
                 .context("fio's JSON has no bw_bytes")?;
@@ -251,8 +250,13 @@ pub async fn run_fig6(env: &Env, sizes: &[u64], rows: Rows) -> anyhow::Result<Fi
             let f = Arc::new(f);
             let t = Target::Path(Arc::clone(&f), len);
             // Written once, so that reads read data.
-            run(&t, Op::Write, 8 * MIB, Budget::new(0.0, len / (8 * MIB), len / (8 * MIB)))
-                .await?;
+            run(
+                &t,
+                Op::Write,
+                8 * MIB,
+                Budget::new(0.0, len / (8 * MIB), len / (8 * MIB)),
+            )
+            .await?;
             f.sync_all()?;
             Some(t)
         }
@@ -341,11 +345,11 @@ pub async fn run_fig6(env: &Env, sizes: &[u64], rows: Rows) -> anyhow::Result<Fi
 
 /// The default sizes: 4 KiB to 8 MiB.
 pub fn default_sizes(env: &Env) -> Vec<u64> {
-    env.pick(
+    env.sizes_or(env.pick(
         pow2_sizes(4 * KIB, 8 * MIB),
         pow2_sizes(4 * KIB, 8 * MIB),
         vec![4 * KIB, 64 * KIB, MIB],
-    )
+    ))
 }
 
 impl std::fmt::Display for Fig6 {
@@ -395,7 +399,12 @@ impl std::fmt::Display for Fig6 {
             }
         }
         if let Some((r, w)) = self.nfs_rw_max {
-            writeln!(f, "nfs: ganesha (VFS) on ext4 over an equal LUN, libnfs NFSv3 rsize {} wsize {}", size_label(r), size_label(w))?;
+            writeln!(
+                f,
+                "nfs: ganesha (VFS) on ext4 over an equal LUN, libnfs NFSv3 rsize {} wsize {}",
+                size_label(r),
+                size_label(w)
+            )?;
         }
         for s in &self.skipped {
             writeln!(f, "skipped: {s}")?;

@@ -40,7 +40,9 @@ pub struct Fig7 {
 /// Why figure 7 cannot run here, if it cannot.
 pub fn unavailable(env: &Env) -> Option<String> {
     if env.existing.is_some() {
-        return Some("builds volumes of 1 to 8 LUNs of its own (not with an existing cluster)".into());
+        return Some(
+            "builds volumes of 1 to 8 LUNs of its own (not with an existing cluster)".into(),
+        );
     }
     if !sanfs_testcluster::is_root() {
         return Some("needs root (loop devices and blkio throttles)".into());
@@ -86,8 +88,8 @@ pub async fn run_fig7(env: &Env) -> anyhow::Result<Fig7> {
             .collect();
         let mut measured = [0.0f64; 2];
         for (k, raw) in [false, true].into_iter().enumerate() {
-            let throttle = Throttle::create(&format!("f7n{n}"), &devices)
-                .context("blkio throttle")?;
+            let throttle =
+                Throttle::create(&format!("f7n{n}"), &devices).context("blkio throttle")?;
             let mut args = lib_args(&cluster, "fig7", len, io_size, secs);
             if raw {
                 args.push("--raw".into());

@@ -4,8 +4,8 @@
 //! 256 KiB to 4 MiB on a volume striped over 4 LUNs with a 64 KiB stripe unit.
 //!
 //! Both methods run through the real client library (`grant_per_stripe_unit` makes it do
-//! method A) with the grant cache limited to one grant, so that every I/O pays its control
-//! messages as the paper's did. Messages are counted at the server (its
+//! method A) with the grant cache limited to one grant and no read layouts ahead, so that
+//! every I/O pays its control messages as the paper's did. Messages are counted at the server (its
 //! `sanfs_rpc_requests_total` counters: MapRead, MapWrite, Complete, ReturnGrant, Read,
 //! Write); CPU time is this process's (user + system, getrusage), which is the agent's when
 //! the server runs as its own process.
@@ -65,7 +65,10 @@ impl Fig8 {
 
 fn data_rpcs(cluster: &BenchCluster) -> anyhow::Result<f64> {
     let m = cluster.rpc_counts()?;
-    Ok(DATA_RPCS.iter().map(|r| m.get(*r).copied().unwrap_or(0.0)).sum())
+    Ok(DATA_RPCS
+        .iter()
+        .map(|r| m.get(*r).copied().unwrap_or(0.0))
+        .sum())
 }
 
 /// Runs figures 8 and 9 on `cluster` (striped over 4 LUNs, 64 KiB stripe unit).
@@ -93,6 +96,9 @@ pub async fn run_fig8(env: &Env, cluster: &BenchCluster) -> anyhow::Result<Fig8>
         let mut cfg = cluster.client_config(&format!("bench-method-{method}"));
         cfg.grant_per_stripe_unit = per_su;
         cfg.max_cached_grants = 1;
+        // Grants of exactly the bytes read: no layouts ahead (that would hide method B's
+        // messages behind the cache).
+        cfg.read_layout_bytes = 0;
         let client = Arc::new(BenchCluster::connect(cfg).await?);
         let f = lib_file(&client, &format!("fig8-{method}"), len, true).await?;
         files.push((method, Target::Lib(Arc::new(f))));
@@ -101,7 +107,11 @@ pub async fn run_fig8(env: &Env, cluster: &BenchCluster) -> anyhow::Result<Fig8>
     for &size in &sizes {
         for op in [Op::Read, Op::Write] {
             for (method, target) in &files {
-                bar.set_message(format!("method {method} {} {}", op.name(), size_label(size)));
+                bar.set_message(format!(
+                    "method {method} {} {}",
+                    op.name(),
+                    size_label(size)
+                ));
                 let budget = Budget::new(0.0, ios, ios);
                 let rpcs0 = data_rpcs(cluster)?;
                 let cpu0 = process_cpu();

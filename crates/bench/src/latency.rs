@@ -248,10 +248,10 @@ pub async fn run(
             });
             bar.inc(1);
             let _ = SessionClient::new(
-            Endpoint::from_shared(format!("http://{}", cluster.addr))?
-                .connect()
-                .await?,
-        )
+                Endpoint::from_shared(format!("http://{}", cluster.addr))?
+                    .connect()
+                    .await?,
+            )
             .close_session(pb::CloseSessionRequest {
                 session: agent.session,
                 epoch: agent.epoch,

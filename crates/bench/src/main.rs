@@ -55,6 +55,10 @@ struct Common {
     /// With --server: where the file system is mounted (for the mount rows).
     #[arg(long, requires = "server")]
     mount: Option<PathBuf>,
+    /// I/O sizes for figure 6, the crossover and the latency rows instead of the defaults
+    /// (comma-separated: 64K,1M,8M).
+    #[arg(long, value_delimiter = ',', value_parser = sanfs_bench::util::parse_size)]
+    sizes: Vec<u64>,
     /// No progress bars.
     #[arg(long)]
     no_progress: bool,
@@ -117,6 +121,7 @@ fn env_of(c: &Common) -> anyhow::Result<Env> {
         work: std::fs::canonicalize(&c.dir)?,
         server_mode: c.server_mode,
         existing,
+        sizes: (!c.sizes.is_empty()).then(|| c.sizes.clone()),
         progress: !c.no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
     })
 }

@@ -109,7 +109,9 @@ async fn on_library(client: &Client, dir_name: &str, n: u64) -> anyhow::Result<M
     };
     let t = Instant::now();
     for i in 0..n {
-        let c = client.create(&cred, dir, name(i), 0o644, true, flags).await?;
+        let c = client
+            .create(&cred, dir, name(i), 0o644, true, flags)
+            .await?;
         client.release(&c.handle).await?;
     }
     let create = rate(n, t);
@@ -122,7 +124,11 @@ async fn on_library(client: &Client, dir_name: &str, n: u64) -> anyhow::Result<M
     let (mut cookie, mut listed) = (0, 0u64);
     loop {
         let r = client.readdir(&cred, dir, cookie, 1024, false).await?;
-        listed += r.entries.iter().filter(|e| e.name.as_bytes()[0] == b'f').count() as u64;
+        listed += r
+            .entries
+            .iter()
+            .filter(|e| e.name.as_bytes()[0] == b'f')
+            .count() as u64;
         match r.entries.last() {
             Some(e) if !r.eof => cookie = e.cookie,
             _ => break,
@@ -172,7 +178,11 @@ impl LocalFs {
                 .arg(&dev)
                 .status()?
                 .success()
-                && Command::new("mount").arg(&dev).arg(&mnt).status()?.success();
+                && Command::new("mount")
+                    .arg(&dev)
+                    .arg(&mnt)
+                    .status()?
+                    .success();
             if ok {
                 return Ok(LocalFs {
                     dir: mnt.clone(),
@@ -189,7 +199,8 @@ impl LocalFs {
                 m.lines()
                     .filter_map(|l| {
                         let f: Vec<&str> = l.split_whitespace().collect();
-                        (f.len() > 2 && work.starts_with(f[1])).then(|| (f[1].len(), f[2].to_owned()))
+                        (f.len() > 2 && work.starts_with(f[1]))
+                            .then(|| (f[1].len(), f[2].to_owned()))
                     })
                     .max()
                     .map(|(_, t)| t)
@@ -246,9 +257,8 @@ pub async fn run_md(
     bar.inc(1);
     bar.set_message("library");
     let client = BenchCluster::connect(cluster.client_config("bench-metadata")).await?;
-    fig.rows.push(
-        on_library(&client, &format!("bonnie-lib-{}", std::process::id()), n).await?,
-    );
+    fig.rows
+        .push(on_library(&client, &format!("bonnie-lib-{}", std::process::id()), n).await?);
     bar.inc(1);
     if env.existing.is_none() {
         bar.set_message("16 gRPC callers");

@@ -185,7 +185,10 @@ impl NfsFile {
         Ok(f)
     }
 
-    fn run(&self, op: Op, size: u64, budget: Budget) -> anyhow::Result<Sample> {
+    /// At every wrap to the start of the file the server's copy must come from (or reach)
+    /// its disk again, as every pass of the other rows does: reads drop the server's page
+    /// cache of the file (`host_file`, the same machine), writes commit (`nfs_fsync`).
+    fn run(&self, op: Op, size: u64, budget: Budget, host_file: &Path) -> anyhow::Result<Sample> {
         let slots = self.len / size.max(1);
         if slots == 0 {
             bail!("I/O size {size} does not fit the NFS file");
@@ -195,23 +198,26 @@ impl NfsFile {
         let mut ops = 0u64;
         while !budget.done(ops, started) {
             let off = (ops % slots) * size;
+            if off == 0 {
+                self.start_pass(op, host_file)?;
+            }
             // SAFETY: a live context and handle; `buf` holds `size` bytes for the call.
             let n = unsafe {
                 match op {
-                    Op::Read => (self.lib.pread)(
-                        self.ctx,
-                        self.fh,
-                        off,
-                        size,
-                        buf.as_mut_ptr().cast(),
-                    ),
+                    Op::Read => {
+                        (self.lib.pread)(self.ctx, self.fh, off, size, buf.as_mut_ptr().cast())
+                    }
                     Op::Write => {
                         (self.lib.pwrite)(self.ctx, self.fh, off, size, buf.as_ptr().cast())
                     }
                 }
             };
             if n < 0 || n as u64 != size {
-                bail!("nfs {} of {size} at {off}: {n} ({})", op.name(), self.error());
+                bail!(
+                    "nfs {} of {size} at {off}: {n} ({})",
+                    op.name(),
+                    self.error()
+                );
             }
             ops += 1;
         }
@@ -226,9 +232,30 @@ impl NfsFile {
         Ok(Sample::new(ops, ops * size, secs))
     }
 
+    fn start_pass(&self, op: Op, host_file: &Path) -> anyhow::Result<()> {
+        match op {
+            Op::Read => {
+                let f = std::fs::File::open(host_file)?;
+                rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)?;
+            }
+            Op::Write => {
+                // SAFETY: a live context and handle.
+                if unsafe { (self.lib.fsync)(self.ctx, self.fh) } != 0 {
+                    bail!("nfs fsync: {}", self.error());
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn max_sizes(&self) -> (u64, u64) {
         // SAFETY: a live, mounted context.
-        unsafe { ((self.lib.get_readmax)(self.ctx), (self.lib.get_writemax)(self.ctx)) }
+        unsafe {
+            (
+                (self.lib.get_readmax)(self.ctx),
+                (self.lib.get_writemax)(self.ctx),
+            )
+        }
     }
 }
 
@@ -350,12 +377,15 @@ impl NfsBench {
         // jobs until the sender is dropped.
         let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<(u64, u64)>>();
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
+        // NFSv3 mounts the export by its path (the pseudo path is NFSv4's).
+        let export_path = export.to_string_lossy().into_owned();
+        let host_file = bench.host_file.clone();
         let client = bench._netns.run_thread("nfs-client", move || {
             let addr = "127.0.0.1:2049".parse()?;
             let deadline = Instant::now() + Duration::from_secs(30);
             let file = loop {
                 let tried = crate::cluster::wait_for_tcp(addr, Duration::from_secs(30))
-                    .and_then(|()| NfsFile::open("127.0.0.1", "/exp", "/data", file_len));
+                    .and_then(|()| NfsFile::open("127.0.0.1", &export_path, "/data", file_len));
                 match tried {
                     Ok(f) => break f,
                     // ganesha accepts before its exports are ready: retry for a while.
@@ -368,7 +398,7 @@ impl NfsBench {
             };
             let _ = ready_tx.send(Ok(file.max_sizes()));
             while let Ok((op, size, budget, reply)) = jobs_rx.recv() {
-                let _ = reply.send(file.run(op, size, budget));
+                let _ = reply.send(file.run(op, size, budget, &host_file));
             }
             Ok(())
         })?;
@@ -390,14 +420,10 @@ impl NfsBench {
         Ok(bench)
     }
 
-    /// Runs `op` of `size` bytes on the NFS file; reads start with the server's page cache
-    /// of the file dropped, so that they come from its disk as sanfs' do.
+    /// Runs `op` of `size` bytes on the NFS file. Every pass over the file reads it from
+    /// the server's disk (its page cache of the file dropped first) or ends with a COMMIT,
+    /// as sanfs' passes do.
     pub fn run(&self, op: Op, size: u64, budget: Budget) -> anyhow::Result<Sample> {
-        if op == Op::Read
-            && let Ok(f) = std::fs::File::open(&self.host_file)
-        {
-            let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
-        }
         let (tx, rx) = mpsc::channel();
         self.jobs
             .as_ref()
@@ -417,10 +443,7 @@ fn tail(path: &Path) -> String {
 fn run(cmd: &mut Command) -> anyhow::Result<()> {
     let out = cmd.output().with_context(|| format!("run {cmd:?}"))?;
     if !out.status.success() {
-        bail!(
-            "{cmd:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        bail!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(())
 }
@@ -450,9 +473,8 @@ impl Drop for NfsBench {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
         }
         if let Some(m) = self.mounted.take() {
-            let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::empty()).or_else(
-                |_| rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH),
-            );
+            let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::empty())
+                .or_else(|_| rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH));
         }
     }
 }

@@ -9,11 +9,11 @@ use std::path::Path;
 use anyhow::Context;
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters_backend::FontTransform;
+use plotters_backend::text_anchor::{HPos, VPos};
 use plotters_backend::{
     BackendColor, BackendCoord, BackendStyle, BackendTextStyle, DrawingBackend, DrawingErrorKind,
 };
-use plotters_backend::FontTransform;
-use plotters_backend::text_anchor::{HPos, VPos};
 
 /// Pixels of one glyph cell of the built-in font.
 const GLYPH: i32 = 8;
@@ -129,7 +129,11 @@ impl<'a> DrawingBackend for BitmapText<'a> {
         };
         let transform = style.transform();
         for (i, c) in text.chars().enumerate() {
-            let code = if c.is_ascii() { c as usize } else { b'?' as usize };
+            let code = if c.is_ascii() {
+                c as usize
+            } else {
+                b'?' as usize
+            };
             let glyph = font8x8::legacy::BASIC_LEGACY[code];
             for (row, bits) in glyph.iter().enumerate() {
                 for col in 0..8 {
@@ -249,7 +253,11 @@ fn draw_on<DB: DrawingBackend>(
         x1 = x0 + 1.0;
     }
     let y1 = if y1 <= 0.0 { 1.0 } else { y1 * 1.1 };
-    let pad = if chart.x_axis == XAxis::Linear { 0.3 } else { 0.2 };
+    let pad = if chart.x_axis == XAxis::Linear {
+        0.3
+    } else {
+        0.2
+    };
     let mut ctx = ChartBuilder::on(root)
         .caption(&chart.title, ("sans-serif", 20))
         .margin(14)
@@ -291,11 +299,7 @@ fn draw_on<DB: DrawingBackend>(
         drawn.label(s.name.as_str()).legend(move |(x, y)| {
             PathElement::new(vec![(x, y), (x + 24, y)], Color::stroke_width(&color, 2))
         });
-        ctx.draw_series(
-            points
-                .iter()
-                .map(|&p| Circle::new(p, 3, color.filled())),
-        )?;
+        ctx.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
     }
     ctx.configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)

@@ -90,7 +90,12 @@ impl Report {
     pub fn check_goals(&mut self) {
         let mut goals = Vec::new();
         if let Some(f) = &self.fig6 {
-            for (size, goal) in [(64 * KIB, 0.90), (128 * KIB, 0.95), (MIB, 0.97), (8 * MIB, 0.97)] {
+            for (size, goal) in [
+                (64 * KIB, 0.90),
+                (128 * KIB, 0.95),
+                (MIB, 0.97),
+                (8 * MIB, 0.97),
+            ] {
                 for op in [Op::Read, Op::Write] {
                     if let Some(r) = f.get("direct", op, size).and_then(|c| c.ratio) {
                         goals.push(Goal {
@@ -105,7 +110,9 @@ impl Report {
             let large = f.sizes.iter().copied().filter(|s| *s >= MIB).max();
             if let Some(size) = large {
                 for op in [Op::Read, Op::Write] {
-                    let Some(d) = f.get("direct", op, size) else { continue };
+                    let Some(d) = f.get("direct", op, size) else {
+                        continue;
+                    };
                     for other in ["proxied", "nfs"] {
                         if let Some(o) = f.get(other, op, size) {
                             goals.push(Goal {
@@ -270,7 +277,8 @@ impl Report {
                     "fig8.png",
                     "Figure 8: control messages per I/O (4 stripes)",
                     "RPCs per I/O",
-                    (|r: &crate::fig8::MethodRow| r.rpcs_per_io) as fn(&crate::fig8::MethodRow) -> f64,
+                    (|r: &crate::fig8::MethodRow| r.rpcs_per_io)
+                        as fn(&crate::fig8::MethodRow) -> f64,
                 ),
                 (
                     "fig9.png",

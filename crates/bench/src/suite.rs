@@ -68,16 +68,18 @@ pub async fn run(env: &Env, parts: &[Part], command: String) -> Report {
                     mount: false,
                     nfs: false,
                 };
-                let sizes = env.pick(
+                let sizes = env.sizes_or(env.pick(
                     pow2_sizes(4 * KIB, 2 * MIB),
                     pow2_sizes(4 * KIB, MIB),
                     vec![16 * KIB, 256 * KIB],
-                );
+                ));
                 run_fig6(env, &sizes, rows).await.map(|f| {
                     report.threshold = Some(crate::threshold::from_fig6(&f));
                 })
             }
-            Part::Fig7 => crate::fig7::run_fig7(env).await.map(|f| report.fig7 = Some(f)),
+            Part::Fig7 => crate::fig7::run_fig7(env)
+                .await
+                .map(|f| report.fig7 = Some(f)),
             Part::Fig8 | Part::Fig10 | Part::Metadata => {
                 // One striped cluster (and mount) for the three, when run together.
                 if parts
@@ -101,11 +103,11 @@ pub async fn run(env: &Env, parts: &[Part], command: String) -> Report {
 
 async fn latency(env: &Env, report: &mut Report) -> anyhow::Result<()> {
     let cluster = env.cluster("lat", 1, None, 256 * MIB).await?;
-    let sizes = env.pick(
+    let sizes = env.sizes_or(env.pick(
         pow2_sizes(4 * KIB, 8 * MIB),
         pow2_sizes(4 * KIB, 8 * MIB),
         vec![4 * KIB, MIB],
-    );
+    ));
     let iters = env.pick(200, 50, 5);
     let bar = env.bar(sizes.len() as u64 * 4, "latency");
     let r = crate::latency::run(&cluster, &sizes, iters, &bar).await?;
@@ -116,7 +118,9 @@ async fn latency(env: &Env, report: &mut Report) -> anyhow::Result<()> {
 
 async fn striped_parts(env: &Env, parts: &[Part], report: &mut Report) -> anyhow::Result<()> {
     let cluster = env.cluster("str4", 4, Some(64 * KIB), 512 * MIB).await?;
-    let needs_mount = parts.iter().any(|p| matches!(p, Part::Fig10 | Part::Metadata));
+    let needs_mount = parts
+        .iter()
+        .any(|p| matches!(p, Part::Fig10 | Part::Metadata));
     let (mount, why) = if needs_mount {
         match env.mount(&cluster, "str4") {
             Ok(m) => (Some(m), None),
@@ -135,7 +139,8 @@ async fn striped_parts(env: &Env, parts: &[Part], report: &mut Report) -> anyhow
         match crate::fig10::run_fig10(env, &cluster, mount.as_ref()).await {
             Ok(mut f) => {
                 if let Some(w) = &why {
-                    f.skipped.push(format!("mount: {w} (processes used the library)"));
+                    f.skipped
+                        .push(format!("mount: {w} (processes used the library)"));
                 }
                 report.fig10 = Some(f);
             }

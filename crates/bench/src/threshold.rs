@@ -62,7 +62,10 @@ pub fn from_fig6(fig: &Fig6) -> Threshold {
 
 impl std::fmt::Display for Threshold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "Crossover: direct path vs proxied path (MB/s direct / MB/s proxied)")?;
+        writeln!(
+            f,
+            "Crossover: direct path vs proxied path (MB/s direct / MB/s proxied)"
+        )?;
         for c in &self.crossovers {
             let cells: Vec<String> = c
                 .speedup
@@ -71,12 +74,7 @@ impl std::fmt::Display for Threshold {
                 .collect();
             writeln!(f, "{:<6} {}", c.op.name(), cells.join("  "))?;
             match c.size {
-                Some(s) => writeln!(
-                    f,
-                    "{:<6} direct is faster from {} on",
-                    "",
-                    size_label(s)
-                )?,
+                Some(s) => writeln!(f, "{:<6} direct is faster from {} on", "", size_label(s))?,
                 None => writeln!(f, "{:<6} direct never wins at every larger size", "")?,
             }
         }

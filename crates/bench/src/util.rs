@@ -76,9 +76,7 @@ impl Budget {
     /// Whether a run that has done `ops` operations since `started` should stop.
     pub fn done(&self, ops: u64, started: Instant) -> bool {
         let t = started.elapsed().as_secs_f64();
-        ops >= self.max_ops
-            || (ops >= self.min_ops && t >= self.secs)
-            || t >= self.secs * 4.0 + 1.0
+        ops >= self.max_ops || (ops >= self.min_ops && t >= self.secs) || t >= self.secs * 4.0 + 1.0
     }
 }
 
@@ -195,7 +193,10 @@ mod tests {
         assert_eq!(parse_size("64K"), Ok(65536));
         assert_eq!(parse_size("2MiB"), Ok(2 * MIB));
         assert!(parse_size("2X").is_err());
-        assert_eq!(pow2_sizes(4 * KIB, 32 * KIB), vec![4096, 8192, 16384, 32768]);
+        assert_eq!(
+            pow2_sizes(4 * KIB, 32 * KIB),
+            vec![4096, 8192, 16384, 32768]
+        );
     }
 
     #[test]

@@ -78,7 +78,8 @@ pub async fn worker_main(a: WorkerArgs) -> anyhow::Result<()> {
                 .map(str::to_owned)
                 .collect();
             let cluster = BenchCluster::existing(*server, None, globs);
-            let client = Arc::new(BenchCluster::connect(cluster.client_config("bench-worker")).await?);
+            let client =
+                Arc::new(BenchCluster::connect(cluster.client_config("bench-worker")).await?);
             let attr = client
                 .lookup(&Credentials::root(), ROOT_INODE, name)
                 .await

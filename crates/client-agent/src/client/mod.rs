@@ -102,8 +102,16 @@ pub struct ClientConfig {
     /// so one MapRead/MapWrite and one Complete, per stripe unit of the file instead of one
     /// per I/O. Never faster; off in production.
     pub grant_per_stripe_unit: bool,
+    /// A direct read shorter than this asks for a read grant of this many bytes from its
+    /// offset (up to the end of file): a layout that the following reads of a sequential
+    /// reader find cached, one round trip for many reads (as pNFS layouts). 0: only the
+    /// bytes read. Grants are kept only while cacheable; a writer recalls them.
+    pub read_layout_bytes: u64,
     pub faults: FaultInjection,
 }
+
+/// Default [`ClientConfig::read_layout_bytes`]: 8 MiB.
+pub const DEFAULT_READ_LAYOUT_BYTES: u64 = 8 << 20;
 
 impl ClientConfig {
     /// Defaults for everything but the server address and the LUN globs.
@@ -117,6 +125,7 @@ impl ClientConfig {
             max_cached_grants: 256,
             direct_io_threshold: None,
             grant_per_stripe_unit: false,
+            read_layout_bytes: DEFAULT_READ_LAYOUT_BYTES,
             faults: FaultInjection::default(),
         }
     }
