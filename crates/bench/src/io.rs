@@ -86,7 +86,8 @@ pub enum Target {
 }
 
 impl Target {
-    pub fn len(&self) -> u64 {
+    /// Bytes of the file the runs cycle through.
+    pub fn file_len(&self) -> u64 {
         match self {
             Target::Raw(r) => r.len,
             Target::Lib(l) => l.len,
@@ -105,7 +106,7 @@ fn offsets(len: u64, size: u64) -> anyhow::Result<u64> {
 
 /// Runs `op` of `size` bytes against `target` until `budget` is spent.
 pub async fn run(target: &Target, op: Op, size: u64, budget: Budget) -> anyhow::Result<Sample> {
-    let slots = offsets(target.len(), size)?;
+    let slots = offsets(target.file_len(), size)?;
     match target {
         Target::Raw(raw) => run_raw(raw, op, size, slots, budget).await,
         Target::Lib(lib) => run_lib(lib, op, size, slots, budget).await,
