@@ -1,9 +1,34 @@
-//! `sanfs-bench`: the paper's experiments and the benchmarks of sanfs, as a tool for users
-//! (run it on your own hardware) and for us (docs/performance.md).
+//! `sanfs-bench`: the paper's experiments (section 5, figures 6 to 10) and the benchmarks of
+//! sanfs, as a tool for users (run it on your own hardware) and for us
+//! (docs/performance.md).
 //!
-//! - [`metadata`]: metadata operations per second through gRPC (create, stat, readdir,
-//!   unlink) with many concurrent callers, and operations per durable commit (group commit).
+//! - [`suite`] runs the asked-for parts and gathers a [`report::Report`] (tables, JSON,
+//!   PNG plots through [`plot`], the goals checked).
+//! - [`cluster`] builds the bench's own test cluster (LUNs, volume, server, FUSE mount) or
+//!   uses an existing one; [`env`] holds the run's settings.
+//! - [`io`] is the timed sequential I/O loop against raw LUN blocks, the library, a mount;
+//!   [`nfs`] the NFS peer (nfs-ganesha and libnfs); [`worker`] the reader processes.
+//! - The figures: [`fig6`] (throughput vs I/O size), [`threshold`] (the crossover),
+//!   [`fig7`] (striping), [`fig8`] (figures 8 and 9: methods A and B), [`fig10`]
+//!   (processes), [`mdfig`] (metadata, bonnie++ -n style), [`metadata`] (concurrent gRPC
+//!   callers and group commit), [`latency`] (control-message round trips).
 //!
-//! The criterion benchmarks of the pure core live in `benches/`.
+//! The criterion benchmarks live in `benches/`.
 
+pub mod cluster;
+pub mod env;
+pub mod fig10;
+pub mod fig6;
+pub mod fig7;
+pub mod fig8;
+pub mod io;
+pub mod latency;
+pub mod mdfig;
 pub mod metadata;
+pub mod nfs;
+pub mod plot;
+pub mod report;
+pub mod suite;
+pub mod threshold;
+pub mod util;
+pub mod worker;

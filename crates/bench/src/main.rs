@@ -1,26 +1,89 @@
 //! The `sanfs-bench` command line.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use sanfs_bench::cluster::ServerMode;
+use sanfs_bench::env::{Env, Existing, Length};
 use sanfs_bench::metadata::{MetadataParams, run};
+use sanfs_bench::suite::{ALL, Part};
+use sanfs_bench::worker::{WorkerArgs, worker_main};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "sanfs-bench",
     version,
-    about = "sanfs benchmarks: the paper's experiments on your hardware"
+    about = "sanfs benchmarks: the paper's experiments (section 5, figures 6 to 10) on your hardware"
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
+/// Options every figure takes.
+#[derive(Debug, Clone, Args)]
+struct Common {
+    /// A short run (at most 3 minutes).
+    #[arg(long, conflicts_with = "smoke")]
+    quick: bool,
+    /// Every code path once with tiny sizes (a test of the bench, not a measurement).
+    #[arg(long)]
+    smoke: bool,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write PNG plots of the figures into this directory.
+    #[arg(long)]
+    plots: Option<PathBuf>,
+    /// Where LUN files, metadata stores and mount points go (not tmpfs: O_DIRECT).
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// How the bench's own metadata server runs.
+    #[arg(long, value_enum, default_value_t = ServerMode::Auto)]
+    server_mode: ServerMode,
+    /// Measure an existing sanfs at this server address instead of building one.
+    #[arg(long, requires = "devices")]
+    server: Option<SocketAddr>,
+    /// With --server: its Prometheus metrics address (figure 8 counts messages there).
+    #[arg(long, requires = "server")]
+    metrics: Option<SocketAddr>,
+    /// With --server: where this node finds the LUNs (globs, comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    devices: Vec<String>,
+    /// With --server: where the file system is mounted (for the mount rows).
+    #[arg(long, requires = "server")]
+    mount: Option<PathBuf>,
+    /// I/O sizes for figure 6, the crossover and the latency rows instead of the defaults
+    /// (comma-separated: 64K,1M,8M).
+    #[arg(long, value_delimiter = ',', value_parser = sanfs_bench::util::parse_size)]
+    sizes: Vec<u64>,
+    /// No progress bars.
+    #[arg(long)]
+    no_progress: bool,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Metadata operations per second through gRPC, and operations per durable commit.
-    Metadata {
+    /// Everything: latency, figures 6 to 10, metadata and the crossover, in one run.
+    Run(Common),
+    /// Figure 6: throughput vs I/O size (raw, fio, direct, mount, proxied, NFS).
+    Fig6(Common),
+    /// Figure 7: striping over 1, 2, 3, 4 and 8 capped LUNs.
+    Fig7(Common),
+    /// Figures 8 and 9: control messages and agent CPU time, methods A and B.
+    Fig8(Common),
+    /// Figure 10: 1 to 8 processes reading different files.
+    Fig10(Common),
+    /// Metadata operations per second (bonnie++ -n style) and with 16 gRPC callers.
+    Metadata(Common),
+    /// The I/O size from which the direct path beats the proxied path, and advice.
+    Threshold(Common),
+    /// Round trips of single grants and proxied reads/writes by size.
+    Latency(Common),
+    /// The older metadata benchmark alone: concurrent gRPC callers.
+    MetadataGrpc {
         /// Concurrent callers.
         #[arg(long, default_value_t = 16)]
         callers: usize,
@@ -34,6 +97,50 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// (internal) a reader process of figures 7 and 10.
+    #[command(name = "__worker", hide = true)]
+    Worker(WorkerArgs),
+}
+
+fn env_of(c: &Common) -> anyhow::Result<Env> {
+    let existing = c.server.map(|server| Existing {
+        server,
+        metrics: c.metrics,
+        globs: c.devices.clone(),
+        mount: c.mount.clone(),
+    });
+    std::fs::create_dir_all(&c.dir)?;
+    Ok(Env {
+        length: if c.smoke {
+            Length::Smoke
+        } else if c.quick {
+            Length::Quick
+        } else {
+            Length::Full
+        },
+        work: std::fs::canonicalize(&c.dir)?,
+        server_mode: c.server_mode,
+        existing,
+        sizes: (!c.sizes.is_empty()).then(|| c.sizes.clone()),
+        progress: !c.no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    })
+}
+
+async fn figures(c: Common, parts: &[Part]) -> anyhow::Result<bool> {
+    let env = env_of(&c)?;
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let report = sanfs_bench::suite::run(&env, parts, command).await;
+    println!("{report}");
+    if let Some(path) = &c.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
+        eprintln!("JSON: {}", path.display());
+    }
+    if let Some(dir) = &c.plots {
+        for p in report.plots(dir)? {
+            eprintln!("plot: {}", p.display());
+        }
+    }
+    Ok(report.errors.is_empty())
 }
 
 fn main() -> ExitCode {
@@ -50,7 +157,15 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Metadata {
+            Command::Run(c) => figures(c, &ALL).await,
+            Command::Fig6(c) => figures(c, &[Part::Fig6]).await,
+            Command::Fig7(c) => figures(c, &[Part::Fig7]).await,
+            Command::Fig8(c) => figures(c, &[Part::Fig8]).await,
+            Command::Fig10(c) => figures(c, &[Part::Fig10]).await,
+            Command::Metadata(c) => figures(c, &[Part::Metadata]).await,
+            Command::Threshold(c) => figures(c, &[Part::Threshold]).await,
+            Command::Latency(c) => figures(c, &[Part::Latency]).await,
+            Command::MetadataGrpc {
                 callers,
                 files,
                 dir,
@@ -66,12 +181,14 @@ fn main() -> ExitCode {
                 if let Some(path) = json {
                     std::fs::write(&path, serde_json::to_vec_pretty(&report)?)?;
                 }
-                anyhow::Ok(())
+                Ok(true)
             }
+            Command::Worker(a) => worker_main(a).await.map(|()| true),
         }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("sanfs-bench: {e:#}");
             ExitCode::FAILURE

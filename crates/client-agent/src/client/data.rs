@@ -38,7 +38,7 @@ use super::cache::AfterIo;
 use super::subplan::sub_plan;
 use super::{Client, FileHandle, Inner, SessionView, add, bump, malformed};
 use crate::buf::AlignedBuf;
-use crate::engine::{PlanIoError, execute_read, execute_write};
+use crate::engine::{DeviceOp, IoErr};
 
 /// What a write did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,8 +118,7 @@ impl Client {
         let inner = &self.inner;
         let view = inner.view_for(Some(fh))?;
         let block = u64::from(view.server.block_size);
-        let Some((head_end, mid_end)) = split(offset, len, block, view.server.direct_io_threshold)
-        else {
+        let Some((head_end, mid_end)) = split(offset, len, block, inner.threshold(&view)) else {
             return inner.proxied_read(&view, cred, fh, ino, offset, buf).await;
         };
         let end = offset + len;
@@ -135,9 +134,12 @@ impl Client {
             }
         }
         let (mid, tail) = rest.split_at_mut(usize_of(mid_end - head_end));
+        // The device I/O lands in an aligned buffer; one copy to the caller's.
+        let mut abuf = AlignedBuf::zeroed(mid.len());
         let n = inner
-            .direct_read(&view, cred, fh, ino, head_end, mid)
+            .direct_read(&view, cred, fh, ino, head_end, &mut abuf, 0)
             .await?;
+        mid[..n].copy_from_slice(&abuf.as_slice()[..n]);
         done += n;
         if n < mid.len() {
             return Ok(done);
@@ -173,7 +175,7 @@ impl Client {
         inner.give_back_own(&view, ino, range).await;
         let block = u64::from(view.server.block_size);
         let mut attr = None;
-        match split(offset, len, block, view.server.direct_io_threshold) {
+        match split(offset, len, block, inner.threshold(&view)) {
             None => {
                 attr = inner
                     .proxied_write(&view, cred, fh, ino, offset, data)
@@ -187,8 +189,9 @@ impl Client {
                         .proxied_write(&view, cred, fh, ino, offset, &data[..h])
                         .await?;
                 }
+                let mut abuf = AlignedBuf::from_slice(&data[h..m]);
                 attr = inner
-                    .direct_write(&view, cred, fh, ino, head_end, &data[h..m])
+                    .direct_write(&view, cred, fh, ino, head_end, &mut abuf)
                     .await?
                     .or(attr);
                 if m < data.len() {
@@ -200,6 +203,69 @@ impl Client {
             }
         }
         Ok(WriteOutcome { written: len, attr })
+    }
+
+    /// Reads `buf.len()` bytes at `offset` into `buf`; returns it and the bytes read (fewer
+    /// only at end of file). When the whole range goes the direct path (block aligned, at
+    /// least the threshold) the device I/O lands in `buf` itself: no copy at all. Otherwise
+    /// this is [`Client::read_into`].
+    pub async fn read_aligned(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        mut buf: AlignedBuf,
+    ) -> Result<(AlignedBuf, usize), FsError> {
+        let len = buf.len() as u64;
+        ByteRange::new(offset, len)?;
+        let inner = &self.inner;
+        let view = inner.view_for(Some(fh))?;
+        let block = u64::from(view.server.block_size);
+        match split(offset, len, block, inner.threshold(&view)) {
+            Some((h, m)) if len > 0 && h == offset && m == offset + len => {
+                let n = inner
+                    .direct_read(&view, cred, fh, ino, offset, &mut buf, 0)
+                    .await?;
+                Ok((buf, n))
+            }
+            _ => {
+                let n = self
+                    .read_into(cred, fh, ino, offset, buf.as_mut_slice())
+                    .await?;
+                Ok((buf, n))
+            }
+        }
+    }
+
+    /// Writes `buf` at `offset`; returns it. When the whole range goes the direct path the
+    /// devices write from `buf` itself (no copy); otherwise this is [`Client::write_at`].
+    pub async fn write_aligned(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        mut buf: AlignedBuf,
+    ) -> Result<(AlignedBuf, WriteOutcome), FsError> {
+        let len = buf.len() as u64;
+        let range = ByteRange::new(offset, len)?;
+        let inner = &*self.inner;
+        let view = inner.view_for(Some(fh))?;
+        let block = u64::from(view.server.block_size);
+        match split(offset, len, block, inner.threshold(&view)) {
+            Some((h, m)) if len > 0 && h == offset && m == offset + len => {
+                inner.give_back_own(&view, ino, range).await;
+                let attr = inner
+                    .direct_write(&view, cred, fh, ino, offset, &mut buf)
+                    .await?;
+                Ok((buf, WriteOutcome { written: len, attr }))
+            }
+            _ => {
+                let out = self.write_at(cred, fh, ino, offset, buf.as_slice()).await?;
+                Ok((buf, out))
+            }
+        }
     }
 
     /// Makes the file's completed writes (and, unless `data_only`, its metadata) durable.
@@ -279,6 +345,38 @@ impl Client {
 }
 
 impl Inner {
+    /// The direct-I/O threshold: this client's override, else the server's.
+    fn threshold(&self, view: &SessionView) -> u64 {
+        self.config
+            .direct_io_threshold
+            .unwrap_or(view.server.direct_io_threshold)
+    }
+
+    /// The range to ask one grant for, from `pos` to at most `end`: all of it, or with
+    /// `grant_per_stripe_unit` (method A) only up to the next stripe-unit boundary.
+    fn grant_range(&self, pos: u64, end: u64) -> Result<ByteRange, FsError> {
+        let mut stop = end;
+        if self.config.grant_per_stripe_unit
+            && let sanfs_blockmap::volume::LayoutKind::Striped { stripe_unit, .. } =
+                self.volume.kind()
+            && *stripe_unit > 0
+        {
+            stop = stop.min((pos / stripe_unit + 1).saturating_mul(*stripe_unit));
+        }
+        Ok(ByteRange::new(pos, stop - pos)?)
+    }
+
+    /// The range a read grant is asked for: `want`, extended to `read_layout_bytes` when
+    /// it is shorter (never with method A, whose point is one grant per stripe unit).
+    fn layout_range(&self, want: ByteRange) -> Result<ByteRange, FsError> {
+        let ahead = self.config.read_layout_bytes;
+        if self.config.grant_per_stripe_unit || want.len() >= ahead {
+            return Ok(want);
+        }
+        let len = ahead.min(MAX_FILE_SIZE.saturating_sub(want.offset()));
+        Ok(ByteRange::new(want.offset(), len.max(want.len()))?)
+    }
+
     /// Gives back this agent's cached read grants on `ino` that overlap `range` (waiting for
     /// their reads in flight), before it writes there.
     pub(crate) async fn give_back_own(&self, view: &SessionView, ino: InodeId, range: ByteRange) {
@@ -502,8 +600,60 @@ impl Inner {
         Attr::try_from(reply).map_err(|e| malformed("Complete reply", e))
     }
 
-    /// Reads the block-aligned `[offset, offset + buf.len())` directly; returns the bytes
-    /// read (fewer only at end of file).
+    /// Runs `plan` in place on `dest`'s bytes from `base` on: the device I/O reads into (or
+    /// writes from) `dest` itself, no copy. The lease is checked right before submission.
+    /// Returns the failed device I/Os (none: success). `dest` keeps its length; only if the
+    /// engine has stopped is it lost (left empty) with the error.
+    async fn plan_in_place(
+        &self,
+        view: &SessionView,
+        plan: &IoPlan,
+        write: bool,
+        dest: &mut AlignedBuf,
+        base: usize,
+    ) -> Result<Vec<IoErr>, FsError> {
+        let too_small = || FsError::Io("direct I/O buffer too small for its plan".to_owned());
+        if base.saturating_add(usize_of(plan.len)) > dest.len() {
+            return Err(too_small());
+        }
+        let shift = base as u64;
+        if !write {
+            for z in &plan.zero_fill {
+                let from = base + usize_of(z.buf_off);
+                dest.as_mut_slice()
+                    .get_mut(from..from.saturating_add(usize_of(z.len)))
+                    .ok_or_else(too_small)?
+                    .fill(0);
+            }
+        }
+        let ops = plan
+            .device_ios
+            .iter()
+            .map(|io| {
+                let mut op = if write {
+                    DeviceOp::write(io)
+                } else {
+                    DeviceOp::read(io)
+                };
+                for piece in &mut op.iov {
+                    piece.buf_off += shift;
+                }
+                op
+            })
+            .collect();
+        let guard = self.begin_device_io(view.generation)?;
+        let buf = std::mem::replace(dest, AlignedBuf::zeroed(0));
+        let done = self.engine.submit(buf, ops).await;
+        drop(guard);
+        let done = done.map_err(|e| FsError::Io(format!("direct I/O: {e}")))?;
+        *dest = done.buf;
+        Ok(done.results.into_iter().filter_map(Result::err).collect())
+    }
+
+    /// Reads the block-aligned `[offset, offset + len)` directly into `dest` from byte
+    /// `base` on, where `len` is what `dest` holds past `base`; returns the bytes read
+    /// (fewer only at end of file).
+    #[allow(clippy::too_many_arguments, reason = "one call site per public read")]
     async fn direct_read(
         self: &Arc<Self>,
         view: &SessionView,
@@ -511,12 +661,14 @@ impl Inner {
         fh: &FileHandle,
         ino: InodeId,
         offset: u64,
-        buf: &mut [u8],
+        dest: &mut AlignedBuf,
+        base: usize,
     ) -> Result<usize, FsError> {
-        let end = offset + buf.len() as u64;
+        let total = dest.len().saturating_sub(base);
+        let end = offset + total as u64;
         let mut pos = offset;
         while pos < end {
-            let want = ByteRange::new(pos, end - pos)?;
+            let want = self.grant_range(pos, end)?;
             let at = usize_of(pos - offset);
             // A cached layout first.
             if let Some(grant) = self.cache.take(ino, want, view.generation) {
@@ -533,7 +685,14 @@ impl Inner {
                     .all(|io| self.device_usable(io.device));
                 let result = if usable {
                     bump(&self.counters.cached_reads);
-                    self.read_plan(view, &plan, &mut buf[at..]).await
+                    match self
+                        .plan_in_place(view, &plan, false, dest, base + at)
+                        .await
+                    {
+                        Ok(errs) if errs.is_empty() => Ok(()),
+                        Ok(errs) => Err(read_failed(&errs)),
+                        Err(e) => Err(e),
+                    }
                 } else {
                     Err(FsError::Io("device unusable".to_owned()))
                 };
@@ -543,14 +702,14 @@ impl Inner {
                 match result {
                     Ok(()) => {
                         add(&self.counters.direct_read_bytes, want.len());
-                        return Ok(usize_of(end - offset));
+                        pos = want.end();
+                        continue;
                     }
                     Err(FsError::StaleSession) => return Err(FsError::StaleSession),
                     // A device went bad since the layout was cached: the server's way.
                     Err(_) => {
-                        let n = self
-                            .proxied_read(view, cred, fh, ino, pos, &mut buf[at..])
-                            .await?;
+                        let rest = dest_slice(dest, base + at, total - at)?;
+                        let n = self.proxied_read(view, cred, fh, ino, pos, rest).await?;
                         return Ok(at + n);
                     }
                 }
@@ -558,10 +717,10 @@ impl Inner {
             if !self.lease_valid(view.generation) {
                 return Err(FsError::StaleSession);
             }
-            let grant = Arc::new(
-                self.map(view, cred, fh, ino, want, LockMode::Shared)
-                    .await?,
-            );
+            // Ask for a layout ahead of this read (read_layout_bytes), so that the reads
+            // that follow find it cached instead of asking again.
+            let ask = self.layout_range(want)?;
+            let grant = Arc::new(self.map(view, cred, fh, ino, ask, LockMode::Shared).await?);
             if grant.range.is_empty() {
                 return Ok(at);
             }
@@ -569,31 +728,44 @@ impl Inner {
                 // Fenced while the grant was on its way: it died with the session.
                 return Err(FsError::StaleSession);
             }
-            let usable = self.check_grant(view, &grant, ino, want, LockMode::Shared);
+            let usable = self.check_grant(view, &grant, ino, ask, LockMode::Shared);
             let cached = grant.cacheable;
             if cached && !self.cache.enter(Arc::clone(&grant), view.generation) {
                 // Its recall overtook it: it is no longer ours to use; ask again.
                 continue;
             }
             let glen = grant.range.len();
-            let visible = grant.file_size.min(grant.range.end()).saturating_sub(pos);
+            // The part of the grant this read needs.
+            let need_end = grant.range.end().min(want.end());
+            let need = need_end - pos;
+            let visible = grant.file_size.min(need_end).saturating_sub(pos);
             let result = match usable {
                 Err(e) => Err(e),
                 Ok(false) => Err(FsError::NotSupported),
                 Ok(true) => {
-                    let plan = IoPlan {
-                        len: glen,
-                        device_ios: grant.device_ios.clone(),
-                        zero_fill: grant.zero_fill.clone(),
+                    let plan = if need == glen {
+                        IoPlan {
+                            len: glen,
+                            device_ios: grant.device_ios.clone(),
+                            zero_fill: grant.zero_fill.clone(),
+                        }
+                    } else {
+                        sub_plan(&grant.device_ios, &grant.zero_fill, 0, need)
                     };
-                    let mut tmp = vec![0u8; usize_of(glen)];
-                    let r = self.read_plan(view, &plan, &mut tmp).await;
-                    if r.is_ok() {
-                        let n = usize_of(visible).min(buf.len() - at);
-                        buf[at..at + n].copy_from_slice(&tmp[..n]);
-                        add(&self.counters.direct_read_bytes, n as u64);
+                    match self
+                        .plan_in_place(view, &plan, false, dest, base + at)
+                        .await
+                    {
+                        Ok(errs) if errs.is_empty() => {
+                            add(
+                                &self.counters.direct_read_bytes,
+                                visible.min((total - at) as u64),
+                            );
+                            Ok(())
+                        }
+                        Ok(errs) => Err(read_failed(&errs)),
+                        Err(e) => Err(e),
                     }
-                    r
                 }
             };
             // End the grant: keep it cached, or complete it.
@@ -616,45 +788,24 @@ impl Inner {
                     if e != FsError::NotSupported {
                         tracing::warn!(inode = %ino, error = %e, "direct read failed: reading through the server");
                     }
-                    let n = usize_of(visible).min(buf.len() - at);
-                    let got = self
-                        .proxied_read(view, cred, fh, ino, pos, &mut buf[at..at + n])
-                        .await?;
+                    let n = usize_of(visible).min(total - at);
+                    let piece = dest_slice(dest, base + at, n)?;
+                    let got = self.proxied_read(view, cred, fh, ino, pos, piece).await?;
                     if got < n {
                         return Ok(at + got);
                     }
                 }
             }
-            if grant.file_size < grant.range.end() || visible < glen {
-                return Ok(at + usize_of(visible).min(buf.len() - at));
+            if grant.file_size < need_end || visible < need {
+                return Ok(at + usize_of(visible).min(total - at));
             }
-            pos = grant.range.end();
+            pos = need_end;
         }
-        Ok(buf.len())
+        Ok(total)
     }
 
-    /// Runs a read plan into `out` (its first `plan.len` bytes) under the lease.
-    async fn read_plan(
-        &self,
-        view: &SessionView,
-        plan: &IoPlan,
-        out: &mut [u8],
-    ) -> Result<(), FsError> {
-        let abuf = AlignedBuf::zeroed(usize_of(plan.len));
-        let guard = self.begin_device_io(view.generation)?;
-        let r = execute_read(&self.engine, plan, abuf).await;
-        drop(guard);
-        match r {
-            Ok(b) => {
-                let n = usize_of(plan.len).min(out.len());
-                out[..n].copy_from_slice(&b.as_slice()[..n]);
-                Ok(())
-            }
-            Err(e) => Err(FsError::Io(format!("direct read: {e}"))),
-        }
-    }
-
-    /// Writes the block-aligned `[offset, offset + data.len())` directly.
+    /// Writes the block-aligned `[offset, offset + data.len())` directly, the devices
+    /// writing from `data` itself.
     async fn direct_write(
         &self,
         view: &SessionView,
@@ -662,7 +813,7 @@ impl Inner {
         fh: &FileHandle,
         ino: InodeId,
         offset: u64,
-        data: &[u8],
+        data: &mut AlignedBuf,
     ) -> Result<Option<Attr>, FsError> {
         let end = offset + data.len() as u64;
         let mut pos = offset;
@@ -672,13 +823,12 @@ impl Inner {
             if !self.lease_valid(view.generation) {
                 return Err(FsError::StaleSession);
             }
-            let want = ByteRange::new(pos, end - pos)?;
+            let want = self.grant_range(pos, end)?;
             let grant = self
                 .map(view, cred, fh, ino, want, LockMode::Exclusive)
                 .await?;
             let glen = grant.range.len();
             let at = usize_of(pos - offset);
-            let piece = &data[at..at + usize_of(glen)];
             let usable = match self.check_grant(view, &grant, ino, want, LockMode::Exclusive) {
                 Ok(u) => u,
                 Err(e) => {
@@ -688,6 +838,10 @@ impl Inner {
             };
             if !usable {
                 self.complete(view, &grant, IoOutcome::Ok, 0).await?;
+                let piece = data
+                    .as_slice()
+                    .get(at..at + usize_of(glen))
+                    .ok_or_else(|| FsError::Io("grant past the write".to_owned()))?;
                 attr = self
                     .proxied_write(view, cred, fh, ino, pos, piece)
                     .await?
@@ -700,23 +854,22 @@ impl Inner {
                 device_ios: grant.device_ios.clone(),
                 zero_fill: Vec::new(),
             };
-            let abuf = AlignedBuf::from_slice(piece);
-            let guard = match self.begin_device_io(view.generation) {
-                Ok(g) => g,
+            let r = match self.plan_in_place(view, &plan, true, data, at).await {
+                Ok(errs) if errs.is_empty() => Ok(()),
+                Ok(errs) => Err(errs),
                 Err(e) => {
-                    // Fenced between the grant and the I/O: nothing was written.
+                    // Fenced between the grant and the I/O (nothing was written), or the
+                    // engine stopped (its outcome unknown: nothing counts as written).
                     let _ = self.complete(view, &grant, IoOutcome::Ok, 0).await;
                     return Err(e);
                 }
             };
-            let r = execute_write(&self.engine, &plan, abuf).await;
-            drop(guard);
             match r {
-                Ok(_) => {
+                Ok(()) => {
                     attr = Some(self.complete(view, &grant, IoOutcome::Ok, glen).await?);
                     add(&self.counters.direct_write_bytes, glen);
                 }
-                Err(PlanIoError::Device(errs)) => {
+                Err(errs) => {
                     // The prefix before the first buffer byte of any failed device I/O was
                     // written completely.
                     let bytes_done = errs
@@ -749,13 +902,23 @@ impl Inner {
                         .await;
                     return Err(FsError::Io(format!("device write failed: {first}")));
                 }
-                Err(e) => {
-                    let _ = self.complete(view, &grant, IoOutcome::Ok, 0).await;
-                    return Err(FsError::Io(format!("direct write: {e}")));
-                }
             }
             pos = grant.range.end();
         }
         Ok(attr)
     }
+}
+
+/// The error of a direct read whose device I/O failed.
+fn read_failed(errs: &[IoErr]) -> FsError {
+    let first = errs.first().map(ToString::to_string).unwrap_or_default();
+    FsError::Io(format!("direct read: {first}"))
+}
+
+/// `len` bytes of `dest` from `from`, or an error if it holds fewer (an engine that stopped
+/// leaves it empty).
+fn dest_slice(dest: &mut AlignedBuf, from: usize, len: usize) -> Result<&mut [u8], FsError> {
+    dest.as_mut_slice()
+        .get_mut(from..from.saturating_add(len))
+        .ok_or_else(|| FsError::Io("the I/O engine has stopped".to_owned()))
 }

@@ -123,8 +123,23 @@ pub struct ClientConfig {
     /// How long a LUN poisoned by a failed write waits before it is probed again (doubling
     /// while probes fail, up to 64 times this).
     pub device_retry: Duration,
+    /// This client's direct-I/O threshold instead of the server's (`Some(u64::MAX)`: every
+    /// I/O proxied; `Some(0)`: every block-aligned I/O direct). For benchmarks and tuning.
+    pub direct_io_threshold: Option<u64>,
+    /// Method A of the paper (section 4.3), for the benchmark of control messages: one grant,
+    /// so one MapRead/MapWrite and one Complete, per stripe unit of the file instead of one
+    /// per I/O. Never faster; off in production.
+    pub grant_per_stripe_unit: bool,
+    /// A direct read shorter than this asks for a read grant of this many bytes from its
+    /// offset (up to the end of file): a layout that the following reads of a sequential
+    /// reader find cached, one round trip for many reads (as pNFS layouts). 0: only the
+    /// bytes read. Grants are kept only while cacheable; a writer recalls them.
+    pub read_layout_bytes: u64,
     pub faults: FaultInjection,
 }
+
+/// Default [`ClientConfig::read_layout_bytes`]: 8 MiB.
+pub const DEFAULT_READ_LAYOUT_BYTES: u64 = 8 << 20;
 
 impl ClientConfig {
     /// Defaults for everything but the server address and the LUN globs.
@@ -137,6 +152,9 @@ impl ClientConfig {
             client_name: "sanfs-agent".to_owned(),
             max_cached_grants: 256,
             device_retry: Duration::from_secs(5),
+            direct_io_threshold: None,
+            grant_per_stripe_unit: false,
+            read_layout_bytes: DEFAULT_READ_LAYOUT_BYTES,
             faults: FaultInjection::default(),
         }
     }

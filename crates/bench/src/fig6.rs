@@ -1,0 +1,414 @@
+//! Figure 6: throughput against I/O size, 4 KiB to 8 MiB, reading and writing, one I/O at a
+//! time, on a volume of one LUN.
+//!
+//! Rows, each measured at every size in turn (so that every ratio compares runs made
+//! minutes, not hours, apart):
+//! - `raw`: the agent's io_uring engine with `O_DIRECT` on the very LUN blocks that hold the
+//!   `direct` row's file, no server at all: the limit. Cross-checked with fio on the same
+//!   blocks when fio is installed (`fio` row).
+//! - `direct`: the sanfs library, every block-aligned I/O on the direct path (the client's
+//!   threshold set to 0): grant, device I/O, completion.
+//! - `mount`: a file on the FUSE mount (`sanfs-agent mount`), with the server's default
+//!   threshold (64 KiB: smaller I/O goes proxied), as an application sees sanfs.
+//! - `proxied`: the library with every I/O forced through the server (threshold infinite).
+//! - `nfs`: nfs-ganesha exporting ext4 on an equal LUN, through libnfs (see [`crate::nfs`]).
+//!
+//! Each row has its own file; the ratio column is the row's MB/s over `raw`'s at that size.
+
+use std::process::Command;
+use std::sync::Arc;
+
+use anyhow::Context;
+use sanfs_blockmap::plan::{PlanMethod, PlanOp, plan};
+use sanfs_client_agent::client::Client;
+use sanfs_proto::model::OpenFlags;
+use sanfs_proto::types::{Credentials, ROOT_INODE};
+
+use crate::cluster::BenchCluster;
+use crate::env::{Env, raw_engine};
+use crate::io::{LibFile, Op, RawFile, Target, fill, run};
+use crate::nfs::NfsBench;
+use crate::util::{Budget, KIB, MIB, pow2_sizes, size_label, which};
+
+/// The rows of figure 6, in table order.
+pub const PATHS: [&str; 6] = ["raw", "fio", "direct", "mount", "proxied", "nfs"];
+
+/// One measured cell.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Cell {
+    pub path: &'static str,
+    pub op: Op,
+    pub size: u64,
+    pub mb_s: f64,
+    /// MB/s over the `raw` row's at the same size and op.
+    pub ratio: Option<f64>,
+    pub ops: u64,
+}
+
+/// Figure 6's results.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Fig6 {
+    pub file_len: u64,
+    pub sizes: Vec<u64>,
+    pub cells: Vec<Cell>,
+    /// Whether the LUN was a loop device (false: a plain file).
+    pub loop_lun: bool,
+    /// NFS rsize / wsize libnfs negotiated with ganesha.
+    pub nfs_rw_max: Option<(u64, u64)>,
+    /// Rows not measured, and why.
+    pub skipped: Vec<String>,
+}
+
+impl Fig6 {
+    pub fn get(&self, path: &str, op: Op, size: u64) -> Option<&Cell> {
+        self.cells
+            .iter()
+            .find(|c| c.path == path && c.op == op && c.size == size)
+    }
+}
+
+/// Which rows to measure.
+#[derive(Debug, Clone, Copy)]
+pub struct Rows {
+    pub raw: bool,
+    pub mount: bool,
+    pub nfs: bool,
+}
+
+/// Creates (or opens) `name` in the root directory through `client`, `len` bytes of data.
+pub async fn lib_file(
+    client: &Arc<Client>,
+    name: &str,
+    len: u64,
+    prefill: bool,
+) -> anyhow::Result<LibFile> {
+    let flags = OpenFlags {
+        read: true,
+        write: true,
+        append: false,
+        truncate: false,
+    };
+    let c = client
+        .create(&Credentials::root(), ROOT_INODE, name, 0o644, false, flags)
+        .await
+        .with_context(|| format!("create {name}"))?;
+    let f = LibFile {
+        client: Arc::clone(client),
+        fh: c.handle,
+        ino: c.attr.ino,
+        len,
+    };
+    if prefill && c.attr.size < len {
+        fill(&f, 8 * MIB).await?;
+    }
+    Ok(f)
+}
+
+/// A library client of `cluster` with its own threshold.
+pub async fn client_with_threshold(
+    cluster: &BenchCluster,
+    name: &str,
+    threshold: Option<u64>,
+) -> anyhow::Result<Arc<Client>> {
+    let mut cfg = cluster.client_config(name);
+    cfg.direct_io_threshold = threshold;
+    Ok(Arc::new(BenchCluster::connect(cfg).await?))
+}
+
+/// The fio cross-check of the raw row: the same blocks, queue depth 1, `O_DIRECT`.
+struct Fio {
+    device: String,
+    offset: u64,
+    len: u64,
+}
+
+impl Fio {
+    fn run(&self, op: Op, size: u64, budget: Budget) -> anyhow::Result<f64> {
+        let runtime_ms = ((budget.secs * 1000.0) as u64).max(20);
+        let engines = ["io_uring", "psync"];
+        let mut last = None;
+        for engine in engines {
+            let out = Command::new("fio")
+                .arg("--name=sanfs-bench")
+                .arg(format!("--filename={}", self.device))
+                .arg("--direct=1")
+                .arg(format!("--rw={}", op.name()))
+                .arg(format!("--bs={size}"))
+                .arg(format!("--ioengine={engine}"))
+                .arg("--iodepth=1")
+                .arg(format!("--offset={}", self.offset))
+                .arg(format!("--size={}", self.len))
+                .arg("--time_based")
+                .arg(format!("--runtime={runtime_ms}ms"))
+                .arg("--output-format=json")
+                .output()
+                .context("run fio")?;
+            if !out.status.success() {
+                last = Some(String::from_utf8_lossy(&out.stderr).into_owned());
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("fio's JSON")?;
+            let bw = v["jobs"][0][op.name()]["bw_bytes"]
+                .as_f64()
+                .context("fio's JSON has no bw_bytes")?;
+            return Ok(bw / 1e6);
+        }
+        anyhow::bail!("fio failed: {}", last.unwrap_or_default().trim())
+    }
+}
+
+/// Runs figure 6 at `sizes` with the rows `rows` asks for.
+pub async fn run_fig6(env: &Env, sizes: &[u64], rows: Rows) -> anyhow::Result<Fig6> {
+    let len = env.file_len();
+    let mut fig = Fig6 {
+        file_len: len,
+        sizes: sizes.to_vec(),
+        ..Fig6::default()
+    };
+    let cluster = env.cluster("f6", 1, None, 4 * len + 64 * MIB).await?;
+    fig.loop_lun = cluster.loop_luns;
+    let direct = client_with_threshold(&cluster, "bench-direct", Some(0)).await?;
+    let proxied = client_with_threshold(&cluster, "bench-proxied", Some(u64::MAX)).await?;
+    let bar = env.bar(3, "fig6 setup");
+    bar.set_message("writing the files");
+    let direct_file = lib_file(&direct, "fig6-direct", len, true).await?;
+    bar.inc(1);
+    let proxied_file = lib_file(&proxied, "fig6-proxied", len, true).await?;
+    bar.inc(1);
+    // Raw: the direct file's own blocks.
+    let raw = if rows.raw {
+        let volume = direct.volume().clone();
+        let extents = cluster.extents(&direct, direct_file.ino).await?;
+        let engine = raw_engine(&volume, &cluster.globs)?;
+        Some(Arc::new(RawFile {
+            engine,
+            volume,
+            extents,
+            len,
+        }))
+    } else {
+        fig.skipped.push("raw: not asked for".into());
+        None
+    };
+    let fio = match (&raw, which("fio")) {
+        (None, _) => None,
+        (Some(_), None) => {
+            fig.skipped
+                .push("fio: not installed (apt-get install fio)".into());
+            None
+        }
+        (Some(r), Some(_)) => {
+            let p = plan(
+                PlanOp::Read,
+                0,
+                len,
+                &r.extents,
+                &r.volume,
+                PlanMethod::Coalesced,
+            )?;
+            match p.device_ios.as_slice() {
+                [io] if io.len == len => Some(Fio {
+                    device: cluster
+                        .lun_paths
+                        .get(io.device.as_usize())
+                        .map(|p| p.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                    offset: io.phys_off,
+                    len,
+                }),
+                _ => {
+                    fig.skipped
+                        .push("fio: the file is not one contiguous run on one LUN".into());
+                    None
+                }
+            }
+            .filter(|f| !f.device.is_empty())
+        }
+    };
+    let mount = if rows.mount {
+        match env.mount(&cluster, "f6") {
+            Ok(m) => Some(m),
+            Err(why) => {
+                fig.skipped.push(format!("mount: {why}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mount_file = match &mount {
+        Some(m) => {
+            bar.set_message("writing the mount's file");
+            let path = m.path().join("fig6-mount");
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .with_context(|| format!("open {}", path.display()))?;
+            let f = Arc::new(f);
+            let t = Target::Path(Arc::clone(&f), len);
+            // Written once, so that reads read data.
+            run(
+                &t,
+                Op::Write,
+                8 * MIB,
+                Budget::new(0.0, len / (8 * MIB), len / (8 * MIB)),
+            )
+            .await?;
+            f.sync_all()?;
+            Some(t)
+        }
+        None => None,
+    };
+    bar.inc(1);
+    bar.finish_and_clear();
+    let nfs = if rows.nfs {
+        match NfsBench::start(&env.work, 4 * len + 64 * MIB, len) {
+            Ok(n) => {
+                fig.nfs_rw_max = Some((n.readmax, n.writemax));
+                Some(n)
+            }
+            Err(e) => {
+                fig.skipped.push(format!("nfs: {e:#}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let raw_t = raw.map(Target::Raw);
+    let direct_t = Target::Lib(Arc::new(direct_file));
+    let proxied_t = Target::Lib(Arc::new(proxied_file));
+    let budget = env.cell_budget();
+    let cells_per_size = 2 * PATHS.len() as u64;
+    let bar = env.bar(sizes.len() as u64 * cells_per_size, "fig6");
+    for &size in sizes {
+        for op in [Op::Read, Op::Write] {
+            let mut raw_mb = None;
+            for path in PATHS {
+                bar.set_message(format!("{path} {} {}", op.name(), size_label(size)));
+                let measured = match path {
+                    "raw" => match &raw_t {
+                        Some(t) => Some(run(t, op, size, budget).await?),
+                        None => None,
+                    },
+                    "fio" => match &fio {
+                        Some(f) => match f.run(op, size, budget) {
+                            Ok(mb) => Some(crate::io::Sample {
+                                ops: 0,
+                                bytes: 0,
+                                secs: budget.secs,
+                                mb_s: mb,
+                            }),
+                            Err(e) => {
+                                fig.skipped.push(format!("fio {} {size}: {e:#}", op.name()));
+                                None
+                            }
+                        },
+                        None => None,
+                    },
+                    "direct" => Some(run(&direct_t, op, size, budget).await?),
+                    "mount" => match &mount_file {
+                        Some(t) => Some(run(t, op, size, budget).await?),
+                        None => None,
+                    },
+                    "proxied" => Some(run(&proxied_t, op, size, budget).await?),
+                    _ => match &nfs {
+                        Some(n) => Some(n.run(op, size, budget)?),
+                        None => None,
+                    },
+                };
+                bar.inc(1);
+                let Some(s) = measured else { continue };
+                if path == "raw" {
+                    raw_mb = Some(s.mb_s);
+                }
+                fig.cells.push(Cell {
+                    path,
+                    op,
+                    size,
+                    mb_s: s.mb_s,
+                    ratio: raw_mb.map(|r| s.mb_s / r.max(1e-9)),
+                    ops: s.ops,
+                });
+            }
+        }
+    }
+    bar.finish_and_clear();
+    drop(nfs);
+    drop(mount_file);
+    drop(mount);
+    Ok(fig)
+}
+
+/// The default sizes: 4 KiB to 8 MiB.
+pub fn default_sizes(env: &Env) -> Vec<u64> {
+    env.sizes_or(env.pick(
+        pow2_sizes(4 * KIB, 8 * MIB),
+        pow2_sizes(4 * KIB, 8 * MIB),
+        vec![4 * KIB, 64 * KIB, MIB],
+    ))
+}
+
+impl std::fmt::Display for Fig6 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "Figure 6: throughput vs I/O size, queue depth 1, one LUN ({}), files of {} MiB",
+            if self.loop_lun {
+                "loop device, direct I/O"
+            } else {
+                "plain file"
+            },
+            self.file_len / MIB
+        )?;
+        for op in [Op::Read, Op::Write] {
+            write!(f, "{:<6} {:<5}", op.name(), "size")?;
+            let present: Vec<&str> = PATHS
+                .iter()
+                .copied()
+                .filter(|p| self.cells.iter().any(|c| c.path == *p))
+                .collect();
+            for p in &present {
+                if *p == "raw" {
+                    write!(f, " {:>9}", "raw MB/s")?;
+                } else {
+                    write!(f, " {:>9} {:>6}", format!("{p} MB/s"), "ratio")?;
+                }
+            }
+            writeln!(f)?;
+            for &size in &self.sizes {
+                write!(f, "{:<6} {:<5}", "", size_label(size))?;
+                for p in &present {
+                    match self.get(p, op, size) {
+                        Some(c) if *p == "raw" => write!(f, " {:>9.1}", c.mb_s)?,
+                        Some(c) => write!(
+                            f,
+                            " {:>9.1} {:>6}",
+                            c.mb_s,
+                            c.ratio
+                                .map_or("-".to_owned(), |r| format!("{:.0}%", r * 100.0))
+                        )?,
+                        None if *p == "raw" => write!(f, " {:>9}", "-")?,
+                        None => write!(f, " {:>9} {:>6}", "-", "")?,
+                    }
+                }
+                writeln!(f)?;
+            }
+        }
+        if let Some((r, w)) = self.nfs_rw_max {
+            writeln!(
+                f,
+                "nfs: ganesha (VFS) on ext4 over an equal LUN, libnfs NFSv3 rsize {} wsize {}",
+                size_label(r),
+                size_label(w)
+            )?;
+        }
+        for s in &self.skipped {
+            writeln!(f, "skipped: {s}")?;
+        }
+        Ok(())
+    }
+}

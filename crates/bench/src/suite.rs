@@ -1,0 +1,163 @@
+//! Runs the asked-for figures in one go, each on the cluster it needs, and gathers them into
+//! one [`Report`]. A figure that fails is recorded in the report and the run goes on.
+
+use std::time::Instant;
+
+use crate::env::Env;
+use crate::fig6::{Rows, default_sizes, run_fig6};
+use crate::report::{Machine, Report};
+use crate::util::{KIB, MIB, pow2_sizes};
+
+/// A part of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Latency,
+    Fig6,
+    /// The crossover alone (figure 6's direct and proxied rows only).
+    Threshold,
+    Fig7,
+    Fig8,
+    Fig10,
+    Metadata,
+}
+
+/// Everything `sanfs-bench run` measures, in order.
+pub const ALL: [Part; 6] = [
+    Part::Latency,
+    Part::Fig6,
+    Part::Fig7,
+    Part::Fig8,
+    Part::Fig10,
+    Part::Metadata,
+];
+
+pub async fn run(env: &Env, parts: &[Part], command: String) -> Report {
+    let started = Instant::now();
+    let mut report = Report {
+        command,
+        length: Some(env.length),
+        machine: Machine::probe(),
+        ..Report::default()
+    };
+    report.machine.server = if env.existing.is_some() {
+        "existing".into()
+    } else if env.server_mode == crate::cluster::ServerMode::InProcess
+        || crate::util::sibling_binary("sanfs-mds").is_none()
+    {
+        "in-process".into()
+    } else {
+        "sanfs-mds process".into()
+    };
+    for &part in parts {
+        let r = match part {
+            Part::Latency => latency(env, &mut report).await,
+            Part::Fig6 => {
+                let rows = Rows {
+                    raw: true,
+                    mount: true,
+                    nfs: true,
+                };
+                run_fig6(env, &default_sizes(env), rows).await.map(|f| {
+                    report.threshold = Some(crate::threshold::from_fig6(&f));
+                    report.fig6 = Some(f);
+                })
+            }
+            Part::Threshold => {
+                let rows = Rows {
+                    raw: false,
+                    mount: false,
+                    nfs: false,
+                };
+                let sizes = env.sizes_or(env.pick(
+                    pow2_sizes(4 * KIB, 2 * MIB),
+                    pow2_sizes(4 * KIB, MIB),
+                    vec![16 * KIB, 256 * KIB],
+                ));
+                run_fig6(env, &sizes, rows).await.map(|f| {
+                    report.threshold = Some(crate::threshold::from_fig6(&f));
+                })
+            }
+            Part::Fig7 => crate::fig7::run_fig7(env)
+                .await
+                .map(|f| report.fig7 = Some(f)),
+            Part::Fig8 | Part::Fig10 | Part::Metadata => {
+                // One striped cluster (and mount) for the three, when run together.
+                if parts
+                    .iter()
+                    .position(|p| matches!(p, Part::Fig8 | Part::Fig10 | Part::Metadata))
+                    != parts.iter().position(|p| *p == part)
+                {
+                    continue;
+                }
+                striped_parts(env, parts, &mut report).await
+            }
+        };
+        if let Err(e) = r {
+            report.errors.push(format!("{part:?}: {e:#}"));
+        }
+    }
+    report.check_goals();
+    report.seconds = started.elapsed().as_secs_f64();
+    report
+}
+
+async fn latency(env: &Env, report: &mut Report) -> anyhow::Result<()> {
+    let cluster = env.cluster("lat", 1, None, 256 * MIB).await?;
+    let sizes = env.sizes_or(env.pick(
+        pow2_sizes(4 * KIB, 8 * MIB),
+        pow2_sizes(4 * KIB, 8 * MIB),
+        vec![4 * KIB, MIB],
+    ));
+    let iters = env.pick(200, 50, 5);
+    let bar = env.bar(sizes.len() as u64 * 4, "latency");
+    let r = crate::latency::run(&cluster, &sizes, iters, &bar).await?;
+    bar.finish_and_clear();
+    report.latency = Some(r);
+    Ok(())
+}
+
+async fn striped_parts(env: &Env, parts: &[Part], report: &mut Report) -> anyhow::Result<()> {
+    let cluster = env.cluster("str4", 4, Some(64 * KIB), 512 * MIB).await?;
+    let needs_mount = parts
+        .iter()
+        .any(|p| matches!(p, Part::Fig10 | Part::Metadata));
+    let (mount, why) = if needs_mount {
+        match env.mount(&cluster, "str4") {
+            Ok(m) => (Some(m), None),
+            Err(why) => (None, Some(why)),
+        }
+    } else {
+        (None, None)
+    };
+    if parts.contains(&Part::Fig8) {
+        match crate::fig8::run_fig8(env, &cluster).await {
+            Ok(f) => report.fig8 = Some(f),
+            Err(e) => report.errors.push(format!("Fig8: {e:#}")),
+        }
+    }
+    if parts.contains(&Part::Fig10) {
+        match crate::fig10::run_fig10(env, &cluster, mount.as_ref()).await {
+            Ok(mut f) => {
+                if let Some(w) = &why {
+                    f.skipped
+                        .push(format!("mount: {w} (processes used the library)"));
+                }
+                report.fig10 = Some(f);
+            }
+            Err(e) => report.errors.push(format!("Fig10: {e:#}")),
+        }
+    }
+    if parts.contains(&Part::Metadata) {
+        match crate::mdfig::run_md(env, &cluster, mount.as_ref()).await {
+            Ok(mut f) => {
+                if let Some(w) = &why {
+                    f.skipped.push(format!("mount: {w}"));
+                }
+                report.metadata = Some(f);
+            }
+            Err(e) => report.errors.push(format!("Metadata: {e:#}")),
+        }
+    }
+    drop(mount);
+    Ok(())
+}

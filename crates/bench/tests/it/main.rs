@@ -1,0 +1,60 @@
+//! The bench's smoke test: `sanfs-bench run --smoke` through the real binary (every figure
+//! once with tiny sizes; the root-only parts say they are skipped without root), checked
+//! for its tables, its JSON and its plots. Timings are not asserted (speed goals live in the
+//! bench's own output).
+
+use std::process::Command;
+
+#[test]
+fn run_smoke_writes_tables_json_and_plots() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let json = dir.path().join("bench.json");
+    let plots = dir.path().join("plots");
+    let out = Command::new(env!("CARGO_BIN_EXE_sanfs-bench"))
+        .args([
+            "run",
+            "--smoke",
+            "--no-progress",
+            "--server-mode",
+            "in-process",
+            "--dir",
+        ])
+        .arg(dir.path())
+        .arg("--json")
+        .arg(&json)
+        .arg("--plots")
+        .arg(&plots)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    for table in [
+        "Control-message round trips",
+        "Figure 6",
+        "Figure 7",
+        "Figures 8 and 9",
+        "Figure 10",
+        "Metadata",
+        "Crossover",
+    ] {
+        assert!(stdout.contains(table), "no {table} table in:\n{stdout}");
+    }
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert!(v["fig6"]["cells"].as_array().is_some_and(|c| !c.is_empty()));
+    assert!(v["fig8"]["rows"].as_array().is_some_and(|c| !c.is_empty()));
+    // Method A asks for more grants than method B at every size.
+    let rows = v["fig8"]["rows"].as_array().unwrap();
+    for r in rows.iter().filter(|r| r["method"] == "A") {
+        let b = rows
+            .iter()
+            .find(|b| b["method"] == "B" && b["op"] == r["op"] && b["size"] == r["size"])
+            .unwrap();
+        assert!(
+            r["rpcs_per_io"].as_f64().unwrap() > b["rpcs_per_io"].as_f64().unwrap(),
+            "{r} vs {b}"
+        );
+    }
+    let png = std::fs::read(plots.join("fig6-read.png")).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+}
