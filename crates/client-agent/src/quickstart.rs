@@ -247,7 +247,7 @@ pub fn up(o: &Options) -> anyhow::Result<()> {
     st.save()?;
     match build(o, &mds, &mut st) {
         Ok(()) => {
-            hints(&st);
+            hints(&st, &mds);
             Ok(())
         }
         Err(e) => {
@@ -468,7 +468,18 @@ fn start_server(mds: &Path, config: &Path, dir: &Path, log: &Path) -> anyhow::Re
     }
 }
 
-fn hints(st: &State) {
+fn hints(st: &State, mds: &Path) {
+    // The commands as this machine finds them (target/release is not on a user's PATH).
+    let agent = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "sanfs-agent".to_owned());
+    let bench = Path::new(&agent).with_file_name("sanfs-bench");
+    let bench = if bench.is_file() {
+        bench.display().to_string()
+    } else {
+        "sanfs-bench".to_owned()
+    };
+    let mds = mds.display();
     let mp = st.mountpoint.display();
     let devs: Vec<String> = if st.loop_devices.is_empty() {
         st.lun_files
@@ -502,7 +513,7 @@ fn hints(st: &State) {
                 "direct path: striped over the 4 LUNs",
             ),
             (
-                format!("sanfs-agent bmap {mp}/big"),
+                format!("{agent} bmap {mp}/big"),
                 "where its bytes are: one line per LUN piece",
             ),
             (
@@ -510,7 +521,7 @@ fn hints(st: &State) {
                 "small I/O: the proxied path",
             ),
             (
-                format!("sanfs-agent status {mp}"),
+                format!("{agent} status {mp}"),
                 "the agent: session, LUNs, bytes direct and proxied",
             ),
             (format!("df -h {mp}; ls -la {mp}"), "plain POSIX"),
@@ -521,13 +532,13 @@ fn hints(st: &State) {
         &[
             (
                 format!(
-                    "sanfs-mds volume inspect {}",
+                    "{mds} volume inspect {}",
                     devs.first().map(String::as_str).unwrap_or("")
                 ),
                 "a LUN's label",
             ),
             (
-                "sanfs-bench metadata --callers 16 --files 300".to_owned(),
+                format!("{bench} metadata --callers 16 --files 300"),
                 "metadata ops/s through gRPC",
             ),
             (
@@ -538,7 +549,7 @@ fn hints(st: &State) {
         ],
     );
     println!(
-        "When done (unmounts, stops both, removes what it made, listed in {dir}/{STATE_FILE}):\n  sudo sanfs-agent quickstart --down {mp}"
+        "When done (unmounts, stops both, removes what it made, listed in {dir}/{STATE_FILE}):\n  sudo {agent} quickstart --down {mp} --state-dir {dir}"
     );
 }
 

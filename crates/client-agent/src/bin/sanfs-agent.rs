@@ -442,6 +442,15 @@ fn start_control(runtime: &tokio::runtime::Runtime, ctx: ControlContext) -> Opti
     }
 }
 
+/// Writes a command's output; a reader that went away (`| head`) is not an error.
+fn out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("write to stdout"),
+    }
+}
+
 fn bmap(path: &Path, json: bool) -> anyhow::Result<()> {
     let (entry, meta) = control::mount_of(path)?;
     if !meta.is_file() {
@@ -452,9 +461,12 @@ fn bmap(path: &Path, json: bool) -> anyhow::Result<()> {
         .bmap
         .context("the agent's answer has no layout")?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&reply.entries)?);
+        out(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&reply.entries)?
+        ))?;
     } else {
-        print!("{}", format_bmap(path, &reply));
+        out(&format_bmap(path, &reply))?;
     }
     Ok(())
 }
@@ -518,9 +530,9 @@ fn status(mountpoint: Option<&Path>, json: bool) -> anyhow::Result<()> {
         let (entry, _) = control::mount_of(mp)?;
         let st = ask(&entry)?;
         if json {
-            println!("{}", serde_json::to_string_pretty(&st)?);
+            out(&format!("{}\n", serde_json::to_string_pretty(&st)?))?;
         } else {
-            print!("{}", format_status(&st));
+            out(&format_status(&st))?;
         }
         return Ok(());
     }
@@ -536,12 +548,12 @@ fn status(mountpoint: Option<&Path>, json: bool) -> anyhow::Result<()> {
         }
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&all)?);
+        out(&format!("{}\n", serde_json::to_string_pretty(&all)?))?;
     } else if all.is_empty() && failed == 0 {
-        println!("no sanfs mounts");
+        out("no sanfs mounts\n")?;
     } else {
         for st in &all {
-            print!("{}", format_status(st));
+            out(&format_status(st))?;
         }
     }
     if failed > 0 {
