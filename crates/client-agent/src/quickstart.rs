@@ -73,8 +73,17 @@ pub struct State {
     pub metrics_port: u16,
 }
 
+/// `println!` that does not panic when stdout went away (`quickstart | head`): what was made is
+/// in the state file either way.
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+
 fn say(msg: impl std::fmt::Display) {
-    println!("==> {msg}");
+    outln!("==> {msg}");
 }
 
 impl State {
@@ -493,16 +502,16 @@ fn hints(st: &State, mds: &Path) {
             .collect()
     };
     let dir = st.state_dir.display();
-    println!(
+    outln!(
         "\nsanfs is up: metadata server on 127.0.0.1:{}, LUNs {}, mounted at {mp}.",
         st.port,
         devs.join(" ")
     );
     let block = |title: &str, lines: &[(String, &str)]| {
         let width = lines.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
-        println!("{title}");
+        outln!("{title}");
         for (cmd, why) in lines {
-            println!("  {cmd:<width$}   # {why}");
+            outln!("  {cmd:<width$}   # {why}");
         }
     };
     block(
@@ -548,7 +557,7 @@ fn hints(st: &State, mds: &Path) {
             (format!("tail -f {dir}/mds.log {dir}/agent.log"), "the logs"),
         ],
     );
-    println!(
+    outln!(
         "When done (unmounts, stops both, removes what it made, listed in {dir}/{STATE_FILE}):\n  sudo {agent} quickstart --down {mp} --state-dir {dir}"
     );
 }
