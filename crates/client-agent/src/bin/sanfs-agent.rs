@@ -222,6 +222,9 @@ fn mount(
     let opts = parse_options(raw_options)?;
     let mountpoint = std::fs::canonicalize(mountpoint)
         .with_context(|| format!("mount point {}", mountpoint.display()))?;
+    if opts.remount {
+        bail!("remount: use mount -o remount (mount.sanfs) on a live mount");
+    }
     if !foreground {
         let log = opts
             .log
@@ -236,9 +239,7 @@ fn mount(
         );
         return Ok(());
     }
-    if opts.remount {
-        bail!("remount: use mount -o remount (mount.sanfs) on a live mount");
-    }
+
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
