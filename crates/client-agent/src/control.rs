@@ -94,7 +94,7 @@ pub struct MountEntry {
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space).
-fn unescape(field: &str) -> String {
+pub(crate) fn unescape(field: &str) -> String {
     let b = field.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

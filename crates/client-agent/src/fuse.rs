@@ -96,9 +96,15 @@ struct State {
     options: FsOptions,
     files: Mutex<HashMap<u64, Arc<FuseFile>>>,
     next_fh: AtomicU64,
-    /// `st_blksize` reported for every file (the volume's block size).
+    /// The volume's block size (statfs).
     block_size: u32,
 }
+
+/// `st_blksize` of every file: the preferred I/O size. Tools size their buffers by it (`cmp`,
+/// `cat`, `cp` use at least it): 1 MiB, the largest FUSE request, is above the direct-I/O
+/// threshold, so their I/O takes the direct path instead of going through the server 4 KiB at a
+/// time (a `cmp` of 1 GiB took 316 s with 4096 here).
+const PREFERRED_IO_SIZE: u32 = 1 << 20;
 
 /// The FUSE file system of one mount.
 pub struct SanFs {
@@ -280,7 +286,7 @@ impl State {
             uid: a.uid,
             gid: a.gid,
             rdev: u32::try_from(a.rdev).unwrap_or(u32::MAX),
-            blksize: self.block_size,
+            blksize: PREFERRED_IO_SIZE.max(self.block_size),
             flags: 0,
         }
     }

@@ -11,7 +11,10 @@
 //! over it that `sanfs-agent mount` serves; [`csi`] is the CSI driver `sanfs-csi` (volumes as
 //! directories with quotas, staged on a node with `sanfs-agent mount`). [`control`] is each
 //! mount's control socket (what `sanfs-agent status` and `bmap` ask), [`metrics`] the agent's
-//! Prometheus endpoint.
+//! Prometheus endpoint. [`mount_options`] parses a mount's source and `-o` options (for
+//! `sanfs-agent mount`, the `mount.sanfs` helper of [`mount_helper`], fstab and the systemd
+//! examples), [`logging`] sends the agent's log to stderr, a file or syslog, and
+//! [`quickstart`] brings a one-machine sanfs up and down.
 
 pub mod buf;
 pub mod client;
@@ -20,4 +23,8 @@ pub mod csi;
 pub mod discovery;
 pub mod engine;
 pub mod fuse;
+pub mod logging;
 pub mod metrics;
+pub mod mount_helper;
+pub mod mount_options;
+pub mod quickstart;

@@ -1,17 +1,23 @@
 //! `sanfs-agent`: mounts a sanfs file system with FUSE (`mount`) and unmounts it (`umount`);
-//! shows a mount's agent (`status`) and a file's layout on the LUNs (`bmap`).
+//! shows a mount's agent (`status`) and a file's layout on the LUNs (`bmap`); brings a whole
+//! one-machine sanfs up and down (`quickstart`). Started as `mount.sanfs` (a symlink in
+//! /sbin), it is mount(8)'s helper for `mount -t sanfs` and fstab ([`mount_helper`]).
 //!
 //! `sanfs-agent mount SERVER:PORT[:/SUBDIR] MOUNTPOINT [-o OPTIONS] [--foreground]` connects
 //! a [`Client`] (a session at the server, this node's LUNs found by label), then serves the
 //! [`SanFs`] file system at MOUNTPOINT until the file system is unmounted (`umount`,
 //! `sanfs-agent umount`) or the agent gets SIGTERM / SIGINT (it then unmounts, lazily if the
 //! mount is busy). Without `--foreground` it starts itself in the foreground as a child in a
-//! process group of its own and returns once the mount is there. Logs go to stderr
-//! (`RUST_LOG`, default `info`).
+//! process group of its own and returns once the mount is there. Logs go to stderr in the
+//! foreground, else to `-o log=FILE|syslog` or the default of [`logging`] (`RUST_LOG` or
+//! `-o log_level=`, default `info`).
 //!
 //! A mounted agent answers `status` and `bmap` on its control socket ([`control`]), found
 //! from any path on the mount by the mount's device number, and serves Prometheus metrics
 //! with `-o metrics=ADDR`.
+//!
+//! [`mount_helper`]: sanfs_client_agent::mount_helper
+//! [`logging`]: sanfs_client_agent::logging
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -26,15 +32,16 @@ use sanfs_client_agent::client::{
 };
 use sanfs_client_agent::control::{self, ControlContext, MountStatus, Request};
 use sanfs_client_agent::discovery::DEFAULT_GLOBS;
-use sanfs_client_agent::engine::EngineKind;
 use sanfs_client_agent::fuse::{FsOptions, SanFs};
+use sanfs_client_agent::mount_options::{LogTarget, parse_options, parse_source};
+use sanfs_client_agent::{logging, mount_helper, quickstart};
 use sanfs_proto::types::{Credentials, FileType, ROOT_INODE};
 
 #[derive(Parser)]
 #[command(
     name = "sanfs-agent",
     version,
-    about = "sanfs client agent: FUSE mount, status, bmap"
+    about = "sanfs client agent: FUSE mount, status, bmap, quickstart"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -49,10 +56,11 @@ enum Command {
         source: String,
         mountpoint: PathBuf,
         /// Comma-separated options: attr_ttl=1s, entry_ttl=1s, allow_other, ro, rw,
-        /// engine=uring|sync|auto, devices=GLOB,GLOB (LUN discovery), tls_ca=, tls_cert=,
-        /// tls_key=, tls_domain=, client_name=, metrics=ADDR:PORT (Prometheus),
-        /// device_retry=5s (probe a LUN poisoned by a failed write again after this);
-        /// mount(8)'s generic ones are ignored.
+        /// threshold=SIZE (direct-I/O threshold: 64k, 1M, 65536), engine=uring|sync|auto,
+        /// devices=GLOB,GLOB (LUN discovery), tls_ca=, tls_cert=, tls_key=, tls_domain=,
+        /// client_name=, metrics=ADDR:PORT (Prometheus), device_retry=5s (probe a LUN
+        /// poisoned by a failed write again after this), log=FILE|syslog|stderr,
+        /// log_level=LEVEL; mount(8)'s generic ones (_netdev, defaults, x-*, ...) are ignored.
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Stay in the foreground (otherwise return once mounted, the agent running on).
@@ -83,158 +91,66 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-}
-
-/// The parsed `-o` options.
-#[derive(Debug)]
-struct MountOpts {
-    attr_ttl: Duration,
-    entry_ttl: Duration,
-    allow_other: bool,
-    read_only: bool,
-    engine: EngineKind,
-    devices: Vec<String>,
-    tls_ca: Option<PathBuf>,
-    tls_cert: Option<PathBuf>,
-    tls_key: Option<PathBuf>,
-    tls_domain: Option<String>,
-    client_name: String,
-    metrics: Option<std::net::SocketAddr>,
-    device_retry: Duration,
-}
-
-/// `1s`, `500ms`, `0`, `2` (seconds).
-fn parse_duration(s: &str) -> anyhow::Result<Duration> {
-    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let v: f64 = num.parse().with_context(|| format!("bad duration {s:?}"))?;
-    let secs = match unit {
-        "s" => v,
-        "ms" => v / 1000.0,
-        "m" => v * 60.0,
-        _ => bail!("bad duration unit in {s:?} (s, ms or m)"),
-    };
-    Duration::try_from_secs_f64(secs).with_context(|| format!("bad duration {s:?}"))
-}
-
-fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
-    let mut o = MountOpts {
-        attr_ttl: Duration::from_secs(1),
-        entry_ttl: Duration::from_secs(1),
-        allow_other: false,
-        read_only: false,
-        engine: EngineKind::Auto,
-        devices: Vec::new(),
-        tls_ca: None,
-        tls_cert: None,
-        tls_key: None,
-        tls_domain: None,
-        client_name: "sanfs-agent".to_owned(),
-        metrics: None,
-        device_retry: Duration::from_secs(5),
-    };
-    let mut last_was_devices = false;
-    for item in raw
-        .iter()
-        .flat_map(|r| r.split(','))
-        .filter(|i| !i.is_empty())
-    {
-        let (key, value) = match item.split_once('=') {
-            Some((k, v)) => (k, Some(v)),
-            None => (item, None),
-        };
-        // `devices=GLOB,GLOB`: a bare path after it continues the list.
-        if value.is_none() && key.contains('/') && last_was_devices {
-            o.devices
-                .extend(key.split(':').filter(|g| !g.is_empty()).map(str::to_owned));
-            continue;
-        }
-        last_was_devices = false;
-        match key {
-            "attr_ttl" => o.attr_ttl = parse_duration(need(key, value)?)?,
-            "entry_ttl" => o.entry_ttl = parse_duration(need(key, value)?)?,
-            "allow_other" => o.allow_other = true,
-            "ro" => o.read_only = true,
-            "rw" => o.read_only = false,
-            "engine" => {
-                o.engine = match need(key, value)? {
-                    "uring" => EngineKind::Uring,
-                    "sync" => EngineKind::Sync,
-                    "auto" => EngineKind::Auto,
-                    v => bail!("engine={v}: uring, sync or auto"),
-                }
-            }
-            "devices" => {
-                o.devices.extend(
-                    need(key, value)?
-                        .split(':')
-                        .filter(|g| !g.is_empty())
-                        .map(str::to_owned),
-                );
-                last_was_devices = true;
-            }
-            "tls_ca" => o.tls_ca = Some(need(key, value)?.into()),
-            "tls_cert" => o.tls_cert = Some(need(key, value)?.into()),
-            "tls_key" => o.tls_key = Some(need(key, value)?.into()),
-            "tls_domain" => o.tls_domain = Some(need(key, value)?.to_owned()),
-            "client_name" => o.client_name = need(key, value)?.to_owned(),
-            "metrics" => {
-                let v = need(key, value)?;
-                o.metrics = Some(
-                    v.parse()
-                        .with_context(|| format!("metrics={v}: not ADDRESS:PORT"))?,
-                );
-            }
-            "device_retry" => o.device_retry = parse_duration(need(key, value)?)?,
-            // mount(8) and fstab options that mean nothing to the agent.
-            "defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "nouser" | "users"
-            | "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "atime" | "noatime"
-            | "relatime" => {}
-            k if k.starts_with("x-") || k.starts_with("comment=") => {}
-            k => bail!("unknown mount option {k:?}"),
-        }
-    }
-    Ok(o)
-}
-
-fn need<'a>(key: &str, value: Option<&'a str>) -> anyhow::Result<&'a str> {
-    value.with_context(|| format!("option {key} needs a value"))
-}
-
-/// `host:port[:/subdir]` split into the server address and the sub-directory (`/` if none).
-fn parse_source(source: &str) -> anyhow::Result<(String, String)> {
-    let (server, subdir) = match source.find(":/") {
-        Some(i) => (&source[..i], &source[i + 1..]),
-        None => (source, "/"),
-    };
-    if server
-        .rsplit_once(':')
-        .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
-    {
-        bail!("source {source:?} is not SERVER:PORT[:/SUBDIR]");
-    }
-    Ok((server.to_owned(), subdir.to_owned()))
-}
-
-fn is_mounted(mountpoint: &Path) -> bool {
-    let want = mountpoint.to_string_lossy();
-    std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| {
-        m.lines()
-            .any(|l| l.split_whitespace().nth(1) == Some(want.as_ref()))
-    })
+    /// As root: make 4 file-backed LUNs (loop devices), format a striped volume, start
+    /// sanfs-mds and an agent, and mount at MOUNTPOINT; `--down` undoes exactly that.
+    Quickstart {
+        mountpoint: PathBuf,
+        /// Unmount, stop and remove what the quickstart in --state-dir made.
+        #[arg(long)]
+        down: bool,
+        /// Holds the LUN files, metadata store, logs and the state file.
+        #[arg(
+            long,
+            env = "SANFS_QUICKSTART_DIR",
+            default_value = "/var/tmp/sanfs-quickstart"
+        )]
+        state_dir: PathBuf,
+        /// The server's port on 127.0.0.1.
+        #[arg(long, env = "SANFS_QUICKSTART_PORT", default_value_t = 7410)]
+        port: u16,
+        /// The server's Prometheus port on 127.0.0.1.
+        #[arg(long, env = "SANFS_QUICKSTART_METRICS_PORT", default_value_t = 9410)]
+        metrics_port: u16,
+        /// Size of each LUN file (sparse): 1G, 512M, ...
+        #[arg(long, env = "SANFS_QUICKSTART_LUN_SIZE", default_value = "1G")]
+        lun_size: String,
+        /// The sanfs-mds binary (default: next to this one, else on PATH).
+        #[arg(long, env = "SANFS_MDS")]
+        mds: Option<PathBuf>,
+    },
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    let mut args = std::env::args();
+    let argv0 = args.next().unwrap_or_default();
+    if Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new(mount_helper::HELPER_NAME)) {
+        let rest: Vec<String> = args.collect();
+        return std::process::ExitCode::from(mount_helper::helper_main(&rest));
+    }
     let cli = Cli::parse();
+    // A foreground mount logs where its options say; everything else to stderr.
+    let (target, level) = match &cli.command {
+        Command::Mount {
+            options,
+            foreground: true,
+            ..
+        } => parse_options(options)
+            .map(|o| (o.log.unwrap_or(LogTarget::Stderr), o.log_level))
+            .unwrap_or((LogTarget::Stderr, None)),
+        _ => (LogTarget::Stderr, None),
+    };
+    if let Err(e) = logging::init(&target, level.as_deref()) {
+        // Nothing was installed: fall back to stderr and say why.
+        let _ = logging::init(&LogTarget::Stderr, level.as_deref());
+        tracing::warn!("{e:#}: logging to stderr instead");
+    }
+    let foreground_mount = matches!(
+        cli.command,
+        Command::Mount {
+            foreground: true,
+            ..
+        }
+    );
     let r = match cli.command {
         Command::Mount {
             source,
@@ -245,11 +161,42 @@ fn main() -> std::process::ExitCode {
         Command::Umount { mountpoint, lazy } => umount(&mountpoint, lazy),
         Command::Bmap { path, json } => bmap(&path, json),
         Command::Status { mountpoint, json } => status(mountpoint.as_deref(), json),
+        Command::Quickstart {
+            mountpoint,
+            down,
+            state_dir,
+            port,
+            metrics_port,
+            lun_size,
+            mds,
+        } => {
+            if down {
+                quickstart::down(&mountpoint, &state_dir)
+            } else {
+                sanfs_client_agent::mount_options::parse_size(&lun_size)
+                    .context("--lun-size")
+                    .and_then(|lun_size| {
+                        quickstart::up(&quickstart::Options {
+                            mountpoint,
+                            state_dir,
+                            port,
+                            metrics_port,
+                            lun_size,
+                            mds,
+                        })
+                    })
+            }
+        }
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
+        // The agent's own failure goes to its log; a command's to the person who ran it.
+        Err(e) if foreground_mount => {
             tracing::error!("{e:#}");
+            std::process::ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("sanfs-agent: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
@@ -275,9 +222,24 @@ fn mount(
     let opts = parse_options(raw_options)?;
     let mountpoint = std::fs::canonicalize(mountpoint)
         .with_context(|| format!("mount point {}", mountpoint.display()))?;
-    if !foreground {
-        return mount_in_background(source, &mountpoint, raw_options);
+    if opts.remount {
+        bail!("remount: use mount -o remount (mount.sanfs) on a live mount");
     }
+    if !foreground {
+        let log = opts
+            .log
+            .clone()
+            .unwrap_or_else(|| logging::default_daemon_target(&mountpoint));
+        let exe = std::env::current_exe().context("find this executable")?;
+        let pid = mount_helper::spawn_agent(&exe, source, &mountpoint, raw_options, &log)?;
+        eprintln!(
+            "sanfs-agent: {source} mounted at {} (agent pid {pid}, log {})",
+            mountpoint.display(),
+            mount_helper::describe_log(&log)
+        );
+        return Ok(());
+    }
+
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
@@ -306,6 +268,7 @@ fn mount(
     config.client_name = opts.client_name.clone();
     config.engine.kind = opts.engine;
     config.device_retry = opts.device_retry;
+    config.direct_io_threshold = opts.direct_io_threshold;
     config.tls = match (&opts.tls_ca, &opts.tls_cert, &opts.tls_key) {
         (None, None, None) => None,
         (Some(ca), Some(cert), Some(key)) => Some(TlsConfig {
@@ -480,6 +443,15 @@ fn start_control(runtime: &tokio::runtime::Runtime, ctx: ControlContext) -> Opti
     }
 }
 
+/// Writes a command's output; a reader that went away (`| head`) is not an error.
+fn out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("write to stdout"),
+    }
+}
+
 fn bmap(path: &Path, json: bool) -> anyhow::Result<()> {
     let (entry, meta) = control::mount_of(path)?;
     if !meta.is_file() {
@@ -490,9 +462,12 @@ fn bmap(path: &Path, json: bool) -> anyhow::Result<()> {
         .bmap
         .context("the agent's answer has no layout")?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&reply.entries)?);
+        out(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&reply.entries)?
+        ))?;
     } else {
-        print!("{}", format_bmap(path, &reply));
+        out(&format_bmap(path, &reply))?;
     }
     Ok(())
 }
@@ -556,9 +531,9 @@ fn status(mountpoint: Option<&Path>, json: bool) -> anyhow::Result<()> {
         let (entry, _) = control::mount_of(mp)?;
         let st = ask(&entry)?;
         if json {
-            println!("{}", serde_json::to_string_pretty(&st)?);
+            out(&format!("{}\n", serde_json::to_string_pretty(&st)?))?;
         } else {
-            print!("{}", format_status(&st));
+            out(&format_status(&st))?;
         }
         return Ok(());
     }
@@ -574,12 +549,12 @@ fn status(mountpoint: Option<&Path>, json: bool) -> anyhow::Result<()> {
         }
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&all)?);
+        out(&format!("{}\n", serde_json::to_string_pretty(&all)?))?;
     } else if all.is_empty() && failed == 0 {
-        println!("no sanfs mounts");
+        out("no sanfs mounts\n")?;
     } else {
         for st in &all {
-            print!("{}", format_status(st));
+            out(&format_status(st))?;
         }
     }
     if failed > 0 {
@@ -655,74 +630,11 @@ fn format_status(m: &MountStatus) -> String {
     out
 }
 
-/// Starts `sanfs-agent mount --foreground` as a child in its own process group and waits
-/// until the mount appears (or the child fails).
-fn mount_in_background(
-    source: &str,
-    mountpoint: &Path,
-    raw_options: &[String],
-) -> anyhow::Result<()> {
-    use std::os::unix::process::CommandExt;
-    let exe = std::env::current_exe().context("find this executable")?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.arg("mount")
-        .arg(source)
-        .arg(mountpoint)
-        .arg("--foreground");
-    for o in raw_options {
-        cmd.arg("-o").arg(o);
-    }
-    cmd.stdin(std::process::Stdio::null()).process_group(0);
-    let mut child = cmd.spawn().context("start the agent")?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if is_mounted(mountpoint) {
-            tracing::info!(pid = child.id(), "agent running");
-            return Ok(());
-        }
-        if let Some(status) = child.try_wait()? {
-            bail!("the agent exited before mounting: {status}");
-        }
-        if Instant::now() >= deadline {
-            bail!(
-                "the mount did not appear within 60 s (agent pid {})",
-                child.id()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
 
     use super::*;
-
-    #[test]
-    fn options_parse() {
-        let o = parse_options(&[
-            "attr_ttl=0,entry_ttl=250ms,allow_other".to_owned(),
-            "ro,engine=sync,devices=/dev/loop*,/srv/luns/*:/x/y,_netdev,x-systemd.automount"
-                .to_owned(),
-        ])
-        .unwrap();
-        assert_eq!(o.attr_ttl, Duration::ZERO);
-        assert_eq!(o.entry_ttl, Duration::from_millis(250));
-        assert!(o.allow_other && o.read_only);
-        assert_eq!(o.engine, EngineKind::Sync);
-        assert_eq!(o.devices, ["/dev/loop*", "/srv/luns/*", "/x/y"]);
-        let d = parse_options(&[]).unwrap();
-        assert_eq!(d.attr_ttl, Duration::from_secs(1));
-        assert!(d.devices.is_empty() && !d.read_only);
-        assert!(parse_options(&["bogus".to_owned()]).is_err());
-        assert!(parse_options(&["attr_ttl=fast".to_owned()]).is_err());
-        assert!(parse_options(&["engine=spdk".to_owned()]).is_err());
-        let m = parse_options(&["metrics=10.0.0.2:9420,device_retry=250ms".to_owned()]).unwrap();
-        assert_eq!(m.metrics, Some("10.0.0.2:9420".parse().unwrap()));
-        assert_eq!(m.device_retry, Duration::from_millis(250));
-        assert!(parse_options(&["metrics=nowhere".to_owned()]).is_err());
-    }
 
     #[test]
     fn bmap_text_shows_pieces_and_holes() {
@@ -746,17 +658,5 @@ mod tests {
         assert!(lines[3].contains("[4096..8191]") && lines[3].contains("(missing here)"));
         assert!(lines[3].contains("[1048576..1052671]") && lines[3].ends_with("unwritten"));
         assert!(lines[4].contains("[8192..12287]") && lines[4].ends_with("hole"));
-    }
-
-    #[test]
-    fn source_parse() {
-        let s = |x: &str| parse_source(x).unwrap();
-        assert_eq!(s("mds:7000"), ("mds:7000".to_owned(), "/".to_owned()));
-        assert_eq!(
-            s("10.0.0.1:7000:/a/b"),
-            ("10.0.0.1:7000".to_owned(), "/a/b".to_owned())
-        );
-        assert!(parse_source("mds").is_err());
-        assert!(parse_source("mds:port:/x").is_err());
     }
 }

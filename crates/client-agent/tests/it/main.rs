@@ -1,8 +1,9 @@
 //! Integration tests of the agent, by boundary: the engines against real files and loop
 //! devices (`engine_io`), discovery against labelled LUNs (`discovery`), the client library
 //! against a real in-process metadata server on file-backed LUNs (`client`, `lun_recovery`,
-//! `fallocate`, `locks`, with their fixture `cluster`), the FUSE mount (`mount`), the CSI
-//! driver (`csi`), and the acceptance tests of the data path on a multi-node test cluster
+//! `fallocate`, `locks`, with their fixture `cluster`), the FUSE mount (`mount`), mount(8)'s
+//! helper `mount.sanfs` with fstab (`mount_sanfs`), `quickstart`, the deployment examples
+//! (`deploy`), the CSI driver (`csi`), and the acceptance tests of the data path on a multi-node test cluster
 //! (`san`: network namespaces, loop-device LUNs, real agent processes): `e2e`, `coherence`,
 //! `agent_crash`, `striping`, `missing_lun`. Tests that need root (loop devices, namespaces,
 //! FUSE) say that they were skipped and pass without it; the `san` ones run on loopback with
@@ -15,6 +16,7 @@ mod client;
 mod cluster;
 mod coherence;
 mod csi;
+mod deploy;
 mod discovery;
 mod e2e;
 mod engine_io;
@@ -23,6 +25,8 @@ mod locks;
 mod lun_recovery;
 mod missing_lun;
 mod mount;
+mod mount_sanfs;
+mod quickstart;
 mod san;
 mod striping;
 mod support;

@@ -36,7 +36,7 @@ fn systemd_units_verify_without_a_diagnostic() {
     .unwrap();
     std::fs::write(
         dir.path().join("mnt-sanfs.mount"),
-        read("mnt-sanfs.mount.example"),
+        std::fs::read_to_string(deploy().join("../examples/mnt-sanfs.mount")).unwrap(),
     )
     .unwrap();
     let out = Command::new("systemd-analyze")

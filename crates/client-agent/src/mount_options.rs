@@ -1,0 +1,400 @@
+//! The mount source (`SERVER:PORT[:/SUBDIR]`) and the `-o` options of a sanfs mount, parsed
+//! once for every way a mount is asked for: `sanfs-agent mount`, `mount -t sanfs` (the
+//! `mount.sanfs` helper), an fstab line, the systemd units' `agent.env` and `.mount` files
+//! (their examples in `deploy/examples` are checked with this parser), and `quickstart`.
+//!
+//! Unknown options are errors, unless the caller is sloppy (`mount -s`): then they are
+//! returned to be reported and skipped. mount(8)'s own generic options (`_netdev`,
+//! `defaults`, `noauto`, `x-*`, ...) mean nothing to the agent and are accepted.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::engine::EngineKind;
+
+/// Where the agent's log lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogTarget {
+    /// Standard error (the default in the foreground).
+    Stderr,
+    /// Appended to this file (made with its directory when missing).
+    File(PathBuf),
+    /// The local syslog socket `/dev/log` (journald's when systemd runs), facility daemon.
+    Syslog,
+}
+
+/// The parsed `-o` options.
+#[derive(Debug, Clone)]
+pub struct MountOpts {
+    pub attr_ttl: Duration,
+    pub entry_ttl: Duration,
+    pub allow_other: bool,
+    pub read_only: bool,
+    pub engine: EngineKind,
+    /// LUN discovery globs; empty: the built-in defaults.
+    pub devices: Vec<String>,
+    pub tls_ca: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_domain: Option<String>,
+    pub client_name: String,
+    pub metrics: Option<std::net::SocketAddr>,
+    pub device_retry: Duration,
+    /// `threshold=SIZE`: this mount's direct-I/O threshold instead of the server's.
+    pub direct_io_threshold: Option<u64>,
+    /// `log=FILE|syslog|stderr`; `None`: stderr in the foreground, chosen when daemonised.
+    pub log: Option<LogTarget>,
+    /// `log_level=error|warn|info|debug|trace`; `None`: `RUST_LOG`, else `info`.
+    pub log_level: Option<String>,
+    /// `remount` was asked for (mount(8) `-o remount`).
+    pub remount: bool,
+}
+
+impl Default for MountOpts {
+    fn default() -> MountOpts {
+        MountOpts {
+            attr_ttl: Duration::from_secs(1),
+            entry_ttl: Duration::from_secs(1),
+            allow_other: false,
+            read_only: false,
+            engine: EngineKind::Auto,
+            devices: Vec::new(),
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_domain: None,
+            client_name: "sanfs-agent".to_owned(),
+            metrics: None,
+            device_retry: Duration::from_secs(5),
+            direct_io_threshold: None,
+            log: None,
+            log_level: None,
+            remount: false,
+        }
+    }
+}
+
+/// mount(8) and fstab options that mean nothing to the agent.
+const GENERIC: &[&str] = &[
+    "defaults",
+    "auto",
+    "noauto",
+    "nofail",
+    "_netdev",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "group",
+    "dev",
+    "nodev",
+    "suid",
+    "nosuid",
+    "exec",
+    "noexec",
+    "atime",
+    "noatime",
+    "relatime",
+    "strictatime",
+    "nodiratime",
+    "diratime",
+    "sync",
+    "async",
+    "loud",
+    "silent",
+];
+
+/// Options `-o remount` can change on a live mount: the mount point's read-only flag. Every
+/// other agent option is fixed at mount time.
+pub const REMOUNT_CHANGEABLE: &[&str] = &["ro", "rw"];
+
+/// `1s`, `500ms`, `2m`, `0`, `2` (seconds).
+pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let v: f64 = num
+        .parse()
+        .with_context(|| format!("bad duration {s:?} (e.g. 1s, 250ms, 2m)"))?;
+    let secs = match unit {
+        "s" => v,
+        "ms" => v / 1000.0,
+        "m" => v * 60.0,
+        _ => bail!("bad duration unit in {s:?} (s, ms or m)"),
+    };
+    Duration::try_from_secs_f64(secs).with_context(|| format!("bad duration {s:?}"))
+}
+
+/// A byte size: `65536`, `64k`, `64K`, `64KiB`, `1M`, `1MiB`, `1G` (binary units).
+pub fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let i = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(i);
+    if num.is_empty() {
+        bail!("{s:?} is not a size (e.g. 65536, 64k, 1M)");
+    }
+    let n: u64 = num
+        .parse()
+        .with_context(|| format!("{s:?} is not a size (e.g. 65536, 64k, 1M)"))?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" | "kb" => 10,
+        "m" | "mib" | "mb" => 20,
+        "g" | "gib" | "gb" => 30,
+        "t" | "tib" | "tb" => 40,
+        _ => bail!("bad size unit in {s:?} (k, M, G or T, binary)"),
+    };
+    n.checked_mul(1u64 << shift)
+        .with_context(|| format!("size {s:?} is too large"))
+}
+
+/// Parses the comma-separated `-o` strings. With `sloppy`, unknown options are skipped and
+/// returned (to be reported); without, the first one is an error.
+pub fn parse_options_sloppy(
+    raw: &[String],
+    sloppy: bool,
+) -> anyhow::Result<(MountOpts, Vec<String>)> {
+    let mut o = MountOpts::default();
+    let mut ignored = Vec::new();
+    let mut last_was_devices = false;
+    for item in raw
+        .iter()
+        .flat_map(|r| r.split(','))
+        .filter(|i| !i.is_empty())
+    {
+        let (key, value) = match item.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (item, None),
+        };
+        // `devices=GLOB,GLOB`: a bare path after it continues the list.
+        if value.is_none() && key.contains('/') && last_was_devices {
+            o.devices
+                .extend(key.split(':').filter(|g| !g.is_empty()).map(str::to_owned));
+            continue;
+        }
+        last_was_devices = false;
+        match key {
+            "attr_ttl" => o.attr_ttl = duration_option(key, value)?,
+            "entry_ttl" => o.entry_ttl = duration_option(key, value)?,
+            "allow_other" => o.allow_other = true,
+            "ro" => o.read_only = true,
+            "rw" => o.read_only = false,
+            "remount" => o.remount = true,
+            "engine" => {
+                o.engine = match need(key, value)? {
+                    "uring" => EngineKind::Uring,
+                    "sync" => EngineKind::Sync,
+                    "auto" => EngineKind::Auto,
+                    v => bail!("engine={v}: uring, sync or auto"),
+                }
+            }
+            "devices" => {
+                o.devices.extend(
+                    need(key, value)?
+                        .split(':')
+                        .filter(|g| !g.is_empty())
+                        .map(str::to_owned),
+                );
+                last_was_devices = true;
+            }
+            "tls_ca" => o.tls_ca = Some(need(key, value)?.into()),
+            "tls_cert" => o.tls_cert = Some(need(key, value)?.into()),
+            "tls_key" => o.tls_key = Some(need(key, value)?.into()),
+            "tls_domain" => o.tls_domain = Some(need(key, value)?.to_owned()),
+            "client_name" => o.client_name = need(key, value)?.to_owned(),
+            "metrics" => {
+                let v = need(key, value)?;
+                o.metrics = Some(
+                    v.parse()
+                        .with_context(|| format!("metrics={v}: not ADDRESS:PORT"))?,
+                );
+            }
+            "device_retry" => o.device_retry = duration_option(key, value)?,
+            "threshold" => {
+                let v = need(key, value)?;
+                o.direct_io_threshold = Some(
+                    parse_size(v)
+                        .with_context(|| format!("threshold={v}: bad direct-I/O threshold"))?,
+                );
+            }
+            "log" => {
+                o.log = Some(match need(key, value)? {
+                    "stderr" => LogTarget::Stderr,
+                    "syslog" | "journal" => LogTarget::Syslog,
+                    p if Path::new(p).is_absolute() => LogTarget::File(p.into()),
+                    p => bail!("log={p}: an absolute file path, syslog or stderr"),
+                })
+            }
+            "log_level" => {
+                let v = need(key, value)?;
+                if !["error", "warn", "info", "debug", "trace"].contains(&v) {
+                    bail!("log_level={v}: error, warn, info, debug or trace");
+                }
+                o.log_level = Some(v.to_owned());
+            }
+            k if GENERIC.contains(&k) => {}
+            k if k.starts_with("x-") || k == "comment" => {}
+            _ if sloppy => ignored.push(item.to_owned()),
+            k => bail!("unknown mount option {k:?}"),
+        }
+    }
+    Ok((o, ignored))
+}
+
+/// Parses the comma-separated `-o` strings; an unknown option is an error.
+pub fn parse_options(raw: &[String]) -> anyhow::Result<MountOpts> {
+    parse_options_sloppy(raw, false).map(|(o, _)| o)
+}
+
+fn duration_option(key: &str, value: Option<&str>) -> anyhow::Result<Duration> {
+    let v = need(key, value)?;
+    parse_duration(v).with_context(|| format!("{key}={v}"))
+}
+
+fn need<'a>(key: &str, value: Option<&'a str>) -> anyhow::Result<&'a str> {
+    value
+        .filter(|v| !v.is_empty())
+        .with_context(|| format!("option {key} needs a value"))
+}
+
+/// `host:port[:/subdir]` split into the server address and the sub-directory (`/` if none).
+pub fn parse_source(source: &str) -> anyhow::Result<(String, String)> {
+    let (server, subdir) = match source.find(":/") {
+        Some(i) => (&source[..i], &source[i + 1..]),
+        None => (source, "/"),
+    };
+    if server
+        .rsplit_once(':')
+        .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+    {
+        bail!("source {source:?} is not SERVER:PORT[:/SUBDIR]");
+    }
+    Ok((server.to_owned(), subdir.to_owned()))
+}
+
+/// The options of a remount that the agent cannot change live, if any.
+pub fn remount_unchangeable(raw: &[String]) -> Vec<String> {
+    raw.iter()
+        .flat_map(|r| r.split(','))
+        .filter(|i| !i.is_empty())
+        .filter(|i| {
+            let key = i.split_once('=').map_or(*i, |(k, _)| k);
+            key != "remount"
+                && !REMOUNT_CHANGEABLE.contains(&key)
+                && !GENERIC.contains(&key)
+                && !key.starts_with("x-")
+                && key != "comment"
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+
+    use super::*;
+
+    fn s(v: &str) -> Vec<String> {
+        vec![v.to_owned()]
+    }
+
+    #[test]
+    fn options_parse() {
+        let o = parse_options(&[
+            "attr_ttl=0,entry_ttl=250ms,allow_other".to_owned(),
+            "ro,engine=sync,devices=/dev/loop*,/srv/luns/*:/x/y,_netdev,x-systemd.automount"
+                .to_owned(),
+        ])
+        .unwrap();
+        assert_eq!(o.attr_ttl, Duration::ZERO);
+        assert_eq!(o.entry_ttl, Duration::from_millis(250));
+        assert!(o.allow_other && o.read_only);
+        assert_eq!(o.engine, EngineKind::Sync);
+        assert_eq!(o.devices, ["/dev/loop*", "/srv/luns/*", "/x/y"]);
+        let d = parse_options(&[]).unwrap();
+        assert_eq!(d.attr_ttl, Duration::from_secs(1));
+        assert!(d.devices.is_empty() && !d.read_only && d.direct_io_threshold.is_none());
+        assert!(parse_options(&s("bogus")).is_err());
+        assert!(parse_options(&s("attr_ttl=fast")).is_err());
+        assert!(parse_options(&s("engine=spdk")).is_err());
+        let m = parse_options(&s("metrics=10.0.0.2:9420,device_retry=250ms")).unwrap();
+        assert_eq!(m.metrics, Some("10.0.0.2:9420".parse().unwrap()));
+        assert_eq!(m.device_retry, Duration::from_millis(250));
+        assert!(parse_options(&s("metrics=nowhere")).is_err());
+    }
+
+    #[test]
+    fn threshold_sizes() {
+        let t = |v: &str| {
+            parse_options(&s(&format!("threshold={v}"))).map(|o| o.direct_io_threshold.unwrap())
+        };
+        assert_eq!(t("65536").unwrap(), 65536);
+        assert_eq!(t("64k").unwrap(), 65536);
+        assert_eq!(t("64K").unwrap(), 65536);
+        assert_eq!(t("64KiB").unwrap(), 65536);
+        assert_eq!(t("1M").unwrap(), 1 << 20);
+        assert_eq!(t("1MiB").unwrap(), 1 << 20);
+        assert_eq!(t("2g").unwrap(), 2 << 30);
+        assert_eq!(t("0").unwrap(), 0);
+        for bad in [
+            "",
+            "k",
+            "64x",
+            "1.5M",
+            "-1",
+            "99999999999999999999",
+            "16777216T",
+        ] {
+            let e = t(bad).unwrap_err();
+            assert!(format!("{e:#}").contains("threshold"), "{bad}: {e:#}");
+        }
+    }
+
+    #[test]
+    fn log_options() {
+        let o = parse_options(&s("log=/var/log/sanfs/a.log,log_level=debug")).unwrap();
+        assert_eq!(o.log, Some(LogTarget::File("/var/log/sanfs/a.log".into())));
+        assert_eq!(o.log_level.as_deref(), Some("debug"));
+        assert_eq!(
+            parse_options(&s("log=syslog")).unwrap().log,
+            Some(LogTarget::Syslog)
+        );
+        assert!(parse_options(&s("log=relative.log")).is_err());
+        assert!(parse_options(&s("log_level=loud")).is_err());
+    }
+
+    #[test]
+    fn sloppy_skips_unknown_options_and_says_which() {
+        let (o, ignored) =
+            parse_options_sloppy(&s("ro,vers=4,attr_ttl=2s,hard,_netdev"), true).unwrap();
+        assert!(o.read_only);
+        assert_eq!(o.attr_ttl, Duration::from_secs(2));
+        assert_eq!(ignored, ["vers=4", "hard"]);
+        // Sloppy does not excuse a known option's bad value.
+        assert!(parse_options_sloppy(&s("threshold=big"), true).is_err());
+    }
+
+    #[test]
+    fn remount_subset() {
+        assert!(remount_unchangeable(&s("remount,ro,_netdev")).is_empty());
+        assert_eq!(
+            remount_unchangeable(&s("remount,attr_ttl=0,rw")),
+            ["attr_ttl=0"]
+        );
+    }
+
+    #[test]
+    fn source_parse() {
+        let s = |x: &str| parse_source(x).unwrap();
+        assert_eq!(s("mds:7000"), ("mds:7000".to_owned(), "/".to_owned()));
+        assert_eq!(
+            s("10.0.0.1:7000:/a/b"),
+            ("10.0.0.1:7000".to_owned(), "/a/b".to_owned())
+        );
+        assert!(parse_source("mds").is_err());
+        assert!(parse_source("mds:port:/x").is_err());
+    }
+}
