@@ -776,6 +776,32 @@ impl Grants {
         }
     }
 
+    /// Before attributes are read (`GetAttr`): the write grants on `ino` at this moment end
+    /// first, write layouts recalled. An agent answers a layout's recall only once the
+    /// completions of its writes there are in (it completes writes behind them), so the
+    /// size and mtime read next include every write that returned on any node. Bounded by
+    /// the lock timeout (then the attributes are read as they are).
+    pub async fn settle_attr(&self, ino: u64) {
+        let ids: Vec<u64> = self
+            .lock_table()
+            .iter()
+            .filter(|(_, g)| g.ino == ino && g.mode == LockMode::Exclusive)
+            .map(|(id, _)| *id)
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        self.recall(ids.clone());
+        let deadline = tokio::time::Instant::now() + self.dp.lock_timeout;
+        while tokio::time::Instant::now() < deadline {
+            if !ids.iter().any(|id| self.lock_table().contains_key(id)) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        tracing::warn!(ino, "write grants outlived a GetAttr's wait for them");
+    }
+
     /// Takes an exclusive lock for a change that alters what grants describe (truncate,
     /// fallocate), recalling cached read grants in the way. Released when dropped.
     pub async fn exclusive(&self, ino: u64, span: Span) -> Result<crate::proxy::Held, FsError> {

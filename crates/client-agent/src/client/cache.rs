@@ -86,6 +86,9 @@ impl GrantCache {
         }
         t.tick += 1;
         let last_use = t.tick;
+        // A write layout serves the writer's next writes at once (their device I/O may
+        // overlap this one's completion); a read grant only once its first read is done.
+        let cached = grant.mode == LockMode::Exclusive;
         t.entries.insert(
             grant.grant_id,
             Entry {
@@ -93,7 +96,7 @@ impl GrantCache {
                 generation,
                 in_flight: 1,
                 recalled: false,
-                cached: false,
+                cached,
                 last_use,
             },
         );

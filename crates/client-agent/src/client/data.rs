@@ -117,7 +117,9 @@ impl Client {
         }
         let inner = &self.inner;
         let view = inner.view_for(Some(fh))?;
-        // This agent's own write layouts there would block the read: give them back.
+        // This agent's own write layouts there would block the read: give them back (after
+        // their completions in flight, which may move the end of file).
+        inner.settle(ino).await;
         let range = ByteRange::new(offset, len)?;
         inner
             .give_back_own(&view, ino, range, Some(LockMode::Exclusive))
@@ -175,8 +177,10 @@ impl Client {
                 attr: None,
             });
         }
-        let inner = &*self.inner;
+        let inner = &self.inner;
         let view = inner.view_for(Some(fh))?;
+        // A write that completed behind an earlier one failed: say so now (as writeback).
+        inner.take_write_error(ino)?;
         // Own read grants there would block the write; so would own write layouts where the
         // server writes (the proxied pieces): give them back.
         inner
@@ -251,6 +255,7 @@ impl Client {
         match split(offset, len, block, inner.threshold(&view)) {
             Some((h, m)) if len > 0 && h == offset && m == offset + len => {
                 let range = ByteRange::new(offset, len)?;
+                inner.settle(ino).await;
                 inner
                     .give_back_own(&view, ino, range, Some(LockMode::Exclusive))
                     .await;
@@ -280,11 +285,12 @@ impl Client {
     ) -> Result<(AlignedBuf, WriteOutcome), FsError> {
         let len = buf.len() as u64;
         let range = ByteRange::new(offset, len)?;
-        let inner = &*self.inner;
+        let inner = &self.inner;
         let view = inner.view_for(Some(fh))?;
         let block = u64::from(view.server.block_size);
         match split(offset, len, block, inner.threshold(&view)) {
             Some((h, m)) if len > 0 && h == offset && m == offset + len => {
+                inner.take_write_error(ino)?;
                 inner
                     .give_back_own(&view, ino, range, Some(LockMode::Shared))
                     .await;
@@ -300,6 +306,19 @@ impl Client {
         }
     }
 
+    /// Waits for `ino`'s write completions in flight (writes inside a write layout return
+    /// before their completion is answered); a completion that failed is the error here,
+    /// once. What close(2) reports ([`Client::has_writes_behind`] says whether to ask).
+    pub async fn flush_writes(&self, ino: InodeId) -> Result<(), FsError> {
+        self.inner.settle(ino).await;
+        self.inner.take_write_error(ino)
+    }
+
+    /// Whether `ino` has write completions in flight, or a failed one not reported yet.
+    pub fn has_writes_behind(&self, ino: InodeId) -> bool {
+        self.inner.has_behind(ino)
+    }
+
     /// Makes the file's completed writes (and, unless `data_only`, its metadata) durable.
     pub async fn fsync(
         &self,
@@ -310,6 +329,9 @@ impl Client {
     ) -> Result<(), FsError> {
         let inner = &*self.inner;
         let view = inner.view_for(Some(fh))?;
+        // Writes completed behind first; one that failed is this fsync's error.
+        inner.settle(ino).await;
+        inner.take_write_error(ino)?;
         let req = FsyncRequest {
             cred: cred.clone(),
             handle: handle_ref(fh),
@@ -333,6 +355,7 @@ impl Client {
         size: u64,
     ) -> Result<Attr, FsError> {
         let view = self.inner.view_for(fh)?;
+        self.inner.settle(ino).await;
         let tail = ByteRange::new(size, MAX_FILE_SIZE.saturating_sub(size))?;
         self.inner.give_back_own(&view, ino, tail, None).await;
         let changes = SetAttr {
@@ -358,6 +381,7 @@ impl Client {
         }
         let inner = &*self.inner;
         let view = inner.view_for(Some(fh))?;
+        inner.settle(ino).await;
         inner.give_back_own(&view, ino, range, None).await;
         let req = FallocateRequest {
             cred: cred.clone(),
@@ -870,7 +894,7 @@ impl Inner {
     /// partial completion), else under a new grant: a write layout when this is a
     /// sequential writer's next write (layouts on), else a grant of the write's own range.
     async fn direct_write(
-        &self,
+        self: &Arc<Self>,
         view: &SessionView,
         cred: &Credentials,
         fh: &FileHandle,
@@ -896,9 +920,13 @@ impl Inner {
             {
                 bump(&self.counters.layout_writes);
                 let r = self.write_in_layout(view, &layout, want, data, at).await;
-                self.end_layout_use(view, &layout, r.is_ok()).await;
+                if r.is_ok() {
+                    self.complete_behind(view, layout, ino, want);
+                } else {
+                    self.end_layout_use(view, &layout, false).await;
+                }
                 attr = match r {
-                    Ok(a) => Some(a),
+                    Ok(()) => attr,
                     Err(FsError::NotSupported) => self
                         .proxied_write(view, cred, fh, ino, pos, piece_of(data, at, want.len())?)
                         .await?
@@ -935,9 +963,13 @@ impl Inner {
                     Ok(false) => Err(FsError::NotSupported),
                     Ok(true) => self.write_in_layout(view, &layout, part, data, at).await,
                 };
-                self.end_layout_use(view, &layout, r.is_ok()).await;
+                if r.is_ok() {
+                    self.complete_behind(view, Arc::clone(&layout), ino, part);
+                } else {
+                    self.end_layout_use(view, &layout, false).await;
+                }
                 attr = match r {
-                    Ok(a) => Some(a),
+                    Ok(()) => attr,
                     Err(FsError::NotSupported) => self
                         .proxied_write(view, cred, fh, ino, pos, piece_of(data, at, part.len())?)
                         .await?
@@ -1001,8 +1033,8 @@ impl Inner {
         Ok(attr)
     }
 
-    /// Writes `part` (inside `layout`) from `data[at..]` and completes it partially: that
-    /// part becomes Written, the layout stays. `NotSupported`: a LUN of the part is not
+    /// Writes `part` (inside `layout`) from `data[at..]` to the devices; on success the
+    /// caller completes it ([`Inner::complete_behind`]), a device error is completed here. `NotSupported`: a LUN of the part is not
     /// usable from this node (nothing was written).
     async fn write_in_layout(
         &self,
@@ -1011,7 +1043,7 @@ impl Inner {
         part: ByteRange,
         data: &mut AlignedBuf,
         at: usize,
-    ) -> Result<Attr, FsError> {
+    ) -> Result<(), FsError> {
         let start = part.offset() - layout.range.offset();
         let plan = sub_plan(&layout.device_ios, &[], start, start + part.len());
         if !plan
@@ -1023,17 +1055,48 @@ impl Inner {
         }
         let errs = self.plan_in_place(view, &plan, true, data, at).await?;
         if errs.is_empty() {
-            let attr = self
-                .complete_at(view, layout, IoOutcome::Ok, part.len(), Some(part.offset()))
-                .await?;
-            add(&self.counters.direct_write_bytes, part.len());
-            return Ok(attr);
+            return Ok(());
         }
         let (bytes_done, outcome, e) = self.write_failed(layout.inode, layout, &plan, &errs);
         let _ = self
             .complete_at(view, layout, outcome, bytes_done, Some(part.offset()))
             .await;
         Err(e)
+    }
+
+    /// Completes a write inside a layout behind the caller (write-behind completion): the
+    /// caller's write returns once its device I/O is done, and `Complete{keep}` goes on in
+    /// the background. The layout stays in use until that completion is answered, so a
+    /// recall (another node's read or write there) is acknowledged only after it: other
+    /// nodes see every written byte. This agent's own reads, stats, truncates and fsyncs of
+    /// the file wait for its completions first ([`Inner::settle`]); a failed completion is
+    /// the error of the file's next write, fsync or close, as a failed writeback is.
+    fn complete_behind(
+        self: &Arc<Self>,
+        view: &SessionView,
+        layout: Arc<Grant>,
+        ino: InodeId,
+        part: ByteRange,
+    ) {
+        self.begin_pending(ino);
+        let inner = Arc::clone(self);
+        let view = view.clone();
+        tokio::spawn(async move {
+            let r = inner
+                .complete_at(
+                    &view,
+                    &layout,
+                    IoOutcome::Ok,
+                    part.len(),
+                    Some(part.offset()),
+                )
+                .await;
+            if r.is_ok() {
+                add(&inner.counters.direct_write_bytes, part.len());
+            }
+            inner.end_layout_use(&view, &layout, r.is_ok()).await;
+            inner.end_pending(ino, r.err());
+        });
     }
 
     /// The end of one write's use of a cached write layout: kept after a success, given back

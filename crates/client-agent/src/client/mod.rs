@@ -287,6 +287,11 @@ pub(crate) struct Inner {
     locks_held: locks::LockMirror,
     /// Where each file's last direct write ended (sequential writers get write layouts).
     write_ends: Mutex<HashMap<InodeId, u64>>,
+    /// Per file: write completions in flight behind their writes, and the first error of one
+    /// that failed (reported by the file's next write, fsync or close).
+    behind: Mutex<HashMap<InodeId, Behind>>,
+    /// Wakes those waiting for a file's completions in flight.
+    behind_idle: Notify,
     /// The inode of every handle this agent has open: when a file's last handle closes, the
     /// server drops this session's grants on it, so the cached ones are given back first.
     open_handles: Mutex<HashMap<FileHandle, InodeId>>,
@@ -460,6 +465,8 @@ impl Client {
             heartbeats_paused: AtomicBool::new(false),
             locks_held: locks::LockMirror::default(),
             write_ends: Mutex::new(HashMap::new()),
+            behind: Mutex::new(HashMap::new()),
+            behind_idle: Notify::new(),
             open_handles: Mutex::new(HashMap::new()),
         });
         bump(&inner.counters.sessions);
@@ -588,7 +595,77 @@ impl Drop for Client {
     }
 }
 
+/// A file's write completions in flight (see [`Inner::settle`]).
+#[derive(Debug, Default)]
+struct Behind {
+    in_flight: u64,
+    error: Option<FsError>,
+}
+
 impl Inner {
+    fn lock_behind(&self) -> MutexGuard<'_, HashMap<InodeId, Behind>> {
+        self.behind.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A write completion of `ino` goes on behind its write.
+    pub(crate) fn begin_pending(&self, ino: InodeId) {
+        self.lock_behind().entry(ino).or_default().in_flight += 1;
+    }
+
+    /// A write completion of `ino` was answered (`error`: it failed).
+    pub(crate) fn end_pending(&self, ino: InodeId, error: Option<FsError>) {
+        {
+            let mut all = self.lock_behind();
+            if let Some(b) = all.get_mut(&ino) {
+                b.in_flight = b.in_flight.saturating_sub(1);
+                if let Some(e) = error {
+                    tracing::error!(inode = %ino, error = %e, "a write's completion failed: the file's next write, fsync or close reports it");
+                    b.error.get_or_insert(e);
+                }
+                if b.in_flight == 0 && b.error.is_none() {
+                    all.remove(&ino);
+                }
+            }
+        }
+        self.behind_idle.notify_waiters();
+    }
+
+    /// Waits until no write completion of `ino` is in flight: what this agent reads, stats,
+    /// truncates or syncs next sees its own writes completed.
+    pub(crate) async fn settle(&self, ino: InodeId) {
+        loop {
+            let idle = self.behind_idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self
+                .lock_behind()
+                .get(&ino)
+                .is_none_or(|b| b.in_flight == 0)
+            {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    /// The error of a failed write completion of `ino`, once (then forgotten).
+    pub(crate) fn take_write_error(&self, ino: InodeId) -> Result<(), FsError> {
+        let mut all = self.lock_behind();
+        let Some(b) = all.get_mut(&ino) else {
+            return Ok(());
+        };
+        let e = b.error.take();
+        if b.in_flight == 0 {
+            all.remove(&ino);
+        }
+        e.map_or(Ok(()), Err)
+    }
+
+    /// Whether `ino` has write completions in flight or a failed one to report.
+    pub(crate) fn has_behind(&self, ino: InodeId) -> bool {
+        self.lock_behind().contains_key(&ino)
+    }
+
     /// Records an open handle's inode.
     pub(crate) fn note_open(&self, handle: FileHandle, ino: InodeId) {
         self.lock_open_handles().insert(handle, ino);

@@ -74,6 +74,8 @@ impl Client {
     }
 
     pub async fn getattr(&self, cred: &Credentials, ino: InodeId) -> Result<Attr, FsError> {
+        // This agent's writes completed behind them count (size, mtime).
+        self.inner.settle(ino).await;
         let req = pb::GetAttrRequest::from(InodeRequest {
             cred: cred.clone(),
             inode: ino,
@@ -91,6 +93,7 @@ impl Client {
         changes: SetAttr,
         fh: Option<&FileHandle>,
     ) -> Result<Attr, FsError> {
+        self.inner.settle(ino).await;
         if fh.is_some() {
             self.inner.view_for(fh)?;
         }
@@ -394,6 +397,10 @@ impl Client {
     pub async fn release(&self, fh: &FileHandle) -> Result<(), FsError> {
         let last = self.inner.note_close(fh);
         let view = self.inner.view_for(Some(fh))?;
+        if let Some(ino) = last {
+            // Its writes' completions first (a failure is this close's error).
+            self.inner.settle(ino).await;
+        }
         // The server drops this session's grants on a file whose last handle closes: give
         // the cached ones back first (a layout kept past that would be used without a lock).
         if let Some(ino) = last {

@@ -1,7 +1,7 @@
 //! Write layouts (docs/protocol.md "Write layouts"): a sequential writer's direct writes
-//! inside one cached exclusive grant need one round trip each, not two; another node that
-//! reads, writes, truncates or stats there recalls the layout first and sees every completed
-//! byte; a layout never outlives the file's last handle; an unused layout's blocks past end
+//! inside one cached exclusive grant need no MapWrite and return once their device I/O is done
+//! (the completion goes on behind them); another node that reads, writes, truncates or stats
+//! there recalls the layout first and sees every written byte and the size; a layout never outlives the file's last handle; an unused layout's blocks past end
 //! of file are freed when it goes back.
 
 use std::time::Duration;
@@ -35,10 +35,23 @@ async fn sequential_writes_share_one_layout_and_other_nodes_see_every_byte() {
     assert_eq!(s.map_writes - before.map_writes, 1, "one layout: {s:?}");
     assert_eq!(s.layout_writes - before.layout_writes, 63, "{s:?}");
     assert_eq!(s.proxied_writes, before.proxied_writes, "all direct: {s:?}");
-    // Sizes are exact at once: every write was completed before it returned.
+    // Sizes are exact at once on another node: its GetAttr recalls A's layout, which A
+    // answers once its writes' completions (sent behind the writes) are in.
+    let recalls = a.stats().recalls;
     assert_eq!(b.getattr(&root(), ino).await.unwrap().size, 4 * MIB);
+    assert!(
+        a.stats().recalls > recalls,
+        "A's layout was recalled by a stat"
+    );
 
-    // B reads in the middle of A's layout: A's layout is recalled, B sees every byte.
+    // A writes on (a new layout); B reads in the middle of it: recalled, B sees every byte.
+    for i in 64..72u64 {
+        let data = rng.bytes(64 * KIB as usize);
+        a.write_at(&root(), &ha, ino, i * 64 * KIB, &data)
+            .await
+            .unwrap();
+        model.write(i * 64 * KIB, &data);
+    }
     let recalls = a.stats().recalls;
     let got = tokio::time::timeout(
         Duration::from_secs(5),
@@ -51,7 +64,7 @@ async fn sequential_writes_share_one_layout_and_other_nodes_see_every_byte() {
     assert!(a.stats().recalls > recalls, "A's layout was recalled");
 
     // A goes on writing (a new layout), B writes inside it (recalled again), both read alike.
-    for i in 64..96u64 {
+    for i in 72..96u64 {
         let data = rng.bytes(64 * KIB as usize);
         a.write_at(&root(), &ha, ino, i * 64 * KIB, &data)
             .await
