@@ -140,6 +140,7 @@ impl RawAgent {
             offset: 0,
             length: len,
             sync: false,
+            ..Default::default()
         }
     }
 
@@ -159,6 +160,7 @@ impl RawAgent {
                 errors: vec![],
                 bytes_done: if write { g.length } else { 0 },
                 sync: false,
+                ..Default::default()
             })
             .await?;
         Ok(())

@@ -855,28 +855,41 @@ impl fuser::Filesystem for SanFs {
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // No client cache: every write has completed at the server before it was answered.
-        // A close drops the closing process's POSIX locks on the file (any descriptor of it),
-        // cluster-wide; only when this agent holds some, to keep close cheap.
-        if self.state.client.locks_held() == 0 {
+        // No client cache of data, but writes inside a write layout return before their
+        // completion is answered: close waits for those and reports one that failed (as a
+        // failed writeback). A close also drops the closing process's POSIX locks on the file
+        // (any descriptor of it), cluster-wide; only when this agent holds some, to keep
+        // close cheap.
+        let sino = self.state.ino(ino);
+        let behind = self.state.client.has_writes_behind(sino);
+        if self.state.client.locks_held() == 0 && !behind {
             reply.ok();
             return;
         }
         let cred = credentials(req);
         self.spawn(move |st| async move {
-            let r = async {
-                let file = st.file(fh)?;
-                let ino = st.ino(ino);
-                with_handle!(st, cred, file, |h| st
-                    .client
-                    .release_lock_owner(&cred, &h, ino, lock_owner.0)
-                    .await)
+            let written = if behind {
+                st.client.flush_writes(sino).await
+            } else {
+                Ok(())
+            };
+            if st.client.locks_held() > 0 {
+                let r = async {
+                    let file = st.file(fh)?;
+                    with_handle!(st, cred, file, |h| st
+                        .client
+                        .release_lock_owner(&cred, &h, sino, lock_owner.0)
+                        .await)
+                }
+                .await;
+                if let Err(e) = r {
+                    tracing::warn!(ino = %sino, error = %e, "dropping a closing owner's locks failed");
+                }
             }
-            .await;
-            if let Err(e) = r {
-                tracing::warn!(%ino, error = %e, "dropping a closing owner's locks failed");
+            match written {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
             }
-            reply.ok();
         });
     }
 

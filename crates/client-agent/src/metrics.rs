@@ -6,6 +6,7 @@
 //! | `sanfs_agent_proxied_bytes_total` | counter | `op` | bytes read / written through the server |
 //! | `sanfs_agent_grants_total` | counter | `op` | grants asked for (MapRead / MapWrite) |
 //! | `sanfs_agent_cached_reads_total` | counter | | reads served from a cached read grant |
+//! | `sanfs_agent_layout_writes_total` | counter | | writes done inside a cached write layout |
 //! | `sanfs_agent_cached_grants` | gauge | | read grants cached now |
 //! | `sanfs_agent_recalls_total` | counter | | recalls of cached grants answered |
 //! | `sanfs_agent_sessions_total`, `sanfs_agent_fences_total` | counter | | sessions opened; sessions lost |
@@ -100,6 +101,7 @@ pub fn render(client: &Client) -> String {
         metrics::counter!(name, "op" => op).absolute(v);
     }
     metrics::counter!("sanfs_agent_cached_reads_total").absolute(s.grants.cached_reads);
+    metrics::counter!("sanfs_agent_layout_writes_total").absolute(s.grants.layout_writes);
     metrics::gauge!("sanfs_agent_cached_grants").set(s.grants.cached_now as f64);
     metrics::counter!("sanfs_agent_recalls_total").absolute(s.grants.recalls);
     metrics::counter!("sanfs_agent_sessions_total").absolute(s.sessions_opened);

@@ -8,7 +8,10 @@
 //! prefix to Written.
 //!
 //! Read grants may be **cacheable**: the client keeps them as a layout and reads from it
-//! without asking again. Before a conflicting write lock is granted, the holders of the
+//! without asking again. So may write grants asked for as **write layouts**: the client writes
+//! inside one as often as it likes, completing each write with a partial completion
+//! ([`Grants::complete_part`]: that part becomes Written, the grant and its exclusive lock
+//! stay), and returns it when done or recalled. Before a conflicting write lock is granted, the holders of the
 //! blocking cached grants are sent a recall on their session stream; a client that ignores
 //! it loses the grant when its lease runs out ([`Grants::expire_session`]), and the write
 //! then proceeds. The lock wait is bounded (longer than a lease), so nothing waits forever.
@@ -47,6 +50,11 @@ struct GrantState {
     mode: LockMode,
     cacheable: bool,
     writer_is_root: bool,
+    /// A write layout is filed before its lock is taken (so that a reader queued behind it
+    /// can recall it) and is ready once mapped. A return that comes before (the agent
+    /// acknowledged the recall of a grant it had not received yet) is noted here and carried
+    /// out by `map_write`.
+    pending: Option<bool>,
 }
 
 /// Why a grant operation was refused (mapped to statuses by the service layer).
@@ -239,7 +247,8 @@ impl Grants {
                     session,
                     grant = id,
                     ino = g.ino,
-                    "recalling a cached read grant"
+                    mode = ?g.mode,
+                    "recalling a cached grant"
                 );
                 let _ = tx.send(Recall {
                     grant_ids: vec![id],
@@ -272,7 +281,13 @@ impl Grants {
         Ok(())
     }
 
-    /// Control info 1 -> 2 for a write. `offset`/`len` must be block aligned.
+    /// Control info 1 -> 2 for a write. `offset`/`len` must be block aligned. A `layout`
+    /// grant is cacheable: completed part by part ([`Grants::complete_part`]) and kept until
+    /// it is returned or recalled.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the grant's identity and its request"
+    )]
     pub async fn map_write(
         &self,
         session: u64,
@@ -281,6 +296,7 @@ impl Grants {
         offset: u64,
         len: u64,
         writer_is_root: bool,
+        layout: bool,
     ) -> Result<(u64, Mapped), FsError> {
         let store = &self.dp.store;
         let bs = u64::from(store.block_size());
@@ -299,8 +315,32 @@ impl Grants {
             offset
         };
         let id = self.dp.next_id();
-        self.take_lock(id, ino, Span::new(lo, end - lo), LockMode::Exclusive)
-            .await?;
+        let state = GrantState {
+            session,
+            epoch,
+            ino,
+            offset,
+            len: 0,
+            mode: LockMode::Exclusive,
+            cacheable: layout,
+            writer_is_root,
+            pending: layout.then_some(false),
+        };
+        if layout {
+            self.lock_table().insert(id, state.clone());
+        }
+        if let Err(e) = self
+            .take_lock(id, ino, Span::new(lo, end - lo), LockMode::Exclusive)
+            .await
+        {
+            self.lock_table().remove(&id);
+            return Err(e);
+        }
+        if layout && !self.lock_table().contains_key(&id) {
+            // The session ended while the lock was awaited.
+            self.dp.locks.release(ino, id);
+            return Err(FsError::StaleSession);
+        }
         let result = async {
             if offset > size {
                 self.dp.zero_eof_tail(ino, size).await?;
@@ -330,16 +370,9 @@ impl Grants {
             Ok(m)
         }
         .await;
-        let state = GrantState {
-            session,
-            epoch,
-            ino,
-            offset,
-            len: 0,
-            mode: LockMode::Exclusive,
-            cacheable: false,
-            writer_is_root,
-        };
+        if layout {
+            return self.register_layout(id, state, result).await;
+        }
         self.register(id, state, result)
     }
 
@@ -371,6 +404,7 @@ impl Grants {
                 mode: LockMode::Shared,
                 cacheable,
                 writer_is_root: false,
+                pending: Some(false),
             },
         );
         if let Err(e) = self
@@ -380,27 +414,40 @@ impl Grants {
             self.lock_table().remove(&id);
             return Err(e);
         }
-        if !self.lock_table().contains_key(&id) {
-            // The session ended while the lock was awaited.
-            self.dp.locks.release(ino, id);
-            return Err(FsError::StaleSession);
-        }
         let vol = store.volume().clone();
-        match store.read(|t| data::map_read(t, &vol, bs, ino, offset, len)) {
-            Ok(mapped) => {
-                // Gone already if a recall of it was acknowledged meanwhile (the agent
-                // acknowledges ids it does not know yet, and never uses such a grant): then
-                // its lock is released and the reply is harmless.
-                if let Some(g) = self.lock_table().get_mut(&id) {
-                    g.len = mapped.len;
+        let mapped = store.read(|t| data::map_read(t, &vol, bs, ino, offset, len));
+        let filed = {
+            let mut table = self.lock_table();
+            match (table.get_mut(&id), &mapped) {
+                // The session ended while the lock was awaited.
+                (None, _) => Err(FsError::StaleSession),
+                (Some(g), Ok(m)) if g.pending == Some(false) => {
+                    g.len = m.len;
+                    g.pending = None;
+                    Ok(true)
                 }
+                // Mapping failed, or the agent acknowledged a recall of the grant before it
+                // had it (it does not use such a grant): it ends here.
+                (Some(_), _) => {
+                    table.remove(&id);
+                    Ok(false)
+                }
+            }
+        };
+        match filed {
+            Ok(true) => {
+                let m = mapped?;
                 add(&self.stats.read_grants, 1);
-                add(&self.stats.granted_read_bytes, mapped.len);
-                Ok((id, mapped))
+                add(&self.stats.granted_read_bytes, m.len);
+                Ok((id, m))
+            }
+            Ok(false) => {
+                self.dp.locks.release(ino, id);
+                mapped.map(|m| (id, m))
             }
             Err(e) => {
-                self.lock_table().remove(&id);
                 self.dp.locks.release(ino, id);
+                mapped?;
                 Err(e)
             }
         }
@@ -431,6 +478,50 @@ impl Grants {
         add(bytes, mapped.len);
         self.lock_table().insert(id, state);
         Ok((id, mapped))
+    }
+
+    /// Files a write layout once mapped (it is in the table since before its lock): ready
+    /// from now on, unless its session ended meanwhile (an error) or the agent already gave
+    /// it back (then it ends here, and the reply is harmless: the agent does not use a grant
+    /// whose recall it acknowledged).
+    async fn register_layout(
+        &self,
+        id: u64,
+        state: GrantState,
+        mapped: Result<Mapped, FsError>,
+    ) -> Result<(u64, Mapped), FsError> {
+        let ino = state.ino;
+        let returned = {
+            let mut table = self.lock_table();
+            match (table.get_mut(&id), &mapped) {
+                (None, _) => None,
+                (Some(g), Ok(m)) if g.pending == Some(false) => {
+                    g.len = m.len;
+                    g.pending = None;
+                    Some(false)
+                }
+                (Some(_), _) => table.remove(&id).map(|_| true),
+            }
+        };
+        match returned {
+            None => {
+                self.dp.locks.release(ino, id);
+                mapped?;
+                Err(FsError::StaleSession)
+            }
+            Some(false) => {
+                let m = mapped?;
+                add(&self.stats.write_grants, 1);
+                add(&self.stats.granted_write_bytes, m.len);
+                Ok((id, m))
+            }
+            Some(true) => {
+                let len = mapped.as_ref().map_or(0, |m| m.len);
+                self.end_grant(id, &GrantState { len, ..state }).await;
+                self.dp.locks.release(ino, id);
+                mapped.map(|m| (id, m))
+            }
+        }
     }
 
     fn take_grant(
@@ -515,8 +606,81 @@ impl Grants {
         result.map_err(GrantError::Fs)
     }
 
-    /// Gives back cached read grants (or abandons any grant without completing it).
-    pub fn return_grants(&self, session: u64, epoch: u64, ids: &[u64]) -> Result<(), GrantError> {
+    /// A write layout's partial completion (control info 3 -> 4 for one write inside it):
+    /// converts `[at, at + bytes_done)` to Written and extends the size as [`Grants::complete`]
+    /// does, but the grant and its lock stay. The range must lie inside the grant, which must
+    /// be a write layout of the caller's session and epoch.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the grant's identity and the completed part"
+    )]
+    pub async fn complete_part(
+        &self,
+        session: u64,
+        epoch: u64,
+        id: u64,
+        at: u64,
+        bytes_done: u64,
+        sync: bool,
+    ) -> Result<Attr, GrantError> {
+        let g = {
+            let table = self.lock_table();
+            let g = table.get(&id).ok_or(GrantError::Unknown(id))?;
+            if g.session != session {
+                return Err(GrantError::Foreign(id));
+            }
+            if g.epoch != epoch {
+                return Err(GrantError::StaleEpoch {
+                    grant: id,
+                    has: g.epoch,
+                    caller: epoch,
+                });
+            }
+            if g.mode != LockMode::Exclusive || !g.cacheable {
+                return Err(GrantError::Fs(FsError::Invalid(format!(
+                    "grant {id} is not a write layout: complete it without keep"
+                ))));
+            }
+            let inside = at >= g.offset
+                && at
+                    .checked_add(bytes_done)
+                    .is_some_and(|e| e <= g.offset + g.len);
+            if !inside {
+                return Err(GrantError::Fs(FsError::Invalid(format!(
+                    "{at}+{bytes_done} is not inside write layout {id} ({}+{})",
+                    g.offset, g.len
+                ))));
+            }
+            g.clone()
+        };
+        let store = self.dp.store.clone();
+        if sync && bytes_done > 0 {
+            let devices = self.dp.devices.clone();
+            tokio::task::spawn_blocking(move || devices.flush_all())
+                .await
+                .map_err(|e| FsError::Io(format!("flush task: {e}")))??;
+        }
+        let (ino, root) = (g.ino, g.writer_is_root);
+        let job = move |ctx: &mut crate::store::Ctx<'_>| {
+            data::complete_write(ctx, ino, at, bytes_done, root)
+        };
+        let attr = if sync {
+            store.write(job).await?
+        } else {
+            store.write_lazy(job).await?
+        };
+        Ok(attr)
+    }
+
+    /// Gives back cached grants, read grants and write layouts (or abandons any grant without
+    /// completing it). A write layout's blocks that were never completed and lie past the end
+    /// of file are freed.
+    pub async fn return_grants(
+        &self,
+        session: u64,
+        epoch: u64,
+        ids: &[u64],
+    ) -> Result<(), GrantError> {
         // Check all first: a bad id changes nothing.
         {
             let table = self.lock_table();
@@ -534,12 +698,42 @@ impl Grants {
                 }
             }
         }
-        for id in ids {
-            if let Some(g) = self.lock_table().remove(id) {
-                self.dp.locks.release(g.ino, *id);
+        let gone: Vec<(u64, GrantState)> = {
+            let mut table = self.lock_table();
+            let mut gone = Vec::new();
+            for id in ids {
+                match table.get_mut(id) {
+                    // Not mapped yet: `map_write` ends it once it is.
+                    Some(g) if g.pending.is_some() => g.pending = Some(true),
+                    Some(_) => gone.extend(table.remove(id).map(|g| (*id, g))),
+                    None => {}
+                }
             }
+            gone
+        };
+        for (id, g) in gone {
+            self.end_grant(id, &g).await;
+            self.dp.locks.release(g.ino, id);
         }
         Ok(())
+    }
+
+    /// What ending a grant without completing it leaves behind: for a write grant, its
+    /// Unwritten blocks past the end of file are freed (inside the file they read as zeros).
+    async fn end_grant(&self, id: u64, g: &GrantState) {
+        if g.mode != LockMode::Exclusive {
+            return;
+        }
+        let bs = u64::from(self.dp.store.block_size());
+        let (ino, first, last) = (g.ino, g.offset / bs, (g.offset + g.len) / bs);
+        if let Err(e) = self
+            .dp
+            .store
+            .write(move |ctx| data::trim_unwritten_past_eof(ctx, ino, first, last))
+            .await
+        {
+            tracing::warn!(session = g.session, grant = id, error = %e, "trimming an ended write grant");
+        }
     }
 
     /// A session ended or its lease ran out: its grants are dropped and their locks
@@ -571,18 +765,7 @@ impl Grants {
         };
         for (id, g) in gone {
             add(&self.stats.expired_grants, 1);
-            if g.mode == LockMode::Exclusive {
-                let bs = u64::from(self.dp.store.block_size());
-                let (ino, first, last) = (g.ino, g.offset / bs, (g.offset + g.len) / bs);
-                if let Err(e) = self
-                    .dp
-                    .store
-                    .write(move |ctx| data::trim_unwritten_past_eof(ctx, ino, first, last))
-                    .await
-                {
-                    tracing::warn!(session = g.session, grant = id, error = %e, "trimming an abandoned write grant");
-                }
-            }
+            self.end_grant(id, &g).await;
             self.dp.locks.release(g.ino, id);
             tracing::info!(
                 session = g.session,
@@ -591,6 +774,32 @@ impl Grants {
                 "grant dropped"
             );
         }
+    }
+
+    /// Before attributes are read (`GetAttr`): the write grants on `ino` at this moment end
+    /// first, write layouts recalled. An agent answers a layout's recall only once the
+    /// completions of its writes there are in (it completes writes behind them), so the
+    /// size and mtime read next include every write that returned on any node. Bounded by
+    /// the lock timeout (then the attributes are read as they are).
+    pub async fn settle_attr(&self, ino: u64) {
+        let ids: Vec<u64> = self
+            .lock_table()
+            .iter()
+            .filter(|(_, g)| g.ino == ino && g.mode == LockMode::Exclusive)
+            .map(|(id, _)| *id)
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        self.recall(ids.clone());
+        let deadline = tokio::time::Instant::now() + self.dp.lock_timeout;
+        while tokio::time::Instant::now() < deadline {
+            if !ids.iter().any(|id| self.lock_table().contains_key(id)) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        tracing::warn!(ino, "write grants outlived a GetAttr's wait for them");
     }
 
     /// Takes an exclusive lock for a change that alters what grants describe (truncate,

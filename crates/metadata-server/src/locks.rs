@@ -8,8 +8,10 @@
 //! withdrawn and fails with [`LockError::Timeout`], changing nothing.
 //!
 //! The manager knows nothing of grants or sessions; the grant layer passes a callback that is
-//! told which holders block a request (to recall cached read grants), and releases a lock by
-//! its id.
+//! told which holders block a request (to recall cached grants), and releases a lock by its
+//! id. The callback hears of every holder that blocks the request while it waits, not only
+//! of those at its start: an earlier waiter granted meanwhile (a reader queued ahead of this
+//! writer, whose grant is then cached) is announced too, once.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -120,7 +122,22 @@ impl std::fmt::Debug for RangeLocks {
     }
 }
 
+/// How often a waiting request looks for new holders in its way.
+const RECHECK: Duration = Duration::from_millis(50);
+
 impl RangeLocks {
+    /// The held locks on `ino` that conflict with `span` in `mode`.
+    fn holders_blocking(&self, ino: u64, span: &Span, mode: LockMode) -> Vec<LockId> {
+        self.lock().get(&ino).map_or_else(Vec::new, |locks| {
+            locks
+                .held
+                .iter()
+                .filter(|l| l.conflicts(span, mode))
+                .map(|l| l.id)
+                .collect()
+        })
+    }
+
     pub fn new() -> RangeLocks {
         RangeLocks::default()
     }
@@ -139,7 +156,7 @@ impl RangeLocks {
         span: Span,
         mode: LockMode,
         timeout: Duration,
-        on_blocked: impl FnOnce(Vec<LockId>),
+        on_blocked: impl Fn(Vec<LockId>),
     ) -> Result<bool, LockError> {
         let rx = {
             let mut all = self.lock();
@@ -163,12 +180,33 @@ impl RangeLocks {
             let (tx, rx) = oneshot::channel();
             locks.waiting.push_back(Waiter { lock, wake: tx });
             drop(all);
-            on_blocked(blockers);
-            rx
+            (rx, blockers)
         };
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(())) => Ok(true),
-            _ => {
+        let (mut rx, mut announced): (_, Vec<LockId>) = rx;
+        on_blocked(announced.clone());
+        let deadline = tokio::time::Instant::now() + timeout;
+        let outcome = loop {
+            let step = (deadline - tokio::time::Instant::now().min(deadline)).min(RECHECK);
+            match tokio::time::timeout(step, &mut rx).await {
+                Ok(r) => break r.is_ok(),
+                Err(_) if tokio::time::Instant::now() >= deadline => break false,
+                Err(_) => {
+                    // Still waiting: announce holders that came since (granted earlier waiters).
+                    let fresh: Vec<LockId> = self
+                        .holders_blocking(ino, &span, mode)
+                        .into_iter()
+                        .filter(|b| !announced.contains(b))
+                        .collect();
+                    if !fresh.is_empty() {
+                        announced.extend(&fresh);
+                        on_blocked(fresh);
+                    }
+                }
+            }
+        };
+        match outcome {
+            true => Ok(true),
+            false => {
                 // Withdraw, unless the lock was granted just as the wait ended.
                 let mut all = self.lock();
                 if let Some(locks) = all.get_mut(&ino) {
@@ -264,6 +302,45 @@ mod tests {
                 .unwrap()
         );
         assert_eq!(l.held(1).len(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_hears_of_an_earlier_waiter_granted_while_it_waits() {
+        let l = RangeLocks::new();
+        l.acquire(1, 1, Span::new(0, 100), LockMode::Exclusive, T, |_| {})
+            .await
+            .unwrap();
+        let reader = {
+            let l = l.clone();
+            tokio::spawn(async move {
+                l.acquire(1, 2, Span::new(0, 100), LockMode::Shared, T, |_| {})
+                    .await
+            })
+        };
+        while l.waiting() == 0 {
+            tokio::task::yield_now().await;
+        }
+        let (btx, brx) = std::sync::mpsc::channel();
+        let writer = {
+            let l = l.clone();
+            tokio::spawn(async move {
+                l.acquire(1, 3, Span::new(0, 100), LockMode::Exclusive, T, move |b| {
+                    btx.send(b).unwrap();
+                })
+                .await
+            })
+        };
+        while l.waiting() < 2 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(brx.recv().unwrap(), vec![1]);
+        assert!(l.release(1, 1));
+        assert!(reader.await.unwrap().unwrap());
+        // The reader now holds the range: the writer is told, once, to recall it.
+        let told = tokio::task::spawn_blocking(move || brx.recv_timeout(Duration::from_secs(5)));
+        assert_eq!(told.await.unwrap().unwrap(), vec![2]);
+        assert!(l.release(1, 2));
+        assert!(writer.await.unwrap().unwrap());
     }
 
     #[tokio::test]

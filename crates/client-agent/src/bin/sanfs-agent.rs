@@ -624,8 +624,8 @@ fn format_status(m: &MountStatus) -> String {
     let g = &a.grants;
     let _ = writeln!(
         out,
-        "  grants     read {} write {}; reads from cached grants {} ({} cached now); recalls {}",
-        g.read, g.write, g.cached_reads, g.cached_now, g.recalls
+        "  grants     read {} write {}; reads from cached grants {}, writes in cached layouts {} ({} cached now); recalls {}",
+        g.read, g.write, g.cached_reads, g.layout_writes, g.cached_now, g.recalls
     );
     out
 }

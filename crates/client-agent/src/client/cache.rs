@@ -1,9 +1,10 @@
-//! Cached read grants (layouts): the read grants this agent keeps under its session lease.
+//! Cached grants (layouts): the read grants and write layouts this agent keeps under its
+//! session lease.
 //!
-//! A cacheable read grant is entered here as soon as it arrives, *before* its I/O, with one
+//! A cacheable grant is entered here as soon as it arrives, *before* its I/O, with one
 //! user in flight: a `Recall` for it may then arrive at any time (the server may need the range
-//! for a writer), and it must wait for that I/O. A later read inside a cached grant's range
-//! takes it ([`GrantCache::take`]: one more user in flight) and gives it back with
+//! for a writer), and it must wait for that I/O. A later read inside a cached read grant's
+//! range (or a write inside a cached write layout, [`LockMode::Exclusive`]) takes it ([`GrantCache::take`]: one more user in flight) and gives it back with
 //! [`GrantCache::release`]. A recalled grant is never handed out again; once its last user is
 //! done it leaves the table, and whoever waits for it ([`GrantCache::wait_idle`]) may then
 //! acknowledge the recall or return the grant.
@@ -18,7 +19,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use sanfs_proto::model::Grant;
+use sanfs_proto::model::{Grant, LockMode};
 use sanfs_proto::types::{ByteRange, GrantId, InodeId};
 use tokio::sync::Notify;
 
@@ -85,6 +86,9 @@ impl GrantCache {
         }
         t.tick += 1;
         let last_use = t.tick;
+        // A write layout serves the writer's next writes at once (their device I/O may
+        // overlap this one's completion); a read grant only once its first read is done.
+        let cached = grant.mode == LockMode::Exclusive;
         t.entries.insert(
             grant.grant_id,
             Entry {
@@ -92,20 +96,21 @@ impl GrantCache {
                 generation,
                 in_flight: 1,
                 recalled: false,
-                cached: false,
+                cached,
                 last_use,
             },
         );
         true
     }
 
-    /// A cached, unrecalled grant of `generation` on `inode` that covers `range` (and whose
-    /// file size covers it), with one more user in flight.
+    /// A cached, unrecalled grant of `mode` and `generation` on `inode` that covers `range`
+    /// (a read grant: whose file size covers it too), with one more user in flight.
     pub(crate) fn take(
         &self,
         inode: InodeId,
         range: ByteRange,
         generation: u64,
+        mode: LockMode,
     ) -> Option<Arc<Grant>> {
         let mut t = self.lock();
         t.tick += 1;
@@ -114,10 +119,11 @@ impl GrantCache {
             e.cached
                 && !e.recalled
                 && e.generation == generation
+                && e.grant.mode == mode
                 && e.grant.inode == inode
                 && e.grant.range.offset() <= range.offset()
                 && range.end() <= e.grant.range.end()
-                && range.end() <= e.grant.file_size
+                && (mode == LockMode::Exclusive || range.end() <= e.grant.file_size)
         })?;
         e.in_flight += 1;
         e.last_use = tick;
@@ -153,8 +159,8 @@ impl GrantCache {
         };
         if outcome == AfterIo::Keep && keep {
             // Idle cached grants that the newly kept one covers are of no more use.
-            let (inode, range, generation) = match t.entries.get(&id) {
-                Some(e) => (e.grant.inode, e.grant.range, e.generation),
+            let (inode, range, generation, mode) = match t.entries.get(&id) {
+                Some(e) => (e.grant.inode, e.grant.range, e.generation, e.grant.mode),
                 None => return (outcome, evicted),
             };
             let covered: Vec<GrantId> = t
@@ -166,6 +172,7 @@ impl GrantCache {
                         && !e.recalled
                         && e.in_flight == 0
                         && e.generation == generation
+                        && e.grant.mode == mode
                         && e.grant.inode == inode
                         && range.offset() <= e.grant.range.offset()
                         && e.grant.range.end() <= range.end()
@@ -226,14 +233,25 @@ impl GrantCache {
         self.idle.notify_waiters();
     }
 
-    /// Marks every cached grant of `inode` that overlaps `range` recalled and returns their
-    /// ids: the writer's own layouts, to be given back before it asks for the range.
-    pub(crate) fn take_overlapping(&self, inode: InodeId, range: ByteRange) -> Vec<GrantId> {
+    /// Marks every cached grant of `inode` that overlaps `range` (of `mode` only, if given)
+    /// recalled and returns their ids: this agent's own layouts that would block what it
+    /// asks for next (a writer's read grants, a reader's write layouts, everything before a
+    /// truncate), to be given back first.
+    pub(crate) fn take_overlapping(
+        &self,
+        inode: InodeId,
+        range: ByteRange,
+        mode: Option<LockMode>,
+    ) -> Vec<GrantId> {
         let mut t = self.lock();
         let ids: Vec<GrantId> = t
             .entries
             .iter()
-            .filter(|(_, e)| e.grant.inode == inode && e.grant.range.overlaps(&range))
+            .filter(|(_, e)| {
+                e.grant.inode == inode
+                    && e.grant.range.overlaps(&range)
+                    && mode.is_none_or(|m| e.grant.mode == m)
+            })
             .map(|(g, _)| *g)
             .collect();
         for id in &ids {
@@ -290,7 +308,6 @@ impl GrantCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sanfs_proto::model::LockMode;
     use sanfs_proto::types::SessionEpoch;
     use std::time::Duration;
 
@@ -308,6 +325,8 @@ mod tests {
         })
     }
 
+    const S: LockMode = LockMode::Shared;
+
     fn r(offset: u64, len: u64) -> ByteRange {
         ByteRange::new(offset, len).unwrap()
     }
@@ -317,17 +336,20 @@ mod tests {
         let c = GrantCache::new(8);
         assert!(c.enter(grant(1, 0, 4096 * 4), 1));
         // Not handed out before its first I/O is done and it is kept.
-        assert!(c.take(InodeId(2), r(0, 4096), 1).is_none());
+        assert!(c.take(InodeId(2), r(0, 4096), 1, S).is_none());
         assert_eq!(c.release(GrantId(1), true), (AfterIo::Keep, vec![]));
-        assert!(c.take(InodeId(2), r(4096, 8192), 1).is_some());
+        assert!(c.take(InodeId(2), r(4096, 8192), 1, S).is_some());
         assert_eq!(c.release(GrantId(1), true).0, AfterIo::Keep);
         assert!(
-            c.take(InodeId(2), r(4096, 4096 * 4), 1).is_none(),
+            c.take(InodeId(2), r(4096, 4096 * 4), 1, S).is_none(),
             "past its end"
         );
-        assert!(c.take(InodeId(3), r(0, 4096), 1).is_none(), "another inode");
         assert!(
-            c.take(InodeId(2), r(0, 4096), 2).is_none(),
+            c.take(InodeId(3), r(0, 4096), 1, S).is_none(),
+            "another inode"
+        );
+        assert!(
+            c.take(InodeId(2), r(0, 4096), 2, S).is_none(),
             "another session"
         );
         assert_eq!(c.cached_ids(), vec![GrantId(1)]);
@@ -338,9 +360,9 @@ mod tests {
         let c = Arc::new(GrantCache::new(8));
         assert!(c.enter(grant(1, 0, 4096), 1));
         c.release(GrantId(1), true);
-        let _g = c.take(InodeId(2), r(0, 4096), 1).unwrap();
+        let _g = c.take(InodeId(2), r(0, 4096), 1, S).unwrap();
         c.recall(&[GrantId(1)]);
-        assert!(c.take(InodeId(2), r(0, 4096), 1).is_none());
+        assert!(c.take(InodeId(2), r(0, 4096), 1, S).is_none());
         let waiter = {
             let c = Arc::clone(&c);
             tokio::spawn(async move { c.wait_idle(&[GrantId(1)]).await })
@@ -385,9 +407,36 @@ mod tests {
         assert_eq!(evicted, vec![GrantId(2)]);
         // The writer's own overlapping grants leave the cache.
         assert_eq!(
-            c.take_overlapping(InodeId(2), r(8192, 1)),
+            c.take_overlapping(InodeId(2), r(8192, 1), None),
             vec![GrantId(10)]
         );
         assert_eq!(c.cached_ids(), vec![GrantId(3)]);
+    }
+
+    #[test]
+    fn write_layouts_serve_writes_only_and_past_the_file_size() {
+        let c = GrantCache::new(8);
+        let layout = Arc::new(Grant {
+            mode: LockMode::Exclusive,
+            file_size: 0,
+            ..(*grant(1, 0, 4096 * 16)).clone()
+        });
+        assert!(c.enter(layout, 1));
+        assert_eq!(c.release(GrantId(1), true).0, AfterIo::Keep);
+        assert!(
+            c.take(InodeId(2), r(0, 4096), 1, S).is_none(),
+            "not for reads"
+        );
+        let g = c.take(InodeId(2), r(4096, 8192), 1, LockMode::Exclusive);
+        assert!(g.is_some(), "a write inside it, past the file size");
+        c.release(GrantId(1), true);
+        assert!(c.enter(grant(2, 0, 4096), 1));
+        c.release(GrantId(2), true);
+        // A reader gives back the write layout only; a writer the read grant only.
+        assert_eq!(
+            c.take_overlapping(InodeId(2), r(0, 1), Some(LockMode::Exclusive)),
+            vec![GrantId(1)]
+        );
+        assert_eq!(c.cached_ids(), vec![GrantId(2)]);
     }
 }

@@ -117,6 +117,13 @@ impl Client {
         }
         let inner = &self.inner;
         let view = inner.view_for(Some(fh))?;
+        // This agent's own write layouts there would block the read: give them back (after
+        // their completions in flight, which may move the end of file).
+        inner.settle(ino).await;
+        let range = ByteRange::new(offset, len)?;
+        inner
+            .give_back_own(&view, ino, range, Some(LockMode::Exclusive))
+            .await;
         let block = u64::from(view.server.block_size);
         let Some((head_end, mid_end)) = split(offset, len, block, inner.threshold(&view)) else {
             return inner.proxied_read(&view, cred, fh, ino, offset, buf).await;
@@ -170,12 +177,35 @@ impl Client {
                 attr: None,
             });
         }
-        let inner = &*self.inner;
+        let inner = &self.inner;
         let view = inner.view_for(Some(fh))?;
-        inner.give_back_own(&view, ino, range).await;
+        // A write that completed behind an earlier one failed: say so now (as writeback).
+        inner.take_write_error(ino)?;
+        // Own read grants there would block the write; so would own write layouts where the
+        // server writes (the proxied pieces): give them back.
+        inner
+            .give_back_own(&view, ino, range, Some(LockMode::Shared))
+            .await;
         let block = u64::from(view.server.block_size);
         let mut attr = None;
-        match split(offset, len, block, inner.threshold(&view)) {
+        let pieces = split(offset, len, block, inner.threshold(&view));
+        let proxied: [Option<ByteRange>; 2] = match pieces {
+            None => [Some(range), None],
+            Some((h, m)) => [
+                ByteRange::new(offset, h - offset)
+                    .ok()
+                    .filter(|r| !r.is_empty()),
+                ByteRange::new(m, offset + len - m)
+                    .ok()
+                    .filter(|r| !r.is_empty()),
+            ],
+        };
+        for r in proxied.into_iter().flatten() {
+            inner
+                .give_back_own(&view, ino, r, Some(LockMode::Exclusive))
+                .await;
+        }
+        match pieces {
             None => {
                 attr = inner
                     .proxied_write(&view, cred, fh, ino, offset, data)
@@ -224,6 +254,11 @@ impl Client {
         let block = u64::from(view.server.block_size);
         match split(offset, len, block, inner.threshold(&view)) {
             Some((h, m)) if len > 0 && h == offset && m == offset + len => {
+                let range = ByteRange::new(offset, len)?;
+                inner.settle(ino).await;
+                inner
+                    .give_back_own(&view, ino, range, Some(LockMode::Exclusive))
+                    .await;
                 let n = inner
                     .direct_read(&view, cred, fh, ino, offset, &mut buf, 0)
                     .await?;
@@ -250,12 +285,15 @@ impl Client {
     ) -> Result<(AlignedBuf, WriteOutcome), FsError> {
         let len = buf.len() as u64;
         let range = ByteRange::new(offset, len)?;
-        let inner = &*self.inner;
+        let inner = &self.inner;
         let view = inner.view_for(Some(fh))?;
         let block = u64::from(view.server.block_size);
         match split(offset, len, block, inner.threshold(&view)) {
             Some((h, m)) if len > 0 && h == offset && m == offset + len => {
-                inner.give_back_own(&view, ino, range).await;
+                inner.take_write_error(ino)?;
+                inner
+                    .give_back_own(&view, ino, range, Some(LockMode::Shared))
+                    .await;
                 let attr = inner
                     .direct_write(&view, cred, fh, ino, offset, &mut buf)
                     .await?;
@@ -268,6 +306,19 @@ impl Client {
         }
     }
 
+    /// Waits for `ino`'s write completions in flight (writes inside a write layout return
+    /// before their completion is answered); a completion that failed is the error here,
+    /// once. What close(2) reports ([`Client::has_writes_behind`] says whether to ask).
+    pub async fn flush_writes(&self, ino: InodeId) -> Result<(), FsError> {
+        self.inner.settle(ino).await;
+        self.inner.take_write_error(ino)
+    }
+
+    /// Whether `ino` has write completions in flight, or a failed one not reported yet.
+    pub fn has_writes_behind(&self, ino: InodeId) -> bool {
+        self.inner.has_behind(ino)
+    }
+
     /// Makes the file's completed writes (and, unless `data_only`, its metadata) durable.
     pub async fn fsync(
         &self,
@@ -278,6 +329,9 @@ impl Client {
     ) -> Result<(), FsError> {
         let inner = &*self.inner;
         let view = inner.view_for(Some(fh))?;
+        // Writes completed behind first; one that failed is this fsync's error.
+        inner.settle(ino).await;
+        inner.take_write_error(ino)?;
         let req = FsyncRequest {
             cred: cred.clone(),
             handle: handle_ref(fh),
@@ -301,8 +355,9 @@ impl Client {
         size: u64,
     ) -> Result<Attr, FsError> {
         let view = self.inner.view_for(fh)?;
+        self.inner.settle(ino).await;
         let tail = ByteRange::new(size, MAX_FILE_SIZE.saturating_sub(size))?;
-        self.inner.give_back_own(&view, ino, tail).await;
+        self.inner.give_back_own(&view, ino, tail, None).await;
         let changes = SetAttr {
             size: Some(size),
             ..SetAttr::default()
@@ -326,7 +381,8 @@ impl Client {
         }
         let inner = &*self.inner;
         let view = inner.view_for(Some(fh))?;
-        inner.give_back_own(&view, ino, range).await;
+        inner.settle(ino).await;
+        inner.give_back_own(&view, ino, range, None).await;
         let req = FallocateRequest {
             cred: cred.clone(),
             handle: handle_ref(fh),
@@ -377,10 +433,16 @@ impl Inner {
         Ok(ByteRange::new(want.offset(), len.max(want.len()))?)
     }
 
-    /// Gives back this agent's cached read grants on `ino` that overlap `range` (waiting for
-    /// their reads in flight), before it writes there.
-    pub(crate) async fn give_back_own(&self, view: &SessionView, ino: InodeId, range: ByteRange) {
-        let own = self.cache.take_overlapping(ino, range);
+    /// Gives back this agent's cached grants on `ino` that overlap `range` (of `mode` only,
+    /// if given), waiting for their I/O in flight, before it does what they would block.
+    pub(crate) async fn give_back_own(
+        &self,
+        view: &SessionView,
+        ino: InodeId,
+        range: ByteRange,
+        mode: Option<LockMode>,
+    ) {
+        let own = self.cache.take_overlapping(ino, range, mode);
         if own.is_empty() {
             return;
         }
@@ -551,6 +613,7 @@ impl Inner {
         ino: InodeId,
         range: ByteRange,
         mode: LockMode,
+        layout: bool,
     ) -> Result<Grant, FsError> {
         let req = pb::MapRequest::from(MapRequest {
             cred: cred.clone(),
@@ -559,6 +622,7 @@ impl Inner {
             inode: ino,
             range,
             sync: false,
+            layout,
         });
         let mut data = self.data();
         let reply = match mode {
@@ -583,6 +647,20 @@ impl Inner {
         outcome: IoOutcome,
         bytes_done: u64,
     ) -> Result<Attr, FsError> {
+        self.complete_at(view, grant, outcome, bytes_done, None)
+            .await
+    }
+
+    /// [`Inner::complete`], or with `keep_at` a write layout's partial completion of
+    /// `[at, at + bytes_done)` (the layout stays).
+    async fn complete_at(
+        &self,
+        view: &SessionView,
+        grant: &Grant,
+        outcome: IoOutcome,
+        bytes_done: u64,
+        keep_at: Option<u64>,
+    ) -> Result<Attr, FsError> {
         let req = CompleteRequest {
             session: view.session,
             epoch: view.epoch,
@@ -590,6 +668,7 @@ impl Inner {
             outcome,
             bytes_done,
             sync: false,
+            keep_at,
         };
         let reply = self
             .data()
@@ -671,7 +750,10 @@ impl Inner {
             let want = self.grant_range(pos, end)?;
             let at = usize_of(pos - offset);
             // A cached layout first.
-            if let Some(grant) = self.cache.take(ino, want, view.generation) {
+            if let Some(grant) = self
+                .cache
+                .take(ino, want, view.generation, LockMode::Shared)
+            {
                 let start = pos - grant.range.offset();
                 let plan = sub_plan(
                     &grant.device_ios,
@@ -720,7 +802,10 @@ impl Inner {
             // Ask for a layout ahead of this read (read_layout_bytes), so that the reads
             // that follow find it cached instead of asking again.
             let ask = self.layout_range(want)?;
-            let grant = Arc::new(self.map(view, cred, fh, ino, ask, LockMode::Shared).await?);
+            let grant = Arc::new(
+                self.map(view, cred, fh, ino, ask, LockMode::Shared, false)
+                    .await?,
+            );
             if grant.range.is_empty() {
                 return Ok(at);
             }
@@ -805,9 +890,11 @@ impl Inner {
     }
 
     /// Writes the block-aligned `[offset, offset + data.len())` directly, the devices
-    /// writing from `data` itself.
+    /// writing from `data` itself: inside a cached write layout (one round trip per write, a
+    /// partial completion), else under a new grant: a write layout when this is a
+    /// sequential writer's next write (layouts on), else a grant of the write's own range.
     async fn direct_write(
-        &self,
+        self: &Arc<Self>,
         view: &SessionView,
         cred: &Credentials,
         fh: &FileHandle,
@@ -818,18 +905,82 @@ impl Inner {
         let end = offset + data.len() as u64;
         let mut pos = offset;
         let mut attr = None;
+        let layouts = self.write_layouts_on();
         while pos < end {
-            // No grant is even asked for under a lapsed lease.
+            // No grant is even asked for (nor a cached one used) under a lapsed lease.
             if !self.lease_valid(view.generation) {
                 return Err(FsError::StaleSession);
             }
             let want = self.grant_range(pos, end)?;
-            let grant = self
-                .map(view, cred, fh, ino, want, LockMode::Exclusive)
-                .await?;
-            let glen = grant.range.len();
             let at = usize_of(pos - offset);
-            let usable = match self.check_grant(view, &grant, ino, want, LockMode::Exclusive) {
+            if layouts
+                && let Some(layout) =
+                    self.cache
+                        .take(ino, want, view.generation, LockMode::Exclusive)
+            {
+                bump(&self.counters.layout_writes);
+                let r = self.write_in_layout(view, &layout, want, data, at).await;
+                if r.is_ok() {
+                    self.complete_behind(view, layout, ino, want);
+                } else {
+                    self.end_layout_use(view, &layout, false).await;
+                }
+                attr = match r {
+                    Ok(()) => attr,
+                    Err(FsError::NotSupported) => self
+                        .proxied_write(view, cred, fh, ino, pos, piece_of(data, at, want.len())?)
+                        .await?
+                        .or(attr),
+                    Err(e) => return Err(e),
+                };
+                pos = want.end();
+                continue;
+            }
+            let sequential = layouts && self.is_sequential(ino, pos);
+            let ask = if sequential {
+                self.write_layout_range(view, want)?
+            } else {
+                want
+            };
+            if sequential {
+                // This agent's own older layout there would block the new one.
+                self.give_back_own(view, ino, ask, Some(LockMode::Exclusive))
+                    .await;
+            }
+            let grant = self
+                .map(view, cred, fh, ino, ask, LockMode::Exclusive, sequential)
+                .await?;
+            let usable = self.check_grant(view, &grant, ino, ask, LockMode::Exclusive);
+            // The part of the grant this write covers.
+            let part = ByteRange::new(pos, grant.range.end().min(end) - pos)?;
+            if grant.cacheable {
+                let layout = Arc::new(grant);
+                if !self.cache.enter(Arc::clone(&layout), view.generation) {
+                    continue; // its recall overtook it: no longer ours; ask again
+                }
+                let r = match usable {
+                    Err(e) => Err(e),
+                    Ok(false) => Err(FsError::NotSupported),
+                    Ok(true) => self.write_in_layout(view, &layout, part, data, at).await,
+                };
+                if r.is_ok() {
+                    self.complete_behind(view, Arc::clone(&layout), ino, part);
+                } else {
+                    self.end_layout_use(view, &layout, false).await;
+                }
+                attr = match r {
+                    Ok(()) => attr,
+                    Err(FsError::NotSupported) => self
+                        .proxied_write(view, cred, fh, ino, pos, piece_of(data, at, part.len())?)
+                        .await?
+                        .or(attr),
+                    Err(e) => return Err(e),
+                };
+                self.note_write_end(ino, part.end());
+                pos = part.end();
+                continue;
+            }
+            let usable = match usable {
                 Ok(u) => u,
                 Err(e) => {
                     let _ = self.complete(view, &grant, IoOutcome::Ok, 0).await;
@@ -838,25 +989,24 @@ impl Inner {
             };
             if !usable {
                 self.complete(view, &grant, IoOutcome::Ok, 0).await?;
-                let piece = data
-                    .as_slice()
-                    .get(at..at + usize_of(glen))
-                    .ok_or_else(|| FsError::Io("grant past the write".to_owned()))?;
                 attr = self
-                    .proxied_write(view, cred, fh, ino, pos, piece)
+                    .proxied_write(view, cred, fh, ino, pos, piece_of(data, at, part.len())?)
                     .await?
                     .or(attr);
-                pos = grant.range.end();
+                pos = part.end();
                 continue;
             }
-            let plan = IoPlan {
-                len: glen,
-                device_ios: grant.device_ios.clone(),
-                zero_fill: Vec::new(),
+            let plan = if part.len() == grant.range.len() {
+                IoPlan {
+                    len: part.len(),
+                    device_ios: grant.device_ios.clone(),
+                    zero_fill: Vec::new(),
+                }
+            } else {
+                sub_plan(&grant.device_ios, &[], 0, part.len())
             };
-            let r = match self.plan_in_place(view, &plan, true, data, at).await {
-                Ok(errs) if errs.is_empty() => Ok(()),
-                Ok(errs) => Err(errs),
+            let errs = match self.plan_in_place(view, &plan, true, data, at).await {
+                Ok(errs) => errs,
                 Err(e) => {
                     // Fenced between the grant and the I/O (nothing was written), or the
                     // engine stopped (its outcome unknown: nothing counts as written).
@@ -864,49 +1014,194 @@ impl Inner {
                     return Err(e);
                 }
             };
-            match r {
-                Ok(()) => {
-                    attr = Some(self.complete(view, &grant, IoOutcome::Ok, glen).await?);
-                    add(&self.counters.direct_write_bytes, glen);
-                }
-                Err(errs) => {
-                    // The prefix before the first buffer byte of any failed device I/O was
-                    // written completely.
-                    let bytes_done = errs
-                        .iter()
-                        .flat_map(|e| {
-                            plan.device_ios
-                                .iter()
-                                .filter(move |io| {
-                                    io.device == e.device && io.phys_off == e.phys_off
-                                })
-                                .flat_map(|io| io.iov.iter().map(|p| p.buf_off))
-                        })
-                        .min()
-                        .unwrap_or(0);
-                    let first = errs.first().map(ToString::to_string).unwrap_or_default();
-                    let extents = errs
-                        .iter()
-                        .map(|e| ExtentError {
-                            device: e.device,
-                            phys_off: e.phys_off,
-                            len: e.len,
-                            errno: e.errno().clamp(1, 4095),
-                        })
-                        .collect();
-                    tracing::error!(inode = %ino, grant = %grant.grant_id, bytes_done, error = %first, "direct write failed");
-                    // The engine poisoned the device: let the health task schedule its probe.
-                    self.health_kick.notify_one();
-                    let _ = self
-                        .complete(view, &grant, IoOutcome::DeviceErrors(extents), bytes_done)
-                        .await;
-                    return Err(FsError::Io(format!("device write failed: {first}")));
-                }
+            if errs.is_empty() {
+                // A grant longer than the write (a layout the server would not keep) is
+                // completed for the written prefix; the server frees the rest past EOF.
+                attr = Some(
+                    self.complete(view, &grant, IoOutcome::Ok, part.len())
+                        .await?,
+                );
+                add(&self.counters.direct_write_bytes, part.len());
+            } else {
+                let (bytes_done, outcome, e) = self.write_failed(ino, &grant, &plan, &errs);
+                let _ = self.complete(view, &grant, outcome, bytes_done).await;
+                return Err(e);
             }
-            pos = grant.range.end();
+            self.note_write_end(ino, part.end());
+            pos = part.end();
         }
         Ok(attr)
     }
+
+    /// Writes `part` (inside `layout`) from `data[at..]` to the devices; on success the
+    /// caller completes it ([`Inner::complete_behind`]), a device error is completed here. `NotSupported`: a LUN of the part is not
+    /// usable from this node (nothing was written).
+    async fn write_in_layout(
+        &self,
+        view: &SessionView,
+        layout: &Grant,
+        part: ByteRange,
+        data: &mut AlignedBuf,
+        at: usize,
+    ) -> Result<(), FsError> {
+        let start = part.offset() - layout.range.offset();
+        let plan = sub_plan(&layout.device_ios, &[], start, start + part.len());
+        if !plan
+            .device_ios
+            .iter()
+            .all(|io| self.device_usable(io.device))
+        {
+            return Err(FsError::NotSupported);
+        }
+        let errs = self.plan_in_place(view, &plan, true, data, at).await?;
+        if errs.is_empty() {
+            return Ok(());
+        }
+        let (bytes_done, outcome, e) = self.write_failed(layout.inode, layout, &plan, &errs);
+        let _ = self
+            .complete_at(view, layout, outcome, bytes_done, Some(part.offset()))
+            .await;
+        Err(e)
+    }
+
+    /// Completes a write inside a layout behind the caller (write-behind completion): the
+    /// caller's write returns once its device I/O is done, and `Complete{keep}` goes on in
+    /// the background. The layout stays in use until that completion is answered, so a
+    /// recall (another node's read or write there) is acknowledged only after it: other
+    /// nodes see every written byte. This agent's own reads, stats, truncates and fsyncs of
+    /// the file wait for its completions first ([`Inner::settle`]); a failed completion is
+    /// the error of the file's next write, fsync or close, as a failed writeback is.
+    fn complete_behind(
+        self: &Arc<Self>,
+        view: &SessionView,
+        layout: Arc<Grant>,
+        ino: InodeId,
+        part: ByteRange,
+    ) {
+        self.begin_pending(ino);
+        let inner = Arc::clone(self);
+        let view = view.clone();
+        tokio::spawn(async move {
+            let r = inner
+                .complete_at(
+                    &view,
+                    &layout,
+                    IoOutcome::Ok,
+                    part.len(),
+                    Some(part.offset()),
+                )
+                .await;
+            if r.is_ok() {
+                add(&inner.counters.direct_write_bytes, part.len());
+            }
+            inner.end_layout_use(&view, &layout, r.is_ok()).await;
+            inner.end_pending(ino, r.err());
+        });
+    }
+
+    /// The end of one write's use of a cached write layout: kept after a success, given back
+    /// (once idle) after a failure, so that the next write starts afresh.
+    async fn end_layout_use(&self, view: &SessionView, layout: &Grant, ok: bool) {
+        let (after, evicted) = self.cache.release(layout.grant_id, ok);
+        if !evicted.is_empty() {
+            self.return_grants(view, evicted).await;
+        }
+        if after == AfterIo::Return {
+            self.return_grants(view, vec![layout.grant_id]).await;
+        } else if !ok {
+            self.give_back_own(view, layout.inode, layout.range, Some(LockMode::Exclusive))
+                .await;
+        }
+    }
+
+    /// What a failed direct write reports: the prefix of the plan before the first buffer
+    /// byte of any failed device I/O (written completely), the outcome for Complete, and the
+    /// caller's error (EIO).
+    fn write_failed(
+        &self,
+        ino: InodeId,
+        grant: &Grant,
+        plan: &IoPlan,
+        errs: &[IoErr],
+    ) -> (u64, IoOutcome, FsError) {
+        let bytes_done = errs
+            .iter()
+            .flat_map(|e| {
+                plan.device_ios
+                    .iter()
+                    .filter(move |io| io.device == e.device && io.phys_off == e.phys_off)
+                    .flat_map(|io| io.iov.iter().map(|p| p.buf_off))
+            })
+            .min()
+            .unwrap_or(0);
+        let first = errs.first().map(ToString::to_string).unwrap_or_default();
+        let extents = errs
+            .iter()
+            .map(|e| ExtentError {
+                device: e.device,
+                phys_off: e.phys_off,
+                len: e.len,
+                errno: e.errno().clamp(1, 4095),
+            })
+            .collect();
+        tracing::error!(inode = %ino, grant = %grant.grant_id, bytes_done, error = %first, "direct write failed");
+        // The engine poisoned the device: let the health task schedule its probe.
+        self.health_kick.notify_one();
+        (
+            bytes_done,
+            IoOutcome::DeviceErrors(extents),
+            FsError::Io(format!("device write failed: {first}")),
+        )
+    }
+
+    /// Whether writes ask for write layouts (not with method A, whose point is one grant per
+    /// stripe unit).
+    fn write_layouts_on(&self) -> bool {
+        self.config.write_layout_bytes > 0 && !self.config.grant_per_stripe_unit
+    }
+
+    /// The write layout asked for a sequential writer's next write `want`: from its offset,
+    /// `write_layout_bytes` (whole blocks) or `want` if longer.
+    fn write_layout_range(
+        &self,
+        view: &SessionView,
+        want: ByteRange,
+    ) -> Result<ByteRange, FsError> {
+        let block = u64::from(view.server.block_size).max(1);
+        let room = MAX_FILE_SIZE.saturating_sub(want.offset());
+        let len = round_down(self.config.write_layout_bytes.min(room), block).max(want.len());
+        Ok(ByteRange::new(want.offset(), len)?)
+    }
+
+    /// Whether a write at `pos` continues this agent's last direct write to `ino` (or starts
+    /// the file): a sequential writer, worth a layout ahead.
+    fn is_sequential(&self, ino: InodeId, pos: u64) -> bool {
+        pos == 0 || self.lock_write_ends().get(&ino).is_some_and(|e| *e == pos)
+    }
+
+    fn note_write_end(&self, ino: InodeId, end: u64) {
+        let mut ends = self.lock_write_ends();
+        if ends.len() >= MAX_TRACKED_WRITERS && !ends.contains_key(&ino) {
+            ends.clear();
+        }
+        ends.insert(ino, end);
+    }
+
+    fn lock_write_ends(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<InodeId, u64>> {
+        self.write_ends.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// How many files' last write ends are remembered (sequential-writer detection).
+const MAX_TRACKED_WRITERS: usize = 4096;
+
+/// `data[at..at + len]`, or an error if the grant reached past the write.
+fn piece_of(data: &AlignedBuf, at: usize, len: u64) -> Result<&[u8], FsError> {
+    data.as_slice()
+        .get(at..at + usize_of(len))
+        .ok_or_else(|| FsError::Io("grant past the write".to_owned()))
 }
 
 /// The error of a direct read whose device I/O failed.

@@ -51,6 +51,7 @@ mod session;
 mod status;
 mod subplan;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -67,7 +68,7 @@ use sanfs_proto::pb::data_client::DataClient;
 use sanfs_proto::pb::namespace_client::NamespaceClient;
 use sanfs_proto::pb::session_client::SessionClient;
 use sanfs_proto::status::fs_error_from_status;
-use sanfs_proto::types::{FsError, OpenHandle, SessionEpoch, SessionId};
+use sanfs_proto::types::{FsError, InodeId, OpenHandle, SessionEpoch, SessionId};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -135,8 +136,16 @@ pub struct ClientConfig {
     /// reader find cached, one round trip for many reads (as pNFS layouts). 0: only the
     /// bytes read. Grants are kept only while cacheable; a writer recalls them.
     pub read_layout_bytes: u64,
+    /// A sequential writer's direct write asks for a write layout of this many bytes from
+    /// its offset: an exclusive grant kept cached, inside which the following writes need one
+    /// round trip (a partial completion) instead of two (as pNFS write layouts). Recalled when
+    /// another node reads, writes or truncates there. 0: one grant per write.
+    pub write_layout_bytes: u64,
     pub faults: FaultInjection,
 }
+
+/// Default [`ClientConfig::write_layout_bytes`]: 8 MiB.
+pub const DEFAULT_WRITE_LAYOUT_BYTES: u64 = 8 << 20;
 
 /// Default [`ClientConfig::read_layout_bytes`]: 8 MiB.
 pub const DEFAULT_READ_LAYOUT_BYTES: u64 = 8 << 20;
@@ -155,6 +164,7 @@ impl ClientConfig {
             direct_io_threshold: None,
             grant_per_stripe_unit: false,
             read_layout_bytes: DEFAULT_READ_LAYOUT_BYTES,
+            write_layout_bytes: DEFAULT_WRITE_LAYOUT_BYTES,
             faults: FaultInjection::default(),
         }
     }
@@ -177,6 +187,8 @@ pub struct ClientStats {
     pub map_writes: u64,
     /// Reads served from a cached read grant without asking the server.
     pub cached_reads: u64,
+    /// Writes done inside a cached write layout (no MapWrite).
+    pub layout_writes: u64,
     /// Proxied Read / Write calls.
     pub proxied_reads: u64,
     pub proxied_writes: u64,
@@ -204,6 +216,7 @@ struct Counters {
     map_reads: AtomicU64,
     map_writes: AtomicU64,
     cached_reads: AtomicU64,
+    layout_writes: AtomicU64,
     proxied_reads: AtomicU64,
     proxied_writes: AtomicU64,
     sessions: AtomicU64,
@@ -272,6 +285,16 @@ pub(crate) struct Inner {
     heartbeats_paused: AtomicBool,
     /// The advisory locks this agent's owners hold (reclaimed after a new session).
     locks_held: locks::LockMirror,
+    /// Where each file's last direct write ended (sequential writers get write layouts).
+    write_ends: Mutex<HashMap<InodeId, u64>>,
+    /// Per file: write completions in flight behind their writes, and the first error of one
+    /// that failed (reported by the file's next write, fsync or close).
+    behind: Mutex<HashMap<InodeId, Behind>>,
+    /// Wakes those waiting for a file's completions in flight.
+    behind_idle: Notify,
+    /// The inode of every handle this agent has open: when a file's last handle closes, the
+    /// server drops this session's grants on it, so the cached ones are given back first.
+    open_handles: Mutex<HashMap<FileHandle, InodeId>>,
 }
 
 /// A connected agent. Dropping it stops its session task (the session then expires at the
@@ -441,6 +464,10 @@ impl Client {
             lost_tx,
             heartbeats_paused: AtomicBool::new(false),
             locks_held: locks::LockMirror::default(),
+            write_ends: Mutex::new(HashMap::new()),
+            behind: Mutex::new(HashMap::new()),
+            behind_idle: Notify::new(),
+            open_handles: Mutex::new(HashMap::new()),
         });
         bump(&inner.counters.sessions);
         tracing::info!(session = %opened.session, epoch = %opened.epoch, engine = inner.engine.name(), "session opened");
@@ -506,6 +533,7 @@ impl Client {
             map_reads: get(&c.map_reads),
             map_writes: get(&c.map_writes),
             cached_reads: get(&c.cached_reads),
+            layout_writes: get(&c.layout_writes),
             proxied_reads: get(&c.proxied_reads),
             proxied_writes: get(&c.proxied_writes),
             sessions: get(&c.sessions),
@@ -564,6 +592,94 @@ impl Drop for Client {
         {
             t.abort();
         }
+    }
+}
+
+/// A file's write completions in flight (see [`Inner::settle`]).
+#[derive(Debug, Default)]
+struct Behind {
+    in_flight: u64,
+    error: Option<FsError>,
+}
+
+impl Inner {
+    fn lock_behind(&self) -> MutexGuard<'_, HashMap<InodeId, Behind>> {
+        self.behind.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A write completion of `ino` goes on behind its write.
+    pub(crate) fn begin_pending(&self, ino: InodeId) {
+        self.lock_behind().entry(ino).or_default().in_flight += 1;
+    }
+
+    /// A write completion of `ino` was answered (`error`: it failed).
+    pub(crate) fn end_pending(&self, ino: InodeId, error: Option<FsError>) {
+        {
+            let mut all = self.lock_behind();
+            if let Some(b) = all.get_mut(&ino) {
+                b.in_flight = b.in_flight.saturating_sub(1);
+                if let Some(e) = error {
+                    tracing::error!(inode = %ino, error = %e, "a write's completion failed: the file's next write, fsync or close reports it");
+                    b.error.get_or_insert(e);
+                }
+                if b.in_flight == 0 && b.error.is_none() {
+                    all.remove(&ino);
+                }
+            }
+        }
+        self.behind_idle.notify_waiters();
+    }
+
+    /// Waits until no write completion of `ino` is in flight: what this agent reads, stats,
+    /// truncates or syncs next sees its own writes completed.
+    pub(crate) async fn settle(&self, ino: InodeId) {
+        loop {
+            let idle = self.behind_idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self
+                .lock_behind()
+                .get(&ino)
+                .is_none_or(|b| b.in_flight == 0)
+            {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    /// The error of a failed write completion of `ino`, once (then forgotten).
+    pub(crate) fn take_write_error(&self, ino: InodeId) -> Result<(), FsError> {
+        let mut all = self.lock_behind();
+        let Some(b) = all.get_mut(&ino) else {
+            return Ok(());
+        };
+        let e = b.error.take();
+        if b.in_flight == 0 {
+            all.remove(&ino);
+        }
+        e.map_or(Ok(()), Err)
+    }
+
+    /// Whether `ino` has write completions in flight or a failed one to report.
+    pub(crate) fn has_behind(&self, ino: InodeId) -> bool {
+        self.lock_behind().contains_key(&ino)
+    }
+
+    /// Records an open handle's inode.
+    pub(crate) fn note_open(&self, handle: FileHandle, ino: InodeId) {
+        self.lock_open_handles().insert(handle, ino);
+    }
+
+    /// Forgets a closing handle; returns its inode if it was this agent's last handle on it.
+    pub(crate) fn note_close(&self, handle: &FileHandle) -> Option<InodeId> {
+        let mut open = self.lock_open_handles();
+        let ino = open.remove(handle)?;
+        (!open.values().any(|i| *i == ino)).then_some(ino)
+    }
+
+    fn lock_open_handles(&self) -> MutexGuard<'_, HashMap<FileHandle, InodeId>> {
+        self.open_handles.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

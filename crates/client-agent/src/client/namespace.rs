@@ -13,8 +13,8 @@ use sanfs_proto::model::{
 };
 use sanfs_proto::pb;
 use sanfs_proto::types::{
-    Attr, Credentials, FileName, FileType, FsError, InodeId, RenameMode, SetAttr, SymlinkTarget,
-    XattrMode, XattrName,
+    Attr, ByteRange, Credentials, FileName, FileType, FsError, InodeId, MAX_FILE_SIZE, RenameMode,
+    SetAttr, SymlinkTarget, XattrMode, XattrName,
 };
 
 use super::{Client, FileHandle, malformed};
@@ -74,6 +74,8 @@ impl Client {
     }
 
     pub async fn getattr(&self, cred: &Credentials, ino: InodeId) -> Result<Attr, FsError> {
+        // This agent's writes completed behind them count (size, mtime).
+        self.inner.settle(ino).await;
         let req = pb::GetAttrRequest::from(InodeRequest {
             cred: cred.clone(),
             inode: ino,
@@ -91,6 +93,7 @@ impl Client {
         changes: SetAttr,
         fh: Option<&FileHandle>,
     ) -> Result<Attr, FsError> {
+        self.inner.settle(ino).await;
         if fh.is_some() {
             self.inner.view_for(fh)?;
         }
@@ -128,6 +131,13 @@ impl Client {
             flags,
         });
         let r: CreateReply = rpc!(self, create, req, CreateReply, "Create reply")?;
+        self.inner.note_open(
+            FileHandle {
+                session: view.session,
+                handle: r.handle,
+            },
+            r.attr.ino,
+        );
         Ok(Created {
             handle: FileHandle {
                 session: view.session,
@@ -367,6 +377,13 @@ impl Client {
             flags,
         });
         let r: OpenReply = rpc!(self, open, req, OpenReply, "Open reply")?;
+        self.inner.note_open(
+            FileHandle {
+                session: view.session,
+                handle: r.handle,
+            },
+            ino,
+        );
         Ok((
             FileHandle {
                 session: view.session,
@@ -378,7 +395,18 @@ impl Client {
 
     /// Closes an open handle. A handle of a replaced session is already gone: ESTALE.
     pub async fn release(&self, fh: &FileHandle) -> Result<(), FsError> {
+        let last = self.inner.note_close(fh);
         let view = self.inner.view_for(Some(fh))?;
+        if let Some(ino) = last {
+            // Its writes' completions first (a failure is this close's error).
+            self.inner.settle(ino).await;
+        }
+        // The server drops this session's grants on a file whose last handle closes: give
+        // the cached ones back first (a layout kept past that would be used without a lock).
+        if let Some(ino) = last {
+            let all = ByteRange::new(0, MAX_FILE_SIZE)?;
+            self.inner.give_back_own(&view, ino, all, None).await;
+        }
         let req = pb::ReleaseRequest::from(HandleRef {
             session: view.session,
             handle: fh.handle,

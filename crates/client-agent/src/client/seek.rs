@@ -51,6 +51,7 @@ impl Client {
         offset: u64,
         what: SeekWhat,
     ) -> Result<Option<u64>, FsError> {
+        self.inner.settle(ino).await;
         let from = offset.min(MAX_FILE_SIZE - 1);
         let req = GetExtentsRequest {
             cred: cred.clone(),

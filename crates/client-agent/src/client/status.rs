@@ -62,6 +62,9 @@ pub struct GrantCounts {
     pub read: u64,
     pub write: u64,
     pub cached_reads: u64,
+    /// Writes done inside a cached write layout (no MapWrite).
+    #[serde(default)]
+    pub layout_writes: u64,
     pub cached_now: u64,
     pub recalls: u64,
 }
@@ -228,6 +231,7 @@ impl Client {
                 read: stats.map_reads,
                 write: stats.map_writes,
                 cached_reads: stats.cached_reads,
+                layout_writes: stats.layout_writes,
                 cached_now: self.inner.cache.cached_ids().len() as u64,
                 recalls: stats.recalls,
             },

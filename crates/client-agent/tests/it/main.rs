@@ -21,6 +21,7 @@ mod discovery;
 mod e2e;
 mod engine_io;
 mod fallocate;
+mod layouts;
 mod locks;
 mod lun_recovery;
 mod missing_lun;

@@ -278,6 +278,8 @@ impl Data for DataService {
             note(Some(req.handle.session.0), Some(req.inode.0));
             self.server.check_grant_epoch(req.epoch)?;
             self.server.check_handle(&req.handle, req.inode, true)?;
+            // A write layout only for a session that can hear its recall.
+            let layout = req.layout && self.server.has_stream(req.handle.session.0);
             let (id, mapped) = self
                 .server
                 .grants
@@ -288,10 +290,11 @@ impl Data for DataService {
                     req.range.offset(),
                     req.range.len(),
                     req.cred.is_root(),
+                    layout,
                 )
                 .await
                 .map_err(|e| fs_status(&e))?;
-            Ok(grant_reply(id, &req, mapped, LockMode::Exclusive, false)?.into())
+            Ok(grant_reply(id, &req, mapped, LockMode::Exclusive, layout)?.into())
         })
         .await
     }
@@ -317,18 +320,21 @@ impl Data for DataService {
                     );
                 }
             }
-            let attr = self
-                .server
-                .grants
-                .complete(
-                    req.session.0,
-                    req.epoch.0,
-                    req.grant_id.0,
-                    req.bytes_done,
-                    req.sync,
-                )
-                .await
-                .map_err(|e| fs_status(&e.to_fs()))?;
+            let grants = &self.server.grants;
+            let (session, epoch, id) = (req.session.0, req.epoch.0, req.grant_id.0);
+            let attr = match req.keep_at {
+                Some(at) => {
+                    grants
+                        .complete_part(session, epoch, id, at, req.bytes_done, req.sync)
+                        .await
+                }
+                None => {
+                    grants
+                        .complete(session, epoch, id, req.bytes_done, req.sync)
+                        .await
+                }
+            }
+            .map_err(|e| fs_status(&e.to_fs()))?;
             Ok(attr.into())
         })
         .await
@@ -346,6 +352,7 @@ impl Data for DataService {
             self.server
                 .grants
                 .return_grants(req.session.0, req.epoch.0, &ids)
+                .await
                 .map_err(|e| fs_status(&e.to_fs()))?;
             Ok(pb::ReturnGrantReply {})
         })

@@ -172,6 +172,9 @@ impl Namespace for NamespaceService {
         rpc("GetAttr", async {
             let req: InodeRequest = convert(request.into_inner())?;
             note(None, Some(req.inode.0));
+            // Writes inside write layouts are completed behind them: the size and mtime
+            // include every write that returned anywhere once those completions are in.
+            self.server.grants.settle_attr(req.inode.0).await;
             let bs = self.server.store.block_size();
             let attr = self.server.read(|t| t.getattr(bs, req.inode.0))?;
             Ok(attr.into())

@@ -205,7 +205,11 @@ impl Server {
                     // returned twice): that is no reason to end the stream.
                     let ids: Vec<u64> = grant_ids.iter().map(|g| g.0).collect();
                     for id in ids {
-                        if let Err(e) = self.grants.return_grants(session, self.epoch.0, &[id]) {
+                        if let Err(e) = self
+                            .grants
+                            .return_grants(session, self.epoch.0, &[id])
+                            .await
+                        {
                             tracing::debug!(session, grant = id, error = %e, "return of a grant");
                         }
                     }

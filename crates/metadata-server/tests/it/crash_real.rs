@@ -322,6 +322,7 @@ async fn kill_9_during_a_mixed_workload_loses_nothing_acknowledged() {
                     errors: vec![],
                     bytes_done: 65536,
                     sync: false,
+                    ..Default::default()
                 })
                 .await;
             assert!(r.is_err(), "a Complete from the old epoch was accepted");
@@ -366,6 +367,7 @@ async fn kill_9_during_a_mixed_workload_loses_nothing_acknowledged() {
                 offset: 0,
                 length: 256 * 1024,
                 sync: false,
+                ..Default::default()
             })
             .await
             .unwrap()

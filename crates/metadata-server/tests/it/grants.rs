@@ -25,9 +25,15 @@ async fn disjoint_writers_overlap_and_overlapping_writers_serialize() {
     let epoch = c.dp.store.boot_epoch();
     let g = grants(c.dp);
     // Session 1 holds [0, 1M) while session 2 is granted [1M, 2M): both out at once.
-    let (a, ma) = g.map_write(1, epoch, ino, 0, MIB, true).await.unwrap();
+    let (a, ma) = g
+        .map_write(1, epoch, ino, 0, MIB, true, false)
+        .await
+        .unwrap();
     let t0 = Instant::now();
-    let (b, mb) = g.map_write(2, epoch, ino, MIB, MIB, true).await.unwrap();
+    let (b, mb) = g
+        .map_write(2, epoch, ino, MIB, MIB, true, false)
+        .await
+        .unwrap();
     eprintln!("disjoint grant while another is out: {:?}", t0.elapsed());
     assert_eq!(g.live(), 2, "two write grants on one file at the same time");
     device_write(&c.luns, &ma.plan, &vec![1u8; MIB as usize]);
@@ -36,7 +42,9 @@ async fn disjoint_writers_overlap_and_overlapping_writers_serialize() {
     let g2 = g.clone();
     let waiter = tokio::spawn(async move {
         let t = Instant::now();
-        let r = g2.map_write(3, epoch, ino, 512 * KIB, MIB, true).await;
+        let r = g2
+            .map_write(3, epoch, ino, 512 * KIB, MIB, true, false)
+            .await;
         (r, t.elapsed())
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -83,7 +91,7 @@ async fn an_expired_session_loses_its_grants_and_its_range_reads_as_zeros() {
     .await
     .unwrap();
     let (id, m) = g
-        .map_write(5, epoch, ino, 256 * KIB, 512 * KIB, false)
+        .map_write(5, epoch, ino, 256 * KIB, 512 * KIB, false, false)
         .await
         .unwrap();
     device_write(&c.luns, &m.plan, &vec![9u8; 512 * KIB as usize]);
@@ -143,7 +151,8 @@ async fn a_cached_read_grant_is_recalled_before_a_conflicting_write() {
     g.attach(1, tx);
     let (rid, _) = g.map_read(1, epoch, ino, 0, MIB, true).await.unwrap();
     let g2 = g.clone();
-    let writer = tokio::spawn(async move { g2.map_write(2, epoch, ino, 0, 64 * KIB, true).await });
+    let writer =
+        tokio::spawn(async move { g2.map_write(2, epoch, ino, 0, 64 * KIB, true, false).await });
     let recall = tokio::time::timeout(Duration::from_secs(5), recalls.recv())
         .await
         .unwrap()
@@ -153,7 +162,7 @@ async fn a_cached_read_grant_is_recalled_before_a_conflicting_write() {
         !writer.is_finished(),
         "the write waits for the recalled grant"
     );
-    g.return_grants(1, epoch, &[rid]).unwrap();
+    g.return_grants(1, epoch, &[rid]).await.unwrap();
     let (wid, _) = writer.await.unwrap().unwrap();
     g.complete(2, epoch, wid, 64 * KIB, false).await.unwrap();
     assert!(g.stats.recalls.load(std::sync::atomic::Ordering::Relaxed) >= 1);
@@ -169,7 +178,8 @@ async fn a_client_that_ignores_a_recall_loses_the_grant_at_lease_expiry() {
     g.attach(1, tx);
     g.map_read(1, epoch, ino, 0, MIB, true).await.unwrap();
     let g2 = g.clone();
-    let writer = tokio::spawn(async move { g2.map_write(2, epoch, ino, 0, 64 * KIB, true).await });
+    let writer =
+        tokio::spawn(async move { g2.map_write(2, epoch, ino, 0, 64 * KIB, true, false).await });
     recalls.recv().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!writer.is_finished());
@@ -185,7 +195,10 @@ async fn bad_completions_get_clear_errors_and_change_nothing() {
     let ino = create(&c.dp, "b");
     let epoch = c.dp.store.boot_epoch();
     let g = grants(c.dp);
-    let (id, _) = g.map_write(1, epoch, ino, 0, 64 * KIB, true).await.unwrap();
+    let (id, _) = g
+        .map_write(1, epoch, ino, 0, 64 * KIB, true, false)
+        .await
+        .unwrap();
     assert_eq!(
         g.complete(1, epoch, 999_999, 0, false).await,
         Err(GrantError::Unknown(999_999))
@@ -211,10 +224,14 @@ async fn bad_completions_get_clear_errors_and_change_nothing() {
         "twice"
     );
     // Unaligned, empty and overflowing ranges.
-    assert!(g.map_write(1, epoch, ino, 100, 4096, true).await.is_err());
-    assert!(g.map_write(1, epoch, ino, 0, 0, true).await.is_err());
     assert!(
-        g.map_write(1, epoch, ino, u64::MAX - 4095, 4096, true)
+        g.map_write(1, epoch, ino, 100, 4096, true, false)
+            .await
+            .is_err()
+    );
+    assert!(g.map_write(1, epoch, ino, 0, 0, true, false).await.is_err());
+    assert!(
+        g.map_write(1, epoch, ino, u64::MAX - 4095, 4096, true, false)
             .await
             .is_err()
     );
@@ -231,7 +248,10 @@ async fn a_restart_with_grants_out_keeps_their_blocks_and_forgets_the_grants() {
     let epoch = c.dp.store.boot_epoch();
     let meta = c.dir.path().join("meta.redb");
     let g = grants(c.dp);
-    let (_id, m) = g.map_write(1, epoch, ino, 0, 4 * MIB, true).await.unwrap();
+    let (_id, m) = g
+        .map_write(1, epoch, ino, 0, 4 * MIB, true, false)
+        .await
+        .unwrap();
     assert_eq!(m.plan.device_bytes(), 4 * MIB);
     let store = g.data_path().store.clone();
     store.close();
@@ -278,7 +298,7 @@ async fn a_streaming_writer_runs_on_preallocation_that_is_trimmed_at_close() {
     for i in 0..8 {
         let before = commits();
         let (id, m) = g
-            .map_write(1, epoch, ino, i * MIB, MIB, true)
+            .map_write(1, epoch, ino, i * MIB, MIB, true, false)
             .await
             .unwrap();
         map_commits += commits() - before;
@@ -376,4 +396,95 @@ fn a_lazy_completion_is_durable_only_after_a_sync() {
             assert!(!written, "the blocks stay Unwritten (read as zeros)");
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_layout_completes_part_by_part_keeps_its_lock_and_frees_its_tail_when_returned() {
+    let c = cluster();
+    let ino = create(&c.dp, "layout");
+    let epoch = c.dp.store.boot_epoch();
+    let g = grants(c.dp);
+    let (tx, mut recalls) = mpsc::unbounded_channel();
+    g.attach(1, tx);
+    let (id, m) = g
+        .map_write(1, epoch, ino, 0, 4 * MIB, true, true)
+        .await
+        .unwrap();
+    assert_eq!(m.len, 4 * MIB);
+    // Two writes inside it, each completed on its own: size and state follow, grant stays.
+    let plan = &m.plan;
+    device_write(&c.luns, plan, &vec![7u8; (4 * MIB) as usize]);
+    let a = g
+        .complete_part(1, epoch, id, 0, 64 * KIB, false)
+        .await
+        .unwrap();
+    assert_eq!(a.size, 64 * KIB);
+    let a = g
+        .complete_part(1, epoch, id, 64 * KIB, 64 * KIB, false)
+        .await
+        .unwrap();
+    assert_eq!(a.size, 128 * KIB);
+    assert_eq!(g.live(), 1, "the layout stays after partial completions");
+    // Bad parts: outside the grant, another session, not a layout. Nothing changes.
+    assert!(
+        g.complete_part(1, epoch, id, 4 * MIB, 4096, false)
+            .await
+            .is_err()
+    );
+    assert!(
+        g.complete_part(1, epoch, id, 4 * MIB - 4096, 8192, false)
+            .await
+            .is_err()
+    );
+    assert_eq!(
+        g.complete_part(2, epoch, id, 0, 4096, false).await,
+        Err(GrantError::Foreign(id))
+    );
+    let (plain, _) = g
+        .map_write(1, epoch, ino, 8 * MIB, 64 * KIB, true, false)
+        .await
+        .unwrap();
+    assert!(
+        g.complete_part(1, epoch, plain, 8 * MIB, 4096, false)
+            .await
+            .is_err()
+    );
+    g.complete(1, epoch, plain, 0, false).await.unwrap();
+    // Another session's read of the range recalls the layout and waits for its return.
+    let g2 = g.clone();
+    let reader = tokio::spawn(async move { g2.map_read(2, epoch, ino, 0, MIB, false).await });
+    let recall = tokio::time::timeout(Duration::from_secs(5), recalls.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(recall.grant_ids, vec![id]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!reader.is_finished(), "the reader waits for the layout");
+    let before = c_free(&g);
+    g.return_grants(1, epoch, &[id]).await.unwrap();
+    let (rid, mr) = tokio::time::timeout(Duration::from_secs(5), reader)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    // The reader sees the completed 128 KiB, and the file ends there.
+    assert_eq!(mr.file_size, 128 * KIB);
+    let mut buf = vec![0u8; mr.len as usize];
+    device_read(&c.luns, &mr.plan, &mut buf);
+    assert!(buf[..(128 * KIB) as usize].iter().all(|b| *b == 7));
+    g.complete(2, epoch, rid, 0, false).await.unwrap();
+    // The layout's never-completed blocks past EOF went back to the free space.
+    assert!(
+        c_free(&g) >= before + (4 * MIB - 128 * KIB) / 4096,
+        "freed {} blocks",
+        c_free(&g) - before
+    );
+}
+
+fn c_free(g: &Grants) -> u64 {
+    g.data_path()
+        .store
+        .usage()
+        .free_blocks
+        .load(std::sync::atomic::Ordering::Relaxed)
 }

@@ -122,6 +122,7 @@ async fn an_ignored_recall_and_a_silent_client_lose_their_grants_within_ttl_plus
         offset,
         length,
         sync: false,
+        ..Default::default()
     };
     let cached = a
         .data
@@ -186,6 +187,7 @@ async fn an_ignored_recall_and_a_silent_client_lose_their_grants_within_ttl_plus
             errors: vec![],
             bytes_done: 0,
             sync: false,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -201,6 +203,7 @@ async fn an_ignored_recall_and_a_silent_client_lose_their_grants_within_ttl_plus
             errors: vec![],
             bytes_done: MIB,
             sync: false,
+            ..Default::default()
         })
         .await;
     assert!(

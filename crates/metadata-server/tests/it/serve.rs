@@ -538,6 +538,7 @@ async fn grants_work_without_luns_and_proxied_io_names_the_missing_lun() {
         offset: 0,
         length: 1 << 20,
         sync: false,
+        ..Default::default()
     };
     // Control info 1 -> 2: a write grant on 4 stripes of 64 KiB is one I/O per LUN.
     let grant = c.data.map_write(map.clone()).await.unwrap().into_inner();
@@ -564,6 +565,7 @@ async fn grants_work_without_luns_and_proxied_io_names_the_missing_lun() {
             errors: vec![],
             bytes_done: 1 << 20,
             sync: false,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -580,6 +582,7 @@ async fn grants_work_without_luns_and_proxied_io_names_the_missing_lun() {
             errors: vec![],
             bytes_done: 1 << 20,
             sync: false,
+            ..Default::default()
         })
         .await
         .unwrap_err();

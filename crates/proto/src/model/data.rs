@@ -40,6 +40,8 @@ pub struct MapRequest {
     pub range: ByteRange,
     /// O_SYNC / O_DSYNC write.
     pub sync: bool,
+    /// MapWrite: keep the grant as a write layout (completed part by part, returned later).
+    pub layout: bool,
 }
 
 impl TryFrom<pb::MapRequest> for MapRequest {
@@ -53,6 +55,7 @@ impl TryFrom<pb::MapRequest> for MapRequest {
             inode: inode(p.inode, "inode")?,
             range: nonempty_range(p.offset, p.length, "range")?,
             sync: p.sync,
+            layout: p.layout,
         })
     }
 }
@@ -68,6 +71,7 @@ impl From<MapRequest> for pb::MapRequest {
             offset: r.range.offset(),
             length: r.range.len(),
             sync: r.sync,
+            layout: r.layout,
         }
     }
 }
@@ -169,13 +173,13 @@ pub struct Grant {
     pub zero_fill: Vec<BufRange>,
     /// The file size when the grant was made.
     pub file_size: u64,
-    /// A read grant the agent may keep as a cached layout. Never set on a write grant.
+    /// The agent may keep the grant as a cached layout until it is recalled or returned: a
+    /// read grant, or a write grant asked for as a write layout (`MapRequest::layout`).
     pub cacheable: bool,
 }
 
 impl Grant {
-    /// Checks the plan's invariants: a write grant is not empty, has no zero fill and is not
-    /// cacheable; the buffer pieces of all device I/Os and of `zero_fill` are non-empty and
+    /// Checks the plan's invariants: a write grant is not empty and has no zero fill; the buffer pieces of all device I/Os and of `zero_fill` are non-empty and
     /// cover `[0, range.len())` exactly once. (Per-I/O alignment and iov sums are checked
     /// when each [`DeviceIo`] is converted.)
     pub fn check(&self) -> Result<(), ProtocolError> {
@@ -188,9 +192,6 @@ impl Grant {
             }
             if !self.zero_fill.is_empty() {
                 return Err(invalid("zero_fill", "set on a write grant"));
-            }
-            if self.cacheable {
-                return Err(invalid("cacheable", "set on a write grant"));
             }
         }
         let mut pieces: Vec<BufRange> = self
@@ -342,6 +343,10 @@ pub struct CompleteRequest {
     /// most the grant's length).
     pub bytes_done: u64,
     pub sync: bool,
+    /// A write layout's partial completion: `Some(offset)` completes
+    /// `[offset, offset + bytes_done)` and keeps the grant; `None` completes the grant's prefix
+    /// of `bytes_done` bytes and ends it.
+    pub keep_at: Option<u64>,
 }
 
 impl TryFrom<pb::CompleteRequest> for CompleteRequest {
@@ -366,6 +371,22 @@ impl TryFrom<pb::CompleteRequest> for CompleteRequest {
         if p.bytes_done > MAX_FILE_SIZE {
             return Err(invalid("bytes_done", "passes the largest file size"));
         }
+        let keep_at = if p.keep {
+            if p.offset
+                .checked_add(p.bytes_done)
+                .is_none_or(|e| e > MAX_FILE_SIZE)
+            {
+                return Err(invalid(
+                    "offset",
+                    "offset + bytes_done passes the largest file size",
+                ));
+            }
+            Some(p.offset)
+        } else if p.offset != 0 {
+            return Err(invalid("offset", "set without keep"));
+        } else {
+            None
+        };
         Ok(CompleteRequest {
             session: session_id(p.session)?,
             epoch: epoch(p.epoch)?,
@@ -373,6 +394,7 @@ impl TryFrom<pb::CompleteRequest> for CompleteRequest {
             outcome,
             bytes_done: p.bytes_done,
             sync: p.sync,
+            keep_at,
         })
     }
 }
@@ -391,6 +413,8 @@ impl From<CompleteRequest> for pb::CompleteRequest {
             errors,
             bytes_done: r.bytes_done,
             sync: r.sync,
+            keep: r.keep_at.is_some(),
+            offset: r.keep_at.unwrap_or(0),
         }
     }
 }

@@ -394,6 +394,7 @@ fn map_request() -> MapRequest {
         inode: InodeId(42),
         range: range(0, 4096),
         sync: false,
+        layout: false,
     }
 }
 
@@ -452,7 +453,6 @@ fn grants_must_be_whole_plans() {
     check::<Grant, pb::Grant>(
         write_grant(),
         cases![pb::Grant;
-            "cacheable" => |p| p.cacheable = true,
             "zero_fill" => |p| {
                 p.device_ios[0].len = 4096;
                 p.device_ios[0].iov[0].len = 4096;
@@ -476,6 +476,7 @@ fn complete() -> CompleteRequest {
         }]),
         bytes_done: 0,
         sync: false,
+        keep_at: None,
     }
 }
 
@@ -496,6 +497,8 @@ fn completions() {
             "errors.errno" => |p| p.errors[0].errno = 4096,
             "errors.phys_off" => |p| p.errors[0].phys_off = u64::MAX,
             "bytes_done" => |p| p.bytes_done = u64::MAX,
+            "offset" => |p| p.offset = 4096,
+            "offset" => |p| { p.keep = true; p.offset = u64::MAX - 10; },
         ],
     );
     check::<ReturnGrantRequest, pb::ReturnGrantRequest>(

@@ -352,6 +352,20 @@ fn map_requests_and_grants() {
         inode: InodeId(42),
         range: range(MIB, 64 * KIB),
         sync: true,
+        layout: false,
+    });
+    round_trip::<_, pb::MapRequest>(MapRequest {
+        cred: cred(),
+        handle: handle(),
+        epoch: SessionEpoch(3),
+        inode: InodeId(42),
+        range: range(MIB, 8 * MIB),
+        sync: false,
+        layout: true,
+    });
+    round_trip::<_, pb::Grant>(Grant {
+        cacheable: true,
+        ..write_grant()
     });
     round_trip::<_, pb::Grant>(read_grant());
     round_trip::<_, pb::Grant>(write_grant());
@@ -386,6 +400,16 @@ fn completions_and_returns() {
         outcome: IoOutcome::Ok,
         bytes_done: 8 * KIB,
         sync: false,
+        keep_at: None,
+    });
+    round_trip::<_, pb::CompleteRequest>(CompleteRequest {
+        session: SessionId(5),
+        epoch: SessionEpoch(3),
+        grant_id: GrantId(78),
+        outcome: IoOutcome::Ok,
+        bytes_done: 64 * KIB,
+        sync: false,
+        keep_at: Some(MIB),
     });
     round_trip::<_, pb::CompleteRequest>(CompleteRequest {
         session: SessionId(5),
@@ -407,6 +431,7 @@ fn completions_and_returns() {
         ]),
         bytes_done: 0,
         sync: true,
+        keep_at: None,
     });
     round_trip::<_, pb::ReturnGrantRequest>(ReturnGrantRequest {
         session: SessionId(5),

@@ -1,0 +1,236 @@
+//! Write layouts (docs/protocol.md "Write layouts"): a sequential writer's direct writes
+//! inside one cached exclusive grant need no MapWrite and return once their device I/O is done
+//! (the completion goes on behind them); another node that reads, writes, truncates or stats
+//! there recalls the layout first and sees every written byte and the size; a layout never outlives the file's last handle; an unused layout's blocks past end
+//! of file are freed when it goes back.
+
+use std::time::Duration;
+
+use sanfs_client_agent::client::Client;
+
+use crate::cluster::{self, MIB, Model, Rng, assert_bytes, create, open, root};
+
+const KIB: u64 = 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_writes_share_one_layout_and_other_nodes_see_every_byte() {
+    let srv = cluster::start(10_000).await;
+    let a = srv.client("a").await;
+    let b = srv.client("b").await;
+    let (ino, ha) = create(&a, "seq").await;
+    let hb = open(&b, ino).await;
+    let mut rng = Rng::new(21);
+    let mut model = Model::default();
+
+    // 64 sequential 64 KiB writes = 4 MiB: inside the first 8 MiB layout.
+    let before = a.stats();
+    for i in 0..64u64 {
+        let data = rng.bytes(64 * KIB as usize);
+        a.write_at(&root(), &ha, ino, i * 64 * KIB, &data)
+            .await
+            .unwrap();
+        model.write(i * 64 * KIB, &data);
+    }
+    let s = a.stats();
+    assert_eq!(s.map_writes - before.map_writes, 1, "one layout: {s:?}");
+    assert_eq!(s.layout_writes - before.layout_writes, 63, "{s:?}");
+    assert_eq!(s.proxied_writes, before.proxied_writes, "all direct: {s:?}");
+    // Sizes are exact at once on another node: its GetAttr recalls A's layout, which A
+    // answers once its writes' completions (sent behind the writes) are in.
+    let recalls = a.stats().recalls;
+    assert_eq!(b.getattr(&root(), ino).await.unwrap().size, 4 * MIB);
+    assert!(
+        a.stats().recalls > recalls,
+        "A's layout was recalled by a stat"
+    );
+
+    // A writes on (a new layout); B reads in the middle of it: recalled, B sees every byte.
+    for i in 64..72u64 {
+        let data = rng.bytes(64 * KIB as usize);
+        a.write_at(&root(), &ha, ino, i * 64 * KIB, &data)
+            .await
+            .unwrap();
+        model.write(i * 64 * KIB, &data);
+    }
+    let recalls = a.stats().recalls;
+    let got = tokio::time::timeout(
+        Duration::from_secs(5),
+        b.read_at(&root(), &hb, ino, 0, 5 * MIB),
+    )
+    .await
+    .expect("a read recalls the writer's layout, it does not wait for the lease")
+    .unwrap();
+    assert_bytes(&got, &model.0, "B reads A's layout writes");
+    assert!(a.stats().recalls > recalls, "A's layout was recalled");
+
+    // A goes on writing (a new layout), B writes inside it (recalled again), both read alike.
+    for i in 72..96u64 {
+        let data = rng.bytes(64 * KIB as usize);
+        a.write_at(&root(), &ha, ino, i * 64 * KIB, &data)
+            .await
+            .unwrap();
+        model.write(i * 64 * KIB, &data);
+    }
+    let data = rng.bytes(128 * KIB as usize);
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        b.write_at(&root(), &hb, ino, 5 * MIB, &data),
+    )
+    .await
+    .expect("a write recalls the other node's layout")
+    .unwrap();
+    model.write(5 * MIB, &data);
+    // And a small unaligned (proxied) write by A right after: its own layout goes first.
+    let data = rng.bytes(1000);
+    a.write_at(&root(), &ha, ino, 5 * MIB + 100, &data)
+        .await
+        .unwrap();
+    model.write(5 * MIB + 100, &data);
+    for (c, h, who) in [(&a, &ha, "a"), (&b, &hb, "b")] {
+        let got = c.read_at(&root(), h, ino, 0, 8 * MIB).await.unwrap();
+        assert_bytes(&got, &model.0, &format!("{who} reads after mixed writes"));
+    }
+
+    // Truncate by B while A holds a layout: recalled, the size is B's.
+    a.write_at(&root(), &ha, ino, 6 * MIB, &rng.bytes(64 * KIB as usize))
+        .await
+        .unwrap();
+    let data = rng.bytes(64 * KIB as usize);
+    a.write_at(&root(), &ha, ino, 6 * MIB + 64 * KIB, &data)
+        .await
+        .unwrap();
+    b.truncate(&root(), Some(&hb), ino, 3 * MIB + 5)
+        .await
+        .unwrap();
+    model.truncate(3 * MIB + 5);
+    for (c, h, who) in [(&a, &ha, "a"), (&b, &hb, "b")] {
+        assert_eq!(c.getattr(&root(), ino).await.unwrap().size, 3 * MIB + 5);
+        let got = c.read_at(&root(), h, ino, 0, 8 * MIB).await.unwrap();
+        assert_bytes(&got, &model.0, &format!("{who} reads after truncate"));
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_goes_back_with_the_last_handle_and_its_blocks_past_eof_are_freed() {
+    let srv = cluster::start(10_000).await;
+    let a = srv.client("a").await;
+    let (ino, h) = create(&a, "close").await;
+    let mut rng = Rng::new(5);
+    let data = rng.bytes(128 * KIB as usize);
+    a.write_at(&root(), &h, ino, 0, &data).await.unwrap();
+    // The layout reaches 8 MiB ahead; closing the file's last handle gives it back.
+    a.release(&h).await.unwrap();
+    let after_close = free(&a, ino).await;
+    // Reopen and write on: a new grant (the old layout is gone here and at the server).
+    let h2 = open(&a, ino).await;
+    let maps = a.stats().map_writes;
+    let data2 = rng.bytes(128 * KIB as usize);
+    a.write_at(&root(), &h2, ino, 128 * KIB, &data2)
+        .await
+        .unwrap();
+    assert_eq!(a.stats().map_writes, maps + 1, "a fresh grant after reopen");
+    let got = a.read_at(&root(), &h2, ino, 0, MIB).await.unwrap();
+    assert_bytes(&got, &[data, data2].concat(), "reopened file");
+    a.release(&h2).await.unwrap();
+    // Nothing past EOF is kept allocated once the file is closed: a 256 KiB file holds at
+    // most its own blocks (and the server's speculative preallocation is trimmed at close).
+    let attr = a.getattr(&root(), ino).await.unwrap();
+    assert_eq!(attr.size, 256 * KIB);
+    assert!(
+        attr.allocated <= 256 * KIB,
+        "blocks past EOF were freed: {} bytes allocated",
+        attr.allocated
+    );
+    let bs = u64::from(a.statfs(&root(), ino).await.unwrap().block_size);
+    assert!(
+        free(&a, ino).await + 128 * KIB / bs >= after_close,
+        "no space leaked"
+    );
+    a.close().await.unwrap();
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seeded_interleaving_of_sequential_writers_and_readers_matches_a_model() {
+    let seed = std::env::var("SANFS_LAYOUT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand_seed());
+    println!("write layout interleaving seed {seed} (SANFS_LAYOUT_SEED={seed} to repeat)");
+    let srv = cluster::start(10_000).await;
+    let a = srv.client("a").await;
+    let b = srv.client("b").await;
+    let (ino, ha) = create(&a, "mix").await;
+    let hb = open(&b, ino).await;
+    let mut rng = Rng::new(seed);
+    let mut model = Model::default();
+    let mut next = [0u64; 2];
+    for step in 0..300 {
+        let who = rng.below(2) as usize;
+        let (c, h) = if who == 0 { (&a, &ha) } else { (&b, &hb) };
+        match rng.below(10) {
+            // Mostly sequential writes of 64 KiB to 1 MiB from each node's own cursor.
+            0..=5 => {
+                let len = (1 + rng.below(16)) * 64 * KIB;
+                let at = next[who];
+                let data = rng.bytes(len as usize);
+                c.write_at(&root(), h, ino, at, &data).await.unwrap();
+                model.write(at, &data);
+                next[who] = if at + len > 16 * MIB {
+                    rng.below(64) * 64 * KIB
+                } else {
+                    at + len
+                };
+            }
+            // An unaligned small write somewhere.
+            6 => {
+                let at = rng.below(12 * MIB);
+                let n = 1 + rng.below(9000) as usize;
+                let data = rng.bytes(n);
+                c.write_at(&root(), h, ino, at, &data).await.unwrap();
+                model.write(at, &data);
+            }
+            7 => {
+                let size = rng.below(14 * MIB);
+                c.truncate(&root(), Some(h), ino, size).await.unwrap();
+                model.truncate(size);
+            }
+            _ => {
+                let at = rng.below(12 * MIB);
+                let len = 1 + rng.below(3 * MIB);
+                let got = c.read_at(&root(), h, ino, at, len).await.unwrap();
+                assert_bytes(
+                    &got,
+                    model.read(at, len),
+                    &format!("seed {seed} step {step} read"),
+                );
+                assert_eq!(
+                    c.getattr(&root(), ino).await.unwrap().size,
+                    model.0.len() as u64,
+                    "seed {seed} step {step} size"
+                );
+            }
+        }
+    }
+    let len = model.0.len() as u64;
+    for (c, h) in [(&a, &ha), (&b, &hb)] {
+        let got = c.read_at(&root(), h, ino, 0, len + MIB).await.unwrap();
+        assert_bytes(&got, &model.0, &format!("seed {seed} final"));
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    srv.stop().await;
+}
+
+async fn free(c: &Client, ino: sanfs_proto::types::InodeId) -> u64 {
+    c.statfs(&root(), ino).await.unwrap().free_blocks
+}
+
+fn rand_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+}
