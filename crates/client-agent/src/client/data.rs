@@ -605,6 +605,10 @@ impl Inner {
         Ok(usable)
     }
 
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the request's fields; one private call per path"
+    )]
     async fn map(
         &self,
         view: &SessionView,
