@@ -951,9 +951,18 @@ impl Inner {
                 self.give_back_own(view, ino, ask, Some(LockMode::Exclusive))
                     .await;
             }
-            let grant = self
+            let (grant, ask) = match self
                 .map(view, cred, fh, ino, ask, LockMode::Exclusive, sequential)
-                .await?;
+                .await
+            {
+                // No room (or quota) for a layout ahead: the write's own range is what counts.
+                Err(FsError::NoSpace | FsError::QuotaExceeded) if ask.len() > want.len() => (
+                    self.map(view, cred, fh, ino, want, LockMode::Exclusive, false)
+                        .await?,
+                    want,
+                ),
+                r => (r?, ask),
+            };
             let usable = self.check_grant(view, &grant, ino, ask, LockMode::Exclusive);
             // The part of the grant this write covers.
             let part = ByteRange::new(pos, grant.range.end().min(end) - pos)?;
