@@ -107,7 +107,17 @@ pub fn run(params: &ExerciseParams) -> anyhow::Result<Outcome> {
             ];
             let isolated = cluster.net.is_isolated();
             let outcome = exercise(params, &mounts, isolated);
-            for m in &cluster.mounts {
+            let failed = !matches!(&outcome, Ok(o) if o.mismatch.is_none());
+            for (i, m) in cluster.mounts.iter().enumerate() {
+                if failed {
+                    // The agents' logs outlive the cluster when the run failed.
+                    let keep = params
+                        .dir
+                        .join(format!("sanfs-exercise-{}-agent{i}.log", params.seed));
+                    if std::fs::copy(&m.log, &keep).is_ok() {
+                        eprintln!("exercise: agent {i}'s log kept in {}", keep.display());
+                    }
+                }
                 if !is_mounted(&m.path) {
                     eprintln!(
                         "exercise: the mount {} is gone; agent log {}:\n{}",
@@ -603,7 +613,10 @@ impl<'a> Exerciser<'a> {
     fn via_desc(&self, via: Via) -> String {
         match via {
             Via::Handle(h) => self.handle_desc(h),
-            Via::Path(m, s) => format!("m{m}:f{s}"),
+            Via::Path(m, s) => match self.model.names.get(&s) {
+                Some(ino) => format!("m{m}:f{s}(ino#{ino})"),
+                None => format!("m{m}:f{s}"),
+            },
         }
     }
 

@@ -51,6 +51,7 @@ mod session;
 mod status;
 mod subplan;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -67,7 +68,7 @@ use sanfs_proto::pb::data_client::DataClient;
 use sanfs_proto::pb::namespace_client::NamespaceClient;
 use sanfs_proto::pb::session_client::SessionClient;
 use sanfs_proto::status::fs_error_from_status;
-use sanfs_proto::types::{FsError, OpenHandle, SessionEpoch, SessionId};
+use sanfs_proto::types::{FsError, InodeId, OpenHandle, SessionEpoch, SessionId};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -262,6 +263,10 @@ pub(crate) struct Inner {
     /// Signals a new session (its generation).
     generation_tx: watch::Sender<u64>,
     cache: Arc<GrantCache>,
+    /// This agent's open handles and their inodes: the server drops a session's grants on
+    /// an inode (without a recall) when the session closes its last handle there, so the
+    /// cached read grants of that inode must leave the cache before that release.
+    open_handles: Mutex<HashMap<(SessionId, OpenHandle), InodeId>>,
     counters: Counters,
     /// Device I/O batches in flight, and a wake-up when one ends.
     device_in_flight: AtomicU64,
@@ -435,6 +440,7 @@ impl Client {
             state: Mutex::new(state),
             generation_tx,
             cache: Arc::new(GrantCache::new(max_cached)),
+            open_handles: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             device_in_flight: AtomicU64::new(0),
             device_idle: Notify::new(),

@@ -128,11 +128,13 @@ impl Client {
             flags,
         });
         let r: CreateReply = rpc!(self, create, req, CreateReply, "Create reply")?;
+        let handle = FileHandle {
+            session: view.session,
+            handle: r.handle,
+        };
+        self.inner.note_open(&handle, r.attr.ino);
         Ok(Created {
-            handle: FileHandle {
-                session: view.session,
-                handle: r.handle,
-            },
+            handle,
             attr: r.attr,
             created: r.created,
         })
@@ -367,17 +369,17 @@ impl Client {
             flags,
         });
         let r: OpenReply = rpc!(self, open, req, OpenReply, "Open reply")?;
-        Ok((
-            FileHandle {
-                session: view.session,
-                handle: r.handle,
-            },
-            r.attr,
-        ))
+        let handle = FileHandle {
+            session: view.session,
+            handle: r.handle,
+        };
+        self.inner.note_open(&handle, ino);
+        Ok((handle, r.attr))
     }
 
     /// Closes an open handle. A handle of a replaced session is already gone: ESTALE.
     pub async fn release(&self, fh: &FileHandle) -> Result<(), FsError> {
+        self.inner.before_release(fh).await;
         let view = self.inner.view_for(Some(fh))?;
         let req = pb::ReleaseRequest::from(HandleRef {
             session: view.session,
