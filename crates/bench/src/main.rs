@@ -121,7 +121,8 @@ struct ExerciseArgs {
     /// The largest a file grows (writes, truncates and fallocates stay below it).
     #[arg(long, default_value = "6M", value_parser = sanfs_bench::util::parse_size)]
     max_size: u64,
-    /// Two mount points of one existing sanfs (default: build a cluster and mount it twice).
+    /// Two mount points of one existing sanfs, mounted with attr_ttl=0,entry_ttl=0 (default:
+    /// build a cluster and mount it twice, strict).
     #[arg(long, num_args = 2, value_names = ["A", "B"])]
     mounts: Vec<PathBuf>,
     /// Where the agents run: a network namespace each (auto: when root), or loopback.
