@@ -13,10 +13,14 @@
 //!   (processes), [`mdfig`] (metadata, bonnie++ -n style), [`metadata`] (concurrent gRPC
 //!   callers and group commit), [`latency`] (control-message round trips).
 //!
+//! - [`exercise`] is the model-based random-operation exerciser over two mounts
+//!   (`sanfs-bench exercise`), a conformance check rather than a measurement.
+//!
 //! The criterion benchmarks live in `benches/`.
 
 pub mod cluster;
 pub mod env;
+pub mod exercise;
 pub mod fig10;
 pub mod fig6;
 pub mod fig7;

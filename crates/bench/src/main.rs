@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use sanfs_bench::cluster::ServerMode;
 use sanfs_bench::env::{Env, Existing, Length};
+use sanfs_bench::exercise::{ExerciseParams, NetMode, mounts_arg, random_seed};
 use sanfs_bench::metadata::{MetadataParams, run};
 use sanfs_bench::suite::{ALL, Part};
 use sanfs_bench::worker::{WorkerArgs, worker_main};
@@ -97,9 +98,99 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// The model-based random-operation exerciser: random operations on a few files through
+    /// two mounts of one file system, every read and stat checked against a model; exits
+    /// non-zero on the first mismatch (with the seed, the op log tail and the byte range).
+    Exercise(ExerciseArgs),
     /// (internal) a reader process of figures 7 and 10.
     #[command(name = "__worker", hide = true)]
     Worker(WorkerArgs),
+}
+
+#[derive(Debug, Args)]
+struct ExerciseArgs {
+    /// The seed of the random stream (default: random; always printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// How many operations.
+    #[arg(long, default_value_t = 20_000)]
+    ops: u64,
+    /// How many file names the operations use.
+    #[arg(long, default_value_t = 6)]
+    files: usize,
+    /// The largest a file grows (writes, truncates and fallocates stay below it).
+    #[arg(long, default_value = "6M", value_parser = sanfs_bench::util::parse_size)]
+    max_size: u64,
+    /// Two mount points of one existing sanfs, mounted with attr_ttl=0,entry_ttl=0 (default:
+    /// build a cluster and mount it twice, strict).
+    #[arg(long, num_args = 2, value_names = ["A", "B"])]
+    mounts: Vec<PathBuf>,
+    /// Where the agents run: a network namespace each (auto: when root), or loopback.
+    #[arg(long, value_enum, default_value_t = NetMode::Auto)]
+    net: NetMode,
+    /// Where the cluster's LUN files and mount points go (not tmpfs: O_DIRECT).
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// How many of the last operations a mismatch report shows.
+    #[arg(long, default_value_t = 30)]
+    tail: usize,
+    /// No progress lines.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+fn exercise_main(a: ExerciseArgs) -> anyhow::Result<bool> {
+    let seed = match a.seed {
+        Some(s) => s,
+        None => random_seed()?,
+    };
+    let params = ExerciseParams {
+        seed,
+        ops: a.ops,
+        files: a.files,
+        max_file_size: a.max_size,
+        mounts: mounts_arg(&a.mounts)?,
+        net: a.net,
+        dir: a.dir,
+        tail: a.tail,
+        progress: !a.no_progress,
+    };
+    println!(
+        "exercise: seed {seed}, {} ops, {} files up to {} bytes",
+        a.ops, a.files, a.max_size
+    );
+    let out = sanfs_bench::exercise::run(&params)?;
+    let counts: Vec<String> = out
+        .counts
+        .iter()
+        .map(|(k, v)| {
+            let ms = out.times.get(k).map_or(0.0, |t| t.as_secs_f64() * 1e3);
+            format!("{k} {v} ({:.2} ms each)", ms / (*v).max(1) as f64)
+        })
+        .collect();
+    println!(
+        "exercise: seed {seed}: {} ops in {:.1} s ({}), {} MiB written, {} MiB read; {}",
+        out.ops_done,
+        out.elapsed.as_secs_f64(),
+        if out.isolated {
+            "agents in network namespaces"
+        } else {
+            "loopback"
+        },
+        out.bytes_written >> 20,
+        out.bytes_read >> 20,
+        counts.join(", ")
+    );
+    match out.mismatch {
+        None => {
+            println!("exercise: seed {seed}: 0 mismatches");
+            Ok(true)
+        }
+        Some(m) => {
+            println!("{m}");
+            Ok(false)
+        }
+    }
 }
 
 fn env_of(c: &Common) -> anyhow::Result<Env> {
@@ -184,6 +275,9 @@ fn main() -> ExitCode {
                 Ok(true)
             }
             Command::Worker(a) => worker_main(a).await.map(|()| true),
+            // Synchronous file system calls on the mounts; the in-process server has a
+            // runtime of its own.
+            Command::Exercise(a) => exercise_main(a),
         }
     });
     match result {

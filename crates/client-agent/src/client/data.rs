@@ -450,6 +450,46 @@ impl Inner {
         self.return_grants(view, own).await;
     }
 
+    /// Notes that `fh` is an open handle of `ino` (see `Inner::open_handles`).
+    pub(crate) fn note_open(&self, fh: &FileHandle, ino: InodeId) {
+        self.open_handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((fh.session, fh.handle), ino);
+    }
+
+    /// Right before `fh` is released: forgets it and, when it is this session's last handle
+    /// on its inode, gives back that inode's cached grants, read grants and write layouts
+    /// (waiting for their I/O and write completions in flight). The server drops a session's grants on an inode without a recall when the
+    /// session's last handle there goes, so a layout kept past that point would never be
+    /// recalled before another node's write, truncate or punch, and would serve stale data.
+    pub(crate) async fn before_release(&self, fh: &FileHandle) {
+        let last = {
+            let mut open = self.open_handles.lock().unwrap_or_else(|e| e.into_inner());
+            open.remove(&(fh.session, fh.handle)).filter(|ino| {
+                !open
+                    .iter()
+                    .any(|((session, _), i)| *session == fh.session && i == ino)
+            })
+        };
+        let Some(ino) = last else {
+            return;
+        };
+        // Its writes' completions first (a failed one stays for this close to report).
+        self.settle(ino).await;
+        let Ok(whole) = ByteRange::new(0, MAX_FILE_SIZE) else {
+            return;
+        };
+        let own = self.cache.take_overlapping(ino, whole, None);
+        if own.is_empty() {
+            return;
+        }
+        self.cache.wait_idle(&own).await;
+        if let Ok(view) = self.view_for(Some(fh)) {
+            self.return_grants(&view, own).await;
+        }
+    }
+
     /// `Data.ReturnGrant` (waits for the server). Failures are only logged: a grant the
     /// server still holds ends with the session at the latest.
     pub(crate) async fn return_grants(&self, view: &SessionView, ids: Vec<GrantId>) {

@@ -149,6 +149,7 @@ impl Inner {
     /// Closes a reclaim handle that no lock needs any more.
     async fn close_reclaim_handle(&self, fh: Option<FileHandle>) {
         if let Some(fh) = fh {
+            self.before_release(&fh).await;
             let req = pb::ReleaseRequest::from(HandleRef {
                 session: fh.session,
                 handle: fh.handle,
@@ -287,10 +288,12 @@ async fn open_again(
         .map_err(|s| inner.status_error(view.session, &s))?
         .into_inner();
     let reply = OpenReply::try_from(reply).map_err(|e| malformed("Open reply", e))?;
-    Ok(FileHandle {
+    let fh = FileHandle {
         session: view.session,
         handle: reply.handle,
-    })
+    };
+    inner.note_open(&fh, ino);
+    Ok(fh)
 }
 
 /// After a new session: re-places every lock the mirror holds (see the module doc).

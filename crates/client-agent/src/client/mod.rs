@@ -275,6 +275,10 @@ pub(crate) struct Inner {
     /// Signals a new session (its generation).
     generation_tx: watch::Sender<u64>,
     cache: Arc<GrantCache>,
+    /// This agent's open handles and their inodes: the server drops a session's grants on
+    /// an inode (without a recall) when the session closes its last handle there, so the
+    /// cached read grants of that inode must leave the cache before that release.
+    open_handles: Mutex<HashMap<(SessionId, OpenHandle), InodeId>>,
     counters: Counters,
     /// Device I/O batches in flight, and a wake-up when one ends.
     device_in_flight: AtomicU64,
@@ -292,9 +296,6 @@ pub(crate) struct Inner {
     behind: Mutex<HashMap<InodeId, Behind>>,
     /// Wakes those waiting for a file's completions in flight.
     behind_idle: Notify,
-    /// The inode of every handle this agent has open: when a file's last handle closes, the
-    /// server drops this session's grants on it, so the cached ones are given back first.
-    open_handles: Mutex<HashMap<FileHandle, InodeId>>,
 }
 
 /// A connected agent. Dropping it stops its session task (the session then expires at the
@@ -664,22 +665,6 @@ impl Inner {
     /// Whether `ino` has write completions in flight or a failed one to report.
     pub(crate) fn has_behind(&self, ino: InodeId) -> bool {
         self.lock_behind().contains_key(&ino)
-    }
-
-    /// Records an open handle's inode.
-    pub(crate) fn note_open(&self, handle: FileHandle, ino: InodeId) {
-        self.lock_open_handles().insert(handle, ino);
-    }
-
-    /// Forgets a closing handle; returns its inode if it was this agent's last handle on it.
-    pub(crate) fn note_close(&self, handle: &FileHandle) -> Option<InodeId> {
-        let mut open = self.lock_open_handles();
-        let ino = open.remove(handle)?;
-        (!open.values().any(|i| *i == ino)).then_some(ino)
-    }
-
-    fn lock_open_handles(&self) -> MutexGuard<'_, HashMap<FileHandle, InodeId>> {
-        self.open_handles.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

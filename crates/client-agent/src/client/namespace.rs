@@ -13,8 +13,8 @@ use sanfs_proto::model::{
 };
 use sanfs_proto::pb;
 use sanfs_proto::types::{
-    Attr, ByteRange, Credentials, FileName, FileType, FsError, InodeId, MAX_FILE_SIZE, RenameMode,
-    SetAttr, SymlinkTarget, XattrMode, XattrName,
+    Attr, Credentials, FileName, FileType, FsError, InodeId, RenameMode, SetAttr, SymlinkTarget,
+    XattrMode, XattrName,
 };
 
 use super::{Client, FileHandle, malformed};
@@ -131,18 +131,13 @@ impl Client {
             flags,
         });
         let r: CreateReply = rpc!(self, create, req, CreateReply, "Create reply")?;
-        self.inner.note_open(
-            FileHandle {
-                session: view.session,
-                handle: r.handle,
-            },
-            r.attr.ino,
-        );
+        let handle = FileHandle {
+            session: view.session,
+            handle: r.handle,
+        };
+        self.inner.note_open(&handle, r.attr.ino);
         Ok(Created {
-            handle: FileHandle {
-                session: view.session,
-                handle: r.handle,
-            },
+            handle,
             attr: r.attr,
             created: r.created,
         })
@@ -377,36 +372,18 @@ impl Client {
             flags,
         });
         let r: OpenReply = rpc!(self, open, req, OpenReply, "Open reply")?;
-        self.inner.note_open(
-            FileHandle {
-                session: view.session,
-                handle: r.handle,
-            },
-            ino,
-        );
-        Ok((
-            FileHandle {
-                session: view.session,
-                handle: r.handle,
-            },
-            r.attr,
-        ))
+        let handle = FileHandle {
+            session: view.session,
+            handle: r.handle,
+        };
+        self.inner.note_open(&handle, ino);
+        Ok((handle, r.attr))
     }
 
     /// Closes an open handle. A handle of a replaced session is already gone: ESTALE.
     pub async fn release(&self, fh: &FileHandle) -> Result<(), FsError> {
-        let last = self.inner.note_close(fh);
+        self.inner.before_release(fh).await;
         let view = self.inner.view_for(Some(fh))?;
-        if let Some(ino) = last {
-            // Its writes' completions first (a failure is this close's error).
-            self.inner.settle(ino).await;
-        }
-        // The server drops this session's grants on a file whose last handle closes: give
-        // the cached ones back first (a layout kept past that would be used without a lock).
-        if let Some(ino) = last {
-            let all = ByteRange::new(0, MAX_FILE_SIZE)?;
-            self.inner.give_back_own(&view, ino, all, None).await;
-        }
         let req = pb::ReleaseRequest::from(HandleRef {
             session: view.session,
             handle: fh.handle,

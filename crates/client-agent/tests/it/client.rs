@@ -661,3 +661,47 @@ async fn namespace_calls_round_trip() {
     a.close().await.unwrap();
     srv.stop().await;
 }
+
+/// Found by the exerciser (`sanfs-bench exercise`, seed 3): the server drops a session's
+/// grants on an inode, without a recall, when the session closes its last handle there. A
+/// read layout the agent kept past that release was never recalled before the other node's
+/// truncate and write, and a read through a new handle was served from it: the old size and
+/// the old bytes. The agent must give those layouts back before the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_kept_past_the_last_close_is_never_used_after_another_nodes_change() {
+    let srv = cluster::start(10_000).await;
+    let a = srv.client("a").await;
+    let b = srv.client("b").await;
+    let (ino, ha) = create(&a, "closed").await;
+    let mut rng = Rng::new(31);
+    let mut model = Model::default();
+    let data = rng.bytes(2 * MIB as usize);
+    a.write_at(&root(), &ha, ino, 0, &data).await.unwrap();
+    model.write(0, &data);
+    for round in 0..3 {
+        // B reads directly (a layout of the whole file is kept) and closes its only handle.
+        let hb = open(&b, ino).await;
+        let got = b.read_at(&root(), &hb, ino, 0, 64 * KIB).await.unwrap();
+        assert_bytes(&got, model.read(0, 64 * KIB), "B's first read");
+        b.release(&hb).await.unwrap();
+        // A shrinks the file to an unaligned size and rewrites its start.
+        let size = MIB + 1000 - round * 4096;
+        a.truncate(&root(), Some(&ha), ino, size).await.unwrap();
+        model.truncate(size);
+        let fresh = rng.bytes(128 * KIB as usize);
+        a.write_at(&root(), &ha, ino, 0, &fresh).await.unwrap();
+        model.write(0, &fresh);
+        // B opens again: it sees A's bytes and the new end of file.
+        let hb = open(&b, ino).await;
+        let got = b.read_at(&root(), &hb, ino, 0, 2 * MIB).await.unwrap();
+        assert_bytes(
+            &got,
+            &model.0,
+            &format!("round {round}: B after A's changes"),
+        );
+        b.release(&hb).await.unwrap();
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    srv.stop().await;
+}

@@ -92,3 +92,51 @@ async fn punch_hole_and_zero_range_read_as_zeros_on_every_node() {
     b.close().await.unwrap();
     srv.stop().await;
 }
+
+/// Found by the exerciser (`sanfs-bench exercise`): a shrinking truncate to an unaligned size
+/// leaves the old bytes past the new end in the end-of-file block on the LUN; an extending
+/// fallocate (default mode) must make them read as zeros, as a truncate up and a write past
+/// the end do. Also through the other node, which held a cached read grant of the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extending_fallocate_reads_zeros_past_the_old_end_of_file() {
+    let srv = cluster::start(10_000).await;
+    let a = srv.client("a").await;
+    let b = srv.client("b").await;
+    let (ino, ha) = create(&a, "grow").await;
+    let hb = open(&b, ino).await;
+    let mut model = Model::default();
+    // Direct (64 KiB aligned) and proxied (small, unaligned) data in the end-of-file block.
+    for (offset, len) in [(0u64, 256 * 1024u64), (300_000, 5_000)] {
+        let data = vec![0xab; len as usize];
+        a.write_at(&root(), &ha, ino, offset, &data).await.unwrap();
+        model.write(offset, &data);
+    }
+    for (shrink_to, grow_by, who) in [(200_001u64, 70_000u64, "a"), (5_000, 1, "b")] {
+        let got = b.read_at(&root(), &hb, ino, 0, 400_000).await.unwrap();
+        assert_bytes(&got, &model.0, "before the shrink");
+        a.truncate(&root(), Some(&ha), ino, shrink_to)
+            .await
+            .unwrap();
+        model.truncate(shrink_to);
+        let (c, h) = if who == "a" { (&a, &ha) } else { (&b, &hb) };
+        let attr = c
+            .fallocate(&root(), h, ino, shrink_to, grow_by, FallocateMode::Allocate)
+            .await
+            .unwrap();
+        model.truncate(shrink_to + grow_by);
+        assert_eq!(attr.size, shrink_to + grow_by);
+        for (name, c, h) in [("a", &a, &ha), ("b", &b, &hb)] {
+            let got = c.read_at(&root(), h, ino, 0, 400_000).await.unwrap();
+            assert_bytes(
+                &got,
+                &model.0,
+                &format!(
+                    "{name} after shrinking to {shrink_to} and fallocating {grow_by} by {who}"
+                ),
+            );
+        }
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    srv.stop().await;
+}

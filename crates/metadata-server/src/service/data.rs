@@ -456,6 +456,23 @@ impl Data for DataService {
                 }
             };
             self.server.check_handle(&req.handle, req.inode, true)?;
+            // An allocation that grows the file is a size change like a truncate up: under
+            // the size-change lock (recalling cached read grants past the old end), with the
+            // old end-of-file block's tail zeroed on the LUN first, so that bytes a shrinking
+            // truncate left there read as zeros and not as the old data.
+            use crate::proxy::SizeOf;
+            let end = req.range.offset().saturating_add(req.range.len());
+            let grows = !keep_size
+                && self
+                    .server
+                    .store
+                    .read(|t| t.getattr_size(req.inode.0))
+                    .is_ok_and(|size| end > size);
+            let _guard = if grows {
+                self.server.size_change_guard(req.inode.0, end).await?
+            } else {
+                None
+            };
             // The handle's open mode decides, not the file's current mode (POSIX: a file
             // opened for writing stays writable after chmod 0444): the handle was checked
             // above, so the allocation itself runs with root's permission bypass.
