@@ -323,19 +323,14 @@ impl DataPath {
             )));
         }
         self.write_plan(mapped.plan, buf, sync).await?;
-        // As a direct write's Complete (docs/protocol.md): the Unwritten -> Written conversion
-        // and the new size are durable at once only for a synchronous write, otherwise with
-        // the next durable commit or fsync; a crash before that leaves the blocks Unwritten
-        // (zeros), never another file's old data. Two metadata syncs per small write made
-        // bonnie++'s 8 KiB appends run at tens of writes a second.
-        let job = move |ctx: &mut crate::store::Ctx<'_>| {
-            data::complete_write_to(ctx, ino, a, b - a, end, writer_is_root)
-        };
-        let attr = if sync {
-            self.store.write(job).await?
-        } else {
-            self.store.write_lazy(job).await?
-        };
+        // One durable commit per proxied write: the completion (Unwritten -> Written, the new
+        // size) is acknowledged only once durable, and it makes the lazy allocation above
+        // durable with it. Two syncs per small write (allocation, then completion) made
+        // bonnie++'s 8 KiB writes run at tens of writes a second.
+        let attr = self
+            .store
+            .write(move |ctx| data::complete_write_to(ctx, ino, a, b - a, end, writer_is_root))
+            .await?;
         Ok((off, attr))
     }
 }
