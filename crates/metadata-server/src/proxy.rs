@@ -307,11 +307,14 @@ impl DataPath {
         let from = usize::try_from(off - a).map_err(|_| FsError::Range)?;
         buf[from..from + bytes.len()].copy_from_slice(&bytes);
         drop(bytes);
-        // Allocate (durably) and plan the whole blocks.
+        // Allocate and plan the whole blocks. Lazily: the server writes these blocks itself,
+        // so no other party depends on the allocation, and a crash before the next durable
+        // commit frees the blocks again with nothing pointing at them (their new contents are
+        // garbage in free space, and a later allocation hands them out Unwritten).
         let vol = self.store.volume().clone();
         let mapped = self
             .store
-            .write(move |ctx| data::map_write(ctx, &vol, ino, a, b - a))
+            .write_lazy(move |ctx| data::map_write(ctx, &vol, ino, a, b - a))
             .await?;
         if mapped.len != b - a {
             return Err(FsError::Invalid(format!(
@@ -320,6 +323,10 @@ impl DataPath {
             )));
         }
         self.write_plan(mapped.plan, buf, sync).await?;
+        // One durable commit per proxied write: the completion (Unwritten -> Written, the new
+        // size) is acknowledged only once durable, and it makes the lazy allocation above
+        // durable with it. Two syncs per small write (allocation, then completion) made
+        // bonnie++'s 8 KiB writes run at tens of writes a second.
         let attr = self
             .store
             .write(move |ctx| data::complete_write_to(ctx, ino, a, b - a, end, writer_is_root))

@@ -422,13 +422,15 @@ impl Data for DataService {
             // flush them. The agent flushes the LUNs it wrote itself.
             let bs = self.server.store.block_size();
             self.server.read(|t| t.getattr(bs, req.inode.0))?;
-            // Lazy conversions of completed direct writes become durable here.
-            self.server.store.sync().await.map_err(|e| fs_status(&e))?;
+            // The data first, then the metadata that makes it readable: a crash between the
+            // two leaves blocks Unwritten (zeros), never Written over data still in a cache.
             let devices = self.server.grants.data_path().devices.clone();
             tokio::task::spawn_blocking(move || devices.flush_all())
                 .await
                 .map_err(|e| fs_status(&FsError::Io(format!("flush task: {e}"))))?
                 .map_err(|e| fs_status(&e))?;
+            // Lazy conversions of completed direct and proxied writes become durable here.
+            self.server.store.sync().await.map_err(|e| fs_status(&e))?;
             Ok(pb::FsyncReply {})
         })
         .await
