@@ -57,6 +57,23 @@ struct GrantState {
     pending: Option<bool>,
 }
 
+impl GrantState {
+    /// Checks that grant `id` (this) is the caller's: its session and its epoch.
+    fn owned_by(&self, id: u64, session: u64, epoch: u64) -> Result<(), GrantError> {
+        if self.session != session {
+            return Err(GrantError::Foreign(id));
+        }
+        if self.epoch != epoch {
+            return Err(GrantError::StaleEpoch {
+                grant: id,
+                has: self.epoch,
+                caller: epoch,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// Why a grant operation was refused (mapped to statuses by the service layer).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GrantError {
@@ -533,16 +550,7 @@ impl Grants {
     ) -> Result<GrantState, GrantError> {
         let mut table = self.lock_table();
         let g = table.get(&id).ok_or(GrantError::Unknown(id))?;
-        if g.session != session {
-            return Err(GrantError::Foreign(id));
-        }
-        if g.epoch != epoch {
-            return Err(GrantError::StaleEpoch {
-                grant: id,
-                has: g.epoch,
-                caller: epoch,
-            });
-        }
+        g.owned_by(id, session, epoch)?;
         if let Some(done) = done
             && done > g.len
         {
@@ -626,16 +634,7 @@ impl Grants {
         let g = {
             let table = self.lock_table();
             let g = table.get(&id).ok_or(GrantError::Unknown(id))?;
-            if g.session != session {
-                return Err(GrantError::Foreign(id));
-            }
-            if g.epoch != epoch {
-                return Err(GrantError::StaleEpoch {
-                    grant: id,
-                    has: g.epoch,
-                    caller: epoch,
-                });
-            }
+            g.owned_by(id, session, epoch)?;
             if g.mode != LockMode::Exclusive || !g.cacheable {
                 return Err(GrantError::Fs(FsError::Invalid(format!(
                     "grant {id} is not a write layout: complete it without keep"
@@ -686,16 +685,7 @@ impl Grants {
             let table = self.lock_table();
             for id in ids {
                 let g = table.get(id).ok_or(GrantError::Unknown(*id))?;
-                if g.session != session {
-                    return Err(GrantError::Foreign(*id));
-                }
-                if g.epoch != epoch {
-                    return Err(GrantError::StaleEpoch {
-                        grant: *id,
-                        has: g.epoch,
-                        caller: epoch,
-                    });
-                }
+                g.owned_by(*id, session, epoch)?;
             }
         }
         let gone: Vec<(u64, GrantState)> = {
