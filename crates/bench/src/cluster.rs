@@ -341,17 +341,12 @@ fn start_process(
     Ok(ServerHandle::Process(child))
 }
 
-async fn start_in_process(
-    spec: &ClusterSpec,
-    paths: &[PathBuf],
-    store: &Path,
-    addr: SocketAddr,
-    metrics: SocketAddr,
-) -> anyhow::Result<ServerHandle> {
-    let formatted = sanfs_mds::format::format_volume(&volume_config(spec, paths), true, 0)?;
-    let backend = Backend::File(store.to_path_buf());
+/// Formats `volume`'s LUNs and creates a metadata store for it at `store` (what
+/// `sanfs-mds format` does), for a server run in this process.
+pub(crate) fn format_into_store(volume: &VolumeConfig, store: &Path) -> anyhow::Result<()> {
+    let formatted = sanfs_mds::format::format_volume(volume, true, 0)?;
     Store::create(
-        &backend,
+        &Backend::File(store.to_path_buf()),
         &FsInfo {
             fs_uuid: formatted.fs_uuid,
             volume: formatted.volume,
@@ -360,6 +355,17 @@ async fn start_in_process(
         true,
         &Clock::System,
     )?;
+    Ok(())
+}
+
+async fn start_in_process(
+    spec: &ClusterSpec,
+    paths: &[PathBuf],
+    store: &Path,
+    addr: SocketAddr,
+    metrics: SocketAddr,
+) -> anyhow::Result<ServerHandle> {
+    format_into_store(&volume_config(spec, paths), store)?;
     let opts = ServeOptions {
         listen: addr,
         metrics_addr: Some(metrics),
@@ -368,7 +374,7 @@ async fn start_in_process(
         direct_threshold: spec.direct_threshold,
         lease_ttl_ms: 10_000,
         batch_max: 256,
-        backend,
+        backend: Backend::File(store.to_path_buf()),
         data_devices: paths.to_vec(),
     };
     let (ready_tx, ready_rx) = oneshot::channel::<SocketAddr>();

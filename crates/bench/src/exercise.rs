@@ -36,7 +36,7 @@ use rustix::fs::FallocateFlags;
 use sanfs_mds::clock::Clock;
 use sanfs_mds::config::{LayoutKindConfig, VolumeConfig};
 use sanfs_mds::serve::{ServeOptions, serve};
-use sanfs_mds::store::{Backend, FsInfo, Store};
+use sanfs_mds::store::Backend;
 use sanfs_testcluster::{ChildGuard, LunKind, Luns, Network};
 
 use crate::cluster::is_mounted;
@@ -200,19 +200,15 @@ impl OwnCluster {
             .next_multiple_of(MIB)
             .max(128 * MIB);
         let luns = Luns::create(dir.path(), 4, lun_size, LunKind::Auto)?;
-        let formatted = sanfs_mds::format::format_volume(
-            &VolumeConfig {
-                layout: LayoutKindConfig::Striped,
-                block_size: 4096,
-                stripe_unit: 64 * KIB,
-                data_offset: MIB,
-                devices: luns.paths().to_vec(),
-                lvm_vg: None,
-                lvm_lv: None,
-            },
-            true,
-            0,
-        )?;
+        let volume = VolumeConfig {
+            layout: LayoutKindConfig::Striped,
+            block_size: 4096,
+            stripe_unit: 64 * KIB,
+            data_offset: MIB,
+            devices: luns.paths().to_vec(),
+            lvm_vg: None,
+            lvm_lv: None,
+        };
         // The metadata store on tmpfs where there is one: every metadata change is a durable
         // commit, and on a disk each costs milliseconds the exerciser does not test.
         let store_dir = tempfile::Builder::new()
@@ -224,17 +220,9 @@ impl OwnCluster {
                     .tempdir_in(dir.path())
             })
             .context("make the metadata store's directory")?;
-        let backend = Backend::File(store_dir.path().join("mds.redb"));
-        Store::create(
-            &backend,
-            &FsInfo {
-                fs_uuid: formatted.fs_uuid,
-                volume: formatted.volume,
-                lvm: None,
-            },
-            true,
-            &Clock::System,
-        )?;
+        let store_path = store_dir.path().join("mds.redb");
+        crate::cluster::format_into_store(&volume, &store_path)?;
+        let backend = Backend::File(store_path);
         let opts = ServeOptions {
             listen: SocketAddr::new(net.server_ip(), 0),
             metrics_addr: None,

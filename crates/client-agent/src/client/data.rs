@@ -964,19 +964,10 @@ impl Inner {
             {
                 bump(&self.counters.layout_writes);
                 let r = self.write_in_layout(view, &layout, want, data, at).await;
-                if r.is_ok() {
-                    self.complete_behind(view, layout, ino, want);
-                } else {
-                    self.end_layout_use(view, &layout, false).await;
-                }
-                attr = match r {
-                    Ok(()) => attr,
-                    Err(FsError::NotSupported) => self
-                        .proxied_write(view, cred, fh, ino, pos, piece_of(data, at, want.len())?)
-                        .await?
-                        .or(attr),
-                    Err(e) => return Err(e),
-                };
+                attr = self
+                    .end_layout_write(view, cred, fh, layout, want, r, data, at)
+                    .await?
+                    .or(attr);
                 pos = want.end();
                 continue;
             }
@@ -1016,20 +1007,10 @@ impl Inner {
                     Ok(false) => Err(FsError::NotSupported),
                     Ok(true) => self.write_in_layout(view, &layout, part, data, at).await,
                 };
-                if r.is_ok() {
-                    self.complete_behind(view, Arc::clone(&layout), ino, part);
-                } else {
-                    self.end_layout_use(view, &layout, false).await;
-                }
-                attr = match r {
-                    Ok(()) => attr,
-                    Err(FsError::NotSupported) => self
-                        .proxied_write(view, cred, fh, ino, pos, piece_of(data, at, part.len())?)
-                        .await?
-                        .or(attr),
-                    Err(e) => return Err(e),
-                };
-                self.note_write_end(ino, part.end());
+                attr = self
+                    .end_layout_write(view, cred, fh, layout, part, r, data, at)
+                    .await?
+                    .or(attr);
                 pos = part.end();
                 continue;
             }
@@ -1083,6 +1064,45 @@ impl Inner {
             self.note_write_end(ino, part.end());
             pos = part.end();
         }
+        Ok(attr)
+    }
+
+    /// Ends one write inside `layout` whose device I/O gave `r`: completed behind the caller
+    /// on success; the layout given back on failure, and the part written through the server
+    /// when a LUN of it is not usable here (`NotSupported`). Notes where the write ended (the
+    /// next one is sequential from there).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the write's context; two call sites in direct_write"
+    )]
+    async fn end_layout_write(
+        self: &Arc<Self>,
+        view: &SessionView,
+        cred: &Credentials,
+        fh: &FileHandle,
+        layout: Arc<Grant>,
+        part: ByteRange,
+        r: Result<(), FsError>,
+        data: &AlignedBuf,
+        at: usize,
+    ) -> Result<Option<Attr>, FsError> {
+        let ino = layout.inode;
+        let attr = match r {
+            Ok(()) => {
+                self.complete_behind(view, layout, ino, part);
+                None
+            }
+            Err(e) => {
+                self.end_layout_use(view, &layout, false).await;
+                if e != FsError::NotSupported {
+                    return Err(e);
+                }
+                let piece = piece_of(data, at, part.len())?;
+                self.proxied_write(view, cred, fh, ino, part.offset(), piece)
+                    .await?
+            }
+        };
+        self.note_write_end(ino, part.end());
         Ok(attr)
     }
 
