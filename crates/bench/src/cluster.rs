@@ -373,6 +373,7 @@ async fn start_in_process(
         tls: None,
         direct_threshold: spec.direct_threshold,
         lease_ttl_ms: 10_000,
+        grant_hold_limit_ms: None,
         batch_max: 256,
         backend: Backend::File(store.to_path_buf()),
         data_devices: paths.to_vec(),

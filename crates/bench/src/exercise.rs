@@ -231,6 +231,7 @@ impl OwnCluster {
             tls: None,
             direct_threshold: 64 * KIB,
             lease_ttl_ms: 10_000,
+            grant_hold_limit_ms: None,
             batch_max: 256,
             backend,
             data_devices: luns.paths().to_vec(),

@@ -187,6 +187,7 @@ pub async fn run(p: &MetadataParams) -> anyhow::Result<MetadataReport> {
         tls: None,
         direct_threshold: 64 << 10,
         lease_ttl_ms: 60_000,
+        grant_hold_limit_ms: None,
         batch_max: 256,
         backend,
         data_devices: Vec::new(),

@@ -41,6 +41,9 @@ pub struct ServerConfig {
     #[serde(deserialize_with = "deserialize_size")]
     pub direct_threshold: u64,
     pub lease_ttl_ms: u64,
+    /// How long a grant may block others (a recall or a conflicting request waiting for it)
+    /// before its session is evicted; absent: two lease periods.
+    pub grant_hold_limit_ms: Option<u64>,
     /// Group commit: at most this many operations per durable commit.
     pub commit_batch_max: usize,
 }
@@ -66,6 +69,7 @@ impl Default for ServerConfig {
             insecure: false,
             direct_threshold: DEFAULT_DIRECT_THRESHOLD,
             lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
+            grant_hold_limit_ms: None,
             commit_batch_max: DEFAULT_COMMIT_BATCH_MAX,
         }
     }
@@ -238,6 +242,9 @@ impl MdsConfig {
         if s.lease_ttl_ms == 0 {
             bail!("server.lease_ttl_ms must be positive");
         }
+        if s.grant_hold_limit_ms == Some(0) {
+            bail!("server.grant_hold_limit_ms must be positive");
+        }
         if s.commit_batch_max == 0 {
             bail!("server.commit_batch_max must be positive");
         }
@@ -331,6 +338,7 @@ mod tests {
         insecure = false
         direct_threshold = "128KiB"
         lease_ttl_ms = 5000
+        grant_hold_limit_ms = 15000
         commit_batch_max = 64
         [tls]
         cert = "/etc/sanfs/server.crt"
@@ -375,6 +383,7 @@ mod tests {
         );
         assert_eq!(c.server.direct_threshold, 128 << 10);
         assert_eq!(c.server.lease_ttl_ms, 5000);
+        assert_eq!(c.server.grant_hold_limit_ms, Some(15000));
         assert_eq!(c.server.commit_batch_max, 64);
         assert_eq!(
             c.tls,
@@ -556,6 +565,8 @@ mod tests {
         MdsConfig::parse(&insecure).unwrap().validate().unwrap();
         let zero = format!("[server]\nlease_ttl_ms = 0\n{MINIMAL}");
         assert!(invalid(&zero).contains("lease_ttl_ms"));
+        let zero = format!("[server]\ngrant_hold_limit_ms = 0\n{MINIMAL}");
+        assert!(invalid(&zero).contains("grant_hold_limit_ms"));
         let partial_tls = format!("[tls]\ncert = \"c\"\nkey = \"k\"\n{MINIMAL}");
         let err = MdsConfig::parse(&partial_tls).unwrap_err();
         assert!(format!("{err:#}").contains("missing field `ca`"), "{err:#}");

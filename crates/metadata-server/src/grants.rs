@@ -18,10 +18,20 @@
 //!
 //! Checks on completion: the grant exists, belongs to the caller's session, carries the
 //! current epoch (a grant from before a restart does not exist any more), is completed once,
-//! and `bytes_done` is at most its length. Each failure is a clear error that changes nothing.
+//! its session is not fenced, and `bytes_done` is at most its length. Each failure is a clear
+//! error that changes nothing.
+//!
+//! **Eviction.** A grant that others wait for (a conflicting request queued behind its lock,
+//! or a `GetAttr` waiting for a write grant to end) longer than the hold limit marks its session
+//! for eviction ([`Grants::stuck_holders`]; the service layer evicts). An evicted session is
+//! *fenced* here ([`Grants::fence_session`]): its completions are refused from then on, so its
+//! Unwritten blocks stay Unwritten; its grants and locks stay until its lease runs out
+//! ([`Grants::expire_session`]), because until then its agent may still have device I/O in
+//! flight.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use sanfs_proto::types::{Attr, FsError};
 use tokio::sync::mpsc;
@@ -83,6 +93,8 @@ pub enum GrantError {
     Foreign(u64),
     #[error("grant {grant} is of epoch {has}, the caller's is {caller}")]
     StaleEpoch { grant: u64, has: u64, caller: u64 },
+    #[error("grant {grant} belongs to session {session}, which was evicted")]
+    Fenced { grant: u64, session: u64 },
     #[error("{done} bytes done, but grant {grant} covers {len}")]
     TooMuchDone { grant: u64, done: u64, len: u64 },
     #[error(transparent)]
@@ -94,7 +106,7 @@ impl GrantError {
     pub fn to_fs(&self) -> FsError {
         match self {
             GrantError::Unknown(_) | GrantError::Foreign(_) => FsError::Stale,
-            GrantError::StaleEpoch { .. } => FsError::StaleSession,
+            GrantError::StaleEpoch { .. } | GrantError::Fenced { .. } => FsError::StaleSession,
             GrantError::TooMuchDone { .. } => FsError::Invalid(self.to_string()),
             GrantError::Fs(e) => e.clone(),
         }
@@ -111,6 +123,8 @@ pub struct GrantStats {
     pub granted_read_bytes: std::sync::atomic::AtomicU64,
     pub granted_write_bytes: std::sync::atomic::AtomicU64,
     pub expired_grants: std::sync::atomic::AtomicU64,
+    /// Sessions evicted (by the hold limit or an administrator).
+    pub evictions: std::sync::atomic::AtomicU64,
     /// Bytes moved through the server (the proxied path), by this server instance.
     pub proxied_read_bytes: std::sync::atomic::AtomicU64,
     pub proxied_write_bytes: std::sync::atomic::AtomicU64,
@@ -125,6 +139,12 @@ pub struct Grants {
     /// store's `prealloc` table, says which blocks), trimmed when the file's last handle
     /// closes; the next start trims whatever a crash left.
     prealloc: Mutex<HashMap<u64, (u64, u64)>>,
+    /// Grants others wait for, and since when (see [`Grants::stuck_holders`]).
+    waited_on: Mutex<HashMap<u64, tokio::time::Instant>>,
+    /// Write grants a `GetAttr` waits for to end ([`Grants::settle_attr`]), with how many wait.
+    attr_waits: Mutex<HashMap<u64, usize>>,
+    /// Evicted sessions whose lease has not run out yet: their completions are refused.
+    fenced: Mutex<HashSet<u64>>,
     pub stats: GrantStats,
 }
 
@@ -147,6 +167,9 @@ impl Grants {
             table: Mutex::new(HashMap::new()),
             recall_channels: Mutex::new(HashMap::new()),
             prealloc: Mutex::new(HashMap::new()),
+            waited_on: Mutex::new(HashMap::new()),
+            attr_waits: Mutex::new(HashMap::new()),
+            fenced: Mutex::new(HashSet::new()),
             stats: GrantStats::default(),
         }
     }
@@ -167,6 +190,56 @@ impl Grants {
 
     fn prealloc(&self) -> MutexGuard<'_, HashMap<u64, (u64, u64)>> {
         self.prealloc.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn fenced(&self) -> MutexGuard<'_, HashSet<u64>> {
+        self.fenced.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn attr_waits(&self) -> MutexGuard<'_, HashMap<u64, usize>> {
+        self.attr_waits.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Refuses `session`'s completions from now on (it is being evicted), and sends it no
+    /// more recalls. Its grants stay (their locks held) until [`Grants::expire_session`].
+    pub fn fence_session(&self, session: u64) {
+        self.fenced().insert(session);
+        self.detach(session);
+        add(&self.stats.evictions, 1);
+    }
+
+    /// Whether `session` is fenced (evicted, its lease not run out yet).
+    pub fn is_fenced(&self, session: u64) -> bool {
+        self.fenced().contains(&session)
+    }
+
+    /// The grants that others have waited for at least `limit` (a conflicting request
+    /// queued behind the grant's lock, or a `GetAttr` waiting for a write grant to end), as
+    /// `(session, grant, inode)`, of sessions not fenced yet. Called periodically: each call
+    /// notes which grants are waited on now and since when (a grant nobody waits for any
+    /// more starts afresh), so the wait is measured to within the calling period.
+    pub fn stuck_holders(&self, limit: Duration) -> Vec<(u64, u64, u64)> {
+        let now = tokio::time::Instant::now();
+        let mut blockers: HashSet<u64> = self.dp.locks.holders_waited_on().into_iter().collect();
+        blockers.extend(self.attr_waits().keys().copied());
+        let table = self.lock_table();
+        let fenced = self.fenced();
+        let mut waited_on = self.waited_on.lock().unwrap_or_else(|p| p.into_inner());
+        // Only grants count (not the server's own locks of the proxied path or a truncate),
+        // and only ready ones (a write layout still waiting for its own lock holds nothing).
+        let is_holder = |id: &u64| table.get(id).is_some_and(|g| g.pending.is_none());
+        waited_on.retain(|id, _| blockers.contains(id) && is_holder(id));
+        for id in blockers.into_iter().filter(is_holder) {
+            waited_on.entry(id).or_insert(now);
+        }
+        waited_on
+            .iter()
+            .filter(|(_, since)| now.duration_since(**since) >= limit)
+            .filter_map(|(id, _)| {
+                let g = table.get(id)?;
+                (!fenced.contains(&g.session)).then_some((g.session, *id, g.ino))
+            })
+            .collect()
     }
 
     /// The file's last handle closed: what was allocated ahead of its writers and lies past
@@ -551,6 +624,9 @@ impl Grants {
         let mut table = self.lock_table();
         let g = table.get(&id).ok_or(GrantError::Unknown(id))?;
         g.owned_by(id, session, epoch)?;
+        if self.is_fenced(session) {
+            return Err(GrantError::Fenced { grant: id, session });
+        }
         if let Some(done) = done
             && done > g.len
         {
@@ -635,6 +711,9 @@ impl Grants {
             let table = self.lock_table();
             let g = table.get(&id).ok_or(GrantError::Unknown(id))?;
             g.owned_by(id, session, epoch)?;
+            if self.is_fenced(session) {
+                return Err(GrantError::Fenced { grant: id, session });
+            }
             if g.mode != LockMode::Exclusive || !g.cacheable {
                 return Err(GrantError::Fs(FsError::Invalid(format!(
                     "grant {id} is not a write layout: complete it without keep"
@@ -732,6 +811,7 @@ impl Grants {
     pub async fn expire_session(&self, session: u64) {
         self.detach(session);
         self.drop_where(|g| g.session == session).await;
+        self.fenced().remove(&session);
     }
 
     /// The session closed its last handle on `ino`: its grants there go (grants live under
@@ -782,6 +862,8 @@ impl Grants {
             return;
         }
         self.recall(ids.clone());
+        // Waited on: bounded by the hold limit as a queued lock request is.
+        let _waiting = AttrWait::new(self, &ids);
         let deadline = tokio::time::Instant::now() + self.dp.lock_timeout;
         while tokio::time::Instant::now() < deadline {
             if !ids.iter().any(|id| self.lock_table().contains_key(id)) {
@@ -798,5 +880,39 @@ impl Grants {
         let id = self.dp.next_id();
         self.take_lock(id, ino, span, LockMode::Exclusive).await?;
         Ok(crate::proxy::Held::new(self.dp.locks.clone(), ino, id))
+    }
+}
+
+/// A `GetAttr` waiting for write grants to end, noted in [`Grants::attr_waits`] while it
+/// lives (so that the hold limit applies to them).
+struct AttrWait<'a> {
+    grants: &'a Grants,
+    ids: Vec<u64>,
+}
+
+impl<'a> AttrWait<'a> {
+    fn new(grants: &'a Grants, ids: &[u64]) -> AttrWait<'a> {
+        let mut w = grants.attr_waits();
+        for id in ids {
+            *w.entry(*id).or_insert(0) += 1;
+        }
+        AttrWait {
+            grants,
+            ids: ids.to_vec(),
+        }
+    }
+}
+
+impl Drop for AttrWait<'_> {
+    fn drop(&mut self) {
+        let mut w = self.grants.attr_waits();
+        for id in &self.ids {
+            if let Some(n) = w.get_mut(id) {
+                *n -= 1;
+                if *n == 0 {
+                    w.remove(id);
+                }
+            }
+        }
     }
 }

@@ -265,6 +265,24 @@ impl RangeLocks {
     pub fn waiting(&self) -> usize {
         self.lock().values().map(|l| l.waiting.len()).sum()
     }
+
+    /// The held locks that some waiting request conflicts with, over all inodes: the
+    /// holders others wait for (the grant layer bounds how long, see eviction in
+    /// [`crate::grants`]).
+    pub fn holders_waited_on(&self) -> Vec<LockId> {
+        self.lock()
+            .values()
+            .filter(|l| !l.waiting.is_empty())
+            .flat_map(|l| {
+                l.held.iter().filter(|h| {
+                    l.waiting
+                        .iter()
+                        .any(|w| h.conflicts(&w.lock.span, w.lock.mode))
+                })
+            })
+            .map(|h| h.id)
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -479,5 +497,28 @@ mod tests {
         }
         assert!(l.held(7).is_empty());
         assert_eq!(l.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_holders_waited_on_are_those_a_waiter_conflicts_with() {
+        let l = RangeLocks::new();
+        let ex = LockMode::Exclusive;
+        l.acquire(1, 1, Span::new(0, 100), ex, T, |_| {}).await.unwrap();
+        l.acquire(1, 2, Span::new(100, 100), ex, T, |_| {}).await.unwrap();
+        l.acquire(2, 3, Span::new(0, 100), LockMode::Shared, T, |_| {})
+            .await
+            .unwrap();
+        assert!(l.holders_waited_on().is_empty(), "nobody waits yet");
+        let l2 = l.clone();
+        let waiter = tokio::spawn(async move {
+            l2.acquire(1, 4, Span::new(50, 10), ex, T, |_| {}).await
+        });
+        while l.waiting() == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(l.holders_waited_on(), vec![1]);
+        assert!(l.release(1, 1));
+        waiter.await.unwrap().unwrap();
+        assert!(l.holders_waited_on().is_empty());
     }
 }

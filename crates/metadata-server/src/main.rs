@@ -127,6 +127,7 @@ fn serve(config_path: &Path, metrics_addr: Option<SocketAddr>) -> anyhow::Result
         }),
         direct_threshold: config.server.direct_threshold,
         lease_ttl_ms: config.server.lease_ttl_ms,
+        grant_hold_limit_ms: config.server.grant_hold_limit_ms,
         batch_max: config.server.commit_batch_max,
         backend: metadata_backend(&config),
         data_devices: config.volume.devices.clone(),

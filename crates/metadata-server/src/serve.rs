@@ -50,6 +50,9 @@ pub struct ServeOptions {
     pub direct_threshold: u64,
     /// Lease length handed to agents, milliseconds.
     pub lease_ttl_ms: u64,
+    /// How long a grant may block others before its session is evicted; `None`: two lease
+    /// periods.
+    pub grant_hold_limit_ms: Option<u64>,
     /// Most transactions in one group commit.
     pub batch_max: usize,
     /// Where the metadata store lives.
@@ -116,6 +119,9 @@ pub async fn serve(
     let params = ServiceParams {
         direct_threshold: opts.direct_threshold,
         lease_ttl_ms: opts.lease_ttl_ms,
+        grant_hold_limit_ms: opts
+            .grant_hold_limit_ms
+            .unwrap_or(opts.lease_ttl_ms.saturating_mul(2)),
     };
     let data_paths = opts.data_devices.clone();
     let volume = store.volume().clone();

@@ -705,6 +705,9 @@ impl Inner {
         bytes_done: u64,
         keep_at: Option<u64>,
     ) -> Result<Attr, FsError> {
+        while self.completions_paused.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
         let req = CompleteRequest {
             session: view.session,
             epoch: view.epoch,
@@ -1053,7 +1056,8 @@ impl Inner {
                 // completed for the written prefix; the server frees the rest past EOF.
                 attr = Some(
                     self.complete(view, &grant, IoOutcome::Ok, part.len())
-                        .await?,
+                        .await
+                        .map_err(refused_write)?,
                 );
                 add(&self.counters.direct_write_bytes, part.len());
             } else {
@@ -1168,7 +1172,7 @@ impl Inner {
                 add(&inner.counters.direct_write_bytes, part.len());
             }
             inner.end_layout_use(&view, &layout, r.is_ok()).await;
-            inner.end_pending(ino, r.err());
+            inner.end_pending(ino, r.err().map(refused_write));
         });
     }
 
@@ -1289,4 +1293,20 @@ fn dest_slice(dest: &mut AlignedBuf, from: usize, len: usize) -> Result<&mut [u8
     dest.as_mut_slice()
         .get_mut(from..from.saturating_add(len))
         .ok_or_else(|| FsError::Io("the I/O engine has stopped".to_owned()))
+}
+
+/// The error of a write whose device I/O is done but whose completion the server refused
+/// because the grant's session was fenced or evicted (ESTALE): the data is not in the file,
+/// and writing it again under a new session could overwrite what other nodes wrote since.
+/// The application sees EIO, as for a failed writeback, never ESTALE (on which an
+/// [`super::OpenFile`] would retry the write).
+fn refused_write(e: FsError) -> FsError {
+    if super::is_stale(&e) {
+        FsError::Io(format!(
+            "the write's completion was refused ({e}): its session was fenced or evicted, \
+             the data is not in the file"
+        ))
+    } else {
+        e
+    }
 }

@@ -287,6 +287,9 @@ pub(crate) struct Inner {
     lost_tx: mpsc::UnboundedSender<SessionId>,
     /// Test hook: while set, the session task sends no heartbeats and opens no session.
     heartbeats_paused: AtomicBool,
+    /// Test hook: while set, completions wait before they are sent (a node whose I/O hangs
+    /// after the devices took it: its grants stay out).
+    completions_paused: AtomicBool,
     /// The advisory locks this agent's owners hold (reclaimed after a new session).
     locks_held: locks::LockMirror,
     /// Where each file's last direct write ended (sequential writers get write layouts).
@@ -464,6 +467,7 @@ impl Client {
             device_idle: Notify::new(),
             lost_tx,
             heartbeats_paused: AtomicBool::new(false),
+            completions_paused: AtomicBool::new(false),
             locks_held: locks::LockMirror::default(),
             write_ends: Mutex::new(HashMap::new()),
             behind: Mutex::new(HashMap::new()),
@@ -553,6 +557,13 @@ impl Client {
     /// that a test can let the lease lapse.
     pub fn pause_heartbeats(&self, paused: bool) {
         self.inner.heartbeats_paused.store(paused, Ordering::SeqCst);
+    }
+
+    /// Test hook: hold (true) or let go (false) every completion (`Complete`) before it is
+    /// sent, as a node whose I/O hangs would: its write grants stay out while its session
+    /// stays alive, until the server evicts it.
+    pub fn pause_completions(&self, paused: bool) {
+        self.inner.completions_paused.store(paused, Ordering::SeqCst);
     }
 
     /// Returns the cached read grants and ends the session at the server.

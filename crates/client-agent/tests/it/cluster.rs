@@ -100,6 +100,7 @@ pub fn prepare(
         tls,
         direct_threshold: 65536,
         lease_ttl_ms,
+        grant_hold_limit_ms: None,
         batch_max: 64,
         backend,
         data_devices: luns.clone(),

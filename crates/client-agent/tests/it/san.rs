@@ -157,6 +157,7 @@ impl San {
             tls: None,
             direct_threshold: THRESHOLD,
             lease_ttl_ms: opts.lease_ttl_ms,
+            grant_hold_limit_ms: None,
             batch_max: 64,
             backend,
             data_devices: luns.paths().to_vec(),

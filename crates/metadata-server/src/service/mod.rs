@@ -55,6 +55,8 @@ pub struct ServiceParams {
     pub direct_threshold: u64,
     /// Lease length handed to agents, milliseconds.
     pub lease_ttl_ms: u64,
+    /// How long a grant may block others before its session is evicted, milliseconds.
+    pub grant_hold_limit_ms: u64,
 }
 
 /// One registered agent.
@@ -67,6 +69,9 @@ pub(crate) struct SessionState {
     /// The attached session stream, if any: its number, where its replies go, and what
     /// keeps its task reading (dropping it ends the stream's task).
     pub stream: Option<(u64, StreamTx, tokio::sync::oneshot::Sender<()>)>,
+    /// Evicted: its heartbeats are not acknowledged any more (its deadline stays), it cannot
+    /// attach again, and its calls are refused; it ends when its lease runs out.
+    pub evicted: bool,
 }
 
 /// One reply on a session stream.
@@ -118,10 +123,19 @@ impl Server {
             Duration::ZERO
         };
         let store = Arc::new(store);
-        // A request waits for a conflicting lock longer than a lease, so that a holder that
-        // ignores a recall has lost its grant by the time the wait gives up.
-        let lock_timeout = Duration::from_millis(params.lease_ttl_ms.saturating_mul(2))
-            .max(Duration::from_secs(5));
+        // A request waits for a conflicting lock longer than a holder may make it wait
+        // (the hold limit, then eviction and the rest of the holder's lease), so that a
+        // holder that ignores a recall or never completes has lost its grant by the time the
+        // wait gives up.
+        let lock_timeout = Duration::from_millis(
+            params
+                .grant_hold_limit_ms
+                .saturating_add(params.lease_ttl_ms)
+                .saturating_add(expiry_grace_ms(params.lease_ttl_ms))
+                .saturating_add(1000),
+        )
+        .max(Duration::from_millis(params.lease_ttl_ms.saturating_mul(2)))
+        .max(Duration::from_secs(5));
         let dp = Arc::new(DataPath::new(
             store.clone(),
             Arc::new(devices),
@@ -193,7 +207,7 @@ impl Server {
     /// the 50 ms expiry scan, a silent session loses its grants within TTL + 1 s.
     pub(crate) fn expiry_after_ns(&self) -> i64 {
         let ttl = self.params.lease_ttl_ms;
-        let grace = (ttl / 10).clamp(250, 900);
+        let grace = expiry_grace_ms(ttl);
         i64::try_from(ttl.saturating_add(grace).saturating_mul(1_000_000)).unwrap_or(i64::MAX)
     }
 
@@ -227,12 +241,11 @@ impl Server {
         r.map_err(|e| fs_status(&e))
     }
 
-    /// Fails with `StaleSession` unless `session` is live.
+    /// Fails with `StaleSession` unless `session` is live (and not evicted).
     pub(crate) fn check_session(&self, session: SessionId) -> Result<(), Status> {
-        if self.sessions().by_id.contains_key(&session.0) {
-            Ok(())
-        } else {
-            Err(fs_status(&FsError::StaleSession))
+        match self.sessions().by_id.get(&session.0) {
+            Some(s) if !s.evicted => Ok(()),
+            _ => Err(fs_status(&FsError::StaleSession)),
         }
     }
 
@@ -317,6 +330,12 @@ impl Server {
         self.release_session_handles(session).await;
         true
     }
+}
+
+/// The grace after a lease's TTL before the server ends the session (clock-rate drift): a
+/// tenth of the TTL, between 250 and 900 ms.
+fn expiry_grace_ms(lease_ttl_ms: u64) -> u64 {
+    (lease_ttl_ms / 10).clamp(250, 900)
 }
 
 /// The status of a file-system error (the one mapping, in `sanfs_proto::status`).

@@ -7,7 +7,8 @@
 //! expired) loses its open handles, and unlinked inodes whose last handle that was are
 //! destroyed, and its grants are dropped (their locks released). The stream carries recalls
 //! of cached read grants to the agent, and the agent's recall acknowledgements and grant
-//! returns back.
+//! returns back. The same background task evicts the sessions of grants that others have
+//! waited for past the hold limit ([`Server::evict_session`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -101,6 +102,7 @@ impl Server {
                     host: req.host.clone(),
                     deadline_ns,
                     stream: None,
+                    evicted: false,
                 },
             );
             id
@@ -131,6 +133,7 @@ impl Server {
         let state = s
             .by_id
             .get_mut(&r.session.0)
+            .filter(|s| !s.evicted)
             .ok_or_else(|| fs_status(&FsError::StaleSession))?;
         let (cancel_tx, cancel_rx) = oneshot::channel();
         if let Some((_, old, _)) = state.stream.replace((stream_id, tx, cancel_tx)) {
@@ -241,6 +244,59 @@ impl Server {
         }
     }
 
+    /// Evicts a session (docs/protocol.md "Eviction"): from now on its heartbeats are not
+    /// acknowledged (its lease runs out at its present deadline), its stream is told
+    /// `SessionEnded {EVICTED}` and closed, it cannot attach again, its calls are refused and
+    /// its grants fenced (their completions refused); its grants, locks and handles go when
+    /// the lease has run out ([`Server::expire_sessions`]), because until then its agent may
+    /// still have device I/O in flight. Returns the milliseconds left on its lease, or `None`
+    /// for a session that does not exist. Evicting an evicted session changes nothing.
+    pub(crate) fn evict_session(&self, session: u64, why: &str) -> Option<u64> {
+        let now = self.now_ns();
+        let (stream, remaining_ms) = {
+            let mut s = self.sessions();
+            let state = s.by_id.get_mut(&session)?;
+            let remaining_ms =
+                u64::try_from(state.deadline_ns.saturating_sub(now) / 1_000_000).unwrap_or(0);
+            if state.evicted {
+                return Some(remaining_ms);
+            }
+            state.evicted = true;
+            (state.stream.take(), remaining_ms)
+        };
+        self.grants.fence_session(session);
+        tracing::warn!(
+            session,
+            reason = %why,
+            lease_remaining_ms = remaining_ms,
+            "session evicted: its completions are refused, its grants go when its lease runs out"
+        );
+        // Dropping the stream's sender and its cancel handle closes the stream after this
+        // last message.
+        if let Some((_, tx, _cancel)) = stream {
+            let _ = tx.try_send(Ok(ServerEvent::Ended {
+                reason: SessionEndReason::Evicted,
+                message: why.to_owned(),
+            }
+            .into()));
+        }
+        Some(remaining_ms)
+    }
+
+    /// Evicts the sessions of grants that others have waited for longer than the hold
+    /// limit (`server.grant_hold_limit_ms`).
+    pub fn evict_stuck_holders(&self) {
+        let limit = Duration::from_millis(self.params.grant_hold_limit_ms);
+        for (session, grant, ino) in self.grants.stuck_holders(limit) {
+            let why = format!(
+                "grant {grant} on inode {ino} was waited for longer than the hold limit \
+                 ({} ms)",
+                self.params.grant_hold_limit_ms
+            );
+            self.evict_session(session, &why);
+        }
+    }
+
     /// Ends every session whose lease has run out.
     pub async fn expire_sessions(&self) {
         let now = self.now_ns();
@@ -265,8 +321,8 @@ impl Server {
     }
 }
 
-/// Runs lease expiry every `lease_ttl_ms / 4` (at least every 10 ms), judged by the server's
-/// clock, until the task is aborted.
+/// Runs lease expiry and the hold-limit check every `lease_ttl_ms / 4` (between 10 and
+/// 50 ms), judged by the server's clock, until the task is aborted.
 pub fn spawn_expiry(server: Arc<Server>) -> tokio::task::JoinHandle<()> {
     let period = Duration::from_millis((server.params.lease_ttl_ms / 4).clamp(10, 50));
     tokio::spawn(async move {
@@ -274,6 +330,7 @@ pub fn spawn_expiry(server: Arc<Server>) -> tokio::task::JoinHandle<()> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
+            server.evict_stuck_holders();
             server.expire_sessions().await;
         }
     })

@@ -43,6 +43,7 @@ pub fn options(dir: &Path, clock: &Clock) -> ServeOptions {
         tls: None,
         direct_threshold: 65536,
         lease_ttl_ms: 10_000,
+        grant_hold_limit_ms: None,
         batch_max: 64,
         backend,
         data_devices: Vec::new(),
@@ -128,6 +129,11 @@ impl Running {
 
     pub async fn clients(&self) -> Clients {
         Clients::new(self.channel().await)
+    }
+
+    /// The directory of the store and (with [`start_with_luns`]) the LUNs `lun0`..`lun3`.
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
     }
 
     /// Stops the server and checks that it stopped cleanly.

@@ -8,6 +8,8 @@
 //! - [`harness`]: a server started in-process with `serve`, its clients, test certificates.
 //! - [`serve`]: the four gRPC services end to end: namespace, sessions, TLS, metrics.
 //! - [`lease`]: grants, recalls and lease expiry through gRPC in real time on real LUNs.
+//! - [`evict`]: eviction of a session whose grant others wait for past the hold limit, and
+//!   `Admin.EvictSession`.
 //! - [`deploy_units`]: the systemd units pass `systemd-analyze verify`.
 //! - [`quota`]: directory quotas through gRPC: EDQUOT, growth, exact usage, EXDEV, fsck.
 //! - [`crash`]: crash consistency: a crash at every disk write or sync of a seeded workload
@@ -23,6 +25,7 @@ mod common;
 mod crash;
 mod crash_real;
 mod deploy_units;
+mod evict;
 mod format_cli;
 mod grants;
 mod harness;

@@ -400,3 +400,55 @@ impl From<SetQuotaRequest> for pb::SetQuotaRequest {
         }
     }
 }
+
+/// EvictSession: an administrator fences a session (docs/protocol.md "Eviction").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvictSessionRequest {
+    pub session: SessionId,
+    /// Free text for the log and the evicted agent (at most [`super::MAX_TEXT_LEN`] bytes).
+    pub reason: String,
+}
+
+impl TryFrom<pb::EvictSessionRequest> for EvictSessionRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::EvictSessionRequest) -> Result<Self, ProtocolError> {
+        Ok(EvictSessionRequest {
+            session: session_id(p.session)?,
+            reason: text(p.reason, "reason", false)?,
+        })
+    }
+}
+
+impl From<EvictSessionRequest> for pb::EvictSessionRequest {
+    fn from(r: EvictSessionRequest) -> Self {
+        pb::EvictSessionRequest {
+            session: r.session.0,
+            reason: r.reason,
+        }
+    }
+}
+
+/// EvictSession's answer: when the evicted session's grants go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvictSessionReply {
+    pub lease_remaining_ms: u64,
+}
+
+impl TryFrom<pb::EvictSessionReply> for EvictSessionReply {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::EvictSessionReply) -> Result<Self, ProtocolError> {
+        Ok(EvictSessionReply {
+            lease_remaining_ms: p.lease_remaining_ms,
+        })
+    }
+}
+
+impl From<EvictSessionReply> for pb::EvictSessionReply {
+    fn from(r: EvictSessionReply) -> Self {
+        pb::EvictSessionReply {
+            lease_remaining_ms: r.lease_remaining_ms,
+        }
+    }
+}

@@ -150,6 +150,8 @@ fn targets() -> Vec<(&'static str, Target)> {
         SetQuotaReply => QuotaInfo,
         GetQuotaRequest => InodeRequest,
         GetQuotaReply => QuotaInfo,
+        EvictSessionRequest => EvictSessionRequest,
+        EvictSessionReply => EvictSessionReply,
         // locks
         FileLock => FileLock,
         LockRequest => LockRequest,

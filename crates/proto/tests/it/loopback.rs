@@ -80,6 +80,13 @@ impl Admin for TestAdmin {
             .into(),
         ))
     }
+
+    async fn evict_session(
+        &self,
+        _: Request<pb::EvictSessionRequest>,
+    ) -> Result<Response<pb::EvictSessionReply>, Status> {
+        Err(FsError::NotSupported.into())
+    }
 }
 
 /// A Data service of which only the proxied path answers (it echoes what it is given);

@@ -812,4 +812,14 @@ fn admin_status_and_quotas() {
         },
         cases![pb::SetQuotaRequest; "limits" => |p| p.limits = None, "inode" => |p| p.inode = 0],
     );
+    check::<EvictSessionRequest, pb::EvictSessionRequest>(
+        EvictSessionRequest {
+            session: SessionId(3),
+            reason: "stuck".into(),
+        },
+        cases![pb::EvictSessionRequest;
+            "session" => |p| p.session = 0,
+            "reason" => |p| p.reason = "x".repeat(256),
+        ],
+    );
 }

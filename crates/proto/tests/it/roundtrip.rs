@@ -629,4 +629,15 @@ fn status_and_quotas() {
             inodes: Some(1000),
         },
     });
+    round_trip::<_, pb::EvictSessionRequest>(EvictSessionRequest {
+        session: SessionId(u64::MAX),
+        reason: "write grant held past its bound".into(),
+    });
+    round_trip::<_, pb::EvictSessionRequest>(EvictSessionRequest {
+        session: SessionId(1),
+        reason: String::new(),
+    });
+    round_trip::<_, pb::EvictSessionReply>(EvictSessionReply {
+        lease_remaining_ms: 10_900,
+    });
 }
