@@ -58,7 +58,7 @@ pub fn map_write(
     offset: u64,
     len: u64,
 ) -> Result<Mapped, OpError> {
-    map_write_ahead(ctx, volume, ino, offset, len, 0).map(|(m, _)| m)
+    map_write_blocks(ctx, volume, ino, offset, len, 0, false).map(|(m, _)| m)
 }
 
 /// How far ahead a sequential writer's allocation reaches (XFS-style speculative
@@ -75,6 +75,8 @@ pub fn speculative_blocks(file_end_block: u64, block_size: u32, free_blocks: u64
 /// file's allocation), also allocates `ahead_blocks` past the range: later grants of a
 /// streaming writer then find their blocks allocated and need no commit. Returns the mapping
 /// and the blocks allocated ahead as `(first, end)` (empty when none).
+/// The blocks it allocates are noted as not zeroed yet: the grant layer has them zeroed on the
+/// LUNs before the grant leaves ([`crate::proxy::DataPath::zero_fresh`]).
 pub fn map_write_ahead(
     ctx: &mut Ctx<'_>,
     volume: &Volume,
@@ -82,6 +84,20 @@ pub fn map_write_ahead(
     offset: u64,
     len: u64,
     ahead_blocks: u64,
+) -> Result<(Mapped, (u64, u64)), OpError> {
+    map_write_blocks(ctx, volume, ino, offset, len, ahead_blocks, true)
+}
+
+/// [`map_write_ahead`]; `mark_unzeroed` as for [`allocate_blocks`] (false for the proxied
+/// path, which writes the new blocks whole itself).
+fn map_write_blocks(
+    ctx: &mut Ctx<'_>,
+    volume: &Volume,
+    ino: u64,
+    offset: u64,
+    len: u64,
+    ahead_blocks: u64,
+    mark_unzeroed: bool,
 ) -> Result<(Mapped, (u64, u64)), OpError> {
     aligned(offset, len, ctx.block_size)?;
     let len = len.min(MAX_GRANT_BYTES);
@@ -102,11 +118,11 @@ pub fn map_write_ahead(
     };
     let ahead = if sequential { ahead_blocks } else { 0 };
     let alloc_end = (end / bs).saturating_add(ahead);
-    let map = match allocate_blocks(ctx, ino, &mut rec, offset / bs, alloc_end) {
+    let map = match allocate_blocks(ctx, ino, &mut rec, offset / bs, alloc_end, mark_unzeroed) {
         Ok(m) => m,
         // Not enough room (or quota) to allocate ahead: the range itself is what matters.
         Err(OpError::Fs(FsError::NoSpace | FsError::QuotaExceeded)) if ahead > 0 => {
-            return map_write_ahead(ctx, volume, ino, offset, len, 0);
+            return map_write_blocks(ctx, volume, ino, offset, len, 0, mark_unzeroed);
         }
         Err(e) => return Err(e),
     };

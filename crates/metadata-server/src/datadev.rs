@@ -237,6 +237,38 @@ impl DataDevices {
         Ok(())
     }
 
+    /// Zeroes volume blocks `runs` (`(start block, length)`) on the LUNs and flushes the LUNs
+    /// written: `fallocate(FALLOC_FL_ZERO_RANGE)` (a block device turns it into WRITE ZEROES
+    /// or WRITE SAME, a file-backed LUN into unwritten extents), else writes of zeros.
+    /// Returns the bytes zeroed and the bytes that lie on LUNs this server does not have.
+    pub fn zero_runs(&self, volume: &Volume, runs: &[(u64, u64)]) -> Result<(u64, u64), FsError> {
+        let bs = u64::from(volume.block_size());
+        let (mut zeroed, mut missing) = (0u64, 0u64);
+        let mut touched = Vec::new();
+        for &(start, len) in runs {
+            let (off, bytes) = match (start.checked_mul(bs), len.checked_mul(bs)) {
+                (Some(o), Some(b)) => (o, b),
+                _ => return Err(FsError::Range),
+            };
+            let phys = volume
+                .map(off, bytes)
+                .map_err(|e| FsError::Io(format!("zeroing volume blocks {start}+{len}: {e}")))?;
+            for run in phys {
+                let Ok(lun) = self.lun(run.device) else {
+                    missing += run.len;
+                    continue;
+                };
+                zero_lun(lun, run.phys_off, run.len)?;
+                zeroed += run.len;
+                if !touched.contains(&run.device) {
+                    touched.push(run.device);
+                }
+            }
+        }
+        self.flush(&touched)?;
+        Ok((zeroed, missing))
+    }
+
     /// Flushes every open LUN.
     pub fn flush_all(&self) -> Result<(), FsError> {
         let all: Vec<DeviceIndex> = (0..self.luns.len())
@@ -245,6 +277,36 @@ impl DataDevices {
             .collect();
         self.flush(&all)
     }
+}
+
+/// Most bytes of zeros written at once where the LUN cannot zero a range itself.
+const ZERO_CHUNK: u64 = 1 << 20;
+
+/// Zeroes `[off, off + len)` of one LUN.
+fn zero_lun(lun: &DataLun, off: u64, len: u64) -> Result<(), FsError> {
+    let flags = rustix::fs::FallocateFlags::ZERO_RANGE | rustix::fs::FallocateFlags::KEEP_SIZE;
+    match rustix::fs::fallocate(&lun.file, flags, off, len) {
+        Ok(()) => return Ok(()),
+        Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::INVAL => {}
+        Err(e) => {
+            return Err(FsError::Io(format!(
+                "zero {} at {off}+{len}: {e}",
+                lun.path.display()
+            )));
+        }
+    }
+    let zeros = AlignedBuf::zeroed(to_usize(len.min(ZERO_CHUNK))?);
+    let mut at = 0u64;
+    while at < len {
+        let n = (len - at).min(ZERO_CHUNK);
+        lun.file
+            .write_all_at(&zeros.as_slice()[..to_usize(n)?], off + at)
+            .map_err(|e| {
+                FsError::Io(format!("zero {} at {}: {e}", lun.path.display(), off + at))
+            })?;
+        at += n;
+    }
+    Ok(())
 }
 
 fn to_usize(v: u64) -> Result<usize, FsError> {

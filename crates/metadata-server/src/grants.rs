@@ -441,6 +441,9 @@ impl Grants {
             if let Some(m) =
                 store.read(|t| data::plan_allocated_write(t, &vol, bsz, ino, offset, len))?
             {
+                // Blocks allocated by a fallocate that has not zeroed them yet are zeroed
+                // first (a pass with nothing noted is one snapshot read).
+                self.dp.zero_fresh().await?;
                 return Ok(m);
             }
             let free = store
@@ -451,6 +454,10 @@ impl Grants {
             let (m, ahead_range) = store
                 .write(move |ctx| data::map_write_ahead(ctx, &vol, ino, offset, len, ahead))
                 .await?;
+            // The fresh blocks hold whatever they held before (a deleted file's bytes): zeroed
+            // on the LUNs before the grant leaves, so a completion without the device I/O
+            // exposes zeros.
+            self.dp.zero_fresh().await?;
             if ahead_range.1 > ahead_range.0 {
                 let mut pre = self.prealloc();
                 let e = pre.entry(ino).or_insert(ahead_range);

@@ -503,16 +503,19 @@ mod tests {
     async fn the_holders_waited_on_are_those_a_waiter_conflicts_with() {
         let l = RangeLocks::new();
         let ex = LockMode::Exclusive;
-        l.acquire(1, 1, Span::new(0, 100), ex, T, |_| {}).await.unwrap();
-        l.acquire(1, 2, Span::new(100, 100), ex, T, |_| {}).await.unwrap();
+        l.acquire(1, 1, Span::new(0, 100), ex, T, |_| {})
+            .await
+            .unwrap();
+        l.acquire(1, 2, Span::new(100, 100), ex, T, |_| {})
+            .await
+            .unwrap();
         l.acquire(2, 3, Span::new(0, 100), LockMode::Shared, T, |_| {})
             .await
             .unwrap();
         assert!(l.holders_waited_on().is_empty(), "nobody waits yet");
         let l2 = l.clone();
-        let waiter = tokio::spawn(async move {
-            l2.acquire(1, 4, Span::new(50, 10), ex, T, |_| {}).await
-        });
+        let waiter =
+            tokio::spawn(async move { l2.acquire(1, 4, Span::new(50, 10), ex, T, |_| {}).await });
         while l.waiting() == 0 {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }

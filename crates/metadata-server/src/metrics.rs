@@ -117,6 +117,8 @@ fn publish(server: &Server) {
     metrics::counter!("sanfs_lock_waits_total").absolute(load(&g.lock_waits));
     metrics::counter!("sanfs_expired_grants_total").absolute(load(&g.expired_grants));
     metrics::counter!("sanfs_evictions_total").absolute(load(&g.evictions));
+    metrics::counter!("sanfs_zeroed_bytes_total")
+        .absolute(load(&server.grants().data_path().zeroed_bytes));
     metrics::counter!("sanfs_proxied_bytes_total", "op" => "read")
         .absolute(load(&g.proxied_read_bytes));
     metrics::counter!("sanfs_proxied_bytes_total", "op" => "write")

@@ -1166,7 +1166,7 @@ pub fn allocate_range(
         return err(FsError::Invalid("zero-length allocation".into()));
     }
     let bs = u64::from(ctx.block_size);
-    let map = allocate_blocks(ctx, ino, &mut rec, offset / bs, end.div_ceil(bs))?;
+    let map = allocate_blocks(ctx, ino, &mut rec, offset / bs, end.div_ceil(bs), true)?;
     drop(map);
     if !keep_size && end > rec.size {
         rec.size = end;
@@ -1230,10 +1230,27 @@ pub fn zero_range(
     }
     let bs = u64::from(ctx.block_size);
     // The only step that can fail comes first, and changes nothing when it does.
-    let mut map = allocate_blocks(ctx, ino, &mut rec, offset / bs, end.div_ceil(bs))?;
+    let mut map = allocate_blocks(ctx, ino, &mut rec, offset / bs, end.div_ceil(bs), true)?;
     let (first_full, end_full) = (offset.div_ceil(bs), end / bs);
-    if first_full < end_full && map.convert_to_unwritten(first_full, end_full - first_full) > 0 {
-        save_extents(&mut ctx.t, ino, &map)?;
+    if first_full < end_full {
+        // The Written blocks turned Unwritten keep the file's old bytes on the LUNs: zeroed
+        // like fresh blocks before a client is granted them.
+        let converted: Vec<(u64, u64)> = map
+            .lookup(first_full, end_full - first_full)
+            .into_iter()
+            .filter_map(|p| match p {
+                sanfs_blockmap::extent::Piece::Mapped(e) if e.state == ExtentState::Written => {
+                    Some((e.vol_block, e.len_blocks))
+                }
+                _ => None,
+            })
+            .collect();
+        if map.convert_to_unwritten(first_full, end_full - first_full) > 0 {
+            save_extents(&mut ctx.t, ino, &map)?;
+            for (vb, l) in converted {
+                ctx.mark_unzeroed(vb, l)?;
+            }
+        }
     }
     if !keep_size && end > rec.size {
         rec.size = end;
@@ -1247,13 +1264,17 @@ pub fn zero_range(
 /// Allocates Unwritten extents for every hole in file blocks `[first, last)` of `ino`, saves
 /// the extent map and `rec.blocks` (the caller writes `rec`), and returns the new map. The
 /// caller has checked the file's type and the caller's right to write. Nothing changes if
-/// the space is not there (ENOSPC).
+/// the space is not there (ENOSPC). With `mark_unzeroed` the new blocks are noted as not
+/// zeroed on the LUNs yet (a client will be granted them: the server zeroes them first, see
+/// `DataPath::zero_fresh`); without, the caller writes every new block whole itself (the
+/// proxied path).
 pub fn allocate_blocks(
     ctx: &mut Ctx<'_>,
     ino: u64,
     rec: &mut InodeRec,
     first: u64,
     last: u64,
+    mark_unzeroed: bool,
 ) -> Result<ExtentMap, OpError> {
     let mut map = ctx.t.extent_map(ino)?;
     if last <= first {
@@ -1313,6 +1334,9 @@ pub fn allocate_blocks(
         }
     }
     for e in new_extents {
+        if mark_unzeroed {
+            ctx.mark_unzeroed(e.vol_block, e.len_blocks)?;
+        }
         map.insert(e)
             .map_err(|e| OpError::Store(format!("inserting an allocated extent: {e}")))?;
     }

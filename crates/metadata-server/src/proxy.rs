@@ -39,6 +39,10 @@ pub struct DataPath {
     pub devices: Arc<DataDevices>,
     pub lock_timeout: Duration,
     next_lock: AtomicU64,
+    /// One zeroing pass at a time ([`DataPath::zero_fresh`]).
+    zeroing: tokio::sync::Mutex<()>,
+    /// Bytes zeroed on the LUNs before they were handed out, by this server instance.
+    pub zeroed_bytes: AtomicU64,
     /// Recalls the cached read grants among the locks a proxied request waits for (set by
     /// the grant table, which owns the recall channels).
     recaller: std::sync::OnceLock<Recaller>,
@@ -87,8 +91,42 @@ impl DataPath {
             devices,
             lock_timeout,
             next_lock: AtomicU64::new(1),
+            zeroing: tokio::sync::Mutex::new(()),
+            zeroed_bytes: AtomicU64::new(0),
             recaller: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Zeroes on the LUNs every block run the store notes as handed out Unwritten and not
+    /// zeroed yet (`UNZEROED`), flushes them, and durably forgets the runs. Called after
+    /// every change that notes some (a write grant's allocation, fallocate) before its
+    /// blocks can be granted, and at start; so a client that completes a write it never did
+    /// exposes zeros, never a deleted file's bytes. Passes run one at a time and each takes
+    /// every run noted so far, so a run is zeroed before the grant that noted it leaves and
+    /// never after (when a client may have written it). Blocks on a LUN this server does not
+    /// have cannot be zeroed: they are forgotten with a warning. Returns the bytes zeroed.
+    pub async fn zero_fresh(&self) -> Result<u64, FsError> {
+        let _pass = self.zeroing.lock().await;
+        let runs = self.store.unzeroed_runs()?;
+        if runs.is_empty() {
+            return Ok(0);
+        }
+        let devices = self.devices.clone();
+        let volume = self.store.volume().clone();
+        let todo = runs.clone();
+        let (zeroed, missing) =
+            tokio::task::spawn_blocking(move || devices.zero_runs(&volume, &todo))
+                .await
+                .map_err(join_error)??;
+        if missing > 0 {
+            tracing::warn!(
+                bytes = missing,
+                "fresh blocks on a LUN this server does not have were not zeroed"
+            );
+        }
+        self.store.clear_unzeroed(runs).await?;
+        self.zeroed_bytes.fetch_add(zeroed, Ordering::Relaxed);
+        Ok(zeroed)
     }
 
     /// Lets proxied requests recall cached read grants in their way (as a write grant
@@ -322,6 +360,9 @@ impl DataPath {
                 b - a
             )));
         }
+        // Blocks a fallocate noted for zeroing are zeroed before the server writes into
+        // them, never after.
+        self.zero_fresh().await?;
         self.write_plan(mapped.plan, buf, sync).await?;
         // One durable commit per proxied write: the completion (Unwritten -> Written, the new
         // size) is acknowledged only once durable, and it makes the lazy allocation above

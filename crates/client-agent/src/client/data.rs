@@ -705,7 +705,10 @@ impl Inner {
         bytes_done: u64,
         keep_at: Option<u64>,
     ) -> Result<Attr, FsError> {
-        while self.completions_paused.load(std::sync::atomic::Ordering::SeqCst) {
+        while self
+            .completions_paused
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
         let req = CompleteRequest {

@@ -563,7 +563,9 @@ impl Client {
     /// sent, as a node whose I/O hangs would: its write grants stay out while its session
     /// stays alive, until the server evicts it.
     pub fn pause_completions(&self, paused: bool) {
-        self.inner.completions_paused.store(paused, Ordering::SeqCst);
+        self.inner
+            .completions_paused
+            .store(paused, Ordering::SeqCst);
     }
 
     /// Returns the cached read grants and ends the session at the server.

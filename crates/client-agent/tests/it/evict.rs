@@ -72,7 +72,9 @@ async fn a_node_whose_completions_hang_is_evicted_and_its_application_sees_eio()
         .await
         .expect("B's read");
     let waited = t0.elapsed();
-    eprintln!("B waited {waited:?} for A's hung grant (hold limit {HOLD_LIMIT_MS} ms, TTL {TTL_MS} ms)");
+    eprintln!(
+        "B waited {waited:?} for A's hung grant (hold limit {HOLD_LIMIT_MS} ms, TTL {TTL_MS} ms)"
+    );
     assert_bytes(&got[..256 * KIB as usize], &first, "A's completed write");
     assert!(
         got[256 * KIB as usize..].iter().all(|&x| x == 0),
@@ -96,7 +98,11 @@ async fn a_node_whose_completions_hang_is_evicted_and_its_application_sees_eio()
         .expect("B's truncate");
     let got = b.read_at(&root(), &hb, ino, 0, MIB).await.unwrap();
     assert_eq!(got.len() as u64, 320 * KIB);
-    assert_bytes(&got[256 * KIB as usize..], &mine[..64 * KIB as usize], "B's write");
+    assert_bytes(
+        &got[256 * KIB as usize..],
+        &mine[..64 * KIB as usize],
+        "B's write",
+    );
 
     // A was told, dropped its state and opened a new session.
     let new_session = a
@@ -116,7 +122,11 @@ async fn a_node_whose_completions_hang_is_evicted_and_its_application_sees_eio()
     assert_eq!(err.errno(), libc::EIO);
     // Nothing of it reached the file.
     let got = b.read_at(&root(), &hb, ino, 0, MIB).await.unwrap();
-    assert_bytes(&got[256 * KIB as usize..], &mine[..64 * KIB as usize], "B's write stays");
+    assert_bytes(
+        &got[256 * KIB as usize..],
+        &mine[..64 * KIB as usize],
+        "B's write stays",
+    );
 
     // New work on A succeeds under its new session, and B sees it.
     let (ino2, ha2) = create(&a, "after").await;

@@ -98,8 +98,13 @@ impl Server {
                     .await
             }
             _ => {
-                self.write(move |ctx| crate::ns::zero_range(ctx, ino, offset, end, keep_size))
-                    .await
+                let attr = self
+                    .write(move |ctx| crate::ns::zero_range(ctx, ino, offset, end, keep_size))
+                    .await?;
+                // Its fresh and converted blocks are zeroed on the LUNs before a write grant
+                // can hand them out (still under the lock).
+                dp.zero_fresh().await.map_err(fs)?;
+                Ok(attr)
             }
         }
     }

@@ -141,6 +141,15 @@ impl Server {
             Arc::new(devices),
             lock_timeout,
         ));
+        // Blocks handed out Unwritten by the last run and not zeroed before it stopped are
+        // zeroed before anything is granted (docs/security.md).
+        match dp.zero_fresh().await {
+            Ok(0) => {}
+            Ok(bytes) => tracing::info!(bytes, "zeroed fresh blocks left by the last run"),
+            Err(e) => {
+                tracing::warn!(error = %e, "fresh blocks left by the last run not zeroed yet")
+            }
+        }
         let grants = Arc::new(Grants::new(dp));
         // Proxied writes recall cached read grants in their way, as write grants do.
         let weak = Arc::downgrade(&grants);

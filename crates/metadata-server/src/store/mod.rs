@@ -56,6 +56,11 @@ pub const ORPHANS: TableDefinition<'_, u64, ()> = TableDefinition::new("orphans"
 /// Speculative preallocation: inode -> file blocks `[first, end)` allocated ahead of a
 /// sequential writer; trimmed (past end of file) at the file's last close or the next start.
 pub const PREALLOC: TableDefinition<'_, u64, (u64, u64)> = TableDefinition::new("prealloc");
+/// Volume blocks that became Unwritten for a client (allocated for a write grant or by
+/// fallocate, or converted by ZERO_RANGE) and are not zeroed on the LUNs yet: start block ->
+/// length in blocks. Written in the transaction that hands the blocks out; the server zeroes
+/// them before any grant of them leaves, and at the next start (`DataPath::zero_fresh`).
+pub const UNZEROED: TableDefinition<'_, u64, u64> = TableDefinition::new("unzeroed");
 /// Directory quotas: directory inode -> (byte limit, inode limit, blocks used, inodes used);
 /// `u64::MAX` is "no limit" (see `quota.rs`).
 pub const QUOTAS: TableDefinition<'_, u64, (u64, u64, u64, u64)> = TableDefinition::new("quotas");
@@ -334,6 +339,7 @@ pub struct Ctx<'t> {
     pub orphans: Table<'t, u64, ()>,
     pub prealloc: Table<'t, u64, (u64, u64)>,
     pub quotas: Table<'t, u64, (u64, u64, u64, u64)>,
+    pub unzeroed: Table<'t, u64, u64>,
     pub st: &'t mut State,
     pub now: Timestamp,
     pub block_size: u32,
@@ -858,6 +864,50 @@ impl Store {
         }
     }
 
+    /// The runs of [`UNZEROED`] as `(start block, length)`, on a snapshot (none in a store
+    /// that never had one).
+    pub fn unzeroed_runs(&self) -> Result<Vec<(u64, u64)>, FsError> {
+        if self.poisoned() {
+            return Err(self.shared.poison_error());
+        }
+        let run = || -> Result<Vec<(u64, u64)>, OpError> {
+            let r = self.database()?.begin_read()?;
+            let table = match r.open_table(UNZEROED) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(e.into()),
+            };
+            let mut runs = Vec::new();
+            for item in table.iter()? {
+                let (k, v) = item?;
+                runs.push((k.value(), v.value()));
+            }
+            Ok(runs)
+        };
+        match run() {
+            Ok(v) => Ok(v),
+            Err(OpError::Fs(e)) => Err(e),
+            Err(OpError::Store(why)) => {
+                self.shared.poison(why.clone());
+                Err(FsError::Io(format!("metadata store: {why}")))
+            }
+        }
+    }
+
+    /// Forgets the [`UNZEROED`] runs in `runs` that are still as they were (zeroed now),
+    /// durably; a run that grew meanwhile stays for the next pass.
+    pub async fn clear_unzeroed(&self, runs: Vec<(u64, u64)>) -> Result<(), FsError> {
+        self.write(move |ctx| {
+            for (start, len) in runs {
+                if ctx.unzeroed.get(start)?.map(|v| v.value()) == Some(len) {
+                    ctx.unzeroed.remove(start)?;
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
     /// Stops the committer after the jobs already queued and closes the database (a clean
     /// shutdown: its file lock is released, so `fsck` or a new server can open it at once).
     /// Later calls answer as a failed store would.
@@ -986,6 +1036,17 @@ impl Ctx<'_> {
         for (start, len) in &delta.added {
             self.free.insert(*start, *len)?;
         }
+        Ok(())
+    }
+
+    /// Notes volume blocks `[start, start + len)` as handed out Unwritten and not zeroed on the
+    /// LUNs yet (see [`UNZEROED`]).
+    pub fn mark_unzeroed(&mut self, start: u64, len: u64) -> Result<(), OpError> {
+        let len = match self.unzeroed.get(start)? {
+            Some(old) => old.value().max(len),
+            None => len,
+        };
+        self.unzeroed.insert(start, len)?;
         Ok(())
     }
 
@@ -1139,6 +1200,7 @@ fn open_ctx<'t>(
         orphans: txn.open_table(ORPHANS).map_err(e)?,
         prealloc: txn.open_table(PREALLOC).map_err(e)?,
         quotas: txn.open_table(QUOTAS).map_err(e)?,
+        unzeroed: txn.open_table(UNZEROED).map_err(e)?,
         st,
         now,
         block_size,

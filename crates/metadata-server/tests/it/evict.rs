@@ -100,8 +100,7 @@ impl Node {
     async fn acks_within(&mut self, window: Duration) -> usize {
         let deadline = tokio::time::Instant::now() + window;
         let mut acks = 0;
-        while let Ok(Some((_, e))) = tokio::time::timeout_at(deadline, self.events.recv()).await
-        {
+        while let Ok(Some((_, e))) = tokio::time::timeout_at(deadline, self.events.recv()).await {
             if matches!(e, pb::session_stream_reply::Event::HeartbeatAck(_)) {
                 acks += 1;
             }
@@ -215,13 +214,12 @@ async fn a_holder_that_heartbeats_but_never_completes_is_evicted_and_the_others_
         })
         .await
         .unwrap();
-    let stuck = a
-        .c
-        .data
-        .map_write(a.map(ha, ino, MIB, MIB))
-        .await
-        .unwrap()
-        .into_inner();
+    let stuck =
+        a.c.data
+            .map_write(a.map(ha, ino, MIB, MIB))
+            .await
+            .unwrap()
+            .into_inner();
     assert_eq!(stuck.device_ios.iter().map(|d| d.len).sum::<u64>(), MIB);
     write_grant_to_luns(&srv, &stuck, 0xee);
 
@@ -245,7 +243,9 @@ async fn a_holder_that_heartbeats_but_never_completes_is_evicted_and_the_others_
     // A is evicted once B has waited the hold limit: its stream says so.
     let (evicted_at, end) = a.ended(Duration::from_secs(10)).await;
     let evicted_after = evicted_at - t0;
-    eprintln!("evicted {evicted_after:?} after another node began to wait (limit {HOLD_LIMIT_MS} ms)");
+    eprintln!(
+        "evicted {evicted_after:?} after another node began to wait (limit {HOLD_LIMIT_MS} ms)"
+    );
     assert_eq!(end.reason, pb::SessionEndReason::Evicted as i32, "{end:?}");
     assert!(end.message.contains("hold limit"), "{end:?}");
     assert!(
@@ -307,24 +307,25 @@ async fn a_holder_that_heartbeats_but_never_completes_is_evicted_and_the_others_
         })
         .await
         .expect("B truncates the range");
-    let got = b
-        .c
-        .data
-        .read(b.read(hb, ino, MIB, MIB))
-        .await
-        .unwrap()
-        .into_inner()
-        .data;
+    let got =
+        b.c.data
+            .read(b.read(hb, ino, MIB, MIB))
+            .await
+            .unwrap()
+            .into_inner()
+            .data;
     assert_eq!(got.len() as u64, MIB / 2);
     assert!(got[..4096].iter().all(|&x| x == 0x77), "B's write");
-    assert!(got[4096..].iter().all(|&x| x == 0), "the rest reads as zeros");
-    let rg = b
-        .c
-        .data
-        .map_read(b.map(hb, ino, MIB, MIB / 2))
-        .await
-        .expect("a read grant of the range")
-        .into_inner();
+    assert!(
+        got[4096..].iter().all(|&x| x == 0),
+        "the rest reads as zeros"
+    );
+    let rg =
+        b.c.data
+            .map_read(b.map(hb, ino, MIB, MIB / 2))
+            .await
+            .expect("a read grant of the range")
+            .into_inner();
     let zero: u64 = rg.zero_fill.iter().map(|z| z.len).sum();
     assert_eq!(zero, MIB / 2 - 4096, "{rg:?}");
 
@@ -342,18 +343,24 @@ async fn a_holder_that_heartbeats_but_never_completes_is_evicted_and_the_others_
         tonic::Code::FailedPrecondition
     );
     let late = a.c.data.complete(a.complete(stuck.grant_id, MIB)).await;
-    assert!(late.is_err(), "a late Complete of an evicted session: {late:?}");
+    assert!(
+        late.is_err(),
+        "a late Complete of an evicted session: {late:?}"
+    );
     let map = a.c.data.map_write(a.map(ha, ino, 0, MIB)).await;
     assert!(map.is_err(), "an evicted session's MapWrite: {map:?}");
-    let status = b
-        .c
-        .admin
-        .server_status(pb::ServerStatusRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let status =
+        b.c.admin
+            .server_status(pb::ServerStatusRequest {})
+            .await
+            .unwrap()
+            .into_inner();
     let live: Vec<u64> = status.sessions.iter().map(|s| s.session).collect();
-    assert_eq!(live, vec![b.session], "A's session ended at its lease's end");
+    assert_eq!(
+        live,
+        vec![b.session],
+        "A's session ended at its lease's end"
+    );
 
     a.heartbeats.abort();
     b.heartbeats.abort();
@@ -366,46 +373,42 @@ async fn an_administrator_evicts_a_session_and_its_grants_go_at_its_lease_end() 
     let mut a = node(&srv).await;
     let mut b = node(&srv).await;
     let (ino, ha) = a.create("admin").await;
-    let grant = a
-        .c
-        .data
-        .map_write(a.map(ha, ino, 0, MIB))
-        .await
-        .unwrap()
-        .into_inner();
+    let grant =
+        a.c.data
+            .map_write(a.map(ha, ino, 0, MIB))
+            .await
+            .unwrap()
+            .into_inner();
 
     // Bad requests change nothing.
-    let zero = b
-        .c
-        .admin
-        .evict_session(pb::EvictSessionRequest {
-            session: 0,
-            reason: String::new(),
-        })
-        .await
-        .expect_err("session 0");
+    let zero =
+        b.c.admin
+            .evict_session(pb::EvictSessionRequest {
+                session: 0,
+                reason: String::new(),
+            })
+            .await
+            .expect_err("session 0");
     assert_eq!(zero.code(), tonic::Code::InvalidArgument);
-    let unknown = b
-        .c
-        .admin
-        .evict_session(pb::EvictSessionRequest {
-            session: a.session + 1000,
-            reason: String::new(),
-        })
-        .await
-        .expect_err("an unknown session");
+    let unknown =
+        b.c.admin
+            .evict_session(pb::EvictSessionRequest {
+                session: a.session + 1000,
+                reason: String::new(),
+            })
+            .await
+            .expect_err("an unknown session");
     assert_eq!(unknown.code(), tonic::Code::NotFound);
 
-    let reply = b
-        .c
-        .admin
-        .evict_session(pb::EvictSessionRequest {
-            session: a.session,
-            reason: "node a's SAN path is down".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let reply =
+        b.c.admin
+            .evict_session(pb::EvictSessionRequest {
+                session: a.session,
+                reason: "node a's SAN path is down".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
     let evicted = Instant::now();
     assert!(reply.lease_remaining_ms <= TTL_MS + 900, "{reply:?}");
     let (_, end) = a.ended(Duration::from_secs(5)).await;
@@ -424,19 +427,21 @@ async fn an_administrator_evicts_a_session_and_its_grants_go_at_its_lease_end() 
 
     // B's write of the range proceeds once A's lease has run out, not before.
     let hb = b.open(ino).await;
-    let g = b
-        .c
-        .data
-        .map_write(b.map(hb, ino, 0, MIB))
-        .await
-        .expect("B's write grant")
-        .into_inner();
+    let g =
+        b.c.data
+            .map_write(b.map(hb, ino, 0, MIB))
+            .await
+            .expect("B's write grant")
+            .into_inner();
     let waited = evicted.elapsed();
     assert!(
         waited <= Duration::from_millis(reply.lease_remaining_ms + 2000),
         "{waited:?} {reply:?}"
     );
-    b.c.data.complete(b.complete(g.grant_id, MIB)).await.unwrap();
+    b.c.data
+        .complete(b.complete(g.grant_id, MIB))
+        .await
+        .unwrap();
     a.heartbeats.abort();
     b.heartbeats.abort();
     srv.stop().await;

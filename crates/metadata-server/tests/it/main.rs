@@ -10,6 +10,7 @@
 //! - [`lease`]: grants, recalls and lease expiry through gRPC in real time on real LUNs.
 //! - [`evict`]: eviction of a session whose grant others wait for past the hold limit, and
 //!   `Admin.EvictSession`.
+//! - [`zeroing`]: a completion without device I/O exposes zeros, not a deleted file's bytes.
 //! - [`deploy_units`]: the systemd units pass `systemd-analyze verify`.
 //! - [`quota`]: directory quotas through gRPC: EDQUOT, growth, exact usage, EXDEV, fsck.
 //! - [`crash`]: crash consistency: a crash at every disk write or sync of a seeded workload
@@ -37,3 +38,4 @@ mod quota;
 mod serve;
 mod smoke;
 mod support;
+mod zeroing;
