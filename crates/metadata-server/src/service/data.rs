@@ -498,6 +498,13 @@ impl Data for DataService {
                     )
                 })
                 .await?;
+            // The new blocks are zeroed on the LUNs now rather than by the next grant there.
+            self.server
+                .grants
+                .data_path()
+                .zero_fresh()
+                .await
+                .map_err(|e| fs_status(&e))?;
             Ok(attr.into())
         })
         .await

@@ -237,3 +237,117 @@ async fn a_completion_without_device_io_exposes_zeros_not_a_deleted_files_bytes(
     c.data.complete(complete(g.grant_id, MIB)).await.unwrap();
     srv.stop().await;
 }
+
+/// Blocks noted for zeroing when the server stopped (a crash between the allocation's commit
+/// and the zeroing) are zeroed at the next start, before anything is served, and the note is
+/// gone; fsck stays clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_noted_for_zeroing_when_the_server_stopped_are_zeroed_at_the_next_start() {
+    use sanfs_mds::clock::Clock;
+    use sanfs_mds::store::{Backend, Store};
+
+    let srv = start_with_luns(10_000).await;
+    let mut c = srv.clients().await;
+    let (session, epoch) = c.open_session().await;
+    let r =
+        c.ns.create(pb::CreateRequest {
+            cred: root(),
+            session,
+            parent: 1,
+            name: "f".into(),
+            perm: 0o600,
+            exclusive: true,
+            flags: rw(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let (ino, h) = (r.attr.unwrap().ino, r.handle);
+    c.data
+        .write(pb::WriteRequest {
+            cred: root(),
+            session,
+            handle: h,
+            inode: ino,
+            offset: 0,
+            data: vec![0x5e; MIB as usize],
+            sync: true,
+            append: false,
+        })
+        .await
+        .unwrap();
+    let g = c
+        .data
+        .map_read(pb::MapRequest {
+            cred: root(),
+            session,
+            epoch,
+            handle: h,
+            inode: ino,
+            offset: 0,
+            length: MIB,
+            sync: false,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let ios = g.device_ios.clone();
+    assert!(lun_bytes(&srv, &ios).iter().all(|&x| x == 0x5e));
+    let dir = srv.stop_keeping_files().await;
+
+    // As if the last run had noted the file's blocks and stopped before zeroing them.
+    let backend = Backend::File(dir.path().join("mds.redb"));
+    {
+        let store = Store::open(&backend, Clock::System, 8).unwrap();
+        let extents = store
+            .read(|t| {
+                use sanfs_mds::ns::Reader;
+                t.extent_list(ino)
+            })
+            .unwrap();
+        assert!(!extents.is_empty());
+        store
+            .write(move |ctx| {
+                for e in &extents {
+                    ctx.mark_unzeroed(e.vol_block, e.len_blocks)?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert!(!store.unzeroed_runs().unwrap().is_empty());
+        store.close();
+    }
+    let luns: Vec<std::path::PathBuf> =
+        (0..4).map(|i| dir.path().join(format!("lun{i}"))).collect();
+    let kept = backend.clone();
+    let srv = crate::harness::start_with(Clock::System, move |o, _| {
+        o.backend = kept;
+        o.data_devices = luns;
+    })
+    .await;
+    let read_luns = |ios: &[pb::DeviceIo]| {
+        let mut out = Vec::new();
+        for io in ios {
+            let f = std::fs::File::open(dir.path().join(format!("lun{}", io.device))).unwrap();
+            let mut buf = vec![0u8; io.len as usize];
+            f.read_exact_at(&mut buf, io.phys_off).unwrap();
+            out.extend(buf);
+        }
+        out
+    };
+    assert!(
+        read_luns(&ios).iter().all(|&x| x == 0),
+        "the noted blocks were zeroed before the server served"
+    );
+    srv.stop().await;
+    let store = Store::open(&backend, Clock::System, 8).unwrap();
+    assert!(
+        store.unzeroed_runs().unwrap().is_empty(),
+        "and the note is gone"
+    );
+    store.close();
+    let rep = sanfs_mds::fsck::check(&backend).unwrap();
+    assert!(rep.is_clean(), "{rep}");
+}
