@@ -17,6 +17,10 @@
 //! `REPLACED`), when a call answers `StaleSession`, or when attaching fails with it (a
 //! restarted server). When only the stream breaks while the lease is still valid, it attaches
 //! again to the same session.
+//! A server that evicts the session (`SessionEnded {EVICTED}`: a grant of this node was
+//! waited for past the server's hold limit, or an administrator's call) is handled the same
+//! way; a write whose device I/O was done but whose completion the server then refuses
+//! returns EIO (never ESTALE, which an [`OpenFile`] would retry under the new session).
 //!
 //! **Handles across sessions.** Open handles belong to a session. A [`FileHandle`] of a session
 //! that has been replaced is refused locally with [`FsError::Stale`] (ESTALE), and a call made
