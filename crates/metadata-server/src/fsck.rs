@@ -36,7 +36,7 @@ use crate::store::{
     Backend, COOKIES, COUNTERS, DIRENTS, EXTENTS, FREE, INODES, ORPHANS, PREALLOC, QUOTAS, ROOT,
     SUPER, StoreError, XATTRS,
 };
-use crate::store::{guard_damage, open_db, open_db_read_only, read_image};
+use crate::store::{Verify, guard_damage, open_db, open_db_read_only, read_image};
 
 /// What fsck found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -127,10 +127,26 @@ impl std::fmt::Display for Report {
     }
 }
 
-/// Checks the store at `backend` without changing it (read-only; see the module docs).
+/// Checks the store at `backend` without changing it (read-only; see the module docs). The
+/// store's bytes are read into memory, where redb verifies every page's checksum before our
+/// checks run; the store itself is only read.
 pub fn check(backend: &Backend) -> Result<Report, StoreError> {
     guard_damage("check the metadata store", || {
-        let db = open_db_read_only(backend)?;
+        // In use, needs repair: refused here, before anything is read into memory.
+        drop(open_db_read_only(backend)?);
+        let copy = Backend::Sim(SimDisk::from_image(
+            read_image(backend)?,
+            FaultPlan::default(),
+        ));
+        let mut db = open_db(&copy, false, false, Verify::Trust)?;
+        if !db.check_integrity()? {
+            return Err(StoreError::Damaged(
+                "page checksums do not match (the store was altered outside the storage \
+                 library, e.g. torn or partly restored); `sanfs-mds fsck --repair` rolls it back \
+                 to its last intact commit"
+                    .into(),
+            ));
+        }
         check_db(&db)
     })
 }
@@ -157,7 +173,7 @@ impl std::fmt::Display for RepairReport {
         if self.redb_repaired {
             writeln!(
                 f,
-                "{verb}: the store was not shut down cleanly (redb recovery)"
+                "{verb}: the store was not shut down cleanly, or pages failed their checksums (redb recovery)"
             )?;
         }
         for fix in &self.fixes {
@@ -173,15 +189,13 @@ impl std::fmt::Display for RepairReport {
     }
 }
 
-/// `fsck --repair`: redb's repair, then our [`Fix`]es; the store is opened read-write only if
-/// there is something to repair. With `dry_run`, the store's bytes are read into memory and
+/// `fsck --repair`: redb's repair (with every page's checksum verified), then our [`Fix`]es;
+/// the store is opened read-write only if [`check`] finds something to repair. With `dry_run`, the store's bytes are read into memory and
 /// repaired there: nothing is written. Problems that no fix covers stay in `after`.
 pub fn repair(backend: &Backend, dry_run: bool) -> Result<RepairReport, StoreError> {
     guard_damage("repair the metadata store", || {
-        let redb_repaired = match open_db_read_only(backend) {
-            Ok(db) => {
-                let report = check_db(&db)?;
-                drop(db);
+        let redb_repaired = match check(backend) {
+            Ok(report) => {
                 if report.fixes.is_empty() {
                     return Ok(RepairReport {
                         redb_repaired: false,
@@ -192,7 +206,7 @@ pub fn repair(backend: &Backend, dry_run: bool) -> Result<RepairReport, StoreErr
                 }
                 false
             }
-            Err(StoreError::NeedsRepair) => true,
+            Err(StoreError::NeedsRepair | StoreError::Damaged(_)) => true,
             Err(e) => return Err(e),
         };
         let target = if dry_run {
@@ -203,7 +217,7 @@ pub fn repair(backend: &Backend, dry_run: bool) -> Result<RepairReport, StoreErr
         } else {
             backend.clone()
         };
-        let db = open_db(&target, false, false)?;
+        let db = open_db(&target, false, false, Verify::Pages)?;
         let before = check_db(&db)?;
         apply_fixes(&db, &before.fixes)?;
         let after = check_db(&db)?;

@@ -465,13 +465,33 @@ impl std::fmt::Debug for Store {
     }
 }
 
-fn builder() -> redb::Builder {
+/// How an existing store is opened read-write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verify {
+    /// Trust a cleanly closed store as it is (redb's plain open; recovery only after a crash).
+    Trust,
+    /// Verify the checksum of every page of the committed trees and rebuild the allocator
+    /// state at every open (redb's integrity check on open): a store altered outside redb (a
+    /// torn image, a bad restore) is refused as corrupt instead of trusted, where a plain open
+    /// may panic or serve garbage. The server's open does this.
+    Pages,
+}
+
+fn builder(verify: Verify) -> redb::Builder {
     let mut b = Database::builder();
-    b.set_repair_callback(|session| {
-        tracing::warn!(
-            progress = session.progress(),
-            "metadata store: repairing after an unclean shutdown"
-        );
+    b.set_check_integrity_on_open(verify == Verify::Pages);
+    b.set_repair_callback(move |session| {
+        if verify == Verify::Pages {
+            tracing::debug!(
+                progress = session.progress(),
+                "metadata store: verifying page checksums"
+            );
+        } else {
+            tracing::warn!(
+                progress = session.progress(),
+                "metadata store: repairing after an unclean shutdown"
+            );
+        }
     });
     b
 }
@@ -480,8 +500,9 @@ pub(crate) fn open_db(
     backend: &Backend,
     create: bool,
     force: bool,
+    verify: Verify,
 ) -> Result<Database, StoreError> {
-    let b = builder();
+    let b = builder(verify);
     Ok(match backend {
         Backend::File(path) => {
             if create && path.exists() && std::fs::metadata(path)?.len() > 0 {
@@ -515,7 +536,7 @@ pub(crate) fn open_db(
 /// repair answers [`StoreError::NeedsRepair`], one held by a running server
 /// [`StoreError::InUse`]. Run inside [`guard_damage`].
 pub(crate) fn open_db_read_only(backend: &Backend) -> Result<redb::ReadOnlyDatabase, StoreError> {
-    let b = builder();
+    let b = builder(Verify::Trust);
     match backend {
         Backend::File(path) => {
             if !path.exists() {
@@ -588,7 +609,7 @@ impl Store {
         force: bool,
         clock: &Clock,
     ) -> Result<(), StoreError> {
-        let db = open_db(backend, true, force)?;
+        let db = open_db(backend, true, force, Verify::Trust)?;
         let now = clock.now();
         let volume = &info.volume;
         let block_size = volume.block_size();
@@ -673,7 +694,7 @@ impl Store {
         clock: Clock,
         batch_max: usize,
     ) -> Result<Store, StoreError> {
-        let db = open_db(backend, false, false)?;
+        let db = open_db(backend, false, false, Verify::Pages)?;
         let (sb, volume, state) = load(&db)?;
         let boot_epoch = bump_boot_epoch(&db)?;
         let locks_in_use_at_start = {
@@ -1265,4 +1286,31 @@ fn open_ctx<'t>(
         now,
         block_size,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_inside_the_guard_is_a_damaged_store_error() {
+        let r: Result<(), StoreError> = guard_damage("open the metadata store", || {
+            let bytes: &[u8] = &[1, 2];
+            // A slice index past the end, as redb's B-tree code does on a torn page.
+            let end = bytes.len() + usize::from(bytes[0]);
+            Ok(drop(bytes[..end].to_vec()))
+        });
+        let e = r.unwrap_err();
+        assert!(matches!(e, StoreError::Damaged(_)), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("metadata store damaged: open the metadata store")
+        );
+        assert!(e.to_string().contains("range end index 3"), "{e}");
+        assert!(guard_damage("x", || Ok::<_, StoreError>(7)).unwrap() == 7);
+        assert!(matches!(
+            guard_damage("x", || Err::<(), _>(StoreError::InUse)),
+            Err(StoreError::InUse)
+        ));
+    }
 }
