@@ -1,6 +1,6 @@
 //! Integration tests of the agent, by boundary: the engines against real files and loop
 //! devices (`engine_io`), discovery against labelled LUNs (`discovery`), the client library
-//! against a real in-process metadata server on file-backed LUNs (`client`, `lun_recovery`,
+//! against a real in-process metadata server on file-backed LUNs (`client`, `epoch`, `lun_recovery`,
 //! `fallocate`, `locks`, with their fixture `cluster`), the FUSE mount (`mount`), mount(8)'s
 //! helper `mount.sanfs` with fstab (`mount_sanfs`), `quickstart`, the deployment examples
 //! (`deploy`), the CSI driver (`csi`), and the acceptance tests of the data path on a multi-node test cluster
@@ -20,6 +20,7 @@ mod deploy;
 mod discovery;
 mod e2e;
 mod engine_io;
+mod epoch;
 mod fallocate;
 mod layouts;
 mod locks;

@@ -1298,7 +1298,8 @@ mod tests {
             let bytes: &[u8] = &[1, 2];
             // A slice index past the end, as redb's B-tree code does on a torn page.
             let end = bytes.len() + usize::from(bytes[0]);
-            Ok(drop(bytes[..end].to_vec()))
+            drop(bytes[..end].to_vec());
+            Ok(())
         });
         let e = r.unwrap_err();
         assert!(matches!(e, StoreError::Damaged(_)), "{e}");
