@@ -221,7 +221,14 @@ async fn reopen(inner: &Inner) {
         while inner.heartbeats_paused.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        match open_session(&inner.channel, &inner.config.client_name).await {
+        // Bounded: a request sent to a server that is going away may never be answered.
+        let opened = tokio::time::timeout(
+            Duration::from_secs(10),
+            open_session(&inner.channel, &inner.config.client_name),
+        )
+        .await
+        .unwrap_or_else(|_| Err(FsError::Io("OpenSession timed out after 10 s".to_owned())));
+        match opened {
             Ok((reply, sent)) => {
                 if let Err(why) = inner.admit_epoch(reply.epoch) {
                     tracing::error!(session = %reply.session, epoch = %reply.epoch, %why, "server refused");
