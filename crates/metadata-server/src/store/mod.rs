@@ -143,6 +143,7 @@ impl StoreError {
         match e {
             redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse,
             redb::DatabaseError::RepairAborted => StoreError::NeedsRepair,
+            redb::DatabaseError::Storage(e) => StoreError::from(e),
             other => StoreError::Redb(other.to_string()),
         }
     }
@@ -191,12 +192,16 @@ macro_rules! store_open_errors {
         }
     )*};
 }
-store_open_errors!(
-    redb::StorageError,
-    redb::TableError,
-    redb::TransactionError,
-    redb::CommitError
-);
+store_open_errors!(redb::TableError, redb::TransactionError, redb::CommitError);
+
+impl From<redb::StorageError> for StoreError {
+    fn from(e: redb::StorageError) -> StoreError {
+        match e {
+            redb::StorageError::Corrupted(why) => StoreError::Damaged(why),
+            other => StoreError::Redb(other.to_string()),
+        }
+    }
+}
 
 impl From<redb::DatabaseError> for StoreError {
     fn from(e: redb::DatabaseError) -> StoreError {
