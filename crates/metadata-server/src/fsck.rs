@@ -610,7 +610,8 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
                     e.file_block, rec.size
                 ));
             }
-            rep.used_blocks += e.len_blocks;
+            // Saturating: lengths from a damaged store may be anything.
+            rep.used_blocks = rep.used_blocks.saturating_add(e.len_blocks);
             owned.insert(e.vol_block, (e.len_blocks, format!("inode {ino}")));
         }
     }
@@ -630,7 +631,7 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
     for item in r.open_table(FREE)?.iter()? {
         let (k, v) = item?;
         let (start, len) = (k.value(), v.value());
-        rep.free_blocks += len;
+        rep.free_blocks = rep.free_blocks.saturating_add(len);
         free_list.push((start, len));
         if owned.insert(start, (len, "free space".into())).is_some() {
             rep.problem(format!(
@@ -653,11 +654,14 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
     }
     // Two runs with one start keep one entry in `owned`: then the lengths do not add up.
     let space_sound = rep.problems.len() == space_problems_at_start
-        && owned.values().map(|(len, _)| *len).sum::<u64>() == rep.used_blocks + rep.free_blocks;
+        && owned
+            .values()
+            .try_fold(0u64, |sum, (len, _)| sum.checked_add(*len))
+            == rep.used_blocks.checked_add(rep.free_blocks);
     match Allocator::from_free(&groups, sb.stripe_unit_blocks, free_list) {
         Ok(a) => {
             rep.capacity_blocks = a.capacity_blocks();
-            let accounted = rep.used_blocks + rep.free_blocks;
+            let accounted = rep.used_blocks.saturating_add(rep.free_blocks);
             if accounted < a.capacity_blocks() && space_sound {
                 // Leaked blocks. Only where space is otherwise sound (nothing owned twice,
                 // everything inside the groups, the free table valid), so that freeing a gap
@@ -687,7 +691,7 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
     for rec in inodes.values() {
         if rec.project != 0 {
             let u = used.entry(rec.project).or_default();
-            u.0 += rec.blocks;
+            u.0 = u.0.saturating_add(rec.blocks);
             u.1 += 1;
         }
     }
