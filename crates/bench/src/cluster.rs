@@ -60,7 +60,11 @@ pub struct ClusterSpec {
 }
 
 enum ServerHandle {
-    Process(ChildGuard),
+    /// A `sanfs-mds serve` process and how to start it again (same command line, same log).
+    Process {
+        child: ChildGuard,
+        command: ServeCommand,
+    },
     InProcess {
         stop: Option<oneshot::Sender<()>>,
         thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
@@ -160,6 +164,32 @@ impl BenchCluster {
         }
     }
 
+    /// `kill -9` of the server process (only for a server the bench started as a process).
+    pub fn kill_server(&mut self) -> anyhow::Result<()> {
+        match &mut self.server {
+            ServerHandle::Process { child, .. } => {
+                child.kill9()?;
+                Ok(())
+            }
+            _ => bail!("only a sanfs-mds process started by the bench can be killed"),
+        }
+    }
+
+    /// Starts the server process again with the same command line (after [`Self::kill_server`])
+    /// and waits until its port accepts connections.
+    pub fn restart_server(&mut self) -> anyhow::Result<()> {
+        match &mut self.server {
+            ServerHandle::Process { child, command } => {
+                if child.try_wait()?.is_none() {
+                    bail!("the server still runs: kill it first");
+                }
+                *child = command.spawn()?;
+            }
+            _ => bail!("only a sanfs-mds process started by the bench can be restarted"),
+        }
+        wait_for_tcp(self.addr, Duration::from_secs(30))
+    }
+
     /// The library configuration of a node of this cluster.
     pub fn client_config(&self, name: &str) -> ClientConfig {
         let mut c = ClientConfig::new(self.addr.to_string(), self.globs.clone());
@@ -255,7 +285,7 @@ impl BenchCluster {
 impl Drop for BenchCluster {
     fn drop(&mut self) {
         match &mut self.server {
-            ServerHandle::Process(child) => {
+            ServerHandle::Process { child, .. } => {
                 let _ = child.terminate(Duration::from_secs(10));
             }
             ServerHandle::InProcess { stop, thread } => {
@@ -328,17 +358,39 @@ fn start_process(
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    let log = std::fs::File::create(dir.join("mds.log")).context("create mds.log")?;
-    let child = ChildGuard::spawn(
-        Command::new(bin)
-            .args(["serve", "--config"])
-            .arg(&config_path)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log),
-    )?;
-    Ok(ServerHandle::Process(child))
+    let command = ServeCommand {
+        bin: bin.to_path_buf(),
+        config: config_path,
+        log: dir.join("mds.log"),
+    };
+    let child = command.spawn()?;
+    Ok(ServerHandle::Process { child, command })
+}
+
+/// The command line of a `sanfs-mds serve` process the bench started.
+struct ServeCommand {
+    bin: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+}
+
+impl ServeCommand {
+    fn spawn(&self) -> anyhow::Result<ChildGuard> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("open {}", self.log.display()))?;
+        ChildGuard::spawn(
+            Command::new(&self.bin)
+                .args(["serve", "--config"])
+                .arg(&self.config)
+                .env("RUST_LOG", "warn")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log),
+        )
+    }
 }
 
 /// Formats `volume`'s LUNs and creates a metadata store for it at `store` (what

@@ -32,6 +32,7 @@ pub mod metadata;
 pub mod nfs;
 pub mod plot;
 pub mod report;
+pub mod serverkill;
 pub mod suite;
 pub mod threshold;
 pub mod util;

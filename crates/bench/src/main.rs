@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use sanfs_bench::cluster::ServerMode;
@@ -102,6 +103,10 @@ enum Command {
     /// two mounts of one file system, every read and stat checked against a model; exits
     /// non-zero on the first mismatch (with the seed, the op log tail and the byte range).
     Exercise(ExerciseArgs),
+    /// Kills the metadata server with SIGKILL and starts it again, round after round, while
+    /// writers on a mount keep their files open; checks after each restart that every
+    /// acknowledged write is there and counts the errors applications saw (all must be 0).
+    ServerKill(ServerKillArgs),
     /// (internal) a reader process of figures 7 and 10.
     #[command(name = "__worker", hide = true)]
     Worker(WorkerArgs),
@@ -137,6 +142,81 @@ struct ExerciseArgs {
     /// No progress lines.
     #[arg(long)]
     no_progress: bool,
+}
+
+#[derive(Debug, Args)]
+struct ServerKillArgs {
+    /// The seed of the random stream (default: random; always printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Kill-and-restart rounds.
+    #[arg(long, default_value_t = 50)]
+    rounds: u64,
+    /// Writer threads, each with its own file (even: buffered, odd: O_DIRECT).
+    #[arg(long, default_value_t = 4)]
+    writers: usize,
+    /// Writes stay below this offset.
+    #[arg(long, default_value = "8M", value_parser = sanfs_bench::util::parse_size)]
+    max_size: u64,
+    /// Where the LUN files, the store and the mount point go (not tmpfs: O_DIRECT).
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// Longest a check waits for the writers before the run fails as hung, in seconds.
+    #[arg(long, default_value_t = 180)]
+    check_timeout: u64,
+    /// Also write the outcome as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// No progress lines.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+async fn server_kill_main(a: ServerKillArgs) -> anyhow::Result<bool> {
+    use sanfs_bench::serverkill::{ServerKillParams, median, run};
+    let seed = match a.seed {
+        Some(s) => s,
+        None => random_seed()?,
+    };
+    println!(
+        "server-kill: seed {seed}, {} rounds, {} writers",
+        a.rounds, a.writers
+    );
+    let out = run(&ServerKillParams {
+        seed,
+        rounds: a.rounds,
+        writers: a.writers.max(1),
+        max_file_size: a.max_size,
+        dir: a.dir,
+        check_timeout: Duration::from_secs(a.check_timeout),
+        progress: !a.no_progress,
+    })
+    .await?;
+    let errors: Vec<String> = out.errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    println!(
+        "server-kill: seed {seed}: {} rounds in {:.0} s; {} writes ({} MiB), {} fsyncs, {} closes; \
+         EIO {}, ESTALE {}, other errors [{}], short writes {}, lost {}; pause after a kill: median {} ms, max {} ms",
+        out.rounds,
+        out.elapsed_s,
+        out.writes,
+        out.bytes_written >> 20,
+        out.fsyncs,
+        out.closes,
+        out.errno_count("EIO"),
+        out.errno_count("ESTALE"),
+        errors.join(", "),
+        out.short_writes,
+        out.lost.len(),
+        median(&out.pauses_ms),
+        out.pauses_ms.iter().max().copied().unwrap_or(0),
+    );
+    for l in &out.lost {
+        println!("server-kill: lost: {l}");
+    }
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&out)?)?;
+    }
+    Ok(out.clean())
 }
 
 fn exercise_main(a: ExerciseArgs) -> anyhow::Result<bool> {
@@ -278,6 +358,7 @@ fn main() -> ExitCode {
             // Synchronous file system calls on the mounts; the in-process server has a
             // runtime of its own.
             Command::Exercise(a) => exercise_main(a),
+            Command::ServerKill(a) => server_kill_main(a).await,
         }
     });
     match result {

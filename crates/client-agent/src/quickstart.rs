@@ -207,7 +207,7 @@ fn fuse_mounted(dir: &Path) -> bool {
 pub fn up(o: &Options) -> anyhow::Result<()> {
     if !is_root() {
         bail!(
-            "quickstart needs root: it attaches loop devices (losetup) as LUNs and mounts the file system with FUSE (/dev/fuse). Run it with sudo."
+            "quickstart needs root: it attaches loop devices (losetup) as LUNs and mounts the file system with FUSE (/dev/fuse). Run it as root (e.g. with sudo)."
         );
     }
     if !Path::new("/dev/fuse").exists() {
@@ -547,7 +547,7 @@ fn hints(st: &State, mds: &Path) {
                 "a LUN's label",
             ),
             (
-                format!("{bench} metadata --callers 16 --files 300"),
+                format!("{bench} metadata-grpc --callers 16 --files 300"),
                 "metadata ops/s through gRPC",
             ),
             (
@@ -558,7 +558,7 @@ fn hints(st: &State, mds: &Path) {
         ],
     );
     outln!(
-        "When done (unmounts, stops both, removes what it made, listed in {dir}/{STATE_FILE}):\n  sudo {agent} quickstart --down {mp} --state-dir {dir}"
+        "When done (unmounts, stops both, removes what it made, listed in {dir}/{STATE_FILE}):\n  {agent} quickstart --down {mp} --state-dir {dir}"
     );
 }
 

@@ -100,7 +100,12 @@ pub fn map_write_ahead(
         let map = ctx.t.extent_map(ino)?;
         offset / bs >= map.end_block()
     };
-    let ahead = if sequential { ahead_blocks } else { 0 };
+    // Never ahead past the largest file size: no extent may lie there.
+    let ahead = if sequential {
+        ahead_blocks.min(MAX_FILE_SIZE.div_ceil(bs).saturating_sub(end / bs))
+    } else {
+        0
+    };
     let alloc_end = (end / bs).saturating_add(ahead);
     let map = match allocate_blocks(ctx, ino, &mut rec, offset / bs, alloc_end) {
         Ok(m) => m,

@@ -28,7 +28,7 @@ use sanfs_blockmap::alloc::Allocator;
 use sanfs_blockmap::codec;
 use sanfs_blockmap::extent::{ExtentMap, ExtentState};
 use sanfs_proto::model::FIRST_DIR_COOKIE;
-use sanfs_proto::types::FileType;
+use sanfs_proto::types::{FileType, MAX_FILE_SIZE};
 
 use crate::store::backend::{FaultPlan, SimDisk};
 use crate::store::records::{InodeRec, Superblock, kind_from_code};
@@ -556,6 +556,9 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
             .any(|(gs, gl)| start >= *gs && end <= gs.saturating_add(*gl))
             || coverage_is_groups(&groups, start, end)
     };
+    // No file block lies past the largest file size (speculative preallocation after a write
+    // near it once ran past it, and SEEK_DATA, SEEK_HOLE and bmap then failed with EIO).
+    let max_end_block = MAX_FILE_SIZE.div_ceil(bs);
     let space_problems_at_start = rep.problems.len();
     let mut owned: BTreeMap<u64, (u64, String)> = BTreeMap::new();
     for item in r.open_table(EXTENTS)?.iter()? {
@@ -602,6 +605,12 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
                 rep.problem(format!(
                     "inode {ino}: extent at volume block {}+{} lies outside the volume's allocation groups",
                     e.vol_block, e.len_blocks
+                ));
+            }
+            if e.file_block.saturating_add(e.len_blocks) > max_end_block {
+                rep.problem(format!(
+                    "inode {ino}: extent at file block {}+{} passes the largest file size ({MAX_FILE_SIZE} bytes)",
+                    e.file_block, e.len_blocks
                 ));
             }
             if e.state == ExtentState::Written && e.file_block >= eof_block {
@@ -741,6 +750,9 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
         let (k, v) = item?;
         let (ino, (first, end)) = (k.value(), v.value());
         match inodes.get(&ino) {
+            Some(_) if end > max_end_block => rep.problem(format!(
+                "preallocation record of inode {ino} ({first}..{end}) passes the largest file size"
+            )),
             Some(rec) if rec.kind == FileType::Regular && first <= end => {}
             Some(_) => rep.problem(format!(
                 "preallocation record of inode {ino} ({first}..{end}) is not of a regular file"

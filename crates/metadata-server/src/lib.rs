@@ -26,6 +26,7 @@ pub mod device;
 pub mod format;
 pub mod fsck;
 pub mod grants;
+pub mod handshake;
 pub mod inspect;
 pub mod locks;
 pub mod metrics;

@@ -9,6 +9,7 @@
 //! | `sanfs_commit_ops_total` | counter | | metadata transactions made durable |
 //! | `sanfs_commit_ops_per_commit` | gauge | | `sanfs_commit_ops_total / sanfs_commits_total` |
 //! | `sanfs_sessions` | gauge | | live sessions |
+//! | `sanfs_tls_handshakes_refused_total` | counter | | connections closed before their TLS handshake completed ([`crate::handshake`]) |
 //!
 //! RPC counters and latencies go to the process-wide `metrics` recorder, installed once by
 //! [`install`]; what the server counts itself is published per scrape ([`render`]). The

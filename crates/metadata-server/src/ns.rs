@@ -1116,15 +1116,44 @@ pub fn setattr(ctx: &mut Ctx<'_>, r: &SetAttrRequest) -> Result<Attr, OpError> {
     Ok(rec.attr(ino, ctx.block_size))
 }
 
+/// Most bytes of extended attribute names one inode holds, counting a NUL after each (Linux
+/// `XATTR_LIST_MAX`): the list of any inode's names always fits in a listxattr reply.
+pub const XATTR_NAMES_MAX_PER_INODE: usize = 65536;
+
+/// Most bytes of extended attribute values one inode holds, all its attributes together (one
+/// value of the largest size, `XATTR_SIZE_MAX`, or many smaller ones).
+pub const XATTR_VALUES_MAX_PER_INODE: usize = 65536;
+
+/// Sets an extended attribute. ENOSPC, with nothing changed, when the inode's names or values
+/// would pass [`XATTR_NAMES_MAX_PER_INODE`] or [`XATTR_VALUES_MAX_PER_INODE`] (a replaced
+/// value counts with its new size only).
 pub fn setxattr(ctx: &mut Ctx<'_>, r: &SetXattrRequest) -> Result<(), OpError> {
     let ino = r.inode.0;
     let mut rec = ctx.t.inode(ino)?;
     xattr_access(&r.cred, &rec, r.name.as_bytes(), true)?;
-    let exists = ctx.t.xattr(ino, r.name.as_bytes())?.is_some();
+    let (mut exists, mut names_len, mut values_len) = (false, 0usize, 0usize);
+    for item in ctx.t.xattrs.range((ino, &[][..])..)? {
+        let (k, v) = item?;
+        let (owner, name) = k.value();
+        if owner != ino {
+            break;
+        }
+        if name == r.name.as_bytes() {
+            exists = true;
+            continue;
+        }
+        names_len = names_len.saturating_add(name.len() + 1);
+        values_len = values_len.saturating_add(v.value().len());
+    }
     match (r.mode, exists) {
         (XattrMode::Create, true) => return err(FsError::Exists),
         (XattrMode::Replace, false) => return err(FsError::NoAttr),
         _ => {}
+    }
+    if names_len.saturating_add(r.name.as_bytes().len() + 1) > XATTR_NAMES_MAX_PER_INODE
+        || values_len.saturating_add(r.value.len()) > XATTR_VALUES_MAX_PER_INODE
+    {
+        return err(FsError::NoSpace);
     }
     ctx.t
         .xattrs

@@ -200,6 +200,14 @@ pub async fn serve(
     // the previous segment, which the agent delays by up to 40 ms: every small proxied read
     // took ~48 ms on loopback (`sanfs-bench latency`).
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    // Each connection watched, so that a refused TLS handshake is logged with its peer.
+    let refusals = opts
+        .tls
+        .is_some()
+        .then(|| std::sync::Arc::new(crate::handshake::RefusalLog::new(std::time::Instant::now())));
+    let incoming = tokio_stream::StreamExt::map(incoming, move |conn| {
+        conn.map(|io| crate::handshake::Watched::new(io, refusals.clone()))
+    });
     let serving = router.serve_with_incoming_shutdown(incoming, signal);
     let served = tokio::select! {
         r = serving => r.context("serve gRPC"),

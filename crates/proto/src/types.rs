@@ -77,6 +77,8 @@ pub enum ProtocolError {
     EmptyName,
     #[error("name is {0} bytes long (at most {NAME_MAX})")]
     NameTooLong(usize),
+    #[error("symlink target is {0} bytes long (at most {SYMLINK_MAX})")]
+    SymlinkTargetTooLong(usize),
     #[error("name contains '/' or NUL")]
     NameHasSlashOrNul,
     #[error("name is '.' or '..'")]
@@ -236,7 +238,7 @@ impl SymlinkTarget {
             });
         }
         if bytes.len() > SYMLINK_MAX {
-            return Err(ProtocolError::NameTooLong(bytes.len()));
+            return Err(ProtocolError::SymlinkTargetTooLong(bytes.len()));
         }
         if bytes.contains(&0) {
             return Err(ProtocolError::InvalidField {
@@ -543,7 +545,9 @@ impl FsError {
 impl From<ProtocolError> for FsError {
     fn from(e: ProtocolError) -> FsError {
         match e.root() {
-            ProtocolError::NameTooLong(_) => FsError::NameTooLong,
+            ProtocolError::NameTooLong(_) | ProtocolError::SymlinkTargetTooLong(_) => {
+                FsError::NameTooLong
+            }
             ProtocolError::RangeOverflow { .. } => FsError::FileTooBig,
             _ => FsError::Invalid(e.to_string()),
         }
@@ -587,10 +591,14 @@ mod tests {
         assert!(XattrName::new("a/b").is_ok());
         assert!(SymlinkTarget::new("../a/b").is_ok());
         assert!(SymlinkTarget::new(vec![b'x'; 4096]).is_ok());
+        let too_long = SymlinkTarget::new(vec![b'x'; 4097]).unwrap_err();
+        assert_eq!(too_long, ProtocolError::SymlinkTargetTooLong(4097));
+        // The message names the limit of targets (4096), not that of names (255).
         assert_eq!(
-            SymlinkTarget::new(vec![b'x'; 4097]),
-            Err(ProtocolError::NameTooLong(4097))
+            too_long.to_string(),
+            "symlink target is 4097 bytes long (at most 4096)"
         );
+        assert_eq!(FsError::from(too_long), FsError::NameTooLong);
         assert!(SymlinkTarget::new("").is_err());
         assert!(SymlinkTarget::new(b"a\0b".to_vec()).is_err());
     }

@@ -320,6 +320,11 @@ fn mount(
         } else {
             MountOption::RW
         },
+        // The kernel checks every access against the attributes it holds (refreshed when
+        // their TTL has passed), as for a local file system: also through cached dentries,
+        // where no lookup reaches the agent, and for FIFOs, sockets and device nodes, whose
+        // opens never do (docs/posix.md, "Permissions").
+        MountOption::DefaultPermissions,
     ];
     if opts.allow_other {
         fuse_config.acl = SessionACL::All;

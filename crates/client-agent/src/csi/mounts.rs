@@ -90,6 +90,63 @@ pub fn mount_at(path: &Path) -> io::Result<Option<MountEntry>> {
         .find(|m| m.mount_point == path))
 }
 
+/// Most symbolic links [`canonical`] follows in one path (as the kernel's 40).
+const MAX_SYMLINKS: usize = 40;
+
+/// `path` (absolute) with every symbolic link in it resolved and `.`/`..` taken out: the form
+/// the kernel records mount points in, in mountinfo (a kubelet path under a symlinked
+/// `/var/lib/kubelet` is mounted at, and listed under, the link's target). Components that do
+/// not exist yet, or cannot be looked at (a mount point whose agent died answers `ENOTCONN`),
+/// are kept as they are. A link loop is `ELOOP`.
+pub fn canonical(path: &Path) -> io::Result<PathBuf> {
+    use std::collections::VecDeque;
+    use std::ffi::OsString;
+    use std::path::Component;
+
+    fn push_front(rest: &mut VecDeque<OsString>, path: &Path) {
+        for c in path.components().rev() {
+            match c {
+                Component::Normal(n) => rest.push_front(n.to_owned()),
+                Component::ParentDir => rest.push_front(OsString::from("..")),
+                Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+            }
+        }
+    }
+
+    if !path.is_absolute() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not an absolute path", path.display()),
+        ));
+    }
+    let mut out = PathBuf::from("/");
+    let mut rest = VecDeque::new();
+    push_front(&mut rest, path);
+    let mut links = 0;
+    while let Some(name) = rest.pop_front() {
+        if name == ".." {
+            out.pop();
+            continue;
+        }
+        let next = out.join(&name);
+        match std::fs::symlink_metadata(&next) {
+            Ok(m) if m.file_type().is_symlink() => {
+                links += 1;
+                if links > MAX_SYMLINKS {
+                    return Err(io::Error::from_raw_os_error(libc::ELOOP));
+                }
+                let target = std::fs::read_link(&next)?;
+                if target.is_absolute() {
+                    out = PathBuf::from("/");
+                }
+                push_front(&mut rest, &target);
+            }
+            _ => out = next,
+        }
+    }
+    Ok(out)
+}
+
 /// What is at a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PathState {
@@ -193,6 +250,33 @@ garbage line
         assert!(m[2].is_read_only());
         assert_eq!(unescape("a\\134b\\011"), "a\\b\t");
         assert_eq!(unescape("trailing\\04"), "trailing\\04");
+    }
+
+    #[test]
+    fn canonical_paths_resolve_links_in_any_component_and_keep_missing_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir_all(base.join("real/plugins")).unwrap();
+        std::os::unix::fs::symlink(base.join("real"), base.join("abs")).unwrap();
+        std::os::unix::fs::symlink("real/plugins", base.join("rel")).unwrap();
+        std::os::unix::fs::symlink("../real", base.join("real/up")).unwrap();
+        std::os::unix::fs::symlink("loop", base.join("loop")).unwrap();
+        let c = |p: &str| canonical(&base.join(p)).unwrap();
+        assert_eq!(c("abs/plugins/x/mount"), base.join("real/plugins/x/mount"));
+        assert_eq!(c("rel/staging"), base.join("real/plugins/staging"));
+        assert_eq!(c("real/up/up/plugins"), base.join("real/plugins"));
+        assert_eq!(c("abs"), base.join("real"));
+        assert_eq!(c("real/./plugins/../plugins"), base.join("real/plugins"));
+        assert_eq!(c("no/such/path"), base.join("no/such/path"));
+        assert_eq!(canonical(Path::new("/")).unwrap(), PathBuf::from("/"));
+        assert_eq!(
+            canonical(&base.join("loop/x")).unwrap_err().raw_os_error(),
+            Some(libc::ELOOP)
+        );
+        assert_eq!(
+            canonical(Path::new("relative")).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
     }
 
     #[test]

@@ -3,12 +3,14 @@
 //! asked), the reverse of both, volume stats from the quota, and node expansion (nothing to do:
 //! the quota is in force everywhere as soon as the controller raises it).
 //!
+//! Every path in a request is resolved once, on arrival, to its canonical form (symbolic links
+//! followed, as the kernel records mount points), and only that form is used afterwards.
 //! Every call is idempotent and looks at the mount table rather than at remembered state, so
 //! a restarted driver finds what an earlier run set up. A staging mount whose agent died
 //! (`ENOTCONN`) is mounted afresh when the volume is staged or published again; bind mounts
 //! made from the dead one stay dead until their pods start again (see docs/kubernetes.md).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -73,6 +75,14 @@ async fn look(path: &Path) -> Result<(Option<MountEntry>, PathState), CsiError> 
     .await
 }
 
+/// `path` as the mount table names it, every symbolic link resolved
+/// ([`mounts::canonical`]): each node call resolves its paths once, here, and then uses only
+/// the result (to mount, to find its mounts in mountinfo and to unmount).
+async fn canonical(path: &Path) -> Result<PathBuf, CsiError> {
+    let p = path.to_owned();
+    blocking("resolve the path", move || mounts::canonical(&p)).await
+}
+
 impl Driver {
     async fn stage(&self, req: NodeStageVolumeRequest) -> Result<(), CsiError> {
         volume::check_capability(&req.volume_capability).map_err(CsiError::Unsupported)?;
@@ -82,8 +92,8 @@ impl Driver {
             return Err(CsiError::NoVolume(id.to_owned()));
         }
         let read_only = req.volume_capability.access_mode.is_read_only();
-        self.ensure_staged(id, req.staging_target_path.as_path(), read_only)
-            .await
+        let staging = canonical(req.staging_target_path.as_path()).await?;
+        self.ensure_staged(id, &staging, read_only).await
     }
 
     /// Makes sure the volume's agent mount is live at `staging` (mounting it, or mounting it
@@ -199,6 +209,17 @@ impl Driver {
             }
             if Instant::now() >= deadline {
                 let _ = child.start_kill();
+                // Had it mounted after all, its mount would be left dead: take it off.
+                let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                if let Ok((Some(m), _)) = look(staging).await
+                    && self.is_volume_mount(&m, id)
+                {
+                    let p = staging.to_owned();
+                    let _ = blocking("detach the killed agent's mount", move || {
+                        mounts::unmount(&p, true)
+                    })
+                    .await;
+                }
                 break Err(CsiError::Internal(format!(
                     "the agent for volume {id} did not mount it within {:?}",
                     c.mount_timeout
@@ -228,30 +249,29 @@ impl Driver {
     async fn unstage(&self, req: NodeUnstageVolumeRequest) -> Result<(), CsiError> {
         let id = req.volume_id.as_str();
         let _guard = self.locks.lock(id).await;
-        let staging = req.staging_target_path.as_path();
+        let staging = canonical(req.staging_target_path.as_path()).await?;
+        let staging = staging.as_path();
         self.take_down(id, staging).await?;
         tracing::info!(volume = id, staging = %staging.display(), "volume unstaged");
         Ok(())
     }
 
     /// Unmounts every sanfs mount of volume `id` stacked at `path`; refuses to touch a mount
-    /// of anything else.
+    /// of anything else (another volume's, another FUSE file system's, any other), whatever
+    /// `id` is: only a mount whose type and source say it is this volume's is ours.
     async fn take_down(&self, id: &str, path: &Path) -> Result<(), CsiError> {
         for _ in 0..MAX_STACKED_MOUNTS {
             let (entry, state) = look(path).await?;
             match entry {
                 None => return Ok(()),
-                Some(m) if mounts::is_fuse_type(&m.fs_type) => {
-                    if !self.is_volume_mount(&m, id) {
-                        tracing::warn!(volume = id, path = %path.display(), source = %m.source, "unmounting another sanfs volume's mount at this path");
-                    }
+                Some(m) if self.is_volume_mount(&m, id) => {
                     let p = path.to_owned();
                     let dead = state == PathState::Dead;
                     blocking("unmount", move || mounts::unmount(&p, dead)).await?;
                 }
                 Some(m) => {
                     return Err(CsiError::FailedPrecondition(format!(
-                        "{} holds a {} mount of {}, not this volume",
+                        "{} holds a {} mount of {}, not one of volume {id}: left as it is",
                         path.display(),
                         m.fs_type,
                         m.source
@@ -288,6 +308,7 @@ impl Driver {
         if self.find_volume(id).await?.is_none() {
             return Err(CsiError::NoVolume(id.to_owned()));
         }
+        let staging = canonical(staging.as_path()).await?;
         let staging = staging.as_path();
         match look(staging).await? {
             (Some(m), state) if self.is_volume_mount(&m, id) => {
@@ -304,7 +325,8 @@ impl Driver {
         }
         let mut options = flags;
         options.read_only |= req.readonly || req.volume_capability.access_mode.is_read_only();
-        let target = req.target_path.as_path();
+        let target = canonical(req.target_path.as_path()).await?;
+        let target = target.as_path();
         let (entry, state) = look(target).await?;
         match entry {
             Some(m) if self.is_volume_mount(&m, id) && state != PathState::Dead => {
@@ -360,7 +382,8 @@ impl Driver {
     async fn unpublish(&self, req: NodeUnpublishVolumeRequest) -> Result<(), CsiError> {
         let id = req.volume_id.as_str();
         let _guard = self.locks.lock(id).await;
-        let target = req.target_path.as_path();
+        let target = canonical(req.target_path.as_path()).await?;
+        let target = target.as_path();
         self.take_down(id, target).await?;
         // The specification: the plugin removes what it made at the target path.
         let t = target.to_owned();
@@ -396,6 +419,8 @@ impl Driver {
         if !path.is_absolute() {
             return Err(not_here());
         }
+        let path = canonical(path).await?;
+        let path = path.as_path();
         match look(path).await? {
             (Some(m), PathState::Dead) if self.is_volume_mount(&m, id) => {
                 Err(CsiError::FailedPrecondition(format!(

@@ -1046,3 +1046,119 @@ async fn the_driver_and_its_agents_speak_mutual_tls() {
     drop(csi.guard);
     srv.stop().await;
 }
+
+/// Whether the mount table lists a mount at exactly `path`.
+fn mounted_at(path: &Path) -> bool {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    parse_mountinfo(&text).iter().any(|m| m.mount_point == path)
+}
+
+/// Issue 16 item 7: kubelet paths under a symbolic link (`/var/lib/kubelet` often is one)
+/// stage, publish, report and come down as plain ones, mounted (and found in mountinfo) at
+/// the link's target; and an unpublish or unstage naming a volume that is not the one mounted
+/// at the path (an unknown volume, or another one) leaves that mount and its directory alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn symlinked_kubelet_paths_and_mounts_of_other_volumes() {
+    if !can_mount() {
+        return;
+    }
+    let mut n = OneNode::start().await;
+    let base = std::fs::canonicalize(n.dir.path()).unwrap();
+    let real = base.join("real-kubelet");
+    std::fs::create_dir_all(real.join("pods/pod1")).unwrap();
+    std::os::unix::fs::symlink(&real, base.join("kubelet")).unwrap();
+    // A relative link inside, too.
+    std::os::unix::fs::symlink("pods", real.join("p")).unwrap();
+    let link = base.join("kubelet");
+    let (staging, target) = (link.join("staging"), link.join("p/pod1/mount"));
+    let (real_staging, real_target) = (real.join("staging"), real.join("pods/pod1/mount"));
+
+    let mode = Mode::SingleNodeWriter;
+    let id = create(&mut n.csi, "pvc-linked", 16 * MIB as i64, mode)
+        .await
+        .volume_id;
+    stage(&mut n.csi, &id, &staging, mode).await;
+    assert!(mounted_at(&real_staging), "staged at the link's target");
+    stage(&mut n.csi, &id, &staging, mode).await; // idempotent: found in mountinfo
+    publish(&mut n.csi, &id, &staging, &target, mode, false)
+        .await
+        .unwrap();
+    assert!(mounted_at(&real_target));
+    publish(&mut n.csi, &id, &staging, &target, mode, false)
+        .await
+        .unwrap();
+    let (t, r) = (target.clone(), real_target.clone());
+    timed("write through the linked path", 30, move || {
+        std::fs::write(t.join("f"), b"via the link").unwrap();
+        assert_eq!(std::fs::read(r.join("f")).unwrap(), b"via the link");
+    })
+    .await;
+    let (bytes, _) = stats(&mut n.csi, &id, &target).await;
+    assert!(bytes.used > 0);
+
+    // A second volume, staged and published at plain paths.
+    let other = create(&mut n.csi, "pvc-other", 16 * MIB as i64, mode)
+        .await
+        .volume_id;
+    let other_staging = n.staging.clone();
+    let other_target = n.pods.join("pod2");
+    stage(&mut n.csi, &other, &other_staging, mode).await;
+    publish(
+        &mut n.csi,
+        &other,
+        &other_staging,
+        &other_target,
+        mode,
+        false,
+    )
+    .await
+    .unwrap();
+    for (vol, path, unstaging) in [
+        ("no-such-volume", &other_target, false),
+        (id.as_str(), &other_target, false),
+        ("no-such-volume", &other_staging, true),
+        (id.as_str(), &other_staging, true),
+    ] {
+        let r = if unstaging {
+            n.csi
+                .node
+                .node_unstage_volume(pb::NodeUnstageVolumeRequest {
+                    volume_id: vol.to_owned(),
+                    staging_target_path: path.to_string_lossy().into_owned(),
+                })
+                .await
+                .map(drop)
+        } else {
+            n.csi
+                .node
+                .node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+                    volume_id: vol.to_owned(),
+                    target_path: path.to_string_lossy().into_owned(),
+                })
+                .await
+                .map(drop)
+        };
+        let e = r.expect_err("another volume's mount is refused");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{vol} at {path:?}: {e}");
+        assert!(mounted_at(path), "{vol} at {path:?}: the mount is left");
+        assert!(path.is_dir());
+    }
+    let p = other_target.clone();
+    timed("the other volume still serves", 30, move || {
+        std::fs::write(p.join("g"), b"still here").unwrap();
+    })
+    .await;
+
+    // Down through the links: nothing is left at the real paths.
+    unpublish(&mut n.csi, &id, &target).await;
+    assert!(!mounted_at(&real_target) && !real_target.exists());
+    unpublish(&mut n.csi, &id, &target).await; // idempotent
+    unstage(&mut n.csi, &id, &staging).await;
+    assert!(!mounted_at(&real_staging));
+    unpublish(&mut n.csi, &other, &other_target).await;
+    unstage(&mut n.csi, &other, &other_staging).await;
+    assert_no_mounts_below(&base);
+    delete(&mut n.csi, &id).await;
+    delete(&mut n.csi, &other).await;
+    n.srv.stop().await;
+}

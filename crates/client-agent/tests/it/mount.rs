@@ -747,3 +747,107 @@ async fn sparse_files_seek_data_and_holes_and_shared_mmap_writes_reach_other_nod
     })
     .await;
 }
+
+/// Runs `argv` as uid/gid 1000 with no supplementary groups (`setpriv`), under a 10 s
+/// `timeout`; returns its exit status and standard output.
+fn as_uid_1000(argv: &[&str]) -> (std::process::ExitStatus, Vec<u8>) {
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=1000",
+            "--regid=1000",
+            "--clear-groups",
+            "timeout",
+            "10",
+        ])
+        .args(argv)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    (out.status, out.stdout)
+}
+
+/// Issue 16 item 5: on an `allow_other` mount every access is permission-checked, also
+/// through dentries the kernel has cached for root and for objects the kernel serves itself.
+/// uid 1000 cannot read a 0644 file inside root's 0700 directory while root keeps using that
+/// file (100 tries, each interleaved with root's reads), nor open root's 0600 FIFO.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_other_mount_checks_permissions_for_other_users() {
+    use std::os::unix::fs::PermissionsExt;
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let m = Mount::start(&srv, "perms", "allow_other").await;
+    // uid 1000 must reach the mount point: the temp dir above it is 0700.
+    std::fs::set_permissions(
+        m.path.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let root = m.path.clone();
+    timed("root-only objects and uid 1000 attempts", 300, move || {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let (dir, file, fifo) = (root.join("d"), root.join("d/f"), root.join("fifo"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::write(&file, b"root's secret\n").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let st = Command::new("mkfifo")
+            .arg("-m600")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mkfifo");
+        // The test can fail: uid 1000 reads a file of its own on this mount.
+        let open_dir = root.join("open");
+        std::fs::create_dir(&open_dir).unwrap();
+        std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(open_dir.join("f"), b"anyone\n").unwrap();
+        let (st, out) = as_uid_1000(&["cat", open_dir.join("f").to_str().unwrap()]);
+        assert!(
+            st.success() && out == b"anyone\n",
+            "uid 1000 reads a 0644 file in a 0755 dir"
+        );
+
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let root_user = {
+            let (stop, file) = (std::sync::Arc::clone(&stop), file.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    assert_eq!(std::fs::read(&file).unwrap(), b"root's secret\n");
+                    std::fs::metadata(&file).unwrap();
+                    n += 1;
+                }
+                n
+            })
+        };
+        let path = file.to_str().unwrap().to_owned();
+        let mut leaked = 0;
+        for _ in 0..100 {
+            let (st, out) = as_uid_1000(&["cat", &path]);
+            if st.success() || !out.is_empty() {
+                leaked += 1;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let root_reads = root_user.join().unwrap();
+        assert!(root_reads > 0, "root used the file meanwhile");
+        assert_eq!(leaked, 0, "uid 1000 read through root's 0700 directory");
+
+        // `<>` opens read-write, which does not wait for a writer: without a permission
+        // check it succeeds at once.
+        let (st, _) = as_uid_1000(&["sh", "-c", &format!(": <> {}", fifo.display())]);
+        assert!(!st.success(), "uid 1000 opened root's 0600 FIFO");
+        // Root still can.
+        let st = Command::new("timeout")
+            .args(["10", "sh", "-c", &format!(": <> {}", fifo.display())])
+            .status()
+            .unwrap();
+        assert!(st.success(), "root opens its FIFO");
+    })
+    .await;
+    drop(m);
+    srv.stop().await;
+}

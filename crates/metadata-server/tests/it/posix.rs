@@ -49,6 +49,7 @@ const EINVAL: i32 = 22;
 const ENAMETOOLONG: i32 = 36;
 const ENOTEMPTY: i32 = 39;
 const ENODATA: i32 = 61;
+const ENOSPC: i32 = 28;
 const EOPNOTSUPP: i32 = 95;
 
 /// One line of a case: who runs it, what, and the errno it must fail with (`None`: success).
@@ -1464,6 +1465,48 @@ fn readdir_pages() {
             check("parent /d = /"),
             check("parent / = /"),
             check("readdir / = d"),
+        ],
+    );
+}
+
+/// Issue 16 item 6: an inode's xattr names (with a NUL each) stay within 64 KiB, so a
+/// listxattr of them always fits (Linux XATTR_LIST_MAX), and its values within 64 KiB
+/// together; past either, ENOSPC and nothing changes.
+#[test]
+fn xattr_names_and_values_per_inode_are_bounded() {
+    // 256 names of 255 bytes: 256 * 256 = 65536 bytes with their NULs, exactly the bound.
+    let name = |i: usize| format!("user.{i:04}{}", "n".repeat(246));
+    let mut steps = vec![as_root("create /f 0644")];
+    steps.extend((0..256).map(|i| as_root(&format!("setxattr /f {} v", name(i)))));
+    steps.extend([
+        expect(as_root(&format!("setxattr /f {} v", name(256))), ENOSPC),
+        expect(as_root("setxattr /f user.x v"), ENOSPC),
+        expect(check(&format!("getxattr /f {}", name(256))), ENODATA),
+        // Replacing an existing one is no new name.
+        as_root(&format!("setxattr /f {} w replace", name(7))),
+        check(&format!("getxattr /f {} = w", name(7))),
+        as_root(&format!("removexattr /f {}", name(0))),
+        as_root(&format!("setxattr /f {} v", name(256))),
+    ]);
+    case("xattr names per inode", &steps);
+    let big = |n: usize| "x".repeat(n);
+    case(
+        "xattr values per inode",
+        &[
+            as_root("create /f 0644"),
+            as_root(&format!("setxattr /f user.big {}", big(65536))),
+            expect(as_root("setxattr /f user.more v"), ENOSPC),
+            expect(check("getxattr /f user.more"), ENODATA),
+            // A replaced value counts with its new size only.
+            as_root(&format!("setxattr /f user.big {}", big(65535))),
+            as_root("setxattr /f user.more v"),
+            expect(as_root("setxattr /f user.more vv"), ENOSPC),
+            check("getxattr /f user.more = v"),
+            as_root(&format!("setxattr /f user.big {}", big(60000))),
+            as_root(&format!("setxattr /f user.more {}", big(5536))),
+            // Another inode has its own allowance.
+            as_root("create /g 0644"),
+            as_root(&format!("setxattr /g user.big {}", big(65536))),
         ],
     );
 }

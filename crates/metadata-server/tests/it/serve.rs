@@ -1082,3 +1082,64 @@ async fn a_failed_store_stops_the_server() {
     let e = r.unwrap().unwrap_err().to_string();
     assert!(e.contains("fail-stop"), "{e}");
 }
+
+/// Issue 16 item 6: refused TLS handshakes are logged (WARN, with the peer's address,
+/// rate-limited: `handshake` module) and counted in `sanfs_tls_handshakes_refused_total`; a
+/// served agent is not counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_tls_handshakes_are_counted() {
+    let our_ca = ca("sanfs test CA");
+    let other = ca("some other CA");
+    let dir = tempfile::tempdir().unwrap();
+    let paths = write_server_tls(dir.path(), &our_ca);
+    let maddr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let srv = start_with(Clock::System, |o, _| {
+        o.tls = Some(paths);
+        o.metrics_addr = Some(maddr);
+    })
+    .await;
+    let refused = || async move {
+        let mut s = tokio::net::TcpStream::connect(maddr).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out.lines()
+            .find_map(|l| l.strip_prefix("sanfs_tls_handshakes_refused_total "))
+            .map_or(0, |v| v.trim().parse::<u64>().unwrap())
+    };
+    let before = refused().await;
+    let good = leaf(&our_ca, &["agent-1"], true);
+    tls_getattr(srv.addr, &our_ca.pem, Some(good))
+        .await
+        .unwrap();
+    let stranger = leaf(&other, &["agent-2"], true);
+    assert!(
+        tls_getattr(srv.addr, &our_ca.pem, Some(stranger))
+            .await
+            .is_err()
+    );
+    assert!(tls_getattr(srv.addr, &our_ca.pem, None).await.is_err());
+    // A probe: connect, send garbage, go.
+    let mut s = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    s.write_all(b"not a TLS client hello\r\n").await.unwrap();
+    drop(s);
+    // The counter is process-wide (other tests may add to it): at least our three.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let n = refused().await;
+        if n >= before + 3 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "refused handshakes counted: {n}, before: {before}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    srv.stop().await;
+}

@@ -172,3 +172,87 @@ fn map_write_then_complete_converts_exactly_the_done_prefix() {
     assert!(rep.is_clean(), "{rep}");
     assert_eq!(rep.used_blocks, 256);
 }
+
+/// Issue 16 item 6: a sequential write into the last blocks below the largest file size gets
+/// no speculative preallocation past that size (SEEK_DATA, SEEK_HOLE and bmap then failed
+/// with EIO until close), and fsck finds an extent there.
+#[test]
+fn preallocation_stops_at_the_largest_file_size_and_fsck_checks_it() {
+    use sanfs_blockmap::extent::ExtentMap;
+    use sanfs_mds::data;
+    use sanfs_proto::types::MAX_FILE_SIZE;
+    let clock = Clock::manual(1000);
+    let (store, disk) = new_store(&clock);
+    let bs = u64::from(store.block_size());
+    let vol = store.volume().clone();
+    let f = store
+        .write_blocking(|ctx| {
+            ns::create(
+                ctx,
+                &CreateRequest {
+                    cred: Credentials::root(),
+                    session: SessionId(1),
+                    parent: InodeId(ROOT),
+                    name: name("f"),
+                    perm: 0o644,
+                    exclusive: true,
+                    flags: OpenFlags {
+                        read: true,
+                        write: true,
+                        append: false,
+                        truncate: false,
+                    },
+                },
+            )
+        })
+        .unwrap();
+    let ino = f.attr.ino.0;
+    let max_end_block = MAX_FILE_SIZE.div_ceil(bs);
+    // Two blocks below the largest aligned end, asking 1024 blocks (4 MiB) ahead: at most the
+    // blocks up to the largest file size are taken.
+    let offset = (MAX_FILE_SIZE / bs - 2) * bs;
+    let v = vol.clone();
+    let (m, ahead) = store
+        .write_blocking(move |ctx| data::map_write_ahead(ctx, &v, ino, offset, bs, 1024))
+        .unwrap();
+    assert_eq!(m.len, bs);
+    assert!(ahead.1 <= max_end_block, "ahead {ahead:?}");
+    let ext = store.read(|t| t.extent_list(ino)).unwrap();
+    let end = ext
+        .iter()
+        .map(|e| e.file_block + e.len_blocks)
+        .max()
+        .unwrap();
+    assert!(end <= max_end_block, "extents end at block {end}: {ext:?}");
+    assert_eq!(end, offset / bs + 1 + (ahead.1 - ahead.0));
+    // The write lands; a second one right after it is within the preallocation.
+    store
+        .write_blocking(move |ctx| data::complete_write(ctx, ino, offset, bs, false))
+        .unwrap();
+    store.close();
+    drop(store);
+    let backend = sanfs_mds::store::Backend::Sim(disk.clone());
+    let rep = sanfs_mds::fsck::check(&backend).unwrap();
+    assert!(rep.is_clean(), "{rep}");
+
+    // Damage: the file's last extent moved past the largest file size. fsck says so.
+    let store = sanfs_mds::store::Store::open(&backend, clock.clone(), 64).unwrap();
+    store
+        .write_blocking(move |ctx| {
+            let mut ext = ctx.t.extent_map(ino)?.to_vec();
+            let last = ext.last_mut().unwrap();
+            last.file_block = max_end_block;
+            let map = ExtentMap::from_extents(ext).unwrap();
+            ns::save_extents(&mut ctx.t, ino, &map)
+        })
+        .unwrap();
+    store.close();
+    drop(store);
+    let rep = sanfs_mds::fsck::check(&sanfs_mds::store::Backend::Sim(disk)).unwrap();
+    assert!(
+        rep.problems
+            .iter()
+            .any(|p| p.contains("passes the largest file size")),
+        "{rep}"
+    );
+}
