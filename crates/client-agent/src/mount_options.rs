@@ -50,6 +50,9 @@ pub struct MountOpts {
     pub log_level: Option<String>,
     /// `remount` was asked for (mount(8) `-o remount`).
     pub remount: bool,
+    /// `accept_epoch_regression`: accept a server whose epoch went backwards (after a
+    /// deliberate restore of the metadata store from an older copy).
+    pub accept_epoch_regression: bool,
 }
 
 impl Default for MountOpts {
@@ -72,6 +75,7 @@ impl Default for MountOpts {
             log: None,
             log_level: None,
             remount: false,
+            accept_epoch_regression: false,
         }
     }
 }
@@ -182,6 +186,7 @@ pub fn parse_options_sloppy(
             "ro" => o.read_only = true,
             "rw" => o.read_only = false,
             "remount" => o.remount = true,
+            "accept_epoch_regression" => o.accept_epoch_regression = true,
             "engine" => {
                 o.engine = match need(key, value)? {
                     "uring" => EngineKind::Uring,
@@ -320,6 +325,12 @@ mod tests {
         assert!(parse_options(&s("bogus")).is_err());
         assert!(parse_options(&s("attr_ttl=fast")).is_err());
         assert!(parse_options(&s("engine=spdk")).is_err());
+        assert!(!d.accept_epoch_regression);
+        assert!(
+            parse_options(&s("ro,accept_epoch_regression"))
+                .unwrap()
+                .accept_epoch_regression
+        );
         let m = parse_options(&s("metrics=10.0.0.2:9420,device_retry=250ms")).unwrap();
         assert_eq!(m.metrics, Some("10.0.0.2:9420".parse().unwrap()));
         assert_eq!(m.device_retry, Duration::from_millis(250));

@@ -9,8 +9,17 @@
 //! or by a file and free space); free + used = capacity; no Written extent lies wholly past
 //! end of file; inode numbers are below the next one to hand out.
 //!
-//! It never changes anything. A problem is a line of text naming the record; the command
-//! exits 0 when there are none, 1 when there are, 2 when the store cannot be read at all.
+//! [`check`] never changes anything: it opens the store read-only (redb's `ReadOnlyDatabase`),
+//! so a store that was not shut down cleanly, which redb must repair before it can be read, is
+//! reported as [`StoreError::NeedsRepair`], and a store held by a running server as
+//! [`StoreError::InUse`]. A problem is a line of text naming the record.
+//!
+//! [`repair`] is the explicit `--repair`: redb's own repair (on a read-write open), then the
+//! few repairs of ours that cannot lose anything ([`Fix`]): blocks that neither a file nor free
+//! space owns go back to free space, the next inode number moves past the highest inode, and
+//! quota usage is set to what the inodes hold. With `dry_run` it repairs a copy in memory and
+//! changes nothing. A panic of the storage library on damaged bytes is caught
+//! ([`crate::store::guard_damage`]) and answered as [`StoreError::Damaged`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -21,11 +30,13 @@ use sanfs_blockmap::extent::{ExtentMap, ExtentState};
 use sanfs_proto::model::FIRST_DIR_COOKIE;
 use sanfs_proto::types::{FileType, MAX_FILE_SIZE};
 
+use crate::store::backend::{FaultPlan, SimDisk};
 use crate::store::records::{InodeRec, Superblock, kind_from_code};
 use crate::store::{
     Backend, COOKIES, COUNTERS, DIRENTS, EXTENTS, FREE, INODES, ORPHANS, PREALLOC, QUOTAS, ROOT,
     SUPER, StoreError, XATTRS,
 };
+use crate::store::{Verify, guard_damage, open_db, open_db_read_only, read_image};
 
 /// What fsck found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -39,6 +50,43 @@ pub struct Report {
     pub free_blocks: u64,
     pub capacity_blocks: u64,
     pub orphans: u64,
+    /// The problems that `--repair` can fix safely (each is also listed in `problems`).
+    pub fixes: Vec<Fix>,
+}
+
+/// A repair of ours that loses nothing: what `fsck --repair` applies after redb's repair.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fix {
+    /// Volume blocks inside the allocation groups that no file owns and free space does not
+    /// list (leaked, e.g. by a grant whose completion never came): back to free space.
+    FreeLeaked { start: u64, len_blocks: u64 },
+    /// The next inode number to hand out is not past the highest inode.
+    NextInode { from: u64, to: u64 },
+    /// A directory quota's usage differs from what its inodes hold.
+    QuotaUsage { dir: u64, blocks: u64, inodes: u64 },
+}
+
+impl std::fmt::Display for Fix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fix::FreeLeaked { start, len_blocks } => write!(
+                f,
+                "return leaked volume blocks {start}..{} to free space",
+                start.saturating_add(*len_blocks)
+            ),
+            Fix::NextInode { from, to } => {
+                write!(f, "set the next inode number from {from} to {to}")
+            }
+            Fix::QuotaUsage {
+                dir,
+                blocks,
+                inodes,
+            } => write!(
+                f,
+                "set the usage of the quota of directory {dir} to {blocks} blocks and {inodes} inodes"
+            ),
+        }
+    }
 }
 
 impl Report {
@@ -79,14 +127,187 @@ impl std::fmt::Display for Report {
     }
 }
 
-/// Checks the store at `backend`.
+/// Checks the store at `backend` without changing it (read-only; see the module docs). The
+/// store's bytes are read into memory, where redb verifies every page's checksum before our
+/// checks run; the store itself is only read.
 pub fn check(backend: &Backend) -> Result<Report, StoreError> {
-    let db = crate::store::open_db(backend, false, false)?;
-    check_db(&db)
+    guard_damage("check the metadata store", || {
+        // In use, needs repair: refused here, before anything is read into memory.
+        drop(open_db_read_only(backend)?);
+        let copy = Backend::Sim(SimDisk::from_image(
+            read_image(backend)?,
+            FaultPlan::default(),
+        ));
+        let mut db = open_db(&copy, false, false, Verify::Trust)?;
+        if !db.check_integrity()? {
+            return Err(StoreError::Damaged(
+                "page checksums do not match (the store was altered outside the storage \
+                 library, e.g. torn or partly restored); `sanfs-mds fsck --repair` rolls it back \
+                 to its last intact commit"
+                    .into(),
+            ));
+        }
+        check_db(&db)
+    })
 }
 
-/// Checks an open database.
-pub fn check_db(db: &Database) -> Result<Report, StoreError> {
+/// What [`repair`] did (or, in a dry run, would do).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepairReport {
+    /// The store had not been shut down cleanly: redb's repair ran (on the copy in a dry run).
+    pub redb_repaired: bool,
+    /// Our own repairs, applied (or, in a dry run, that would be).
+    pub fixes: Vec<Fix>,
+    pub dry_run: bool,
+    /// The check after the repairs (of the repaired copy in a dry run).
+    pub after: Report,
+}
+
+impl std::fmt::Display for RepairReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let verb = if self.dry_run {
+            "would repair"
+        } else {
+            "repaired"
+        };
+        if self.redb_repaired {
+            writeln!(
+                f,
+                "{verb}: the store was not shut down cleanly, or pages failed their checksums (redb recovery)"
+            )?;
+        }
+        for fix in &self.fixes {
+            writeln!(f, "{verb}: {fix}")?;
+        }
+        if !self.redb_repaired && self.fixes.is_empty() {
+            writeln!(f, "nothing to repair")?;
+        }
+        if self.dry_run {
+            writeln!(f, "dry run: nothing was changed; after the repair:")?;
+        }
+        write!(f, "{}", self.after)
+    }
+}
+
+/// `fsck --repair`: redb's repair (with every page's checksum verified), then our [`Fix`]es;
+/// the store is opened read-write only if [`check`] finds something to repair. With `dry_run`, the store's bytes are read into memory and
+/// repaired there: nothing is written. Problems that no fix covers stay in `after`.
+pub fn repair(backend: &Backend, dry_run: bool) -> Result<RepairReport, StoreError> {
+    guard_damage("repair the metadata store", || {
+        let redb_repaired = match check(backend) {
+            Ok(report) => {
+                if report.fixes.is_empty() {
+                    return Ok(RepairReport {
+                        redb_repaired: false,
+                        fixes: Vec::new(),
+                        dry_run,
+                        after: report,
+                    });
+                }
+                false
+            }
+            Err(StoreError::NeedsRepair | StoreError::Damaged(_)) => true,
+            Err(e) => return Err(e),
+        };
+        let target = if dry_run {
+            Backend::Sim(SimDisk::from_image(
+                read_image(backend)?,
+                FaultPlan::default(),
+            ))
+        } else {
+            backend.clone()
+        };
+        let db = open_db(&target, false, false, Verify::Pages)?;
+        let before = check_db(&db)?;
+        apply_fixes(&db, &before.fixes)?;
+        let after = check_db(&db)?;
+        Ok(RepairReport {
+            redb_repaired,
+            fixes: before.fixes,
+            dry_run,
+            after,
+        })
+    })
+}
+
+/// Applies `fixes` in one durable transaction.
+fn apply_fixes(db: &Database, fixes: &[Fix]) -> Result<(), StoreError> {
+    if fixes.is_empty() {
+        return Ok(());
+    }
+    let txn = db.begin_write()?;
+    {
+        let leaked: Vec<(u64, u64)> = fixes
+            .iter()
+            .filter_map(|f| match f {
+                Fix::FreeLeaked { start, len_blocks } => Some((*start, *len_blocks)),
+                _ => None,
+            })
+            .collect();
+        if !leaked.is_empty() {
+            let (sb, volume) = {
+                let sup = txn.open_table(SUPER)?;
+                let sb = match sup.get("super")? {
+                    Some(v) => Superblock::decode(v.value())
+                        .map_err(|e| StoreError::Corrupt(format!("super record: {e}")))?,
+                    None => return Err(StoreError::Corrupt("no super record".into())),
+                };
+                let volume = match sup.get("volume")? {
+                    Some(v) => codec::decode_volume(v.value())
+                        .map_err(|e| StoreError::Corrupt(format!("volume record: {e}")))?,
+                    None => return Err(StoreError::Corrupt("no volume record".into())),
+                };
+                (sb, volume)
+            };
+            let mut free = txn.open_table(FREE)?;
+            let mut runs = Vec::new();
+            for item in free.iter()? {
+                let (k, v) = item?;
+                runs.push((k.value(), v.value()));
+            }
+            let mut alloc =
+                Allocator::from_free(&volume.allocation_groups(), sb.stripe_unit_blocks, runs)
+                    .map_err(|e| StoreError::Corrupt(format!("free space: {e}")))?;
+            for (start, len) in leaked {
+                alloc
+                    .free(start, len)
+                    .map_err(|e| StoreError::Corrupt(format!("free leaked blocks: {e}")))?;
+            }
+            free.retain(|_, _| false)?;
+            for (start, len) in alloc.free_extents() {
+                free.insert(start, len)?;
+            }
+        }
+        let mut counters = txn.open_table(COUNTERS)?;
+        let mut quotas = txn.open_table(QUOTAS)?;
+        for fix in fixes {
+            match *fix {
+                Fix::FreeLeaked { .. } => {}
+                Fix::NextInode { to, .. } => {
+                    counters.insert("next_inode", to)?;
+                }
+                Fix::QuotaUsage {
+                    dir,
+                    blocks,
+                    inodes,
+                } => {
+                    let row = quotas.get(dir)?.map(|v| v.value());
+                    if let Some(row) = row {
+                        let mut q = crate::quota::QuotaRow::from_tuple(row);
+                        q.used_blocks = blocks;
+                        q.used_inodes = inodes;
+                        quotas.insert(dir, q.to_tuple())?;
+                    }
+                }
+            }
+        }
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+/// Checks an open database (read-only or not).
+pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
     let mut rep = Report::default();
     let r = db.begin_read()?;
 
@@ -122,6 +343,15 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
         }
     }
     rep.inodes = inodes.len() as u64;
+    if let Some(&max) = inodes.keys().max()
+        && max >= next_inode
+        && next_inode > 0
+    {
+        rep.fixes.push(Fix::NextInode {
+            from: next_inode,
+            to: max.saturating_add(1),
+        });
+    }
     rep.directories = inodes.values().filter(|r| r.is_dir()).count() as u64;
     match inodes.get(&ROOT) {
         Some(root) if root.is_dir() => {
@@ -329,6 +559,7 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
     // No file block lies past the largest file size (speculative preallocation after a write
     // near it once ran past it, and SEEK_DATA, SEEK_HOLE and bmap then failed with EIO).
     let max_end_block = MAX_FILE_SIZE.div_ceil(bs);
+    let space_problems_at_start = rep.problems.len();
     let mut owned: BTreeMap<u64, (u64, String)> = BTreeMap::new();
     for item in r.open_table(EXTENTS)?.iter()? {
         let (k, v) = item?;
@@ -388,7 +619,8 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
                     e.file_block, rec.size
                 ));
             }
-            rep.used_blocks += e.len_blocks;
+            // Saturating: lengths from a damaged store may be anything.
+            rep.used_blocks = rep.used_blocks.saturating_add(e.len_blocks);
             owned.insert(e.vol_block, (e.len_blocks, format!("inode {ino}")));
         }
     }
@@ -408,7 +640,7 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
     for item in r.open_table(FREE)?.iter()? {
         let (k, v) = item?;
         let (start, len) = (k.value(), v.value());
-        rep.free_blocks += len;
+        rep.free_blocks = rep.free_blocks.saturating_add(len);
         free_list.push((start, len));
         if owned.insert(start, (len, "free space".into())).is_some() {
             rep.problem(format!(
@@ -429,15 +661,33 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
         }
         prev = Some((*start, start.saturating_add(*len), who));
     }
+    // Two runs with one start keep one entry in `owned`: then the lengths do not add up.
+    let space_sound = rep.problems.len() == space_problems_at_start
+        && owned
+            .values()
+            .try_fold(0u64, |sum, (len, _)| sum.checked_add(*len))
+            == rep.used_blocks.checked_add(rep.free_blocks);
     match Allocator::from_free(&groups, sb.stripe_unit_blocks, free_list) {
         Ok(a) => {
             rep.capacity_blocks = a.capacity_blocks();
-            if rep.used_blocks + rep.free_blocks != a.capacity_blocks() {
+            let accounted = rep.used_blocks.saturating_add(rep.free_blocks);
+            if accounted < a.capacity_blocks() && space_sound {
+                // Leaked blocks. Only where space is otherwise sound (nothing owned twice,
+                // everything inside the groups, the free table valid), so that freeing a gap
+                // cannot hand out blocks a file owns.
+                for (start, len_blocks) in gaps(&groups, &owned) {
+                    rep.problem(format!(
+                        "volume blocks {start}..{} are neither free nor owned by a file (leaked)",
+                        start.saturating_add(len_blocks)
+                    ));
+                    rep.fixes.push(Fix::FreeLeaked { start, len_blocks });
+                }
+            } else if accounted != a.capacity_blocks() {
                 rep.problem(format!(
                     "free ({}) + used ({}) = {} blocks, but the volume's allocation groups hold {}",
                     rep.free_blocks,
                     rep.used_blocks,
-                    rep.free_blocks + rep.used_blocks,
+                    accounted,
                     a.capacity_blocks()
                 ));
             }
@@ -450,7 +700,7 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
     for rec in inodes.values() {
         if rec.project != 0 {
             let u = used.entry(rec.project).or_default();
-            u.0 += rec.blocks;
+            u.0 = u.0.saturating_add(rec.blocks);
             u.1 += 1;
         }
     }
@@ -474,6 +724,11 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
                 "quota of directory {dir} says {} blocks and {} inodes used, its inodes hold {blocks} and {count}",
                 q.used_blocks, q.used_inodes
             ));
+            rep.fixes.push(Fix::QuotaUsage {
+                dir,
+                blocks,
+                inodes: count,
+            });
         }
     }
     for project in used.keys() {
@@ -518,6 +773,30 @@ pub fn check_db(db: &Database) -> Result<Report, StoreError> {
         }
     }
     Ok(rep)
+}
+
+/// The runs inside the allocation groups that `owned` (by start: length, owner; no overlaps)
+/// does not cover.
+fn gaps(groups: &[(u64, u64)], owned: &BTreeMap<u64, (u64, String)>) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for &(gs, gl) in groups {
+        let ge = gs.saturating_add(gl);
+        let mut at = gs;
+        // A run that starts before the group may reach into it.
+        if let Some((s, (l, _))) = owned.range(..gs).next_back() {
+            at = at.max(s.saturating_add(*l));
+        }
+        for (s, (l, _)) in owned.range(gs..ge) {
+            if *s > at {
+                out.push((at, s - at));
+            }
+            at = at.max(s.saturating_add(*l));
+        }
+        if at < ge {
+            out.push((at, ge - at));
+        }
+    }
+    out
 }
 
 /// Whether `[start, end)` is covered by consecutive allocation groups.

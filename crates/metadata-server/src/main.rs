@@ -44,10 +44,17 @@ enum Command {
         #[arg(long)]
         metrics_addr: Option<SocketAddr>,
     },
-    /// Check the metadata store against the volume.
+    /// Check the metadata store against the volume (read-only: it never changes the store).
     Fsck {
         #[arg(long)]
         config: PathBuf,
+        /// Repair: redb's recovery after an unclean shutdown, then leaked blocks back to free
+        /// space, the next inode number, quota usage. Problems it cannot fix stay listed.
+        #[arg(long)]
+        repair: bool,
+        /// With --repair: list the repairs (made on a copy in memory) without changing the store.
+        #[arg(long, requires = "repair")]
+        dry_run: bool,
     },
     /// Look at volumes and devices.
     Volume {
@@ -100,7 +107,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config,
             metrics_addr,
         } => serve(&config, metrics_addr),
-        Command::Fsck { config } => fsck(&config),
+        Command::Fsck {
+            config,
+            repair,
+            dry_run,
+        } => fsck(&config, repair, dry_run),
         Command::Volume {
             command: VolumeCommand::Inspect { devices, map, lv },
         } => {
@@ -232,17 +243,38 @@ fn metadata_backend(config: &MdsConfig) -> Backend {
     }
 }
 
-/// Exit 0: clean; 1: problems found (listed); 2: could not run.
-fn fsck(config_path: &Path) -> anyhow::Result<ExitCode> {
+/// Exit codes of `fsck` (docs/operations.md): 0 clean (after `--repair`: clean now); 1 problems
+/// found (listed); 2 could not run, or the store is damaged; 3 the store needs redb's repair
+/// (not shut down cleanly; plain fsck only); 4 the store is in use by a running server.
+fn fsck(config_path: &Path, repair: bool, dry_run: bool) -> anyhow::Result<ExitCode> {
+    use sanfs_mds::store::StoreError;
     let config = MdsConfig::load(config_path)?;
-    let report = sanfs_mds::fsck::check(&metadata_backend(&config))
-        .with_context(|| format!("read the metadata store {}", config.metadata.path.display()))?;
-    println!("{report}");
-    Ok(if report.is_clean() {
-        ExitCode::SUCCESS
+    let backend = metadata_backend(&config);
+    let after = if repair {
+        sanfs_mds::fsck::repair(&backend, dry_run).map(|r| {
+            println!("{r}");
+            r.after.is_clean()
+        })
     } else {
-        ExitCode::from(1)
-    })
+        sanfs_mds::fsck::check(&backend).map(|r| {
+            println!("{r}");
+            r.is_clean()
+        })
+    };
+    let path = config.metadata.path.display();
+    match after {
+        Ok(true) => Ok(ExitCode::SUCCESS),
+        Ok(false) => Ok(ExitCode::from(1)),
+        Err(e @ StoreError::NeedsRepair) => {
+            eprintln!("sanfs-mds: {path}: {e}");
+            Ok(ExitCode::from(3))
+        }
+        Err(e @ StoreError::InUse) => {
+            eprintln!("sanfs-mds: {path}: {e}");
+            Ok(ExitCode::from(4))
+        }
+        Err(e) => Err(anyhow::Error::new(e).context(format!("read the metadata store {path}"))),
+    }
 }
 
 /// Wall-clock seconds for the labels' `formatted_at`. This is the one place the binary reads

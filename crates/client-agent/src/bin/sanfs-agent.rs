@@ -269,6 +269,7 @@ fn mount(
     config.engine.kind = opts.engine;
     config.device_retry = opts.device_retry;
     config.direct_io_threshold = opts.direct_io_threshold;
+    config.accept_epoch_regression = opts.accept_epoch_regression;
     config.tls = match (&opts.tls_ca, &opts.tls_cert, &opts.tls_key) {
         (None, None, None) => None,
         (Some(ca), Some(cert), Some(key)) => Some(TlsConfig {
@@ -588,6 +589,9 @@ fn format_status(m: &MountStatus) -> String {
         "  session    {} epoch {}: lease {lease}; {} session(s) opened, {} lost",
         a.session, a.epoch, a.sessions_opened, a.fences
     );
+    if let Some(why) = &a.epoch_refused {
+        let _ = writeln!(out, "  EPOCH      REFUSED: {why}");
+    }
     let found = a
         .devices
         .iter()

@@ -145,6 +145,11 @@ pub struct ClientConfig {
     /// round trip (a partial completion) instead of two (as pNFS write layouts). Recalled when
     /// another node reads, writes or truncates there. 0: one grant per write.
     pub write_layout_bytes: u64,
+    /// Accept a server whose epoch is lower than the highest this agent has seen (a store
+    /// restored from an older copy, deliberately). Off: such a server is refused (see
+    /// [`Client::status`], `epoch_refused`) and calls fail with EIO until the right server is
+    /// back. Mount option `accept_epoch_regression`.
+    pub accept_epoch_regression: bool,
     pub faults: FaultInjection,
 }
 
@@ -169,6 +174,7 @@ impl ClientConfig {
             grant_per_stripe_unit: false,
             read_layout_bytes: DEFAULT_READ_LAYOUT_BYTES,
             write_layout_bytes: DEFAULT_WRITE_LAYOUT_BYTES,
+            accept_epoch_regression: false,
             faults: FaultInjection::default(),
         }
     }
@@ -259,6 +265,12 @@ struct LeaseState {
     deadline: Instant,
     /// False once fenced, until a new session is open.
     live: bool,
+    /// The highest server epoch this agent has seen (since it started: nothing is kept on
+    /// disk). Epochs only go forward: a server with a lower one runs on a store restored from
+    /// an older copy.
+    highest_epoch: u64,
+    /// Why the last server reached was refused (its epoch went backwards); `None` otherwise.
+    epoch_refused: Option<String>,
 }
 
 pub(crate) struct Inner {
@@ -451,6 +463,8 @@ impl Client {
             lease_ttl_ms: opened.lease_ttl_ms,
             deadline: sent + Duration::from_millis(opened.lease_ttl_ms),
             live: true,
+            highest_epoch: opened.epoch.0,
+            epoch_refused: None,
         };
         let max_cached = config.max_cached_grants;
         let inner = Arc::new(Inner {
@@ -702,6 +716,9 @@ impl Inner {
     /// session is lost (lease lapsed, being replaced).
     pub(crate) fn view_for(&self, fh: Option<&FileHandle>) -> Result<SessionView, FsError> {
         let s = self.lock_state();
+        if let Some(why) = &s.epoch_refused {
+            return Err(FsError::Io(why.clone()));
+        }
         if let Some(fh) = fh
             && fh.session != s.view.session
         {
@@ -720,8 +737,11 @@ impl Inner {
         let wait_ms = self.lock_state().lease_ttl_ms.saturating_mul(2).max(1000);
         let wait = async {
             loop {
-                if let Ok(v) = self.view_for(None) {
-                    return v;
+                match self.view_for(None) {
+                    Ok(v) => return Ok(v),
+                    // A refused server: no waiting helps.
+                    Err(e @ FsError::Io(_)) => return Err(e),
+                    Err(_) => {}
                 }
                 // Re-check at least every 50 ms: a lapse is noticed by the deadline alone.
                 let _ = tokio::time::timeout(Duration::from_millis(50), rx.changed()).await;
@@ -729,7 +749,47 @@ impl Inner {
         };
         tokio::time::timeout(Duration::from_millis(wait_ms), wait)
             .await
-            .map_err(|_| FsError::StaleSession)
+            .map_err(|_| FsError::StaleSession)?
+    }
+
+    /// The session a call that needs no live lease names (namespace calls), or EIO while the
+    /// server is refused because its epoch went backwards.
+    pub(crate) fn session_for_call(&self) -> Result<SessionId, FsError> {
+        let s = self.lock_state();
+        match &s.epoch_refused {
+            Some(why) => Err(FsError::Io(why.clone())),
+            None => Ok(s.view.session),
+        }
+    }
+
+    /// Epochs only go forward: admits a new session's server `epoch`, or refuses it (error
+    /// log, [`Client::status`], calls fail with EIO) when it is lower than the highest seen,
+    /// unless [`ClientConfig::accept_epoch_regression`] is set.
+    pub(crate) fn admit_epoch(&self, epoch: SessionEpoch) -> Result<(), String> {
+        let mut s = self.lock_state();
+        if epoch.0 < s.highest_epoch {
+            if self.config.accept_epoch_regression {
+                tracing::warn!(
+                    epoch = epoch.0,
+                    highest = s.highest_epoch,
+                    "server epoch went backwards (a restored store): accepted, as \
+                     accept_epoch_regression asks"
+                );
+            } else {
+                let why = format!(
+                    "metadata server epoch went backwards ({} after {}): its store was \
+                     restored from an older copy; refused (no calls until the server with \
+                     the newer store is back, or remount with accept_epoch_regression after a \
+                     deliberate restore)",
+                    epoch.0, s.highest_epoch
+                );
+                s.epoch_refused = Some(why.clone());
+                return Err(why);
+            }
+        }
+        s.highest_epoch = epoch.0;
+        s.epoch_refused = None;
+        Ok(())
     }
 
     /// Whether the lease of session generation `generation` is valid at this instant.

@@ -36,7 +36,7 @@ fn name(bytes: impl AsRef<[u8]>) -> Result<FileName, FsError> {
 /// the reply converted with `TryFrom` into `$out`.
 macro_rules! rpc {
     ($self:ident, $call:ident, $req:expr, $out:ty, $what:literal) => {{
-        let session = $self.inner.lock_state().view.session;
+        let session = $self.inner.session_for_call()?;
         let reply = $self
             .inner
             .ns()
@@ -47,7 +47,7 @@ macro_rules! rpc {
         <$out>::try_from(reply).map_err(|e| malformed($what, e))
     }};
     ($self:ident, $call:ident, $req:expr) => {{
-        let session = $self.inner.lock_state().view.session;
+        let session = $self.inner.session_for_call()?;
         $self
             .inner
             .ns()

@@ -17,7 +17,7 @@ impl Client {
         dir: InodeId,
         limits: QuotaLimits,
     ) -> Result<QuotaInfo, FsError> {
-        let session = self.inner.lock_state().view.session;
+        let session = self.inner.session_for_call()?;
         let req = pb::SetQuotaRequest::from(SetQuotaRequest {
             cred: cred.clone(),
             inode: dir,
@@ -37,7 +37,7 @@ impl Client {
         cred: &Credentials,
         dir: InodeId,
     ) -> Result<Option<QuotaInfo>, FsError> {
-        let session = self.inner.lock_state().view.session;
+        let session = self.inner.session_for_call()?;
         let req = pb::GetQuotaRequest::from(GetQuotaRequest {
             cred: cred.clone(),
             inode: dir,

@@ -58,7 +58,7 @@ impl Client {
             inode: ino,
             range: ByteRange::new(from, MAX_FILE_SIZE - from)?,
         };
-        let session = self.inner.lock_state().view.session;
+        let session = self.inner.session_for_call()?;
         let reply = self
             .inner
             .data()

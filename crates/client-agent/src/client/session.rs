@@ -7,6 +7,10 @@
 //! grants recalled in the cache at once (no new I/O starts on them), and a helper task sends
 //! `RecallAck` once their I/O in flight is done.
 //!
+//! A new session's server must not have a lower epoch than the highest seen
+//! ([`super::Inner::admit_epoch`]): a server on a store restored from an older copy is refused
+//! and asked again every 2 s, while calls fail with EIO.
+//!
 //! Outcomes of one attachment: the stream broke (or was replaced) while the lease is valid:
 //! attach again to the same session; anything else (the lease deadline passed, the server
 //! ended the session, a call or the attach answered `StaleSession`): fence and open a new
@@ -217,8 +221,28 @@ async fn reopen(inner: &Inner) {
         while inner.heartbeats_paused.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        match open_session(&inner.channel, &inner.config.client_name).await {
+        // Bounded: a request sent to a server that is going away may never be answered.
+        let opened = tokio::time::timeout(
+            Duration::from_secs(10),
+            open_session(&inner.channel, &inner.config.client_name),
+        )
+        .await
+        .unwrap_or_else(|_| Err(FsError::Io("OpenSession timed out after 10 s".to_owned())));
+        match opened {
             Ok((reply, sent)) => {
+                if let Err(why) = inner.admit_epoch(reply.epoch) {
+                    tracing::error!(session = %reply.session, epoch = %reply.epoch, %why, "server refused");
+                    // Leave nothing behind at that server; ask again later (the right one may
+                    // be back, or the agent is remounted with accept_epoch_regression).
+                    let mut client = SessionClient::new(inner.channel.clone());
+                    let close = client.close_session(pb::CloseSessionRequest::from(SessionRef {
+                        session: reply.session,
+                        epoch: reply.epoch,
+                    }));
+                    let _ = tokio::time::timeout(Duration::from_secs(1), close).await;
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    continue;
+                }
                 let generation = {
                     let mut s = inner.lock_state();
                     let generation = s.view.generation + 1;

@@ -78,6 +78,12 @@ pub struct AgentStatus {
     pub fs_uuid: String,
     pub session: u64,
     pub epoch: u64,
+    /// The highest server epoch seen since the agent started.
+    #[serde(default)]
+    pub highest_epoch: u64,
+    /// Set while the server is refused because its epoch went backwards (a restored store).
+    #[serde(default)]
+    pub epoch_refused: Option<String>,
     /// Whether the lease is valid now, and for how much longer without another heartbeat
     /// acknowledgement.
     pub lease_valid: bool,
@@ -165,7 +171,7 @@ impl Client {
 
     /// The agent's state: session, lease, LUNs, bytes, grants.
     pub fn status(&self) -> AgentStatus {
-        let (view, ttl, remaining, valid) = {
+        let (view, ttl, remaining, valid, highest_epoch, epoch_refused) = {
             let s = self.inner.lock_state();
             let remaining = s.deadline.saturating_duration_since(Instant::now());
             (
@@ -173,6 +179,8 @@ impl Client {
                 s.lease_ttl_ms,
                 remaining,
                 s.live && !remaining.is_zero(),
+                s.highest_epoch,
+                s.epoch_refused.clone(),
             )
         };
         let stats = self.stats();
@@ -210,6 +218,8 @@ impl Client {
             fs_uuid: self.inner.fs_uuid.to_string(),
             session: view.session.0,
             epoch: view.epoch.0,
+            highest_epoch,
+            epoch_refused,
             lease_valid: valid,
             lease_remaining_ms: if valid {
                 u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX)

@@ -216,6 +216,17 @@ impl Cluster {
         self.run().await;
     }
 
+    /// Stops the server cleanly, runs `between` on the metadata store's file (to copy or
+    /// restore it), and starts the server again on the same address.
+    pub async fn restart_with(&mut self, between: impl FnOnce(&std::path::Path)) {
+        self.shutdown().await;
+        let Backend::File(path) = &self.opts.backend else {
+            panic!("the test cluster keeps its store in a file");
+        };
+        between(path);
+        self.run().await;
+    }
+
     async fn shutdown(&mut self) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());

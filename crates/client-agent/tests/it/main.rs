@@ -2,6 +2,8 @@
 //! devices (`engine_io`), discovery against labelled LUNs (`discovery`), the client library
 //! against a real in-process metadata server on file-backed LUNs (`client`, `lun_recovery`,
 //! `fallocate`, `locks`, `evict`, with their fixture `cluster`), the FUSE mount (`mount`), mount(8)'s
+//! against a real in-process metadata server on file-backed LUNs (`client`, `epoch`, `lun_recovery`,
+//! `fallocate`, `locks`, with their fixture `cluster`), the FUSE mount (`mount`), mount(8)'s
 //! helper `mount.sanfs` with fstab (`mount_sanfs`), `quickstart`, the deployment examples
 //! (`deploy`), the CSI driver (`csi`), and the acceptance tests of the data path on a multi-node test cluster
 //! (`san`: network namespaces, loop-device LUNs, real agent processes): `e2e`, `coherence`,
@@ -20,6 +22,7 @@ mod deploy;
 mod discovery;
 mod e2e;
 mod engine_io;
+mod epoch;
 mod evict;
 mod fallocate;
 mod layouts;

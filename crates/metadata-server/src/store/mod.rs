@@ -125,6 +125,58 @@ pub enum StoreError {
     Exists(PathBuf),
     #[error("metadata store I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// The storage library failed (panicked) on the store's bytes: the image is damaged.
+    #[error("metadata store damaged: {0}")]
+    Damaged(String),
+    /// The store was not shut down cleanly and a read-only open cannot read it as it is.
+    #[error(
+        "metadata store needs repair (it was not shut down cleanly); nothing was changed: \
+         run `sanfs-mds fsck --repair` (or start the server, which repairs it on open)"
+    )]
+    NeedsRepair,
+    /// Another process (a running server) holds the store's lock.
+    #[error(
+        "metadata store is in use (another process, such as a running sanfs-mds serve, holds \
+         its lock): stop that server first"
+    )]
+    InUse,
+}
+
+impl StoreError {
+    /// From an error of opening the database (read-only or not).
+    fn from_open(e: redb::DatabaseError) -> StoreError {
+        match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse,
+            redb::DatabaseError::RepairAborted => StoreError::NeedsRepair,
+            redb::DatabaseError::Storage(e) => StoreError::from(e),
+            other => StoreError::Redb(other.to_string()),
+        }
+    }
+}
+
+/// Runs `f` (an open, a repair, a full read of the store) so that a panic of the storage
+/// library on damaged bytes becomes [`StoreError::Damaged`] instead of taking the process
+/// down. redb 4 panics on some torn images (assertions and slice bounds in its page and
+/// B-tree code, see docs/operations.md, "Damaged stores"); a failure of ours would be a bug,
+/// but it is caught the same way. The panic message is printed by the panic hook (no abort:
+/// the profile unwinds) and carried in the error.
+pub fn guard_damage<T>(
+    what: &str,
+    f: impl FnOnce() -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_owned());
+            Err(StoreError::Damaged(format!(
+                "{what}: the storage library failed on the store's bytes ({msg})"
+            )))
+        }
+    }
 }
 
 impl From<OpError> for StoreError {
@@ -145,13 +197,22 @@ macro_rules! store_open_errors {
         }
     )*};
 }
-store_open_errors!(
-    redb::StorageError,
-    redb::TableError,
-    redb::TransactionError,
-    redb::CommitError,
-    redb::DatabaseError
-);
+store_open_errors!(redb::TableError, redb::TransactionError, redb::CommitError);
+
+impl From<redb::StorageError> for StoreError {
+    fn from(e: redb::StorageError) -> StoreError {
+        match e {
+            redb::StorageError::Corrupted(why) => StoreError::Damaged(why),
+            other => StoreError::Redb(other.to_string()),
+        }
+    }
+}
+
+impl From<redb::DatabaseError> for StoreError {
+    fn from(e: redb::DatabaseError) -> StoreError {
+        StoreError::from_open(e)
+    }
+}
 
 /// Where the store lives.
 #[derive(Debug, Clone)]
@@ -415,13 +476,33 @@ impl std::fmt::Debug for Store {
     }
 }
 
-fn builder() -> redb::Builder {
+/// How an existing store is opened read-write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verify {
+    /// Trust a cleanly closed store as it is (redb's plain open; recovery only after a crash).
+    Trust,
+    /// Verify the checksum of every page of the committed trees and rebuild the allocator
+    /// state at every open (redb's integrity check on open): a store altered outside redb (a
+    /// torn image, a bad restore) is refused as corrupt instead of trusted, where a plain open
+    /// may panic or serve garbage. The server's open does this.
+    Pages,
+}
+
+fn builder(verify: Verify) -> redb::Builder {
     let mut b = Database::builder();
-    b.set_repair_callback(|session| {
-        tracing::warn!(
-            progress = session.progress(),
-            "metadata store: repairing after an unclean shutdown"
-        );
+    b.set_check_integrity_on_open(verify == Verify::Pages);
+    b.set_repair_callback(move |session| {
+        if verify == Verify::Pages {
+            tracing::debug!(
+                progress = session.progress(),
+                "metadata store: verifying page checksums"
+            );
+        } else {
+            tracing::warn!(
+                progress = session.progress(),
+                "metadata store: repairing after an unclean shutdown"
+            );
+        }
     });
     b
 }
@@ -430,8 +511,9 @@ pub(crate) fn open_db(
     backend: &Backend,
     create: bool,
     force: bool,
+    verify: Verify,
 ) -> Result<Database, StoreError> {
-    let b = builder();
+    let b = builder(verify);
     Ok(match backend {
         Backend::File(path) => {
             if create && path.exists() && std::fs::metadata(path)?.len() > 0 {
@@ -444,27 +526,13 @@ pub(crate) fn open_db(
                 b.create(path)?
             } else {
                 if !path.exists() {
-                    return Err(StoreError::Io(std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        format!(
-                            "no metadata store at {} (run sanfs-mds format)",
-                            path.display()
-                        ),
-                    )));
+                    return Err(no_store(path));
                 }
                 b.open(path)?
             }
         }
         Backend::Device(path) => {
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(path)?;
-            let capacity = {
-                use std::io::Seek;
-                let mut f = &file;
-                f.seek(std::io::SeekFrom::End(0))?
-            };
+            let (file, capacity) = open_device(path, true)?;
             if create {
                 b.create_with_backend(BlockDeviceBackend::initialise(file, capacity)?)?
             } else {
@@ -473,6 +541,74 @@ pub(crate) fn open_db(
         }
         Backend::Sim(disk) => b.create_with_backend(disk.clone())?,
     })
+}
+
+/// Opens an existing store without changing a byte of it (fsck): a store that needs redb's
+/// repair answers [`StoreError::NeedsRepair`], one held by a running server
+/// [`StoreError::InUse`]. Run inside [`guard_damage`].
+pub(crate) fn open_db_read_only(backend: &Backend) -> Result<redb::ReadOnlyDatabase, StoreError> {
+    let b = builder(Verify::Trust);
+    match backend {
+        Backend::File(path) => {
+            if !path.exists() {
+                return Err(no_store(path));
+            }
+            Ok(b.open_read_only(path)?)
+        }
+        Backend::Device(path) => {
+            let (file, capacity) = open_device(path, false)?;
+            Ok(b.open_read_only_with_backend(BlockDeviceBackend::open(file, capacity)?)?)
+        }
+        Backend::Sim(disk) => Ok(b.open_read_only_with_backend(disk.clone())?),
+    }
+}
+
+/// The store's bytes, read without changing them (to repair a copy in memory: `--dry-run`).
+pub(crate) fn read_image(backend: &Backend) -> Result<Vec<u8>, StoreError> {
+    use redb::StorageBackend;
+    let read_all = |b: &dyn StorageBackend| -> Result<Vec<u8>, StoreError> {
+        let len = usize::try_from(b.len()?)
+            .map_err(|_| StoreError::Damaged("the store's length does not fit in memory".into()))?;
+        let mut buf = vec![0u8; len];
+        b.read(0, &mut buf)?;
+        Ok(buf)
+    };
+    match backend {
+        Backend::File(path) => {
+            if !path.exists() {
+                return Err(no_store(path));
+            }
+            Ok(std::fs::read(path)?)
+        }
+        Backend::Device(path) => {
+            let (file, capacity) = open_device(path, false)?;
+            read_all(&BlockDeviceBackend::open(file, capacity)?)
+        }
+        Backend::Sim(disk) => read_all(disk),
+    }
+}
+
+fn no_store(path: &std::path::Path) -> StoreError {
+    StoreError::Io(std::io::Error::new(
+        std::io::ErrorKind::NotFound,
+        format!(
+            "no metadata store at {} (run sanfs-mds format)",
+            path.display()
+        ),
+    ))
+}
+
+fn open_device(path: &std::path::Path, write: bool) -> Result<(std::fs::File, u64), StoreError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .open(path)?;
+    let capacity = {
+        use std::io::Seek;
+        let mut f = &file;
+        f.seek(std::io::SeekFrom::End(0))?
+    };
+    Ok((file, capacity))
 }
 
 impl Store {
@@ -484,7 +620,7 @@ impl Store {
         force: bool,
         clock: &Clock,
     ) -> Result<(), StoreError> {
-        let db = open_db(backend, true, force)?;
+        let db = open_db(backend, true, force, Verify::Trust)?;
         let now = clock.now();
         let volume = &info.volume;
         let block_size = volume.block_size();
@@ -556,8 +692,20 @@ impl Store {
     }
 
     /// Opens an existing store and starts its committer. Orphans left by a crash are reaped.
+    /// A store not shut down cleanly is repaired by redb on the way; a damaged one on which
+    /// the storage library fails is refused with [`StoreError::Damaged`], never a panic.
     pub fn open(backend: &Backend, clock: Clock, batch_max: usize) -> Result<Store, StoreError> {
-        let db = open_db(backend, false, false)?;
+        guard_damage("open the metadata store", || {
+            Store::open_unguarded(backend, clock, batch_max)
+        })
+    }
+
+    fn open_unguarded(
+        backend: &Backend,
+        clock: Clock,
+        batch_max: usize,
+    ) -> Result<Store, StoreError> {
+        let db = open_db(backend, false, false, Verify::Pages)?;
         let (sb, volume, state) = load(&db)?;
         let boot_epoch = bump_boot_epoch(&db)?;
         let locks_in_use_at_start = {
@@ -1205,4 +1353,32 @@ fn open_ctx<'t>(
         now,
         block_size,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_inside_the_guard_is_a_damaged_store_error() {
+        let r: Result<(), StoreError> = guard_damage("open the metadata store", || {
+            let bytes: &[u8] = &[1, 2];
+            // A slice index past the end, as redb's B-tree code does on a torn page.
+            let end = bytes.len() + usize::from(bytes[0]);
+            drop(bytes[..end].to_vec());
+            Ok(())
+        });
+        let e = r.unwrap_err();
+        assert!(matches!(e, StoreError::Damaged(_)), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("metadata store damaged: open the metadata store")
+        );
+        assert!(e.to_string().contains("range end index 3"), "{e}");
+        assert!(guard_damage("x", || Ok::<_, StoreError>(7)).unwrap() == 7);
+        assert!(matches!(
+            guard_damage("x", || Err::<(), _>(StoreError::InUse)),
+            Err(StoreError::InUse)
+        ));
+    }
 }

@@ -15,6 +15,9 @@
 //! - [`quota`]: directory quotas through gRPC: EDQUOT, growth, exact usage, EXDEV, fsck.
 //! - [`crash`]: crash consistency: a crash at every disk write or sync of a seeded workload
 //!   recovers to exactly the acknowledged operations, with fsck clean.
+//! - [`torn`]: torn store images (random 4 KiB pieces of copies taken at several moments) are
+//!   refused or recovered by `fsck` and the store open, never a panic or an abort.
+//! - `fsck_cli`: fsck never changes the store; needs-repair, in-use, `--repair`, `--dry-run`.
 //! - `format_cli` and `inspect_cli` run the real binary on file-backed LUNs in a temporary
 //!   directory; [`common`] holds their helpers.
 //! - `lvm_real` drives the real lvm2 tools on loop devices; it needs root, lvm2 and loop
@@ -28,6 +31,7 @@ mod crash_real;
 mod deploy_units;
 mod evict;
 mod format_cli;
+mod fsck_cli;
 mod grants;
 mod harness;
 mod inspect_cli;
@@ -39,3 +43,4 @@ mod serve;
 mod smoke;
 mod support;
 mod zeroing;
+mod torn;
