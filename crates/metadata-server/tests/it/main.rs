@@ -42,5 +42,5 @@ mod quota;
 mod serve;
 mod smoke;
 mod support;
-mod zeroing;
 mod torn;
+mod zeroing;
