@@ -5,14 +5,16 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use sanfs_proto::model::{
-    CommitStats, InodeRequest, ServerStatus, SessionSummary, SetQuotaRequest, VolumeInfo,
+    CommitStats, InodeRequest, MAX_STATUS_SESSIONS, ServerStatus, SessionSummary, SetQuotaRequest,
+    VolumeInfo,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::admin_server::Admin;
 use sanfs_proto::types::SessionId;
 use tonic::{Request, Response, Status};
 
-use super::{SERVER_VERSION, Server, convert, fs_status, note, rpc};
+use super::identity::caller;
+use super::{SERVER_VERSION, Server, accept, fs_status, note, rpc};
 
 /// The Admin service over the shared server.
 #[derive(Debug, Clone)]
@@ -42,10 +44,16 @@ impl Server {
         for f in self.store.handles().by_handle.values() {
             *open_handles.entry(f.session).or_insert(0) += 1;
         }
-        let mut sessions: Vec<SessionSummary> = self
-            .sessions()
-            .by_id
+        let table = self.sessions();
+        let sessions_total = table.by_id.len() as u64;
+        // The reply is bounded: the first MAX_STATUS_SESSIONS by id (25,000 sessions once made
+        // it exceed the message limit).
+        let mut ids: Vec<u64> = table.by_id.keys().copied().collect();
+        ids.sort_unstable();
+        ids.truncate(MAX_STATUS_SESSIONS);
+        let sessions: Vec<SessionSummary> = ids
             .iter()
+            .filter_map(|id| table.by_id.get(id).map(|s| (id, s)))
             .map(|(id, s)| SessionSummary {
                 session: SessionId(*id),
                 client_name: s.client_name.clone(),
@@ -53,9 +61,10 @@ impl Server {
                 grants: 0,
                 open_handles: open_handles.get(id).copied().unwrap_or(0),
                 lease_remaining_ms: ms_between(now, s.deadline_ns),
+                identity: s.owner.clone(),
             })
             .collect();
-        sessions.sort_by_key(|s| s.session.0);
+        drop(table);
         let stats = self.store.stats();
         ServerStatus {
             epoch: self.epoch,
@@ -63,6 +72,7 @@ impl Server {
             server_version: SERVER_VERSION.to_owned(),
             uptime_ms: ms_between(started_ns, now),
             sessions,
+            sessions_total,
             read_grants: 0,
             write_grants: 0,
             commits: CommitStats {
@@ -97,7 +107,7 @@ impl Admin for AdminService {
         request: Request<pb::ServerStatusRequest>,
     ) -> Result<Response<pb::ServerStatusReply>, Status> {
         rpc("ServerStatus", async {
-            drop(request);
+            caller(&request)?.require_admin("ServerStatus")?;
             Ok(self.server.status().into())
         })
         .await
@@ -108,7 +118,8 @@ impl Admin for AdminService {
         request: Request<pb::SetQuotaRequest>,
     ) -> Result<Response<pb::SetQuotaReply>, Status> {
         rpc("SetQuota", async {
-            let req: SetQuotaRequest = convert(request.into_inner())?;
+            caller(&request)?.require_admin("SetQuota")?;
+            let req: SetQuotaRequest = accept(request)?;
             note(None, Some(req.inode.0));
             let info = self
                 .server
@@ -124,7 +135,7 @@ impl Admin for AdminService {
         request: Request<pb::GetQuotaRequest>,
     ) -> Result<Response<pb::GetQuotaReply>, Status> {
         rpc("GetQuota", async {
-            let req: InodeRequest = convert(request.into_inner())?;
+            let req: InodeRequest = accept(request)?;
             note(None, Some(req.inode.0));
             let bs = self.server.store.block_size();
             match self

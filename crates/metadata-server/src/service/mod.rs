@@ -14,9 +14,15 @@
 //!   extents, fsync.
 //! - [`admin`]: the volume layout, the server status, directory quotas.
 //! - [`locks`]: cluster-wide POSIX advisory locks (fcntl and flock).
+//! - [`identity`]: who is calling, from the transport, and what that identity may do.
+//!
+//! Sessions belong to the identity that opened them: every call naming a session (and so
+//! its handles and grants, which are checked against their session) goes through
+//! [`Server::check_session`] with the caller, and a session of another identity is refused.
 
 pub mod admin;
 pub mod data;
+pub mod identity;
 pub mod locks;
 pub mod namespace;
 pub mod session;
@@ -41,6 +47,7 @@ use crate::datadev::DataDevices;
 use crate::grants::Grants;
 use crate::proxy::DataPath;
 use crate::store::{Ctx, OpError, ReadTables, Store};
+use identity::NodeIdentity;
 
 /// The server's software version, reported in `ServerInfo` and `ServerStatus`.
 pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -55,11 +62,15 @@ pub struct ServiceParams {
     pub direct_threshold: u64,
     /// Lease length handed to agents, milliseconds.
     pub lease_ttl_ms: u64,
+    /// Live sessions one identity may hold at once.
+    pub max_sessions_per_identity: usize,
 }
 
 /// One registered agent.
 #[derive(Debug)]
 pub(crate) struct SessionState {
+    /// The name of the identity that opened the session: the only one that may use it.
+    pub owner: String,
     pub client_name: String,
     pub host: String,
     /// When the lease runs out on the server's clock (ns since the epoch), grace included.
@@ -75,7 +86,6 @@ pub(crate) type StreamTx = mpsc::Sender<StreamItem>;
 
 #[derive(Debug, Default)]
 pub(crate) struct Sessions {
-    pub next_id: u64,
     pub next_stream: u64,
     pub by_id: HashMap<u64, SessionState>,
 }
@@ -139,9 +149,6 @@ impl Server {
             }));
         let clock = store.clock().clone();
         let started = clock.now();
-        // Session ids carry the epoch in their high bits so that a restarted server never
-        // hands out an id that an agent of the previous epoch still uses.
-        let first_id = (epoch & 0xffff_ffff) << 32;
         Ok(Arc::new(Server {
             store,
             grants,
@@ -149,10 +156,7 @@ impl Server {
             params,
             epoch: SessionEpoch(epoch),
             started,
-            sessions: Mutex::new(Sessions {
-                next_id: first_id,
-                ..Sessions::default()
-            }),
+            sessions: Mutex::new(Sessions::default()),
             pending_writes: AtomicU64::new(0),
             advisory: crate::advisory::AdvisoryLocks::new(lock_grace),
             locks_marked: std::sync::atomic::AtomicBool::new(locks_in_use),
@@ -227,12 +231,28 @@ impl Server {
         r.map_err(|e| fs_status(&e))
     }
 
-    /// Fails with `StaleSession` unless `session` is live.
-    pub(crate) fn check_session(&self, session: SessionId) -> Result<(), Status> {
-        if self.sessions().by_id.contains_key(&session.0) {
-            Ok(())
-        } else {
-            Err(fs_status(&FsError::StaleSession))
+    /// The one ownership check: fails with `StaleSession` unless `session` is live, and with
+    /// `PERMISSION_DENIED` unless `caller` is the identity that opened it.
+    pub(crate) fn check_session(
+        &self,
+        caller: &NodeIdentity,
+        session: SessionId,
+    ) -> Result<(), Status> {
+        match self.sessions().by_id.get(&session.0) {
+            None => Err(fs_status(&FsError::StaleSession)),
+            Some(s) if s.owner == caller.name => Ok(()),
+            Some(_) => {
+                tracing::warn!(
+                    session = session.0,
+                    caller = %caller.name,
+                    "refused a call on a session of another identity"
+                );
+                metrics::counter!("sanfs_foreign_session_refused_total").increment(1);
+                Err(Status::permission_denied(format!(
+                    "session {} belongs to another identity than {:?}",
+                    session.0, caller.name
+                )))
+            }
         }
     }
 
@@ -322,6 +342,19 @@ impl Server {
 /// The status of a file-system error (the one mapping, in `sanfs_proto::status`).
 pub(crate) fn fs_status(e: &FsError) -> Status {
     status_from_fs_error(e)
+}
+
+/// Converts a wire request that carries user credentials into its domain type (or answers
+/// `INVALID_ARGUMENT`), the credentials adjusted to what the caller's identity allows (root
+/// squashing).
+pub(crate) fn accept<P, D>(request: tonic::Request<P>) -> Result<D, Status>
+where
+    D: TryFrom<P, Error = ProtocolError> + identity::WithCred,
+{
+    let who = identity::caller(&request)?;
+    let mut req: D = convert(request.into_inner())?;
+    who.policy.squash(req.cred_mut());
+    Ok(req)
 }
 
 /// Converts a wire request into its domain type, or answers `INVALID_ARGUMENT`.

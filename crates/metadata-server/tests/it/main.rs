@@ -26,6 +26,7 @@ mod deploy_units;
 mod format_cli;
 mod grants;
 mod harness;
+mod hostile;
 mod inspect_cli;
 mod lease;
 mod lvm_real;
