@@ -237,10 +237,12 @@ pub async fn serve(
             )
             .await
     };
+    // Either listener failing ends the serving (the other with it).
     let serving = async {
-        let (t, u) = tokio::join!(tcp_serving, unix_serving);
-        t.context("serve gRPC")?;
-        u.context("serve gRPC on the unix socket")
+        tokio::try_join!(async { tcp_serving.await.context("serve gRPC") }, async {
+            unix_serving.await.context("serve gRPC on the unix socket")
+        },)
+        .map(|_| ())
     };
     let served = tokio::select! {
         r = serving => r,
