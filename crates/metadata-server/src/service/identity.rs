@@ -107,12 +107,19 @@ impl NodeIdentity {
         if self.policy.admin {
             Ok(())
         } else {
-            Err(Status::permission_denied(format!(
+            Err(refused(format!(
                 "{what} needs an admin identity; {:?} is not one (see admin in [[clients]] of mds.toml)",
                 self.name
             )))
         }
     }
+}
+
+/// `PERMISSION_DENIED` as a file-system error (EPERM, kind `perm`: the agent sees the
+/// server's answer, not a transport failure) with `message` saying why.
+pub fn refused(message: String) -> Status {
+    let perm = sanfs_proto::status::status_from_fs_error(&sanfs_proto::types::FsError::Perm);
+    Status::with_metadata(perm.code(), message, perm.metadata().clone())
 }
 
 /// Who may connect and what each identity may do: the server's half of docs/security.md.

@@ -248,7 +248,7 @@ impl Server {
                     "refused a call on a session of another identity"
                 );
                 metrics::counter!("sanfs_foreign_session_refused_total").increment(1);
-                Err(Status::permission_denied(format!(
+                Err(identity::refused(format!(
                     "session {} belongs to another identity than {:?}",
                     session.0, caller.name
                 )))

@@ -322,6 +322,13 @@ async fn sessions_handles_and_grants_of_another_node_are_refused() {
     let denied = |r: Result<(), tonic::Status>, what: &str| {
         let e = r.expect_err(what);
         assert_eq!(e.code(), Code::PermissionDenied, "{what}: {e:?}");
+        // A server's answer (EPERM), not a transport failure the agent would retry.
+        assert_eq!(
+            sanfs_proto::status::errno_of(&e),
+            Some(libc::EPERM),
+            "{what}"
+        );
+        assert!(e.message().contains("another identity"), "{what}: {e:?}");
     };
     // B names A's session, handle and grant: every call refused.
     denied(
