@@ -334,7 +334,7 @@ fn start_process(
         "linear"
     };
     let config = format!(
-        "[server]\nlisten = \"{addr}\"\nmetrics_addr = \"{metrics}\"\ndirect_threshold = {}\n\
+        "[server]\nlisten = \"{addr}\"\ninsecure = true\nmetrics_addr = \"{metrics}\"\ndirect_threshold = {}\n\
          lease_ttl_ms = 10000\n\n[metadata]\npath = {}\n\n[volume]\nlayout = \"{layout}\"\n\
          block_size = {}\nstripe_unit = {}\ndata_offset = {}\ndevices = [{}]\n",
         spec.direct_threshold,
@@ -421,7 +421,10 @@ async fn start_in_process(
     let opts = ServeOptions {
         listen: addr,
         metrics_addr: Some(metrics),
-        insecure: false,
+        listen_unix: None,
+        // Plaintext TCP from the test's own clients: said explicitly (docs/security.md).
+        insecure: true,
+        access: sanfs_mds::service::identity::AccessConfig::default(),
         tls: None,
         direct_threshold: spec.direct_threshold,
         lease_ttl_ms: 10_000,

@@ -227,7 +227,10 @@ impl OwnCluster {
             listen: SocketAddr::new(net.server_ip(), 0),
             metrics_addr: None,
             // Plaintext on the exerciser's own private bridge.
-            insecure: net.is_isolated(),
+            listen_unix: None,
+            // Plaintext TCP from the test's own clients: said explicitly (docs/security.md).
+            insecure: true,
+            access: sanfs_mds::service::identity::AccessConfig::default(),
             tls: None,
             direct_threshold: 64 * KIB,
             lease_ttl_ms: 10_000,

@@ -183,7 +183,10 @@ pub async fn run(p: &MetadataParams) -> anyhow::Result<MetadataReport> {
     let opts = ServeOptions {
         listen: "127.0.0.1:0".parse()?,
         metrics_addr: None,
-        insecure: false,
+        listen_unix: None,
+        // Plaintext TCP from the test's own clients: said explicitly (docs/security.md).
+        insecure: true,
+        access: sanfs_mds::service::identity::AccessConfig::default(),
         tls: None,
         direct_threshold: 64 << 10,
         lease_ttl_ms: 60_000,

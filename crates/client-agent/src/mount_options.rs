@@ -1,4 +1,4 @@
-//! The mount source (`SERVER:PORT[:/SUBDIR]`) and the `-o` options of a sanfs mount, parsed
+//! The mount source (`SERVER:PORT[:/SUBDIR]` or `unix:/SOCKET[:/SUBDIR]`) and the `-o` options of a sanfs mount, parsed
 //! once for every way a mount is asked for: `sanfs-agent mount`, `mount -t sanfs` (the
 //! `mount.sanfs` helper), an fstab line, the systemd units' `agent.env` and `.mount` files
 //! (their examples in `deploy/examples` are checked with this parser), and `quickstart`.
@@ -264,8 +264,20 @@ fn need<'a>(key: &str, value: Option<&'a str>) -> anyhow::Result<&'a str> {
         .with_context(|| format!("option {key} needs a value"))
 }
 
-/// `host:port[:/subdir]` split into the server address and the sub-directory (`/` if none).
+/// `host:port[:/subdir]` or `unix:/socket/path[:/subdir]` split into the server address
+/// (`host:port` or `unix:/socket/path`, as `ClientConfig::server` takes it) and the
+/// sub-directory (`/` if none). A unix socket path may not contain `:`.
 pub fn parse_source(source: &str) -> anyhow::Result<(String, String)> {
+    if let Some(rest) = source.strip_prefix("unix:") {
+        let (path, subdir) = match rest.split_once(':') {
+            Some((p, d)) => (p, d),
+            None => (rest, "/"),
+        };
+        if !path.starts_with('/') || path.len() < 2 || !subdir.starts_with('/') {
+            bail!("source {source:?} is not unix:/SOCKET/PATH[:/SUBDIR]");
+        }
+        return Ok((format!("unix:{path}"), subdir.to_owned()));
+    }
     let (server, subdir) = match source.find(":/") {
         Some(i) => (&source[..i], &source[i + 1..]),
         None => (source, "/"),
@@ -274,7 +286,7 @@ pub fn parse_source(source: &str) -> anyhow::Result<(String, String)> {
         .rsplit_once(':')
         .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
     {
-        bail!("source {source:?} is not SERVER:PORT[:/SUBDIR]");
+        bail!("source {source:?} is not SERVER:PORT[:/SUBDIR] or unix:/SOCKET[:/SUBDIR]");
     }
     Ok((server.to_owned(), subdir.to_owned()))
 }
@@ -407,5 +419,19 @@ mod tests {
         );
         assert!(parse_source("mds").is_err());
         assert!(parse_source("mds:port:/x").is_err());
+        assert_eq!(
+            s("unix:/run/sanfs/mds.sock"),
+            ("unix:/run/sanfs/mds.sock".to_owned(), "/".to_owned())
+        );
+        assert_eq!(
+            s("unix:/run/sanfs/mds.sock:/tenant-a"),
+            (
+                "unix:/run/sanfs/mds.sock".to_owned(),
+                "/tenant-a".to_owned()
+            )
+        );
+        assert!(parse_source("unix:relative.sock").is_err());
+        assert!(parse_source("unix:/").is_err());
+        assert!(parse_source("unix:/s.sock:sub").is_err());
     }
 }

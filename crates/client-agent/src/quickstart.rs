@@ -320,6 +320,7 @@ fn build(o: &Options, mds: &Path, st: &mut State) -> anyhow::Result<()> {
     ));
 
     let config = dir.join("mds.toml");
+    let socket = dir.join("mds.sock");
     let list = devices
         .iter()
         .map(|d| format!("{:?}", d.display().to_string()))
@@ -328,8 +329,11 @@ fn build(o: &Options, mds: &Path, st: &mut State) -> anyhow::Result<()> {
     std::fs::write(
         &config,
         format!(
-            "# Made by sanfs-agent quickstart.\n[server]\nlisten = \"127.0.0.1:{}\"\nmetrics_addr = \"127.0.0.1:{}\"\n[metadata]\npath = {:?}\n[volume]\nlayout = \"striped\"\nstripe_unit = \"64KiB\"\ndevices = [{list}]\n",
+            "# Made by sanfs-agent quickstart. The agent connects over the unix socket (same\n\
+             # host, checked by its uid); the TCP listener refuses plaintext (no insecure).\n\
+             [server]\nlisten = \"127.0.0.1:{}\"\nlisten_unix = {:?}\nmetrics_addr = \"127.0.0.1:{}\"\n[metadata]\npath = {:?}\n[volume]\nlayout = \"striped\"\nstripe_unit = \"64KiB\"\ndevices = [{list}]\n",
             o.port,
+            socket.display().to_string(),
             o.metrics_port,
             dir.join("meta.redb").display().to_string()
         ),
@@ -374,7 +378,7 @@ fn build(o: &Options, mds: &Path, st: &mut State) -> anyhow::Result<()> {
         .join(":");
     let pid = mount_helper::spawn_agent(
         &exe,
-        &format!("127.0.0.1:{}", o.port),
+        &format!("unix:{}", socket.display()),
         &st.mountpoint,
         &[format!("devices={luns},client_name=quickstart")],
         &LogTarget::File(agent_log),

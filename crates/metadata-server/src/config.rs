@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use serde::{Deserialize, Deserializer};
 
+use crate::service::identity::{AccessConfig, ClientPolicy, DEFAULT_MAX_SESSIONS_PER_IDENTITY};
+
 /// The whole `mds.toml`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -26,6 +28,81 @@ pub struct MdsConfig {
     pub tls: Option<TlsConfig>,
     pub metadata: MetadataConfig,
     pub volume: VolumeConfig,
+    /// `[client_defaults]`: what a certificate identity without a `[[clients]]` entry may do.
+    #[serde(default)]
+    pub client_defaults: ClientConfig,
+    /// `[[clients]]`: what each named identity (certificate CN or DNS name, or `unix:uid=N`)
+    /// may do.
+    #[serde(default)]
+    pub clients: Vec<NamedClientConfig>,
+}
+
+/// What one identity may do (docs/security.md).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientConfig {
+    /// May make admin calls (ServerStatus, SetQuota).
+    pub admin: bool,
+    /// uid 0 (and gid 0) in this node's requests become `squash_uid`/`squash_gid`.
+    pub root_squash: bool,
+    pub squash_uid: u32,
+    pub squash_gid: u32,
+}
+
+impl Default for ClientConfig {
+    fn default() -> ClientConfig {
+        let p = ClientPolicy::NODE;
+        ClientConfig {
+            admin: p.admin,
+            root_squash: p.root_squash,
+            squash_uid: p.squash_uid,
+            squash_gid: p.squash_gid,
+        }
+    }
+}
+
+impl ClientConfig {
+    fn policy(&self) -> ClientPolicy {
+        ClientPolicy {
+            admin: self.admin,
+            root_squash: self.root_squash,
+            squash_uid: self.squash_uid,
+            squash_gid: self.squash_gid,
+        }
+    }
+}
+
+/// One `[[clients]]` entry: a name and the keys of [`ClientConfig`] (each defaulting as
+/// there).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedClientConfig {
+    /// The identity's name: a certificate's subject CN (else its first DNS name), or
+    /// `unix:uid=N` for a unix socket peer.
+    pub name: String,
+    #[serde(default)]
+    pub admin: bool,
+    #[serde(default)]
+    pub root_squash: bool,
+    #[serde(default = "nobody")]
+    pub squash_uid: u32,
+    #[serde(default = "nobody")]
+    pub squash_gid: u32,
+}
+
+fn nobody() -> u32 {
+    crate::service::identity::NOBODY
+}
+
+impl NamedClientConfig {
+    fn policy(&self) -> ClientPolicy {
+        ClientPolicy {
+            admin: self.admin,
+            root_squash: self.root_squash,
+            squash_uid: self.squash_uid,
+            squash_gid: self.squash_gid,
+        }
+    }
 }
 
 /// `[server]`: the gRPC endpoint and the server's tunables.
@@ -33,9 +110,15 @@ pub struct MdsConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
+    /// Also serve on this unix socket (mode 0600) for agents on the server's own host.
+    pub listen_unix: Option<PathBuf>,
+    /// Local uids besides 0 that may use the unix socket.
+    pub unix_uids: Vec<u32>,
+    /// Live sessions one identity may hold at once.
+    pub max_sessions_per_identity: usize,
     /// Where Prometheus metrics are served; none when absent.
     pub metrics_addr: Option<SocketAddr>,
-    /// Allow plaintext gRPC on a non-loopback listen address.
+    /// Accept plaintext TCP without authentication (logged loudly at start).
     pub insecure: bool,
     /// I/O below this many bytes takes the proxied path.
     #[serde(deserialize_with = "deserialize_size")]
@@ -65,6 +148,9 @@ impl Default for ServerConfig {
     fn default() -> ServerConfig {
         ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7410)),
+            listen_unix: None,
+            unix_uids: Vec::new(),
+            max_sessions_per_identity: DEFAULT_MAX_SESSIONS_PER_IDENTITY,
             metrics_addr: None,
             insecure: false,
             direct_threshold: DEFAULT_DIRECT_THRESHOLD,
@@ -208,6 +294,20 @@ fn deserialize_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
 }
 
 impl MdsConfig {
+    /// Who may connect and what each identity may do, for `serve`.
+    pub fn access(&self) -> AccessConfig {
+        AccessConfig {
+            unix_uids: self.server.unix_uids.clone(),
+            clients: self
+                .clients
+                .iter()
+                .map(|c| (c.name.clone(), c.policy()))
+                .collect(),
+            client_defaults: self.client_defaults.policy(),
+            max_sessions_per_identity: self.server.max_sessions_per_identity,
+        }
+    }
+
     /// Reads, parses and validates the config file at `path`.
     pub fn load(path: &Path) -> anyhow::Result<MdsConfig> {
         let text = std::fs::read_to_string(path)
@@ -247,6 +347,21 @@ impl MdsConfig {
         }
         if s.commit_batch_max == 0 {
             bail!("server.commit_batch_max must be positive");
+        }
+        if s.max_sessions_per_identity == 0 {
+            bail!("server.max_sessions_per_identity must be positive");
+        }
+        if s.listen_unix.as_ref().is_some_and(|p| p.is_relative()) {
+            bail!("server.listen_unix must be an absolute path");
+        }
+        let mut names = BTreeSet::new();
+        for c in &self.clients {
+            if c.name.is_empty() {
+                bail!("a [[clients]] entry has an empty name");
+            }
+            if !names.insert(&c.name) {
+                bail!("[[clients]] names {:?} twice", c.name);
+            }
         }
         if let Some(tls) = &self.tls {
             for (name, path) in [("cert", &tls.cert), ("key", &tls.key), ("ca", &tls.ca)] {
@@ -570,6 +685,52 @@ mod tests {
         let partial_tls = format!("[tls]\ncert = \"c\"\nkey = \"k\"\n{MINIMAL}");
         let err = MdsConfig::parse(&partial_tls).unwrap_err();
         assert!(format!("{err:#}").contains("missing field `ca`"), "{err:#}");
+    }
+
+    #[test]
+    fn identities_and_the_unix_socket() {
+        let text = format!(
+            "[server]\nlisten_unix = \"/run/sanfs/mds.sock\"\nunix_uids = [990]\n\
+             max_sessions_per_identity = 8\n\
+             [client_defaults]\nroot_squash = true\n\
+             [[clients]]\nname = \"admin-node\"\nadmin = true\n\
+             [[clients]]\nname = \"unix:uid=990\"\nroot_squash = true\nsquash_uid = 7\n{MINIMAL}"
+        );
+        let c = MdsConfig::parse(&text).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.server.listen_unix, Some("/run/sanfs/mds.sock".into()));
+        let a = c.access();
+        assert_eq!(a.unix_uids, [990]);
+        assert_eq!(a.max_sessions_per_identity, 8);
+        assert!(a.client_defaults.root_squash && !a.client_defaults.admin);
+        assert_eq!(a.clients.len(), 2);
+        assert!(a.clients[0].1.admin && !a.clients[0].1.root_squash);
+        let unix = a.unix_identity(Some(990)).unwrap();
+        assert_eq!((unix.policy.squash_uid, unix.policy.squash_gid), (7, 65534));
+        let default = MdsConfig::parse(MINIMAL).unwrap().access();
+        assert_eq!(default.max_sessions_per_identity, 64);
+        assert!(!default.client_defaults.admin && !default.client_defaults.root_squash);
+
+        for (bad, expect) in [
+            (
+                "[[clients]]\nname = \"a\"\n[[clients]]\nname = \"a\"\n",
+                "twice",
+            ),
+            ("[[clients]]\nname = \"\"\n", "empty name"),
+            (
+                "[server]\nmax_sessions_per_identity = 0\n",
+                "max_sessions_per_identity",
+            ),
+            ("[server]\nlisten_unix = \"mds.sock\"\n", "absolute"),
+        ] {
+            let err = invalid(&format!("{bad}{MINIMAL}"));
+            assert!(err.contains(expect), "{bad}: {err}");
+        }
+        let err = MdsConfig::parse(&format!(
+            "[[clients]]\nname = \"a\"\nsquash = true\n{MINIMAL}"
+        ))
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("unknown field"), "{err:#}");
     }
 
     #[test]

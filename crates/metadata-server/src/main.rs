@@ -130,7 +130,9 @@ fn serve(config_path: &Path, metrics_addr: Option<SocketAddr>) -> anyhow::Result
     let opts = ServeOptions {
         listen: config.server.listen,
         metrics_addr: metrics_addr.or(config.server.metrics_addr),
+        listen_unix: config.server.listen_unix.clone(),
         insecure: config.server.insecure,
+        access: config.access(),
         tls: config.tls.as_ref().map(|t| TlsPaths {
             cert: t.cert.clone(),
             key: t.key.clone(),

@@ -10,6 +10,9 @@
 //! | `sanfs_commit_ops_per_commit` | gauge | | `sanfs_commit_ops_total / sanfs_commits_total` |
 //! | `sanfs_sessions` | gauge | | live sessions |
 //! | `sanfs_tls_handshakes_refused_total` | counter | | connections closed before their TLS handshake completed ([`crate::handshake`]) |
+//! | `sanfs_auth_refused_total` | counter | `code` | callers refused by the authenticator (`service::identity`) |
+//! | `sanfs_insecure_requests_total` | counter | | plaintext calls accepted because of `insecure` |
+//! | `sanfs_foreign_session_refused_total` | counter | | calls naming another identity's session |
 //!
 //! RPC counters and latencies go to the process-wide `metrics` recorder, installed once by
 //! [`install`]; what the server counts itself is published per scrape ([`render`]). The

@@ -1,8 +1,11 @@
 //! `sanfs-mds serve`: opens the store, binds, and serves the four `sanfs.v1` services (with
 //! mutual TLS when configured) until told to stop or until the store fails.
 //!
-//! Plaintext is allowed on a loopback address only, unless the operator says `insecure`:
-//! agents send credentials the server trusts, so only authenticated agents may talk to it.
+//! Agents send credentials the server trusts, so only authenticated agents may talk to it
+//! (docs/security.md): over TCP with mutual TLS, or over the local unix socket
+//! (`listen_unix`, SO_PEERCRED); plaintext TCP only when the operator says `insecure`, which
+//! is logged loudly. Every service sits behind the [`Authenticator`], which names the caller
+//! of each request from its connection.
 //! A poisoned store (a failed commit or storage error) stops the server with an error
 //! (fail-stop); a restart re-reads the durable state.
 
@@ -18,13 +21,16 @@ use sanfs_proto::pb::data_server::DataServer;
 use sanfs_proto::pb::locks_server::LocksServer;
 use sanfs_proto::pb::namespace_server::NamespaceServer;
 use sanfs_proto::pb::session_server::SessionServer;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::Router;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use crate::clock::Clock;
 use crate::datadev::DataDevices;
 use crate::service::admin::AdminService;
 use crate::service::data::DataService;
+use crate::service::identity::{AccessConfig, Authenticator};
 use crate::service::locks::LocksService;
 use crate::service::namespace::NamespaceService;
 use crate::service::session::{SessionService, spawn_expiry};
@@ -41,8 +47,13 @@ pub struct ServeOptions {
     pub listen: SocketAddr,
     /// Where `GET /metrics` is answered (Prometheus text format); none: no metrics listener.
     pub metrics_addr: Option<SocketAddr>,
-    /// Allow plaintext on a non-loopback address.
+    /// Also listen on this unix socket (same-host agents, identified by SO_PEERCRED); made
+    /// with mode 0600, a stale socket file at the path replaced.
+    pub listen_unix: Option<PathBuf>,
+    /// Accept plaintext TCP (unauthenticated, trusted with everything).
     pub insecure: bool,
+    /// Who may connect and what each identity may do.
+    pub access: AccessConfig,
     /// Mutual TLS: the server's certificate and key, and the CA that signs agents'
     /// certificates.
     pub tls: Option<TlsPaths>,
@@ -122,6 +133,7 @@ pub async fn serve(
         grant_hold_limit_ms: opts
             .grant_hold_limit_ms
             .unwrap_or(opts.lease_ttl_ms.saturating_mul(2)),
+        max_sessions_per_identity: opts.access.max_sessions_per_identity,
     };
     let data_paths = opts.data_devices.clone();
     let volume = store.volume().clone();
@@ -150,36 +162,39 @@ pub async fn serve(
         None => None,
     };
 
+    let access = std::sync::Arc::new(opts.access.clone());
+    let unix = match &opts.listen_unix {
+        Some(path) => Some((bind_unix(path)?, path.clone())),
+        None => None,
+    };
     let mut builder = tonic::transport::Server::builder();
+    let tcp_tls = tls.is_some();
     if let Some(tls) = tls {
         builder = builder.tls_config(tls).context("configure mutual TLS")?;
     }
-    let router = builder
-        .add_service(
-            SessionServer::new(SessionService::new(server.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
-        )
-        .add_service(
-            NamespaceServer::new(NamespaceService::new(server.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
-        )
-        .add_service(
-            DataServer::new(DataService::new(server.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
-        )
-        .add_service(
-            AdminServer::new(AdminService::new(server.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
-        )
-        .add_service(LocksServer::new(LocksService::new(server.clone())));
+    let router = add_services(
+        builder,
+        &server,
+        Authenticator::new(access.clone(), tcp_tls, opts.insecure),
+    );
+    if opts.insecure && !tcp_tls {
+        tracing::warn!(
+            %addr,
+            "INSECURE: server.insecure = true: plaintext TCP is accepted without authentication; \
+             any process that reaches this address may act as any user, root included"
+        );
+    } else if !tcp_tls {
+        tracing::warn!(
+            %addr,
+            "no [tls] and insecure is false: every call on the TCP listener is refused; agents \
+             connect over the unix socket (server.listen_unix)"
+        );
+    }
 
     let expiry = spawn_expiry(server.clone());
     tracing::info!(
         %addr,
+        unix = ?opts.listen_unix,
         tls = opts.tls.is_some(),
         epoch = server.epoch().0,
         "sanfs-mds serving"
@@ -187,6 +202,7 @@ pub async fn serve(
     ready(addr);
 
     let (fired_tx, fired_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopping = server.clone();
     let signal = async move {
         tokio::select! {
@@ -198,6 +214,7 @@ pub async fn serve(
             reason: SessionEndReason::Shutdown,
             message: "the server is shutting down".to_owned(),
         });
+        let _ = stop_tx.send(true);
         let _ = fired_tx.send(());
     };
     // TCP_NODELAY on every accepted connection. tonic's builder sets it only for listeners
@@ -214,9 +231,35 @@ pub async fn serve(
     let incoming = tokio_stream::StreamExt::map(incoming, move |conn| {
         conn.map(|io| crate::handshake::Watched::new(io, refusals.clone()))
     });
-    let serving = router.serve_with_incoming_shutdown(incoming, signal);
+    let tcp_serving = router.serve_with_incoming_shutdown(incoming, signal);
+    let unix_serving = async {
+        let Some((listener, _)) = unix else {
+            return Ok(());
+        };
+        let mut stop = stop_rx;
+        let router = add_services(
+            tonic::transport::Server::builder(),
+            &server,
+            Authenticator::new(access, false, false),
+        );
+        router
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                },
+            )
+            .await
+    };
+    // Either listener failing ends the serving (the other with it).
+    let serving = async {
+        tokio::try_join!(async { tcp_serving.await.context("serve gRPC") }, async {
+            unix_serving.await.context("serve gRPC on the unix socket")
+        },)
+        .map(|_| ())
+    };
     let served = tokio::select! {
-        r = serving => r.context("serve gRPC"),
+        r = serving => r,
         () = async {
             let _ = fired_rx.await;
             tokio::time::sleep(STOP_GRACE).await;
@@ -227,6 +270,9 @@ pub async fn serve(
     };
 
     expiry.abort();
+    if let Some(path) = &opts.listen_unix {
+        let _ = std::fs::remove_file(path);
+    }
     if let Some(t) = metrics_task {
         t.abort();
     }
@@ -241,6 +287,68 @@ pub async fn serve(
     }
     tracing::info!("sanfs-mds stopped");
     Ok(())
+}
+
+/// Binds the unix socket at `path` with mode 0600 (a stale socket left by a killed server is
+/// replaced; any other file there is an error).
+fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            bail!(
+                "server.listen_unix {} exists and is not a socket",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("remove the stale socket {}", path.display()))?;
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("create the socket directory {}", dir.display()))?;
+    }
+    let listener = UnixListener::bind(path)
+        .with_context(|| format!("bind the unix socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("chmod 0600 {}", path.display()))?;
+    Ok(listener)
+}
+
+/// The five services, each behind the authenticator, on `builder`.
+fn add_services(
+    mut builder: tonic::transport::Server,
+    server: &std::sync::Arc<Server>,
+    auth: Authenticator,
+) -> Router {
+    builder
+        .add_service(InterceptedService::new(
+            SessionServer::new(SessionService::new(server.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            auth.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            NamespaceServer::new(NamespaceService::new(server.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            auth.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            DataServer::new(DataService::new(server.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            auth.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            AdminServer::new(AdminService::new(server.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            auth.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            LocksServer::new(LocksService::new(server.clone())),
+            auth,
+        ))
 }
 
 impl Server {

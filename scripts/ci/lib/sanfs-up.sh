@@ -135,13 +135,16 @@ sanfs_luns() {
   done
 }
 
-# sanfs_serve: `sanfs-mds format` (4-LUN striped volume) and `serve` on a free loopback port.
+# sanfs_serve: `sanfs-mds format` (4-LUN striped volume) and `serve` on a free loopback port
+# and on a unix socket in $SANFS_DIR; the agent connects over the socket (same host, known by
+# its uid), so no `insecure` is needed.
 sanfs_serve() {
   local list
   list=$(printf '"%s", ' "${SANFS_LOOPS[@]}")
   cat > "$SANFS_DIR/mds.toml" <<EOF
 [server]
 listen = "127.0.0.1:0"
+listen_unix = "$SANFS_DIR/mds.sock"
 lease_ttl_ms = 10000
 [metadata]
 path = "$SANFS_DIR/meta.redb"
@@ -167,6 +170,7 @@ EOF
     sleep 0.1
   done
   [ -n "$SANFS_ADDR" ] || { echo "$SANFS_STEP: sanfs-mds did not serve" >&2; cat "$SANFS_DIR/mds.log" >&2; return 1; }
+  SANFS_ADDR=unix:$SANFS_DIR/mds.sock
 }
 
 # sanfs_mount [OPTIONS]: `sanfs-agent mount --foreground` at $SANFS_DIR/mnt, in the background.

@@ -3,7 +3,8 @@
 //! one-machine sanfs up and down (`quickstart`). Started as `mount.sanfs` (a symlink in
 //! /sbin), it is mount(8)'s helper for `mount -t sanfs` and fstab ([`mount_helper`]).
 //!
-//! `sanfs-agent mount SERVER:PORT[:/SUBDIR] MOUNTPOINT [-o OPTIONS] [--foreground]` connects
+//! `sanfs-agent mount SERVER:PORT[:/SUBDIR] MOUNTPOINT [-o OPTIONS] [--foreground]` (or
+//! `unix:/SOCKET[:/SUBDIR]`, the server's unix socket on the same host) connects
 //! a [`Client`] (a session at the server, this node's LUNs found by label), then serves the
 //! [`SanFs`] file system at MOUNTPOINT until the file system is unmounted (`umount`,
 //! `sanfs-agent umount`) or the agent gets SIGTERM / SIGINT (it then unmounts, lazily if the
@@ -50,9 +51,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Mount SERVER:PORT[:/SUBDIR] at MOUNTPOINT.
+    /// Mount SERVER:PORT[:/SUBDIR] (or unix:/SOCKET[:/SUBDIR]) at MOUNTPOINT.
     Mount {
-        /// `host:port` of the metadata server, optionally `:/sub/dir` to mount a directory.
+        /// `host:port` of the metadata server, or `unix:/path` of its unix socket on this host,
+        /// optionally `:/sub/dir` to mount a directory.
         source: String,
         mountpoint: PathBuf,
         /// Comma-separated options: attr_ttl=1s, entry_ttl=1s, allow_other, ro, rw,

@@ -114,7 +114,7 @@ pub struct FaultInjection {
 /// How to connect.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// `host:port` of the metadata server.
+    /// `host:port` of the metadata server, or `unix:/path` for its local unix socket.
     pub server: String,
     /// Mutual TLS; `None`: plaintext (the server accepts it on loopback only, unless insecure).
     pub tls: Option<TlsConfig>,
@@ -345,6 +345,27 @@ fn malformed(what: &str, e: impl std::fmt::Display) -> FsError {
 }
 
 async fn make_channel(config: &ClientConfig) -> Result<Channel, ConnectError> {
+    // `unix:/path`: the server's local unix socket (same host; the server knows this agent
+    // by its uid). The URI is a placeholder that the connector ignores.
+    if let Some(path) = config.server.strip_prefix("unix:") {
+        if config.tls.is_some() {
+            return Err(ConnectError::Tls(
+                "TLS options do not apply to a unix socket server".to_owned(),
+            ));
+        }
+        let path = PathBuf::from(path);
+        return Endpoint::from_static("http://[::1]:7410")
+            .connect_timeout(Duration::from_secs(5))
+            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                }
+            }))
+            .await
+            .map_err(|e| ConnectError::Transport(format!("{}: {e}", config.server)));
+    }
     let scheme = if config.tls.is_some() {
         "https"
     } else {

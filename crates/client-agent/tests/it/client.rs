@@ -705,3 +705,30 @@ async fn a_layout_kept_past_the_last_close_is_never_used_after_another_nodes_cha
     b.close().await.unwrap();
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_on_the_servers_host_connects_over_the_unix_socket() {
+    let cluster = crate::cluster::start_unix(10_000).await;
+    // Plaintext TCP is refused (no insecure): the socket is the way in.
+    let mut tcp = cluster.config("tcp");
+    tcp.server = cluster.addr.to_string();
+    let e = Client::connect(tcp)
+        .await
+        .err()
+        .expect("plaintext TCP refused");
+    assert!(format!("{e:#}").contains("refused"), "{e:#}");
+
+    let a = cluster.client("unix-a").await;
+    let b = cluster.client("unix-b").await;
+    let data: Vec<u8> = (0..300u32 << 10).map(|i| (i % 251) as u8).collect();
+    let (ino, ha) = create(&a, "over-unix").await;
+    a.write_at(&root(), &ha, ino, 0, &data).await.unwrap();
+    a.fsync(&root(), &ha, ino, false).await.unwrap();
+    let hb = open(&b, ino).await;
+    let got = b
+        .read_at(&root(), &hb, ino, 0, data.len() as u64)
+        .await
+        .unwrap();
+    assert_eq!(got, data);
+    cluster.stop().await;
+}

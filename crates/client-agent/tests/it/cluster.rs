@@ -21,6 +21,8 @@ pub const LUN_SIZE: u64 = 64 * MIB;
 
 pub struct Cluster {
     pub addr: SocketAddr,
+    /// The server's unix socket, when [`start_unix`] made the cluster: clients connect there.
+    pub unix: Option<PathBuf>,
     pub luns: Vec<PathBuf>,
     opts: ServeOptions,
     stop: Option<oneshot::Sender<()>>,
@@ -49,6 +51,33 @@ pub async fn start_with(lease_ttl_ms: u64, tls: Option<TlsPaths>) -> Cluster {
     );
     let mut cluster = Cluster {
         addr: opts.listen,
+        unix: None,
+        luns,
+        opts,
+        stop: None,
+        task: None,
+        _dir: dir,
+    };
+    cluster.run().await;
+    cluster
+}
+
+/// Starts a server that refuses plaintext TCP and serves its unix socket, to which the
+/// cluster's clients connect (`unix:/path`): known by their uid, as same-host agents are.
+pub async fn start_unix(lease_ttl_ms: u64) -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let (luns, mut opts) = prepare(
+        dir.path(),
+        "127.0.0.1:0".parse().unwrap(),
+        lease_ttl_ms,
+        None,
+    );
+    let sock = dir.path().join("mds.sock");
+    opts.insecure = false;
+    opts.listen_unix = Some(sock.clone());
+    let mut cluster = Cluster {
+        addr: opts.listen,
+        unix: Some(sock),
         luns,
         opts,
         stop: None,
@@ -96,7 +125,18 @@ pub fn prepare(
     let opts = ServeOptions {
         listen,
         metrics_addr: None,
-        insecure: !listen.ip().is_loopback(),
+        listen_unix: None,
+        // Plaintext TCP from the test's own clients: said explicitly (docs/security.md).
+        insecure: true,
+        // The test PKI's one client certificate (`agent-a`, see [`pki`]) also runs the CSI
+        // controller, whose SetQuota is an admin call.
+        access: sanfs_mds::service::identity::AccessConfig {
+            clients: vec![(
+                "agent-a".to_owned(),
+                sanfs_mds::service::identity::ClientPolicy::TRUSTED,
+            )],
+            ..Default::default()
+        },
         tls,
         direct_threshold: 65536,
         lease_ttl_ms,
@@ -245,7 +285,11 @@ impl Cluster {
             .iter()
             .map(|p| p.to_string_lossy().into_owned())
             .collect();
-        let mut c = ClientConfig::new(self.addr.to_string(), globs);
+        let server = match &self.unix {
+            Some(sock) => format!("unix:{}", sock.display()),
+            None => self.addr.to_string(),
+        };
+        let mut c = ClientConfig::new(server, globs);
         c.client_name = name.to_owned();
         c.engine = EngineConfig {
             kind: EngineKind::Auto,

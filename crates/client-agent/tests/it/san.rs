@@ -153,7 +153,10 @@ impl San {
             listen: SocketAddr::new(ip, 0),
             metrics_addr: Some(metrics_addr),
             // Plaintext on the test's own private bridge.
-            insecure: net.is_isolated(),
+            listen_unix: None,
+            // Plaintext TCP from the test's own clients: said explicitly (docs/security.md).
+            insecure: true,
+            access: sanfs_mds::service::identity::AccessConfig::default(),
             tls: None,
             direct_threshold: THRESHOLD,
             lease_ttl_ms: opts.lease_ttl_ms,

@@ -1,31 +1,24 @@
 //! The Admin service: the volume layout agents plan their I/O with, the server's status,
 //! directory quotas, and evicting a session.
 //!
-//! Calls that only an administrator may make go through [`authorize_admin`], the one place
-//! that decides who that is.
+//! Calls that only an administrator may make (ServerStatus, SetQuota, EvictSession) check the
+//! caller's transport identity with `NodeIdentity::require_admin` (`service::identity`), the
+//! one place that decides who that is.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use sanfs_proto::model::{
-    CommitStats, EvictSessionReply, EvictSessionRequest, InodeRequest, ServerStatus,
-    SessionSummary, SetQuotaRequest, VolumeInfo,
+    CommitStats, EvictSessionReply, EvictSessionRequest, InodeRequest, MAX_STATUS_SESSIONS,
+    ServerStatus, SessionSummary, SetQuotaRequest, VolumeInfo,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::admin_server::Admin;
 use sanfs_proto::types::SessionId;
 use tonic::{Request, Response, Status};
 
-use super::{SERVER_VERSION, Server, convert, fs_status, note, rpc};
-
-/// Whether the caller of an administrator's call (EvictSession) may make it. The one place
-/// that decides: today every caller the transport let in may (plaintext only on loopback or
-/// with `insecure`, otherwise a client certificate of the server's CA); a check of the
-/// caller's identity (an admin certificate) belongs here.
-pub(crate) fn authorize_admin<T>(request: &Request<T>) -> Result<(), Status> {
-    let _ = request;
-    Ok(())
-}
+use super::identity::caller;
+use super::{SERVER_VERSION, Server, accept, convert, fs_status, note, rpc};
 
 /// The Admin service over the shared server.
 #[derive(Debug, Clone)]
@@ -55,10 +48,16 @@ impl Server {
         for f in self.store.handles().by_handle.values() {
             *open_handles.entry(f.session).or_insert(0) += 1;
         }
-        let mut sessions: Vec<SessionSummary> = self
-            .sessions()
-            .by_id
+        let table = self.sessions();
+        let sessions_total = table.by_id.len() as u64;
+        // The reply is bounded: the first MAX_STATUS_SESSIONS by id (25,000 sessions once made
+        // it exceed the message limit).
+        let mut ids: Vec<u64> = table.by_id.keys().copied().collect();
+        ids.sort_unstable();
+        ids.truncate(MAX_STATUS_SESSIONS);
+        let sessions: Vec<SessionSummary> = ids
             .iter()
+            .filter_map(|id| table.by_id.get(id).map(|s| (id, s)))
             .map(|(id, s)| SessionSummary {
                 session: SessionId(*id),
                 client_name: s.client_name.clone(),
@@ -66,9 +65,10 @@ impl Server {
                 grants: 0,
                 open_handles: open_handles.get(id).copied().unwrap_or(0),
                 lease_remaining_ms: ms_between(now, s.deadline_ns),
+                identity: s.owner.clone(),
             })
             .collect();
-        sessions.sort_by_key(|s| s.session.0);
+        drop(table);
         let stats = self.store.stats();
         ServerStatus {
             epoch: self.epoch,
@@ -76,6 +76,7 @@ impl Server {
             server_version: SERVER_VERSION.to_owned(),
             uptime_ms: ms_between(started_ns, now),
             sessions,
+            sessions_total,
             read_grants: 0,
             write_grants: 0,
             commits: CommitStats {
@@ -110,7 +111,7 @@ impl Admin for AdminService {
         request: Request<pb::ServerStatusRequest>,
     ) -> Result<Response<pb::ServerStatusReply>, Status> {
         rpc("ServerStatus", async {
-            drop(request);
+            caller(&request)?.require_admin("ServerStatus")?;
             Ok(self.server.status().into())
         })
         .await
@@ -121,7 +122,8 @@ impl Admin for AdminService {
         request: Request<pb::SetQuotaRequest>,
     ) -> Result<Response<pb::SetQuotaReply>, Status> {
         rpc("SetQuota", async {
-            let req: SetQuotaRequest = convert(request.into_inner())?;
+            caller(&request)?.require_admin("SetQuota")?;
+            let req: SetQuotaRequest = accept(request)?;
             note(None, Some(req.inode.0));
             let info = self
                 .server
@@ -137,7 +139,7 @@ impl Admin for AdminService {
         request: Request<pb::EvictSessionRequest>,
     ) -> Result<Response<pb::EvictSessionReply>, Status> {
         rpc("EvictSession", async {
-            authorize_admin(&request)?;
+            caller(&request)?.require_admin("EvictSession")?;
             let req: EvictSessionRequest = convert(request.into_inner())?;
             note(Some(req.session.0), None);
             let why = if req.reason.is_empty() {
@@ -162,7 +164,7 @@ impl Admin for AdminService {
         request: Request<pb::GetQuotaRequest>,
     ) -> Result<Response<pb::GetQuotaReply>, Status> {
         rpc("GetQuota", async {
-            let req: InodeRequest = convert(request.into_inner())?;
+            let req: InodeRequest = accept(request)?;
             note(None, Some(req.inode.0));
             let bs = self.server.store.block_size();
             match self

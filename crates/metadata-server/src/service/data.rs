@@ -14,7 +14,8 @@ use sanfs_proto::pb::data_server::Data;
 use sanfs_proto::types::{ByteRange, Credentials, FsError, GrantId, InodeId, SessionEpoch};
 use tonic::{Request, Response, Status};
 
-use super::{Server, convert, fs_status, note, rpc};
+use super::identity::{NodeIdentity, caller};
+use super::{Server, accept, convert, fs_status, note, rpc};
 use crate::data::Mapped;
 use crate::ns::Reader;
 use crate::proxy::Position;
@@ -113,11 +114,12 @@ impl Server {
     /// when `write`; answers ESTALE (stale handle) or EBADF-like EACCES otherwise.
     pub(crate) fn check_handle(
         &self,
+        who: &NodeIdentity,
         h: &HandleRef,
         inode: InodeId,
         write: bool,
     ) -> Result<(), Status> {
-        self.check_session(h.session)?;
+        self.check_session(who, h.session)?;
         let file = self.store.handles().by_handle.get(&h.handle.0).copied();
         match file {
             Some(f) if f.session == h.session.0 && f.ino == inode.0 => {
@@ -250,10 +252,12 @@ impl Data for DataService {
         request: Request<pb::MapRequest>,
     ) -> Result<Response<pb::Grant>, Status> {
         rpc("MapRead", async {
-            let req: MapRequest = convert(request.into_inner())?;
+            let who = caller(&request)?;
+            let req: MapRequest = accept(request)?;
             note(Some(req.handle.session.0), Some(req.inode.0));
             self.server.check_grant_epoch(req.epoch)?;
-            self.server.check_handle(&req.handle, req.inode, false)?;
+            self.server
+                .check_handle(&who, &req.handle, req.inode, false)?;
             // A read grant may be cached when its session can hear a recall.
             let cacheable = self.server.has_stream(req.handle.session.0);
             let (id, mapped) = self
@@ -279,10 +283,12 @@ impl Data for DataService {
         request: Request<pb::MapRequest>,
     ) -> Result<Response<pb::Grant>, Status> {
         rpc("MapWrite", async {
-            let req: MapRequest = convert(request.into_inner())?;
+            let who = caller(&request)?;
+            let req: MapRequest = accept(request)?;
             note(Some(req.handle.session.0), Some(req.inode.0));
             self.server.check_grant_epoch(req.epoch)?;
-            self.server.check_handle(&req.handle, req.inode, true)?;
+            self.server
+                .check_handle(&who, &req.handle, req.inode, true)?;
             // A write layout only for a session that can hear its recall.
             let layout = req.layout && self.server.has_stream(req.handle.session.0);
             let (id, mapped) = self
@@ -309,9 +315,10 @@ impl Data for DataService {
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteReply>, Status> {
         rpc("Complete", async {
+            let who = caller(&request)?;
             let req: CompleteRequest = convert(request.into_inner())?;
             note(Some(req.session.0), None);
-            self.server.check_session(req.session)?;
+            self.server.check_session(&who, req.session)?;
             if let IoOutcome::DeviceErrors(errors) = &req.outcome {
                 for e in errors {
                     tracing::warn!(
@@ -350,9 +357,10 @@ impl Data for DataService {
         request: Request<pb::ReturnGrantRequest>,
     ) -> Result<Response<pb::ReturnGrantReply>, Status> {
         rpc("ReturnGrant", async {
+            let who = caller(&request)?;
             let req: ReturnGrantRequest = convert(request.into_inner())?;
             note(Some(req.session.0), None);
-            self.server.check_session(req.session)?;
+            self.server.check_session(&who, req.session)?;
             let ids: Vec<u64> = req.grant_ids.iter().map(|g| g.0).collect();
             self.server
                 .grants
@@ -369,9 +377,11 @@ impl Data for DataService {
         request: Request<pb::ReadRequest>,
     ) -> Result<Response<pb::ReadReply>, Status> {
         rpc("Read", async {
-            let req: ReadRequest = convert(request.into_inner())?;
+            let who = caller(&request)?;
+            let req: ReadRequest = accept(request)?;
             note(Some(req.handle.session.0), Some(req.inode.0));
-            self.server.check_handle(&req.handle, req.inode, false)?;
+            self.server
+                .check_handle(&who, &req.handle, req.inode, false)?;
             let (data, eof) = self
                 .server
                 .grants
@@ -390,9 +400,11 @@ impl Data for DataService {
         request: Request<pb::WriteRequest>,
     ) -> Result<Response<pb::WriteReply>, Status> {
         rpc("Write", async {
-            let req: WriteRequest = convert(request.into_inner())?;
+            let who = caller(&request)?;
+            let req: WriteRequest = accept(request)?;
             note(Some(req.handle.session.0), Some(req.inode.0));
-            self.server.check_handle(&req.handle, req.inode, true)?;
+            self.server
+                .check_handle(&who, &req.handle, req.inode, true)?;
             let len = req.data.len() as u64;
             let pos = match req.position {
                 WritePosition::At(off) => Position::At(off),
@@ -418,9 +430,11 @@ impl Data for DataService {
         request: Request<pb::FsyncRequest>,
     ) -> Result<Response<pb::FsyncReply>, Status> {
         rpc("Fsync", async {
-            let req: FsyncRequest = convert(request.into_inner())?;
+            let who = caller(&request)?;
+            let req: FsyncRequest = accept(request)?;
             note(Some(req.handle.session.0), Some(req.inode.0));
-            self.server.check_handle(&req.handle, req.inode, false)?;
+            self.server
+                .check_handle(&who, &req.handle, req.inode, false)?;
             // Every metadata change is durable before it is acknowledged except the lazy
             // Unwritten -> Written conversions of Complete without sync: commit them durably.
             // What the server wrote on the proxied path may sit in the LUNs' write caches:
@@ -446,7 +460,8 @@ impl Data for DataService {
         request: Request<pb::FallocateRequest>,
     ) -> Result<Response<pb::FallocateReply>, Status> {
         rpc("Fallocate", async {
-            let req: FallocateRequest = convert(request.into_inner())?;
+            let who = caller(&request)?;
+            let req: FallocateRequest = accept(request)?;
             note(Some(req.handle.session.0), Some(req.inode.0));
             let keep_size = match req.mode {
                 FallocateMode::Allocate => false,
@@ -454,7 +469,8 @@ impl Data for DataService {
                 FallocateMode::PunchHole
                 | FallocateMode::ZeroRange
                 | FallocateMode::ZeroRangeKeepSize => {
-                    self.server.check_handle(&req.handle, req.inode, true)?;
+                    self.server
+                        .check_handle(&who, &req.handle, req.inode, true)?;
                     let attr = self
                         .server
                         .punch_or_zero(req.inode.0, req.range, req.mode)
@@ -462,7 +478,8 @@ impl Data for DataService {
                     return Ok(attr.into());
                 }
             };
-            self.server.check_handle(&req.handle, req.inode, true)?;
+            self.server
+                .check_handle(&who, &req.handle, req.inode, true)?;
             // An allocation that grows the file is a size change like a truncate up: under
             // the size-change lock (recalling cached read grants past the old end), with the
             // old end-of-file block's tail zeroed on the LUN first, so that bytes a shrinking
@@ -515,7 +532,7 @@ impl Data for DataService {
         request: Request<pb::GetExtentsRequest>,
     ) -> Result<Response<pb::GetExtentsReply>, Status> {
         rpc("GetExtents", async {
-            let req: GetExtentsRequest = convert(request.into_inner())?;
+            let req: GetExtentsRequest = accept(request)?;
             note(None, Some(req.inode.0));
             Ok(self.server.extents(&req)?.into())
         })

@@ -12,7 +12,8 @@ use sanfs_proto::pb::locks_server::Locks;
 use sanfs_proto::types::FsError;
 use tonic::{Request, Response, Status};
 
-use super::{Server, convert, fs_status, note, rpc};
+use super::identity::caller;
+use super::{Server, accept, fs_status, note, rpc};
 use crate::advisory::{Owner, SetLock};
 
 /// The Locks service over the shared server.
@@ -41,9 +42,11 @@ impl Locks for LocksService {
         request: Request<pb::LockRequest>,
     ) -> Result<Response<pb::GetLockReply>, Status> {
         rpc("GetLock", async {
-            let req: LockRequest = convert(request.into_inner())?;
+            let who = caller(&request)?;
+            let req: LockRequest = accept(request)?;
             note(Some(req.handle.session.0), Some(req.inode.0));
-            self.server.check_handle(&req.handle, req.inode, false)?;
+            self.server
+                .check_handle(&who, &req.handle, req.inode, false)?;
             let LockType::Lock(kind) = req.lock.typ else {
                 return Err(fs_status(&FsError::Invalid(
                     "GetLock asks about a read or write lock".into(),
@@ -69,7 +72,8 @@ impl Locks for LocksService {
         request: Request<pb::LockRequest>,
     ) -> Result<Response<pb::SetLockReply>, Status> {
         rpc("SetLock", async {
-            let req: LockRequest = convert(request.into_inner())?;
+            let who = caller(&request)?;
+            let req: LockRequest = accept(request)?;
             note(Some(req.handle.session.0), Some(req.inode.0));
             let kind = match req.lock.typ {
                 LockType::Lock(k) => Some(k),
@@ -77,7 +81,8 @@ impl Locks for LocksService {
             };
             // No open-mode check: the kernel refuses an F_WRLCK on a descriptor not open for
             // writing itself, and flock's LOCK_EX (which arrives as a write lock) needs none.
-            self.server.check_handle(&req.handle, req.inode, false)?;
+            self.server
+                .check_handle(&who, &req.handle, req.inode, false)?;
             if kind.is_some() {
                 self.server
                     .mark_locks_in_use()
@@ -100,7 +105,7 @@ impl Locks for LocksService {
                 .map_err(|e| fs_status(&e))?;
             // The session may have ended while the lock was awaited: its locks went with it,
             // and this one must not outlive it.
-            if let Err(e) = self.server.check_session(req.handle.session) {
+            if let Err(e) = self.server.check_session(&who, req.handle.session) {
                 self.server.advisory.release_owner(req.inode.0, set.owner);
                 return Err(e);
             }

@@ -14,9 +14,15 @@
 //!   extents, fsync.
 //! - [`admin`]: the volume layout, the server status, directory quotas.
 //! - [`locks`]: cluster-wide POSIX advisory locks (fcntl and flock).
+//! - [`identity`]: who is calling, from the transport, and what that identity may do.
+//!
+//! Sessions belong to the identity that opened them: every call naming a session (and so
+//! its handles and grants, which are checked against their session) goes through
+//! [`Server::check_session`] with the caller, and a session of another identity is refused.
 
 pub mod admin;
 pub mod data;
+pub mod identity;
 pub mod locks;
 pub mod namespace;
 pub mod session;
@@ -41,6 +47,7 @@ use crate::datadev::DataDevices;
 use crate::grants::Grants;
 use crate::proxy::DataPath;
 use crate::store::{Ctx, OpError, ReadTables, Store};
+use identity::NodeIdentity;
 
 /// The server's software version, reported in `ServerInfo` and `ServerStatus`.
 pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -57,11 +64,15 @@ pub struct ServiceParams {
     pub lease_ttl_ms: u64,
     /// How long a grant may block others before its session is evicted, milliseconds.
     pub grant_hold_limit_ms: u64,
+    /// Live sessions one identity may hold at once.
+    pub max_sessions_per_identity: usize,
 }
 
 /// One registered agent.
 #[derive(Debug)]
 pub(crate) struct SessionState {
+    /// The name of the identity that opened the session: the only one that may use it.
+    pub owner: String,
     pub client_name: String,
     pub host: String,
     /// When the lease runs out on the server's clock (ns since the epoch), grace included.
@@ -80,7 +91,6 @@ pub(crate) type StreamTx = mpsc::Sender<StreamItem>;
 
 #[derive(Debug, Default)]
 pub(crate) struct Sessions {
-    pub next_id: u64,
     pub next_stream: u64,
     pub by_id: HashMap<u64, SessionState>,
 }
@@ -162,9 +172,6 @@ impl Server {
             }));
         let clock = store.clock().clone();
         let started = clock.now();
-        // Session ids carry the epoch in their high bits so that a restarted server never
-        // hands out an id that an agent of the previous epoch still uses.
-        let first_id = (epoch & 0xffff_ffff) << 32;
         Ok(Arc::new(Server {
             store,
             grants,
@@ -172,10 +179,7 @@ impl Server {
             params,
             epoch: SessionEpoch(epoch),
             started,
-            sessions: Mutex::new(Sessions {
-                next_id: first_id,
-                ..Sessions::default()
-            }),
+            sessions: Mutex::new(Sessions::default()),
             pending_writes: AtomicU64::new(0),
             advisory: crate::advisory::AdvisoryLocks::new(lock_grace),
             locks_marked: std::sync::atomic::AtomicBool::new(locks_in_use),
@@ -250,11 +254,30 @@ impl Server {
         r.map_err(|e| fs_status(&e))
     }
 
-    /// Fails with `StaleSession` unless `session` is live (and not evicted).
-    pub(crate) fn check_session(&self, session: SessionId) -> Result<(), Status> {
+    /// The one ownership check: fails with `StaleSession` unless `session` is live (and not
+    /// evicted), and with
+    /// `PERMISSION_DENIED` unless `caller` is the identity that opened it.
+    pub(crate) fn check_session(
+        &self,
+        caller: &NodeIdentity,
+        session: SessionId,
+    ) -> Result<(), Status> {
         match self.sessions().by_id.get(&session.0) {
-            Some(s) if !s.evicted => Ok(()),
-            _ => Err(fs_status(&FsError::StaleSession)),
+            None => Err(fs_status(&FsError::StaleSession)),
+            Some(s) if s.evicted => Err(fs_status(&FsError::StaleSession)),
+            Some(s) if s.owner == caller.name => Ok(()),
+            Some(_) => {
+                tracing::warn!(
+                    session = session.0,
+                    caller = %caller.name,
+                    "refused a call on a session of another identity"
+                );
+                metrics::counter!("sanfs_foreign_session_refused_total").increment(1);
+                Err(identity::refused(format!(
+                    "session {} belongs to another identity than {:?}",
+                    session.0, caller.name
+                )))
+            }
         }
     }
 
@@ -350,6 +373,19 @@ fn expiry_grace_ms(lease_ttl_ms: u64) -> u64 {
 /// The status of a file-system error (the one mapping, in `sanfs_proto::status`).
 pub(crate) fn fs_status(e: &FsError) -> Status {
     status_from_fs_error(e)
+}
+
+/// Converts a wire request that carries user credentials into its domain type (or answers
+/// `INVALID_ARGUMENT`), the credentials adjusted to what the caller's identity allows (root
+/// squashing).
+pub(crate) fn accept<P, D>(request: tonic::Request<P>) -> Result<D, Status>
+where
+    D: TryFrom<P, Error = ProtocolError> + identity::WithCred,
+{
+    let who = identity::caller(&request)?;
+    let mut req: D = convert(request.into_inner())?;
+    who.policy.squash(req.cred_mut());
+    Ok(req)
 }
 
 /// Converts a wire request into its domain type, or answers `INVALID_ARGUMENT`.

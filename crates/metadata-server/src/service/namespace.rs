@@ -18,7 +18,8 @@ use sanfs_proto::pb::namespace_server::Namespace;
 use sanfs_proto::types::{Attr, FsError, NAME_MAX, OpenHandle, SymlinkTarget, XattrName};
 use tonic::{Request, Response, Status};
 
-use super::{Server, convert, fs_status, note, rpc};
+use super::identity::{NodeIdentity, caller};
+use super::{Server, accept, convert, fs_status, note, rpc};
 use crate::ns::{self, Reader};
 
 /// The Namespace service over the shared server.
@@ -39,8 +40,8 @@ fn corrupt(what: &str, e: impl std::fmt::Display) -> Status {
 }
 
 impl Server {
-    async fn open_handle(&self, req: OpenRequest) -> Result<OpenReply, Status> {
-        self.check_session(req.session)?;
+    async fn open_handle(&self, who: &NodeIdentity, req: OpenRequest) -> Result<OpenReply, Status> {
+        self.check_session(who, req.session)?;
         let reply = if req.flags.truncate {
             let _guard = self.size_change_guard(req.inode.0, 0).await?;
             let r = req.clone();
@@ -156,7 +157,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::LookupRequest>,
     ) -> Result<Response<pb::LookupReply>, Status> {
         rpc("Lookup", async {
-            let req: EntryRequest = convert(request.into_inner())?;
+            let req: EntryRequest = accept(request)?;
             note(None, Some(req.parent.0));
             let bs = self.server.store.block_size();
             let attr = self.server.read(|t| t.lookup(bs, &req))?;
@@ -170,7 +171,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::GetAttrRequest>,
     ) -> Result<Response<pb::GetAttrReply>, Status> {
         rpc("GetAttr", async {
-            let req: InodeRequest = convert(request.into_inner())?;
+            let req: InodeRequest = accept(request)?;
             note(None, Some(req.inode.0));
             // Writes inside write layouts are completed behind them: the size and mtime
             // include every write that returned anywhere once those completions are in.
@@ -187,7 +188,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::SetAttrRequest>,
     ) -> Result<Response<pb::SetAttrReply>, Status> {
         rpc("SetAttr", async {
-            let req: SetAttrRequest = convert(request.into_inner())?;
+            let req: SetAttrRequest = accept(request)?;
             note(req.handle.map(|h| h.session.0), Some(req.inode.0));
             let _guard = match req.changes.size {
                 Some(size) => self.server.size_change_guard(req.inode.0, size).await?,
@@ -204,10 +205,11 @@ impl Namespace for NamespaceService {
         request: Request<pb::CreateRequest>,
     ) -> Result<Response<pb::CreateReply>, Status> {
         rpc("Create", async {
-            let req: CreateRequest = convert(request.into_inner())?;
+            let who = caller(&request)?;
+            let req: CreateRequest = accept(request)?;
             note(Some(req.session.0), Some(req.parent.0));
             let session = req.session;
-            self.server.check_session(session)?;
+            self.server.check_session(&who, session)?;
             // Truncating an existing file changes what grants describe.
             let existing = if req.flags.truncate && !req.exclusive {
                 let (parent, name) = (req.parent.0, req.name.clone());
@@ -238,7 +240,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::MkdirRequest>,
     ) -> Result<Response<pb::MkdirReply>, Status> {
         rpc("Mkdir", async {
-            let req: MkdirRequest = convert(request.into_inner())?;
+            let req: MkdirRequest = accept(request)?;
             note(None, Some(req.parent.0));
             let attr = self.server.write(move |ctx| ns::mkdir(ctx, &req)).await?;
             Ok(attr.into())
@@ -251,7 +253,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::MknodRequest>,
     ) -> Result<Response<pb::MknodReply>, Status> {
         rpc("Mknod", async {
-            let req: MknodRequest = convert(request.into_inner())?;
+            let req: MknodRequest = accept(request)?;
             note(None, Some(req.parent.0));
             let attr = self.server.write(move |ctx| ns::mknod(ctx, &req)).await?;
             Ok(attr.into())
@@ -264,7 +266,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::UnlinkRequest>,
     ) -> Result<Response<pb::UnlinkReply>, Status> {
         rpc("Unlink", async {
-            let req: EntryRequest = convert(request.into_inner())?;
+            let req: EntryRequest = accept(request)?;
             note(None, Some(req.parent.0));
             self.server
                 .write(move |ctx| ns::unlink(ctx, &req, false))
@@ -279,7 +281,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::RmdirRequest>,
     ) -> Result<Response<pb::RmdirReply>, Status> {
         rpc("Rmdir", async {
-            let req: EntryRequest = convert(request.into_inner())?;
+            let req: EntryRequest = accept(request)?;
             note(None, Some(req.parent.0));
             self.server
                 .write(move |ctx| ns::unlink(ctx, &req, true))
@@ -294,7 +296,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::RenameRequest>,
     ) -> Result<Response<pb::RenameReply>, Status> {
         rpc("Rename", async {
-            let req: RenameRequest = convert(request.into_inner())?;
+            let req: RenameRequest = accept(request)?;
             note(None, Some(req.old_parent.0));
             self.server.write(move |ctx| ns::rename(ctx, &req)).await?;
             Ok(pb::RenameReply {})
@@ -307,7 +309,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::LinkRequest>,
     ) -> Result<Response<pb::LinkReply>, Status> {
         rpc("Link", async {
-            let req: LinkRequest = convert(request.into_inner())?;
+            let req: LinkRequest = accept(request)?;
             note(None, Some(req.inode.0));
             let attr = self.server.write(move |ctx| ns::link(ctx, &req)).await?;
             Ok(attr.into())
@@ -320,7 +322,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::SymlinkRequest>,
     ) -> Result<Response<pb::SymlinkReply>, Status> {
         rpc("Symlink", async {
-            let req: SymlinkRequest = convert(request.into_inner())?;
+            let req: SymlinkRequest = accept(request)?;
             note(None, Some(req.parent.0));
             let attr = self.server.write(move |ctx| ns::symlink(ctx, &req)).await?;
             Ok(attr.into())
@@ -333,7 +335,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::ReadlinkRequest>,
     ) -> Result<Response<pb::ReadlinkReply>, Status> {
         rpc("Readlink", async {
-            let req: InodeRequest = convert(request.into_inner())?;
+            let req: InodeRequest = accept(request)?;
             note(None, Some(req.inode.0));
             let bytes = self.server.read(|t| t.readlink(req.inode.0))?;
             let target = SymlinkTarget::new(bytes).map_err(|e| corrupt("symlink target", e))?;
@@ -347,7 +349,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::ReadDirRequest>,
     ) -> Result<Response<pb::ReadDirReply>, Status> {
         rpc("ReadDir", async {
-            let req: ReadDirRequest = convert(request.into_inner())?;
+            let req: ReadDirRequest = accept(request)?;
             note(None, Some(req.inode.0));
             let bs = self.server.store.block_size();
             let reply = self.server.read(|t| t.readdir(bs, &req))?;
@@ -361,7 +363,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::StatFsRequest>,
     ) -> Result<Response<pb::StatFsReply>, Status> {
         rpc("StatFs", async {
-            let req: InodeRequest = convert(request.into_inner())?;
+            let req: InodeRequest = accept(request)?;
             note(None, Some(req.inode.0));
             Ok(self.server.statfs(&req)?.into())
         })
@@ -373,7 +375,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::GetXattrRequest>,
     ) -> Result<Response<pb::GetXattrReply>, Status> {
         rpc("GetXattr", async {
-            let req: XattrRequest = convert(request.into_inner())?;
+            let req: XattrRequest = accept(request)?;
             note(None, Some(req.inode.0));
             let value = self.server.read(|t| t.getxattr(&req))?;
             Ok(XattrValue(value).into())
@@ -386,7 +388,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::SetXattrRequest>,
     ) -> Result<Response<pb::SetXattrReply>, Status> {
         rpc("SetXattr", async {
-            let req: SetXattrRequest = convert(request.into_inner())?;
+            let req: SetXattrRequest = accept(request)?;
             note(None, Some(req.inode.0));
             self.server
                 .write(move |ctx| ns::setxattr(ctx, &req))
@@ -401,7 +403,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::ListXattrRequest>,
     ) -> Result<Response<pb::ListXattrReply>, Status> {
         rpc("ListXattr", async {
-            let req: InodeRequest = convert(request.into_inner())?;
+            let req: InodeRequest = accept(request)?;
             note(None, Some(req.inode.0));
             let names = self.server.read(|t| t.listxattr(&req.cred, req.inode.0))?;
             let names = names
@@ -419,7 +421,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::RemoveXattrRequest>,
     ) -> Result<Response<pb::RemoveXattrReply>, Status> {
         rpc("RemoveXattr", async {
-            let req: XattrRequest = convert(request.into_inner())?;
+            let req: XattrRequest = accept(request)?;
             note(None, Some(req.inode.0));
             self.server
                 .write(move |ctx| ns::removexattr(ctx, &req))
@@ -434,9 +436,10 @@ impl Namespace for NamespaceService {
         request: Request<pb::OpenRequest>,
     ) -> Result<Response<pb::OpenReply>, Status> {
         rpc("Open", async {
-            let req: OpenRequest = convert(request.into_inner())?;
+            let who = caller(&request)?;
+            let req: OpenRequest = accept(request)?;
             note(Some(req.session.0), Some(req.inode.0));
-            Ok(self.server.open_handle(req).await?.into())
+            Ok(self.server.open_handle(&who, req).await?.into())
         })
         .await
     }
@@ -446,8 +449,10 @@ impl Namespace for NamespaceService {
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseReply>, Status> {
         rpc("Release", async {
+            let who = caller(&request)?;
             let req: HandleRef = convert(request.into_inner())?;
             note(Some(req.session.0), None);
+            self.server.check_session(&who, req.session)?;
             let owned = self
                 .server
                 .store
@@ -473,7 +478,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::AccessRequest>,
     ) -> Result<Response<pb::AccessReply>, Status> {
         rpc("Access", async {
-            let req: AccessRequest = convert(request.into_inner())?;
+            let req: AccessRequest = accept(request)?;
             note(None, Some(req.inode.0));
             self.server
                 .read(|t| t.access(&req.cred, req.inode.0, req.mask))?;

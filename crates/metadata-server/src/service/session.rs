@@ -27,6 +27,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::identity::{NodeIdentity, caller};
 use super::{Server, SessionState, convert, fs_status, note, rpc};
 
 /// The wire event for a recall of cached read grants (none for a range the wire cannot
@@ -39,6 +40,19 @@ fn recall_event(rc: crate::grants::Recall) -> Option<ServerEvent> {
         range,
         reason: RecallReason::Conflict,
     }))
+}
+
+/// A new session id: an unguessable token of 64 random bits from the operating system's
+/// CSPRNG, never 0 and never one in use (`taken`). Knowing one session's id tells nothing
+/// about another's; and ids are checked against their owner anyway.
+fn new_session_token(taken: impl Fn(u64) -> bool) -> Result<u64, Status> {
+    loop {
+        let id = getrandom::u64()
+            .map_err(|e| Status::unavailable(format!("no randomness for a session token: {e}")))?;
+        if id != 0 && !taken(id) {
+            return Ok(id);
+        }
+    }
 }
 
 /// Replies queued per session stream before the sender waits.
@@ -80,7 +94,11 @@ impl Server {
         }
     }
 
-    fn open_session(&self, req: OpenSessionRequest) -> Result<OpenSessionReply, Status> {
+    fn open_session(
+        &self,
+        who: &NodeIdentity,
+        req: OpenSessionRequest,
+    ) -> Result<OpenSessionReply, Status> {
         if req.protocol_version != PROTOCOL_VERSION {
             return Err(status_from_protocol_error(&ProtocolError::InvalidField {
                 field: "protocol_version",
@@ -93,11 +111,21 @@ impl Server {
         let deadline_ns = self.now_ns().saturating_add(self.expiry_after_ns());
         let id = {
             let mut s = self.sessions();
-            s.next_id = s.next_id.wrapping_add(1).max(1);
-            let id = s.next_id;
+            let cap = self.params.max_sessions_per_identity;
+            let held = s.by_id.values().filter(|st| st.owner == who.name).count();
+            if held >= cap {
+                tracing::warn!(identity = %who.name, cap, "refused a session over the identity's cap");
+                return Err(Status::resource_exhausted(format!(
+                    "{:?} holds {held} sessions, its cap (server.max_sessions_per_identity is {cap}): \
+                     close some or let them expire",
+                    who.name
+                )));
+            }
+            let id = new_session_token(|id| s.by_id.contains_key(&id))?;
             s.by_id.insert(
                 id,
                 SessionState {
+                    owner: who.name.clone(),
                     client_name: req.client_name.clone(),
                     host: req.host.clone(),
                     deadline_ns,
@@ -109,6 +137,7 @@ impl Server {
         };
         tracing::info!(
             session = id,
+            identity = %who.name,
             client = %req.client_name,
             host = %req.host,
             agent_version = %req.agent_version,
@@ -123,8 +152,9 @@ impl Server {
     }
 
     /// Attaches a new stream to a session, replacing (and ending) the previous one.
-    fn attach(&self, r: &SessionRef) -> Result<Attached, Status> {
+    fn attach(&self, who: &NodeIdentity, r: &SessionRef) -> Result<Attached, Status> {
         self.check_epoch(r)?;
+        self.check_session(who, r.session)?;
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         let weak = tx.downgrade();
         let mut s = self.sessions();
@@ -343,8 +373,9 @@ impl Session for SessionService {
         request: Request<pb::OpenSessionRequest>,
     ) -> Result<Response<pb::OpenSessionReply>, Status> {
         rpc("OpenSession", async {
+            let who = caller(&request)?;
             let req: OpenSessionRequest = convert(request.into_inner())?;
-            let reply = self.server.open_session(req)?;
+            let reply = self.server.open_session(&who, req)?;
             note(Some(reply.session.0), None);
             Ok(reply.into())
         })
@@ -356,9 +387,11 @@ impl Session for SessionService {
         request: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionReply>, Status> {
         rpc("CloseSession", async {
+            let who = caller(&request)?;
             let req: SessionRef = convert(request.into_inner())?;
             note(Some(req.session.0), None);
             self.server.check_epoch(&req)?;
+            self.server.check_session(&who, req.session)?;
             if !self.server.end_session(req.session.0, None).await {
                 return Err(fs_status(&FsError::StaleSession));
             }
@@ -375,6 +408,7 @@ impl Session for SessionService {
         request: Request<Streaming<pb::SessionStreamRequest>>,
     ) -> Result<Response<Self::SessionStreamStream>, Status> {
         rpc("SessionStream", async {
+            let who = caller(&request)?;
             let mut inbound = request.into_inner();
             let first = inbound.message().await?.ok_or_else(|| {
                 Status::failed_precondition("the session stream ended before attach")
@@ -385,7 +419,7 @@ impl Session for SessionService {
                 ));
             };
             note(Some(r.session.0), None);
-            let a = self.server.attach(&r)?;
+            let a = self.server.attach(&who, &r)?;
             // Recalls of this session's cached read grants go out on this stream.
             let (recall_tx, mut recalls) = mpsc::unbounded_channel();
             self.server.grants.attach(r.session.0, recall_tx);

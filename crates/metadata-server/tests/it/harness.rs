@@ -39,7 +39,10 @@ pub fn options(dir: &Path, clock: &Clock) -> ServeOptions {
     ServeOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
         metrics_addr: None,
-        insecure: false,
+        listen_unix: None,
+        // Plaintext TCP from the test's own clients: said explicitly (docs/security.md).
+        insecure: true,
+        access: sanfs_mds::service::identity::AccessConfig::default(),
         tls: None,
         direct_threshold: 65536,
         lease_ttl_ms: 10_000,
@@ -53,6 +56,14 @@ pub fn options(dir: &Path, clock: &Clock) -> ServeOptions {
 /// Starts `serve` on four 32 MiB file-backed LUNs formatted by `format` (64 KiB stripes),
 /// so that grants and the proxied path have real devices, with the lease TTL given.
 pub async fn start_with_luns(lease_ttl_ms: u64) -> Running {
+    start_with_luns_and(lease_ttl_ms, |_| {}).await
+}
+
+/// [`start_with_luns`] with the options then changed by `tweak`.
+pub async fn start_with_luns_and(
+    lease_ttl_ms: u64,
+    tweak: impl FnOnce(&mut ServeOptions) + Send + 'static,
+) -> Running {
     const MIB: u64 = 1 << 20;
     start_with(Clock::System, move |o, dir| {
         let luns: Vec<std::path::PathBuf> = (0..4).map(|i| dir.join(format!("lun{i}"))).collect();
@@ -81,6 +92,7 @@ pub async fn start_with_luns(lease_ttl_ms: u64) -> Running {
         Store::create(&o.backend, &info, true, &Clock::System).unwrap();
         o.data_devices = luns;
         o.lease_ttl_ms = lease_ttl_ms;
+        tweak(o);
     })
     .await
 }

@@ -34,6 +34,7 @@ mod format_cli;
 mod fsck_cli;
 mod grants;
 mod harness;
+mod hostile;
 mod inspect_cli;
 mod lease;
 mod lvm_real;

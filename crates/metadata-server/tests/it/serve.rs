@@ -1004,6 +1004,7 @@ async fn plaintext_on_a_non_loopback_address_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut opts = crate::harness::options(dir.path(), &clock);
     opts.listen = "0.0.0.0:0".parse().unwrap();
+    opts.insecure = false;
     let r = sanfs_mds::serve::serve(opts, clock, |_| panic!("must not start"), async {}).await;
     let e = r.unwrap_err().to_string();
     assert!(e.contains("refusing to serve plaintext"), "{e}");

@@ -188,6 +188,8 @@ pub struct SessionSummary {
     pub grants: u32,
     pub open_handles: u32,
     pub lease_remaining_ms: u64,
+    /// The node identity that owns the session.
+    pub identity: String,
 }
 
 impl TryFrom<pb::SessionSummary> for SessionSummary {
@@ -201,6 +203,7 @@ impl TryFrom<pb::SessionSummary> for SessionSummary {
             grants: p.grants,
             open_handles: p.open_handles,
             lease_remaining_ms: p.lease_remaining_ms,
+            identity: text(p.identity, "identity", false)?,
         })
     }
 }
@@ -214,6 +217,7 @@ impl From<SessionSummary> for pb::SessionSummary {
             grants: s.grants,
             open_handles: s.open_handles,
             lease_remaining_ms: s.lease_remaining_ms,
+            identity: s.identity,
         }
     }
 }
@@ -249,6 +253,9 @@ impl From<CommitStats> for pb::CommitStats {
     }
 }
 
+/// Most sessions one ServerStatus reply lists (the reply stays far below the message limit).
+pub const MAX_STATUS_SESSIONS: usize = 1000;
+
 /// The reply to ServerStatus.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerStatus {
@@ -256,7 +263,10 @@ pub struct ServerStatus {
     pub fs_uuid: Uuid,
     pub server_version: String,
     pub uptime_ms: u64,
+    /// At most [`MAX_STATUS_SESSIONS`] of the live sessions, by id.
     pub sessions: Vec<SessionSummary>,
+    /// Live sessions in all: at least `sessions.len()`.
+    pub sessions_total: u64,
     pub read_grants: u64,
     pub write_grants: u64,
     pub commits: CommitStats,
@@ -266,12 +276,29 @@ impl TryFrom<pb::ServerStatusReply> for ServerStatus {
     type Error = ProtocolError;
 
     fn try_from(p: pb::ServerStatusReply) -> Result<Self, ProtocolError> {
+        if p.sessions.len() > MAX_STATUS_SESSIONS {
+            return Err(invalid(
+                "sessions",
+                format!("more than {MAX_STATUS_SESSIONS} sessions listed"),
+            ));
+        }
+        if p.sessions_total < p.sessions.len() as u64 {
+            return Err(invalid(
+                "sessions_total",
+                format!(
+                    "{} is less than the {} sessions listed",
+                    p.sessions_total,
+                    p.sessions.len()
+                ),
+            ));
+        }
         Ok(ServerStatus {
             epoch: epoch(p.epoch)?,
             fs_uuid: uuid(&p.fs_uuid, "fs_uuid")?,
             server_version: text(p.server_version, "server_version", false)?,
             uptime_ms: p.uptime_ms,
             sessions: list(p.sessions, "sessions")?,
+            sessions_total: p.sessions_total,
             read_grants: p.read_grants,
             write_grants: p.write_grants,
             commits: required(p.commits, "commits")?.into(),
@@ -287,6 +314,7 @@ impl From<ServerStatus> for pb::ServerStatusReply {
             server_version: s.server_version,
             uptime_ms: s.uptime_ms,
             sessions: to_pb(s.sessions),
+            sessions_total: s.sessions_total,
             read_grants: s.read_grants,
             write_grants: s.write_grants,
             commits: Some(s.commits.into()),

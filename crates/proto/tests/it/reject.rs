@@ -777,7 +777,9 @@ fn admin_status_and_quotas() {
                 grants: 0,
                 open_handles: 0,
                 lease_remaining_ms: 0,
+                identity: "unix:uid=0".into(),
             }],
+            sessions_total: 1,
             read_grants: 0,
             write_grants: 0,
             commits: CommitStats::default(),
@@ -787,6 +789,13 @@ fn admin_status_and_quotas() {
             "commits" => |p| p.commits = None,
             "sessions.session" => |p| p.sessions[0].session = 0,
             "sessions.host" => |p| p.sessions[0].host = "h".repeat(256),
+            "sessions.identity" => |p| p.sessions[0].identity = "i".repeat(256),
+            "sessions_total" => |p| p.sessions_total = 0,
+            "sessions" => |p| {
+                let one = p.sessions[0].clone();
+                p.sessions = vec![one; MAX_STATUS_SESSIONS + 1];
+                p.sessions_total = u64::MAX;
+            },
             "fs_uuid" => |p| p.fs_uuid = vec![0; 16],
         ],
     );

@@ -601,7 +601,9 @@ fn status_and_quotas() {
             grants: 2,
             open_handles: 3,
             lease_remaining_ms: 9000,
+            identity: "node-a.example".into(),
         }],
+        sessions_total: 25_000,
         read_grants: 1,
         write_grants: 1,
         commits: CommitStats {
