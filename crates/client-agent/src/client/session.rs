@@ -79,10 +79,18 @@ async fn attach_and_serve(
     if tx.send(attach.into()).await.is_err() {
         return Outcome::StreamBroke("stream closed".to_owned());
     }
-    let mut stream = match SessionClient::new(inner.channel.clone())
-        .session_stream(ReceiverStream::new(rx))
-        .await
-    {
+    // Attaching is bounded by the lease: a server that takes the stream but never answers
+    // (one that is going down as the stream arrives) must not keep the lease unwatched.
+    let lease_end = tokio::time::Instant::from_std(inner.lock_state().deadline);
+    let attached = tokio::time::timeout_at(
+        lease_end,
+        SessionClient::new(inner.channel.clone()).session_stream(ReceiverStream::new(rx)),
+    )
+    .await;
+    let Ok(attached) = attached else {
+        return Outcome::Lost("lease lapsed while attaching the session stream".to_owned());
+    };
+    let mut stream = match attached {
         Ok(r) => r.into_inner(),
         Err(status) => {
             let e = fs_error_from_status(&status);
