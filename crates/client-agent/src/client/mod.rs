@@ -18,11 +18,15 @@
 //! restarted server). When only the stream breaks while the lease is still valid, it attaches
 //! again to the same session.
 //!
+//! **A restart is a pause.** Every call goes through one helper (`rpc`): a transport failure
+//! or a `StaleSession` answer makes the call wait for a live session and send again (as long
+//! as [`ClientConfig::retry`] allows: `hard`, forever; `soft`, then EIO).
+//!
 //! **Handles across sessions.** Open handles belong to a session. A [`FileHandle`] of a session
-//! that has been replaced is refused locally with [`FsError::Stale`] (ESTALE), and a call made
-//! while the session is being re-established fails with ESTALE rather than waiting. An
-//! [`OpenFile`] (from [`Client::open_file`]) re-opens itself once under the new session
-//! (inode numbers are stable) and retries; the FUSE mount keeps one per open file.
+//! that has been replaced is refused locally with [`FsError::Stale`] (ESTALE), once the new
+//! session is open (a call waits for it first). An [`OpenFile`] (from [`Client::open_file`])
+//! then re-opens itself under the new session (inode numbers are stable) and redoes the whole
+//! call; the FUSE mount keeps one per open file.
 //!
 //! **LUN health.** A failed device write poisons the device in the engine (fail stop): its I/O
 //! goes through the server from then on. The *health task* (`health`) probes a poisoned LUN
@@ -35,7 +39,8 @@
 //! Submodules: `namespace` (the POSIX metadata calls), `quota` (directory quotas), `data` (the
 //! routing rule and both paths), `file` (open files that survive a session change), `cache`
 //! (cached read grants), `subplan` (cutting a cached grant's plan), `session` (the session
-//! task), `health` (re-probing poisoned LUNs), `locks` (cluster-wide fcntl/flock locks),
+//! task), `rpc` (the call helper: retries and waiting for the server), `health` (re-probing
+//! poisoned LUNs), `locks` (cluster-wide fcntl/flock locks),
 //! `status` (what `sanfs-agent status` and `bmap` show, and the counters behind the agent's
 //! metrics).
 
@@ -46,6 +51,7 @@ mod health;
 mod locks;
 mod namespace;
 mod quota;
+mod rpc;
 mod seek;
 mod session;
 mod status;
@@ -79,9 +85,10 @@ use cache::GrantCache;
 
 pub use data::WriteOutcome;
 pub(crate) use file::retrying;
-pub use file::{OpenFile, is_stale};
+pub use file::{MAX_REOPENS, OpenFile, is_stale};
 pub use locks::LockWait;
 pub use namespace::Created;
+pub use rpc::{COMPLAIN_EVERY, DEFAULT_SOFT_TIMEOUT, RetryPolicy};
 pub use seek::SeekWhat;
 pub use status::{
     AgentStatus, BmapEntry, BmapReply, ByteCounts, DeviceHealth, DeviceStatus, GrantCounts,
@@ -141,6 +148,9 @@ pub struct ClientConfig {
     /// round trip (a partial completion) instead of two (as pNFS write layouts). Recalled when
     /// another node reads, writes or truncates there. 0: one grant per write.
     pub write_layout_bytes: u64,
+    /// How long calls wait for an unreachable or restarting server (`hard`: as long as it
+    /// takes; `soft`: then EIO).
+    pub retry: RetryPolicy,
     pub faults: FaultInjection,
 }
 
@@ -165,6 +175,7 @@ impl ClientConfig {
             grant_per_stripe_unit: false,
             read_layout_bytes: DEFAULT_READ_LAYOUT_BYTES,
             write_layout_bytes: DEFAULT_WRITE_LAYOUT_BYTES,
+            retry: RetryPolicy::Hard,
             faults: FaultInjection::default(),
         }
     }
@@ -296,6 +307,8 @@ pub(crate) struct Inner {
     behind: Mutex<HashMap<InodeId, Behind>>,
     /// Wakes those waiting for a file's completions in flight.
     behind_idle: Notify,
+    /// Whether calls are waiting for the server (see `rpc`).
+    outage: rpc::Outage,
 }
 
 /// A connected agent. Dropping it stops its session task (the session then expires at the
@@ -468,6 +481,7 @@ impl Client {
             write_ends: Mutex::new(HashMap::new()),
             behind: Mutex::new(HashMap::new()),
             behind_idle: Notify::new(),
+            outage: rpc::Outage::default(),
             open_handles: Mutex::new(HashMap::new()),
         });
         bump(&inner.counters.sessions);
@@ -696,25 +710,6 @@ impl Inner {
         Ok(s.view.clone())
     }
 
-    /// The current session for a call that opens files: waits (at most two lease TTLs) while
-    /// the session is being re-established, then ESTALE.
-    pub(crate) async fn live_view(&self) -> Result<SessionView, FsError> {
-        let mut rx = self.generation_tx.subscribe();
-        let wait_ms = self.lock_state().lease_ttl_ms.saturating_mul(2).max(1000);
-        let wait = async {
-            loop {
-                if let Ok(v) = self.view_for(None) {
-                    return v;
-                }
-                // Re-check at least every 50 ms: a lapse is noticed by the deadline alone.
-                let _ = tokio::time::timeout(Duration::from_millis(50), rx.changed()).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_millis(wait_ms), wait)
-            .await
-            .map_err(|_| FsError::StaleSession)
-    }
-
     /// Whether the lease of session generation `generation` is valid at this instant.
     pub(crate) fn lease_valid(&self, generation: u64) -> bool {
         let s = self.lock_state();
@@ -739,16 +734,6 @@ impl Inner {
     /// write).
     pub(crate) fn device_usable(&self, d: DeviceIndex) -> bool {
         self.present.get(d.as_usize()).copied().unwrap_or(false) && !self.engine.is_poisoned(d)
-    }
-
-    /// Converts a failed call's status; a `StaleSession` answer makes the session task
-    /// replace the session.
-    pub(crate) fn status_error(&self, session: SessionId, status: &tonic::Status) -> FsError {
-        let e = fs_error_from_status(status);
-        if e == FsError::StaleSession {
-            let _ = self.lost_tx.send(session);
-        }
-        e
     }
 
     pub(crate) fn ns(&self) -> NamespaceClient<Channel> {
