@@ -309,6 +309,8 @@ pub(crate) struct Inner {
     behind_idle: Notify,
     /// Whether calls are waiting for the server (see `rpc`).
     outage: rpc::Outage,
+    /// Reply-cache ids of non-idempotent calls (see `rpc`).
+    requests: rpc::RequestIds,
 }
 
 /// A connected agent. Dropping it stops its session task (the session then expires at the
@@ -482,6 +484,7 @@ impl Client {
             behind: Mutex::new(HashMap::new()),
             behind_idle: Notify::new(),
             outage: rpc::Outage::default(),
+            requests: rpc::RequestIds::new(),
             open_handles: Mutex::new(HashMap::new()),
         });
         bump(&inner.counters.sessions);

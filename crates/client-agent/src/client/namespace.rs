@@ -37,6 +37,18 @@ fn name(bytes: impl AsRef<[u8]>) -> Result<FileName, FsError> {
 /// client with the request (rebuilt for every try), the reply converted with `TryFrom` into
 /// `$out`; without `$out`, the reply is dropped.
 macro_rules! rpc {
+    (once $self:ident, $call:ident, $req:expr, $out:ty, $what:literal) => {{
+        let pending = $self.inner.requests.begin();
+        let mut req = $req;
+        req.request_id = pending.wire();
+        rpc!($self, $call, req, $out, $what)
+    }};
+    (once $self:ident, $call:ident, $req:expr, $what:literal) => {{
+        let pending = $self.inner.requests.begin();
+        let mut req = $req;
+        req.request_id = pending.wire();
+        rpc!($self, $call, req, $what)
+    }};
     ($self:ident, $call:ident, $req:expr, $out:ty, $what:literal) => {{
         let req = $req;
         $self
@@ -129,11 +141,13 @@ impl Client {
     ) -> Result<Created, FsError> {
         let name = name(entry)?;
         let mut session = None;
+        // The same id on every try: a retry after a lost reply gets the first try's answer.
+        let pending = self.inner.requests.begin();
         let r: CreateReply = self
             .inner
             .call("Create reply", Pin::Any, |view| {
                 session = Some(view.session);
-                let req = pb::CreateRequest::from(CreateRequest {
+                let mut req = pb::CreateRequest::from(CreateRequest {
                     cred: cred.clone(),
                     session: view.session,
                     parent,
@@ -142,6 +156,7 @@ impl Client {
                     exclusive,
                     flags,
                 });
+                req.request_id = pending.wire();
                 let mut ns = self.inner.ns();
                 async move { ns.create(req).await }
             })
@@ -171,7 +186,7 @@ impl Client {
             name: name(entry)?,
             perm,
         });
-        rpc!(self, mkdir, req, Attr, "Mkdir reply")
+        rpc!(once self, mkdir, req, Attr, "Mkdir reply")
     }
 
     pub async fn mknod(
@@ -191,7 +206,7 @@ impl Client {
             perm,
             rdev,
         });
-        rpc!(self, mknod, req, Attr, "Mknod reply")
+        rpc!(once self, mknod, req, Attr, "Mknod reply")
     }
 
     pub async fn unlink(
@@ -205,7 +220,7 @@ impl Client {
             parent,
             name: name(entry)?,
         });
-        rpc!(self, unlink, req, "Unlink reply")
+        rpc!(once self, unlink, req, "Unlink reply")
     }
 
     pub async fn rmdir(
@@ -219,7 +234,7 @@ impl Client {
             parent,
             name: name(entry)?,
         });
-        rpc!(self, rmdir, req, "Rmdir reply")
+        rpc!(once self, rmdir, req, "Rmdir reply")
     }
 
     pub async fn rename(
@@ -239,7 +254,7 @@ impl Client {
             new_name: name(new_name)?,
             mode,
         });
-        rpc!(self, rename, req, "Rename reply")
+        rpc!(once self, rename, req, "Rename reply")
     }
 
     /// A hard link; returns the inode's attributes (new link count).
@@ -256,7 +271,7 @@ impl Client {
             new_parent,
             new_name: name(new_name)?,
         });
-        rpc!(self, link, req, Attr, "Link reply")
+        rpc!(once self, link, req, Attr, "Link reply")
     }
 
     pub async fn symlink(
@@ -272,7 +287,7 @@ impl Client {
             name: name(entry)?,
             target: SymlinkTarget::new(target.as_ref().to_vec())?,
         });
-        rpc!(self, symlink, req, Attr, "Symlink reply")
+        rpc!(once self, symlink, req, Attr, "Symlink reply")
     }
 
     pub async fn readlink(&self, cred: &Credentials, ino: InodeId) -> Result<Vec<u8>, FsError> {

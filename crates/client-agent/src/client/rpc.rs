@@ -22,11 +22,15 @@
 //! `StaleSession` likewise: the I/O it belongs to is redone from the start under a new grant,
 //! never finished under the old one.
 
+use std::collections::BTreeSet;
 use std::fmt::Display;
 use std::future::Future;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use sanfs_proto::model::RequestId;
+use sanfs_proto::pb;
 use sanfs_proto::status::{fs_error_from_status, is_server_error};
 use sanfs_proto::types::{FsError, SessionId};
 use tonic::{Code, Response, Status};
@@ -133,6 +137,67 @@ impl Outage {
         if let Some(o) = s.take() {
             tracing::info!(%server, down_for_ms = o.since.elapsed().as_millis() as u64, "server OK");
         }
+    }
+}
+
+/// The reply-cache ids of this agent's non-idempotent calls (see the server's reply cache
+/// in docs/protocol.md): a random instance id chosen at start and kept across sessions, and
+/// an increasing seq per call; the calls still in progress say which seqs may still be sent
+/// again.
+#[derive(Debug)]
+pub(crate) struct RequestIds {
+    client: u64,
+    next: AtomicU64,
+    pending: Mutex<BTreeSet<u64>>,
+}
+
+impl RequestIds {
+    pub(crate) fn new() -> RequestIds {
+        RequestIds {
+            // Random, never 0.
+            client: uuid::Uuid::new_v4().as_u64_pair().0 | 1,
+            next: AtomicU64::new(1),
+            pending: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    /// A new id, pending (may be sent again) until the returned guard is dropped.
+    pub(crate) fn begin(&self) -> PendingRequest<'_> {
+        let seq = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.insert(seq);
+        let lowest = pending.first().copied().unwrap_or(seq);
+        PendingRequest {
+            ids: self,
+            id: RequestId {
+                client: self.client,
+                seq,
+                lowest_pending: lowest,
+            },
+        }
+    }
+}
+
+/// One non-idempotent call's id while it may still be sent (see [`RequestIds`]).
+pub(crate) struct PendingRequest<'a> {
+    ids: &'a RequestIds,
+    id: RequestId,
+}
+
+impl PendingRequest<'_> {
+    /// The id, for the request's `request_id` field.
+    pub(crate) fn wire(&self) -> Option<pb::RequestId> {
+        Some(self.id.into())
+    }
+}
+
+impl Drop for PendingRequest<'_> {
+    fn drop(&mut self) {
+        self.ids
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id.seq);
     }
 }
 
@@ -335,6 +400,30 @@ mod tests {
         ] {
             assert_eq!(classify(&status_from_fs_error(&e)), Failure::Final(e));
         }
+    }
+
+    #[test]
+    fn request_ids_say_what_may_come_again() {
+        let ids = RequestIds::new();
+        let a = ids.begin();
+        let b = ids.begin();
+        assert_eq!(a.id.client, b.id.client);
+        assert_ne!(a.id.client, 0);
+        assert!(b.id.seq > a.id.seq);
+        assert_eq!(b.id.lowest_pending, a.id.seq, "a is still pending");
+        drop(a);
+        let c = ids.begin();
+        assert_eq!(c.id.lowest_pending, b.id.seq);
+        drop(b);
+        drop(c);
+        let d = ids.begin();
+        assert_eq!(d.id.lowest_pending, d.id.seq);
+        assert!(RequestId::try_from(d.wire().unwrap()).is_ok());
+        assert_ne!(
+            RequestIds::new().client,
+            ids.client,
+            "random per agent instance"
+        );
     }
 
     #[tokio::test]

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use sanfs_proto::model::{
     AccessRequest, CreateRequest, EntryRequest, HandleRef, InodeRequest, LinkRequest, MkdirRequest,
-    MknodRequest, OpenReply, OpenRequest, ReadDirRequest, RenameRequest, SetAttrRequest,
-    SetXattrRequest, StatFs, SymlinkRequest, XattrNames, XattrRequest, XattrValue,
+    MknodRequest, OpenReply, OpenRequest, ReadDirRequest, RenameRequest, RequestId, SetAttrRequest,
+    SetXattrRequest, StatFs, SymlinkRequest, XattrNames, XattrRequest, XattrValue, request_id,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::namespace_server::Namespace;
@@ -20,6 +20,8 @@ use tonic::{Request, Response, Status};
 
 use super::{Server, convert, fs_status, note, rpc};
 use crate::ns::{self, Reader};
+use crate::replies::{self, Once, Stored};
+use crate::store::{Ctx, OpError};
 
 /// The Namespace service over the shared server.
 #[derive(Debug, Clone)]
@@ -31,6 +33,67 @@ impl NamespaceService {
     pub fn new(server: Arc<Server>) -> NamespaceService {
         NamespaceService { server }
     }
+}
+
+/// Converts a non-idempotent request and takes out its reply-cache id.
+fn convert_once<P, D>(mut p: P) -> Result<(D, Option<RequestId>), Status>
+where
+    P: WithRequestId,
+    D: TryFrom<P, Error = sanfs_proto::types::ProtocolError>,
+{
+    let id = request_id(p.take_request_id()).map_err(Status::from)?;
+    Ok((convert(p)?, id))
+}
+
+/// The wire requests that carry a `request_id`.
+trait WithRequestId {
+    fn take_request_id(&mut self) -> Option<pb::RequestId>;
+}
+
+macro_rules! with_request_id {
+    ($($pb:ident),*) => {$(
+        impl WithRequestId for pb::$pb {
+            fn take_request_id(&mut self) -> Option<pb::RequestId> {
+                self.request_id.take()
+            }
+        }
+    )*};
+}
+with_request_id!(
+    CreateRequest,
+    MkdirRequest,
+    MknodRequest,
+    SymlinkRequest,
+    LinkRequest,
+    RenameRequest,
+    UnlinkRequest,
+    RmdirRequest
+);
+
+/// A create that ran before (its reply was lost): the stored reply, with a handle of the
+/// session asking now. The stored handle is reused while it is still open under that
+/// session; otherwise (a new session: the server restarted, or the agent's lease lapsed) the
+/// file the first try created or opened is opened again, never truncated again.
+fn create_replayed(
+    ctx: &mut Ctx<'_>,
+    req: &CreateRequest,
+    stored: Stored<pb::CreateReply>,
+) -> Result<pb::CreateReply, OpError> {
+    let mut reply = stored.reply;
+    let ino = reply.attr.as_ref().map(|a| a.ino).unwrap_or(0);
+    let mut handles = ctx.st.handles.lock().unwrap_or_else(|p| p.into_inner());
+    let still_open = handles
+        .by_handle
+        .get(&reply.handle)
+        .is_some_and(|f| f.session == req.session.0 && f.ino == ino);
+    if !still_open {
+        drop(handles);
+        // The inode must still exist (another node may have removed it since).
+        ctx.t.inode(ino)?;
+        handles = ctx.st.handles.lock().unwrap_or_else(|p| p.into_inner());
+        reply.handle = handles.open(ino, req.session.0, req.flags.write);
+    }
+    Ok(reply)
 }
 
 /// A stored value that no longer passes the wire's own checks: corrupt metadata.
@@ -204,7 +267,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::CreateRequest>,
     ) -> Result<Response<pb::CreateReply>, Status> {
         rpc("Create", async {
-            let req: CreateRequest = convert(request.into_inner())?;
+            let (req, id): (CreateRequest, _) = convert_once(request.into_inner())?;
             note(Some(req.session.0), Some(req.parent.0));
             let session = req.session;
             self.server.check_session(session)?;
@@ -224,11 +287,22 @@ impl Namespace for NamespaceService {
                 Some(child) => self.server.size_change_guard(child, 0).await?,
                 None => None,
             };
-            let reply = self.server.write(move |ctx| ns::create(ctx, &req)).await?;
-            self.server
-                .keep_if_session_lives(session.0, reply.handle.0)
+            let reply = self
+                .server
+                .write(move |ctx| {
+                    let once = replies::run_once(ctx, id, session.0, |ctx| {
+                        ns::create(ctx, &req).map(pb::CreateReply::from)
+                    })?;
+                    match once {
+                        Once::Fresh(reply) => Ok(reply),
+                        Once::Replayed(stored) => create_replayed(ctx, &req, stored),
+                    }
+                })
                 .await?;
-            Ok(reply.into())
+            self.server
+                .keep_if_session_lives(session.0, reply.handle)
+                .await?;
+            Ok(reply)
         })
         .await
     }
@@ -238,10 +312,16 @@ impl Namespace for NamespaceService {
         request: Request<pb::MkdirRequest>,
     ) -> Result<Response<pb::MkdirReply>, Status> {
         rpc("Mkdir", async {
-            let req: MkdirRequest = convert(request.into_inner())?;
+            let (req, id): (MkdirRequest, _) = convert_once(request.into_inner())?;
             note(None, Some(req.parent.0));
-            let attr = self.server.write(move |ctx| ns::mkdir(ctx, &req)).await?;
-            Ok(attr.into())
+            self.server
+                .write(move |ctx| {
+                    replies::run_once(ctx, id, 0, |ctx| {
+                        ns::mkdir(ctx, &req).map(pb::MkdirReply::from)
+                    })
+                })
+                .await
+                .map(Once::into_reply)
         })
         .await
     }
@@ -251,10 +331,16 @@ impl Namespace for NamespaceService {
         request: Request<pb::MknodRequest>,
     ) -> Result<Response<pb::MknodReply>, Status> {
         rpc("Mknod", async {
-            let req: MknodRequest = convert(request.into_inner())?;
+            let (req, id): (MknodRequest, _) = convert_once(request.into_inner())?;
             note(None, Some(req.parent.0));
-            let attr = self.server.write(move |ctx| ns::mknod(ctx, &req)).await?;
-            Ok(attr.into())
+            self.server
+                .write(move |ctx| {
+                    replies::run_once(ctx, id, 0, |ctx| {
+                        ns::mknod(ctx, &req).map(pb::MknodReply::from)
+                    })
+                })
+                .await
+                .map(Once::into_reply)
         })
         .await
     }
@@ -264,12 +350,16 @@ impl Namespace for NamespaceService {
         request: Request<pb::UnlinkRequest>,
     ) -> Result<Response<pb::UnlinkReply>, Status> {
         rpc("Unlink", async {
-            let req: EntryRequest = convert(request.into_inner())?;
+            let (req, id): (EntryRequest, _) = convert_once(request.into_inner())?;
             note(None, Some(req.parent.0));
             self.server
-                .write(move |ctx| ns::unlink(ctx, &req, false))
-                .await?;
-            Ok(pb::UnlinkReply {})
+                .write(move |ctx| {
+                    replies::run_once(ctx, id, 0, |ctx| {
+                        ns::unlink(ctx, &req, false).map(|_| pb::UnlinkReply {})
+                    })
+                })
+                .await
+                .map(Once::into_reply)
         })
         .await
     }
@@ -279,12 +369,16 @@ impl Namespace for NamespaceService {
         request: Request<pb::RmdirRequest>,
     ) -> Result<Response<pb::RmdirReply>, Status> {
         rpc("Rmdir", async {
-            let req: EntryRequest = convert(request.into_inner())?;
+            let (req, id): (EntryRequest, _) = convert_once(request.into_inner())?;
             note(None, Some(req.parent.0));
             self.server
-                .write(move |ctx| ns::unlink(ctx, &req, true))
-                .await?;
-            Ok(pb::RmdirReply {})
+                .write(move |ctx| {
+                    replies::run_once(ctx, id, 0, |ctx| {
+                        ns::unlink(ctx, &req, true).map(|_| pb::RmdirReply {})
+                    })
+                })
+                .await
+                .map(Once::into_reply)
         })
         .await
     }
@@ -294,10 +388,16 @@ impl Namespace for NamespaceService {
         request: Request<pb::RenameRequest>,
     ) -> Result<Response<pb::RenameReply>, Status> {
         rpc("Rename", async {
-            let req: RenameRequest = convert(request.into_inner())?;
+            let (req, id): (RenameRequest, _) = convert_once(request.into_inner())?;
             note(None, Some(req.old_parent.0));
-            self.server.write(move |ctx| ns::rename(ctx, &req)).await?;
-            Ok(pb::RenameReply {})
+            self.server
+                .write(move |ctx| {
+                    replies::run_once(ctx, id, 0, |ctx| {
+                        ns::rename(ctx, &req).map(|_| pb::RenameReply {})
+                    })
+                })
+                .await
+                .map(Once::into_reply)
         })
         .await
     }
@@ -307,10 +407,16 @@ impl Namespace for NamespaceService {
         request: Request<pb::LinkRequest>,
     ) -> Result<Response<pb::LinkReply>, Status> {
         rpc("Link", async {
-            let req: LinkRequest = convert(request.into_inner())?;
+            let (req, id): (LinkRequest, _) = convert_once(request.into_inner())?;
             note(None, Some(req.inode.0));
-            let attr = self.server.write(move |ctx| ns::link(ctx, &req)).await?;
-            Ok(attr.into())
+            self.server
+                .write(move |ctx| {
+                    replies::run_once(ctx, id, 0, |ctx| {
+                        ns::link(ctx, &req).map(pb::LinkReply::from)
+                    })
+                })
+                .await
+                .map(Once::into_reply)
         })
         .await
     }
@@ -320,10 +426,16 @@ impl Namespace for NamespaceService {
         request: Request<pb::SymlinkRequest>,
     ) -> Result<Response<pb::SymlinkReply>, Status> {
         rpc("Symlink", async {
-            let req: SymlinkRequest = convert(request.into_inner())?;
+            let (req, id): (SymlinkRequest, _) = convert_once(request.into_inner())?;
             note(None, Some(req.parent.0));
-            let attr = self.server.write(move |ctx| ns::symlink(ctx, &req)).await?;
-            Ok(attr.into())
+            self.server
+                .write(move |ctx| {
+                    replies::run_once(ctx, id, 0, |ctx| {
+                        ns::symlink(ctx, &req).map(pb::SymlinkReply::from)
+                    })
+                })
+                .await
+                .map(Once::into_reply)
         })
         .await
     }

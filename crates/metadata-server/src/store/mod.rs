@@ -59,6 +59,9 @@ pub const PREALLOC: TableDefinition<'_, u64, (u64, u64)> = TableDefinition::new(
 /// Directory quotas: directory inode -> (byte limit, inode limit, blocks used, inodes used);
 /// `u64::MAX` is "no limit" (see `quota.rs`).
 pub const QUOTAS: TableDefinition<'_, u64, (u64, u64, u64, u64)> = TableDefinition::new("quotas");
+/// The reply cache of non-idempotent requests: (agent instance, request seq) -> the encoded
+/// reply (see `replies.rs`), written in the transaction of the change it answers.
+pub const REPLIES: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("replies");
 
 const KEY_SUPER: &str = "super";
 const KEY_VOLUME: &str = "volume";
@@ -334,6 +337,7 @@ pub struct Ctx<'t> {
     pub orphans: Table<'t, u64, ()>,
     pub prealloc: Table<'t, u64, (u64, u64)>,
     pub quotas: Table<'t, u64, (u64, u64, u64, u64)>,
+    pub replies: Table<'t, (u64, u64), &'static [u8]>,
     pub st: &'t mut State,
     pub now: Timestamp,
     pub block_size: u32,
@@ -544,6 +548,7 @@ impl Store {
             txn.open_table(ORPHANS)?;
             txn.open_table(PREALLOC)?;
             txn.open_table(QUOTAS)?;
+            txn.open_table(REPLIES)?;
         }
         txn.commit()?;
         Ok(())
@@ -1139,6 +1144,7 @@ fn open_ctx<'t>(
         orphans: txn.open_table(ORPHANS).map_err(e)?,
         prealloc: txn.open_table(PREALLOC).map_err(e)?,
         quotas: txn.open_table(QUOTAS).map_err(e)?,
+        replies: txn.open_table(REPLIES).map_err(e)?,
         st,
         now,
         block_size,

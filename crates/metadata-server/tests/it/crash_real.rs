@@ -168,6 +168,7 @@ async fn worker(mut c: Clients, session: u64, model: Model, prefix: String, seed
                 perm: 0o644,
                 exclusive: true,
                 flags: rw(),
+                request_id: None,
             })
             .await
         else {
@@ -215,6 +216,7 @@ async fn worker(mut c: Clients, session: u64, model: Model, prefix: String, seed
                     cred: root(),
                     parent: ROOT,
                     name: name.clone().into(),
+                    request_id: None,
                 })
                 .await
                 .is_err()
@@ -352,6 +354,7 @@ async fn kill_9_during_a_mixed_workload_loses_nothing_acknowledged() {
                 perm: 0o644,
                 exclusive: true,
                 flags: rw(),
+                request_id: None,
             })
             .await
             .unwrap()
