@@ -18,9 +18,10 @@
 //! **Calls bound to a session.** A call on a [`FileHandle`] ([`Pin::Handle`]) cannot move to
 //! a new session: once one is open it answers `Stale` (ESTALE) at once, without sending, and
 //! the caller's [`super::OpenFile`] opens the file again under the new session and redoes the
-//! whole operation. A call on a grant ([`Pin::Session`]: map, complete, return) answers
-//! `StaleSession` likewise: the I/O it belongs to is redone from the start under a new grant,
-//! never finished under the old one.
+//! whole operation. A call on a grant ([`Pin::Session`]: complete, return) answers
+//! `StaleSession` as soon as its session is lost, without waiting for the next one (the fence
+//! that replaces the session waits for the grants in use): the I/O it belongs to is redone
+//! from the start under a new grant, never finished under the old one.
 
 use std::collections::BTreeSet;
 use std::fmt::Display;
@@ -263,6 +264,13 @@ impl Inner {
     {
         let mut patience = Patience::new(self.config.retry);
         loop {
+            // A grant's call never waits for a new session: the fence that replaces the
+            // session waits for the grants in use, and their I/O is redone under a new one.
+            if let Pin::Session(s) = pin
+                && !self.view_for(None).is_ok_and(|v| v.session == s)
+            {
+                return Err(FsError::StaleSession);
+            }
             let view = self.wait_live(&mut patience, what).await?;
             match pin {
                 Pin::Any => {}
@@ -286,6 +294,9 @@ impl Inner {
                     self.outage.note_up(&self.config.server);
                     // The session task replaces it; the next try waits for that.
                     let _ = self.lost_tx.send(view.session);
+                    if let Pin::Session(_) = pin {
+                        return Err(FsError::StaleSession);
+                    }
                     self.wait_generation_after(view.generation, &mut patience, what)
                         .await?;
                 }
