@@ -322,6 +322,20 @@ fn server_restart_is_a_pause_not_an_error() {
     }
     let mut s = Setup::new(3000);
     s.mount("");
+    // A call that never comes back would hang the test binary (threads blocked in FUSE):
+    // after 5 minutes, fail loudly instead.
+    let finished = Arc::new(AtomicBool::new(false));
+    {
+        let (finished, log) = (finished.clone(), s.dir.path().join("agent.log"));
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(300));
+            if !finished.load(Ordering::SeqCst) {
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                eprintln!("restart test hung for 5 minutes; agent log:\n{log}");
+                std::process::abort();
+            }
+        });
+    }
     let root = s.mount.clone();
     let stop = Arc::new(AtomicBool::new(false));
     let phase = Arc::new(AtomicU8::new(BEFORE));
@@ -374,6 +388,7 @@ fn server_restart_is_a_pause_not_an_error() {
     for t in threads {
         t.join().unwrap();
     }
+    finished.store(true, Ordering::SeqCst);
     let seen = seen.lock().unwrap();
     let log = s.log("agent.log");
     eprintln!("restart: {seen:?}");
