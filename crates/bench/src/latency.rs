@@ -93,6 +93,7 @@ async fn raw_agent(
                 append: false,
                 truncate: false,
             }),
+            request_id: None,
         })
         .await?
         .into_inner();

@@ -111,6 +111,7 @@ async fn caller(
                             append: false,
                             truncate: false,
                         }),
+                        request_id: None,
                     })
                     .await?
                     .into_inner();
@@ -159,6 +160,7 @@ async fn caller(
                     cred: cred(),
                     parent: dir,
                     name: format!("f{f}").into(),
+                    request_id: None,
                 })
                 .await?;
                 ops += 1;
@@ -228,6 +230,7 @@ pub async fn run(p: &MetadataParams) -> anyhow::Result<MetadataReport> {
             parent: 1,
             name: format!("caller{i}").into(),
             perm: 0o755,
+            request_id: None,
         })
         .await?;
     }

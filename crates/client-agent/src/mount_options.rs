@@ -53,6 +53,9 @@ pub struct MountOpts {
     /// `accept_epoch_regression`: accept a server whose epoch went backwards (after a
     /// deliberate restore of the metadata store from an older copy).
     pub accept_epoch_regression: bool,
+    /// `hard` (the default) or `soft[,retrans_timeout=DURATION]`: how long a call waits for an
+    /// unreachable or restarting server (see [`crate::client::RetryPolicy`]).
+    pub retry: crate::client::RetryPolicy,
 }
 
 impl Default for MountOpts {
@@ -76,6 +79,7 @@ impl Default for MountOpts {
             log_level: None,
             remount: false,
             accept_epoch_regression: false,
+            retry: crate::client::RetryPolicy::Hard,
         }
     }
 }
@@ -163,6 +167,9 @@ pub fn parse_options_sloppy(
     let mut o = MountOpts::default();
     let mut ignored = Vec::new();
     let mut last_was_devices = false;
+    // `soft` and its `retrans_timeout=` may come in any order; the last of hard/soft wins.
+    let mut soft: Option<bool> = None;
+    let mut soft_timeout: Option<Duration> = None;
     for item in raw
         .iter()
         .flat_map(|r| r.split(','))
@@ -217,6 +224,9 @@ pub fn parse_options_sloppy(
                 );
             }
             "device_retry" => o.device_retry = duration_option(key, value)?,
+            "hard" => soft = Some(false),
+            "soft" => soft = Some(true),
+            "retrans_timeout" => soft_timeout = Some(duration_option(key, value)?),
             "threshold" => {
                 let v = need(key, value)?;
                 o.direct_io_threshold = Some(
@@ -244,6 +254,17 @@ pub fn parse_options_sloppy(
             _ if sloppy => ignored.push(item.to_owned()),
             k => bail!("unknown mount option {k:?}"),
         }
+    }
+    match (soft, soft_timeout) {
+        (Some(true), t) => {
+            let t = t.unwrap_or(crate::client::DEFAULT_SOFT_TIMEOUT);
+            if t.is_zero() {
+                bail!("retrans_timeout=0: a soft mount needs a timeout above zero");
+            }
+            o.retry = crate::client::RetryPolicy::Soft(t);
+        }
+        (_, Some(_)) => bail!("retrans_timeout= goes with soft (a hard mount waits forever)"),
+        _ => {}
     }
     Ok((o, ignored))
 }
@@ -392,12 +413,36 @@ mod tests {
     #[test]
     fn sloppy_skips_unknown_options_and_says_which() {
         let (o, ignored) =
-            parse_options_sloppy(&s("ro,vers=4,attr_ttl=2s,hard,_netdev"), true).unwrap();
+            parse_options_sloppy(&s("ro,vers=4,attr_ttl=2s,nolock,_netdev"), true).unwrap();
         assert!(o.read_only);
         assert_eq!(o.attr_ttl, Duration::from_secs(2));
-        assert_eq!(ignored, ["vers=4", "hard"]);
+        assert_eq!(ignored, ["vers=4", "nolock"]);
         // Sloppy does not excuse a known option's bad value.
         assert!(parse_options_sloppy(&s("threshold=big"), true).is_err());
+    }
+
+    #[test]
+    fn hard_and_soft() {
+        use crate::client::{DEFAULT_SOFT_TIMEOUT, RetryPolicy};
+        assert_eq!(parse_options(&[]).unwrap().retry, RetryPolicy::Hard);
+        assert_eq!(parse_options(&s("hard")).unwrap().retry, RetryPolicy::Hard);
+        assert_eq!(
+            parse_options(&s("soft")).unwrap().retry,
+            RetryPolicy::Soft(DEFAULT_SOFT_TIMEOUT)
+        );
+        assert_eq!(
+            parse_options(&s("retrans_timeout=30s,soft")).unwrap().retry,
+            RetryPolicy::Soft(Duration::from_secs(30))
+        );
+        // The last of hard and soft wins.
+        assert_eq!(
+            parse_options(&s("soft,hard")).unwrap().retry,
+            RetryPolicy::Hard
+        );
+        assert!(parse_options(&s("hard,retrans_timeout=1s")).is_err());
+        assert!(parse_options(&s("retrans_timeout=1s")).is_err());
+        assert!(parse_options(&s("soft,retrans_timeout=0")).is_err());
+        assert!(parse_options(&s("soft,retrans_timeout=soon")).is_err());
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod ns;
 pub mod proxy;
 pub mod quota;
+pub mod replies;
 pub mod serve;
 pub mod service;
 pub mod store;

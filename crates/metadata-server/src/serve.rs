@@ -127,6 +127,13 @@ pub async fn serve(
         .await
         .context("the store-opening task failed")?
         .with_context(|| format!("open the metadata store {:?}", opts.backend))?;
+    let swept = store
+        .write(crate::replies::sweep)
+        .await
+        .context("forget old entries of the reply cache")?;
+    if swept > 0 {
+        tracing::info!(entries = swept, "reply cache: old entries forgotten");
+    }
     let params = ServiceParams {
         direct_threshold: opts.direct_threshold,
         lease_ttl_ms: opts.lease_ttl_ms,

@@ -272,6 +272,7 @@ fn mount(
     config.device_retry = opts.device_retry;
     config.direct_io_threshold = opts.direct_io_threshold;
     config.accept_epoch_regression = opts.accept_epoch_regression;
+    config.retry = opts.retry;
     config.tls = match (&opts.tls_ca, &opts.tls_cert, &opts.tls_key) {
         (None, None, None) => None,
         (Some(ca), Some(cert), Some(key)) => Some(TlsConfig {

@@ -35,8 +35,9 @@ use sanfs_proto::types::{
 };
 
 use super::cache::AfterIo;
+use super::rpc::Pin;
 use super::subplan::sub_plan;
-use super::{Client, FileHandle, Inner, SessionView, add, bump, malformed};
+use super::{Client, FileHandle, Inner, SessionView, add, bump};
 use crate::buf::AlignedBuf;
 use crate::engine::{DeviceOp, IoErr};
 
@@ -116,7 +117,7 @@ impl Client {
             return Ok(0);
         }
         let inner = &self.inner;
-        let view = inner.view_for(Some(fh))?;
+        let view = inner.live_view_for(Some(fh), "Read").await?;
         // This agent's own write layouts there would block the read: give them back (after
         // their completions in flight, which may move the end of file).
         inner.settle(ino).await;
@@ -178,7 +179,7 @@ impl Client {
             });
         }
         let inner = &self.inner;
-        let view = inner.view_for(Some(fh))?;
+        let view = inner.live_view_for(Some(fh), "Write").await?;
         // A write that completed behind an earlier one failed: say so now (as writeback).
         inner.take_write_error(ino)?;
         // Own read grants there would block the write; so would own write layouts where the
@@ -250,7 +251,7 @@ impl Client {
         let len = buf.len() as u64;
         ByteRange::new(offset, len)?;
         let inner = &self.inner;
-        let view = inner.view_for(Some(fh))?;
+        let view = inner.live_view_for(Some(fh), "Read").await?;
         let block = u64::from(view.server.block_size);
         match split(offset, len, block, inner.threshold(&view)) {
             Some((h, m)) if len > 0 && h == offset && m == offset + len => {
@@ -286,7 +287,7 @@ impl Client {
         let len = buf.len() as u64;
         let range = ByteRange::new(offset, len)?;
         let inner = &self.inner;
-        let view = inner.view_for(Some(fh))?;
+        let view = inner.live_view_for(Some(fh), "Write").await?;
         let block = u64::from(view.server.block_size);
         match split(offset, len, block, inner.threshold(&view)) {
             Some((h, m)) if len > 0 && h == offset && m == offset + len => {
@@ -328,7 +329,6 @@ impl Client {
         data_only: bool,
     ) -> Result<(), FsError> {
         let inner = &*self.inner;
-        let view = inner.view_for(Some(fh))?;
         // Writes completed behind first; one that failed is this fsync's error.
         inner.settle(ino).await;
         inner.take_write_error(ino)?;
@@ -338,12 +338,14 @@ impl Client {
             inode: ino,
             data_only,
         };
+        let req = pb::FsyncRequest::from(req);
         inner
-            .data()
-            .fsync(pb::FsyncRequest::from(req))
+            .call_unit("Fsync reply", Pin::Handle(fh), |_| {
+                let mut data = inner.data();
+                let req = req.clone();
+                async move { data.fsync(req).await }
+            })
             .await
-            .map_err(|s| inner.status_error(view.session, &s))?;
-        Ok(())
     }
 
     /// Sets the file size (SetAttr with a size; under `fh` for ftruncate).
@@ -354,7 +356,7 @@ impl Client {
         ino: InodeId,
         size: u64,
     ) -> Result<Attr, FsError> {
-        let view = self.inner.view_for(fh)?;
+        let view = self.inner.live_view_for(fh, "SetAttr").await?;
         self.inner.settle(ino).await;
         let tail = ByteRange::new(size, MAX_FILE_SIZE.saturating_sub(size))?;
         self.inner.give_back_own(&view, ino, tail, None).await;
@@ -380,7 +382,7 @@ impl Client {
             return Err(FsError::Invalid("fallocate of 0 bytes".to_owned()));
         }
         let inner = &*self.inner;
-        let view = inner.view_for(Some(fh))?;
+        let view = inner.live_view_for(Some(fh), "Fallocate").await?;
         inner.settle(ino).await;
         inner.give_back_own(&view, ino, range, None).await;
         let req = FallocateRequest {
@@ -390,13 +392,14 @@ impl Client {
             range,
             mode,
         };
-        let reply = inner
-            .data()
-            .fallocate(pb::FallocateRequest::from(req))
+        let req = pb::FallocateRequest::from(req);
+        inner
+            .call("Fallocate reply", Pin::Handle(fh), |_| {
+                let mut data = inner.data();
+                let req = req.clone();
+                async move { data.fallocate(req).await }
+            })
             .await
-            .map_err(|s| inner.status_error(view.session, &s))?
-            .into_inner();
-        Attr::try_from(reply).map_err(|e| malformed("Fallocate reply", e))
     }
 }
 
@@ -499,12 +502,15 @@ impl Inner {
                 epoch: view.epoch,
                 grant_ids: chunk.to_vec(),
             };
-            if let Err(s) = self
-                .data()
-                .return_grant(pb::ReturnGrantRequest::from(req))
-                .await
-            {
-                let e = self.status_error(view.session, &s);
+            let req = pb::ReturnGrantRequest::from(req);
+            let r = self
+                .call_unit("ReturnGrant reply", Pin::Session(view.session), |_| {
+                    let mut data = self.data();
+                    let req = req.clone();
+                    async move { data.return_grant(req).await }
+                })
+                .await;
+            if let Err(e) = r {
                 tracing::debug!(error = %e, "returning cached read grants failed");
             }
         }
@@ -539,13 +545,14 @@ impl Inner {
                 range: ByteRange::new(offset + done as u64, want as u64)?,
             };
             bump(&self.counters.proxied_reads);
-            let reply = self
-                .data()
-                .read(pb::ReadRequest::from(req))
-                .await
-                .map_err(|s| self.status_error(view.session, &s))?
-                .into_inner();
-            let reply = ReadReply::try_from(reply).map_err(|e| malformed("Read reply", e))?;
+            let req = pb::ReadRequest::from(req);
+            let reply: ReadReply = self
+                .call("Read reply", Pin::Handle(fh), |_| {
+                    let mut data = self.data();
+                    let req = req.clone();
+                    async move { data.read(req).await }
+                })
+                .await?;
             let n = reply.data.len().min(want);
             buf[done..done + n].copy_from_slice(&reply.data[..n]);
             add(&self.counters.proxied_read_bytes, n as u64);
@@ -580,13 +587,14 @@ impl Inner {
                 sync: false,
             };
             bump(&self.counters.proxied_writes);
-            let reply = self
-                .data()
-                .write(pb::WriteRequest::from(req))
-                .await
-                .map_err(|s| self.status_error(view.session, &s))?
-                .into_inner();
-            let reply = WriteReply::try_from(reply).map_err(|e| malformed("Write reply", e))?;
+            let req = pb::WriteRequest::from(req);
+            let reply: WriteReply = self
+                .call("Write reply", Pin::Handle(fh), |_| {
+                    let mut data = self.data();
+                    let req = req.clone();
+                    async move { data.write(req).await }
+                })
+                .await?;
             if reply.written.len() != piece.len() as u64 {
                 return Err(FsError::Io(format!(
                     "proxied write of {} bytes wrote {}",
@@ -668,20 +676,22 @@ impl Inner {
             sync: false,
             layout,
         });
-        let mut data = self.data();
-        let reply = match mode {
-            LockMode::Shared => {
-                bump(&self.counters.map_reads);
-                data.map_read(req).await
+        self.call("grant", Pin::Handle(fh), |_| {
+            let mut data = self.data();
+            let req = req.clone();
+            let counter = match mode {
+                LockMode::Shared => &self.counters.map_reads,
+                LockMode::Exclusive => &self.counters.map_writes,
+            };
+            bump(counter);
+            async move {
+                match mode {
+                    LockMode::Shared => data.map_read(req).await,
+                    LockMode::Exclusive => data.map_write(req).await,
+                }
             }
-            LockMode::Exclusive => {
-                bump(&self.counters.map_writes);
-                data.map_write(req).await
-            }
-        }
-        .map_err(|s| self.status_error(view.session, &s))?
-        .into_inner();
-        Grant::try_from(reply).map_err(|e| malformed("grant", e))
+        })
+        .await
     }
 
     async fn complete(
@@ -720,13 +730,13 @@ impl Inner {
             sync: false,
             keep_at,
         };
-        let reply = self
-            .data()
-            .complete(pb::CompleteRequest::from(req))
-            .await
-            .map_err(|s| self.status_error(view.session, &s))?
-            .into_inner();
-        Attr::try_from(reply).map_err(|e| malformed("Complete reply", e))
+        let req = pb::CompleteRequest::from(req);
+        self.call("Complete reply", Pin::Session(view.session), |_| {
+            let mut data = self.data();
+            let req = req.clone();
+            async move { data.complete(req).await }
+        })
+        .await
     }
 
     /// Runs `plan` in place on `dest`'s bytes from `base` on: the device I/O reads into (or

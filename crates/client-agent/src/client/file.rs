@@ -2,7 +2,7 @@
 //!
 //! A [`FileHandle`] belongs to one session; after the session is replaced (the lease lapsed,
 //! the server restarted) calls on it answer ESTALE. An `OpenFile` keeps the inode and the
-//! open flags beside its current handle, and its calls re-open the file once under the new
+//! open flags beside its current handle, and its calls re-open the file under the new
 //! session (with the same flags, never `O_TRUNC`: the file was truncated at the first open)
 //! and retry. Concurrent callers that find the same stale handle re-open once. This is what
 //! the FUSE mount does for every open file, and what a long-running library user (the bench,
@@ -14,6 +14,10 @@ use sanfs_proto::model::OpenFlags;
 use sanfs_proto::types::{Credentials, FsError, InodeId};
 
 use super::{Client, FileHandle, WriteOutcome};
+
+/// How many times in a row a call on an [`OpenFile`] re-opens it after ESTALE before the
+/// error is the answer (every re-open follows a new session).
+pub const MAX_REOPENS: u32 = 64;
 
 /// Whether `e` means "this handle's session is gone".
 pub fn is_stale(e: &FsError) -> bool {
@@ -31,23 +35,33 @@ pub struct OpenFile {
     serial: tokio::sync::Mutex<()>,
 }
 
-/// Runs `$call` with `$fh` bound to an [`OpenFile`]'s current handle; on ESTALE re-opens the
-/// file once and runs it again with the new handle. (A macro rather than a function taking a
-/// closure: the call borrows the caller's buffers.)
+/// Runs `$call` with `$fh` bound to an [`OpenFile`]'s current handle; on ESTALE (the
+/// handle's session was replaced: the server restarted, or the lease lapsed) re-opens the
+/// file under the new session and runs the whole call again with the new handle, as often
+/// as that happens (at most [`MAX_REOPENS`] times in a row). The re-open waits for the new
+/// session as every call does. (A macro rather than a function taking a closure: the call
+/// borrows the caller's buffers.)
 macro_rules! retrying {
     ($file:expr, $client:expr, $cred:expr, |$fh:ident| $call:expr) => {{
-        let $fh = $file.current();
-        match $call {
-            Err(e) if $crate::client::is_stale(&e) => {
-                match $file.reopen($client, $cred, $fh).await {
-                    Ok($fh) => $call,
-                    Err(e2) => {
-                        tracing::warn!(ino = %$file.ino(), error = %e2, "re-open after a stale handle failed");
-                        Err(e)
+        let mut reopens = 0u32;
+        let mut $fh = $file.current();
+        loop {
+            match $call {
+                Err(e)
+                    if $crate::client::is_stale(&e)
+                        && reopens < $crate::client::MAX_REOPENS =>
+                {
+                    reopens += 1;
+                    match $file.reopen($client, $cred, $fh).await {
+                        Ok(fh) => $fh = fh,
+                        Err(e2) => {
+                            tracing::warn!(ino = %$file.ino(), error = %e2, "re-open after a stale handle failed");
+                            break Err(e);
+                        }
                     }
                 }
+                r => break r,
             }
-            r => r,
         }
     }};
 }
@@ -105,7 +119,7 @@ impl OpenFile {
         Ok(handle)
     }
 
-    /// [`Client::read_at`], re-opening once after a session change.
+    /// [`Client::read_at`], re-opening after a session change.
     pub async fn read_at(
         &self,
         client: &Client,
@@ -118,7 +132,7 @@ impl OpenFile {
             .await)
     }
 
-    /// [`Client::read_into`], re-opening once after a session change.
+    /// [`Client::read_into`], re-opening after a session change.
     pub async fn read_into(
         &self,
         client: &Client,
@@ -131,7 +145,7 @@ impl OpenFile {
             .await)
     }
 
-    /// [`Client::write_at`], re-opening once after a session change.
+    /// [`Client::write_at`], re-opening after a session change.
     pub async fn write_at(
         &self,
         client: &Client,
@@ -144,7 +158,7 @@ impl OpenFile {
             .await)
     }
 
-    /// [`Client::fsync`], re-opening once after a session change.
+    /// [`Client::fsync`], re-opening after a session change.
     pub async fn fsync(
         &self,
         client: &Client,

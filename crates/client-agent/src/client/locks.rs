@@ -17,14 +17,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use sanfs_blockmap::advisory::{FileLocks, LockRecord};
-use sanfs_proto::model::{
-    FileLock, GetLockReply, HandleRef, LockRequest, LockType, OpenFlags, OpenReply, OpenRequest,
-};
+use sanfs_proto::model::{FileLock, GetLockReply, HandleRef, LockRequest, LockType, OpenFlags};
 use sanfs_proto::pb;
 use sanfs_proto::pb::locks_client::LocksClient;
 use sanfs_proto::types::{Credentials, FsError, InodeId};
 
-use super::{Client, FileHandle, Inner, malformed};
+use super::rpc::Pin;
+use super::{Client, FileHandle, Inner};
 
 /// How long one SetLock of an F_SETLKW waits at the server before the agent checks for a
 /// signal and asks again.
@@ -139,22 +138,19 @@ impl Inner {
     }
 
     async fn set_lock(&self, req: pb::LockRequest, fh: &FileHandle) -> Result<(), FsError> {
-        self.locks()
-            .set_lock(req)
-            .await
-            .map(drop)
-            .map_err(|s| self.status_error(fh.session, &s))
+        self.call_unit("SetLock reply", Pin::Handle(fh), |_| {
+            let mut locks = self.locks();
+            let req = req.clone();
+            async move { locks.set_lock(req).await }
+        })
+        .await
     }
 
     /// Closes a reclaim handle that no lock needs any more.
     async fn close_reclaim_handle(&self, fh: Option<FileHandle>) {
         if let Some(fh) = fh {
             self.before_release(&fh).await;
-            let req = pb::ReleaseRequest::from(HandleRef {
-                session: fh.session,
-                handle: fh.handle,
-            });
-            let _ = self.ns().release(req).await;
+            let _ = self.release_handle(&fh).await;
         }
     }
 }
@@ -170,14 +166,14 @@ impl Client {
         lock: FileLock,
     ) -> Result<Option<FileLock>, FsError> {
         let inner = &*self.inner;
-        inner.view_for(Some(fh))?;
-        let reply = inner
-            .locks()
-            .get_lock(request(cred, fh, ino, owner, lock, 0, false))
-            .await
-            .map_err(|s| inner.status_error(fh.session, &s))?
-            .into_inner();
-        let reply = GetLockReply::try_from(reply).map_err(|e| malformed("GetLock reply", e))?;
+        let req = request(cred, fh, ino, owner, lock, 0, false);
+        let reply: GetLockReply = inner
+            .call("GetLock reply", Pin::Handle(fh), |_| {
+                let mut locks = inner.locks();
+                let req = req.clone();
+                async move { locks.get_lock(req).await }
+            })
+            .await?;
         Ok(reply.conflict)
     }
 
@@ -200,7 +196,6 @@ impl Client {
             _ => (0, &(|| false) as &(dyn Fn() -> bool + Sync)),
         };
         loop {
-            inner.view_for(Some(fh))?;
             let req = request(cred, fh, ino, owner, lock, wait_ms, false);
             match inner.set_lock(req, fh).await {
                 Ok(()) => break,
@@ -274,26 +269,7 @@ async fn open_again(
     ino: InodeId,
     flags: OpenFlags,
 ) -> Result<FileHandle, FsError> {
-    let view = inner.view_for(None)?;
-    let req = pb::OpenRequest::from(OpenRequest {
-        cred: cred.clone(),
-        session: view.session,
-        inode: ino,
-        flags,
-    });
-    let reply = inner
-        .ns()
-        .open(req)
-        .await
-        .map_err(|s| inner.status_error(view.session, &s))?
-        .into_inner();
-    let reply = OpenReply::try_from(reply).map_err(|e| malformed("Open reply", e))?;
-    let fh = FileHandle {
-        session: view.session,
-        handle: reply.handle,
-    };
-    inner.note_open(&fh, ino);
-    Ok(fh)
+    inner.open_handle(cred, ino, flags).await.map(|(fh, _)| fh)
 }
 
 /// After a new session: re-places every lock the mirror holds (see the module doc).

@@ -22,11 +22,15 @@
 //! way; a write whose device I/O was done but whose completion the server then refuses
 //! returns EIO (never ESTALE, which an [`OpenFile`] would retry under the new session).
 //!
+//! **A restart is a pause.** Every call goes through one helper (`rpc`): a transport failure
+//! or a `StaleSession` answer makes the call wait for a live session and send again (as long
+//! as [`ClientConfig::retry`] allows: `hard`, forever; `soft`, then EIO).
+//!
 //! **Handles across sessions.** Open handles belong to a session. A [`FileHandle`] of a session
-//! that has been replaced is refused locally with [`FsError::Stale`] (ESTALE), and a call made
-//! while the session is being re-established fails with ESTALE rather than waiting. An
-//! [`OpenFile`] (from [`Client::open_file`]) re-opens itself once under the new session
-//! (inode numbers are stable) and retries; the FUSE mount keeps one per open file.
+//! that has been replaced is refused locally with [`FsError::Stale`] (ESTALE), once the new
+//! session is open (a call waits for it first). An [`OpenFile`] (from [`Client::open_file`])
+//! then re-opens itself under the new session (inode numbers are stable) and redoes the whole
+//! call; the FUSE mount keeps one per open file.
 //!
 //! **LUN health.** A failed device write poisons the device in the engine (fail stop): its I/O
 //! goes through the server from then on. The *health task* (`health`) probes a poisoned LUN
@@ -39,7 +43,8 @@
 //! Submodules: `namespace` (the POSIX metadata calls), `quota` (directory quotas), `data` (the
 //! routing rule and both paths), `file` (open files that survive a session change), `cache`
 //! (cached read grants), `subplan` (cutting a cached grant's plan), `session` (the session
-//! task), `health` (re-probing poisoned LUNs), `locks` (cluster-wide fcntl/flock locks),
+//! task), `rpc` (the call helper: retries and waiting for the server), `health` (re-probing
+//! poisoned LUNs), `locks` (cluster-wide fcntl/flock locks),
 //! `status` (what `sanfs-agent status` and `bmap` show, and the counters behind the agent's
 //! metrics).
 
@@ -50,6 +55,7 @@ mod health;
 mod locks;
 mod namespace;
 mod quota;
+mod rpc;
 mod seek;
 mod session;
 mod status;
@@ -83,9 +89,10 @@ use cache::GrantCache;
 
 pub use data::WriteOutcome;
 pub(crate) use file::retrying;
-pub use file::{OpenFile, is_stale};
+pub use file::{MAX_REOPENS, OpenFile, is_stale};
 pub use locks::LockWait;
 pub use namespace::Created;
+pub use rpc::{COMPLAIN_EVERY, DEFAULT_SOFT_TIMEOUT, RetryPolicy};
 pub use seek::SeekWhat;
 pub use status::{
     AgentStatus, BmapEntry, BmapReply, ByteCounts, DeviceHealth, DeviceStatus, GrantCounts,
@@ -150,6 +157,9 @@ pub struct ClientConfig {
     /// [`Client::status`], `epoch_refused`) and calls fail with EIO until the right server is
     /// back. Mount option `accept_epoch_regression`.
     pub accept_epoch_regression: bool,
+    /// How long calls wait for an unreachable or restarting server (`hard`: as long as it
+    /// takes; `soft`: then EIO).
+    pub retry: RetryPolicy,
     pub faults: FaultInjection,
 }
 
@@ -175,6 +185,7 @@ impl ClientConfig {
             read_layout_bytes: DEFAULT_READ_LAYOUT_BYTES,
             write_layout_bytes: DEFAULT_WRITE_LAYOUT_BYTES,
             accept_epoch_regression: false,
+            retry: RetryPolicy::Hard,
             faults: FaultInjection::default(),
         }
     }
@@ -315,6 +326,10 @@ pub(crate) struct Inner {
     behind: Mutex<HashMap<InodeId, Behind>>,
     /// Wakes those waiting for a file's completions in flight.
     behind_idle: Notify,
+    /// Whether calls are waiting for the server (see `rpc`).
+    outage: rpc::Outage,
+    /// Reply-cache ids of non-idempotent calls (see `rpc`).
+    requests: rpc::RequestIds,
 }
 
 /// A connected agent. Dropping it stops its session task (the session then expires at the
@@ -511,6 +526,8 @@ impl Client {
             write_ends: Mutex::new(HashMap::new()),
             behind: Mutex::new(HashMap::new()),
             behind_idle: Notify::new(),
+            outage: rpc::Outage::default(),
+            requests: rpc::RequestIds::new(),
             open_handles: Mutex::new(HashMap::new()),
         });
         bump(&inner.counters.sessions);
@@ -751,38 +768,6 @@ impl Inner {
         Ok(s.view.clone())
     }
 
-    /// The current session for a call that opens files: waits (at most two lease TTLs) while
-    /// the session is being re-established, then ESTALE.
-    pub(crate) async fn live_view(&self) -> Result<SessionView, FsError> {
-        let mut rx = self.generation_tx.subscribe();
-        let wait_ms = self.lock_state().lease_ttl_ms.saturating_mul(2).max(1000);
-        let wait = async {
-            loop {
-                match self.view_for(None) {
-                    Ok(v) => return Ok(v),
-                    // A refused server: no waiting helps.
-                    Err(e @ FsError::Io(_)) => return Err(e),
-                    Err(_) => {}
-                }
-                // Re-check at least every 50 ms: a lapse is noticed by the deadline alone.
-                let _ = tokio::time::timeout(Duration::from_millis(50), rx.changed()).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_millis(wait_ms), wait)
-            .await
-            .map_err(|_| FsError::StaleSession)?
-    }
-
-    /// The session a call that needs no live lease names (namespace calls), or EIO while the
-    /// server is refused because its epoch went backwards.
-    pub(crate) fn session_for_call(&self) -> Result<SessionId, FsError> {
-        let s = self.lock_state();
-        match &s.epoch_refused {
-            Some(why) => Err(FsError::Io(why.clone())),
-            None => Ok(s.view.session),
-        }
-    }
-
     /// Epochs only go forward: admits a new session's server `epoch`, or refuses it (error
     /// log, [`Client::status`], calls fail with EIO) when it is lower than the highest seen,
     /// unless [`ClientConfig::accept_epoch_regression`] is set.
@@ -837,16 +822,6 @@ impl Inner {
     /// write).
     pub(crate) fn device_usable(&self, d: DeviceIndex) -> bool {
         self.present.get(d.as_usize()).copied().unwrap_or(false) && !self.engine.is_poisoned(d)
-    }
-
-    /// Converts a failed call's status; a `StaleSession` answer makes the session task
-    /// replace the session.
-    pub(crate) fn status_error(&self, session: SessionId, status: &tonic::Status) -> FsError {
-        let e = fs_error_from_status(status);
-        if e == FsError::StaleSession {
-            let _ = self.lost_tx.send(session);
-        }
-        e
     }
 
     pub(crate) fn ns(&self) -> NamespaceClient<Channel> {

@@ -17,7 +17,8 @@ use sanfs_proto::types::{
     XattrMode, XattrName,
 };
 
-use super::{Client, FileHandle, malformed};
+use super::rpc::Pin;
+use super::{Client, FileHandle, Inner};
 
 /// What `create` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,29 +33,43 @@ fn name(bytes: impl AsRef<[u8]>) -> Result<FileName, FsError> {
     Ok(FileName::new(bytes.as_ref().to_vec())?)
 }
 
-/// Runs one namespace rpc: `$call` on a fresh client with the request, the error converted,
-/// the reply converted with `TryFrom` into `$out`.
+/// Runs one namespace rpc through [`Inner::call`](super::Inner::call): `$call` on a fresh
+/// client with the request (rebuilt for every try), the reply converted with `TryFrom` into
+/// `$out`; without `$out`, the reply is dropped.
 macro_rules! rpc {
-    ($self:ident, $call:ident, $req:expr, $out:ty, $what:literal) => {{
-        let session = $self.inner.session_for_call()?;
-        let reply = $self
-            .inner
-            .ns()
-            .$call($req)
-            .await
-            .map_err(|s| $self.inner.status_error(session, &s))?
-            .into_inner();
-        <$out>::try_from(reply).map_err(|e| malformed($what, e))
+    (once $self:ident, $call:ident, $req:expr, $out:ty, $what:literal) => {{
+        let pending = $self.inner.requests.begin();
+        let mut req = $req;
+        req.request_id = pending.wire();
+        rpc!($self, $call, req, $out, $what)
     }};
-    ($self:ident, $call:ident, $req:expr) => {{
-        let session = $self.inner.session_for_call()?;
+    (once $self:ident, $call:ident, $req:expr, $what:literal) => {{
+        let pending = $self.inner.requests.begin();
+        let mut req = $req;
+        req.request_id = pending.wire();
+        rpc!($self, $call, req, $what)
+    }};
+    ($self:ident, $call:ident, $req:expr, $out:ty, $what:literal) => {{
+        let req = $req;
         $self
             .inner
-            .ns()
-            .$call($req)
+            .call::<_, $out, _, _>($what, Pin::Any, |_| {
+                let mut ns = $self.inner.ns();
+                let req = req.clone();
+                async move { ns.$call(req).await }
+            })
             .await
-            .map_err(|s| $self.inner.status_error(session, &s))?;
-        Ok(())
+    }};
+    ($self:ident, $call:ident, $req:expr, $what:literal) => {{
+        let req = $req;
+        $self
+            .inner
+            .call_unit($what, Pin::Any, |_| {
+                let mut ns = $self.inner.ns();
+                let req = req.clone();
+                async move { ns.$call(req).await }
+            })
+            .await
     }};
 }
 
@@ -94,9 +109,6 @@ impl Client {
         fh: Option<&FileHandle>,
     ) -> Result<Attr, FsError> {
         self.inner.settle(ino).await;
-        if fh.is_some() {
-            self.inner.view_for(fh)?;
-        }
         let req = pb::SetAttrRequest::from(SetAttrRequest {
             cred: cred.clone(),
             inode: ino,
@@ -106,7 +118,14 @@ impl Client {
                 handle: f.handle,
             }),
         });
-        rpc!(self, set_attr, req, Attr, "SetAttr reply")
+        let pin = fh.map_or(Pin::Any, Pin::Handle);
+        self.inner
+            .call("SetAttr reply", pin, |_| {
+                let mut ns = self.inner.ns();
+                let req = req.clone();
+                async move { ns.set_attr(req).await }
+            })
+            .await
     }
 
     /// Creates (or, without `exclusive`, opens an existing) regular file and opens it under
@@ -120,19 +139,30 @@ impl Client {
         exclusive: bool,
         flags: OpenFlags,
     ) -> Result<Created, FsError> {
-        let view = self.inner.live_view().await?;
-        let req = pb::CreateRequest::from(CreateRequest {
-            cred: cred.clone(),
-            session: view.session,
-            parent,
-            name: name(entry)?,
-            perm,
-            exclusive,
-            flags,
-        });
-        let r: CreateReply = rpc!(self, create, req, CreateReply, "Create reply")?;
+        let name = name(entry)?;
+        let mut session = None;
+        // The same id on every try: a retry after a lost reply gets the first try's answer.
+        let pending = self.inner.requests.begin();
+        let r: CreateReply = self
+            .inner
+            .call("Create reply", Pin::Any, |view| {
+                session = Some(view.session);
+                let mut req = pb::CreateRequest::from(CreateRequest {
+                    cred: cred.clone(),
+                    session: view.session,
+                    parent,
+                    name: name.clone(),
+                    perm,
+                    exclusive,
+                    flags,
+                });
+                req.request_id = pending.wire();
+                let mut ns = self.inner.ns();
+                async move { ns.create(req).await }
+            })
+            .await?;
         let handle = FileHandle {
-            session: view.session,
+            session: session.ok_or_else(|| FsError::Io("Create sent nothing".to_owned()))?,
             handle: r.handle,
         };
         self.inner.note_open(&handle, r.attr.ino);
@@ -156,7 +186,7 @@ impl Client {
             name: name(entry)?,
             perm,
         });
-        rpc!(self, mkdir, req, Attr, "Mkdir reply")
+        rpc!(once self, mkdir, req, Attr, "Mkdir reply")
     }
 
     pub async fn mknod(
@@ -176,7 +206,7 @@ impl Client {
             perm,
             rdev,
         });
-        rpc!(self, mknod, req, Attr, "Mknod reply")
+        rpc!(once self, mknod, req, Attr, "Mknod reply")
     }
 
     pub async fn unlink(
@@ -190,7 +220,7 @@ impl Client {
             parent,
             name: name(entry)?,
         });
-        rpc!(self, unlink, req)
+        rpc!(once self, unlink, req, "Unlink reply")
     }
 
     pub async fn rmdir(
@@ -204,7 +234,7 @@ impl Client {
             parent,
             name: name(entry)?,
         });
-        rpc!(self, rmdir, req)
+        rpc!(once self, rmdir, req, "Rmdir reply")
     }
 
     pub async fn rename(
@@ -224,7 +254,7 @@ impl Client {
             new_name: name(new_name)?,
             mode,
         });
-        rpc!(self, rename, req)
+        rpc!(once self, rename, req, "Rename reply")
     }
 
     /// A hard link; returns the inode's attributes (new link count).
@@ -241,7 +271,7 @@ impl Client {
             new_parent,
             new_name: name(new_name)?,
         });
-        rpc!(self, link, req, Attr, "Link reply")
+        rpc!(once self, link, req, Attr, "Link reply")
     }
 
     pub async fn symlink(
@@ -257,7 +287,7 @@ impl Client {
             name: name(entry)?,
             target: SymlinkTarget::new(target.as_ref().to_vec())?,
         });
-        rpc!(self, symlink, req, Attr, "Symlink reply")
+        rpc!(once self, symlink, req, Attr, "Symlink reply")
     }
 
     pub async fn readlink(&self, cred: &Credentials, ino: InodeId) -> Result<Vec<u8>, FsError> {
@@ -326,7 +356,7 @@ impl Client {
             value: value.to_vec(),
             mode,
         });
-        rpc!(self, set_xattr, req)
+        rpc!(self, set_xattr, req, "SetXattr reply")
     }
 
     pub async fn listxattr(
@@ -353,7 +383,7 @@ impl Client {
             inode: ino,
             name: XattrName::new(xattr.as_ref().to_vec())?,
         });
-        rpc!(self, remove_xattr, req)
+        rpc!(self, remove_xattr, req, "RemoveXattr reply")
     }
 
     /// Opens an existing file under the current session (waiting briefly if a new session
@@ -364,31 +394,14 @@ impl Client {
         ino: InodeId,
         flags: OpenFlags,
     ) -> Result<(FileHandle, Attr), FsError> {
-        let view = self.inner.live_view().await?;
-        let req = pb::OpenRequest::from(OpenRequest {
-            cred: cred.clone(),
-            session: view.session,
-            inode: ino,
-            flags,
-        });
-        let r: OpenReply = rpc!(self, open, req, OpenReply, "Open reply")?;
-        let handle = FileHandle {
-            session: view.session,
-            handle: r.handle,
-        };
-        self.inner.note_open(&handle, ino);
+        let (handle, r) = self.inner.open_handle(cred, ino, flags).await?;
         Ok((handle, r.attr))
     }
 
     /// Closes an open handle. A handle of a replaced session is already gone: ESTALE.
     pub async fn release(&self, fh: &FileHandle) -> Result<(), FsError> {
         self.inner.before_release(fh).await;
-        let view = self.inner.view_for(Some(fh))?;
-        let req = pb::ReleaseRequest::from(HandleRef {
-            session: view.session,
-            handle: fh.handle,
-        });
-        rpc!(self, release, req)
+        self.inner.release_handle(fh).await
     }
 
     /// POSIX access check: `mask` of R 4, W 2, X 1, or 0 (exists).
@@ -398,6 +411,51 @@ impl Client {
             inode: ino,
             mask,
         });
-        rpc!(self, access, req)
+        rpc!(self, access, req, "Access reply")
+    }
+}
+
+impl Inner {
+    /// Opens `ino` under the current session (waiting for one while it is being opened);
+    /// the handle is noted open (see `Inner::open_handles`).
+    pub(crate) async fn open_handle(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+        flags: OpenFlags,
+    ) -> Result<(FileHandle, OpenReply), FsError> {
+        let mut session = None;
+        let r: OpenReply = self
+            .call("Open reply", Pin::Any, |view| {
+                session = Some(view.session);
+                let req = pb::OpenRequest::from(OpenRequest {
+                    cred: cred.clone(),
+                    session: view.session,
+                    inode: ino,
+                    flags,
+                });
+                let mut ns = self.ns();
+                async move { ns.open(req).await }
+            })
+            .await?;
+        let handle = FileHandle {
+            session: session.ok_or_else(|| FsError::Io("Open sent nothing".to_owned()))?,
+            handle: r.handle,
+        };
+        self.note_open(&handle, ino);
+        Ok((handle, r))
+    }
+
+    /// `Release` of `fh`; ESTALE when its session was replaced (the handle is gone).
+    pub(crate) async fn release_handle(&self, fh: &FileHandle) -> Result<(), FsError> {
+        let req = pb::ReleaseRequest::from(HandleRef {
+            session: fh.session,
+            handle: fh.handle,
+        });
+        self.call_unit("Release reply", Pin::Handle(fh), |_| {
+            let mut ns = self.ns();
+            async move { ns.release(req).await }
+        })
+        .await
     }
 }

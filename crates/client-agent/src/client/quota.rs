@@ -7,7 +7,8 @@ use sanfs_proto::pb;
 use sanfs_proto::pb::admin_client::AdminClient;
 use sanfs_proto::types::{Credentials, FsError, InodeId};
 
-use super::{Client, malformed};
+use super::Client;
+use super::rpc::Pin;
 
 impl Client {
     /// Sets (or changes) the quota of directory `dir`; returns it with its usage.
@@ -17,18 +18,18 @@ impl Client {
         dir: InodeId,
         limits: QuotaLimits,
     ) -> Result<QuotaInfo, FsError> {
-        let session = self.inner.session_for_call()?;
         let req = pb::SetQuotaRequest::from(SetQuotaRequest {
             cred: cred.clone(),
             inode: dir,
             limits,
         });
-        let reply = AdminClient::new(self.inner.channel.clone())
-            .set_quota(req)
+        self.inner
+            .call("SetQuota reply", Pin::Any, |_| {
+                let mut admin = AdminClient::new(self.inner.channel.clone());
+                let req = req.clone();
+                async move { admin.set_quota(req).await }
+            })
             .await
-            .map_err(|s| self.inner.status_error(session, &s))?
-            .into_inner();
-        QuotaInfo::try_from(reply).map_err(|e| malformed("SetQuota reply", e))
     }
 
     /// The quota set on directory `dir` itself, with its usage; `None` when it has none.
@@ -37,22 +38,22 @@ impl Client {
         cred: &Credentials,
         dir: InodeId,
     ) -> Result<Option<QuotaInfo>, FsError> {
-        let session = self.inner.session_for_call()?;
         let req = pb::GetQuotaRequest::from(GetQuotaRequest {
             cred: cred.clone(),
             inode: dir,
         });
-        match AdminClient::new(self.inner.channel.clone())
-            .get_quota(req)
-            .await
-        {
-            Ok(reply) => QuotaInfo::try_from(reply.into_inner())
-                .map(Some)
-                .map_err(|e| malformed("GetQuota reply", e)),
-            Err(s) => match self.inner.status_error(session, &s) {
-                FsError::NoAttr => Ok(None),
-                e => Err(e),
-            },
+        let r = self
+            .inner
+            .call("GetQuota reply", Pin::Any, |_| {
+                let mut admin = AdminClient::new(self.inner.channel.clone());
+                let req = req.clone();
+                async move { admin.get_quota(req).await }
+            })
+            .await;
+        match r {
+            Ok(q) => Ok(Some(q)),
+            Err(FsError::NoAttr) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 }

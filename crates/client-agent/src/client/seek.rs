@@ -8,7 +8,8 @@ use sanfs_proto::model::{ExtentState, GetExtentsReply, GetExtentsRequest};
 use sanfs_proto::pb;
 use sanfs_proto::types::{ByteRange, Credentials, FsError, InodeId, MAX_FILE_SIZE};
 
-use super::{Client, malformed};
+use super::rpc::Pin;
+use super::{Client, Inner};
 
 /// Which lseek.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,16 +59,7 @@ impl Client {
             inode: ino,
             range: ByteRange::new(from, MAX_FILE_SIZE - from)?,
         };
-        let session = self.inner.session_for_call()?;
-        let reply = self
-            .inner
-            .data()
-            .get_extents(pb::GetExtentsRequest::from(req))
-            .await
-            .map_err(|s| self.inner.status_error(session, &s))?
-            .into_inner();
-        let reply =
-            GetExtentsReply::try_from(reply).map_err(|e| malformed("GetExtents reply", e))?;
+        let reply = self.inner.get_extents(req).await?;
         let mut written: Vec<(u64, u64)> = reply
             .extents
             .iter()
@@ -76,6 +68,22 @@ impl Client {
             .collect();
         written.sort_unstable();
         Ok(seek_in(&written, reply.file_size, offset, what))
+    }
+}
+
+impl Inner {
+    /// `Data.GetExtents`.
+    pub(crate) async fn get_extents(
+        &self,
+        req: GetExtentsRequest,
+    ) -> Result<GetExtentsReply, FsError> {
+        let req = pb::GetExtentsRequest::from(req);
+        self.call("GetExtents reply", Pin::Any, |_| {
+            let mut data = self.data();
+            let req = req.clone();
+            async move { data.get_extents(req).await }
+        })
+        .await
     }
 }
 

@@ -11,8 +11,7 @@
 use std::time::Instant;
 
 use sanfs_blockmap::volume::DeviceIndex;
-use sanfs_proto::model::{ExtentState, GetExtentsReply, GetExtentsRequest};
-use sanfs_proto::pb;
+use sanfs_proto::model::{ExtentState, GetExtentsRequest};
 use sanfs_proto::types::{ByteRange, Credentials, FsError, InodeId, MAX_FILE_SIZE};
 use serde::{Deserialize, Serialize};
 
@@ -257,15 +256,7 @@ impl Client {
             inode: ino,
             range: ByteRange::new(0, MAX_FILE_SIZE)?,
         };
-        let reply = self
-            .inner
-            .data()
-            .get_extents(pb::GetExtentsRequest::from(req))
-            .await
-            .map_err(|s| sanfs_proto::status::fs_error_from_status(&s))?
-            .into_inner();
-        let reply =
-            GetExtentsReply::try_from(reply).map_err(|e| malformed("GetExtents reply", e))?;
+        let reply = self.inner.get_extents(req).await?;
         let devices = self.inner.volume.devices();
         let paths = self.inner.lock_device_paths().clone();
         let mut entries: Vec<BmapEntry> = Vec::new();

@@ -370,18 +370,26 @@ async fn a_node_whose_lease_lapsed_refuses_direct_io_and_recovers_with_a_new_ses
     tokio::time::sleep(Duration::from_millis(TTL_MS + 200)).await;
     assert!(!a.session().1, "the lease has lapsed");
 
+    // Calls wait for a new session (a hard mount's pause) rather than fail, and do nothing
+    // meanwhile: no device I/O, not even a grant.
     let before = a.stats();
-    let err = a
-        .write_at(&root(), &ha, ino, 0, &vec![0x22u8; 256 * KIB as usize])
-        .await
-        .expect_err("a direct write under a lapsed lease is refused");
-    assert_eq!(err, FsError::StaleSession);
-    assert_eq!(err.errno(), libc::ESTALE);
-    let err = a
-        .read_at(&root(), &ha, ino, 0, 256 * KIB)
-        .await
-        .expect_err("so is a read (the cached grant is gone)");
-    assert_eq!(err.errno(), libc::ESTALE);
+    let a = std::sync::Arc::new(a);
+    let writer = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.write_at(&root(), &ha, ino, 0, &vec![0x22u8; 256 * KIB as usize])
+                .await
+        })
+    };
+    let reader = {
+        let a = a.clone();
+        tokio::spawn(async move { a.read_at(&root(), &ha, ino, 0, 256 * KIB).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !writer.is_finished() && !reader.is_finished(),
+        "calls under a lapsed lease wait"
+    );
     let after = a.stats();
     assert_eq!(after.device_submits, before.device_submits, "no device I/O");
     assert_eq!(
@@ -398,13 +406,20 @@ async fn a_node_whose_lease_lapsed_refuses_direct_io_and_recovers_with_a_new_ses
     let got = b.read_at(&root(), &hb, ino, 0, 256 * KIB).await.unwrap();
     assert_bytes(&got, &data, "B reads A's completed write");
 
-    // A recovers with a new session; its old handle is gone (ESTALE), a new one works.
+    // A recovers with a new session; the waiting calls on its old handle end with ESTALE
+    // (an `OpenFile` would re-open and redo them), a new handle works.
     a.pause_heartbeats(false);
     let new = a
         .wait_for_new_session(old, Duration::from_secs(10))
         .await
         .unwrap();
     assert_ne!(new, old);
+    for r in [
+        writer.await.unwrap().map(drop),
+        reader.await.unwrap().map(drop),
+    ] {
+        assert_eq!(r, Err(FsError::Stale), "the old session's handle is stale");
+    }
     let err = a
         .write_at(&root(), &ha, ino, 0, &data)
         .await
@@ -419,6 +434,9 @@ async fn a_node_whose_lease_lapsed_refuses_direct_io_and_recovers_with_a_new_ses
     tokio::time::sleep(Duration::from_millis(3 * TTL_MS)).await;
     assert_eq!(a.session(), (new, true));
     assert_eq!(a.stats().sessions, 2);
+    let Ok(a) = std::sync::Arc::try_unwrap(a) else {
+        panic!("the waiting calls are done")
+    };
     a.close().await.unwrap();
     b.close().await.unwrap();
     srv.stop().await;

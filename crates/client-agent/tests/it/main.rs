@@ -32,6 +32,7 @@ mod missing_lun;
 mod mount;
 mod mount_sanfs;
 mod quickstart;
+mod restart;
 mod san;
 mod striping;
 mod support;

@@ -11,7 +11,7 @@ use crate::mount::can_mount;
 use crate::mount_sanfs::run_timeout;
 
 /// `sanfs-mds` built next to `sanfs-agent` (the workspace's test build makes both).
-fn mds_binary() -> PathBuf {
+pub(crate) fn mds_binary() -> PathBuf {
     let agent = Path::new(env!("CARGO_BIN_EXE_sanfs-agent"));
     let mds = agent.with_file_name("sanfs-mds");
     assert!(

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use sanfs_proto::model::{
     AccessRequest, CreateRequest, EntryRequest, HandleRef, InodeRequest, LinkRequest, MkdirRequest,
-    MknodRequest, OpenReply, OpenRequest, ReadDirRequest, RenameRequest, SetAttrRequest,
-    SetXattrRequest, StatFs, SymlinkRequest, XattrNames, XattrRequest, XattrValue,
+    MknodRequest, OpenReply, OpenRequest, ReadDirRequest, RenameRequest, RequestId, SetAttrRequest,
+    SetXattrRequest, StatFs, SymlinkRequest, XattrNames, XattrRequest, XattrValue, request_id,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::namespace_server::Namespace;
@@ -21,6 +21,8 @@ use tonic::{Request, Response, Status};
 use super::identity::{NodeIdentity, caller};
 use super::{Server, accept, convert, fs_status, note, rpc};
 use crate::ns::{self, Reader};
+use crate::replies::{self, Once, Stored};
+use crate::store::{Ctx, OpError};
 
 /// The Namespace service over the shared server.
 #[derive(Debug, Clone)]
@@ -32,6 +34,68 @@ impl NamespaceService {
     pub fn new(server: Arc<Server>) -> NamespaceService {
         NamespaceService { server }
     }
+}
+
+/// Accepts a non-idempotent request (caller's identity, squashing, conversion) and takes out
+/// its reply-cache id.
+fn accept_once<P, D>(mut request: tonic::Request<P>) -> Result<(D, Option<RequestId>), Status>
+where
+    P: WithRequestId,
+    D: TryFrom<P, Error = sanfs_proto::types::ProtocolError> + super::identity::WithCred,
+{
+    let id = request_id(request.get_mut().take_request_id()).map_err(Status::from)?;
+    Ok((accept(request)?, id))
+}
+
+/// The wire requests that carry a `request_id`.
+trait WithRequestId {
+    fn take_request_id(&mut self) -> Option<pb::RequestId>;
+}
+
+macro_rules! with_request_id {
+    ($($pb:ident),*) => {$(
+        impl WithRequestId for pb::$pb {
+            fn take_request_id(&mut self) -> Option<pb::RequestId> {
+                self.request_id.take()
+            }
+        }
+    )*};
+}
+with_request_id!(
+    CreateRequest,
+    MkdirRequest,
+    MknodRequest,
+    SymlinkRequest,
+    LinkRequest,
+    RenameRequest,
+    UnlinkRequest,
+    RmdirRequest
+);
+
+/// A create that ran before (its reply was lost): the stored reply, with a handle of the
+/// session asking now. The stored handle is reused while it is still open under that
+/// session; otherwise (a new session: the server restarted, or the agent's lease lapsed) the
+/// file the first try created or opened is opened again, never truncated again.
+fn create_replayed(
+    ctx: &mut Ctx<'_>,
+    req: &CreateRequest,
+    stored: Stored<pb::CreateReply>,
+) -> Result<pb::CreateReply, OpError> {
+    let mut reply = stored.reply;
+    let ino = reply.attr.as_ref().map(|a| a.ino).unwrap_or(0);
+    let mut handles = ctx.st.handles.lock().unwrap_or_else(|p| p.into_inner());
+    let still_open = handles
+        .by_handle
+        .get(&reply.handle)
+        .is_some_and(|f| f.session == req.session.0 && f.ino == ino);
+    if !still_open {
+        drop(handles);
+        // The inode must still exist (another node may have removed it since).
+        ctx.t.inode(ino)?;
+        handles = ctx.st.handles.lock().unwrap_or_else(|p| p.into_inner());
+        reply.handle = handles.open(ino, req.session.0, req.flags.write);
+    }
+    Ok(reply)
 }
 
 /// A stored value that no longer passes the wire's own checks: corrupt metadata.
@@ -206,7 +270,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::CreateReply>, Status> {
         rpc("Create", async {
             let who = caller(&request)?;
-            let req: CreateRequest = accept(request)?;
+            let (req, id): (CreateRequest, _) = accept_once(request)?;
             note(Some(req.session.0), Some(req.parent.0));
             let session = req.session;
             self.server.check_session(&who, session)?;
@@ -226,11 +290,22 @@ impl Namespace for NamespaceService {
                 Some(child) => self.server.size_change_guard(child, 0).await?,
                 None => None,
             };
-            let reply = self.server.write(move |ctx| ns::create(ctx, &req)).await?;
-            self.server
-                .keep_if_session_lives(session.0, reply.handle.0)
+            let reply = self
+                .server
+                .write(move |ctx| {
+                    let once = replies::run_once(ctx, id, session.0, |ctx| {
+                        ns::create(ctx, &req).map(pb::CreateReply::from)
+                    })?;
+                    match once {
+                        Once::Fresh(reply) => Ok(reply),
+                        Once::Replayed(stored) => create_replayed(ctx, &req, stored),
+                    }
+                })
                 .await?;
-            Ok(reply.into())
+            self.server
+                .keep_if_session_lives(session.0, reply.handle)
+                .await?;
+            Ok(reply)
         })
         .await
     }
@@ -240,10 +315,16 @@ impl Namespace for NamespaceService {
         request: Request<pb::MkdirRequest>,
     ) -> Result<Response<pb::MkdirReply>, Status> {
         rpc("Mkdir", async {
-            let req: MkdirRequest = accept(request)?;
+            let (req, id): (MkdirRequest, _) = accept_once(request)?;
             note(None, Some(req.parent.0));
-            let attr = self.server.write(move |ctx| ns::mkdir(ctx, &req)).await?;
-            Ok(attr.into())
+            self.server
+                .write(move |ctx| {
+                    replies::run_once(ctx, id, 0, |ctx| {
+                        ns::mkdir(ctx, &req).map(pb::MkdirReply::from)
+                    })
+                })
+                .await
+                .map(Once::into_reply)
         })
         .await
     }
@@ -253,10 +334,16 @@ impl Namespace for NamespaceService {
         request: Request<pb::MknodRequest>,
     ) -> Result<Response<pb::MknodReply>, Status> {
         rpc("Mknod", async {
-            let req: MknodRequest = accept(request)?;
+            let (req, id): (MknodRequest, _) = accept_once(request)?;
             note(None, Some(req.parent.0));
-            let attr = self.server.write(move |ctx| ns::mknod(ctx, &req)).await?;
-            Ok(attr.into())
+            self.server
+                .write(move |ctx| {
+                    replies::run_once(ctx, id, 0, |ctx| {
+                        ns::mknod(ctx, &req).map(pb::MknodReply::from)
+                    })
+                })
+                .await
+                .map(Once::into_reply)
         })
         .await
     }
@@ -266,12 +353,16 @@ impl Namespace for NamespaceService {
         request: Request<pb::UnlinkRequest>,
     ) -> Result<Response<pb::UnlinkReply>, Status> {
         rpc("Unlink", async {
-            let req: EntryRequest = accept(request)?;
+            let (req, id): (EntryRequest, _) = accept_once(request)?;
             note(None, Some(req.parent.0));
             self.server
-                .write(move |ctx| ns::unlink(ctx, &req, false))
-                .await?;
-            Ok(pb::UnlinkReply {})
+                .write(move |ctx| {
+                    replies::run_once(ctx, id, 0, |ctx| {
+                        ns::unlink(ctx, &req, false).map(|_| pb::UnlinkReply {})
+                    })
+                })
+                .await
+                .map(Once::into_reply)
         })
         .await
     }
@@ -281,12 +372,16 @@ impl Namespace for NamespaceService {
         request: Request<pb::RmdirRequest>,
     ) -> Result<Response<pb::RmdirReply>, Status> {
         rpc("Rmdir", async {
-            let req: EntryRequest = accept(request)?;
+            let (req, id): (EntryRequest, _) = accept_once(request)?;
             note(None, Some(req.parent.0));
             self.server
-                .write(move |ctx| ns::unlink(ctx, &req, true))
-                .await?;
-            Ok(pb::RmdirReply {})
+                .write(move |ctx| {
+                    replies::run_once(ctx, id, 0, |ctx| {
+                        ns::unlink(ctx, &req, true).map(|_| pb::RmdirReply {})
+                    })
+                })
+                .await
+                .map(Once::into_reply)
         })
         .await
     }
@@ -296,10 +391,16 @@ impl Namespace for NamespaceService {
         request: Request<pb::RenameRequest>,
     ) -> Result<Response<pb::RenameReply>, Status> {
         rpc("Rename", async {
-            let req: RenameRequest = accept(request)?;
+            let (req, id): (RenameRequest, _) = accept_once(request)?;
             note(None, Some(req.old_parent.0));
-            self.server.write(move |ctx| ns::rename(ctx, &req)).await?;
-            Ok(pb::RenameReply {})
+            self.server
+                .write(move |ctx| {
+                    replies::run_once(ctx, id, 0, |ctx| {
+                        ns::rename(ctx, &req).map(|_| pb::RenameReply {})
+                    })
+                })
+                .await
+                .map(Once::into_reply)
         })
         .await
     }
@@ -309,10 +410,16 @@ impl Namespace for NamespaceService {
         request: Request<pb::LinkRequest>,
     ) -> Result<Response<pb::LinkReply>, Status> {
         rpc("Link", async {
-            let req: LinkRequest = accept(request)?;
+            let (req, id): (LinkRequest, _) = accept_once(request)?;
             note(None, Some(req.inode.0));
-            let attr = self.server.write(move |ctx| ns::link(ctx, &req)).await?;
-            Ok(attr.into())
+            self.server
+                .write(move |ctx| {
+                    replies::run_once(ctx, id, 0, |ctx| {
+                        ns::link(ctx, &req).map(pb::LinkReply::from)
+                    })
+                })
+                .await
+                .map(Once::into_reply)
         })
         .await
     }
@@ -322,10 +429,16 @@ impl Namespace for NamespaceService {
         request: Request<pb::SymlinkRequest>,
     ) -> Result<Response<pb::SymlinkReply>, Status> {
         rpc("Symlink", async {
-            let req: SymlinkRequest = accept(request)?;
+            let (req, id): (SymlinkRequest, _) = accept_once(request)?;
             note(None, Some(req.parent.0));
-            let attr = self.server.write(move |ctx| ns::symlink(ctx, &req)).await?;
-            Ok(attr.into())
+            self.server
+                .write(move |ctx| {
+                    replies::run_once(ctx, id, 0, |ctx| {
+                        ns::symlink(ctx, &req).map(pb::SymlinkReply::from)
+                    })
+                })
+                .await
+                .map(Once::into_reply)
         })
         .await
     }

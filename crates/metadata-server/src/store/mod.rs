@@ -64,6 +64,9 @@ pub const UNZEROED: TableDefinition<'_, u64, u64> = TableDefinition::new("unzero
 /// Directory quotas: directory inode -> (byte limit, inode limit, blocks used, inodes used);
 /// `u64::MAX` is "no limit" (see `quota.rs`).
 pub const QUOTAS: TableDefinition<'_, u64, (u64, u64, u64, u64)> = TableDefinition::new("quotas");
+/// The reply cache of non-idempotent requests: (agent instance, request seq) -> the encoded
+/// reply (see `replies.rs`), written in the transaction of the change it answers.
+pub const REPLIES: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("replies");
 
 const KEY_SUPER: &str = "super";
 const KEY_VOLUME: &str = "volume";
@@ -401,6 +404,7 @@ pub struct Ctx<'t> {
     pub prealloc: Table<'t, u64, (u64, u64)>,
     pub quotas: Table<'t, u64, (u64, u64, u64, u64)>,
     pub unzeroed: Table<'t, u64, u64>,
+    pub replies: Table<'t, (u64, u64), &'static [u8]>,
     pub st: &'t mut State,
     pub now: Timestamp,
     pub block_size: u32,
@@ -686,6 +690,7 @@ impl Store {
             txn.open_table(ORPHANS)?;
             txn.open_table(PREALLOC)?;
             txn.open_table(QUOTAS)?;
+            txn.open_table(REPLIES)?;
         }
         txn.commit()?;
         Ok(())
@@ -1349,6 +1354,7 @@ fn open_ctx<'t>(
         prealloc: txn.open_table(PREALLOC).map_err(e)?,
         quotas: txn.open_table(QUOTAS).map_err(e)?,
         unzeroed: txn.open_table(UNZEROED).map_err(e)?,
+        replies: txn.open_table(REPLIES).map_err(e)?,
         st,
         now,
         block_size,

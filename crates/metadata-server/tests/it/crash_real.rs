@@ -176,6 +176,7 @@ async fn worker(mut c: Clients, session: u64, model: Model, prefix: String, seed
                 perm: 0o644,
                 exclusive: true,
                 flags: rw(),
+                request_id: None,
             })
             .await
         else {
@@ -223,6 +224,7 @@ async fn worker(mut c: Clients, session: u64, model: Model, prefix: String, seed
                     cred: root(),
                     parent: ROOT,
                     name: name.clone().into(),
+                    request_id: None,
                 })
                 .await
                 .is_err()
@@ -360,6 +362,7 @@ async fn kill_9_during_a_mixed_workload_loses_nothing_acknowledged() {
                 perm: 0o644,
                 exclusive: true,
                 flags: rw(),
+                request_id: None,
             })
             .await
             .unwrap()

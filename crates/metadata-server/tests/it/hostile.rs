@@ -277,6 +277,7 @@ async fn sessions_handles_and_grants_of_another_node_are_refused() {
     // Node A writes a file through the proxied path and holds a write grant.
     let created =
         a.ns.create(pb::CreateRequest {
+            request_id: None,
             cred: root(),
             session: sa,
             parent: ROOT,
@@ -563,6 +564,7 @@ async fn root_squash_makes_root_nobody() {
     let created = admin
         .ns
         .create(pb::CreateRequest {
+            request_id: None,
             cred: root(),
             session: sa,
             parent: ROOT,
@@ -630,6 +632,7 @@ async fn root_squash_makes_root_nobody() {
     let dir = admin
         .ns
         .mkdir(pb::MkdirRequest {
+            request_id: None,
             cred: root(),
             parent: ROOT,
             name: b"public".to_vec(),
@@ -656,6 +659,7 @@ async fn root_squash_makes_root_nobody() {
     let made = squashed
         .ns
         .create(pb::CreateRequest {
+            request_id: None,
             cred: root(),
             session: ss,
             parent: dir.ino,

@@ -60,6 +60,7 @@ async fn create(c: &mut Clients, session: u64, name: &str) -> (u64, u64) {
             perm: 0o644,
             exclusive: false,
             flags: rw(),
+            request_id: None,
         })
         .await
         .unwrap()

@@ -40,6 +40,7 @@ mod lease;
 mod lvm_real;
 mod posix;
 mod quota;
+mod replies;
 mod serve;
 mod smoke;
 mod support;

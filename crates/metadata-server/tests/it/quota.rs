@@ -19,6 +19,7 @@ async fn mkdir(c: &mut Clients, parent: u64, name: &str) -> u64 {
         parent,
         name: name.into(),
         perm: 0o755,
+        request_id: None,
     })
     .await
     .unwrap()
@@ -42,6 +43,7 @@ async fn create(
         perm: 0o644,
         exclusive: true,
         flags: rw(),
+        request_id: None,
     })
     .await
     .map(|r| {
@@ -179,6 +181,7 @@ async fn a_directory_quota_holds_is_exact_and_can_grow() {
             new_parent: 1,
             new_name: b"f".to_vec(),
             mode: pb::RenameMode::Replace as i32,
+            request_id: None,
         })
         .await
         .unwrap_err();
@@ -189,6 +192,7 @@ async fn a_directory_quota_holds_is_exact_and_can_grow() {
             inode: f,
             new_parent: 1,
             new_name: b"g".to_vec(),
+            request_id: None,
         })
         .await
         .unwrap_err();
@@ -218,6 +222,7 @@ async fn a_directory_quota_holds_is_exact_and_can_grow() {
         cred: root(),
         parent: vol,
         name: b"f".to_vec(),
+        request_id: None,
     })
     .await
     .unwrap();

@@ -22,6 +22,7 @@ async fn mkdir(c: &mut Clients, parent: u64, name: &str) -> pb::Attr {
         parent,
         name: name.into(),
         perm: 0o755,
+        request_id: None,
     })
     .await
     .unwrap()
@@ -40,6 +41,7 @@ async fn create(c: &mut Clients, session: u64, parent: u64, name: &str) -> (pb::
             perm: 0o644,
             exclusive: true,
             flags: rw(),
+            request_id: None,
         })
         .await
         .unwrap()
@@ -157,6 +159,7 @@ async fn namespace_round_trip() {
         new_parent: ROOT,
         new_name: b"g0".to_vec(),
         mode: pb::RenameMode::Noreplace as i32,
+        request_id: None,
     })
     .await
     .unwrap();
@@ -171,6 +174,7 @@ async fn namespace_round_trip() {
             inode: f0.ino,
             new_parent: d.ino,
             new_name: b"hard".to_vec(),
+            request_id: None,
         })
         .await
         .unwrap()
@@ -182,6 +186,7 @@ async fn namespace_round_trip() {
         cred: root(),
         parent: ROOT,
         name: b"g0".to_vec(),
+        request_id: None,
     })
     .await
     .unwrap();
@@ -194,6 +199,7 @@ async fn namespace_round_trip() {
             parent: d.ino,
             name: b"s".to_vec(),
             target: b"../elsewhere/x".to_vec(),
+            request_id: None,
         })
         .await
         .unwrap()
@@ -299,6 +305,7 @@ async fn namespace_round_trip() {
         kind: pb::FileType::Fifo as i32,
         perm: 0o600,
         rdev: 0,
+        request_id: None,
     })
     .await
     .unwrap();
@@ -337,6 +344,7 @@ async fn namespace_round_trip() {
             cred: root(),
             parent: ROOT,
             name: b"d".to_vec(),
+            request_id: None,
         })
         .await
         .unwrap_err();
@@ -392,6 +400,7 @@ async fn bad_input_is_invalid_argument_and_changes_nothing() {
                 parent: ROOT,
                 name: bad.clone(),
                 perm: 0o755,
+                request_id: None,
             })
             .await
             .unwrap_err();
@@ -407,6 +416,7 @@ async fn bad_input_is_invalid_argument_and_changes_nothing() {
             perm: 0o644,
             exclusive: true,
             flags: rw(),
+            request_id: None,
         })
         .await
         .unwrap_err();
@@ -419,6 +429,7 @@ async fn bad_input_is_invalid_argument_and_changes_nothing() {
             parent: ROOT,
             name: b"ok".to_vec(),
             perm: 0o755,
+            request_id: None,
         })
         .await
         .unwrap_err();
@@ -460,6 +471,7 @@ async fn bad_input_is_invalid_argument_and_changes_nothing() {
             new_parent: ROOT,
             new_name: b"x/y".to_vec(),
             mode: pb::RenameMode::Replace as i32,
+            request_id: None,
         })
         .await
         .unwrap_err();
@@ -509,6 +521,7 @@ async fn unknown_inode_or_session_is_refused() {
             perm: 0o644,
             exclusive: true,
             flags: rw(),
+            request_id: None,
         })
         .await
         .unwrap_err();
@@ -866,6 +879,7 @@ async fn expired_session_releases_handles_and_destroys_orphans() {
         cred: root(),
         parent: ROOT,
         name: b"doomed".to_vec(),
+        request_id: None,
     })
     .await
     .unwrap();
@@ -922,6 +936,7 @@ async fn closed_session_releases_handles_and_destroys_orphans() {
         cred: root(),
         parent: ROOT,
         name: b"tmp".to_vec(),
+        request_id: None,
     })
     .await
     .unwrap();
@@ -1073,6 +1088,7 @@ async fn a_failed_store_stops_the_server() {
             parent: ROOT,
             name: b"after".to_vec(),
             perm: 0o755,
+            request_id: None,
         })
         .await
         .unwrap_err();

@@ -33,6 +33,7 @@ async fn a_completion_without_device_io_exposes_zeros_not_a_deleted_files_bytes(
     let mut c = srv.clients().await;
     let (session, epoch) = c.open_session().await;
     let create = |name: &str| pb::CreateRequest {
+        request_id: None,
         cred: root(),
         session,
         parent: 1,
@@ -94,6 +95,7 @@ async fn a_completion_without_device_io_exposes_zeros_not_a_deleted_files_bytes(
     .await
     .unwrap();
     c.ns.unlink(pb::UnlinkRequest {
+        request_id: None,
         cred: root(),
         parent: 1,
         name: b"secret".to_vec(),
@@ -189,6 +191,7 @@ async fn a_completion_without_device_io_exposes_zeros_not_a_deleted_files_bytes(
     .await
     .unwrap();
     c.ns.unlink(pb::UnlinkRequest {
+        request_id: None,
         cred: root(),
         parent: 1,
         name: b"probe".to_vec(),
@@ -251,6 +254,7 @@ async fn blocks_noted_for_zeroing_when_the_server_stopped_are_zeroed_at_the_next
     let (session, epoch) = c.open_session().await;
     let r =
         c.ns.create(pb::CreateRequest {
+            request_id: None,
             cred: root(),
             session,
             parent: 1,

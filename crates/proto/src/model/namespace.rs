@@ -43,12 +43,15 @@ macro_rules! entry_request {
             }
         }
 
+        // Lookup has no `request_id`; Unlink and Rmdir leave theirs unset (the agent sets it).
+        #[allow(clippy::needless_update, reason = "one macro for messages with and without request_id")]
         impl From<EntryRequest> for pb::$pb {
             fn from(r: EntryRequest) -> Self {
                 pb::$pb {
                     cred: Some(r.cred.into()),
                     parent: r.parent.0,
                     name: r.name.into_bytes(),
+                    ..Default::default()
                 }
             }
         }
@@ -282,6 +285,7 @@ impl From<CreateRequest> for pb::CreateRequest {
             perm: r.perm,
             exclusive: r.exclusive,
             flags: Some(r.flags.into()),
+            request_id: None,
         }
     }
 }
@@ -351,6 +355,7 @@ impl From<MkdirRequest> for pb::MkdirRequest {
             parent: r.parent.0,
             name: r.name.into_bytes(),
             perm: r.perm,
+            request_id: None,
         }
     }
 }
@@ -404,6 +409,7 @@ impl From<MknodRequest> for pb::MknodRequest {
             kind: pb::FileType::from(r.kind).into(),
             perm: r.perm,
             rdev: r.rdev,
+            request_id: None,
         }
     }
 }
@@ -443,6 +449,7 @@ impl From<RenameRequest> for pb::RenameRequest {
             new_parent: r.new_parent.0,
             new_name: r.new_name.into_bytes(),
             mode: pb::RenameMode::from(r.mode).into(),
+            request_id: None,
         }
     }
 }
@@ -476,6 +483,7 @@ impl From<LinkRequest> for pb::LinkRequest {
             inode: r.inode.0,
             new_parent: r.new_parent.0,
             new_name: r.new_name.into_bytes(),
+            request_id: None,
         }
     }
 }
@@ -509,6 +517,7 @@ impl From<SymlinkRequest> for pb::SymlinkRequest {
             parent: r.parent.0,
             name: r.name.into_bytes(),
             target: r.target.into_bytes(),
+            request_id: None,
         }
     }
 }
@@ -962,4 +971,58 @@ impl From<AccessRequest> for pb::AccessRequest {
             mask: r.mask,
         }
     }
+}
+
+/// A non-idempotent request's identity in the server's reply cache (the `request_id` of
+/// Create, Mkdir, Mknod, Symlink, Link, Rename, Unlink and Rmdir).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RequestId {
+    /// The agent instance (not 0).
+    pub client: u64,
+    /// This request (not 0).
+    pub seq: u64,
+    /// The lowest seq the client may still send again (at most `seq`).
+    pub lowest_pending: u64,
+}
+
+impl TryFrom<pb::RequestId> for RequestId {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::RequestId) -> Result<Self, ProtocolError> {
+        if p.client == 0 {
+            return Err(invalid("client", "client 0 is not an agent instance"));
+        }
+        if p.seq == 0 {
+            return Err(invalid("seq", "request 0 does not exist"));
+        }
+        if p.lowest_pending > p.seq {
+            return Err(invalid(
+                "lowest_pending",
+                format!(
+                    "{} is past the request itself ({})",
+                    p.lowest_pending, p.seq
+                ),
+            ));
+        }
+        Ok(RequestId {
+            client: p.client,
+            seq: p.seq,
+            lowest_pending: p.lowest_pending,
+        })
+    }
+}
+
+impl From<RequestId> for pb::RequestId {
+    fn from(r: RequestId) -> Self {
+        pb::RequestId {
+            client: r.client,
+            seq: r.seq,
+            lowest_pending: r.lowest_pending,
+        }
+    }
+}
+
+/// The optional `request_id` field of a request, validated.
+pub fn request_id(p: Option<pb::RequestId>) -> Result<Option<RequestId>, ProtocolError> {
+    p.map(RequestId::try_from).transpose().at("request_id")
 }

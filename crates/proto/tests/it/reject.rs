@@ -832,3 +832,34 @@ fn admin_status_and_quotas() {
         ],
     );
 }
+
+#[test]
+fn request_ids() {
+    let valid = RequestId {
+        client: 9,
+        seq: 5,
+        lowest_pending: 3,
+    };
+    check::<RequestId, pb::RequestId>(
+        valid,
+        cases![pb::RequestId;
+            "client" => |p| p.client = 0,
+            "seq" => |p| p.seq = 0,
+            "lowest_pending" => |p| p.lowest_pending = 6,
+        ],
+    );
+    // As a field of a request, the path names it.
+    let e = request_id(Some(pb::RequestId {
+        client: 0,
+        seq: 1,
+        lowest_pending: 0,
+    }))
+    .unwrap_err();
+    assert_eq!(e.field_path().as_deref(), Some("request_id.client"));
+    let ok = pb::RequestId {
+        client: 1,
+        seq: 1,
+        lowest_pending: 1,
+    };
+    assert!(request_id(Some(ok)).unwrap().is_some());
+}

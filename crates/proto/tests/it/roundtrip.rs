@@ -643,3 +643,28 @@ fn status_and_quotas() {
         lease_remaining_ms: 10_900,
     });
 }
+
+#[test]
+fn request_ids() {
+    let id = RequestId {
+        client: u64::MAX,
+        seq: 7,
+        lowest_pending: 7,
+    };
+    round_trip::<_, pb::RequestId>(id);
+    round_trip::<_, pb::RequestId>(RequestId {
+        client: 1,
+        seq: u64::MAX,
+        lowest_pending: 0,
+    });
+    // Carried by the non-idempotent requests; absent means "not cached".
+    let mut p = pb::MkdirRequest {
+        request_id: Some(id.into()),
+        ..Default::default()
+    };
+    let bytes = prost::Message::encode_to_vec(&p);
+    let back: pb::MkdirRequest = prost::Message::decode(bytes.as_slice()).unwrap();
+    assert_eq!(request_id(back.request_id).unwrap(), Some(id));
+    p.request_id = None;
+    assert_eq!(request_id(p.request_id).unwrap(), None);
+}

@@ -1,0 +1,441 @@
+//! A server restart is a pause, not an error (issue 15, "No error for a restart"): a real
+//! `sanfs-mds` process serves a real `sanfs-agent` FUSE mount; while threads work on the mount
+//! (namespace calls: create, stat, mkdir, readdir, rename, unlink, rmdir; data calls:
+//! buffered and O_DIRECT writes and reads), the server is killed with SIGKILL, stays down for
+//! ~3 s, and is started again with the same command line. Every call blocks meanwhile and
+//! then succeeds: 0 EIO, 0 ESTALE, 0 errors at all, 0 short writes, and each thread gets work
+//! done after the restart. A `soft` mount with a short `retrans_timeout` instead answers EIO
+//! once the server has been gone that long. Root only (FUSE).
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sanfs_client_agent::buf::AlignedBuf;
+use sanfs_testcluster::ChildGuard;
+
+use crate::quickstart::mds_binary;
+use crate::san::{can_mount, is_mounted};
+
+const MIB: u64 = 1 << 20;
+
+/// A server and a mount of it, all real processes, in one temporary directory.
+struct Setup {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    port: u16,
+    server: Option<ChildGuard>,
+    agent: Option<ChildGuard>,
+    mount: PathBuf,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Setup {
+    fn new(lease_ttl_ms: u64) -> Setup {
+        let dir = tempfile::Builder::new()
+            .prefix("sanfs-h3-restart-")
+            .tempdir()
+            .unwrap();
+        let port = free_port();
+        let luns: Vec<PathBuf> = (0..4).map(|i| dir.path().join(format!("lun{i}"))).collect();
+        for l in &luns {
+            File::create(l).unwrap().set_len(128 * MIB).unwrap();
+        }
+        let devices: Vec<String> = luns
+            .iter()
+            .map(|l| format!("{:?}", l.display().to_string()))
+            .collect();
+        let config = dir.path().join("mds.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = \"127.0.0.1:{port}\"\nlease_ttl_ms = {lease_ttl_ms}\n\
+                 [metadata]\npath = {:?}\n\
+                 [volume]\nlayout = \"striped\"\nstripe_unit = \"64KiB\"\ndevices = [{}]\n",
+                dir.path().join("meta.redb").display().to_string(),
+                devices.join(", ")
+            ),
+        )
+        .unwrap();
+        let out = Command::new(mds_binary())
+            .args(["format", "--config", config.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "format: {out:?}");
+        let mount = dir.path().join("mnt");
+        std::fs::create_dir(&mount).unwrap();
+        let mut s = Setup {
+            dir,
+            config,
+            port,
+            server: None,
+            agent: None,
+            mount,
+        };
+        s.start_server();
+        s
+    }
+
+    /// Starts the server (always the same command line) and waits until it listens.
+    fn start_server(&mut self) {
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("mds.log"))
+            .unwrap();
+        let mut cmd = Command::new(mds_binary());
+        cmd.args(["serve", "--config", self.config.to_str().unwrap()])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log);
+        let mut child = ChildGuard::spawn(&mut cmd).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            if let Some(st) = child.try_wait().unwrap() {
+                panic!("sanfs-mds exited: {st}; log:\n{}", self.log("mds.log"));
+            }
+            assert!(Instant::now() < deadline, "sanfs-mds did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.server = Some(child);
+    }
+
+    fn kill_server(&mut self) {
+        self.server.take().unwrap().kill9().unwrap();
+    }
+
+    fn mount(&mut self, extra: &str) {
+        let run_dir = self.dir.path().join("run");
+        std::fs::create_dir_all(&run_dir).unwrap();
+        let mut opts = format!(
+            "devices={},client_name=h3-restart",
+            self.dir.path().join("lun*").display()
+        );
+        if !extra.is_empty() {
+            opts = format!("{opts},{extra}");
+        }
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"));
+        cmd.arg("mount")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg(&self.mount)
+            .args(["-o", &opts, "--foreground"])
+            .env("SANFS_RUN_DIR", &run_dir)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stderr(File::create(self.dir.path().join("agent.log")).unwrap());
+        let mut child = ChildGuard::spawn(&mut cmd).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !is_mounted(&self.mount) {
+            if let Some(st) = child.try_wait().unwrap() {
+                panic!("sanfs-agent exited: {st}; log:\n{}", self.log("agent.log"));
+            }
+            assert!(Instant::now() < deadline, "the mount did not appear");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.agent = Some(child);
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if is_mounted(&self.mount) {
+            let _ = rustix::mount::unmount(&self.mount, rustix::mount::UnmountFlags::DETACH);
+        }
+        if let Some(mut a) = self.agent.take()
+            && !matches!(a.wait_timeout(Duration::from_secs(10)), Ok(Some(_)))
+        {
+            let _ = a.kill9();
+        }
+        if let Some(mut s) = self.server.take() {
+            let _ = s.terminate(Duration::from_secs(5));
+        }
+    }
+}
+
+/// Where the run is: before the kill, while the server is down, after the restart.
+const BEFORE: u8 = 0;
+const DOWN: u8 = 1;
+const AFTER: u8 = 2;
+
+/// What the threads saw.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Failed calls by (call, errno).
+    errors: BTreeMap<(String, i32), u64>,
+    short_writes: u64,
+    /// Content that differed when the whole iteration ran after the restart.
+    bad_content: Vec<String>,
+    /// Iterations done after the restart, by thread.
+    after: BTreeMap<String, u64>,
+}
+
+type Shared = Arc<Mutex<Seen>>;
+
+fn fail(seen: &Shared, call: &str, e: &std::io::Error) {
+    let errno = e.raw_os_error().unwrap_or(-1);
+    *seen
+        .lock()
+        .unwrap()
+        .errors
+        .entry((call.to_owned(), errno))
+        .or_default() += 1;
+}
+
+/// Runs `f` (one call), counting a failure under `call`; `None` when it failed.
+fn attempt<T>(seen: &Shared, call: &str, f: impl FnOnce() -> std::io::Result<T>) -> Option<T> {
+    match f() {
+        Ok(v) => Some(v),
+        Err(e) => {
+            fail(seen, call, &e);
+            None
+        }
+    }
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A namespace worker: create + write + read back, stat, mkdir, readdir, rename, unlink, rmdir.
+fn namespace_worker(root: &Path, id: usize, stop: &AtomicBool, phase: &AtomicU8, seen: &Shared) {
+    let me = format!("ns{id}");
+    let base = root.join(&me);
+    std::fs::create_dir(&base).unwrap();
+    let mut i = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        i += 1;
+        let started = phase.load(Ordering::SeqCst);
+        let f = base.join(format!("f{i}"));
+        let d = base.join(format!("d{i}"));
+        let data = pattern(20_000 + (i as usize % 7) * 1000, i);
+        if let Some(mut file) = attempt(seen, "create", || File::create(&f)) {
+            match file.write(&data) {
+                Ok(n) if n < data.len() => seen.lock().unwrap().short_writes += 1,
+                Ok(_) => {}
+                Err(e) => fail(seen, "write", &e),
+            }
+            drop(file);
+        }
+        if let Some(back) = attempt(seen, "read", || std::fs::read(&f))
+            && back != data
+            && started == AFTER
+        {
+            seen.lock().unwrap().bad_content.push(format!(
+                "{}: {} bytes back",
+                f.display(),
+                back.len()
+            ));
+        }
+        attempt(seen, "stat", || std::fs::metadata(&f));
+        attempt(seen, "mkdir", || std::fs::create_dir(&d));
+        let g = d.join("g");
+        attempt(seen, "rename", || std::fs::rename(&f, &g));
+        attempt(seen, "readdir", || {
+            std::fs::read_dir(&d)?.collect::<std::io::Result<Vec<_>>>()
+        });
+        attempt(seen, "unlink", || std::fs::remove_file(&g));
+        attempt(seen, "rmdir", || std::fs::remove_dir(&d));
+        if started == AFTER {
+            *seen.lock().unwrap().after.entry(me.clone()).or_default() += 1;
+        }
+    }
+}
+
+/// A data worker on one open file: writes of 1 MiB (O_DIRECT: aligned; else buffered at odd
+/// offsets), each read back, the fd kept open across the restart.
+fn data_worker(
+    root: &Path,
+    id: usize,
+    direct: bool,
+    stop: &AtomicBool,
+    phase: &AtomicU8,
+    seen: &Shared,
+) {
+    let me = format!("{}{id}", if direct { "direct" } else { "buffered" });
+    let path = root.join(&me);
+    let mut o = OpenOptions::new();
+    o.read(true).write(true).create(true);
+    if direct {
+        o.custom_flags(libc::O_DIRECT);
+    }
+    let file = o.open(&path).unwrap();
+    let len = MIB as usize;
+    let mut i = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        i += 1;
+        let started = phase.load(Ordering::SeqCst);
+        let slot = i % 8;
+        let off = if direct { slot * MIB } else { slot * MIB + 17 };
+        let data = pattern(len, i * 31 + id as u64);
+        let buf = AlignedBuf::from_slice(&data);
+        match file.write_at(buf.as_slice(), off) {
+            Ok(n) if n < len => seen.lock().unwrap().short_writes += 1,
+            Ok(_) => {}
+            Err(e) => fail(seen, "pwrite", &e),
+        }
+        let mut back = AlignedBuf::zeroed(len);
+        match file.read_at(back.as_mut_slice(), off) {
+            Ok(n) if n == len && back.as_slice() == data.as_slice() => {}
+            Ok(n) if started == AFTER => seen
+                .lock()
+                .unwrap()
+                .bad_content
+                .push(format!("{me} at {off}: {n} bytes, differing")),
+            Ok(_) => {}
+            Err(e) => fail(seen, "pread", &e),
+        }
+        if started == AFTER {
+            *seen.lock().unwrap().after.entry(me.clone()).or_default() += 1;
+        }
+    }
+}
+
+#[test]
+fn server_restart_is_a_pause_not_an_error() {
+    if !can_mount("the server restart test") {
+        return;
+    }
+    let mut s = Setup::new(3000);
+    s.mount("");
+    // A call that never comes back would hang the test binary (threads blocked in FUSE):
+    // after 5 minutes, fail loudly instead.
+    let finished = Arc::new(AtomicBool::new(false));
+    {
+        let (finished, log) = (finished.clone(), s.dir.path().join("agent.log"));
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(300));
+            if !finished.load(Ordering::SeqCst) {
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                eprintln!("restart test hung for 5 minutes; agent log:\n{log}");
+                std::process::abort();
+            }
+        });
+    }
+    let root = s.mount.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let phase = Arc::new(AtomicU8::new(BEFORE));
+    let seen: Shared = Arc::default();
+    let mut threads = Vec::new();
+    for id in 0..3 {
+        let (root, stop, phase, seen) = (root.clone(), stop.clone(), phase.clone(), seen.clone());
+        threads.push(std::thread::spawn(move || {
+            namespace_worker(&root, id, &stop, &phase, &seen)
+        }));
+    }
+    for (id, direct) in [(0, false), (1, true)] {
+        let (root, stop, phase, seen) = (root.clone(), stop.clone(), phase.clone(), seen.clone());
+        threads.push(std::thread::spawn(move || {
+            data_worker(&root, id, direct, &stop, &phase, &seen)
+        }));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    s.kill_server();
+    phase.store(DOWN, Ordering::SeqCst);
+    let killed = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    s.start_server();
+    phase.store(AFTER, Ordering::SeqCst);
+    eprintln!("server down for {} ms", killed.elapsed().as_millis());
+    // Until every thread has done work after the restart (at most 60 s).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen
+        .lock()
+        .unwrap()
+        .after
+        .values()
+        .filter(|n| **n >= 3)
+        .count()
+        < threads.len()
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let join_deadline = Instant::now() + Duration::from_secs(60);
+    while threads.iter().any(|t| !t.is_finished()) {
+        assert!(
+            Instant::now() < join_deadline,
+            "threads still blocked 60 s after the restart; agent log:\n{}",
+            s.log("agent.log")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    finished.store(true, Ordering::SeqCst);
+    let seen = seen.lock().unwrap();
+    let log = s.log("agent.log");
+    eprintln!("restart: {seen:?}");
+    assert!(
+        seen.errors.is_empty() && seen.short_writes == 0 && seen.bad_content.is_empty(),
+        "errors {:?}, short writes {}, bad content {:?}; agent log:\n{log}",
+        seen.errors,
+        seen.short_writes,
+        seen.bad_content
+    );
+    assert_eq!(
+        seen.after.len(),
+        5,
+        "work after the restart: {:?}",
+        seen.after
+    );
+    assert!(
+        log.contains("server not responding, still trying") && log.contains("server OK"),
+        "the agent says when the server went and came back:\n{log}"
+    );
+}
+
+#[test]
+fn soft_mount_gives_up_with_eio() {
+    if !can_mount("the soft mount test") {
+        return;
+    }
+    let mut s = Setup::new(3000);
+    s.mount("soft,retrans_timeout=2s");
+    let f = s.mount.join("kept");
+    std::fs::write(&f, b"before").unwrap();
+    s.kill_server();
+    let t = Instant::now();
+    // attr_ttl defaults to 1 s: past it, the stat asks the server.
+    std::thread::sleep(Duration::from_millis(1100));
+    let e = std::fs::metadata(s.mount.join("never-made")).unwrap_err();
+    let waited = t.elapsed();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_secs(30),
+        "gave up after {waited:?}"
+    );
+    // Back: the same mount works again.
+    s.start_server();
+    let names: Vec<_> = std::fs::read_dir(&s.mount)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(names.iter().any(|n| n == "kept"), "{names:?}");
+}

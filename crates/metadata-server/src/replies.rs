@@ -1,0 +1,162 @@
+//! The reply cache of non-idempotent namespace requests (Create, Mkdir, Mknod, Symlink, Link,
+//! Rename, Unlink, Rmdir).
+//!
+//! An agent retries a call whose reply it never got (the server restarted, the connection
+//! broke). For these requests running again is wrong: the first try may have committed, and a
+//! second create or unlink would answer EEXIST or ENOENT. A request that carries a
+//! [`RequestId`] is therefore run through [`run_once`]: the reply, encoded, is stored under
+//! (agent instance, request seq) in the `replies` table **in the same transaction** as the
+//! change, so both are durable together or lost together (a crash before the commit loses
+//! both, and the retry runs the request afresh). A retry with the same ids gets the stored
+//! reply and changes nothing.
+//!
+//! Bounded two ways: each request carries the lowest seq its agent may still retry, and this
+//! agent's entries below it are dropped (at most [`PRUNE_BATCH`] per request); and entries
+//! older than [`MAX_AGE_SECS`] are dropped by [`sweep`], which `serve` runs at start.
+//!
+//! Stored value: version byte (1), the commit time (unix seconds, i64 LE), the session the
+//! request came under (u64 LE), then the reply message (protobuf).
+
+use prost::Message;
+use redb::{ReadableTable, ReadableTableMetadata};
+use sanfs_proto::model::RequestId;
+
+use crate::store::{Ctx, OpError, corrupt};
+
+/// Format version of a stored reply.
+const VERSION: u8 = 1;
+/// Version, time, session.
+const HEADER: usize = 1 + 8 + 8;
+/// Replies older than this are forgotten (an agent retries within minutes, or never).
+pub const MAX_AGE_SECS: i64 = 3600;
+/// At most this many of an agent's entries below its lowest pending request are dropped by
+/// one request (the rest by the following ones).
+pub const PRUNE_BATCH: usize = 64;
+
+/// A stored reply, and the session its request came under.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored<P> {
+    pub reply: P,
+    pub session: u64,
+}
+
+/// What [`run_once`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Once<P> {
+    /// The request ran now.
+    Fresh(P),
+    /// It had run before: its stored reply.
+    Replayed(Stored<P>),
+}
+
+impl<P> Once<P> {
+    /// The reply, fresh or stored.
+    pub fn into_reply(self) -> P {
+        match self {
+            Once::Fresh(p) => p,
+            Once::Replayed(s) => s.reply,
+        }
+    }
+}
+
+/// Runs `op` (a non-idempotent change answering `P`) once per `id`: a request seen before
+/// gets its stored reply; a new one runs, and its reply is stored in the same transaction.
+/// Without an id, `op` just runs. `session` is the session the request came under.
+pub fn run_once<P: Message + Default>(
+    ctx: &mut Ctx<'_>,
+    id: Option<RequestId>,
+    session: u64,
+    op: impl FnOnce(&mut Ctx<'_>) -> Result<P, OpError>,
+) -> Result<Once<P>, OpError> {
+    let Some(id) = id else {
+        return op(ctx).map(Once::Fresh);
+    };
+    prune_below(ctx, id)?;
+    let hit = ctx
+        .replies
+        .get((id.client, id.seq))?
+        .map(|v| v.value().to_vec());
+    if let Some(bytes) = hit {
+        return decode(&bytes).map(Once::Replayed);
+    }
+    let reply = op(ctx)?;
+    let bytes = encode(ctx.now.sec, session, &reply);
+    ctx.replies.insert((id.client, id.seq), bytes.as_slice())?;
+    Ok(Once::Fresh(reply))
+}
+
+fn encode<P: Message>(at: i64, session: u64, reply: &P) -> Vec<u8> {
+    let mut v = Vec::with_capacity(HEADER + reply.encoded_len());
+    v.push(VERSION);
+    v.extend_from_slice(&at.to_le_bytes());
+    v.extend_from_slice(&session.to_le_bytes());
+    reply.encode(&mut v).unwrap_or_default();
+    v
+}
+
+/// When a stored reply was stored (unix seconds).
+fn stored_at(bytes: &[u8]) -> Result<i64, OpError> {
+    match bytes {
+        [VERSION, rest @ ..] if rest.len() >= HEADER - 1 => {
+            let mut at = [0u8; 8];
+            at.copy_from_slice(&rest[..8]);
+            Ok(i64::from_le_bytes(at))
+        }
+        [v, ..] => Err(corrupt(
+            "stored reply",
+            format!("version {v} or {} bytes", bytes.len()),
+        )),
+        [] => Err(corrupt("stored reply", "empty")),
+    }
+}
+
+fn decode<P: Message + Default>(bytes: &[u8]) -> Result<Stored<P>, OpError> {
+    stored_at(bytes)?;
+    let mut session = [0u8; 8];
+    session.copy_from_slice(&bytes[9..HEADER]);
+    let reply = P::decode(&bytes[HEADER..]).map_err(|e| corrupt("stored reply", e))?;
+    Ok(Stored {
+        reply,
+        session: u64::from_le_bytes(session),
+    })
+}
+
+/// Drops (some of) `id.client`'s entries below `id.lowest_pending`.
+fn prune_below(ctx: &mut Ctx<'_>, id: RequestId) -> Result<(), OpError> {
+    if id.lowest_pending <= 1 {
+        return Ok(());
+    }
+    let old: Vec<(u64, u64)> = ctx
+        .replies
+        .range((id.client, 0)..(id.client, id.lowest_pending))?
+        .take(PRUNE_BATCH)
+        .map(|r| r.map(|(k, _)| k.value()))
+        .collect::<Result<_, _>>()?;
+    for k in old {
+        ctx.replies.remove(k)?;
+    }
+    Ok(())
+}
+
+/// Drops every entry older than [`MAX_AGE_SECS`]; returns how many.
+pub fn sweep(ctx: &mut Ctx<'_>) -> Result<u64, OpError> {
+    let limit = ctx.now.sec.saturating_sub(MAX_AGE_SECS);
+    let mut old = Vec::new();
+    for r in ctx.replies.iter()? {
+        let (k, v) = r?;
+        // A damaged entry goes too: it can only be a retry's answer, never data.
+        if stored_at(v.value()).is_ok_and(|at| at >= limit) {
+            continue;
+        }
+        old.push(k.value());
+    }
+    for k in &old {
+        ctx.replies.remove(*k)?;
+    }
+    Ok(old.len() as u64)
+}
+
+/// Entries in the cache now (for tests and inspection).
+pub fn count(ctx: &Ctx<'_>) -> Result<u64, OpError> {
+    Ok(ctx.replies.len()?)
+}
