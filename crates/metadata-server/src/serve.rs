@@ -109,13 +109,17 @@ pub async fn serve(
 
     // Opening reads and checks the store: blocking work, off the async threads.
     let (backend, batch_max) = (opts.backend.clone(), opts.batch_max);
-    let store = tokio::task::spawn_blocking(move || Store::open(&backend, clock, batch_max))
-        .await
-        .context("the store-opening task failed")?
-        .with_context(|| format!("open the metadata store {:?}", opts.backend))?;
+    // The recovery that frees space waits for the reclaim window (`crate::reclaim`).
+    let store = tokio::task::spawn_blocking(move || {
+        Store::open_deferring_recovery(&backend, clock, batch_max)
+    })
+    .await
+    .context("the store-opening task failed")?
+    .with_context(|| format!("open the metadata store {:?}", opts.backend))?;
     let params = ServiceParams {
         direct_threshold: opts.direct_threshold,
         lease_ttl_ms: opts.lease_ttl_ms,
+        reclaim_grace_ms: crate::service::default_reclaim_grace_ms(opts.lease_ttl_ms),
     };
     let data_paths = opts.data_devices.clone();
     let volume = store.volume().clone();

@@ -25,9 +25,9 @@ use std::sync::Arc;
 
 use sanfs_blockmap::plan::IoPlan;
 use sanfs_proto::model::{
-    CompleteRequest, ExtentError, FallocateMode, FallocateRequest, FsyncRequest, Grant, HandleRef,
-    IoOutcome, LockMode, MAX_GRANTS_PER_MESSAGE, MapRequest, ReadReply, ReadRequest,
-    ReturnGrantRequest, WritePosition, WriteReply, WriteRequest,
+    CompleteReply, CompleteRequest, ExtentError, FallocateMode, FallocateRequest, FsyncRequest,
+    Grant, HandleRef, IoOutcome, LockMode, MAX_GRANTS_PER_MESSAGE, MapRequest, ReadReply,
+    ReadRequest, ReturnGrantRequest, WritePosition, WriteReply, WriteRequest,
 };
 use sanfs_proto::pb;
 use sanfs_proto::types::{
@@ -36,7 +36,7 @@ use sanfs_proto::types::{
 
 use super::cache::AfterIo;
 use super::subplan::sub_plan;
-use super::{Client, FileHandle, Inner, SessionView, add, bump, malformed};
+use super::{Client, FileHandle, Inner, SessionView, add, bump, malformed, unsynced};
 use crate::buf::AlignedBuf;
 use crate::engine::{DeviceOp, IoErr};
 
@@ -311,7 +311,14 @@ impl Client {
     /// once. What close(2) reports ([`Client::has_writes_behind`] says whether to ask).
     pub async fn flush_writes(&self, ino: InodeId) -> Result<(), FsError> {
         self.inner.settle(ino).await;
-        self.inner.take_write_error(ino)
+        self.inner.take_write_error(ino)?;
+        self.inner.take_lost_write(ino)
+    }
+
+    /// Whether `ino` has lazily completed writes the server has not made durable yet: close
+    /// makes them durable ([`Client::fsync`]) before it answers.
+    pub fn has_unsynced_writes(&self, ino: InodeId) -> bool {
+        self.inner.lock_unsynced().has(ino)
     }
 
     /// Whether `ino` has write completions in flight, or a failed one not reported yet.
@@ -329,9 +336,13 @@ impl Client {
     ) -> Result<(), FsError> {
         let inner = &*self.inner;
         let view = inner.view_for(Some(fh))?;
-        // Writes completed behind first; one that failed is this fsync's error.
+        // Writes completed behind first; one that failed is this fsync's error, and so is a
+        // write lost in a server restart.
         inner.settle(ino).await;
         inner.take_write_error(ino)?;
+        inner.take_lost_write(ino)?;
+        // What this fsync makes durable: every completion answered before it is sent.
+        let upto = inner.lock_unsynced().newest(ino, view.epoch);
         let req = FsyncRequest {
             cred: cred.clone(),
             handle: handle_ref(fh),
@@ -343,6 +354,9 @@ impl Client {
             .fsync(pb::FsyncRequest::from(req))
             .await
             .map_err(|s| inner.status_error(view.session, &s))?;
+        if let Some(upto) = upto {
+            inner.lock_unsynced().synced(ino, view.epoch, upto);
+        }
         Ok(())
     }
 
@@ -720,7 +734,45 @@ impl Inner {
             .await
             .map_err(|s| self.status_error(view.session, &s))?
             .into_inner();
-        Attr::try_from(reply).map_err(|e| malformed("Complete reply", e))
+        let reply = CompleteReply::try_from(reply).map_err(|e| malformed("Complete reply", e))?;
+        self.note_completion(view, grant, bytes_done, keep_at, &reply);
+        Ok(reply.attr)
+    }
+
+    /// Keeps a record of a lazily committed write completion until it is durable (see
+    /// `unsynced`), and forgets the records the reply says are durable now.
+    fn note_completion(
+        &self,
+        view: &SessionView,
+        grant: &Grant,
+        bytes_done: u64,
+        keep_at: Option<u64>,
+        reply: &CompleteReply,
+    ) {
+        let mut unsynced = self.lock_unsynced();
+        if reply.commit_seq > 0 && bytes_done > 0 && grant.mode == LockMode::Exclusive {
+            let at = keep_at.unwrap_or(grant.range.offset());
+            let start = at.saturating_sub(grant.range.offset());
+            match ByteRange::new(at, bytes_done) {
+                Ok(range) => {
+                    let plan = sub_plan(&grant.device_ios, &[], start, start + bytes_done);
+                    unsynced.record(
+                        grant.inode,
+                        unsynced::WriteRecord::new(
+                            view.epoch,
+                            reply.commit_seq,
+                            range,
+                            &plan.device_ios,
+                        ),
+                    );
+                }
+                // Not a range the server could have completed: nothing was kept for it.
+                Err(e) => {
+                    tracing::error!(inode = %grant.inode, error = %e, "cannot record a lazy completion")
+                }
+            }
+        }
+        unsynced.durable(view.epoch, reply.durable_seq);
     }
 
     /// Runs `plan` in place on `dest`'s bytes from `base` on: the device I/O reads into (or

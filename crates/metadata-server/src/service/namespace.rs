@@ -156,6 +156,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::LookupRequest>,
     ) -> Result<Response<pb::LookupReply>, Status> {
         rpc("Lookup", async {
+            self.server.wait_reclaim().await;
             let req: EntryRequest = convert(request.into_inner())?;
             note(None, Some(req.parent.0));
             let bs = self.server.store.block_size();
@@ -170,6 +171,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::GetAttrRequest>,
     ) -> Result<Response<pb::GetAttrReply>, Status> {
         rpc("GetAttr", async {
+            self.server.wait_reclaim().await;
             let req: InodeRequest = convert(request.into_inner())?;
             note(None, Some(req.inode.0));
             // Writes inside write layouts are completed behind them: the size and mtime
@@ -187,6 +189,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::SetAttrRequest>,
     ) -> Result<Response<pb::SetAttrReply>, Status> {
         rpc("SetAttr", async {
+            self.server.wait_reclaim().await;
             let req: SetAttrRequest = convert(request.into_inner())?;
             note(req.handle.map(|h| h.session.0), Some(req.inode.0));
             let _guard = match req.changes.size {
@@ -204,6 +207,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::CreateRequest>,
     ) -> Result<Response<pb::CreateReply>, Status> {
         rpc("Create", async {
+            self.server.wait_reclaim().await;
             let req: CreateRequest = convert(request.into_inner())?;
             note(Some(req.session.0), Some(req.parent.0));
             let session = req.session;
@@ -238,6 +242,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::MkdirRequest>,
     ) -> Result<Response<pb::MkdirReply>, Status> {
         rpc("Mkdir", async {
+            self.server.wait_reclaim().await;
             let req: MkdirRequest = convert(request.into_inner())?;
             note(None, Some(req.parent.0));
             let attr = self.server.write(move |ctx| ns::mkdir(ctx, &req)).await?;
@@ -251,6 +256,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::MknodRequest>,
     ) -> Result<Response<pb::MknodReply>, Status> {
         rpc("Mknod", async {
+            self.server.wait_reclaim().await;
             let req: MknodRequest = convert(request.into_inner())?;
             note(None, Some(req.parent.0));
             let attr = self.server.write(move |ctx| ns::mknod(ctx, &req)).await?;
@@ -264,6 +270,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::UnlinkRequest>,
     ) -> Result<Response<pb::UnlinkReply>, Status> {
         rpc("Unlink", async {
+            self.server.wait_reclaim().await;
             let req: EntryRequest = convert(request.into_inner())?;
             note(None, Some(req.parent.0));
             self.server
@@ -279,6 +286,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::RmdirRequest>,
     ) -> Result<Response<pb::RmdirReply>, Status> {
         rpc("Rmdir", async {
+            self.server.wait_reclaim().await;
             let req: EntryRequest = convert(request.into_inner())?;
             note(None, Some(req.parent.0));
             self.server
@@ -294,6 +302,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::RenameRequest>,
     ) -> Result<Response<pb::RenameReply>, Status> {
         rpc("Rename", async {
+            self.server.wait_reclaim().await;
             let req: RenameRequest = convert(request.into_inner())?;
             note(None, Some(req.old_parent.0));
             self.server.write(move |ctx| ns::rename(ctx, &req)).await?;
@@ -307,6 +316,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::LinkRequest>,
     ) -> Result<Response<pb::LinkReply>, Status> {
         rpc("Link", async {
+            self.server.wait_reclaim().await;
             let req: LinkRequest = convert(request.into_inner())?;
             note(None, Some(req.inode.0));
             let attr = self.server.write(move |ctx| ns::link(ctx, &req)).await?;
@@ -320,6 +330,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::SymlinkRequest>,
     ) -> Result<Response<pb::SymlinkReply>, Status> {
         rpc("Symlink", async {
+            self.server.wait_reclaim().await;
             let req: SymlinkRequest = convert(request.into_inner())?;
             note(None, Some(req.parent.0));
             let attr = self.server.write(move |ctx| ns::symlink(ctx, &req)).await?;
@@ -333,6 +344,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::ReadlinkRequest>,
     ) -> Result<Response<pb::ReadlinkReply>, Status> {
         rpc("Readlink", async {
+            self.server.wait_reclaim().await;
             let req: InodeRequest = convert(request.into_inner())?;
             note(None, Some(req.inode.0));
             let bytes = self.server.read(|t| t.readlink(req.inode.0))?;
@@ -347,6 +359,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::ReadDirRequest>,
     ) -> Result<Response<pb::ReadDirReply>, Status> {
         rpc("ReadDir", async {
+            self.server.wait_reclaim().await;
             let req: ReadDirRequest = convert(request.into_inner())?;
             note(None, Some(req.inode.0));
             let bs = self.server.store.block_size();
@@ -361,6 +374,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::StatFsRequest>,
     ) -> Result<Response<pb::StatFsReply>, Status> {
         rpc("StatFs", async {
+            self.server.wait_reclaim().await;
             let req: InodeRequest = convert(request.into_inner())?;
             note(None, Some(req.inode.0));
             Ok(self.server.statfs(&req)?.into())
@@ -373,6 +387,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::GetXattrRequest>,
     ) -> Result<Response<pb::GetXattrReply>, Status> {
         rpc("GetXattr", async {
+            self.server.wait_reclaim().await;
             let req: XattrRequest = convert(request.into_inner())?;
             note(None, Some(req.inode.0));
             let value = self.server.read(|t| t.getxattr(&req))?;
@@ -386,6 +401,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::SetXattrRequest>,
     ) -> Result<Response<pb::SetXattrReply>, Status> {
         rpc("SetXattr", async {
+            self.server.wait_reclaim().await;
             let req: SetXattrRequest = convert(request.into_inner())?;
             note(None, Some(req.inode.0));
             self.server
@@ -401,6 +417,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::ListXattrRequest>,
     ) -> Result<Response<pb::ListXattrReply>, Status> {
         rpc("ListXattr", async {
+            self.server.wait_reclaim().await;
             let req: InodeRequest = convert(request.into_inner())?;
             note(None, Some(req.inode.0));
             let names = self.server.read(|t| t.listxattr(&req.cred, req.inode.0))?;
@@ -419,6 +436,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::RemoveXattrRequest>,
     ) -> Result<Response<pb::RemoveXattrReply>, Status> {
         rpc("RemoveXattr", async {
+            self.server.wait_reclaim().await;
             let req: XattrRequest = convert(request.into_inner())?;
             note(None, Some(req.inode.0));
             self.server
@@ -434,6 +452,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::OpenRequest>,
     ) -> Result<Response<pb::OpenReply>, Status> {
         rpc("Open", async {
+            self.server.wait_reclaim().await;
             let req: OpenRequest = convert(request.into_inner())?;
             note(Some(req.session.0), Some(req.inode.0));
             Ok(self.server.open_handle(req).await?.into())
@@ -473,6 +492,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::AccessRequest>,
     ) -> Result<Response<pb::AccessReply>, Status> {
         rpc("Access", async {
+            self.server.wait_reclaim().await;
             let req: AccessRequest = convert(request.into_inner())?;
             note(None, Some(req.inode.0));
             self.server

@@ -192,6 +192,7 @@ impl Server {
                             Ok(Some(ServerEvent::HeartbeatAck {
                                 seq,
                                 lease_ttl_ms: self.params.lease_ttl_ms,
+                                durable_seq: self.store.durable_seq(),
                             }))
                         }
                         // Ended or replaced: this stream has nothing more to say.
@@ -289,6 +290,20 @@ impl Session for SessionService {
             let req: OpenSessionRequest = convert(request.into_inner())?;
             let reply = self.server.open_session(req)?;
             note(Some(reply.session.0), None);
+            // Durably recorded before the agent can complete anything lazily under it: the
+            // next start's reclaim window waits for this session (`crate::reclaim`).
+            let (id, epoch) = (reply.session.0, reply.epoch.0);
+            if let Err(e) = self
+                .server
+                .write(move |ctx| {
+                    ctx.sessions.insert(id, epoch)?;
+                    Ok(())
+                })
+                .await
+            {
+                self.server.end_session(id, None).await;
+                return Err(e);
+            }
             Ok(reply.into())
         })
         .await

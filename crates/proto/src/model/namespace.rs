@@ -125,7 +125,6 @@ attr_reply!(
     MknodReply,
     LinkReply,
     SymlinkReply,
-    CompleteReply,
     FallocateReply
 );
 
