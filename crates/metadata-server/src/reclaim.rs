@@ -8,8 +8,10 @@
 //! still has its record: it replays it to the next server epoch ([`replay_write`]).
 //!
 //! Replays must run before anything else changes the file system, so every start opens a
-//! *reclaim window* ([`Reclaim`]) for the sessions the store recorded as open (the `sessions`
-//! table: written durably at OpenSession, removed at CloseSession or expiry). While it is open
+//! *reclaim window* ([`Reclaim`]) for the sessions the store recorded (the `sessions` table:
+//! a session is written there durably at its first lazy completion, before that completion is
+//! answered, and removed when it ends; sessions that never completed lazily are not waited
+//! for). While it is open
 //! the server answers only session calls, replays, completions, fsync and lock reclaims; new
 //! grants, proxied I/O and every namespace call wait (server side) until it closes. It closes
 //! when every recorded session's agent has said `reclaim_complete`, or after the bound

@@ -28,6 +28,7 @@ mod missing_lun;
 mod mount;
 mod mount_sanfs;
 mod quickstart;
+mod replay;
 mod san;
 mod striping;
 mod support;

@@ -394,6 +394,9 @@ impl Data for DataService {
                 }
             }
             .map_err(|e| fs_status(&e.to_fs()))?;
+            if commit_seq > 0 {
+                self.server.record_session(session).await?;
+            }
             Ok(CompleteReply {
                 attr,
                 commit_seq,

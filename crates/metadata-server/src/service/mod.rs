@@ -75,6 +75,9 @@ pub(crate) struct SessionState {
     /// The attached session stream, if any: its number, where its replies go, and what
     /// keeps its task reading (dropping it ends the stream's task).
     pub stream: Option<(u64, StreamTx, tokio::sync::oneshot::Sender<()>)>,
+    /// Whether the store's `sessions` table has it (from its first lazy completion on: the
+    /// next start's reclaim window waits for it, see `crate::reclaim`).
+    pub recorded: bool,
 }
 
 /// One reply on a session stream.
@@ -189,6 +192,30 @@ impl Server {
             locks_marked: std::sync::atomic::AtomicBool::new(locks_in_use),
             reclaim,
         }))
+    }
+
+    /// Before a lazy completion of `session` is answered: the store records the session
+    /// (durably, once per session; that commit makes the completion durable too), so that
+    /// after a restart the reclaim window waits for its agent's replay.
+    pub(crate) async fn record_session(&self, session: u64) -> Result<(), Status> {
+        let recorded = self
+            .sessions()
+            .by_id
+            .get(&session)
+            .is_none_or(|s| s.recorded);
+        if recorded {
+            return Ok(());
+        }
+        let epoch = self.epoch.0;
+        self.write(move |ctx| {
+            ctx.sessions.insert(session, epoch)?;
+            Ok(())
+        })
+        .await?;
+        if let Some(s) = self.sessions().by_id.get_mut(&session) {
+            s.recorded = true;
+        }
+        Ok(())
     }
 
     /// Waits while the reclaim window is open (new work must not run before replays).
@@ -355,13 +382,14 @@ impl Server {
         };
         // Its agent has nothing to reclaim from this session any more (lazily: a crash
         // before the next durable commit only makes the next start wait for it in vain).
-        if let Err(e) = self
-            .store
-            .write_lazy(move |ctx| {
-                ctx.sessions.remove(session)?;
-                Ok(())
-            })
-            .await
+        if state.recorded
+            && let Err(e) = self
+                .store
+                .write_lazy(move |ctx| {
+                    ctx.sessions.remove(session)?;
+                    Ok(())
+                })
+                .await
         {
             tracing::warn!(session, error = %e, "forgetting an ended session");
         }

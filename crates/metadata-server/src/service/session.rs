@@ -101,6 +101,7 @@ impl Server {
                     host: req.host.clone(),
                     deadline_ns,
                     stream: None,
+                    recorded: false,
                 },
             );
             id
@@ -290,20 +291,6 @@ impl Session for SessionService {
             let req: OpenSessionRequest = convert(request.into_inner())?;
             let reply = self.server.open_session(req)?;
             note(Some(reply.session.0), None);
-            // Durably recorded before the agent can complete anything lazily under it: the
-            // next start's reclaim window waits for this session (`crate::reclaim`).
-            let (id, epoch) = (reply.session.0, reply.epoch.0);
-            if let Err(e) = self
-                .server
-                .write(move |ctx| {
-                    ctx.sessions.insert(id, epoch)?;
-                    Ok(())
-                })
-                .await
-            {
-                self.server.end_session(id, None).await;
-                return Err(e);
-            }
             Ok(reply.into())
         })
         .await

@@ -60,8 +60,9 @@ pub const PREALLOC: TableDefinition<'_, u64, (u64, u64)> = TableDefinition::new(
 /// `u64::MAX` is "no limit" (see `quota.rs`).
 pub const QUOTAS: TableDefinition<'_, u64, (u64, u64, u64, u64)> = TableDefinition::new("quotas");
 /// Sessions that may hold lazily committed completions: session id -> the epoch it was opened
-/// in. Inserted durably at OpenSession, removed (lazily) when the session ends; after a
-/// restart the sessions found here are the ones the reclaim window waits for.
+/// in. Inserted durably at a session's first lazy completion, removed (lazily) when the
+/// session ends; after a restart the sessions found here are the ones the reclaim window
+/// waits for.
 pub const SESSIONS: TableDefinition<'_, u64, u64> = TableDefinition::new("sessions");
 
 const KEY_SUPER: &str = "super";

@@ -31,6 +31,7 @@ mod lease;
 mod lvm_real;
 mod posix;
 mod quota;
+mod replay;
 mod serve;
 mod smoke;
 mod support;
