@@ -183,7 +183,7 @@ mod tests {
         assert!(!none.is_open());
         none.closed().await;
         let r = Reclaim::new([1, 2]);
-        assert!(r.complete(3) == false && r.is_open());
+        assert!(!r.complete(3) && r.is_open());
         let mut left = r.close();
         left.sort_unstable();
         assert_eq!(left, vec![1, 2]);
