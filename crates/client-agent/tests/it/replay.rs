@@ -275,6 +275,7 @@ async fn write_survives_server_kill(test: &str, wait: Duration) {
             .read(true)
             .write(true)
             .create(true)
+            .truncate(true)
             .open(&path)
             .unwrap();
         f.sync_all().unwrap();
