@@ -96,6 +96,56 @@ impl IoPlan {
     }
 }
 
+/// Where one piece of a planned range lies: buffer bytes `[buf_off, buf_off + len)` at byte
+/// `phys_off` of `device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PhysRun {
+    pub buf_off: u64,
+    pub device: DeviceIndex,
+    pub phys_off: u64,
+    pub len: u64,
+}
+
+/// The physical runs of `device_ios` in buffer order, merged where they continue each other
+/// both in the buffer and on one device: a canonical form of "which device bytes hold which
+/// buffer bytes", the same for two plans of one mapping however their I/Os are grouped.
+pub fn phys_runs(device_ios: &[DeviceIo]) -> Vec<PhysRun> {
+    let mut runs = Vec::new();
+    for io in device_ios {
+        let mut phys = io.phys_off;
+        for piece in &io.iov {
+            runs.push(PhysRun {
+                buf_off: piece.buf_off,
+                device: io.device,
+                phys_off: phys,
+                len: piece.len,
+            });
+            phys = phys.saturating_add(piece.len);
+        }
+    }
+    merge_runs(runs)
+}
+
+/// `runs` sorted by buffer offset, neighbours that continue each other merged, empty ones
+/// dropped (see [`phys_runs`]).
+pub fn merge_runs(mut runs: Vec<PhysRun>) -> Vec<PhysRun> {
+    runs.retain(|r| r.len > 0);
+    runs.sort_unstable();
+    let mut merged: Vec<PhysRun> = Vec::with_capacity(runs.len());
+    for r in runs {
+        if let Some(last) = merged.last_mut()
+            && last.device == r.device
+            && last.buf_off.checked_add(last.len) == Some(r.buf_off)
+            && last.phys_off.checked_add(last.len) == Some(r.phys_off)
+        {
+            last.len += r.len;
+            continue;
+        }
+        merged.push(r);
+    }
+    merged
+}
+
 /// Why a range could not be planned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
@@ -1010,5 +1060,59 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The replay check's canonical form: one mapping gives the same runs whatever the I/O
+    /// grouping (method A or B), and a sub-range of a grant gives the runs of the range.
+    #[test]
+    fn phys_runs_are_the_same_for_one_mapping_and_differ_for_another() {
+        let v = Volume::striped(4096, devs(2, 4 * MIB), 2 * MIB, 64 * KIB).unwrap();
+        let m = ExtentMap::from_extents(vec![ext(0, 64, 0, Unwritten)]).unwrap();
+        let b = plan(PlanOp::Write, 0, 256 * KIB, &m, &v, PlanMethod::Coalesced).unwrap();
+        let a = plan(
+            PlanOp::Write,
+            0,
+            256 * KIB,
+            &m,
+            &v,
+            PlanMethod::PerStripeUnit,
+        )
+        .unwrap();
+        assert_ne!(a.device_ios.len(), b.device_ios.len());
+        let runs = phys_runs(&b.device_ios);
+        assert_eq!(runs, phys_runs(&a.device_ios));
+        // Stripe units alternate between the legs: four runs of 64 KiB.
+        assert_eq!(runs.len(), 4);
+        assert_eq!(runs.iter().map(|r| r.len).sum::<u64>(), 256 * KIB);
+        // The same file range on other volume blocks is another mapping.
+        let moved = ExtentMap::from_extents(vec![ext(0, 64, 128, Unwritten)]).unwrap();
+        let c = plan(
+            PlanOp::Write,
+            0,
+            256 * KIB,
+            &moved,
+            &v,
+            PlanMethod::Coalesced,
+        )
+        .unwrap();
+        assert_ne!(phys_runs(&c.device_ios), runs);
+        // Pieces given in any order and split anywhere merge back.
+        let mut split: Vec<PhysRun> = runs
+            .iter()
+            .flat_map(|r| {
+                let h = r.len / 2;
+                [
+                    PhysRun { len: h, ..*r },
+                    PhysRun {
+                        buf_off: r.buf_off + h,
+                        phys_off: r.phys_off + h,
+                        len: r.len - h,
+                        ..*r
+                    },
+                ]
+            })
+            .collect();
+        split.reverse();
+        assert_eq!(merge_runs(split), runs);
     }
 }

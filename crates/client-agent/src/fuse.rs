@@ -857,7 +857,8 @@ impl fuser::Filesystem for SanFs {
     ) {
         // No client cache of data, but writes inside a write layout return before their
         // completion is answered: close waits for those and reports one that failed (as a
-        // failed writeback). A close also drops the closing process's POSIX locks on the file
+        // failed writeback), makes lazily completed writes durable, and reports a write lost
+        // in a server restart (EIO, once). A close also drops the closing process's POSIX locks on the file
         // (any descriptor of it), cluster-wide; only when this agent holds some, to keep
         // close cheap.
         let sino = self.state.ino(ino);
@@ -872,6 +873,21 @@ impl fuser::Filesystem for SanFs {
                 st.client.flush_writes(sino).await
             } else {
                 Ok(())
+            };
+            // close is a durability point: writes the server completed lazily are made
+            // durable before close answers (a server restart after it loses nothing).
+            let written = match written {
+                Ok(()) if st.client.has_unsynced_writes(sino) => {
+                    async {
+                        let file = st.file(fh)?;
+                        with_handle!(st, cred, file, |h| st
+                            .client
+                            .fsync(&cred, &h, sino, true)
+                            .await)
+                    }
+                    .await
+                }
+                w => w,
             };
             if st.client.locks_held() > 0 {
                 let r = async {

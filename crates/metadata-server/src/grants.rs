@@ -658,11 +658,27 @@ impl Grants {
         bytes_done: u64,
         sync: bool,
     ) -> Result<Attr, GrantError> {
+        Ok(self
+            .complete_numbered(session, epoch, id, bytes_done, sync)
+            .await?
+            .0)
+    }
+
+    /// [`Grants::complete`], answering also the number of the lazy commit that holds the
+    /// conversion (0: durable already), for the agent's record of it.
+    pub async fn complete_numbered(
+        &self,
+        session: u64,
+        epoch: u64,
+        id: u64,
+        bytes_done: u64,
+        sync: bool,
+    ) -> Result<(Attr, u64), GrantError> {
         let g = self.take_grant(session, epoch, id, Some(bytes_done))?;
         let store = self.dp.store.clone();
         let result = async {
             if g.mode == LockMode::Shared {
-                return store.read(|t| t.getattr(store.block_size(), g.ino));
+                return Ok((store.read(|t| t.getattr(store.block_size(), g.ino))?, 0));
             }
             if sync && bytes_done > 0 {
                 let devices = self.dp.devices.clone();
@@ -677,10 +693,10 @@ impl Grants {
             let job = move |ctx: &mut crate::store::Ctx<'_>| {
                 data::complete_write(ctx, ino, off, bytes_done, root)
             };
-            let attr = if sync {
-                store.write(job).await?
+            let (attr, mut seq) = if sync || bytes_done == 0 {
+                (store.write(job).await?, 0)
             } else {
-                store.write_lazy(job).await?
+                store.write_lazy_numbered(job).await?
             };
             if bytes_done < g.len {
                 // A short write: what the device never wrote past end of file goes back.
@@ -689,8 +705,9 @@ impl Grants {
                 store
                     .write(move |ctx| data::trim_unwritten_past_eof(ctx, ino, first, last))
                     .await?;
+                seq = 0; // that durable commit made the conversion durable too
             }
-            Ok::<Attr, FsError>(attr)
+            Ok::<(Attr, u64), FsError>((attr, seq))
         }
         .await;
         self.dp.locks.release(g.ino, id);
@@ -714,6 +731,27 @@ impl Grants {
         bytes_done: u64,
         sync: bool,
     ) -> Result<Attr, GrantError> {
+        Ok(self
+            .complete_part_numbered(session, epoch, id, at, bytes_done, sync)
+            .await?
+            .0)
+    }
+
+    /// [`Grants::complete_part`], answering also the number of the lazy commit that holds
+    /// the conversion (0: durable already).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the grant's identity and the completed part"
+    )]
+    pub async fn complete_part_numbered(
+        &self,
+        session: u64,
+        epoch: u64,
+        id: u64,
+        at: u64,
+        bytes_done: u64,
+        sync: bool,
+    ) -> Result<(Attr, u64), GrantError> {
         let g = {
             let table = self.lock_table();
             let g = table.get(&id).ok_or(GrantError::Unknown(id))?;
@@ -749,12 +787,12 @@ impl Grants {
         let job = move |ctx: &mut crate::store::Ctx<'_>| {
             data::complete_write(ctx, ino, at, bytes_done, root)
         };
-        let attr = if sync {
-            store.write(job).await?
+        let done = if sync || bytes_done == 0 {
+            (store.write(job).await?, 0)
         } else {
-            store.write_lazy(job).await?
+            store.write_lazy_numbered(job).await?
         };
-        Ok(attr)
+        Ok(done)
     }
 
     /// Gives back cached grants, read grants and write layouts (or abandons any grant without

@@ -10,6 +10,7 @@
 //!   info 1 to 4), and their store jobs.
 //! - [`proxy`], [`datadev`]: the proxied path and the server's own handles on the LUNs.
 //! - [`quota`]: directory quotas (what a CSI volume is).
+//! - [`reclaim`]: the reclaim window after a restart and the replay of lazy completions.
 //! - [`clock`]: the clock seam.
 //! - [`service`]: the four `sanfs.v1` gRPC services over one shared server state.
 //! - [`serve`]: binding, TLS, the serving loop, fail-stop.
@@ -34,6 +35,7 @@ pub mod ns;
 pub mod proxy;
 pub mod quota;
 pub mod replies;
+pub mod reclaim;
 pub mod serve;
 pub mod service;
 pub mod store;

@@ -123,10 +123,13 @@ pub async fn serve(
 
     // Opening reads and checks the store: blocking work, off the async threads.
     let (backend, batch_max) = (opts.backend.clone(), opts.batch_max);
-    let store = tokio::task::spawn_blocking(move || Store::open(&backend, clock, batch_max))
-        .await
-        .context("the store-opening task failed")?
-        .with_context(|| format!("open the metadata store {:?}", opts.backend))?;
+    // The recovery that frees space waits for the reclaim window (`crate::reclaim`).
+    let store = tokio::task::spawn_blocking(move || {
+        Store::open_deferring_recovery(&backend, clock, batch_max)
+    })
+    .await
+    .context("the store-opening task failed")?
+    .with_context(|| format!("open the metadata store {:?}", opts.backend))?;
     let swept = store
         .write(crate::replies::sweep)
         .await
@@ -141,6 +144,7 @@ pub async fn serve(
             .grant_hold_limit_ms
             .unwrap_or(opts.lease_ttl_ms.saturating_mul(2)),
         max_sessions_per_identity: opts.access.max_sessions_per_identity,
+        reclaim_grace_ms: crate::service::default_reclaim_grace_ms(opts.lease_ttl_ms),
     };
     let data_paths = opts.data_devices.clone();
     let volume = store.volume().clone();

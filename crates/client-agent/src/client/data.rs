@@ -25,9 +25,9 @@ use std::sync::Arc;
 
 use sanfs_blockmap::plan::IoPlan;
 use sanfs_proto::model::{
-    CompleteRequest, ExtentError, FallocateMode, FallocateRequest, FsyncRequest, Grant, HandleRef,
-    IoOutcome, LockMode, MAX_GRANTS_PER_MESSAGE, MapRequest, ReadReply, ReadRequest,
-    ReturnGrantRequest, WritePosition, WriteReply, WriteRequest,
+    CompleteReply, CompleteRequest, ExtentError, FallocateMode, FallocateRequest, FsyncRequest,
+    Grant, HandleRef, IoOutcome, LockMode, MAX_GRANTS_PER_MESSAGE, MapRequest, ReadReply,
+    ReadRequest, ReturnGrantRequest, WritePosition, WriteReply, WriteRequest,
 };
 use sanfs_proto::pb;
 use sanfs_proto::types::{
@@ -37,7 +37,7 @@ use sanfs_proto::types::{
 use super::cache::AfterIo;
 use super::rpc::Pin;
 use super::subplan::sub_plan;
-use super::{Client, FileHandle, Inner, SessionView, add, bump};
+use super::{Client, FileHandle, Inner, SessionView, add, bump, unsynced};
 use crate::buf::AlignedBuf;
 use crate::engine::{DeviceOp, IoErr};
 
@@ -312,7 +312,14 @@ impl Client {
     /// once. What close(2) reports ([`Client::has_writes_behind`] says whether to ask).
     pub async fn flush_writes(&self, ino: InodeId) -> Result<(), FsError> {
         self.inner.settle(ino).await;
-        self.inner.take_write_error(ino)
+        self.inner.take_write_error(ino)?;
+        self.inner.take_lost_write(ino)
+    }
+
+    /// Whether `ino` has lazily completed writes the server has not made durable yet: close
+    /// makes them durable ([`Client::fsync`]) before it answers.
+    pub fn has_unsynced_writes(&self, ino: InodeId) -> bool {
+        self.inner.lock_unsynced().has(ino)
     }
 
     /// Whether `ino` has write completions in flight, or a failed one not reported yet.
@@ -329,9 +336,14 @@ impl Client {
         data_only: bool,
     ) -> Result<(), FsError> {
         let inner = &*self.inner;
-        // Writes completed behind first; one that failed is this fsync's error.
+        let view = inner.live_view_for(Some(fh), "Fsync reply").await?;
+        // Writes completed behind first; one that failed is this fsync's error, and so is a
+        // write lost in a server restart.
         inner.settle(ino).await;
         inner.take_write_error(ino)?;
+        inner.take_lost_write(ino)?;
+        // What this fsync makes durable: every completion answered before it is sent.
+        let upto = inner.lock_unsynced().newest(ino, view.epoch);
         let req = FsyncRequest {
             cred: cred.clone(),
             handle: handle_ref(fh),
@@ -346,6 +358,14 @@ impl Client {
                 async move { data.fsync(req).await }
             })
             .await
+            ?;
+        // A write lost in a server restart while this fsync waited for the new session is its
+        // error too (never a 0 for data that is gone).
+        inner.take_lost_write(ino)?;
+        if let Some(upto) = upto {
+            inner.lock_unsynced().synced(ino, view.epoch, upto);
+        }
+        Ok(())
     }
 
     /// Sets the file size (SetAttr with a size; under `fh` for ftruncate).
@@ -731,12 +751,51 @@ impl Inner {
             keep_at,
         };
         let req = pb::CompleteRequest::from(req);
-        self.call("Complete reply", Pin::Session(view.session), |_| {
-            let mut data = self.data();
-            let req = req.clone();
-            async move { data.complete(req).await }
-        })
-        .await
+        let reply: CompleteReply = self
+            .call("Complete reply", Pin::Session(view.session), |_| {
+                let mut data = self.data();
+                let req = req.clone();
+                async move { data.complete(req).await }
+            })
+            .await?;
+        self.note_completion(view, grant, bytes_done, keep_at, &reply);
+        Ok(reply.attr)
+    }
+
+    /// Keeps a record of a lazily committed write completion until it is durable (see
+    /// `unsynced`), and forgets the records the reply says are durable now.
+    fn note_completion(
+        &self,
+        view: &SessionView,
+        grant: &Grant,
+        bytes_done: u64,
+        keep_at: Option<u64>,
+        reply: &CompleteReply,
+    ) {
+        let mut unsynced = self.lock_unsynced();
+        if reply.commit_seq > 0 && bytes_done > 0 && grant.mode == LockMode::Exclusive {
+            let at = keep_at.unwrap_or(grant.range.offset());
+            let start = at.saturating_sub(grant.range.offset());
+            match ByteRange::new(at, bytes_done) {
+                Ok(range) => {
+                    let plan = sub_plan(&grant.device_ios, &[], start, start + bytes_done);
+                    unsynced.record(
+                        grant.inode,
+                        unsynced::WriteRecord::new(
+                            view.epoch,
+                            reply.commit_seq,
+                            range,
+                            &plan.device_ios,
+                        ),
+                    );
+                }
+                // Not a range the server could have completed: nothing was kept for it.
+                Err(e) => {
+                    tracing::error!(inode = %grant.inode, error = %e, "cannot record a lazy completion")
+                }
+            }
+        }
+        unsynced.durable(view.epoch, reply.durable_seq);
     }
 
     /// Runs `plan` in place on `dest`'s bytes from `base` on: the device I/O reads into (or

@@ -40,6 +40,11 @@
 //! the failed write touched is trusted meanwhile: that grant was completed with the error, so
 //! the server keeps its blocks Unwritten.
 //!
+//! **Unsynced writes across a server restart.** Write completions the server acknowledged
+//! lazily are recorded (`unsynced`) until the server reports them durable; after a new server
+//! epoch the session task replays them before the new session goes live, and a file whose
+//! replay was refused answers EIO at its next fsync or close.
+//!
 //! Submodules: `namespace` (the POSIX metadata calls), `quota` (directory quotas), `data` (the
 //! routing rule and both paths), `file` (open files that survive a session change), `cache`
 //! (cached read grants), `subplan` (cutting a cached grant's plan), `session` (the session
@@ -60,6 +65,7 @@ mod seek;
 mod session;
 mod status;
 mod subplan;
+mod unsynced;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -229,6 +235,10 @@ pub struct ClientStats {
     pub device_recoveries: u64,
     /// Advisory locks that could not be reclaimed after a new session.
     pub locks_lost: u64,
+    /// Lazily committed write completions kept until the server makes them durable (now).
+    pub unsynced_writes: u64,
+    /// Files whose replay after a server restart was refused and not reported yet (now).
+    pub writes_lost: u64,
 }
 
 #[derive(Default)]
@@ -330,6 +340,8 @@ pub(crate) struct Inner {
     outage: rpc::Outage,
     /// Reply-cache ids of non-idempotent calls (see `rpc`).
     requests: rpc::RequestIds,
+    /// Lazily committed write completions not durable yet, and files whose writes were lost.
+    unsynced: Mutex<unsynced::Unsynced>,
 }
 
 /// A connected agent. Dropping it stops its session task (the session then expires at the
@@ -528,6 +540,7 @@ impl Client {
             behind_idle: Notify::new(),
             outage: rpc::Outage::default(),
             requests: rpc::RequestIds::new(),
+            unsynced: Mutex::new(unsynced::Unsynced::default()),
             open_handles: Mutex::new(HashMap::new()),
         });
         bump(&inner.counters.sessions);
@@ -589,6 +602,7 @@ impl Client {
     pub fn stats(&self) -> ClientStats {
         let c = &self.inner.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (unsynced_writes, writes_lost) = self.inner.lock_unsynced().counts();
         ClientStats {
             device_submits: get(&c.device_submits),
             map_reads: get(&c.map_reads),
@@ -606,6 +620,8 @@ impl Client {
             proxied_write_bytes: get(&c.proxied_write_bytes),
             device_recoveries: get(&c.device_recoveries),
             locks_lost: get(&c.locks_lost),
+            unsynced_writes,
+            writes_lost,
         }
     }
 
@@ -731,9 +747,25 @@ impl Inner {
         e.map_or(Ok(()), Err)
     }
 
-    /// Whether `ino` has write completions in flight or a failed one to report.
+    /// Whether `ino` has write completions in flight or a failed one to report, or writes
+    /// not durable yet, or a lost one to report: what close(2) must wait for.
     pub(crate) fn has_behind(&self, ino: InodeId) -> bool {
-        self.lock_behind().contains_key(&ino)
+        self.lock_behind().contains_key(&ino) || self.lock_unsynced().pending(ino)
+    }
+
+    pub(crate) fn lock_unsynced(&self) -> MutexGuard<'_, unsynced::Unsynced> {
+        self.unsynced.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A lost write of `ino` (its replay after a server restart was refused), once.
+    pub(crate) fn take_lost_write(&self, ino: InodeId) -> Result<(), FsError> {
+        if self.lock_unsynced().take_lost(ino) {
+            tracing::error!(inode = %ino, "reporting a write lost in a server restart (EIO)");
+            return Err(FsError::Io(format!(
+                "a write to inode {ino} was lost in a server restart (its replay was refused)"
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -15,21 +15,30 @@
 //! attach again to the same session; anything else (the lease deadline passed, the server
 //! ended the session, a call or the attach answered `StaleSession`): fence and open a new
 //! session, retrying with backoff while the server is unreachable.
+//!
+//! **Reclaim.** A new session of a new server epoch (the server restarted) is made current
+//! only after the agent has replayed its records of lazily committed write completions
+//! (`ReplayWrites`, see `unsynced`) and told the server its reclaim is complete, so no call of
+//! the new session runs before the replay. Each `HeartbeatAck` carries the server's durable
+//! commit number: records up to it are forgotten.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use sanfs_proto::model::{ClientEvent, ServerEvent, SessionEndReason, SessionRef};
+use sanfs_proto::model::{
+    ClientEvent, MAX_REPLAY_RECORDS, OpenSessionReply, ReplayOutcome, ReplayWritesReply,
+    ReplayWritesRequest, ServerEvent, SessionEndReason, SessionRef,
+};
 use sanfs_proto::pb;
 use sanfs_proto::pb::session_client::SessionClient;
 use sanfs_proto::status::{fs_error_from_status, is_server_error};
-use sanfs_proto::types::{FsError, SessionId};
+use sanfs_proto::types::{FsError, InodeId, SessionId};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{Inner, SessionView, bump, open_session};
+use super::{Inner, SessionView, bump, malformed, open_session, unsynced};
 
 /// How one attachment of the stream ended.
 enum Outcome {
@@ -128,7 +137,8 @@ async fn attach_and_serve(
             }
             m = stream.message() => match m {
                 Ok(Some(reply)) => match ServerEvent::try_from(reply) {
-                    Ok(ServerEvent::HeartbeatAck { seq: acked, lease_ttl_ms }) => {
+                    Ok(ServerEvent::HeartbeatAck { seq: acked, lease_ttl_ms, durable_seq }) => {
+                        inner.lock_unsynced().durable(view.epoch, durable_seq);
                         if let Some(&(_, at)) = sent.iter().find(|(s, _)| *s == acked) {
                             let mut s = inner.lock_state();
                             if s.live && s.view.generation == view.generation {
@@ -222,6 +232,71 @@ async fn fence(inner: &Inner, view: &SessionView, why: &str) {
     let _ = tokio::time::timeout(Duration::from_secs(1), close).await;
 }
 
+/// Replays to the new server epoch of `reply` every record of a lazy completion of an earlier
+/// epoch, in batches, the last one saying the reclaim is complete (one empty request when
+/// there is nothing to replay). A record the server answered is forgotten; a refused one
+/// marks its file's write lost. `previous` is this agent's last session, of the old epoch.
+async fn replay(
+    inner: &Inner,
+    reply: &OpenSessionReply,
+    previous: SessionId,
+) -> Result<(), FsError> {
+    let records = inner.lock_unsynced().to_replay(reply.epoch);
+    if !records.is_empty() {
+        tracing::info!(
+            records = records.len(),
+            epoch = %reply.epoch,
+            "the server restarted: replaying lazily committed write completions"
+        );
+    }
+    let batches: Vec<&[(InodeId, unsynced::WriteRecord)]> = if records.is_empty() {
+        vec![&[]]
+    } else {
+        records.chunks(MAX_REPLAY_RECORDS).collect()
+    };
+    let last = batches.len() - 1;
+    for (i, batch) in batches.into_iter().enumerate() {
+        let req = ReplayWritesRequest {
+            session: reply.session,
+            epoch: reply.epoch,
+            previous_session: previous,
+            records: batch.iter().map(|(ino, r)| r.to_replay(*ino)).collect(),
+            reclaim_complete: i == last,
+        };
+        let answer = inner
+            .data()
+            .replay_writes(pb::ReplayWritesRequest::from(req))
+            .await
+            .map_err(|s| fs_error_from_status(&s))?
+            .into_inner();
+        let answer =
+            ReplayWritesReply::try_from(answer).map_err(|e| malformed("ReplayWrites reply", e))?;
+        if answer.outcomes.len() != batch.len() {
+            return Err(malformed(
+                "ReplayWrites reply",
+                format!(
+                    "{} outcomes for {} records",
+                    answer.outcomes.len(),
+                    batch.len()
+                ),
+            ));
+        }
+        let mut unsynced = inner.lock_unsynced();
+        for ((ino, record), outcome) in batch.iter().zip(answer.outcomes) {
+            if outcome == ReplayOutcome::Refused {
+                tracing::error!(
+                    inode = %ino,
+                    offset = record.range.offset(),
+                    len = record.range.len(),
+                    "the restarted server refused the replay of a write: it is lost (the file's next fsync or close answers EIO)"
+                );
+            }
+            unsynced.replayed(*ino, record, outcome);
+        }
+    }
+    Ok(())
+}
+
 /// Opens a new session (retrying with backoff) and makes it current.
 async fn reopen(inner: &Inner) {
     let mut backoff = Duration::from_millis(50);
@@ -249,6 +324,16 @@ async fn reopen(inner: &Inner) {
                     }));
                     let _ = tokio::time::timeout(Duration::from_secs(1), close).await;
                     tokio::time::sleep(Duration::from_secs(2)).await;
+                    continue;
+                }
+                let old = inner.lock_state().view.clone();
+                if reply.epoch != old.epoch
+                    && let Err(e) = replay(inner, &reply, old.session).await
+                {
+                    // Records not answered stay: the next session replays them.
+                    tracing::warn!(error = %e, "replay to the restarted server failed: opening a session again");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
                     continue;
                 }
                 let generation = {

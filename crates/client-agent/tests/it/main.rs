@@ -33,6 +33,7 @@ mod mount;
 mod mount_sanfs;
 mod quickstart;
 mod restart;
+mod replay;
 mod san;
 mod striping;
 mod support;

@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use sanfs_blockmap::extent::Extent;
 use sanfs_proto::model::{
-    CompleteRequest, ExtentMapping, FallocateMode, FallocateRequest, FsyncRequest, GetExtentsReply,
-    GetExtentsRequest, Grant, HandleRef, IoOutcome, LockMode, MapRequest, PhysPiece, ReadReply,
-    ReadRequest, ReturnGrantRequest, WritePosition, WriteReply, WriteRequest,
+    CompleteReply, CompleteRequest, ExtentMapping, FallocateMode, FallocateRequest, FsyncRequest,
+    GetExtentsReply, GetExtentsRequest, Grant, HandleRef, IoOutcome, LockMode, MapRequest,
+    PhysPiece, ReadReply, ReadRequest, ReplayOutcome, ReplayWritesReply, ReplayWritesRequest,
+    ReturnGrantRequest, WritePosition, WriteReply, WriteRequest,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::data_server::Data;
@@ -186,6 +187,62 @@ impl Server {
         }
     }
 
+    /// ReplayWrites (see `crate::reclaim`): every record in one durable commit, after the
+    /// LUNs are flushed (what agents wrote before the restart may still sit in their caches;
+    /// the data first, then the metadata that makes it readable). Records of a session that
+    /// may not replay (not recorded, reclaim completed, window closed) are all refused.
+    async fn replay(&self, req: &ReplayWritesRequest) -> Result<Vec<ReplayOutcome>, Status> {
+        let previous = req.previous_session.0;
+        if !self.reclaim.authorize(previous) {
+            if !req.records.is_empty() {
+                tracing::warn!(
+                    session = req.session.0,
+                    previous,
+                    records = req.records.len(),
+                    "replay refused: that session has nothing to reclaim now (not recorded, done, or the reclaim window is over)"
+                );
+            }
+            return Ok(vec![ReplayOutcome::Refused; req.records.len()]);
+        }
+        let mut outcomes = Vec::with_capacity(req.records.len());
+        if !req.records.is_empty() {
+            let devices = self.grants.data_path().devices.clone();
+            tokio::task::spawn_blocking(move || devices.flush_all())
+                .await
+                .map_err(|e| fs_status(&FsError::Io(format!("flush task: {e}"))))?
+                .map_err(|e| fs_status(&e))?;
+            let (volume, survived) = (self.store.volume().clone(), self.store.survived());
+            let records = req.records.clone();
+            let results = self
+                .write(move |ctx| {
+                    records
+                        .iter()
+                        .map(|r| crate::reclaim::replay_write(ctx, &volume, survived, r))
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .await?;
+            for (record, (outcome, why)) in req.records.iter().zip(results) {
+                match outcome {
+                    ReplayOutcome::Refused => tracing::error!(
+                        session = req.session.0,
+                        inode = record.inode.0,
+                        offset = record.range.offset(),
+                        len = record.range.len(),
+                        reason = why.as_deref().unwrap_or(""),
+                        "replay of a lazy completion refused: that write is lost"
+                    ),
+                    _ => tracing::debug!(inode = record.inode.0, ?outcome, "replayed"),
+                }
+                outcomes.push(outcome);
+            }
+        }
+        if req.reclaim_complete {
+            tracing::info!(session = req.session.0, previous, "reclaim complete");
+            self.reclaim.complete(previous);
+        }
+        Ok(outcomes)
+    }
+
     /// Whether the session has a stream attached (and so can be recalled).
     fn has_stream(&self, session: u64) -> bool {
         self.sessions()
@@ -254,6 +311,7 @@ impl Data for DataService {
         rpc("MapRead", async {
             let who = caller(&request)?;
             let req: MapRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(Some(req.handle.session.0), Some(req.inode.0));
             self.server.check_grant_epoch(req.epoch)?;
             self.server
@@ -285,6 +343,7 @@ impl Data for DataService {
         rpc("MapWrite", async {
             let who = caller(&request)?;
             let req: MapRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(Some(req.handle.session.0), Some(req.inode.0));
             self.server.check_grant_epoch(req.epoch)?;
             self.server
@@ -334,20 +393,28 @@ impl Data for DataService {
             }
             let grants = &self.server.grants;
             let (session, epoch, id) = (req.session.0, req.epoch.0, req.grant_id.0);
-            let attr = match req.keep_at {
+            let (attr, commit_seq) = match req.keep_at {
                 Some(at) => {
                     grants
-                        .complete_part(session, epoch, id, at, req.bytes_done, req.sync)
+                        .complete_part_numbered(session, epoch, id, at, req.bytes_done, req.sync)
                         .await
                 }
                 None => {
                     grants
-                        .complete(session, epoch, id, req.bytes_done, req.sync)
+                        .complete_numbered(session, epoch, id, req.bytes_done, req.sync)
                         .await
                 }
             }
             .map_err(|e| fs_status(&e.to_fs()))?;
-            Ok(attr.into())
+            if commit_seq > 0 {
+                self.server.record_session(session).await?;
+            }
+            Ok(CompleteReply {
+                attr,
+                commit_seq,
+                durable_seq: self.server.store.durable_seq(),
+            }
+            .into())
         })
         .await
     }
@@ -379,6 +446,7 @@ impl Data for DataService {
         rpc("Read", async {
             let who = caller(&request)?;
             let req: ReadRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(Some(req.handle.session.0), Some(req.inode.0));
             self.server
                 .check_handle(&who, &req.handle, req.inode, false)?;
@@ -402,6 +470,7 @@ impl Data for DataService {
         rpc("Write", async {
             let who = caller(&request)?;
             let req: WriteRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(Some(req.handle.session.0), Some(req.inode.0));
             self.server
                 .check_handle(&who, &req.handle, req.inode, true)?;
@@ -462,6 +531,7 @@ impl Data for DataService {
         rpc("Fallocate", async {
             let who = caller(&request)?;
             let req: FallocateRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(Some(req.handle.session.0), Some(req.inode.0));
             let keep_size = match req.mode {
                 FallocateMode::Allocate => false,
@@ -532,9 +602,26 @@ impl Data for DataService {
         request: Request<pb::GetExtentsRequest>,
     ) -> Result<Response<pb::GetExtentsReply>, Status> {
         rpc("GetExtents", async {
+            self.server.wait_reclaim().await;
             let req: GetExtentsRequest = accept(request)?;
             note(None, Some(req.inode.0));
             Ok(self.server.extents(&req)?.into())
+        })
+        .await
+    }
+
+    async fn replay_writes(
+        &self,
+        request: Request<pb::ReplayWritesRequest>,
+    ) -> Result<Response<pb::ReplayWritesReply>, Status> {
+        rpc("ReplayWrites", async {
+            let who = caller(&request)?;
+            let req: ReplayWritesRequest = convert(request.into_inner())?;
+            note(Some(req.session.0), None);
+            self.server.check_session(&who, req.session)?;
+            self.server.check_grant_epoch(req.epoch)?;
+            let outcomes = self.server.replay(&req).await?;
+            Ok(ReplayWritesReply { outcomes }.into())
         })
         .await
     }

@@ -66,6 +66,14 @@ pub struct ServiceParams {
     pub grant_hold_limit_ms: u64,
     /// Live sessions one identity may hold at once.
     pub max_sessions_per_identity: usize,
+    /// The longest reclaim window after a start, milliseconds ([`crate::reclaim`]).
+    pub reclaim_grace_ms: u64,
+}
+
+/// The default reclaim window bound: two leases (agents notice a restart within a third of
+/// one, at their next heartbeat).
+pub fn default_reclaim_grace_ms(lease_ttl_ms: u64) -> u64 {
+    lease_ttl_ms.saturating_mul(2)
 }
 
 /// One registered agent.
@@ -83,6 +91,9 @@ pub(crate) struct SessionState {
     /// Evicted: its heartbeats are not acknowledged any more (its deadline stays), it cannot
     /// attach again, and its calls are refused; it ends when its lease runs out.
     pub evicted: bool,
+    /// Whether the store's `sessions` table has it (from its first lazy completion on: the
+    /// next start's reclaim window waits for it, see `crate::reclaim`).
+    pub recorded: bool,
 }
 
 /// One reply on a session stream.
@@ -112,6 +123,8 @@ pub struct Server {
     pub(crate) advisory: crate::advisory::AdvisoryLocks,
     /// Whether the store says agents may hold advisory locks (see `Store::set_locks_in_use`).
     pub(crate) locks_marked: std::sync::atomic::AtomicBool,
+    /// The reclaim window of this epoch.
+    pub(crate) reclaim: Arc<crate::reclaim::Reclaim>,
 }
 
 impl Server {
@@ -170,6 +183,27 @@ impl Server {
                     g.recall_blockers(blockers);
                 }
             }));
+        // The sessions the last run recorded may hold lazy completions to replay: the
+        // window waits for them (see `crate::reclaim`).
+        let previous: Vec<u64> = store
+            .recorded_sessions()?
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        let reclaim = Arc::new(crate::reclaim::Reclaim::new(previous.clone()));
+        if reclaim.is_open() {
+            tracing::info!(
+                sessions = previous.len(),
+                bound_ms = params.reclaim_grace_ms,
+                "reclaim window open: new work waits until agents replay their lazy completions"
+            );
+        }
+        tokio::spawn(end_reclaim(
+            store.clone(),
+            reclaim.clone(),
+            previous,
+            Duration::from_millis(params.reclaim_grace_ms),
+        ));
         let clock = store.clock().clone();
         let started = clock.now();
         Ok(Arc::new(Server {
@@ -183,7 +217,44 @@ impl Server {
             pending_writes: AtomicU64::new(0),
             advisory: crate::advisory::AdvisoryLocks::new(lock_grace),
             locks_marked: std::sync::atomic::AtomicBool::new(locks_in_use),
+            reclaim,
         }))
+    }
+
+    /// Before a lazy completion of `session` is answered: the store records the session
+    /// (durably, once per session; that commit makes the completion durable too), so that
+    /// after a restart the reclaim window waits for its agent's replay.
+    pub(crate) async fn record_session(&self, session: u64) -> Result<(), Status> {
+        let recorded = self
+            .sessions()
+            .by_id
+            .get(&session)
+            .is_none_or(|s| s.recorded);
+        if recorded {
+            return Ok(());
+        }
+        let epoch = self.epoch.0;
+        self.write(move |ctx| {
+            ctx.sessions.insert(session, epoch)?;
+            Ok(())
+        })
+        .await?;
+        if let Some(s) = self.sessions().by_id.get_mut(&session) {
+            s.recorded = true;
+        }
+        Ok(())
+    }
+
+    /// Waits while the reclaim window is open (new work must not run before replays).
+    pub(crate) async fn wait_reclaim(&self) {
+        if self.reclaim.is_open() {
+            self.reclaim.closed().await;
+        }
+    }
+
+    /// Whether the reclaim window of this epoch is still open.
+    pub fn reclaiming(&self) -> bool {
+        self.reclaim.is_open()
     }
 
     pub fn store(&self) -> &Store {
@@ -354,6 +425,19 @@ impl Server {
         let Some(state) = state else {
             return false;
         };
+        // Its agent has nothing to reclaim from this session any more (lazily: a crash
+        // before the next durable commit only makes the next start wait for it in vain).
+        if state.recorded
+            && let Err(e) = self
+                .store
+                .write_lazy(move |ctx| {
+                    ctx.sessions.remove(session)?;
+                    Ok(())
+                })
+                .await
+        {
+            tracing::warn!(session, error = %e, "forgetting an ended session");
+        }
         if let (Some(event), Some((_, tx, _))) = (reason, state.stream) {
             let _ = tx.try_send(Ok(event.into()));
         }
@@ -368,6 +452,46 @@ impl Server {
 /// tenth of the TTL, between 250 and 900 ms.
 fn expiry_grace_ms(lease_ttl_ms: u64) -> u64 {
     (lease_ttl_ms / 10).clamp(250, 900)
+}
+
+/// Closes the reclaim window once every recorded session has completed its reclaim or
+/// `bound` has passed, forgets the recorded sessions of the earlier run, and then runs the
+/// recovery that frees space (which must not run before replays).
+async fn end_reclaim(
+    store: Arc<Store>,
+    reclaim: Arc<crate::reclaim::Reclaim>,
+    previous: Vec<u64>,
+    bound: Duration,
+) {
+    if reclaim.is_open() {
+        tokio::select! {
+            () = reclaim.closed() => {}
+            () = tokio::time::sleep(bound) => {}
+        }
+        let left = reclaim.close();
+        if left.is_empty() {
+            tracing::info!("reclaim window closed: every agent replayed");
+        } else {
+            tracing::warn!(sessions = ?left, "reclaim window closed by its bound: agents of these sessions did not come back (their lazy completions, if any, are lost)");
+        }
+        let forget = store
+            .write(move |ctx| {
+                for id in previous {
+                    ctx.sessions.remove(id)?;
+                }
+                Ok(())
+            })
+            .await;
+        if let Err(e) = forget {
+            tracing::error!(error = %e, "forgetting the last run's sessions");
+        }
+    }
+    let s = store.clone();
+    match tokio::task::spawn_blocking(move || s.recover_after_restart()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "recovery after the reclaim window failed"),
+        Err(e) => tracing::error!(error = %e, "the recovery task failed"),
+    }
 }
 
 /// The status of a file-system error (the one mapping, in `sanfs_proto::status`).

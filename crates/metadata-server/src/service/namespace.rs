@@ -222,6 +222,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::LookupReply>, Status> {
         rpc("Lookup", async {
             let req: EntryRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.parent.0));
             let bs = self.server.store.block_size();
             let attr = self.server.read(|t| t.lookup(bs, &req))?;
@@ -236,6 +237,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::GetAttrReply>, Status> {
         rpc("GetAttr", async {
             let req: InodeRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             // Writes inside write layouts are completed behind them: the size and mtime
             // include every write that returned anywhere once those completions are in.
@@ -253,6 +255,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::SetAttrReply>, Status> {
         rpc("SetAttr", async {
             let req: SetAttrRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(req.handle.map(|h| h.session.0), Some(req.inode.0));
             let _guard = match req.changes.size {
                 Some(size) => self.server.size_change_guard(req.inode.0, size).await?,
@@ -271,6 +274,7 @@ impl Namespace for NamespaceService {
         rpc("Create", async {
             let who = caller(&request)?;
             let (req, id): (CreateRequest, _) = accept_once(request)?;
+            self.server.wait_reclaim().await;
             note(Some(req.session.0), Some(req.parent.0));
             let session = req.session;
             self.server.check_session(&who, session)?;
@@ -316,6 +320,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::MkdirReply>, Status> {
         rpc("Mkdir", async {
             let (req, id): (MkdirRequest, _) = accept_once(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.parent.0));
             self.server
                 .write(move |ctx| {
@@ -335,6 +340,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::MknodReply>, Status> {
         rpc("Mknod", async {
             let (req, id): (MknodRequest, _) = accept_once(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.parent.0));
             self.server
                 .write(move |ctx| {
@@ -354,6 +360,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::UnlinkReply>, Status> {
         rpc("Unlink", async {
             let (req, id): (EntryRequest, _) = accept_once(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.parent.0));
             self.server
                 .write(move |ctx| {
@@ -373,6 +380,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::RmdirReply>, Status> {
         rpc("Rmdir", async {
             let (req, id): (EntryRequest, _) = accept_once(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.parent.0));
             self.server
                 .write(move |ctx| {
@@ -392,6 +400,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::RenameReply>, Status> {
         rpc("Rename", async {
             let (req, id): (RenameRequest, _) = accept_once(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.old_parent.0));
             self.server
                 .write(move |ctx| {
@@ -411,6 +420,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::LinkReply>, Status> {
         rpc("Link", async {
             let (req, id): (LinkRequest, _) = accept_once(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             self.server
                 .write(move |ctx| {
@@ -430,6 +440,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::SymlinkReply>, Status> {
         rpc("Symlink", async {
             let (req, id): (SymlinkRequest, _) = accept_once(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.parent.0));
             self.server
                 .write(move |ctx| {
@@ -449,6 +460,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::ReadlinkReply>, Status> {
         rpc("Readlink", async {
             let req: InodeRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             let bytes = self.server.read(|t| t.readlink(req.inode.0))?;
             let target = SymlinkTarget::new(bytes).map_err(|e| corrupt("symlink target", e))?;
@@ -463,6 +475,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::ReadDirReply>, Status> {
         rpc("ReadDir", async {
             let req: ReadDirRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             let bs = self.server.store.block_size();
             let reply = self.server.read(|t| t.readdir(bs, &req))?;
@@ -477,6 +490,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::StatFsReply>, Status> {
         rpc("StatFs", async {
             let req: InodeRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             Ok(self.server.statfs(&req)?.into())
         })
@@ -489,6 +503,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::GetXattrReply>, Status> {
         rpc("GetXattr", async {
             let req: XattrRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             let value = self.server.read(|t| t.getxattr(&req))?;
             Ok(XattrValue(value).into())
@@ -502,6 +517,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::SetXattrReply>, Status> {
         rpc("SetXattr", async {
             let req: SetXattrRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             self.server
                 .write(move |ctx| ns::setxattr(ctx, &req))
@@ -517,6 +533,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::ListXattrReply>, Status> {
         rpc("ListXattr", async {
             let req: InodeRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             let names = self.server.read(|t| t.listxattr(&req.cred, req.inode.0))?;
             let names = names
@@ -535,6 +552,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::RemoveXattrReply>, Status> {
         rpc("RemoveXattr", async {
             let req: XattrRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             self.server
                 .write(move |ctx| ns::removexattr(ctx, &req))
@@ -551,6 +569,7 @@ impl Namespace for NamespaceService {
         rpc("Open", async {
             let who = caller(&request)?;
             let req: OpenRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(Some(req.session.0), Some(req.inode.0));
             Ok(self.server.open_handle(&who, req).await?.into())
         })
@@ -592,6 +611,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::AccessReply>, Status> {
         rpc("Access", async {
             let req: AccessRequest = accept(request)?;
+            self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             self.server
                 .read(|t| t.access(&req.cred, req.inode.0, req.mask))?;

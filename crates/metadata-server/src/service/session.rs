@@ -131,6 +131,7 @@ impl Server {
                     deadline_ns,
                     stream: None,
                     evicted: false,
+                    recorded: false,
                 },
             );
             id
@@ -225,6 +226,7 @@ impl Server {
                             Ok(Some(ServerEvent::HeartbeatAck {
                                 seq,
                                 lease_ttl_ms: self.params.lease_ttl_ms,
+                                durable_seq: self.store.durable_seq(),
                             }))
                         }
                         // Ended or replaced: this stream has nothing more to say.

@@ -67,6 +67,11 @@ pub const QUOTAS: TableDefinition<'_, u64, (u64, u64, u64, u64)> = TableDefiniti
 /// The reply cache of non-idempotent requests: (agent instance, request seq) -> the encoded
 /// reply (see `replies.rs`), written in the transaction of the change it answers.
 pub const REPLIES: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("replies");
+/// Sessions that may hold lazily committed completions: session id -> the epoch it was opened
+/// in. Inserted durably at a session's first lazy completion, removed (lazily) when the
+/// session ends; after a restart the sessions found here are the ones the reclaim window
+/// waits for.
+pub const SESSIONS: TableDefinition<'_, u64, u64> = TableDefinition::new("sessions");
 
 const KEY_SUPER: &str = "super";
 const KEY_VOLUME: &str = "volume";
@@ -77,6 +82,15 @@ const KEY_BOOT_EPOCH: &str = "boot_epoch";
 /// granted, cleared by a clean stop with none held): a start that finds it set gives agents a
 /// grace period to reclaim their locks.
 const KEY_LOCKS_IN_USE: &str = "advisory_locks_in_use";
+/// The number and epoch of the last commit, written by every commit: after a restart they
+/// name the last commit that survived (commits survive as a prefix: a durable commit makes
+/// every earlier one durable).
+const KEY_LAST_COMMIT: &str = "last_commit_seq";
+const KEY_LAST_COMMIT_EPOCH: &str = "last_commit_epoch";
+
+/// Lazily committed work older than this is made durable by the committer on its own (as
+/// ext4's commit interval), so that agents' records of lazy completions stay few.
+pub const LAZY_SYNC_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The root directory's inode number.
 pub const ROOT: u64 = 1;
@@ -405,12 +419,14 @@ pub struct Ctx<'t> {
     pub quotas: Table<'t, u64, (u64, u64, u64, u64)>,
     pub unzeroed: Table<'t, u64, u64>,
     pub replies: Table<'t, (u64, u64), &'static [u8]>,
+    pub sessions: Table<'t, u64, u64>,
     pub st: &'t mut State,
     pub now: Timestamp,
     pub block_size: u32,
 }
 
-type Reply = Box<dyn FnOnce(Result<(), String>) + Send>;
+/// A job's answer, called with its commit's number once that commit is done (or failed).
+type Reply = Box<dyn FnOnce(Result<u64, String>) + Send>;
 type Run = Box<dyn for<'t> FnOnce(&mut Ctx<'t>) -> (Reply, bool) + Send>;
 
 /// A queued change. A `lazy` one may be committed without a sync: it becomes durable with the
@@ -430,6 +446,10 @@ pub struct CommitStats {
 }
 
 struct Shared {
+    /// The number of the last commit of this run (commits are numbered from 1 at every start).
+    commit_seq: AtomicU64,
+    /// Every commit of this run up to this number is durable.
+    durable_seq: AtomicU64,
     poisoned: AtomicBool,
     reason: Mutex<Option<String>>,
     poison_notify: tokio::sync::Notify,
@@ -470,6 +490,8 @@ pub struct Store {
     usage: Arc<Usage>,
     boot_epoch: u64,
     locks_in_use_at_start: bool,
+    /// The (epoch, number) of the last commit that survived the last stop.
+    survived: (u64, u64),
 }
 
 impl std::fmt::Debug for Store {
@@ -691,15 +713,31 @@ impl Store {
             txn.open_table(PREALLOC)?;
             txn.open_table(QUOTAS)?;
             txn.open_table(REPLIES)?;
+            txn.open_table(SESSIONS)?;
         }
         txn.commit()?;
         Ok(())
     }
 
-    /// Opens an existing store and starts its committer. Orphans left by a crash are reaped.
-    /// A store not shut down cleanly is repaired by redb on the way; a damaged one on which
-    /// the storage library fails is refused with [`StoreError::Damaged`], never a panic.
+    /// Opens an existing store and starts its committer. Orphans left by a crash are reaped
+    /// and preallocations trimmed ([`Store::recover_after_restart`]). A store not shut down
+    /// cleanly is repaired by redb on the way; a damaged one on which the storage library
+    /// fails is refused with [`StoreError::Damaged`], never a panic.
     pub fn open(backend: &Backend, clock: Clock, batch_max: usize) -> Result<Store, StoreError> {
+        let store = Store::open_deferring_recovery(backend, clock, batch_max)?;
+        store.recover_after_restart()?;
+        Ok(store)
+    }
+
+    /// [`Store::open`] without the recovery that frees space: the server runs
+    /// [`Store::recover_after_restart`] once the reclaim window is over, because agents
+    /// replay completions into blocks that it would free (Unwritten blocks past a size that
+    /// went back with a lost lazy commit).
+    pub fn open_deferring_recovery(
+        backend: &Backend,
+        clock: Clock,
+        batch_max: usize,
+    ) -> Result<Store, StoreError> {
         guard_damage("open the metadata store", || {
             Store::open_unguarded(backend, clock, batch_max)
         })
@@ -713,16 +751,22 @@ impl Store {
         let db = open_db(backend, false, false, Verify::Pages)?;
         let (sb, volume, state) = load(&db)?;
         let boot_epoch = bump_boot_epoch(&db)?;
-        let locks_in_use_at_start = {
+        let (locks_in_use_at_start, survived) = {
             let r = db.begin_read()?;
             let counters = r.open_table(COUNTERS)?;
-            counters
-                .get(KEY_LOCKS_IN_USE)?
-                .is_some_and(|v| v.value() != 0)
+            let get = |k: &str| -> Result<u64, StoreError> {
+                Ok(counters.get(k)?.map_or(0, |v| v.value()))
+            };
+            (
+                get(KEY_LOCKS_IN_USE)? != 0,
+                (get(KEY_LAST_COMMIT_EPOCH)?, get(KEY_LAST_COMMIT)?),
+            )
         };
         let handles = state.handles.clone();
         let usage = state.usage.clone();
         let shared = Arc::new(Shared {
+            commit_seq: AtomicU64::new(0),
+            durable_seq: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
             reason: Mutex::new(None),
             poison_notify: tokio::sync::Notify::new(),
@@ -746,6 +790,7 @@ impl Store {
                         &clock,
                         block_size,
                         batch_max.max(1),
+                        boot_epoch,
                     )
                 })?
         };
@@ -761,10 +806,50 @@ impl Store {
             usage,
             boot_epoch,
             locks_in_use_at_start,
+            survived,
         };
-        store.reap_orphans()?;
-        store.trim_preallocations()?;
         Ok(store)
+    }
+
+    /// The recovery of a start that frees space: inodes unlinked while open are reaped, and
+    /// preallocations trimmed past their files' ends (no handle survives a restart).
+    /// Idempotent. Blocking.
+    pub fn recover_after_restart(&self) -> Result<(), StoreError> {
+        self.reap_orphans()?;
+        self.trim_preallocations()
+    }
+
+    /// The (epoch, number) of the last commit of an earlier run that survived the last stop:
+    /// a commit `(e, n)` of epoch `e == survived.0` with `n <= survived.1` is durable.
+    pub fn survived(&self) -> (u64, u64) {
+        self.survived
+    }
+
+    /// Every commit of this run up to this number is durable.
+    pub fn durable_seq(&self) -> u64 {
+        self.shared.durable_seq.load(Ordering::SeqCst)
+    }
+
+    /// The sessions found in the store (id, epoch opened), for the reclaim window.
+    pub fn recorded_sessions(&self) -> Result<Vec<(u64, u64)>, FsError> {
+        let run = || -> Result<Vec<(u64, u64)>, OpError> {
+            let r = self.database()?.begin_read()?;
+            let t = match r.open_table(SESSIONS) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(e.into()),
+            };
+            let mut all = Vec::new();
+            for item in t.iter()? {
+                let (k, v) = item?;
+                all.push((k.value(), v.value()));
+            }
+            Ok(all)
+        };
+        run().map_err(|e| match e {
+            OpError::Fs(e) => e,
+            OpError::Store(why) => FsError::Io(format!("metadata store: {why}")),
+        })
     }
 
     fn reap_orphans(&self) -> Result<(), StoreError> {
@@ -905,7 +990,7 @@ impl Store {
         &self,
         lazy: bool,
         f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
-        done: impl FnOnce(Result<R, FsError>) + Send + 'static,
+        done: impl FnOnce(Result<(R, u64), FsError>) + Send + 'static,
     ) {
         if self.poisoned() {
             done(Err(self.shared.poison_error()));
@@ -914,8 +999,8 @@ impl Store {
         let shared = self.shared.clone();
         let run: Run = Box::new(move |ctx: &mut Ctx<'_>| match f(ctx) {
             Ok(r) => (
-                Box::new(move |commit: Result<(), String>| match commit {
-                    Ok(()) => done(Ok(r)),
+                Box::new(move |commit: Result<u64, String>| match commit {
+                    Ok(seq) => done(Ok((r, seq))),
                     Err(why) => done(Err(FsError::Io(format!("metadata commit failed: {why}")))),
                 }) as Reply,
                 true,
@@ -953,7 +1038,7 @@ impl Store {
     ) -> Result<R, FsError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.submit(false, f, move |r| {
-            let _ = tx.send(r);
+            let _ = tx.send(r.map(|(r, _)| r));
         });
         rx.await.unwrap_or_else(|_| Err(self.shared.poison_error()))
     }
@@ -966,6 +1051,16 @@ impl Store {
         &self,
         f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
     ) -> Result<R, FsError> {
+        Ok(self.write_lazy_numbered(f).await?.0)
+    }
+
+    /// [`Store::write_lazy`] that also answers the number of the commit that holds the change:
+    /// it is durable once [`Store::durable_seq`] reaches that number (at the latest
+    /// [`LAZY_SYNC_AFTER`] later), and lost if the server stops before.
+    pub async fn write_lazy_numbered<R: Send + 'static>(
+        &self,
+        f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
+    ) -> Result<(R, u64), FsError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.submit(true, f, move |r| {
             let _ = tx.send(r);
@@ -985,7 +1080,7 @@ impl Store {
     ) -> Result<R, FsError> {
         let (tx, rx) = mpsc::sync_channel(1);
         self.submit(false, f, move |r| {
-            let _ = tx.send(r);
+            let _ = tx.send(r.map(|(r, _)| r));
         });
         rx.recv()
             .unwrap_or_else(|_| Err(self.shared.poison_error()))
@@ -1215,6 +1310,10 @@ impl Ctx<'_> {
     }
 }
 
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the committer thread's whole context, passed once"
+)]
 fn committer_loop(
     db: &Database,
     rx: &mpsc::Receiver<Job>,
@@ -1223,8 +1322,27 @@ fn committer_loop(
     clock: &Clock,
     block_size: u32,
     batch_max: usize,
+    epoch: u64,
 ) {
-    while let Ok(first) = rx.recv() {
+    let mut seq = 0u64;
+    // When the oldest commit that is not durable yet was made.
+    let mut lazy_since: Option<std::time::Instant> = None;
+    loop {
+        let received = match lazy_since {
+            None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+            Some(t) => rx.recv_timeout(
+                (t + LAZY_SYNC_AFTER).saturating_duration_since(std::time::Instant::now()),
+            ),
+        };
+        let first = match received {
+            Ok(job) => job,
+            // Lazy work waited long enough: an empty durable commit makes it durable.
+            Err(mpsc::RecvTimeoutError::Timeout) => Job {
+                run: Box::new(|_: &mut Ctx<'_>| (Box::new(|_| {}) as Reply, true)),
+                lazy: false,
+            },
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
         let mut batch = vec![first];
         while batch.len() < batch_max {
             match rx.try_recv() {
@@ -1241,7 +1359,9 @@ fn committer_loop(
             tracing::debug!(%why, "dropped jobs after poison");
             continue;
         }
-        let result = run_batch(db, batch, &mut state, clock, block_size);
+        let durable = batch.iter().any(|j| !j.lazy);
+        seq += 1;
+        let result = run_batch(db, batch, &mut state, clock, block_size, (epoch, seq));
         state
             .usage
             .free_blocks
@@ -1250,8 +1370,15 @@ fn committer_loop(
             Ok(replies) => {
                 shared.stats.commits.fetch_add(1, Ordering::Relaxed);
                 shared.stats.ops.fetch_add(n, Ordering::Relaxed);
+                shared.commit_seq.store(seq, Ordering::SeqCst);
+                if durable {
+                    shared.durable_seq.store(seq, Ordering::SeqCst);
+                    lazy_since = None;
+                } else {
+                    lazy_since.get_or_insert_with(std::time::Instant::now);
+                }
                 for r in replies {
-                    r(Ok(()));
+                    r(Ok(seq));
                 }
             }
             Err((why, replies)) => {
@@ -1273,6 +1400,7 @@ fn run_batch(
     state: &mut State,
     clock: &Clock,
     block_size: u32,
+    (epoch, seq): (u64, u64),
 ) -> BatchResult {
     let mut replies = Vec::with_capacity(batch.len());
     let durable = batch.iter().any(|j| !j.lazy);
@@ -1311,6 +1439,11 @@ fn run_batch(
                     ok = false;
                 }
             }
+        }
+        if ok {
+            // Numbered in the commit itself: after a crash, these name the last survivor.
+            ok = ctx.counters.insert(KEY_LAST_COMMIT, seq).is_ok()
+                && ctx.counters.insert(KEY_LAST_COMMIT_EPOCH, epoch).is_ok();
         }
     }
     if !ok {
@@ -1355,6 +1488,7 @@ fn open_ctx<'t>(
         quotas: txn.open_table(QUOTAS).map_err(e)?,
         unzeroed: txn.open_table(UNZEROED).map_err(e)?,
         replies: txn.open_table(REPLIES).map_err(e)?,
+        sessions: txn.open_table(SESSIONS).map_err(e)?,
         st,
         now,
         block_size,

@@ -41,6 +41,7 @@ mod lvm_real;
 mod posix;
 mod quota;
 mod replies;
+mod replay;
 mod serve;
 mod smoke;
 mod support;

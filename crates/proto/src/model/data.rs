@@ -419,6 +419,248 @@ impl From<CompleteRequest> for pb::CompleteRequest {
     }
 }
 
+/// Control info 4: the inode's attributes after a completion, and whether the agent must keep
+/// a record of it (docs/protocol.md, "Durability of completions").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompleteReply {
+    pub attr: Attr,
+    /// The number of the lazy commit that holds this completion in this server epoch; 0:
+    /// durable already (nothing to keep).
+    pub commit_seq: u64,
+    /// Every commit of this server epoch up to this number is durable.
+    pub durable_seq: u64,
+}
+
+impl TryFrom<pb::CompleteReply> for CompleteReply {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::CompleteReply) -> Result<Self, ProtocolError> {
+        Ok(CompleteReply {
+            attr: attr(p.attr)?,
+            commit_seq: p.commit_seq,
+            durable_seq: p.durable_seq,
+        })
+    }
+}
+
+impl From<CompleteReply> for pb::CompleteReply {
+    fn from(r: CompleteReply) -> Self {
+        pb::CompleteReply {
+            attr: Some(r.attr.into()),
+            commit_seq: r.commit_seq,
+            durable_seq: r.durable_seq,
+        }
+    }
+}
+
+/// Most records in one ReplayWrites request.
+pub const MAX_REPLAY_RECORDS: usize = 1024;
+
+/// Most runs in one replay record (a grant's plan has at most one per device piece).
+pub const MAX_REPLAY_RUNS: usize = 65536;
+
+/// One piece of a replayed write: file bytes `[file_off, file_off + len)` on LUN `device` at
+/// byte `phys_off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ReplayRun {
+    pub file_off: u64,
+    pub device: DeviceIndex,
+    pub phys_off: u64,
+    /// Positive.
+    pub len: u64,
+}
+
+impl TryFrom<pb::ReplayRun> for ReplayRun {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ReplayRun) -> Result<Self, ProtocolError> {
+        nonempty_range(p.file_off, p.len, "file_off")?;
+        if p.phys_off.checked_add(p.len).is_none() {
+            return Err(invalid("phys_off", "phys_off + len passes 2^64"));
+        }
+        Ok(ReplayRun {
+            file_off: p.file_off,
+            device: DeviceIndex(p.device),
+            phys_off: p.phys_off,
+            len: p.len,
+        })
+    }
+}
+
+impl From<ReplayRun> for pb::ReplayRun {
+    fn from(r: ReplayRun) -> Self {
+        pb::ReplayRun {
+            file_off: r.file_off,
+            device: r.device.0,
+            phys_off: r.phys_off,
+            len: r.len,
+        }
+    }
+}
+
+/// One lazily committed write completion of an earlier server epoch, as the agent kept it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayRecord {
+    pub inode: InodeId,
+    /// The epoch whose Complete answered it, and its commit number there (> 0).
+    pub epoch: SessionEpoch,
+    pub commit_seq: u64,
+    /// Not empty; every run lies inside it (the server checks the exact cover).
+    pub range: ByteRange,
+    /// Not empty.
+    pub runs: Vec<ReplayRun>,
+}
+
+impl TryFrom<pb::ReplayRecord> for ReplayRecord {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ReplayRecord) -> Result<Self, ProtocolError> {
+        if p.commit_seq == 0 {
+            return Err(ProtocolError::MissingField("commit_seq"));
+        }
+        let range = nonempty_range(p.offset, p.length, "offset")?;
+        if p.runs.is_empty() {
+            return Err(ProtocolError::MissingField("runs"));
+        }
+        if p.runs.len() > MAX_REPLAY_RUNS {
+            return Err(invalid(
+                "runs",
+                format!("{} runs (at most {MAX_REPLAY_RUNS})", p.runs.len()),
+            ));
+        }
+        let runs: Vec<ReplayRun> = list(p.runs, "runs")?;
+        if runs
+            .iter()
+            .any(|r| r.file_off < range.offset() || r.file_off + r.len > range.end())
+        {
+            return Err(invalid("runs", "a run lies outside the record's range"));
+        }
+        Ok(ReplayRecord {
+            inode: inode(p.inode, "inode")?,
+            epoch: epoch(p.epoch)?,
+            commit_seq: p.commit_seq,
+            range,
+            runs,
+        })
+    }
+}
+
+impl From<ReplayRecord> for pb::ReplayRecord {
+    fn from(r: ReplayRecord) -> Self {
+        pb::ReplayRecord {
+            inode: r.inode.0,
+            epoch: r.epoch.0,
+            commit_seq: r.commit_seq,
+            offset: r.range.offset(),
+            length: r.range.len(),
+            runs: to_pb(r.runs),
+        }
+    }
+}
+
+/// ReplayWrites: an agent's reclaim of lazy completions after a server restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayWritesRequest {
+    pub session: SessionId,
+    pub epoch: SessionEpoch,
+    /// The agent's last session of the previous server run.
+    pub previous_session: SessionId,
+    /// At most [`MAX_REPLAY_RECORDS`].
+    pub records: Vec<ReplayRecord>,
+    pub reclaim_complete: bool,
+}
+
+impl TryFrom<pb::ReplayWritesRequest> for ReplayWritesRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ReplayWritesRequest) -> Result<Self, ProtocolError> {
+        if p.records.len() > MAX_REPLAY_RECORDS {
+            return Err(invalid(
+                "records",
+                format!("{} records (at most {MAX_REPLAY_RECORDS})", p.records.len()),
+            ));
+        }
+        if p.previous_session == 0 {
+            return Err(ProtocolError::MissingField("previous_session"));
+        }
+        Ok(ReplayWritesRequest {
+            session: session_id(p.session)?,
+            epoch: epoch(p.epoch)?,
+            previous_session: SessionId(p.previous_session),
+            records: list(p.records, "records")?,
+            reclaim_complete: p.reclaim_complete,
+        })
+    }
+}
+
+impl From<ReplayWritesRequest> for pb::ReplayWritesRequest {
+    fn from(r: ReplayWritesRequest) -> Self {
+        pb::ReplayWritesRequest {
+            session: r.session.0,
+            epoch: r.epoch.0,
+            previous_session: r.previous_session.0,
+            records: to_pb(r.records),
+            reclaim_complete: r.reclaim_complete,
+        }
+    }
+}
+
+/// What became of one replayed record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayOutcome {
+    /// Written again, durably.
+    Replayed,
+    /// It had survived the restart.
+    Durable,
+    /// Lost: the file no longer maps those blocks there, or the reclaim window is over.
+    Refused,
+}
+
+/// The answer to ReplayWrites: one outcome per record, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayWritesReply {
+    pub outcomes: Vec<ReplayOutcome>,
+}
+
+impl TryFrom<pb::ReplayWritesReply> for ReplayWritesReply {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ReplayWritesReply) -> Result<Self, ProtocolError> {
+        let outcomes = p
+            .outcomes
+            .into_iter()
+            .map(
+                |raw| match enum_field::<pb::ReplayOutcome>(raw, "outcomes")? {
+                    pb::ReplayOutcome::Unspecified => Err(ProtocolError::MissingField("outcomes")),
+                    pb::ReplayOutcome::Replayed => Ok(ReplayOutcome::Replayed),
+                    pb::ReplayOutcome::Durable => Ok(ReplayOutcome::Durable),
+                    pb::ReplayOutcome::Refused => Ok(ReplayOutcome::Refused),
+                },
+            )
+            .collect::<Result<_, _>>()?;
+        Ok(ReplayWritesReply { outcomes })
+    }
+}
+
+impl From<ReplayWritesReply> for pb::ReplayWritesReply {
+    fn from(r: ReplayWritesReply) -> Self {
+        pb::ReplayWritesReply {
+            outcomes: r
+                .outcomes
+                .into_iter()
+                .map(|o| {
+                    match o {
+                        ReplayOutcome::Replayed => pb::ReplayOutcome::Replayed,
+                        ReplayOutcome::Durable => pb::ReplayOutcome::Durable,
+                        ReplayOutcome::Refused => pb::ReplayOutcome::Refused,
+                    }
+                    .into()
+                })
+                .collect(),
+        }
+    }
+}
+
 /// ReturnGrant: cached read grants given back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReturnGrantRequest {

@@ -128,7 +128,6 @@ attr_reply!(
     MknodReply,
     LinkReply,
     SymlinkReply,
-    CompleteReply,
     FallocateReply
 );
 

@@ -341,6 +341,8 @@ pub enum ServerEvent {
     HeartbeatAck {
         seq: u64,
         lease_ttl_ms: u64,
+        /// Every commit of this server epoch up to this number is durable (0: none reported).
+        durable_seq: u64,
     },
     Recall(Recall),
     Ended {
@@ -364,6 +366,7 @@ impl TryFrom<pb::SessionStreamReply> for ServerEvent {
                 ServerEvent::HeartbeatAck {
                     seq: a.seq,
                     lease_ttl_ms: a.lease_ttl_ms,
+                    durable_seq: a.durable_seq,
                 }
             }
             Event::Recall(r) => ServerEvent::Recall(Recall::try_from(r).at("recall")?),
@@ -395,9 +398,15 @@ impl From<ServerEvent> for pb::SessionStreamReply {
         use pb::session_stream_reply::Event;
         pb::SessionStreamReply {
             event: Some(match e {
-                ServerEvent::HeartbeatAck { seq, lease_ttl_ms } => {
-                    Event::HeartbeatAck(pb::HeartbeatAck { seq, lease_ttl_ms })
-                }
+                ServerEvent::HeartbeatAck {
+                    seq,
+                    lease_ttl_ms,
+                    durable_seq,
+                } => Event::HeartbeatAck(pb::HeartbeatAck {
+                    seq,
+                    lease_ttl_ms,
+                    durable_seq,
+                }),
                 ServerEvent::Recall(r) => Event::Recall(r.into()),
                 ServerEvent::Ended { reason, message } => {
                     let reason = match reason {

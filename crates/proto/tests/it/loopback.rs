@@ -175,6 +175,13 @@ impl Data for TestData {
     ) -> Result<Response<pb::GetExtentsReply>, Status> {
         Err(not_here())
     }
+
+    async fn replay_writes(
+        &self,
+        _: Request<pb::ReplayWritesRequest>,
+    ) -> Result<Response<pb::ReplayWritesReply>, Status> {
+        Err(not_here())
+    }
 }
 
 async fn serve() -> (SocketAddr, tokio::task::JoinHandle<()>) {

@@ -713,7 +713,7 @@ fn session_messages() {
         cases![pb::SessionStreamReply;
             "event" => |p| p.event = None,
             "recall.inode" => |p| if let Some(S::Recall(r)) = &mut p.event { r.inode = 0 },
-            "heartbeat_ack.lease_ttl_ms" => |p| p.event = Some(S::HeartbeatAck(pb::HeartbeatAck { seq: 1, lease_ttl_ms: 0 })),
+            "heartbeat_ack.lease_ttl_ms" => |p| p.event = Some(S::HeartbeatAck(pb::HeartbeatAck { seq: 1, lease_ttl_ms: 0, durable_seq: 0 })),
             "ended.reason" => |p| p.event = Some(S::Ended(pb::SessionEnded { reason: 0, message: String::new() })),
             "ended.reason" => |p| p.event = Some(S::Ended(pb::SessionEnded { reason: 77, message: String::new() })),
             "ended.message" => |p| p.event = Some(S::Ended(pb::SessionEnded { reason: 1, message: "m".repeat(4097) })),
@@ -862,4 +862,57 @@ fn request_ids() {
         lowest_pending: 1,
     };
     assert!(request_id(Some(ok)).unwrap().is_some());
+}
+
+fn replay_request() -> ReplayWritesRequest {
+    ReplayWritesRequest {
+        session: SessionId(77),
+        epoch: SessionEpoch(4),
+        previous_session: SessionId(12),
+        records: vec![ReplayRecord {
+            inode: InodeId(42),
+            epoch: SessionEpoch(3),
+            commit_seq: 9,
+            range: ByteRange::new(64 * KIB, 128 * KIB).unwrap(),
+            runs: vec![ReplayRun {
+                file_off: 64 * KIB,
+                device: sanfs_blockmap::volume::DeviceIndex(0),
+                phys_off: MIB,
+                len: 128 * KIB,
+            }],
+        }],
+        reclaim_complete: true,
+    }
+}
+
+#[test]
+fn replay_writes_records_are_whole() {
+    check::<ReplayWritesRequest, pb::ReplayWritesRequest>(
+        replay_request(),
+        cases![pb::ReplayWritesRequest;
+            "session" => |p| p.session = 0,
+            "epoch" => |p| p.epoch = 0,
+            "previous_session" => |p| p.previous_session = 0,
+            "records" => |p| { let r = p.records[0].clone(); p.records = vec![r; MAX_REPLAY_RECORDS + 1]; },
+            "records.inode" => |p| p.records[0].inode = 0,
+            "records.epoch" => |p| p.records[0].epoch = 0,
+            "records.commit_seq" => |p| p.records[0].commit_seq = 0,
+            "records.offset" => |p| p.records[0].length = 0,
+            "records.offset" => |p| p.records[0].offset = MAX_FILE_SIZE,
+            "records.runs" => |p| p.records[0].runs.clear(),
+            "records.runs" => |p| p.records[0].runs[0].file_off = 0,
+            "records.runs" => |p| p.records[0].runs[0].len = 256 * KIB,
+            "records.runs.file_off" => |p| p.records[0].runs[0].len = 0,
+            "records.runs.phys_off" => |p| p.records[0].runs[0].phys_off = u64::MAX,
+        ],
+    );
+    check::<ReplayWritesReply, pb::ReplayWritesReply>(
+        ReplayWritesReply {
+            outcomes: vec![ReplayOutcome::Replayed],
+        },
+        cases![pb::ReplayWritesReply;
+            "outcomes" => |p| p.outcomes = vec![0],
+            "outcomes" => |p| p.outcomes = vec![9],
+        ],
+    );
 }

@@ -64,6 +64,7 @@ fn session_stream_events() {
     let mut events = vec![ServerEvent::HeartbeatAck {
         seq: 4,
         lease_ttl_ms: 10_000,
+        durable_seq: 17,
     }];
     for reason in [
         RecallReason::Conflict,
@@ -130,7 +131,11 @@ fn attr_replies_of_every_file_type() {
         round_trip::<_, pb::MknodReply>(a.clone());
         round_trip::<_, pb::LinkReply>(a.clone());
         round_trip::<_, pb::SymlinkReply>(a.clone());
-        round_trip::<_, pb::CompleteReply>(a.clone());
+        round_trip::<_, pb::CompleteReply>(CompleteReply {
+            attr: a.clone(),
+            commit_seq: 12,
+            durable_seq: 11,
+        });
         round_trip::<_, pb::FallocateReply>(a);
     }
 }
@@ -667,4 +672,45 @@ fn request_ids() {
     assert_eq!(request_id(back.request_id).unwrap(), Some(id));
     p.request_id = None;
     assert_eq!(request_id(p.request_id).unwrap(), None);
+}
+
+#[test]
+fn replay_writes() {
+    let record = ReplayRecord {
+        inode: InodeId(42),
+        epoch: SessionEpoch(3),
+        commit_seq: 9,
+        range: ByteRange::new(1 << 20, 128 * 1024).unwrap(),
+        runs: vec![
+            ReplayRun {
+                file_off: 1 << 20,
+                device: DeviceIndex(0),
+                phys_off: 8 << 20,
+                len: 64 * 1024,
+            },
+            ReplayRun {
+                file_off: (1 << 20) + 64 * 1024,
+                device: DeviceIndex(1),
+                phys_off: 8 << 20,
+                len: 64 * 1024,
+            },
+        ],
+    };
+    round_trip::<_, pb::ReplayRecord>(record.clone());
+    for reclaim_complete in [false, true] {
+        round_trip::<_, pb::ReplayWritesRequest>(ReplayWritesRequest {
+            session: SessionId(77),
+            epoch: SessionEpoch(4),
+            previous_session: SessionId(12),
+            records: vec![record.clone()],
+            reclaim_complete,
+        });
+    }
+    round_trip::<_, pb::ReplayWritesReply>(ReplayWritesReply {
+        outcomes: vec![
+            ReplayOutcome::Replayed,
+            ReplayOutcome::Durable,
+            ReplayOutcome::Refused,
+        ],
+    });
 }

@@ -1,0 +1,338 @@
+//! Issue 15, item 1: a write the server completed lazily survives `kill -9` of the server while
+//! its agent lives (the agent replays it in the restarted server's reclaim window), and where
+//! it cannot, the file's next fsync says EIO, never 0 (the refusals themselves are tested at the
+//! store level in the metadata server's `replay` tests).
+//!
+//! Real processes: `sanfs-mds serve` (killed with SIGKILL and started again with the command
+//! line read from `/proc/PID/cmdline`) and a real `sanfs-agent mount --foreground`; the
+//! application's file descriptor stays open across the restart, as users keep theirs. Needs
+//! root and /dev/fuse (skipped otherwise). Every file-system call runs under a timeout.
+
+use std::net::SocketAddr;
+use std::os::fd::IntoRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::mount::{can_mount, timed};
+
+const MIB: u64 = 1 << 20;
+const KIB: usize = 1024;
+const TTL_MS: u64 = 2000;
+
+/// A real `sanfs-mds serve` process; SIGKILLed when dropped.
+struct Mds {
+    child: Child,
+    addr: SocketAddr,
+    log: PathBuf,
+}
+
+fn spawn_mds(cmdline: &[String], log: &Path) -> Child {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    Command::new(&cmdline[0])
+        .args(&cmdline[1..])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(out)
+        .spawn()
+        .unwrap()
+}
+
+impl Mds {
+    fn spawn(cmdline: &[String], log: &Path, addr: SocketAddr) -> Mds {
+        let mds = Mds {
+            child: spawn_mds(cmdline, log),
+            addr,
+            log: log.to_owned(),
+        };
+        mds.wait_listening();
+        mds
+    }
+
+    fn wait_listening(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(self.addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "sanfs-mds does not listen on {}; log:\n{}",
+                self.addr,
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `kill -9`, then the same command line again (read from /proc, as an operator's
+    /// supervisor would restart it).
+    fn kill9_and_restart(&mut self) {
+        let cmdline: Vec<String> = std::fs::read(format!("/proc/{}/cmdline", self.child.id()))
+            .unwrap()
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8(a.to_vec()).unwrap())
+            .collect();
+        self.child.kill().unwrap(); // SIGKILL
+        self.child.wait().unwrap();
+        self.child = spawn_mds(&cmdline, &self.log);
+        self.wait_listening();
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Mds {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Four file LUNs, a formatted volume and store, a server on a free loopback port.
+fn start_mds(dir: &Path) -> (Mds, Vec<PathBuf>) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let luns: Vec<PathBuf> = (0..4).map(|i| dir.join(format!("lun{i}"))).collect();
+    for l in &luns {
+        std::fs::File::create(l).unwrap().set_len(64 * MIB).unwrap();
+    }
+    let devices: Vec<String> = luns
+        .iter()
+        .map(|l| format!("{:?}", l.display().to_string()))
+        .collect();
+    let config = dir.join("mds.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nlease_ttl_ms = {TTL_MS}\n\
+             [metadata]\npath = {:?}\n\
+             [volume]\nlayout = \"striped\"\nstripe_unit = \"64KiB\"\ndevices = [{}]\n",
+            dir.join("meta.redb").display().to_string(),
+            devices.join(", ")
+        ),
+    )
+    .unwrap();
+    let mds = std::path::Path::new(env!("CARGO_BIN_EXE_sanfs-agent")).with_file_name("sanfs-mds");
+    assert!(
+        mds.is_file(),
+        "{} is missing: cargo build -p sanfs-metadata-server (cargo test --workspace builds it)",
+        mds.display()
+    );
+    let bin = mds.to_str().unwrap();
+    let out = Command::new(bin)
+        .args(["format", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "format: {out:?}");
+    let cmdline: Vec<String> = vec![
+        bin.to_owned(),
+        "serve".into(),
+        "--config".into(),
+        config.to_string_lossy().into_owned(),
+    ];
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    (Mds::spawn(&cmdline, &dir.join("mds.log"), addr), luns)
+}
+
+/// A real `sanfs-agent mount --foreground`; unmounted and killed when dropped.
+struct Agent {
+    child: Child,
+    mount: PathBuf,
+    log: PathBuf,
+}
+
+impl Agent {
+    async fn mount(dir: &Path, mds: &Mds, luns: &[PathBuf]) -> Agent {
+        let mount = dir.join("mnt");
+        std::fs::create_dir(&mount).unwrap();
+        let devices: Vec<String> = luns
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        let log = dir.join("agent.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
+            .arg("mount")
+            .arg(mds.addr.to_string())
+            .arg(&mount)
+            .arg("-o")
+            .arg(format!(
+                "devices={},client_name=h2-replay",
+                devices.join(":")
+            ))
+            .arg("--foreground")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut agent = Agent { child, mount, log };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !is_mounted(&agent.mount) {
+            if let Some(st) = agent.child.try_wait().unwrap() {
+                panic!("sanfs-agent exited before mounting: {st}");
+            }
+            assert!(Instant::now() < deadline, "mount did not appear in 30 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        agent
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the agent has opened its `n`th session since it started (the first is
+    /// its mount's): the restart was noticed and the reclaim done. Until the agent makes calls
+    /// wait for a new session themselves (issue 15's second item), a call made while the
+    /// session is being re-established answers ESTALE.
+    async fn wait_new_session(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.log_text().matches("new session opened").count() < n {
+            assert!(
+                Instant::now() < deadline,
+                "the agent opened no new session in 30 s; log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn signal(&self, sig: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(i32::try_from(self.child.id()).unwrap()).unwrap();
+        rustix::process::kill_process(pid, sig).unwrap();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.signal(rustix::process::Signal::CONT);
+        if is_mounted(&self.mount) {
+            let _ = rustix::mount::unmount(&self.mount, rustix::mount::UnmountFlags::empty());
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if is_mounted(&self.mount) {
+            let _ = rustix::mount::unmount(&self.mount, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+}
+
+fn is_mounted(path: &Path) -> bool {
+    let want = path.to_string_lossy();
+    std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| {
+        m.lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(want.as_ref()))
+    })
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// close(2) of `file`, its result (dropping a `File` ignores it).
+fn close(file: std::fs::File) -> std::io::Result<()> {
+    let fd = file.into_raw_fd();
+    // SAFETY: `fd` was just taken out of its `File`, so nothing else owns or closes it.
+    if unsafe { libc::close(fd) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The scenario of issue 15: open, fsync, pwrite 128 KiB at 0, wait, kill -9 the server and
+/// start it again; then fsync on the same descriptor must be 0 with the data really there,
+/// and close 0. `wait` before the kill: 1 s as in the issue (the server may by then have
+/// made the completion durable on its own), or 200 ms (the completion is answered and still
+/// lazy: only the agent's replay saves it).
+async fn write_survives_server_kill(test: &str, wait: Duration) {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (mut mds, luns) = start_mds(dir.path());
+    let agent = Agent::mount(dir.path(), &mds, &luns).await;
+    let path = agent.mount.join("f");
+    let data = pattern(128 * KIB, 7);
+    let expect = data.clone();
+    let file = timed("open, fsync, pwrite", 30, move || {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        f.sync_all().unwrap();
+        assert_eq!(f.write_at(&data, 0).unwrap(), 128 * KIB);
+        f
+    })
+    .await;
+    tokio::time::sleep(wait).await;
+    mds.kill9_and_restart();
+    agent.wait_new_session(1).await;
+    let (synced, read, closed, size) =
+        timed("fsync, read, close after the restart", 60, move || {
+            let synced = file.sync_all();
+            let mut back = vec![0u8; 128 * KIB];
+            let read = file.read_at(&mut back, 0).map(|n| back[..n].to_vec());
+            let size = file.metadata().map(|m| m.len());
+            (synced, read, close(file), size)
+        })
+        .await;
+    let logs = || {
+        format!(
+            "agent log:\n{}\nserver log:\n{}",
+            agent.log_text(),
+            mds.log_text()
+        )
+    };
+    assert!(
+        synced.is_ok(),
+        "{test}: fsync after the restart: {synced:?}\n{}",
+        logs()
+    );
+    assert_eq!(
+        size.as_ref().ok(),
+        Some(&(128 * KIB as u64)),
+        "{test}: size after the restart\n{}",
+        logs()
+    );
+    let read = read.unwrap();
+    assert!(
+        read == expect,
+        "{test}: the 128 KiB written before the kill are not all there ({} bytes read)\n{}",
+        read.len(),
+        logs()
+    );
+    assert!(closed.is_ok(), "{test}: close: {closed:?}");
+    // And a new descriptor sees the same bytes.
+    let path = agent.mount.join("f");
+    let again = timed("re-read", 30, move || std::fs::read(path).unwrap()).await;
+    assert!(again == expect, "{test}: re-read after close differs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_acknowledged_before_a_server_kill_is_there_after_fsync() {
+    write_survives_server_kill("issue 15 (1 s)", Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazily_completed_write_is_replayed_to_the_restarted_server() {
+    write_survives_server_kill("replay (200 ms)", Duration::from_millis(200)).await;
+}

@@ -1,0 +1,192 @@
+//! The reclaim window after a restart, and the replay of lazy completions.
+//!
+//! A write's Complete without `sync` is committed lazily (docs/protocol.md, "Durability of
+//! completions"): the server answers before the conversion Unwritten -> Written and the new
+//! size are durable, with the number of the commit that holds them (`commit_seq`). The agent
+//! keeps a record of each such completion until the server reports that commit durable. If the
+//! server stops first, the change is lost with it, but the data is on the LUNs and the agent
+//! still has its record: it replays it to the next server epoch ([`replay_write`]).
+//!
+//! Replays must run before anything else changes the file system, so every start opens a
+//! *reclaim window* ([`Reclaim`]) for the sessions the store recorded (the `sessions` table:
+//! a session is written there durably at its first lazy completion, before that completion is
+//! answered, and removed when it ends; sessions that never completed lazily are not waited
+//! for). While it is open
+//! the server answers only session calls, replays, completions, fsync and lock reclaims; new
+//! grants, proxied I/O and every namespace call wait (server side) until it closes. It closes
+//! when every recorded session's agent has said `reclaim_complete`, or after the bound
+//! (`ServiceParams::reclaim_grace_ms`), whichever comes first. Then the recovery that frees
+//! space (orphans, preallocations past end of file) runs, since before the window closes it
+//! could free blocks a replay needs.
+//!
+//! A replay is accepted only from a new session that names, as its previous session, one of
+//! the recorded sessions that has not completed its reclaim, while the window is open
+//! ([`Reclaim::authorize`]: the one place that decides who may replay; with transport identities
+//! it will also compare the identity that opened the recorded session).
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use sanfs_blockmap::plan::{PhysRun, PlanMethod, PlanOp, merge_runs, phys_runs, plan};
+use sanfs_blockmap::volume::Volume;
+use sanfs_proto::model::{ReplayOutcome, ReplayRecord};
+use sanfs_proto::types::FileType;
+use tokio::sync::watch;
+
+use crate::store::{Ctx, OpError};
+
+/// The reclaim window of one server epoch.
+#[derive(Debug)]
+pub struct Reclaim {
+    /// Recorded sessions of earlier runs whose agents have not completed their reclaim.
+    waiting: Mutex<HashSet<u64>>,
+    /// True while the window is open.
+    open: watch::Sender<bool>,
+}
+
+impl Reclaim {
+    /// A window for the sessions `previous` (none: no window at all).
+    pub fn new(previous: impl IntoIterator<Item = u64>) -> Reclaim {
+        let waiting: HashSet<u64> = previous.into_iter().collect();
+        let (open, _) = watch::channel(!waiting.is_empty());
+        Reclaim {
+            waiting: Mutex::new(waiting),
+            open,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn is_open(&self) -> bool {
+        *self.open.borrow()
+    }
+
+    /// Resolves once the window is closed (at once when there is none).
+    pub async fn closed(&self) {
+        let mut rx = self.open.subscribe();
+        // An error means the sender is gone: nothing will ever open it again.
+        let _ = rx.wait_for(|open| !*open).await;
+    }
+
+    /// Whether a replay naming `previous_session` is accepted now: the window is open and
+    /// that recorded session has not completed its reclaim.
+    pub fn authorize(&self, previous_session: u64) -> bool {
+        self.is_open() && self.lock().contains(&previous_session)
+    }
+
+    /// The agent of `previous_session` has replayed everything. Closes the window when it was
+    /// the last one; answers whether it did.
+    pub fn complete(&self, previous_session: u64) -> bool {
+        let mut waiting = self.lock();
+        if waiting.remove(&previous_session) && waiting.is_empty() {
+            drop(waiting);
+            self.close();
+            return true;
+        }
+        false
+    }
+
+    /// Closes the window (the bound ran out, or every agent is done). Returns the recorded
+    /// sessions that never completed their reclaim.
+    pub fn close(&self) -> Vec<u64> {
+        let left: Vec<u64> = self.lock().drain().collect();
+        self.open.send_replace(false);
+        left
+    }
+}
+
+/// Replays one record in a store job: see [`ReplayOutcome`]. `survived` is the store's last
+/// commit that survived the restart ([`crate::store::Store::survived`]): a record of that epoch
+/// numbered at most that is durable already. Otherwise the record is replayed only if the file
+/// still maps exactly the LUN bytes the agent wrote at those file offsets (Unwritten or
+/// Written): the range becomes Written, the size grows to cover it, mtime and ctime are now.
+/// Anything else (the file is gone or no longer regular, the range is a hole, other blocks are
+/// there now) refuses it, with the reason.
+pub fn replay_write(
+    ctx: &mut Ctx<'_>,
+    volume: &Volume,
+    survived: (u64, u64),
+    record: &ReplayRecord,
+) -> Result<(ReplayOutcome, Option<String>), OpError> {
+    if record.epoch.0 == survived.0 && record.commit_seq <= survived.1 {
+        return Ok((ReplayOutcome::Durable, None));
+    }
+    let refused = |why: String| Ok((ReplayOutcome::Refused, Some(why)));
+    let ino = record.inode.0;
+    let Some(rec) = ctx.t.try_inode(ino)? else {
+        return refused("the file is gone".into());
+    };
+    if rec.kind != FileType::Regular {
+        return refused("not a regular file".into());
+    }
+    let (offset, len) = (record.range.offset(), record.range.len());
+    let bs = u64::from(ctx.block_size);
+    if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
+        return refused(format!("{offset}+{len} is not block aligned"));
+    }
+    let map = ctx.t.extent_map(ino)?;
+    let now = match plan(
+        PlanOp::Write,
+        offset,
+        len,
+        &map,
+        volume,
+        PlanMethod::Coalesced,
+    ) {
+        Ok(p) => phys_runs(&p.device_ios),
+        Err(e) => return refused(format!("the range no longer maps: {e}")),
+    };
+    let wrote = merge_runs(
+        record
+            .runs
+            .iter()
+            .map(|r| PhysRun {
+                buf_off: r.file_off - offset,
+                device: r.device,
+                phys_off: r.phys_off,
+                len: r.len,
+            })
+            .collect(),
+    );
+    if now != wrote {
+        return refused("the file maps other blocks there now".into());
+    }
+    // As a completion by a non-root writer: set-id bits go, as the lost commit did.
+    crate::data::complete_write(ctx, ino, offset, len, false)?;
+    Ok((ReplayOutcome::Replayed, None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_window_closes_when_the_last_recorded_session_completes() {
+        let r = Reclaim::new([7, 9]);
+        assert!(r.is_open());
+        assert!(r.authorize(7) && r.authorize(9));
+        assert!(!r.authorize(8), "a session that was not recorded");
+        assert!(!r.complete(7));
+        assert!(!r.authorize(7), "a completed reclaim cannot replay again");
+        assert!(r.is_open());
+        assert!(r.complete(9));
+        assert!(!r.is_open());
+        r.closed().await;
+        assert!(!r.authorize(9));
+    }
+
+    #[tokio::test]
+    async fn no_recorded_session_means_no_window_and_the_bound_closes_one() {
+        let none = Reclaim::new([]);
+        assert!(!none.is_open());
+        none.closed().await;
+        let r = Reclaim::new([1, 2]);
+        assert!(!r.complete(3) && r.is_open());
+        let mut left = r.close();
+        left.sort_unstable();
+        assert_eq!(left, vec![1, 2]);
+        assert!(!r.is_open() && !r.authorize(1));
+    }
+}
