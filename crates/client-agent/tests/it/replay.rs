@@ -113,7 +113,7 @@ fn start_mds(dir: &Path) -> (Mds, Vec<PathBuf>) {
     std::fs::write(
         &config,
         format!(
-            "[server]\nlisten = \"127.0.0.1:{port}\"\nlease_ttl_ms = {TTL_MS}\n\
+            "[server]\nlisten = \"127.0.0.1:{port}\"\ninsecure = true\nlease_ttl_ms = {TTL_MS}\n\
              [metadata]\npath = {:?}\n\
              [volume]\nlayout = \"striped\"\nstripe_unit = \"64KiB\"\ndevices = [{}]\n",
             dir.join("meta.redb").display().to_string(),

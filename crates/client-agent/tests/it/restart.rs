@@ -62,7 +62,7 @@ impl Setup {
         std::fs::write(
             &config,
             format!(
-                "[server]\nlisten = \"127.0.0.1:{port}\"\nlease_ttl_ms = {lease_ttl_ms}\n\
+                "[server]\nlisten = \"127.0.0.1:{port}\"\ninsecure = true\nlease_ttl_ms = {lease_ttl_ms}\n\
                  [metadata]\npath = {:?}\n\
                  [volume]\nlayout = \"striped\"\nstripe_unit = \"64KiB\"\ndevices = [{}]\n",
                 dir.path().join("meta.redb").display().to_string(),

@@ -172,7 +172,7 @@ fn setup(dir: &Path, port: u16) -> PathBuf {
     std::fs::write(
         &config,
         format!(
-            "[server]\nlisten = \"127.0.0.1:{port}\"\nlease_ttl_ms = 600000\n\
+            "[server]\nlisten = \"127.0.0.1:{port}\"\ninsecure = true\nlease_ttl_ms = 600000\n\
              [metadata]\npath = {:?}\n\
              [volume]\nlayout = \"striped\"\nstripe_unit = \"64KiB\"\ndevices = [{}]\n",
             dir.join("meta.redb").display().to_string(),
