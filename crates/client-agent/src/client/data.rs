@@ -357,8 +357,7 @@ impl Client {
                 let req = req.clone();
                 async move { data.fsync(req).await }
             })
-            .await
-            ?;
+            .await?;
         // A write lost in a server restart while this fsync waited for the new session is its
         // error too (never a 0 for data that is gone).
         inner.take_lost_write(ino)?;
