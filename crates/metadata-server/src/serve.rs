@@ -366,6 +366,7 @@ impl Server {
     /// Ends every attached session stream with `event` (the sessions themselves stay).
     pub(crate) fn end_streams(&self, event: ServerEvent) {
         let mut s = self.sessions();
+        s.stopping = true;
         for state in s.by_id.values_mut() {
             if let Some((_, tx, _)) = state.stream.take() {
                 let _ = tx.try_send(Ok(event.clone().into()));

@@ -37,6 +37,7 @@ use sanfs_proto::types::{
 use super::cache::AfterIo;
 use super::rpc::Pin;
 use super::subplan::sub_plan;
+use super::unsynced::UNANSWERED;
 use super::{Client, FileHandle, Inner, SessionView, add, bump, unsynced};
 use crate::buf::AlignedBuf;
 use crate::engine::{DeviceOp, IoErr};
@@ -771,30 +772,47 @@ impl Inner {
         keep_at: Option<u64>,
         reply: &CompleteReply,
     ) {
+        let at = keep_at.unwrap_or(grant.range.offset());
+        let record = (reply.commit_seq > 0 && bytes_done > 0)
+            .then(|| self.write_record(view, grant, at, bytes_done, reply.commit_seq))
+            .flatten();
         let mut unsynced = self.lock_unsynced();
-        if reply.commit_seq > 0 && bytes_done > 0 && grant.mode == LockMode::Exclusive {
-            let at = keep_at.unwrap_or(grant.range.offset());
-            let start = at.saturating_sub(grant.range.offset());
-            match ByteRange::new(at, bytes_done) {
-                Ok(range) => {
-                    let plan = sub_plan(&grant.device_ios, &[], start, start + bytes_done);
-                    unsynced.record(
-                        grant.inode,
-                        unsynced::WriteRecord::new(
-                            view.epoch,
-                            reply.commit_seq,
-                            range,
-                            &plan.device_ios,
-                        ),
-                    );
-                }
-                // Not a range the server could have completed: nothing was kept for it.
-                Err(e) => {
-                    tracing::error!(inode = %grant.inode, error = %e, "cannot record a lazy completion")
-                }
-            }
+        if let Some(record) = record {
+            unsynced.record(grant.inode, record);
         }
         unsynced.durable(view.epoch, reply.durable_seq);
+    }
+
+    /// The record of a write of `len` bytes at `at` inside the exclusive grant `grant`: the
+    /// file range and the LUN bytes its plan wrote (`None` for a shared grant or a range the
+    /// server could not have completed).
+    fn write_record(
+        &self,
+        view: &SessionView,
+        grant: &Grant,
+        at: u64,
+        len: u64,
+        commit_seq: u64,
+    ) -> Option<unsynced::WriteRecord> {
+        if grant.mode != LockMode::Exclusive {
+            return None;
+        }
+        let start = at.saturating_sub(grant.range.offset());
+        match ByteRange::new(at, len) {
+            Ok(range) => {
+                let plan = sub_plan(&grant.device_ios, &[], start, start + len);
+                Some(unsynced::WriteRecord::new(
+                    view.epoch,
+                    commit_seq,
+                    range,
+                    &plan.device_ios,
+                ))
+            }
+            Err(e) => {
+                tracing::error!(inode = %grant.inode, error = %e, "cannot record a write completion");
+                None
+            }
+        }
     }
 
     /// Runs `plan` in place on `dest`'s bytes from `base` on: the device I/O reads into (or
@@ -1243,7 +1261,21 @@ impl Inner {
                 add(&inner.counters.direct_write_bytes, part.len());
             }
             inner.end_layout_use(&view, &layout, r.is_ok()).await;
-            inner.end_pending(ino, r.err().map(refused_write));
+            match r {
+                // The session was lost with the completion in flight: its data is on the
+                // LUNs, and whether the server applied it is unknown. Kept as a record: a
+                // restarted server gets it replayed, a living one (fenced or evicted session)
+                // makes it a lost write (EIO at the file's next write, fsync or close).
+                Err(e) if super::is_stale(&e) => {
+                    if let Some(record) =
+                        inner.write_record(&view, &layout, part.offset(), part.len(), UNANSWERED)
+                    {
+                        inner.lock_unsynced().record(ino, record);
+                    }
+                    inner.end_pending(ino, None);
+                }
+                r => inner.end_pending(ino, r.err().map(refused_write)),
+            }
         });
     }
 

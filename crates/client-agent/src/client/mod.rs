@@ -735,16 +735,22 @@ impl Inner {
     }
 
     /// The error of a failed write completion of `ino`, once (then forgotten).
+    /// A write lost in a server restart or with a fenced session (see `unsynced`) is such an
+    /// error too.
     pub(crate) fn take_write_error(&self, ino: InodeId) -> Result<(), FsError> {
-        let mut all = self.lock_behind();
-        let Some(b) = all.get_mut(&ino) else {
-            return Ok(());
-        };
-        let e = b.error.take();
-        if b.in_flight == 0 {
-            all.remove(&ino);
+        {
+            let mut all = self.lock_behind();
+            if let Some(b) = all.get_mut(&ino) {
+                let e = b.error.take();
+                if b.in_flight == 0 {
+                    all.remove(&ino);
+                }
+                if let Some(e) = e {
+                    return Err(e);
+                }
+            }
         }
-        e.map_or(Ok(()), Err)
+        self.take_lost_write(ino)
     }
 
     /// Whether `ino` has write completions in flight or a failed one to report, or writes
@@ -762,7 +768,7 @@ impl Inner {
         if self.lock_unsynced().take_lost(ino) {
             tracing::error!(inode = %ino, "reporting a write lost in a server restart (EIO)");
             return Err(FsError::Io(format!(
-                "a write to inode {ino} was lost in a server restart (its replay was refused)"
+                "a write to inode {ino} was lost: its completion was refused (a fenced session, or a replay the restarted server refused)"
             )));
         }
         Ok(())

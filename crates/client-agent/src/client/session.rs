@@ -327,6 +327,10 @@ async fn reopen(inner: &Inner) {
                     continue;
                 }
                 let old = inner.lock_state().view.clone();
+                if reply.epoch == old.epoch {
+                    // The server lived: completions lost with the old session were refused.
+                    inner.lock_unsynced().unanswered_lost();
+                }
                 if reply.epoch != old.epoch
                     && let Err(e) = replay(inner, &reply, old.session).await
                 {

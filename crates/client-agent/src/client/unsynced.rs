@@ -18,6 +18,12 @@ use sanfs_blockmap::plan::{DeviceIo, phys_runs};
 use sanfs_proto::model::{ReplayOutcome, ReplayRecord, ReplayRun};
 use sanfs_proto::types::{ByteRange, InodeId, SessionEpoch};
 
+/// The commit number of a record whose completion got no answer (the session was lost with
+/// it in flight): the server may or may not have applied it. A new server epoch replays it
+/// like any other record; the same epoch (the session was fenced or evicted, the server lives)
+/// means it was refused, and the write is lost ([`Unsynced::unanswered_lost`]).
+pub const UNANSWERED: u64 = u64::MAX;
+
 /// One lazily committed write completion.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct WriteRecord {
@@ -94,7 +100,7 @@ impl Unsynced {
         self.by_inode
             .get(&ino)?
             .iter()
-            .filter(|r| r.epoch == epoch)
+            .filter(|r| r.epoch == epoch && r.commit_seq != UNANSWERED)
             .map(|r| r.commit_seq)
             .max()
     }
@@ -108,6 +114,20 @@ impl Unsynced {
                 self.by_inode.remove(&ino);
             }
         }
+    }
+
+    /// A new session of the same server epoch: the completions that got no answer were
+    /// refused with the old session (fenced or evicted), so their writes are lost.
+    pub fn unanswered_lost(&mut self) {
+        let lost = &mut self.lost;
+        self.by_inode.retain(|ino, records| {
+            let before = records.len();
+            records.retain(|r| r.commit_seq != UNANSWERED);
+            if records.len() != before {
+                lost.insert(*ino);
+            }
+            !records.is_empty()
+        });
     }
 
     /// Whether `ino` has records not durable yet.
@@ -264,5 +284,26 @@ mod tests {
         assert!(!u.take_lost(b), "once");
         assert!(!u.pending(b));
         assert!(u.has(a), "the record of the current epoch stays");
+    }
+
+    #[test]
+    fn an_unanswered_completion_is_replayed_to_a_new_epoch_and_lost_in_the_same_one() {
+        let ino = InodeId(7);
+        let epoch = SessionEpoch(3);
+        let range = ByteRange::new(0, 4096).unwrap();
+        let mut u = Unsynced::default();
+        u.record(ino, WriteRecord::new(epoch, UNANSWERED, range, &[]));
+        // Neither durable_seq nor an fsync of the same epoch covers it.
+        u.durable(epoch, 1_000);
+        assert_eq!(u.newest(ino, epoch), None);
+        u.synced(ino, epoch, 1_000);
+        assert!(u.has(ino));
+        // A new epoch replays it.
+        assert_eq!(u.to_replay(SessionEpoch(4)).len(), 1);
+        // The same epoch: lost, reported once.
+        u.unanswered_lost();
+        assert!(!u.has(ino));
+        assert!(u.take_lost(ino));
+        assert!(!u.take_lost(ino));
     }
 }

@@ -103,6 +103,9 @@ pub(crate) type StreamTx = mpsc::Sender<StreamItem>;
 #[derive(Debug, Default)]
 pub(crate) struct Sessions {
     pub next_stream: u64,
+    /// The server is stopping: its streams were ended, and no stream attaches any more (one
+    /// attached now would outlive the stop and keep a lease alive at a server that is gone).
+    pub stopping: bool,
     pub by_id: HashMap<u64, SessionState>,
 }
 

@@ -159,6 +159,9 @@ impl Server {
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         let weak = tx.downgrade();
         let mut s = self.sessions();
+        if s.stopping {
+            return Err(Status::unavailable("the server is shutting down"));
+        }
         s.next_stream = s.next_stream.wrapping_add(1);
         let stream_id = s.next_stream;
         let state = s
