@@ -62,8 +62,9 @@ pub struct ClusterSpec {
 enum ServerHandle {
     /// A `sanfs-mds serve` process and how to start it again (same command line, same log).
     Process {
-        child: ChildGuard,
+        process: ServerProcess,
         command: ServeCommand,
+        launcher: Launcher,
     },
     InProcess {
         stop: Option<oneshot::Sender<()>>,
@@ -167,10 +168,7 @@ impl BenchCluster {
     /// `kill -9` of the server process (only for a server the bench started as a process).
     pub fn kill_server(&mut self) -> anyhow::Result<()> {
         match &mut self.server {
-            ServerHandle::Process { child, .. } => {
-                child.kill9()?;
-                Ok(())
-            }
+            ServerHandle::Process { process, .. } => process.kill9(),
             _ => bail!("only a sanfs-mds process started by the bench can be killed"),
         }
     }
@@ -179,15 +177,30 @@ impl BenchCluster {
     /// and waits until its port accepts connections.
     pub fn restart_server(&mut self) -> anyhow::Result<()> {
         match &mut self.server {
-            ServerHandle::Process { child, command } => {
-                if child.try_wait()?.is_none() {
+            ServerHandle::Process {
+                process,
+                command,
+                launcher,
+            } => {
+                if process.running()? {
                     bail!("the server still runs: kill it first");
                 }
-                *child = command.spawn()?;
+                *process = ServerProcess::Launched(launcher.launch(command)?);
+                if let Err(e) = wait_for_tcp(self.addr, Duration::from_secs(60)) {
+                    let exited = if process.running()? {
+                        ""
+                    } else {
+                        "; the server exited"
+                    };
+                    let log = std::fs::read_to_string(&command.log).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                    let tail: Vec<&str> = tail.into_iter().rev().collect();
+                    bail!("{e}{exited}; the server's log ends:\n{}", tail.join("\n"));
+                }
+                Ok(())
             }
             _ => bail!("only a sanfs-mds process started by the bench can be restarted"),
         }
-        wait_for_tcp(self.addr, Duration::from_secs(30))
     }
 
     /// The library configuration of a node of this cluster.
@@ -285,9 +298,7 @@ impl BenchCluster {
 impl Drop for BenchCluster {
     fn drop(&mut self) {
         match &mut self.server {
-            ServerHandle::Process { child, .. } => {
-                let _ = child.terminate(Duration::from_secs(10));
-            }
+            ServerHandle::Process { process, .. } => process.terminate(),
             ServerHandle::InProcess { stop, thread } => {
                 if let Some(s) = stop.take() {
                     let _ = s.send(());
@@ -363,8 +374,168 @@ fn start_process(
         config: config_path,
         log: dir.join("mds.log"),
     };
+    // Started now, before any mount of this cluster exists (see `Launcher`).
+    let launcher = Launcher::start(dir)?;
     let child = command.spawn()?;
-    Ok(ServerHandle::Process { child, command })
+    Ok(ServerHandle::Process {
+        process: ServerProcess::Child(child),
+        command,
+        launcher,
+    })
+}
+
+/// The server process: the first one is the bench's child; one started again after a kill is
+/// the [`Launcher`]'s.
+enum ServerProcess {
+    Child(ChildGuard),
+    Launched(u32),
+}
+
+impl ServerProcess {
+    fn running(&mut self) -> anyhow::Result<bool> {
+        Ok(match self {
+            ServerProcess::Child(c) => c.try_wait()?.is_none(),
+            ServerProcess::Launched(pid) => pid_alive(*pid),
+        })
+    }
+
+    /// SIGKILL, then wait (at most 10 s) until it is gone.
+    fn kill9(&mut self) -> anyhow::Result<()> {
+        match self {
+            ServerProcess::Child(c) => c.kill9().map(drop),
+            ServerProcess::Launched(pid) => {
+                signal_pid(*pid, rustix::process::Signal::KILL)?;
+                wait_gone(*pid, Duration::from_secs(10))
+            }
+        }
+    }
+
+    /// SIGTERM, 10 s to stop, then SIGKILL.
+    fn terminate(&mut self) {
+        match self {
+            ServerProcess::Child(c) => {
+                let _ = c.terminate(Duration::from_secs(10));
+            }
+            ServerProcess::Launched(pid) => {
+                let _ = signal_pid(*pid, rustix::process::Signal::TERM);
+                if wait_gone(*pid, Duration::from_secs(10)).is_err() {
+                    let _ = signal_pid(*pid, rustix::process::Signal::KILL);
+                    let _ = wait_gone(*pid, Duration::from_secs(10));
+                }
+            }
+        }
+    }
+}
+
+fn signal_pid(pid: u32, signal: rustix::process::Signal) -> anyhow::Result<()> {
+    let p = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .context("server pid")?;
+    if !pid_alive(pid) {
+        return Ok(());
+    }
+    rustix::process::kill_process(p, signal).with_context(|| format!("signal {signal:?} to {pid}"))
+}
+
+/// Whether `pid` runs (a zombie, dead but not reaped, does not).
+fn pid_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+        st.rfind(')')
+            .and_then(|i| st.get(i + 2..i + 3))
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+fn wait_gone(pid: u32, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while pid_alive(pid) {
+        if Instant::now() >= deadline {
+            bail!(
+                "process {pid} still runs {} s after a signal",
+                timeout.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// Starts `sanfs-mds serve` again after a kill, from a shell started with the cluster, before
+/// any file on a mount of it was open. A process that forks while it holds files of a FUSE
+/// mount makes its child close them at exec, and FUSE sends a FLUSH for each: the agent answers
+/// a flush of a file with writes not yet durable only once the server made them durable, and
+/// that server is the process being started (a deadlock of the harness, never of a deployment,
+/// where the server holds no files of a mount).
+struct Launcher {
+    shell: ChildGuard,
+    pidfile: PathBuf,
+}
+
+impl Launcher {
+    fn start(dir: &Path) -> anyhow::Result<Launcher> {
+        let pidfile = dir.join("launcher.pid");
+        let shell = ChildGuard::spawn(
+            Command::new("sh")
+                .arg("-c")
+                .arg(
+                    "while IFS= read -r line; do eval \"$line\" & echo $! > \"$0.new\"; \
+                     mv \"$0.new\" \"$0\"; done",
+                )
+                .arg(&pidfile)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )?;
+        Ok(Launcher { shell, pidfile })
+    }
+
+    /// Starts `command` (its log appended to), returns its pid.
+    fn launch(&mut self, command: &ServeCommand) -> anyhow::Result<u32> {
+        let quote = |p: &Path| -> anyhow::Result<String> {
+            let s = p.to_str().context("a non-UTF-8 path")?;
+            if s.contains('\'') {
+                bail!("a path with a single quote: {s}");
+            }
+            Ok(format!("'{s}'"))
+        };
+        let level = std::env::var("SANFS_BENCH_MDS_LOG").unwrap_or_else(|_| "warn".to_owned());
+        if !level
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_=,:".contains(c))
+        {
+            bail!("SANFS_BENCH_MDS_LOG {level:?}: only a log filter");
+        }
+        let line = format!(
+            "RUST_LOG={level} exec {} serve --config {} </dev/null >/dev/null 2>>{}\n",
+            quote(&command.bin)?,
+            quote(&command.config)?,
+            quote(&command.log)?
+        );
+        let _ = std::fs::remove_file(&self.pidfile);
+        let stdin = self
+            .shell
+            .child_mut()
+            .stdin
+            .as_mut()
+            .context("the launcher's stdin")?;
+        stdin
+            .write_all(line.as_bytes())
+            .context("tell the launcher")?;
+        stdin.flush().context("tell the launcher")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&self.pidfile)
+                && let Ok(pid) = text.trim().parse::<u32>()
+            {
+                return Ok(pid);
+            }
+            if Instant::now() >= deadline {
+                bail!("the launcher did not start the server in 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
 
 /// The command line of a `sanfs-mds serve` process the bench started.
@@ -385,7 +556,10 @@ impl ServeCommand {
             Command::new(&self.bin)
                 .args(["serve", "--config"])
                 .arg(&self.config)
-                .env("RUST_LOG", "warn")
+                .env(
+                    "RUST_LOG",
+                    std::env::var("SANFS_BENCH_MDS_LOG").unwrap_or_else(|_| "warn".to_owned()),
+                )
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log),
@@ -531,7 +705,10 @@ impl Mount {
                     cluster.globs.join(":")
                 ))
                 .arg("--foreground")
-                .env("RUST_LOG", "warn")
+                .env(
+                    "RUST_LOG",
+                    std::env::var("SANFS_BENCH_AGENT_LOG").unwrap_or_else(|_| "warn".to_owned()),
+                )
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log),

@@ -405,7 +405,9 @@ pub async fn run(p: &ServerKillParams) -> anyhow::Result<ServerKillOutcome> {
         cluster.kill_server()?;
         tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
         let before = shared.writes_done.load(Ordering::SeqCst);
+        let restarting = Instant::now();
         cluster.restart_server()?;
+        let accepting = restarting.elapsed();
         // The pause: until a write completes after the restart (bounded).
         let deadline = Instant::now() + p.check_timeout;
         while shared.writes_done.load(Ordering::SeqCst) == before && Instant::now() < deadline {
@@ -430,9 +432,10 @@ pub async fn run(p: &ServerKillParams) -> anyhow::Result<ServerKillOutcome> {
         if p.progress {
             let o = shared.with(|o| o.clone());
             eprintln!(
-                "server-kill: round {round}/{}: pause {} ms, {} writes, {} errors, {} short, {} lost",
+                "server-kill: round {round}/{}: pause {} ms (server accepting after {} ms), {} writes, {} errors, {} short, {} lost",
                 p.rounds,
                 pause.as_millis(),
+                accepting.as_millis(),
                 o.writes,
                 o.errors.values().sum::<u64>(),
                 o.short_writes,

@@ -1144,9 +1144,13 @@ impl Inner {
                 // A grant longer than the write (a layout the server would not keep) is
                 // completed for the written prefix; the server frees the rest past EOF.
                 attr = Some(
-                    self.complete(view, &grant, IoOutcome::Ok, part.len())
-                        .await
-                        .map_err(refused_write)?,
+                    match self.complete(view, &grant, IoOutcome::Ok, part.len()).await {
+                        Ok(a) => a,
+                        Err(e) if super::is_stale(&e) => {
+                            return Err(self.completion_lost(view, e).await);
+                        }
+                        Err(e) => return Err(e),
+                    },
                 );
                 add(&self.counters.direct_write_bytes, part.len());
             } else {
@@ -1403,6 +1407,20 @@ fn dest_slice(dest: &mut AlignedBuf, from: usize, len: usize) -> Result<&mut [u8
 /// and writing it again under a new session could overwrite what other nodes wrote since.
 /// The application sees EIO, as for a failed writeback, never ESTALE (on which an
 /// [`super::OpenFile`] would retry the write).
+impl Inner {
+    /// A write's completion lost with its session `view` (the write has not returned yet):
+    /// after a server restart (a new epoch) the write is redone whole under the new session
+    /// (`StaleSession`: the open file re-opens and retries; the same bytes land on the same
+    /// or new blocks, and the old grant's Unwritten blocks never become visible); with the
+    /// server alive (the session fenced or evicted) the completion was refused: EIO.
+    async fn completion_lost(&self, view: &SessionView, e: FsError) -> FsError {
+        match self.live_view_for(None, "Write").await {
+            Ok(now) if now.epoch != view.epoch => FsError::StaleSession,
+            _ => refused_write(e),
+        }
+    }
+}
+
 fn refused_write(e: FsError) -> FsError {
     if super::is_stale(&e) {
         FsError::Io(format!(
