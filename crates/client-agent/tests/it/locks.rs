@@ -173,7 +173,10 @@ async fn advisory_locks_exclude_across_nodes_and_waiters_get_them_in_turn() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_server_restart_the_holder_reclaims_its_locks_first() {
-    let mut srv = cluster::start(1_000).await;
+    // The server's lock grace is a lease plus 1 s: the holder must notice the restart, open a
+    // new session, replay and reclaim within it, which a 1 s lease left too tight on a loaded
+    // 2-core machine.
+    let mut srv = cluster::start(3_000).await;
     let a = srv.client("a").await;
     let b = srv.client("b").await;
     let (ino, ha) = create(&a, "reclaimed").await;
