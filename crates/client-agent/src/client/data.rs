@@ -313,8 +313,7 @@ impl Client {
     /// once. What close(2) reports ([`Client::has_writes_behind`] says whether to ask).
     pub async fn flush_writes(&self, ino: InodeId) -> Result<(), FsError> {
         self.inner.settle(ino).await;
-        self.inner.take_write_error(ino)?;
-        self.inner.take_lost_write(ino)
+        self.inner.take_write_error(ino)
     }
 
     /// Whether `ino` has lazily completed writes the server has not made durable yet: close
@@ -342,7 +341,6 @@ impl Client {
         // write lost in a server restart.
         inner.settle(ino).await;
         inner.take_write_error(ino)?;
-        inner.take_lost_write(ino)?;
         // What this fsync makes durable: every completion answered before it is sent.
         let upto = inner.lock_unsynced().newest(ino, view.epoch);
         let req = FsyncRequest {
