@@ -96,11 +96,27 @@ impl Luns {
     }
 }
 
+/// The file a loop device is backed by now, if it is attached.
+fn loop_backing_file(dev: &Path) -> Option<PathBuf> {
+    let name = dev.file_name()?.to_str()?;
+    let text = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok()?;
+    Some(PathBuf::from(text.trim()))
+}
+
 impl Drop for Luns {
     fn drop(&mut self) {
-        for dev in self.loops.iter().rev() {
+        for (dev, file) in self.loops.iter().zip(&self.files).rev() {
             if let Err(e) = run(Command::new("losetup").arg("-d").arg(dev)) {
                 eprintln!("testcluster: could not detach {}: {e}", dev.display());
+                continue;
+            }
+            // While something else (udev's probe, blkid) still holds the device open, the
+            // kernel only marks it for autoclear; wait, bounded, until it lets go of our file.
+            for _ in 0..250 {
+                if loop_backing_file(dev).as_deref() != Some(file.as_path()) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
             }
         }
         for file in &self.files {
