@@ -122,6 +122,7 @@ async fn raw_agent(
                 data: vec![0x3c; chunk.min(len - off) as usize],
                 sync: false,
                 append: false,
+                request_id: None,
             })
             .await
             .context("write the latency file")?;
@@ -179,6 +180,7 @@ impl RawAgent {
                     data: vec![0x5a; len as usize],
                     sync: false,
                     append: false,
+                    request_id: None,
                 })
                 .await?;
         } else {

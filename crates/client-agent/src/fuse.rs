@@ -113,7 +113,12 @@ pub struct SanFs {
 }
 
 fn errno(e: &FsError) -> Errno {
-    Errno::from_i32(e.errno())
+    let n = e.errno();
+    // An I/O error is what an application cannot act on: the log says what it was.
+    if n == libc::EIO {
+        tracing::warn!(error = %e, "answering EIO");
+    }
+    Errno::from_i32(n)
 }
 
 fn to_system_time(t: Timestamp) -> SystemTime {
@@ -819,12 +824,12 @@ impl fuser::Filesystem for SanFs {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
                 let written = if file.file.flags().append {
-                    // O_APPEND: at the size the server has now (another node may have grown
-                    // the file), one append at a time through this handle.
-                    let _serial = file.file.serial().await;
-                    let size = st.client.getattr(&cred, ino).await?.size;
-                    let fh = file.file.current();
-                    st.client.write_at(&cred, &fh, ino, size, &data).await
+                    // O_APPEND: the server writes at its end of file, atomically with every
+                    // other node's writes; one append at a time through this handle.
+                    file.file
+                        .append(&st.client, &cred, &data)
+                        .await
+                        .map(|(_, outcome)| outcome)
                 } else {
                     with_handle!(st, cred, file, |h| st
                         .client

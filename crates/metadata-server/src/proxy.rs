@@ -17,19 +17,31 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sanfs_blockmap::plan::IoPlan;
-use sanfs_proto::types::{Attr, FsError};
+use sanfs_proto::model::{RequestId, WriteReply};
+use sanfs_proto::pb;
+use sanfs_proto::types::{Attr, ByteRange, FsError};
 
 use crate::data::{self, Mapped};
 use crate::datadev::DataDevices;
 use crate::locks::{LockMode, RangeLocks, Span};
-use crate::store::Store;
+use crate::replies;
+use crate::store::{OpError, Store};
 
 /// Where a proxied write goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Position {
     At(u64),
-    /// At the end of file, atomically with respect to other appends.
-    Append,
+    /// At the end of file, atomically with respect to other appends. With the request's
+    /// reply-cache id, an append that is retried after its first try was written is answered
+    /// from that try and not written again (a second copy of the record would be wrong).
+    Append(Option<AppendOnce>),
+}
+
+/// A proxied append's reply-cache id and the session it came under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendOnce {
+    pub id: RequestId,
+    pub session: u64,
 }
 
 /// The data side of the server: the store, the range locks, the server's LUN handles.
@@ -300,6 +312,7 @@ impl DataPath {
             return Err(FsError::Invalid("an empty write".into()));
         }
         // Appends lock the whole file so that the end of file cannot move under them.
+        let mut once = None;
         let (off, _held) = match pos {
             Position::At(off) => {
                 let end = off.checked_add(len).ok_or(FsError::FileTooBig)?;
@@ -317,10 +330,24 @@ impl DataPath {
                     .await?;
                 (off, held)
             }
-            Position::Append => {
+            Position::Append(id) => {
                 let held = self
                     .lock(ino, Span::new(0, u64::MAX), LockMode::Exclusive)
                     .await?;
+                // Under the whole-file lock a first try still running has finished: its
+                // reply, if it was written, is in the cache now.
+                if let Some(id) = id {
+                    let stored = self
+                        .store
+                        .write_lazy(move |ctx| replies::lookup::<pb::WriteReply>(ctx, id.id))
+                        .await?;
+                    if let Some(stored) = stored {
+                        let reply = WriteReply::try_from(stored.reply)
+                            .map_err(|e| FsError::Io(format!("a stored append reply: {e}")))?;
+                        return Ok((reply.written.offset(), reply.attr));
+                    }
+                    once = Some(id);
+                }
                 (self.store.read(|t| t.getattr_size(ino))?, held)
             }
         };
@@ -370,7 +397,20 @@ impl DataPath {
         // bonnie++'s 8 KiB writes run at tens of writes a second.
         let attr = self
             .store
-            .write(move |ctx| data::complete_write_to(ctx, ino, a, b - a, end, writer_is_root))
+            .write(move |ctx| {
+                let attr = data::complete_write_to(ctx, ino, a, b - a, end, writer_is_root)?;
+                if let Some(once) = once {
+                    // Durable with the completion, or lost with it.
+                    let written = ByteRange::new(off, len)
+                        .map_err(|e| OpError::Fs(FsError::Invalid(e.to_string())))?;
+                    let reply = pb::WriteReply::from(WriteReply {
+                        written,
+                        attr: attr.clone(),
+                    });
+                    replies::remember(ctx, once.id, once.session, &reply)?;
+                }
+                Ok(attr)
+            })
             .await?;
         Ok((off, attr))
     }

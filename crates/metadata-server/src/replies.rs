@@ -1,5 +1,5 @@
-//! The reply cache of non-idempotent namespace requests (Create, Mkdir, Mknod, Symlink, Link,
-//! Rename, Unlink, Rmdir).
+//! The reply cache of non-idempotent requests (Create, Mkdir, Mknod, Symlink, Link, Rename,
+//! Unlink, Rmdir, and proxied appends).
 //!
 //! An agent retries a call whose reply it never got (the server restarted, the connection
 //! broke). For these requests running again is wrong: the first try may have committed, and a
@@ -71,18 +71,40 @@ pub fn run_once<P: Message + Default>(
     let Some(id) = id else {
         return op(ctx).map(Once::Fresh);
     };
+    if let Some(stored) = lookup(ctx, id)? {
+        return Ok(Once::Replayed(stored));
+    }
+    let reply = op(ctx)?;
+    remember(ctx, id, session, &reply)?;
+    Ok(Once::Fresh(reply))
+}
+
+/// The stored reply of request `id`, if it ran before (and drops its agent's entries it may
+/// no longer retry). For a request that must be looked up before its change can be made
+/// (a proxied append writes the LUNs first), followed by [`remember`] in the change's own
+/// transaction.
+pub fn lookup<P: Message + Default>(
+    ctx: &mut Ctx<'_>,
+    id: RequestId,
+) -> Result<Option<Stored<P>>, OpError> {
     prune_below(ctx, id)?;
     let hit = ctx
         .replies
         .get((id.client, id.seq))?
         .map(|v| v.value().to_vec());
-    if let Some(bytes) = hit {
-        return decode(&bytes).map(Once::Replayed);
-    }
-    let reply = op(ctx)?;
-    let bytes = encode(ctx.now.sec, session, &reply);
+    hit.map(|bytes| decode(&bytes)).transpose()
+}
+
+/// Stores `reply` as request `id`'s, in the transaction of the change it answers.
+pub fn remember<P: Message>(
+    ctx: &mut Ctx<'_>,
+    id: RequestId,
+    session: u64,
+    reply: &P,
+) -> Result<(), OpError> {
+    let bytes = encode(ctx.now.sec, session, reply);
     ctx.replies.insert((id.client, id.seq), bytes.as_slice())?;
-    Ok(Once::Fresh(reply))
+    Ok(())
 }
 
 fn encode<P: Message>(at: i64, session: u64, reply: &P) -> Vec<u8> {

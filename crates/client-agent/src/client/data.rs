@@ -35,7 +35,7 @@ use sanfs_proto::types::{
 };
 
 use super::cache::AfterIo;
-use super::rpc::Pin;
+use super::rpc::{PendingRequest, Pin};
 use super::subplan::sub_plan;
 use super::unsynced::UNANSWERED;
 use super::{Client, FileHandle, Inner, SessionView, add, bump, unsynced};
@@ -235,6 +235,84 @@ impl Client {
             }
         }
         Ok(WriteOutcome { written: len, attr })
+    }
+
+    /// Appends `data` at the end of the file (O_APPEND), atomically with respect to every
+    /// other write of every node: one proxied write at the server's end of file (FUSE hands
+    /// at most [`MAX_INLINE_DATA`](sanfs_proto::model::MAX_INLINE_DATA) bytes per write, so it
+    /// is never split), named in the server's reply cache so that a retry after a lost reply
+    /// does not append the record twice. Returns where the bytes went.
+    pub async fn append(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        data: &[u8],
+    ) -> Result<(u64, WriteOutcome), FsError> {
+        let pending = self.inner.requests.begin();
+        self.append_as(cred, fh, ino, data, &pending).await
+    }
+
+    /// [`Client::append`] under the reply-cache id `pending`, which every try of this one
+    /// append (also under a new handle after a session change) must carry.
+    pub(crate) async fn append_as(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        data: &[u8],
+        pending: &PendingRequest<'_>,
+    ) -> Result<(u64, WriteOutcome), FsError> {
+        if data.is_empty() {
+            let size = self.getattr(cred, ino).await?.size;
+            return Ok((
+                size,
+                WriteOutcome {
+                    written: 0,
+                    attr: None,
+                },
+            ));
+        }
+        let inner = &self.inner;
+        let view = inner.live_view_for(Some(fh), "Write").await?;
+        inner.take_write_error(ino)?;
+        // This node's own writes land first (the end of file must include them), and its own
+        // grants and layouts on the file would block the server's whole-file lock.
+        inner.settle(ino).await;
+        let whole = ByteRange::new(0, sanfs_proto::types::MAX_FILE_SIZE)?;
+        inner.give_back_own(&view, ino, whole, None).await;
+        let mut req = pb::WriteRequest::from(WriteRequest {
+            cred: cred.clone(),
+            handle: handle_ref(fh),
+            inode: ino,
+            position: WritePosition::Append,
+            data: data.to_vec(),
+            sync: false,
+        });
+        req.request_id = pending.wire();
+        bump(&self.inner.counters.proxied_writes);
+        let reply: WriteReply = inner
+            .call("Write reply", Pin::Handle(fh), |_| {
+                let mut client = inner.data();
+                let req = req.clone();
+                async move { client.write(req).await }
+            })
+            .await?;
+        if reply.written.len() != data.len() as u64 {
+            return Err(FsError::Io(format!(
+                "an append of {} bytes wrote {}",
+                data.len(),
+                reply.written.len()
+            )));
+        }
+        add(&self.inner.counters.proxied_write_bytes, data.len() as u64);
+        Ok((
+            reply.written.offset(),
+            WriteOutcome {
+                written: data.len() as u64,
+                attr: Some(reply.attr),
+            },
+        ))
     }
 
     /// Reads `buf.len()` bytes at `offset` into `buf`; returns it and the bytes read (fewer

@@ -30,9 +30,10 @@ pub struct OpenFile {
     ino: InodeId,
     flags: OpenFlags,
     handle: Mutex<FileHandle>,
-    /// Serialises re-opens, and whatever else a caller needs done one at a time per file
-    /// (the FUSE mount's appends).
+    /// Serialises re-opens, and whatever else a caller needs done one at a time per file.
     serial: tokio::sync::Mutex<()>,
+    /// One append at a time through this open file (its records in the order written).
+    appends: tokio::sync::Mutex<()>,
 }
 
 /// Runs `$call` with `$fh` bound to an [`OpenFile`]'s current handle; on ESTALE (the
@@ -78,6 +79,7 @@ impl OpenFile {
             },
             handle: Mutex::new(handle),
             serial: tokio::sync::Mutex::new(()),
+            appends: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -155,6 +157,21 @@ impl OpenFile {
     ) -> Result<WriteOutcome, FsError> {
         retrying!(self, client, cred, |fh| client
             .write_at(cred, &fh, self.ino, offset, data)
+            .await)
+    }
+
+    /// [`Client::append`], re-opening after a session change; every try carries the same
+    /// reply-cache id, so a try whose reply was lost is not appended twice.
+    pub async fn append(
+        &self,
+        client: &Client,
+        cred: &Credentials,
+        data: &[u8],
+    ) -> Result<(u64, WriteOutcome), FsError> {
+        let _one = self.appends.lock().await;
+        let pending = client.inner.requests.begin();
+        retrying!(self, client, cred, |fh| client
+            .append_as(cred, &fh, self.ino, data, &pending)
             .await)
     }
 

@@ -8,7 +8,7 @@ use sanfs_proto::model::{
     CompleteReply, CompleteRequest, ExtentMapping, FallocateMode, FallocateRequest, FsyncRequest,
     GetExtentsReply, GetExtentsRequest, Grant, HandleRef, IoOutcome, LockMode, MapRequest,
     PhysPiece, ReadReply, ReadRequest, ReplayOutcome, ReplayWritesReply, ReplayWritesRequest,
-    ReturnGrantRequest, WritePosition, WriteReply, WriteRequest,
+    ReturnGrantRequest, WritePosition, WriteReply, WriteRequest, request_id,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::data_server::Data;
@@ -19,7 +19,7 @@ use super::identity::{NodeIdentity, caller};
 use super::{Server, accept, convert, fs_status, note, rpc};
 use crate::data::Mapped;
 use crate::ns::Reader;
-use crate::proxy::Position;
+use crate::proxy::{AppendOnce, Position};
 
 /// `access(2)` read bit.
 const MAY_READ: u32 = 4;
@@ -469,6 +469,8 @@ impl Data for DataService {
     ) -> Result<Response<pb::WriteReply>, Status> {
         rpc("Write", async {
             let who = caller(&request)?;
+            let mut request = request;
+            let id = request_id(request.get_mut().request_id.take()).map_err(Status::from)?;
             let req: WriteRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(Some(req.handle.session.0), Some(req.inode.0));
@@ -477,7 +479,10 @@ impl Data for DataService {
             let len = req.data.len() as u64;
             let pos = match req.position {
                 WritePosition::At(off) => Position::At(off),
-                WritePosition::Append => Position::Append,
+                WritePosition::Append => Position::Append(id.map(|id| AppendOnce {
+                    id,
+                    session: req.handle.session.0,
+                })),
             };
             let (off, attr) = self
                 .server

@@ -204,6 +204,7 @@ async fn worker(mut c: Clients, session: u64, model: Model, prefix: String, seed
                 data: data.clone(),
                 sync: false,
                 append: false,
+                request_id: None,
             })
             .await
             .is_err()

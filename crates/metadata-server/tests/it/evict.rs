@@ -292,6 +292,7 @@ async fn a_holder_that_heartbeats_but_never_completes_is_evicted_and_the_others_
             data: vec![0x77; 4096],
             sync: true,
             append: false,
+            request_id: None,
         })
         .await
         .expect("B writes the range");

@@ -300,6 +300,7 @@ async fn sessions_handles_and_grants_of_another_node_are_refused() {
             data: b"node a's data".to_vec(),
             sync: true,
             append: false,
+            request_id: None,
         })
         .await
         .unwrap();

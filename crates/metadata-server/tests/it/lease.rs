@@ -111,6 +111,7 @@ async fn an_ignored_recall_and_a_silent_client_lose_their_grants_within_ttl_plus
             data: vec![0x5a; MIB as usize],
             sync: true,
             append: false,
+            request_id: None,
         })
         .await
         .unwrap();
@@ -223,6 +224,7 @@ async fn an_ignored_recall_and_a_silent_client_lose_their_grants_within_ttl_plus
             data: vec![1],
             sync: false,
             append: false,
+            request_id: None,
         })
         .await
         .unwrap();

@@ -70,6 +70,7 @@ async fn write(
             data: vec![0xab; len as usize],
             sync: false,
             append: false,
+            request_id: None,
         })
         .await
         .map(|r| r.into_inner())

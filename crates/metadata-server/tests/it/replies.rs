@@ -320,3 +320,88 @@ async fn a_create_retried_after_kill_9_gets_its_reply_not_eexist() {
             .unwrap_err();
     assert_eq!(fs_error_from_status(&e), FsError::Exists, "a new id runs");
 }
+
+fn append(session: u64, handle: u64, ino: u64, data: &[u8], id: Option<RequestId>) -> pb::WriteRequest {
+    pb::WriteRequest {
+        cred: root(),
+        session,
+        handle,
+        inode: ino,
+        offset: 0,
+        data: data.to_vec(),
+        sync: false,
+        append: true,
+        request_id: id.map(Into::into),
+    }
+}
+
+#[tokio::test]
+async fn an_append_retried_after_kill_9_is_not_written_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = setup(dir.path(), port);
+    let (mut server, mut c) = start(&config, port).await;
+    let (session, _) = c.open_session().await;
+    let file = c.ns.create(create(session, "log", None)).await.unwrap().into_inner();
+    let ino = file.attr.as_ref().unwrap().ino;
+    let first = c
+        .data
+        .write(append(session, file.handle, ino, b"one\n", Some(id(1, 1))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((first.offset, first.bytes_written), (0, 4));
+    // The same append again, on the live server: answered from the first try.
+    let again = c
+        .data
+        .write(append(session, file.handle, ino, b"one\n", Some(id(1, 1))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.offset, 0);
+    // The reply is "lost": the server dies right after the commit.
+    server.kill9();
+    let (_server, mut c) = start(&config, port).await;
+    let (new_session, _) = c.open_session().await;
+    let reopened = c
+        .ns
+        .open(pb::OpenRequest {
+            cred: root(),
+            session: new_session,
+            inode: ino,
+            flags: rw(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let retried = c
+        .data
+        .write(append(new_session, reopened.handle, ino, b"one\n", Some(id(1, 1))))
+        .await
+        .expect("a retried append is answered as the first try was")
+        .into_inner();
+    assert_eq!((retried.offset, retried.bytes_written), (0, 4));
+    assert_eq!(retried.attr.as_ref().unwrap().size, 4, "written once");
+    // A new append (a new id) goes to the end.
+    let next = c
+        .data
+        .write(append(new_session, reopened.handle, ino, b"two\n", Some(id(2, 2))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(next.offset, 4);
+    let read = c
+        .data
+        .read(pb::ReadRequest {
+            cred: root(),
+            session: new_session,
+            handle: reopened.handle,
+            inode: ino,
+            offset: 0,
+            length: 64,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(read.data, b"one\ntwo\n");
+}

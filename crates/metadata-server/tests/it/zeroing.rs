@@ -77,6 +77,7 @@ async fn a_completion_without_device_io_exposes_zeros_not_a_deleted_files_bytes(
             data: vec![0x5e; MIB as usize],
             sync: true,
             append: false,
+            request_id: None,
         })
         .await
         .unwrap();
@@ -212,6 +213,7 @@ async fn a_completion_without_device_io_exposes_zeros_not_a_deleted_files_bytes(
             data: vec![0x6f; MIB as usize],
             sync: true,
             append: false,
+            request_id: None,
         })
         .await
         .unwrap();
@@ -277,6 +279,7 @@ async fn blocks_noted_for_zeroing_when_the_server_stopped_are_zeroed_at_the_next
             data: vec![0x5e; MIB as usize],
             sync: true,
             append: false,
+            request_id: None,
         })
         .await
         .unwrap();

@@ -838,6 +838,7 @@ impl From<WriteRequest> for pb::WriteRequest {
             data: r.data,
             sync: r.sync,
             append,
+            request_id: None,
         }
     }
 }
