@@ -170,11 +170,6 @@ struct ServerKillArgs {
     /// No progress lines.
     #[arg(long)]
     no_progress: bool,
-    /// Pass with EIO from write() calls (reported as a known failure): the one error the
-    /// contract forbids that is still seen (a few per 50 kills; docs/posix.md). Lost or wrong
-    /// bytes, short writes and any other error still fail the run.
-    #[arg(long)]
-    known_write_eio: bool,
 }
 
 async fn server_kill_main(a: ServerKillArgs) -> anyhow::Result<bool> {
@@ -220,13 +215,6 @@ async fn server_kill_main(a: ServerKillArgs) -> anyhow::Result<bool> {
     }
     if let Some(path) = &a.json {
         std::fs::write(path, serde_json::to_vec_pretty(&out)?)?;
-    }
-    let write_eio = out.errors.get("write EIO").copied().unwrap_or(0);
-    if a.known_write_eio && write_eio > 0 && out.clean_but_write_eio() {
-        println!(
-            "server-kill: KNOWN FAILURE: {write_eio} write() calls answered EIO across the kills (the contract allows none; docs/posix.md); no byte lost, no other error"
-        );
-        return Ok(true);
     }
     Ok(out.clean())
 }

@@ -74,13 +74,6 @@ impl ServerKillOutcome {
         self.errors.is_empty() && self.short_writes == 0 && self.lost.is_empty()
     }
 
-    /// Whether the run kept the contract except for EIO answers to write() calls.
-    pub fn clean_but_write_eio(&self) -> bool {
-        self.short_writes == 0
-            && self.lost.is_empty()
-            && self.errors.keys().all(|k| k == "write EIO")
-    }
-
     /// Errors whose errno is `name` (e.g. "EIO"), over all calls.
     pub fn errno_count(&self, name: &str) -> u64 {
         self.errors

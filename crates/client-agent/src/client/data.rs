@@ -1490,7 +1490,9 @@ impl Inner {
     /// or new blocks, and the old grant's Unwritten blocks never become visible); with the
     /// server alive (the session fenced or evicted) the completion was refused: EIO.
     async fn completion_lost(&self, view: &SessionView, e: FsError) -> FsError {
-        match self.live_view_for(None, "Write").await {
+        // Not the current view: the completion may have met the restarted server before the
+        // session task did, and the current view is then still the old epoch's.
+        match self.next_session_after(view, "Write").await {
             Ok(now) if now.epoch != view.epoch => FsError::StaleSession,
             _ => refused_write(e),
         }

@@ -350,6 +350,23 @@ impl Inner {
         }
     }
 
+    /// After `view`'s session was answered as stale: tells the session task (which replaces
+    /// it) and waits, as a call waits, for the next live session. Its epoch says what
+    /// happened: a new one, the server restarted; the same one, it lived and fenced or
+    /// evicted the session. (The current view alone cannot say: a call may meet the new
+    /// server before the session task does.)
+    pub(crate) async fn next_session_after(
+        &self,
+        view: &SessionView,
+        what: &str,
+    ) -> Result<SessionView, FsError> {
+        let _ = self.lost_tx.send(view.session);
+        let mut patience = Patience::new(self.config.retry);
+        self.wait_generation_after(view.generation, &mut patience, what)
+            .await?;
+        self.wait_live(&mut patience, what).await
+    }
+
     /// Waits until a session newer than generation `old` is live.
     async fn wait_generation_after(
         &self,
