@@ -425,7 +425,7 @@ async fn appends_from_two_mounts_keep_every_record() {
     if !can_mount() {
         return;
     }
-    const RECORDS: usize = 400;
+    const RECORDS: usize = 2000;
     const LEN: usize = 64;
     let srv = cluster::start(10_000).await;
     let a = Mount::start(&srv, "node-a", "").await;
