@@ -170,6 +170,8 @@ fn config(cli: Cli) -> anyhow::Result<(Config, PathBuf)> {
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
+        // Colours only for a terminal: `kubectl logs` would show the codes.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

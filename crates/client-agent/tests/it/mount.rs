@@ -418,6 +418,42 @@ async fn two_mounts_see_each_others_writes() {
     srv.stop().await;
 }
 
+/// An unsupported ioctl answers ENOTTY (what a file system without the command answers), and
+/// the agent logs each command once, not once per call (fsstress made thousands of lines).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsupported_ioctls_answer_enotty_and_are_logged_once() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let logdir = tempfile::tempdir().unwrap();
+    let log = logdir.path().join("agent.log");
+    let m = Mount::start(&srv, "ioctl", &format!("log={},log_level=info", log.display())).await;
+    let file = m.p("f");
+    timed("ioctls", 60, move || {
+        std::fs::write(&file, b"x").unwrap();
+        let f = std::fs::File::open(&file).unwrap();
+        for _ in 0..20 {
+            let mut flags: libc::c_long = 0;
+            // SAFETY: FS_IOC_GETFLAGS writes one long into `flags`, which outlives the call.
+            let r = unsafe {
+                libc::ioctl(
+                    std::os::fd::AsRawFd::as_raw_fd(&f),
+                    libc::FS_IOC_GETFLAGS,
+                    &mut flags as *mut libc::c_long,
+                )
+            };
+            assert_eq!(r, -1);
+            assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENOTTY));
+        }
+    })
+    .await;
+    drop(m);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.matches("unsupported ioctl").count(), 1, "log:\n{text}");
+    srv.stop().await;
+}
+
 /// O_APPEND from two nodes at once: every record lands whole, once, and none overwrites
 /// another (the end of file is the server's, taken under its whole-file lock).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
