@@ -1,0 +1,5 @@
+//! sanfs-lun against real LUNs: loop devices (root) and files, and a file system that refuses
+//! `O_DIRECT` (ramfs, root).
+
+mod fallback;
+mod loop_device;
