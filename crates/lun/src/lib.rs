@@ -24,5 +24,5 @@ pub mod probe;
 
 pub use buf::AlignedBuf;
 pub use geometry::{Geometry, LunIdentity, describe, dio_alignment, logical_block_size};
-pub use open::{Access, open_direct, open_direct_strict, open_exclusive};
+pub use open::{Access, open_buffered, open_direct, open_direct_strict, open_exclusive};
 pub use probe::{identify, probe_identity, read_direct, read_head};

@@ -1,7 +1,8 @@
 //! Opening a LUN: with `O_DIRECT` (so that this node and every other one see the same bytes,
-//! never a page-cache copy), falling back where the file system refuses it, or with `O_EXCL`.
+//! never a page-cache copy), falling back where the file system refuses it, buffered, or with
+//! `O_EXCL`.
 //!
-//! All three go through [`open_with_flags`], the one call of
+//! All of them go through [`open_with_flags`], the one call of
 //! `OpenOptionsExt::custom_flags` that clippy.toml allows in the workspace.
 
 use std::fs::{File, OpenOptions};
@@ -33,6 +34,12 @@ pub fn open_direct(path: &Path, access: Access) -> io::Result<(File, bool)> {
 /// Opens `path` with `O_DIRECT` and no fallback: an error where the file system refuses it.
 pub fn open_direct_strict(path: &Path, access: Access) -> io::Result<File> {
     open_with_flags(path, access, OFlags::DIRECT)
+}
+
+/// Opens `path` buffered (the page cache in between: for label writes that are followed by
+/// `fdatasync`, and reads where [`read_direct`](crate::read_direct) is not needed).
+pub fn open_buffered(path: &Path, access: Access) -> io::Result<File> {
+    open_with_flags(path, access, OFlags::empty())
 }
 
 /// Opens `path` buffered, with `O_EXCL`: for a block device the open fails (`EBUSY`) while it
