@@ -17,6 +17,8 @@
 //! are `std::io::Error`: every caller handles them as "this LUN is not usable" and reports
 //! the path.
 
+#![deny(unsafe_code)]
+
 pub mod buf;
 pub mod geometry;
 pub mod open;
