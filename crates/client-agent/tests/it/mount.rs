@@ -176,6 +176,10 @@ async fn mount_serves_posix_calls() {
         assert_eq!(std::fs::read(p("a.txt")).unwrap(), b"hello, world");
         // O_SYNC and O_DSYNC writes (each followed by an fsync at the server)
         for flag in [libc::O_SYNC, libc::O_DSYNC] {
+            #[allow(
+                clippy::disallowed_methods,
+                reason = "a file on the mount, opened as an application opens it: not a LUN"
+            )]
             let mut f = std::fs::OpenOptions::new()
                 .append(true)
                 .custom_flags(flag)
