@@ -270,7 +270,7 @@ impl Grants {
                 let Some((first, end)) = ctx.prealloc.remove(ino)?.map(|v| v.value()) else {
                     return Ok(0);
                 };
-                data::trim_unwritten_past_eof(ctx, ino, first, end)
+                crate::space::trim_unwritten_past_eof(ctx, ino, first, end)
             })
             .await;
         match trimmed {
@@ -703,7 +703,7 @@ impl Grants {
                 let bs = u64::from(store.block_size());
                 let (first, last) = ((off + bytes_done) / bs, (off + g.len) / bs);
                 store
-                    .write(move |ctx| data::trim_unwritten_past_eof(ctx, ino, first, last))
+                    .write(move |ctx| crate::space::trim_unwritten_past_eof(ctx, ino, first, last))
                     .await?;
                 seq = 0; // that durable commit made the conversion durable too
             }
@@ -843,7 +843,7 @@ impl Grants {
         if let Err(e) = self
             .dp
             .store
-            .write(move |ctx| data::trim_unwritten_past_eof(ctx, ino, first, last))
+            .write(move |ctx| crate::space::trim_unwritten_past_eof(ctx, ino, first, last))
             .await
         {
             tracing::warn!(session = g.session, grant = id, error = %e, "trimming an ended write grant");

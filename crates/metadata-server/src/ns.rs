@@ -15,8 +15,7 @@
 use std::collections::HashMap;
 
 use redb::ReadableTable;
-use sanfs_blockmap::codec;
-use sanfs_blockmap::extent::{Extent, ExtentMap, ExtentState};
+use sanfs_blockmap::extent::Extent;
 use sanfs_proto::model::{
     CreateReply, CreateRequest, DirEntry, EntryRequest, FIRST_DIR_COOKIE, LinkRequest,
     MkdirRequest, MknodRequest, OpenFlags, OpenReply, OpenRequest, ReadDirReply, ReadDirRequest,
@@ -27,13 +26,12 @@ use sanfs_proto::types::{
     Timestamp, XattrMode,
 };
 
+use crate::space;
 use crate::store::records::{InodeRec, kind_code};
-use crate::store::{Ctx, OpError, ROOT, Tables, WriteTables};
+use crate::store::{Ctx, OpError, ROOT, ReaderInodes, Tables, WriteTables};
 
 /// Most hard links to one inode.
 pub const LINK_MAX: u32 = 65000;
-/// Most extents one allocation may be split into.
-const MAX_ALLOC_EXTENTS: usize = 64;
 
 const MAY_READ: u32 = 4;
 const MAY_WRITE: u32 = 2;
@@ -354,12 +352,8 @@ fn remove_entry(
 pub fn destroy_inode(ctx: &mut Ctx<'_>, ino: u64) -> Result<(), OpError> {
     let project = ctx.t.try_inode(ino)?.map(|r| r.project).unwrap_or(0);
     let extents = ctx.t.extents(ino)?;
-    let mut blocks = 0u64;
-    for e in &extents {
-        ctx.free_blocks(e.vol_block, e.len_blocks)?;
-        blocks += e.len_blocks;
-    }
-    crate::quota::apply(ctx, project, -i64::try_from(blocks).unwrap_or(i64::MAX), -1)?;
+    space::release(ctx, project, &extents)?;
+    crate::quota::apply(ctx, project, 0, -1)?;
     // A quota directory going away takes its quota with it.
     ctx.quotas.remove(ino)?;
     ctx.t.extents.remove(ino)?;
@@ -661,29 +655,6 @@ pub fn open_check_only<R: ReaderInodes>(
     Ok(rec.attr(r.inode.0, block_size))
 }
 
-/// Raw inode access for read-side helpers outside the [`Reader`] trait.
-pub trait ReaderInodes {
-    fn inode_rec(&self, ino: u64) -> Result<InodeRec, OpError>;
-    fn extent_map_of(&self, ino: u64) -> Result<ExtentMap, OpError>;
-}
-
-impl<I, D, C, E, X> ReaderInodes for Tables<I, D, C, E, X>
-where
-    I: ReadableTable<u64, &'static [u8]>,
-    D: ReadableTable<(u64, &'static [u8]), (u64, u64, u8)>,
-    C: ReadableTable<(u64, u64), &'static [u8]>,
-    E: ReadableTable<u64, &'static [u8]>,
-    X: ReadableTable<(u64, &'static [u8]), &'static [u8]>,
-{
-    fn inode_rec(&self, ino: u64) -> Result<InodeRec, OpError> {
-        self.inode(ino)
-    }
-
-    fn extent_map_of(&self, ino: u64) -> Result<ExtentMap, OpError> {
-        self.extent_map(ino)
-    }
-}
-
 /// Last close of a handle: an orphan whose last handle this was is destroyed.
 pub fn release_orphan(ctx: &mut Ctx<'_>, ino: u64) -> Result<(), OpError> {
     let orphan = ctx.orphans.get(ino)?.is_some();
@@ -982,33 +953,13 @@ pub fn truncate(ctx: &mut Ctx<'_>, ino: u64, rec: &mut InodeRec, size: u64) -> R
         let first_gone = size.div_ceil(bs);
         let mut map = ctx.t.extent_map(ino)?;
         let gone = map.truncate(first_gone);
-        let mut freed = 0u64;
-        for e in &gone {
-            ctx.free_blocks(e.vol_block, e.len_blocks)?;
-            freed += e.len_blocks;
-        }
-        crate::quota::apply(
-            ctx,
-            rec.project,
-            -i64::try_from(freed).unwrap_or(i64::MAX),
-            0,
-        )?;
+        space::release(ctx, rec.project, &gone)?;
         rec.blocks = map.mapped_blocks();
-        save_extents(&mut ctx.t, ino, &map)?;
+        space::save_extents(&mut ctx.t, ino, &map)?;
     }
     rec.size = size;
     rec.mtime = ctx.now;
     rec.ctime = ctx.now;
-    Ok(())
-}
-
-pub fn save_extents(t: &mut WriteTables<'_>, ino: u64, map: &ExtentMap) -> Result<(), OpError> {
-    if map.is_empty() {
-        t.extents.remove(ino)?;
-    } else {
-        t.extents
-            .insert(ino, codec::encode_extents(&map.to_vec()).as_slice())?;
-    }
     Ok(())
 }
 
@@ -1195,7 +1146,7 @@ pub fn allocate_range(
         return err(FsError::Invalid("zero-length allocation".into()));
     }
     let bs = u64::from(ctx.block_size);
-    let map = allocate_blocks(ctx, ino, &mut rec, offset / bs, end.div_ceil(bs), true)?;
+    let map = space::allocate_blocks(ctx, ino, &mut rec, offset / bs, end.div_ceil(bs), true)?;
     drop(map);
     if !keep_size && end > rec.size {
         rec.size = end;
@@ -1204,178 +1155,4 @@ pub fn allocate_range(
     rec.ctime = ctx.now;
     ctx.t.put_inode(ino, &rec)?;
     Ok(rec.attr(ino, ctx.block_size))
-}
-
-/// Unmaps file blocks `[first, end)` of a regular file (fallocate PUNCH_HOLE; the caller has
-/// zeroed the partial blocks at the range's edges and holds an exclusive lock over it): their
-/// volume blocks are freed and the quota given back; the size stays. Returns the new attributes.
-pub fn punch_blocks(ctx: &mut Ctx<'_>, ino: u64, first: u64, end: u64) -> Result<Attr, OpError> {
-    let mut rec = ctx.t.inode(ino)?;
-    rec.regular()?;
-    if first < end {
-        let mut map = ctx.t.extent_map(ino)?;
-        let gone = map.punch(first, end - first);
-        let mut freed = 0u64;
-        for e in &gone {
-            ctx.free_blocks(e.vol_block, e.len_blocks)?;
-            freed += e.len_blocks;
-        }
-        if freed > 0 {
-            crate::quota::apply(
-                ctx,
-                rec.project,
-                -i64::try_from(freed).unwrap_or(i64::MAX),
-                0,
-            )?;
-            rec.blocks = map.mapped_blocks();
-            save_extents(&mut ctx.t, ino, &map)?;
-        }
-    }
-    rec.mtime = ctx.now;
-    rec.ctime = ctx.now;
-    ctx.t.put_inode(ino, &rec)?;
-    Ok(rec.attr(ino, ctx.block_size))
-}
-
-/// fallocate ZERO_RANGE over bytes `[offset, end)` of a regular file, as XFS does it: every
-/// hole in the blocks the range touches gets Unwritten blocks (so later writes there cannot
-/// fail for space), and the Written blocks wholly inside it become Unwritten, keeping their
-/// volume blocks. The caller has zeroed the partial edge blocks and holds an exclusive lock.
-/// Unless `keep_size`, the file grows to `end`. Nothing changes on ENOSPC or EDQUOT.
-pub fn zero_range(
-    ctx: &mut Ctx<'_>,
-    ino: u64,
-    offset: u64,
-    end: u64,
-    keep_size: bool,
-) -> Result<Attr, OpError> {
-    let mut rec = ctx.t.inode(ino)?;
-    rec.regular()?;
-    if offset >= end {
-        return err(FsError::Invalid("zero-length range".into()));
-    }
-    if end > MAX_FILE_SIZE {
-        return err(FsError::FileTooBig);
-    }
-    let bs = u64::from(ctx.block_size);
-    // The only step that can fail comes first, and changes nothing when it does.
-    let mut map = allocate_blocks(ctx, ino, &mut rec, offset / bs, end.div_ceil(bs), true)?;
-    let (first_full, end_full) = (offset.div_ceil(bs), end / bs);
-    if first_full < end_full {
-        // The Written blocks turned Unwritten keep the file's old bytes on the LUNs: zeroed
-        // like fresh blocks before a client is granted them.
-        let converted: Vec<(u64, u64)> = map
-            .lookup(first_full, end_full - first_full)
-            .into_iter()
-            .filter_map(|p| match p {
-                sanfs_blockmap::extent::Piece::Mapped(e) if e.state == ExtentState::Written => {
-                    Some((e.vol_block, e.len_blocks))
-                }
-                _ => None,
-            })
-            .collect();
-        if map.convert_to_unwritten(first_full, end_full - first_full) > 0 {
-            save_extents(&mut ctx.t, ino, &map)?;
-            for (vb, l) in converted {
-                ctx.mark_unzeroed(vb, l)?;
-            }
-        }
-    }
-    if !keep_size && end > rec.size {
-        rec.size = end;
-    }
-    rec.mtime = ctx.now;
-    rec.ctime = ctx.now;
-    ctx.t.put_inode(ino, &rec)?;
-    Ok(rec.attr(ino, ctx.block_size))
-}
-
-/// Allocates Unwritten extents for every hole in file blocks `[first, last)` of `ino`, saves
-/// the extent map and `rec.blocks` (the caller writes `rec`), and returns the new map. The
-/// caller has checked the file's type and the caller's right to write. Nothing changes if
-/// the space is not there (ENOSPC). With `mark_unzeroed` the new blocks are noted as not
-/// zeroed on the LUNs yet (a client will be granted them: the server zeroes them first, see
-/// `DataPath::zero_fresh`); without, the caller writes every new block whole itself (the
-/// proxied path).
-pub fn allocate_blocks(
-    ctx: &mut Ctx<'_>,
-    ino: u64,
-    rec: &mut InodeRec,
-    first: u64,
-    last: u64,
-    mark_unzeroed: bool,
-) -> Result<ExtentMap, OpError> {
-    let mut map = ctx.t.extent_map(ino)?;
-    if last <= first {
-        return Ok(map);
-    }
-    let holes: Vec<(u64, u64)> = map
-        .lookup(first, last - first)
-        .into_iter()
-        .filter_map(|p| match p {
-            sanfs_blockmap::extent::Piece::Hole {
-                file_block,
-                len_blocks,
-            } => Some((file_block, len_blocks)),
-            _ => None,
-        })
-        .collect();
-    if holes.is_empty() {
-        return Ok(map);
-    }
-    let wanted: u64 = holes.iter().map(|(_, l)| l).sum();
-    crate::quota::check(ctx, rec.project, wanted, 0)?;
-    if wanted > ctx.st.alloc.free_blocks() {
-        return err(FsError::NoSpace);
-    }
-    // From here on the change happens; an allocator refusal part way (fragmentation) is
-    // reported as ENOSPC after undoing what this call took.
-    let mut taken: Vec<(u64, u64)> = Vec::new();
-    let mut hint = map
-        .iter()
-        .rev()
-        .find(|e| e.file_block < first)
-        .and_then(|e| e.checked_vol_end());
-    let mut new_extents = Vec::new();
-    for (file_block, len_blocks) in holes {
-        match ctx.st.alloc.allocate(len_blocks, hint, MAX_ALLOC_EXTENTS) {
-            Ok(a) => {
-                let mut fb = file_block;
-                for (vb, l) in &a.extents {
-                    new_extents.push(Extent {
-                        file_block: fb,
-                        vol_block: *vb,
-                        len_blocks: *l,
-                        state: ExtentState::Unwritten,
-                    });
-                    taken.push((*vb, *l));
-                    fb += l;
-                }
-                hint = a.extents.last().map(|(vb, l)| vb + l);
-                ctx.apply_free_delta(&a.delta)?;
-            }
-            Err(_) => {
-                for (vb, l) in taken {
-                    ctx.free_blocks(vb, l)?;
-                }
-                return err(FsError::NoSpace);
-            }
-        }
-    }
-    for e in new_extents {
-        if mark_unzeroed {
-            ctx.mark_unzeroed(e.vol_block, e.len_blocks)?;
-        }
-        map.insert(e)
-            .map_err(|e| OpError::Store(format!("inserting an allocated extent: {e}")))?;
-    }
-    rec.blocks = map.mapped_blocks();
-    save_extents(&mut ctx.t, ino, &map)?;
-    crate::quota::apply(
-        ctx,
-        rec.project,
-        i64::try_from(wanted).unwrap_or(i64::MAX),
-        0,
-    )?;
-    Ok(map)
 }

@@ -381,7 +381,7 @@ pub trait SizeOf {
     fn getattr_size(&self, ino: u64) -> Result<u64, crate::store::OpError>;
 }
 
-impl<T: crate::ns::ReaderInodes> SizeOf for T {
+impl<T: crate::store::ReaderInodes> SizeOf for T {
     fn getattr_size(&self, ino: u64) -> Result<u64, crate::store::OpError> {
         let rec = self.inode_rec(ino)?;
         rec.regular()?;

@@ -2,6 +2,7 @@
 //! Complete is 3 -> 4), the proxied path (Read, Write), fallocate, extents and fsync.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use sanfs_blockmap::extent::Extent;
 use sanfs_proto::model::{
@@ -96,12 +97,12 @@ impl Server {
         }
         match mode {
             FallocateMode::PunchHole => {
-                self.write(move |ctx| crate::ns::punch_blocks(ctx, ino, first_full, end_full))
+                self.write(move |ctx| crate::space::punch_blocks(ctx, ino, first_full, end_full))
                     .await
             }
             _ => {
                 let attr = self
-                    .write(move |ctx| crate::ns::zero_range(ctx, ino, offset, end, keep_size))
+                    .write(move |ctx| crate::space::zero_range(ctx, ino, offset, end, keep_size))
                     .await?;
                 // Its fresh and converted blocks are zeroed on the LUNs before a write grant
                 // can hand them out (still under the lock).
@@ -457,7 +458,11 @@ impl Data for DataService {
                 .read(req.inode.0, req.range.offset(), req.range.len())
                 .await
                 .map_err(|e| fs_status(&e))?;
-            crate::metrics::count_proxied(&self.server, "read", data.len() as u64);
+            self.server
+                .grants
+                .stats
+                .proxied_read_bytes
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
             Ok(ReadReply { data, eof }.into())
         })
         .await
@@ -486,7 +491,11 @@ impl Data for DataService {
                 .write(req.inode.0, pos, req.data, req.sync, req.cred.is_root())
                 .await
                 .map_err(|e| fs_status(&e))?;
-            crate::metrics::count_proxied(&self.server, "write", len);
+            self.server
+                .grants
+                .stats
+                .proxied_write_bytes
+                .fetch_add(len, Ordering::Relaxed);
             let written = ByteRange::new(off, len)
                 .map_err(|e| fs_status(&FsError::Invalid(e.to_string())))?;
             Ok(WriteReply { written, attr }.into())

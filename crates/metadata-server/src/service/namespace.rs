@@ -193,10 +193,8 @@ impl Server {
             name_max: u32::try_from(NAME_MAX).unwrap_or(255),
         };
         // Inside a directory quota, df shows the quota (what a CSI volume's user expects).
-        if let Some((_, q)) = self
-            .store
-            .quota_of(req.inode.0)
-            .map_err(|e| fs_status(&e))?
+        if let Some((_, q)) =
+            crate::quota::quota_of(&self.store, req.inode.0).map_err(|e| fs_status(&e))?
         {
             if let Some(limit) = q.limit_bytes {
                 let total = limit / u64::from(bs);

@@ -18,7 +18,6 @@
 pub mod backend;
 pub mod records;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -34,6 +33,7 @@ use sanfs_proto::types::{FileType, FsError, Timestamp};
 use uuid::Uuid;
 
 use crate::clock::Clock;
+use crate::handles::Handles;
 use backend::{BlockDeviceBackend, SimDisk};
 use records::{InodeRec, STORE_FORMAT_VERSION, Superblock};
 
@@ -330,6 +330,30 @@ where
     }
 }
 
+/// Raw inode and extent access on any view of the tables, for read-side helpers that take a
+/// snapshot or a write context alike.
+pub trait ReaderInodes {
+    fn inode_rec(&self, ino: u64) -> Result<InodeRec, OpError>;
+    fn extent_map_of(&self, ino: u64) -> Result<sanfs_blockmap::extent::ExtentMap, OpError>;
+}
+
+impl<I, D, C, E, X> ReaderInodes for Tables<I, D, C, E, X>
+where
+    I: ReadableTable<u64, &'static [u8]>,
+    D: ReadableTable<(u64, &'static [u8]), (u64, u64, u8)>,
+    C: ReadableTable<(u64, u64), &'static [u8]>,
+    E: ReadableTable<u64, &'static [u8]>,
+    X: ReadableTable<(u64, &'static [u8]), &'static [u8]>,
+{
+    fn inode_rec(&self, ino: u64) -> Result<InodeRec, OpError> {
+        self.inode(ino)
+    }
+
+    fn extent_map_of(&self, ino: u64) -> Result<sanfs_blockmap::extent::ExtentMap, OpError> {
+        self.extent_map(ino)
+    }
+}
+
 impl WriteTables<'_> {
     pub fn put_inode(&mut self, ino: u64, rec: &InodeRec) -> Result<(), OpError> {
         self.inodes.insert(ino, rec.encode().as_slice())?;
@@ -346,59 +370,6 @@ pub struct State {
     pub handles: Arc<Mutex<Handles>>,
     /// Blocks free and inodes in use, published after each commit for statfs.
     pub usage: Arc<Usage>,
-}
-
-/// Open file handles: which inode each names, and how many are open per inode (an inode
-/// with no links left lives on as an orphan until its last handle is released).
-#[derive(Debug, Default)]
-pub struct Handles {
-    pub next: u64,
-    pub by_handle: HashMap<u64, OpenFile>,
-    pub open_count: HashMap<u64, u32>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OpenFile {
-    pub ino: u64,
-    pub session: u64,
-    pub write: bool,
-}
-
-impl Handles {
-    pub fn open(&mut self, ino: u64, session: u64, write: bool) -> u64 {
-        self.next += 1;
-        let h = self.next;
-        self.by_handle.insert(
-            h,
-            OpenFile {
-                ino,
-                session,
-                write,
-            },
-        );
-        *self.open_count.entry(ino).or_insert(0) += 1;
-        h
-    }
-
-    /// Forgets a handle; returns its file and whether that was the inode's last handle.
-    pub fn release(&mut self, handle: u64) -> Option<(OpenFile, bool)> {
-        let f = self.by_handle.remove(&handle)?;
-        let last = match self.open_count.get_mut(&f.ino) {
-            Some(n) if *n > 1 => {
-                *n -= 1;
-                false
-            }
-            _ => {
-                self.open_count.remove(&f.ino);
-                true
-            }
-        };
-        Some((f, last))
-    }
-
-    pub fn is_open(&self, ino: u64) -> bool {
-        self.open_count.contains_key(&ino)
-    }
 }
 
 /// Space and inode usage for statfs, published by the committer after every commit.
@@ -719,20 +690,13 @@ impl Store {
         Ok(())
     }
 
-    /// Opens an existing store and starts its committer. Orphans left by a crash are reaped
-    /// and preallocations trimmed ([`Store::recover_after_restart`]). A store not shut down
-    /// cleanly is repaired by redb on the way; a damaged one on which the storage library
-    /// fails is refused with [`StoreError::Damaged`], never a panic.
-    pub fn open(backend: &Backend, clock: Clock, batch_max: usize) -> Result<Store, StoreError> {
-        let store = Store::open_deferring_recovery(backend, clock, batch_max)?;
-        store.recover_after_restart()?;
-        Ok(store)
-    }
-
-    /// [`Store::open`] without the recovery that frees space: the server runs
-    /// [`Store::recover_after_restart`] once the reclaim window is over, because agents
-    /// replay completions into blocks that it would free (Unwritten blocks past a size that
-    /// went back with a lost lazy commit).
+    /// Opens an existing store and starts its committer, without the recovery that frees
+    /// space: that is namespace work, done by the `recovery` module (`Store::open` opens and
+    /// recovers; the server runs the recovery once the reclaim window is over, because agents
+    /// replay completions into blocks that it would free: Unwritten blocks past a size that
+    /// went back with a lost lazy commit). A store not shut down cleanly is repaired by redb
+    /// on the way; a damaged one on which the storage library fails is refused with
+    /// [`StoreError::Damaged`], never a panic.
     pub fn open_deferring_recovery(
         backend: &Backend,
         clock: Clock,
@@ -811,14 +775,6 @@ impl Store {
         Ok(store)
     }
 
-    /// The recovery of a start that frees space: inodes unlinked while open are reaped, and
-    /// preallocations trimmed past their files' ends (no handle survives a restart).
-    /// Idempotent. Blocking.
-    pub fn recover_after_restart(&self) -> Result<(), StoreError> {
-        self.reap_orphans()?;
-        self.trim_preallocations()
-    }
-
     /// The (epoch, number) of the last commit of an earlier run that survived the last stop:
     /// a commit `(e, n)` of epoch `e == survived.0` with `n <= survived.1` is durable.
     pub fn survived(&self) -> (u64, u64) {
@@ -852,25 +808,6 @@ impl Store {
         })
     }
 
-    fn reap_orphans(&self) -> Result<(), StoreError> {
-        let orphans: Vec<u64> = {
-            let r = self.database()?.begin_read()?;
-            let t = r.open_table(ORPHANS)?;
-            t.iter()?
-                .map(|e| e.map(|(k, _)| k.value()))
-                .collect::<Result<_, _>>()?
-        };
-        for ino in orphans {
-            tracing::info!(
-                ino,
-                "reaping an inode unlinked while open before the last stop"
-            );
-            self.write_blocking(move |ctx| crate::ns::destroy_inode(ctx, ino))
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        }
-        Ok(())
-    }
-
     /// This start's epoch: one more than the last start's, durably. Grants and sessions carry
     /// it, so that nothing issued before a restart is honoured after it.
     pub fn boot_epoch(&self) -> u64 {
@@ -890,56 +827,6 @@ impl Store {
             Ok(())
         })
         .await
-    }
-
-    /// No handle survives a restart: every speculative preallocation left by the last run is
-    /// trimmed past its file's end.
-    fn trim_preallocations(&self) -> Result<(), StoreError> {
-        let freed = self
-            .write_blocking(|ctx| {
-                let mut all = Vec::new();
-                for item in ctx.prealloc.iter()? {
-                    let (k, v) = item?;
-                    all.push((k.value(), v.value()));
-                }
-                let mut freed = 0;
-                for (ino, (first, end)) in all {
-                    ctx.prealloc.remove(ino)?;
-                    freed += crate::data::trim_unwritten_past_eof(ctx, ino, first, end)?;
-                }
-                Ok(freed)
-            })
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        if freed > 0 {
-            tracing::info!(blocks = freed, "trimmed preallocation left by the last run");
-        }
-        Ok(())
-    }
-
-    /// The quota an inode is charged to, with its limits and usage (for statfs inside it and
-    /// GetQuota): `(quota directory, row)`; a quota directory is its own quota.
-    pub fn quota_of(&self, ino: u64) -> Result<Option<(u64, crate::quota::QuotaRow)>, FsError> {
-        self.read(|t| {
-            let rec = t.inode(ino)?;
-            let r = self.database()?.begin_read()?;
-            let quotas = match r.open_table(QUOTAS) {
-                Ok(q) => q,
-                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-                Err(e) => return Err(e.into()),
-            };
-            for project in [ino, rec.project] {
-                if project == 0 {
-                    continue;
-                }
-                if let Some(v) = quotas.get(project)? {
-                    return Ok(Some((
-                        project,
-                        crate::quota::QuotaRow::from_tuple(v.value()),
-                    )));
-                }
-            }
-            Ok(None)
-        })
     }
 
     pub fn superblock(&self) -> &Superblock {
@@ -1086,6 +973,27 @@ impl Store {
             .unwrap_or_else(|_| Err(self.shared.poison_error()))
     }
 
+    /// Runs `f` on a read transaction over every acknowledged change, for the tables that
+    /// [`Store::read`] does not open (a table that may not exist yet must be opened with
+    /// [`open_if_exists`]).
+    pub fn snapshot<R>(
+        &self,
+        f: impl FnOnce(&redb::ReadTransaction) -> Result<R, OpError>,
+    ) -> Result<R, FsError> {
+        if self.poisoned() {
+            return Err(self.shared.poison_error());
+        }
+        let run = || -> Result<R, OpError> { f(&self.database()?.begin_read()?) };
+        match run() {
+            Ok(v) => Ok(v),
+            Err(OpError::Fs(e)) => Err(e),
+            Err(OpError::Store(why)) => {
+                self.shared.poison(why.clone());
+                Err(FsError::Io(format!("metadata store: {why}")))
+            }
+        }
+    }
+
     /// Runs `f` on a consistent snapshot of every acknowledged change.
     pub fn read<R>(&self, f: impl FnOnce(&ReadTables) -> Result<R, OpError>) -> Result<R, FsError> {
         if self.poisoned() {
@@ -1093,14 +1001,7 @@ impl Store {
         }
         let run = || -> Result<R, OpError> {
             let r = self.database()?.begin_read()?;
-            let t = Tables {
-                inodes: r.open_table(INODES)?,
-                dirents: r.open_table(DIRENTS)?,
-                cookies: r.open_table(COOKIES)?,
-                extents: r.open_table(EXTENTS)?,
-                xattrs: r.open_table(XATTRS)?,
-            };
-            f(&t)
+            f(&read_tables(&r)?)
         };
         match run() {
             Ok(v) => Ok(v),
@@ -1188,6 +1089,29 @@ impl Store {
 impl Drop for Store {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// The namespace tables of a read transaction.
+pub fn read_tables(r: &redb::ReadTransaction) -> Result<ReadTables, OpError> {
+    Ok(Tables {
+        inodes: r.open_table(INODES)?,
+        dirents: r.open_table(DIRENTS)?,
+        cookies: r.open_table(COOKIES)?,
+        extents: r.open_table(EXTENTS)?,
+        xattrs: r.open_table(XATTRS)?,
+    })
+}
+
+/// Table `def` in a read transaction, or `None` in a store that never had it.
+pub fn open_if_exists<K: redb::Key + 'static, V: redb::Value + 'static>(
+    r: &redb::ReadTransaction,
+    def: TableDefinition<'_, K, V>,
+) -> Result<Option<ReadOnlyTable<K, V>>, OpError> {
+    match r.open_table(def) {
+        Ok(t) => Ok(Some(t)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -326,16 +326,17 @@ pub(crate) fn apply(store: &Store, op: &Op) -> Result<(), FsError> {
         } => store.write_blocking(move |ctx| {
             ns::allocate_range(ctx, &cred(), ino, offset, len, keep_size).map(drop)
         }),
-        Op::Punch { ino, first, end } => {
-            store.write_blocking(move |ctx| ns::punch_blocks(ctx, ino, first, end).map(drop))
-        }
+        Op::Punch { ino, first, end } => store.write_blocking(move |ctx| {
+            sanfs_mds::space::punch_blocks(ctx, ino, first, end).map(drop)
+        }),
         Op::ZeroRange {
             ino,
             offset,
             end,
             keep_size,
-        } => store
-            .write_blocking(move |ctx| ns::zero_range(ctx, ino, offset, end, keep_size).map(drop)),
+        } => store.write_blocking(move |ctx| {
+            sanfs_mds::space::zero_range(ctx, ino, offset, end, keep_size).map(drop)
+        }),
     }
 }
 

@@ -8,9 +8,11 @@ use std::time::{Duration, Instant};
 
 use sanfs_blockmap::plan::phys_runs;
 use sanfs_mds::clock::Clock;
-use sanfs_mds::data::{Mapped, complete_write, map_write, trim_unwritten_past_eof};
-use sanfs_mds::ns::{Reader, ReaderInodes};
+use sanfs_mds::data::{Mapped, complete_write, map_write};
+use sanfs_mds::ns::Reader;
 use sanfs_mds::reclaim::replay_write;
+use sanfs_mds::space::trim_unwritten_past_eof;
+use sanfs_mds::store::ReaderInodes;
 use sanfs_mds::store::backend::{FaultPlan, SimDisk};
 use sanfs_mds::store::{Backend, LAZY_SYNC_AFTER, Store};
 use sanfs_proto::model::{ReplayOutcome, ReplayRecord, ReplayRun};

@@ -243,7 +243,7 @@ fn preallocation_stops_at_the_largest_file_size_and_fsck_checks_it() {
             let last = ext.last_mut().unwrap();
             last.file_block = max_end_block;
             let map = ExtentMap::from_extents(ext).unwrap();
-            ns::save_extents(&mut ctx.t, ino, &map)
+            sanfs_mds::space::save_extents(&mut ctx.t, ino, &map)
         })
         .unwrap();
     store.close();
