@@ -229,7 +229,7 @@ pub fn create(ctx: &mut Ctx<'_>, r: &CreateRequest) -> Result<CreateReply, OpErr
     })
 }
 
-/// Open; a write job only when it truncates (otherwise [`open_read`] on a snapshot).
+/// Open; a write job only when it truncates (otherwise [`open_check_only`] on a snapshot).
 pub fn open(ctx: &mut Ctx<'_>, r: &OpenRequest) -> Result<OpenReply, OpError> {
     let mut rec = ctx.t.inode(r.inode.0)?;
     open_check(&r.cred, &rec, &r.flags)?;
