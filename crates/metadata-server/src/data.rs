@@ -9,7 +9,7 @@
 use redb::ReadableTable;
 use sanfs_blockmap::plan::{IoPlan, PlanMethod, PlanOp, plan};
 use sanfs_blockmap::volume::Volume;
-use sanfs_proto::types::{Attr, FileType, FsError, MAX_FILE_SIZE};
+use sanfs_proto::types::{Attr, FileType, FsError, InodeId, MAX_FILE_SIZE};
 
 use crate::space::{allocate_blocks, save_extents};
 use crate::store::{Ctx, OpError, ReaderInodes};
@@ -54,7 +54,7 @@ fn plan_error(e: sanfs_blockmap::plan::PlanError) -> OpError {
 pub fn map_write(
     ctx: &mut Ctx<'_>,
     volume: &Volume,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     len: u64,
 ) -> Result<Mapped, OpError> {
@@ -80,7 +80,7 @@ pub fn speculative_blocks(file_end_block: u64, block_size: u32, free_blocks: u64
 pub fn map_write_ahead(
     ctx: &mut Ctx<'_>,
     volume: &Volume,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     len: u64,
     ahead_blocks: u64,
@@ -93,7 +93,7 @@ pub fn map_write_ahead(
 fn map_write_blocks(
     ctx: &mut Ctx<'_>,
     volume: &Volume,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     len: u64,
     ahead_blocks: u64,
@@ -105,15 +105,15 @@ fn map_write_blocks(
         .checked_add(len)
         .filter(|e| *e <= MAX_FILE_SIZE)
         .ok_or(OpError::Fs(FsError::FileTooBig))?;
-    let mut rec = ctx.t.inode(ino)?;
+    let mut rec = ctx.t.inode(ino.0)?;
     rec.regular()?;
-    if rec.nlink == 0 && ctx.orphans.get(ino)?.is_none() {
+    if rec.nlink == 0 && ctx.orphans.get(ino.0)?.is_none() {
         return err(FsError::Stale);
     }
     let bs = u64::from(ctx.block_size);
     let blocks_before = rec.blocks;
     let sequential = {
-        let map = ctx.t.extent_map(ino)?;
+        let map = ctx.t.extent_map(ino.0)?;
         offset / bs >= map.end_block()
     };
     // Never ahead past the largest file size: no extent may lie there.
@@ -133,7 +133,7 @@ fn map_write_blocks(
     };
     if rec.blocks != blocks_before {
         rec.ctime = ctx.now;
-        ctx.t.put_inode(ino, &rec)?;
+        ctx.t.put_inode(ino.0, &rec)?;
     }
     let plan = plan(
         PlanOp::Write,
@@ -151,11 +151,11 @@ fn map_write_blocks(
     };
     if ahead > 0 {
         // Recorded durably with the allocation, so that a crash cannot leak it.
-        let merged = match ctx.prealloc.get(ino)?.map(|v| v.value()) {
+        let merged = match ctx.prealloc.get(ino.0)?.map(|v| v.value()) {
             Some((first, last)) => (first.min(ahead_range.0), last.max(ahead_range.1)),
             None => ahead_range,
         };
-        ctx.prealloc.insert(ino, merged)?;
+        ctx.prealloc.insert(ino.0, merged)?;
     }
     Ok((
         Mapped {
@@ -175,17 +175,17 @@ pub fn plan_allocated_write<T: ReaderInodes>(
     t: &T,
     volume: &Volume,
     block_size: u32,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     len: u64,
 ) -> Result<Option<Mapped>, OpError> {
     aligned(offset, len, block_size)?;
     let len = len.min(MAX_GRANT_BYTES);
-    let rec = t.inode_rec(ino)?;
+    let rec = t.inode_rec(ino.0)?;
     if rec.kind != FileType::Regular || rec.nlink == 0 {
         return Ok(None);
     }
-    let map = t.extent_map_of(ino)?;
+    let map = t.extent_map_of(ino.0)?;
     let bs = u64::from(block_size);
     let holes = map
         .lookup(offset / bs, len / bs)
@@ -219,7 +219,7 @@ pub fn map_read<T: ReaderInodes>(
     t: &T,
     volume: &Volume,
     block_size: u32,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     len: u64,
 ) -> Result<Mapped, OpError> {
@@ -232,7 +232,7 @@ pub fn map_read_unclipped<T: ReaderInodes>(
     t: &T,
     volume: &Volume,
     block_size: u32,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     len: u64,
 ) -> Result<Mapped, OpError> {
@@ -243,13 +243,13 @@ fn map_read_clipped<T: ReaderInodes>(
     t: &T,
     volume: &Volume,
     block_size: u32,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     len: u64,
     clip: bool,
 ) -> Result<Mapped, OpError> {
     aligned(offset, len, block_size)?;
-    let rec = t.inode_rec(ino)?;
+    let rec = t.inode_rec(ino.0)?;
     rec.regular()?;
     let bs = u64::from(block_size);
     let eof = rec.size.div_ceil(bs) * bs;
@@ -266,7 +266,7 @@ fn map_read_clipped<T: ReaderInodes>(
             file_size: rec.size,
         });
     }
-    let map = t.extent_map_of(ino)?;
+    let map = t.extent_map_of(ino.0)?;
     let plan = plan(
         PlanOp::Read,
         offset,
@@ -291,7 +291,7 @@ fn map_read_clipped<T: ReaderInodes>(
 /// changes: the blocks stay Unwritten and read as zeros.
 pub fn complete_write(
     ctx: &mut Ctx<'_>,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     bytes_done: u64,
     writer_is_root: bool,
@@ -305,22 +305,22 @@ pub fn complete_write(
 /// unaligned application data): the size grows to at most `data_end`.
 pub fn complete_write_to(
     ctx: &mut Ctx<'_>,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     bytes_done: u64,
     data_end: u64,
     writer_is_root: bool,
 ) -> Result<Attr, OpError> {
-    let mut rec = ctx.t.inode(ino)?;
+    let mut rec = ctx.t.inode(ino.0)?;
     if bytes_done == 0 {
-        return Ok(rec.attr(ino, ctx.block_size));
+        return Ok(rec.attr(ino.0, ctx.block_size));
     }
     let bs = u64::from(ctx.block_size);
     let end = offset
         .checked_add(bytes_done)
         .filter(|e| *e <= MAX_FILE_SIZE)
         .ok_or(OpError::Fs(FsError::FileTooBig))?;
-    let mut map = ctx.t.extent_map(ino)?;
+    let mut map = ctx.t.extent_map(ino.0)?;
     // Only whole blocks were written with certainty; a torn last block stays Unwritten.
     let first = offset / bs;
     let whole = end / bs;
@@ -340,6 +340,6 @@ pub fn complete_write_to(
             rec.perm &= !0o2000;
         }
     }
-    ctx.t.put_inode(ino, &rec)?;
-    Ok(rec.attr(ino, ctx.block_size))
+    ctx.t.put_inode(ino.0, &rec)?;
+    Ok(rec.attr(ino.0, ctx.block_size))
 }

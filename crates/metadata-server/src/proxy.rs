@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sanfs_blockmap::plan::IoPlan;
-use sanfs_proto::types::{Attr, FsError};
+use sanfs_proto::types::{Attr, FsError, InodeId};
 
 use crate::data::{self, Mapped};
 use crate::datadev::DataDevices;
@@ -202,7 +202,7 @@ impl DataPath {
         // Planned as if the file were as long as the span; bytes past `size` are zeroed below.
         let mapped = self
             .store
-            .read(|t| data::map_read_unclipped(t, &vol, bs, ino, off, len))?;
+            .read(|t| data::map_read_unclipped(t, &vol, bs, InodeId(ino), off, len))?;
         let mut buf = self.read_plan(mapped.plan).await?;
         if size < off + len {
             let from = usize::try_from(size.saturating_sub(off)).map_err(|_| FsError::Range)?;
@@ -237,7 +237,7 @@ impl DataPath {
         let vol = self.store.volume().clone();
         let mapped = self
             .store
-            .read(|t| data::map_read_unclipped(t, &vol, bsz, ino, block, bs))?;
+            .read(|t| data::map_read_unclipped(t, &vol, bsz, InodeId(ino), block, bs))?;
         if mapped.plan.device_ios.is_empty() {
             return Ok(());
         }
@@ -274,7 +274,7 @@ impl DataPath {
             ..
         } = self
             .store
-            .read(|t| data::map_read(t, &vol, bsz, ino, a, b - a))?;
+            .read(|t| data::map_read(t, &vol, bsz, InodeId(ino), a, b - a))?;
         if span == 0 || off >= file_size {
             return Ok((Vec::new(), true));
         }
@@ -352,7 +352,7 @@ impl DataPath {
         let vol = self.store.volume().clone();
         let mapped = self
             .store
-            .write_lazy(move |ctx| data::map_write(ctx, &vol, ino, a, b - a))
+            .write_lazy(move |ctx| data::map_write(ctx, &vol, InodeId(ino), a, b - a))
             .await?;
         if mapped.len != b - a {
             return Err(FsError::Invalid(format!(
@@ -370,7 +370,9 @@ impl DataPath {
         // bonnie++'s 8 KiB writes run at tens of writes a second.
         let attr = self
             .store
-            .write(move |ctx| data::complete_write_to(ctx, ino, a, b - a, end, writer_is_root))
+            .write(move |ctx| {
+                data::complete_write_to(ctx, InodeId(ino), a, b - a, end, writer_is_root)
+            })
             .await?;
         Ok((off, attr))
     }

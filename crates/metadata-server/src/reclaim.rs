@@ -30,7 +30,7 @@ use std::sync::Mutex;
 use sanfs_blockmap::plan::{PhysRun, PlanMethod, PlanOp, merge_runs, phys_runs, plan};
 use sanfs_blockmap::volume::Volume;
 use sanfs_proto::model::{ReplayOutcome, ReplayRecord};
-use sanfs_proto::types::FileType;
+use sanfs_proto::types::{FileType, InodeId};
 use tokio::sync::watch;
 
 use crate::store::{Ctx, OpError};
@@ -154,7 +154,7 @@ pub fn replay_write(
         return refused("the file maps other blocks there now".into());
     }
     // As a completion by a non-root writer: set-id bits go, as the lost commit did.
-    crate::data::complete_write(ctx, ino, offset, len, false)?;
+    crate::data::complete_write(ctx, InodeId(ino), offset, len, false)?;
     Ok((ReplayOutcome::Replayed, None))
 }
 

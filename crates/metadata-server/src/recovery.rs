@@ -8,6 +8,7 @@
 //! blocks that it would free); tools and tests open and recover at once with [`Store::open`].
 
 use redb::ReadableTable;
+use sanfs_proto::types::InodeId;
 
 use crate::clock::Clock;
 use crate::store::{Backend, ORPHANS, Store, StoreError};
@@ -55,7 +56,7 @@ fn reap_orphans(store: &Store) -> Result<(), StoreError> {
             "reaping an inode unlinked while open before the last stop"
         );
         store
-            .write_blocking(move |ctx| crate::ns::destroy_inode(ctx, ino))
+            .write_blocking(move |ctx| crate::ns::destroy_inode(ctx, InodeId(ino)))
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
     }
     Ok(())
@@ -74,7 +75,7 @@ fn trim_preallocations(store: &Store) -> Result<(), StoreError> {
             let mut freed = 0;
             for (ino, (first, end)) in all {
                 ctx.prealloc.remove(ino)?;
-                freed += crate::space::trim_unwritten_past_eof(ctx, ino, first, end)?;
+                freed += crate::space::trim_unwritten_past_eof(ctx, InodeId(ino), first, end)?;
             }
             Ok(freed)
         })

@@ -9,7 +9,7 @@
 
 use sanfs_blockmap::codec;
 use sanfs_blockmap::extent::{Extent, ExtentMap, ExtentState, Piece};
-use sanfs_proto::types::{Attr, FsError, MAX_FILE_SIZE};
+use sanfs_proto::types::{Attr, FsError, InodeId, MAX_FILE_SIZE};
 
 use crate::quota;
 use crate::store::records::InodeRec;
@@ -34,12 +34,12 @@ pub fn release(ctx: &mut Ctx<'_>, project: u64, extents: &[Extent]) -> Result<u6
     Ok(freed)
 }
 
-pub fn save_extents(t: &mut WriteTables<'_>, ino: u64, map: &ExtentMap) -> Result<(), OpError> {
+pub fn save_extents(t: &mut WriteTables<'_>, ino: InodeId, map: &ExtentMap) -> Result<(), OpError> {
     if map.is_empty() {
-        t.extents.remove(ino)?;
+        t.extents.remove(ino.0)?;
     } else {
         t.extents
-            .insert(ino, codec::encode_extents(&map.to_vec()).as_slice())?;
+            .insert(ino.0, codec::encode_extents(&map.to_vec()).as_slice())?;
     }
     Ok(())
 }
@@ -53,13 +53,13 @@ pub fn save_extents(t: &mut WriteTables<'_>, ino: u64, map: &ExtentMap) -> Resul
 /// proxied path).
 pub fn allocate_blocks(
     ctx: &mut Ctx<'_>,
-    ino: u64,
+    ino: InodeId,
     rec: &mut InodeRec,
     first: u64,
     last: u64,
     mark_unzeroed: bool,
 ) -> Result<ExtentMap, OpError> {
-    let mut map = ctx.t.extent_map(ino)?;
+    let mut map = ctx.t.extent_map(ino.0)?;
     if last <= first {
         return Ok(map);
     }
@@ -137,11 +137,16 @@ pub fn allocate_blocks(
 /// Unmaps file blocks `[first, end)` of a regular file (fallocate PUNCH_HOLE; the caller has
 /// zeroed the partial blocks at the range's edges and holds an exclusive lock over it): their
 /// volume blocks are freed and the quota given back; the size stays. Returns the new attributes.
-pub fn punch_blocks(ctx: &mut Ctx<'_>, ino: u64, first: u64, end: u64) -> Result<Attr, OpError> {
-    let mut rec = ctx.t.inode(ino)?;
+pub fn punch_blocks(
+    ctx: &mut Ctx<'_>,
+    ino: InodeId,
+    first: u64,
+    end: u64,
+) -> Result<Attr, OpError> {
+    let mut rec = ctx.t.inode(ino.0)?;
     rec.regular()?;
     if first < end {
-        let mut map = ctx.t.extent_map(ino)?;
+        let mut map = ctx.t.extent_map(ino.0)?;
         let gone = map.punch(first, end - first);
         if release(ctx, rec.project, &gone)? > 0 {
             rec.blocks = map.mapped_blocks();
@@ -150,8 +155,8 @@ pub fn punch_blocks(ctx: &mut Ctx<'_>, ino: u64, first: u64, end: u64) -> Result
     }
     rec.mtime = ctx.now;
     rec.ctime = ctx.now;
-    ctx.t.put_inode(ino, &rec)?;
-    Ok(rec.attr(ino, ctx.block_size))
+    ctx.t.put_inode(ino.0, &rec)?;
+    Ok(rec.attr(ino.0, ctx.block_size))
 }
 
 /// fallocate ZERO_RANGE over bytes `[offset, end)` of a regular file, as XFS does it: every
@@ -161,12 +166,12 @@ pub fn punch_blocks(ctx: &mut Ctx<'_>, ino: u64, first: u64, end: u64) -> Result
 /// Unless `keep_size`, the file grows to `end`. Nothing changes on ENOSPC or EDQUOT.
 pub fn zero_range(
     ctx: &mut Ctx<'_>,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     end: u64,
     keep_size: bool,
 ) -> Result<Attr, OpError> {
-    let mut rec = ctx.t.inode(ino)?;
+    let mut rec = ctx.t.inode(ino.0)?;
     rec.regular()?;
     if offset >= end {
         return err(FsError::Invalid("zero-length range".into()));
@@ -203,8 +208,8 @@ pub fn zero_range(
     }
     rec.mtime = ctx.now;
     rec.ctime = ctx.now;
-    ctx.t.put_inode(ino, &rec)?;
-    Ok(rec.attr(ino, ctx.block_size))
+    ctx.t.put_inode(ino.0, &rec)?;
+    Ok(rec.attr(ino.0, ctx.block_size))
 }
 
 /// Frees the Unwritten blocks of file blocks `[first, last)` that lie wholly past the end of
@@ -213,11 +218,11 @@ pub fn zero_range(
 /// are left alone (inside the file, Unwritten blocks read as zeros, as they must).
 pub fn trim_unwritten_past_eof(
     ctx: &mut Ctx<'_>,
-    ino: u64,
+    ino: InodeId,
     first: u64,
     last: u64,
 ) -> Result<u64, OpError> {
-    let Some(mut rec) = ctx.t.try_inode(ino)? else {
+    let Some(mut rec) = ctx.t.try_inode(ino.0)? else {
         return Ok(0); // the file is gone: its blocks went with it
     };
     let bs = u64::from(ctx.block_size);
@@ -225,7 +230,7 @@ pub fn trim_unwritten_past_eof(
     if last <= first {
         return Ok(0);
     }
-    let mut map = ctx.t.extent_map(ino)?;
+    let mut map = ctx.t.extent_map(ino.0)?;
     let unwritten: Vec<(u64, u64)> = map
         .lookup(first, last - first)
         .into_iter()
@@ -244,7 +249,7 @@ pub fn trim_unwritten_past_eof(
     if freed > 0 {
         rec.blocks = map.mapped_blocks();
         save_extents(&mut ctx.t, ino, &map)?;
-        ctx.t.put_inode(ino, &rec)?;
+        ctx.t.put_inode(ino.0, &rec)?;
     }
     Ok(freed)
 }

@@ -9,14 +9,19 @@ use super::*;
 /// the last block; the proxied path must zero from the old end of file to the block end
 /// before a later extension exposes them (XFS zeroes at truncate). Until the server does
 /// device I/O, reads past EOF are never served, and an extension reads the tail as stale.
-pub fn truncate(ctx: &mut Ctx<'_>, ino: u64, rec: &mut InodeRec, size: u64) -> Result<(), OpError> {
+pub fn truncate(
+    ctx: &mut Ctx<'_>,
+    ino: InodeId,
+    rec: &mut InodeRec,
+    size: u64,
+) -> Result<(), OpError> {
     if size > MAX_FILE_SIZE {
         return err(FsError::FileTooBig);
     }
     let bs = u64::from(ctx.block_size);
     if size < rec.size {
         let first_gone = size.div_ceil(bs);
-        let mut map = ctx.t.extent_map(ino)?;
+        let mut map = ctx.t.extent_map(ino.0)?;
         let gone = map.truncate(first_gone);
         space::release(ctx, rec.project, &gone)?;
         rec.blocks = map.mapped_blocks();
@@ -113,7 +118,7 @@ pub fn setattr(ctx: &mut Ctx<'_>, r: &SetAttrRequest) -> Result<Attr, OpError> {
         }
     }
     if let Some(size) = c.size {
-        truncate(ctx, ino, &mut rec, size)?;
+        truncate(ctx, InodeId(ino), &mut rec, size)?;
     }
     let at = |t: TimeSet| match t {
         TimeSet::Now => now,
@@ -195,12 +200,12 @@ pub fn removexattr(ctx: &mut Ctx<'_>, r: &XattrRequest) -> Result<(), OpError> {
 pub fn allocate_range(
     ctx: &mut Ctx<'_>,
     cred: &Credentials,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     len: u64,
     keep_size: bool,
 ) -> Result<Attr, OpError> {
-    let mut rec = ctx.t.inode(ino)?;
+    let mut rec = ctx.t.inode(ino.0)?;
     rec.regular()?;
     check(cred, &rec, MAY_WRITE)?;
     let end = offset
@@ -218,6 +223,6 @@ pub fn allocate_range(
         rec.mtime = ctx.now;
     }
     rec.ctime = ctx.now;
-    ctx.t.put_inode(ino, &rec)?;
-    Ok(rec.attr(ino, ctx.block_size))
+    ctx.t.put_inode(ino.0, &rec)?;
+    Ok(rec.attr(ino.0, ctx.block_size))
 }

@@ -198,7 +198,7 @@ pub fn create(ctx: &mut Ctx<'_>, r: &CreateRequest) -> Result<CreateReply, OpErr
             let mut rec = ctx.t.inode(child)?;
             open_check(&r.cred, &rec, &r.flags)?;
             if r.flags.truncate && rec.kind == FileType::Regular {
-                truncate(ctx, child, &mut rec, 0)?;
+                truncate(ctx, InodeId(child), &mut rec, 0)?;
                 ctx.t.put_inode(child, &rec)?;
             }
             (child, rec, false)
@@ -234,7 +234,7 @@ pub fn open(ctx: &mut Ctx<'_>, r: &OpenRequest) -> Result<OpenReply, OpError> {
     let mut rec = ctx.t.inode(r.inode.0)?;
     open_check(&r.cred, &rec, &r.flags)?;
     if r.flags.truncate && rec.kind == FileType::Regular {
-        truncate(ctx, r.inode.0, &mut rec, 0)?;
+        truncate(ctx, r.inode, &mut rec, 0)?;
         ctx.t.put_inode(r.inode.0, &rec)?;
     }
     let handle = ctx

@@ -18,12 +18,12 @@ where
         Ok(self.inode(child)?.attr(child, block_size))
     }
 
-    fn getattr(&self, block_size: u32, ino: u64) -> Result<Attr, OpError> {
-        Ok(self.inode(ino)?.attr(ino, block_size))
+    fn getattr(&self, block_size: u32, ino: InodeId) -> Result<Attr, OpError> {
+        Ok(self.inode(ino.0)?.attr(ino.0, block_size))
     }
 
-    fn readlink(&self, ino: u64) -> Result<Vec<u8>, OpError> {
-        let rec = self.inode(ino)?;
+    fn readlink(&self, ino: InodeId) -> Result<Vec<u8>, OpError> {
+        let rec = self.inode(ino.0)?;
         if rec.kind != FileType::Symlink {
             return err(FsError::NotSymlink);
         }
@@ -88,13 +88,13 @@ where
             .ok_or(OpError::Fs(FsError::NoAttr))
     }
 
-    fn listxattr(&self, cred: &Credentials, ino: u64) -> Result<Vec<Vec<u8>>, OpError> {
-        self.inode(ino)?;
+    fn listxattr(&self, cred: &Credentials, ino: InodeId) -> Result<Vec<Vec<u8>>, OpError> {
+        self.inode(ino.0)?;
         let mut names = Vec::new();
-        for item in self.xattrs.range((ino, &[][..])..)? {
+        for item in self.xattrs.range((ino.0, &[][..])..)? {
             let (k, _) = item?;
             let (owner, name) = k.value();
-            if owner != ino {
+            if owner != ino.0 {
                 break;
             }
             if name.starts_with(b"trusted.") && !cred.is_root() {
@@ -105,25 +105,25 @@ where
         Ok(names)
     }
 
-    fn access(&self, cred: &Credentials, ino: u64, mask: u32) -> Result<(), OpError> {
-        let rec = self.inode(ino)?;
+    fn access(&self, cred: &Credentials, ino: InodeId, mask: u32) -> Result<(), OpError> {
+        let rec = self.inode(ino.0)?;
         check(cred, &rec, mask & 7)
     }
 
-    fn extent_list(&self, ino: u64) -> Result<Vec<Extent>, OpError> {
-        self.inode(ino)?;
-        self.extents(ino)
+    fn extent_list(&self, ino: InodeId) -> Result<Vec<Extent>, OpError> {
+        self.inode(ino.0)?;
+        self.extents(ino.0)
     }
 }
 
 /// The read-only operations, on any view of the tables.
 pub trait Reader {
     fn lookup(&self, block_size: u32, r: &EntryRequest) -> Result<Attr, OpError>;
-    fn getattr(&self, block_size: u32, ino: u64) -> Result<Attr, OpError>;
-    fn readlink(&self, ino: u64) -> Result<Vec<u8>, OpError>;
+    fn getattr(&self, block_size: u32, ino: InodeId) -> Result<Attr, OpError>;
+    fn readlink(&self, ino: InodeId) -> Result<Vec<u8>, OpError>;
     fn readdir(&self, block_size: u32, r: &ReadDirRequest) -> Result<ReadDirReply, OpError>;
     fn getxattr(&self, r: &XattrRequest) -> Result<Vec<u8>, OpError>;
-    fn listxattr(&self, cred: &Credentials, ino: u64) -> Result<Vec<Vec<u8>>, OpError>;
-    fn access(&self, cred: &Credentials, ino: u64, mask: u32) -> Result<(), OpError>;
-    fn extent_list(&self, ino: u64) -> Result<Vec<Extent>, OpError>;
+    fn listxattr(&self, cred: &Credentials, ino: InodeId) -> Result<Vec<Vec<u8>>, OpError>;
+    fn access(&self, cred: &Credentials, ino: InodeId, mask: u32) -> Result<(), OpError>;
+    fn extent_list(&self, ino: InodeId) -> Result<Vec<Extent>, OpError>;
 }

@@ -4,29 +4,29 @@
 use super::*;
 
 /// Frees everything an inode owns and deletes it (its last link and last handle are gone).
-pub fn destroy_inode(ctx: &mut Ctx<'_>, ino: u64) -> Result<(), OpError> {
-    let project = ctx.t.try_inode(ino)?.map(|r| r.project).unwrap_or(0);
-    let extents = ctx.t.extents(ino)?;
+pub fn destroy_inode(ctx: &mut Ctx<'_>, ino: InodeId) -> Result<(), OpError> {
+    let project = ctx.t.try_inode(ino.0)?.map(|r| r.project).unwrap_or(0);
+    let extents = ctx.t.extents(ino.0)?;
     space::release(ctx, project, &extents)?;
     crate::quota::apply(ctx, project, 0, -1)?;
     // A quota directory going away takes its quota with it.
-    ctx.quotas.remove(ino)?;
-    ctx.t.extents.remove(ino)?;
+    ctx.quotas.remove(ino.0)?;
+    ctx.t.extents.remove(ino.0)?;
     let mut names: Vec<Vec<u8>> = Vec::new();
-    for item in ctx.t.xattrs.range((ino, &[][..])..)? {
+    for item in ctx.t.xattrs.range((ino.0, &[][..])..)? {
         let (k, _) = item?;
         let (owner, name) = k.value();
-        if owner != ino {
+        if owner != ino.0 {
             break;
         }
         names.push(name.to_vec());
     }
     for n in names {
-        ctx.t.xattrs.remove((ino, n.as_slice()))?;
+        ctx.t.xattrs.remove((ino.0, n.as_slice()))?;
     }
-    ctx.t.inodes.remove(ino)?;
-    ctx.orphans.remove(ino)?;
-    ctx.prealloc.remove(ino)?;
+    ctx.t.inodes.remove(ino.0)?;
+    ctx.orphans.remove(ino.0)?;
+    ctx.prealloc.remove(ino.0)?;
     ctx.st
         .usage
         .inodes
@@ -46,21 +46,21 @@ pub(super) fn dispose(ctx: &mut Ctx<'_>, unlinked: Vec<u64>) -> Result<(), OpErr
         if open {
             ctx.orphans.insert(ino, ())?;
         } else {
-            destroy_inode(ctx, ino)?;
+            destroy_inode(ctx, InodeId(ino))?;
         }
     }
     Ok(())
 }
 
 /// Last close of a handle: an orphan whose last handle this was is destroyed.
-pub fn release_orphan(ctx: &mut Ctx<'_>, ino: u64) -> Result<(), OpError> {
-    let orphan = ctx.orphans.get(ino)?.is_some();
+pub fn release_orphan(ctx: &mut Ctx<'_>, ino: InodeId) -> Result<(), OpError> {
+    let orphan = ctx.orphans.get(ino.0)?.is_some();
     let open = ctx
         .st
         .handles
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .is_open(ino);
+        .is_open(ino.0);
     if orphan && !open {
         destroy_inode(ctx, ino)?;
     }

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use sanfs_proto::model::{MAX_INLINE_DATA, ServerEvent, ServerInfo};
 use sanfs_proto::pb;
 use sanfs_proto::status::{status_from_fs_error, status_from_protocol_error};
-use sanfs_proto::types::{FsError, ProtocolError, SessionEpoch, SessionId, Timestamp};
+use sanfs_proto::types::{FsError, InodeId, ProtocolError, SessionEpoch, SessionId, Timestamp};
 use tokio::sync::mpsc;
 use tonic::{Response, Status};
 use tracing::Instrument;
@@ -379,7 +379,7 @@ impl Server {
         }
         if let Some((file, true)) = released {
             let ino = file.ino;
-            self.write(move |ctx| crate::ns::release_orphan(ctx, ino))
+            self.write(move |ctx| crate::ns::release_orphan(ctx, InodeId(ino)))
                 .await?;
         }
         Ok(())

@@ -119,7 +119,7 @@ impl Server {
                 .open(req.inode.0, req.session.0, req.flags.write);
             // An unlink may have destroyed the inode between the check and the handle:
             // look again now that the handle keeps it alive.
-            if let Err(e) = self.read(|t| t.getattr(bs, req.inode.0)) {
+            if let Err(e) = self.read(|t| t.getattr(bs, req.inode)) {
                 self.release_handle(handle).await?;
                 return Err(e);
             }
@@ -174,7 +174,7 @@ impl Server {
 
     fn statfs(&self, req: &InodeRequest) -> Result<StatFs, Status> {
         let bs = self.store.block_size();
-        self.read(|t| t.getattr(bs, req.inode.0))?;
+        self.read(|t| t.getattr(bs, req.inode))?;
         let usage = self.store.usage();
         let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         let total_blocks = load(&usage.total_blocks);
@@ -241,7 +241,7 @@ impl Namespace for NamespaceService {
             // include every write that returned anywhere once those completions are in.
             self.server.grants.settle_attr(req.inode.0).await;
             let bs = self.server.store.block_size();
-            let attr = self.server.read(|t| t.getattr(bs, req.inode.0))?;
+            let attr = self.server.read(|t| t.getattr(bs, req.inode))?;
             Ok(attr.into())
         })
         .await
@@ -460,7 +460,7 @@ impl Namespace for NamespaceService {
             let req: InodeRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
-            let bytes = self.server.read(|t| t.readlink(req.inode.0))?;
+            let bytes = self.server.read(|t| t.readlink(req.inode))?;
             let target = SymlinkTarget::new(bytes).map_err(|e| corrupt("symlink target", e))?;
             Ok(target.into())
         })
@@ -533,7 +533,7 @@ impl Namespace for NamespaceService {
             let req: InodeRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
-            let names = self.server.read(|t| t.listxattr(&req.cred, req.inode.0))?;
+            let names = self.server.read(|t| t.listxattr(&req.cred, req.inode))?;
             let names = names
                 .into_iter()
                 .map(XattrName::new)
@@ -612,7 +612,7 @@ impl Namespace for NamespaceService {
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             self.server
-                .read(|t| t.access(&req.cred, req.inode.0, req.mask))?;
+                .read(|t| t.access(&req.cred, req.inode, req.mask))?;
             Ok(pb::AccessReply {})
         })
         .await
