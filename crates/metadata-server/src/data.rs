@@ -105,7 +105,7 @@ fn map_write_blocks(
         .checked_add(len)
         .filter(|e| *e <= MAX_FILE_SIZE)
         .ok_or(OpError::Fs(FsError::FileTooBig))?;
-    let mut rec = ctx.t.inode(ino.0)?;
+    let mut rec = ctx.t.inode(ino)?;
     rec.regular()?;
     if rec.nlink == 0 && ctx.orphans.get(ino.0)?.is_none() {
         return err(FsError::Stale);
@@ -113,7 +113,7 @@ fn map_write_blocks(
     let bs = u64::from(ctx.block_size);
     let blocks_before = rec.blocks;
     let sequential = {
-        let map = ctx.t.extent_map(ino.0)?;
+        let map = ctx.t.extent_map(ino)?;
         offset / bs >= map.end_block()
     };
     // Never ahead past the largest file size: no extent may lie there.
@@ -133,7 +133,7 @@ fn map_write_blocks(
     };
     if rec.blocks != blocks_before {
         rec.ctime = ctx.now;
-        ctx.t.put_inode(ino.0, &rec)?;
+        ctx.t.put_inode(ino, &rec)?;
     }
     let plan = plan(
         PlanOp::Write,
@@ -181,11 +181,11 @@ pub fn plan_allocated_write<T: ReaderInodes>(
 ) -> Result<Option<Mapped>, OpError> {
     aligned(offset, len, block_size)?;
     let len = len.min(MAX_GRANT_BYTES);
-    let rec = t.inode_rec(ino.0)?;
+    let rec = t.inode_rec(ino)?;
     if rec.kind != FileType::Regular || rec.nlink == 0 {
         return Ok(None);
     }
-    let map = t.extent_map_of(ino.0)?;
+    let map = t.extent_map_of(ino)?;
     let bs = u64::from(block_size);
     let holes = map
         .lookup(offset / bs, len / bs)
@@ -249,7 +249,7 @@ fn map_read_clipped<T: ReaderInodes>(
     clip: bool,
 ) -> Result<Mapped, OpError> {
     aligned(offset, len, block_size)?;
-    let rec = t.inode_rec(ino.0)?;
+    let rec = t.inode_rec(ino)?;
     rec.regular()?;
     let bs = u64::from(block_size);
     let eof = rec.size.div_ceil(bs) * bs;
@@ -266,7 +266,7 @@ fn map_read_clipped<T: ReaderInodes>(
             file_size: rec.size,
         });
     }
-    let map = t.extent_map_of(ino.0)?;
+    let map = t.extent_map_of(ino)?;
     let plan = plan(
         PlanOp::Read,
         offset,
@@ -311,16 +311,16 @@ pub fn complete_write_to(
     data_end: u64,
     writer_is_root: bool,
 ) -> Result<Attr, OpError> {
-    let mut rec = ctx.t.inode(ino.0)?;
+    let mut rec = ctx.t.inode(ino)?;
     if bytes_done == 0 {
-        return Ok(rec.attr(ino.0, ctx.block_size));
+        return Ok(rec.attr(ino, ctx.block_size));
     }
     let bs = u64::from(ctx.block_size);
     let end = offset
         .checked_add(bytes_done)
         .filter(|e| *e <= MAX_FILE_SIZE)
         .ok_or(OpError::Fs(FsError::FileTooBig))?;
-    let mut map = ctx.t.extent_map(ino.0)?;
+    let mut map = ctx.t.extent_map(ino)?;
     // Only whole blocks were written with certainty; a torn last block stays Unwritten.
     let first = offset / bs;
     let whole = end / bs;
@@ -340,6 +340,6 @@ pub fn complete_write_to(
             rec.perm &= !0o2000;
         }
     }
-    ctx.t.put_inode(ino.0, &rec)?;
-    Ok(rec.attr(ino.0, ctx.block_size))
+    ctx.t.put_inode(ino, &rec)?;
+    Ok(rec.attr(ino, ctx.block_size))
 }

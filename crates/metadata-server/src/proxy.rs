@@ -385,7 +385,7 @@ pub trait SizeOf {
 
 impl<T: crate::store::ReaderInodes> SizeOf for T {
     fn getattr_size(&self, ino: u64) -> Result<u64, crate::store::OpError> {
-        let rec = self.inode_rec(ino)?;
+        let rec = self.inode_rec(InodeId(ino))?;
         rec.regular()?;
         Ok(rec.size)
     }

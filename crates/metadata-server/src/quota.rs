@@ -130,7 +130,7 @@ pub fn set(
     if !cred.is_root() {
         return Err(OpError::Fs(FsError::Perm));
     }
-    let rec = ctx.t.inode(dir)?;
+    let rec = ctx.t.inode(InodeId(dir))?;
     if !rec.is_dir() {
         return Err(OpError::Fs(FsError::NotDir));
     }
@@ -168,7 +168,7 @@ pub fn set(
 /// GetQuota): `(quota directory, row)`; a quota directory is its own quota.
 pub fn quota_of(store: &Store, ino: u64) -> Result<Option<(u64, QuotaRow)>, FsError> {
     store.snapshot(|r| {
-        let rec = read_tables(r)?.inode(ino)?;
+        let rec = read_tables(r)?.inode(InodeId(ino))?;
         let Some(quotas) = open_if_exists(r, QUOTAS)? else {
             return Ok(None);
         };

@@ -115,7 +115,7 @@ pub fn replay_write(
     }
     let refused = |why: String| Ok((ReplayOutcome::Refused, Some(why)));
     let ino = record.inode.0;
-    let Some(rec) = ctx.t.try_inode(ino)? else {
+    let Some(rec) = ctx.t.try_inode(InodeId(ino))? else {
         return refused("the file is gone".into());
     };
     if rec.kind != FileType::Regular {
@@ -126,7 +126,7 @@ pub fn replay_write(
     if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
         return refused(format!("{offset}+{len} is not block aligned"));
     }
-    let map = ctx.t.extent_map(ino)?;
+    let map = ctx.t.extent_map(InodeId(ino))?;
     let now = match plan(
         PlanOp::Write,
         offset,

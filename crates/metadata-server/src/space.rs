@@ -59,7 +59,7 @@ pub fn allocate_blocks(
     last: u64,
     mark_unzeroed: bool,
 ) -> Result<ExtentMap, OpError> {
-    let mut map = ctx.t.extent_map(ino.0)?;
+    let mut map = ctx.t.extent_map(ino)?;
     if last <= first {
         return Ok(map);
     }
@@ -143,10 +143,10 @@ pub fn punch_blocks(
     first: u64,
     end: u64,
 ) -> Result<Attr, OpError> {
-    let mut rec = ctx.t.inode(ino.0)?;
+    let mut rec = ctx.t.inode(ino)?;
     rec.regular()?;
     if first < end {
-        let mut map = ctx.t.extent_map(ino.0)?;
+        let mut map = ctx.t.extent_map(ino)?;
         let gone = map.punch(first, end - first);
         if release(ctx, rec.project, &gone)? > 0 {
             rec.blocks = map.mapped_blocks();
@@ -155,8 +155,8 @@ pub fn punch_blocks(
     }
     rec.mtime = ctx.now;
     rec.ctime = ctx.now;
-    ctx.t.put_inode(ino.0, &rec)?;
-    Ok(rec.attr(ino.0, ctx.block_size))
+    ctx.t.put_inode(ino, &rec)?;
+    Ok(rec.attr(ino, ctx.block_size))
 }
 
 /// fallocate ZERO_RANGE over bytes `[offset, end)` of a regular file, as XFS does it: every
@@ -171,7 +171,7 @@ pub fn zero_range(
     end: u64,
     keep_size: bool,
 ) -> Result<Attr, OpError> {
-    let mut rec = ctx.t.inode(ino.0)?;
+    let mut rec = ctx.t.inode(ino)?;
     rec.regular()?;
     if offset >= end {
         return err(FsError::Invalid("zero-length range".into()));
@@ -208,8 +208,8 @@ pub fn zero_range(
     }
     rec.mtime = ctx.now;
     rec.ctime = ctx.now;
-    ctx.t.put_inode(ino.0, &rec)?;
-    Ok(rec.attr(ino.0, ctx.block_size))
+    ctx.t.put_inode(ino, &rec)?;
+    Ok(rec.attr(ino, ctx.block_size))
 }
 
 /// Frees the Unwritten blocks of file blocks `[first, last)` that lie wholly past the end of
@@ -222,7 +222,7 @@ pub fn trim_unwritten_past_eof(
     first: u64,
     last: u64,
 ) -> Result<u64, OpError> {
-    let Some(mut rec) = ctx.t.try_inode(ino.0)? else {
+    let Some(mut rec) = ctx.t.try_inode(ino)? else {
         return Ok(0); // the file is gone: its blocks went with it
     };
     let bs = u64::from(ctx.block_size);
@@ -230,7 +230,7 @@ pub fn trim_unwritten_past_eof(
     if last <= first {
         return Ok(0);
     }
-    let mut map = ctx.t.extent_map(ino.0)?;
+    let mut map = ctx.t.extent_map(ino)?;
     let unwritten: Vec<(u64, u64)> = map
         .lookup(first, last - first)
         .into_iter()
@@ -249,7 +249,7 @@ pub fn trim_unwritten_past_eof(
     if freed > 0 {
         rec.blocks = map.mapped_blocks();
         save_extents(&mut ctx.t, ino, &map)?;
-        ctx.t.put_inode(ino.0, &rec)?;
+        ctx.t.put_inode(ino, &rec)?;
     }
     Ok(freed)
 }

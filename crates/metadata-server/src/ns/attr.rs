@@ -21,7 +21,7 @@ pub fn truncate(
     let bs = u64::from(ctx.block_size);
     if size < rec.size {
         let first_gone = size.div_ceil(bs);
-        let mut map = ctx.t.extent_map(ino.0)?;
+        let mut map = ctx.t.extent_map(ino)?;
         let gone = map.truncate(first_gone);
         space::release(ctx, rec.project, &gone)?;
         rec.blocks = map.mapped_blocks();
@@ -34,7 +34,7 @@ pub fn truncate(
 }
 
 pub fn setattr(ctx: &mut Ctx<'_>, r: &SetAttrRequest) -> Result<Attr, OpError> {
-    let ino = r.inode.0;
+    let ino = r.inode;
     let cred = &r.cred;
     let c = &r.changes;
     let mut rec = ctx.t.inode(ino)?;
@@ -76,7 +76,7 @@ pub fn setattr(ctx: &mut Ctx<'_>, r: &SetAttrRequest) -> Result<Attr, OpError> {
                 .unwrap_or_else(|p| p.into_inner())
                 .by_handle
                 .get(&h.handle.0)
-                .is_some_and(|f| f.ino == ino && f.write)
+                .is_some_and(|f| f.ino == ino.0 && f.write)
         });
         if !by_handle {
             check(cred, &rec, MAY_WRITE)?;
@@ -118,7 +118,7 @@ pub fn setattr(ctx: &mut Ctx<'_>, r: &SetAttrRequest) -> Result<Attr, OpError> {
         }
     }
     if let Some(size) = c.size {
-        truncate(ctx, InodeId(ino), &mut rec, size)?;
+        truncate(ctx, ino, &mut rec, size)?;
     }
     let at = |t: TimeSet| match t {
         TimeSet::Now => now,
@@ -149,14 +149,14 @@ pub const XATTR_VALUES_MAX_PER_INODE: usize = 65536;
 /// would pass [`XATTR_NAMES_MAX_PER_INODE`] or [`XATTR_VALUES_MAX_PER_INODE`] (a replaced
 /// value counts with its new size only).
 pub fn setxattr(ctx: &mut Ctx<'_>, r: &SetXattrRequest) -> Result<(), OpError> {
-    let ino = r.inode.0;
+    let ino = r.inode;
     let mut rec = ctx.t.inode(ino)?;
     xattr_access(&r.cred, &rec, r.name.as_bytes(), true)?;
     let (mut exists, mut names_len, mut values_len) = (false, 0usize, 0usize);
-    for item in ctx.t.xattrs.range((ino, &[][..])..)? {
+    for item in ctx.t.xattrs.range((ino.0, &[][..])..)? {
         let (k, v) = item?;
         let (owner, name) = k.value();
-        if owner != ino {
+        if owner != ino.0 {
             break;
         }
         if name == r.name.as_bytes() {
@@ -178,16 +178,16 @@ pub fn setxattr(ctx: &mut Ctx<'_>, r: &SetXattrRequest) -> Result<(), OpError> {
     }
     ctx.t
         .xattrs
-        .insert((ino, r.name.as_bytes()), r.value.as_slice())?;
+        .insert((ino.0, r.name.as_bytes()), r.value.as_slice())?;
     rec.ctime = ctx.now;
     ctx.t.put_inode(ino, &rec)
 }
 
 pub fn removexattr(ctx: &mut Ctx<'_>, r: &XattrRequest) -> Result<(), OpError> {
-    let ino = r.inode.0;
+    let ino = r.inode;
     let mut rec = ctx.t.inode(ino)?;
     xattr_access(&r.cred, &rec, r.name.as_bytes(), true)?;
-    if ctx.t.xattrs.remove((ino, r.name.as_bytes()))?.is_none() {
+    if ctx.t.xattrs.remove((ino.0, r.name.as_bytes()))?.is_none() {
         return err(FsError::NoAttr);
     }
     rec.ctime = ctx.now;
@@ -205,7 +205,7 @@ pub fn allocate_range(
     len: u64,
     keep_size: bool,
 ) -> Result<Attr, OpError> {
-    let mut rec = ctx.t.inode(ino.0)?;
+    let mut rec = ctx.t.inode(ino)?;
     rec.regular()?;
     check(cred, &rec, MAY_WRITE)?;
     let end = offset
@@ -223,6 +223,6 @@ pub fn allocate_range(
         rec.mtime = ctx.now;
     }
     rec.ctime = ctx.now;
-    ctx.t.put_inode(ino.0, &rec)?;
-    Ok(rec.attr(ino.0, ctx.block_size))
+    ctx.t.put_inode(ino, &rec)?;
+    Ok(rec.attr(ino, ctx.block_size))
 }

@@ -19,7 +19,7 @@ fn new_inode(
     dir: &InodeRec,
     kind: FileType,
     perm: u32,
-) -> Result<(u64, InodeRec), OpError> {
+) -> Result<(InodeId, InodeRec), OpError> {
     let (ino, generation) = ctx.new_inode_number()?;
     let (uid, gid) = new_owner(cred, dir);
     let mut perm = perm & 0o7777;
@@ -35,7 +35,7 @@ fn new_inode(
     }
     let now = ctx.now;
     Ok((
-        ino,
+        InodeId(ino),
         InodeRec {
             kind,
             perm,
@@ -62,7 +62,7 @@ fn new_inode(
 fn creatable(
     t: &WriteTables<'_>,
     cred: &Credentials,
-    parent: u64,
+    parent: InodeId,
     name: &[u8],
 ) -> Result<InodeRec, OpError> {
     let dir = t.inode(parent)?;
@@ -86,24 +86,24 @@ fn creatable(
 fn make_node(
     ctx: &mut Ctx<'_>,
     cred: &Credentials,
-    parent: u64,
+    parent: InodeId,
     name: &FileName,
     kind: FileType,
     perm: u32,
     fill: impl FnOnce(&mut InodeRec),
-) -> Result<(u64, InodeRec), OpError> {
+) -> Result<(InodeId, InodeRec), OpError> {
     let mut dir = creatable(&ctx.t, cred, parent, name.as_bytes())?;
     if kind == FileType::Directory && dir.nlink >= LINK_MAX {
         return err(FsError::TooManyLinks);
     }
-    let project = crate::quota::child_project(ctx, parent, &dir)?;
+    let project = crate::quota::child_project(ctx, parent.0, &dir)?;
     crate::quota::check(ctx, project, 0, 1)?;
     let (ino, mut rec) = new_inode(ctx, cred, &dir, kind, perm)?;
     rec.project = project;
     crate::quota::apply(ctx, project, 0, 1)?;
     fill(&mut rec);
     if kind == FileType::Directory {
-        rec.parent = parent;
+        rec.parent = parent.0;
         rec.next_cookie = FIRST_DIR_COOKIE;
         dir.nlink += 1;
     }
@@ -118,7 +118,7 @@ pub fn mkdir(ctx: &mut Ctx<'_>, r: &MkdirRequest) -> Result<Attr, OpError> {
     let (ino, rec) = make_node(
         ctx,
         &r.cred,
-        r.parent.0,
+        r.parent,
         &r.name,
         FileType::Directory,
         r.perm,
@@ -142,7 +142,7 @@ pub fn mknod(ctx: &mut Ctx<'_>, r: &MknodRequest) -> Result<Attr, OpError> {
         }
     }
     let rdev = r.rdev;
-    let (ino, rec) = make_node(ctx, &r.cred, r.parent.0, &r.name, r.kind, r.perm, |rec| {
+    let (ino, rec) = make_node(ctx, &r.cred, r.parent, &r.name, r.kind, r.perm, |rec| {
         rec.rdev = rdev
     })?;
     Ok(rec.attr(ino, ctx.block_size))
@@ -153,7 +153,7 @@ pub fn symlink(ctx: &mut Ctx<'_>, r: &SymlinkRequest) -> Result<Attr, OpError> {
     let (ino, rec) = make_node(
         ctx,
         &r.cred,
-        r.parent.0,
+        r.parent,
         &r.name,
         FileType::Symlink,
         0o777,
@@ -185,12 +185,12 @@ fn open_check(cred: &Credentials, rec: &InodeRec, flags: &OpenFlags) -> Result<(
 
 pub fn create(ctx: &mut Ctx<'_>, r: &CreateRequest) -> Result<CreateReply, OpError> {
     let existing = {
-        let dir = ctx.t.inode(r.parent.0)?;
+        let dir = ctx.t.inode(r.parent)?;
         if !dir.is_dir() {
             return err(FsError::NotDir);
         }
         check(&r.cred, &dir, MAY_EXEC)?;
-        ctx.t.dirent(r.parent.0, r.name.as_bytes())?
+        ctx.t.dirent(r.parent, r.name.as_bytes())?
     };
     let (ino, rec, created) = match existing {
         Some(_) if r.exclusive => return err(FsError::Exists),
@@ -198,7 +198,7 @@ pub fn create(ctx: &mut Ctx<'_>, r: &CreateRequest) -> Result<CreateReply, OpErr
             let mut rec = ctx.t.inode(child)?;
             open_check(&r.cred, &rec, &r.flags)?;
             if r.flags.truncate && rec.kind == FileType::Regular {
-                truncate(ctx, InodeId(child), &mut rec, 0)?;
+                truncate(ctx, child, &mut rec, 0)?;
                 ctx.t.put_inode(child, &rec)?;
             }
             (child, rec, false)
@@ -207,7 +207,7 @@ pub fn create(ctx: &mut Ctx<'_>, r: &CreateRequest) -> Result<CreateReply, OpErr
             let (ino, rec) = make_node(
                 ctx,
                 &r.cred,
-                r.parent.0,
+                r.parent,
                 &r.name,
                 FileType::Regular,
                 r.perm,
@@ -221,7 +221,7 @@ pub fn create(ctx: &mut Ctx<'_>, r: &CreateRequest) -> Result<CreateReply, OpErr
         .handles
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .open(ino, r.session.0, r.flags.write);
+        .open(ino.0, r.session.0, r.flags.write);
     Ok(CreateReply {
         attr: rec.attr(ino, ctx.block_size),
         handle: sanfs_proto::types::OpenHandle(handle),
@@ -231,11 +231,11 @@ pub fn create(ctx: &mut Ctx<'_>, r: &CreateRequest) -> Result<CreateReply, OpErr
 
 /// Open; a write job only when it truncates (otherwise [`open_check_only`] on a snapshot).
 pub fn open(ctx: &mut Ctx<'_>, r: &OpenRequest) -> Result<OpenReply, OpError> {
-    let mut rec = ctx.t.inode(r.inode.0)?;
+    let mut rec = ctx.t.inode(r.inode)?;
     open_check(&r.cred, &rec, &r.flags)?;
     if r.flags.truncate && rec.kind == FileType::Regular {
         truncate(ctx, r.inode, &mut rec, 0)?;
-        ctx.t.put_inode(r.inode.0, &rec)?;
+        ctx.t.put_inode(r.inode, &rec)?;
     }
     let handle = ctx
         .st
@@ -245,7 +245,7 @@ pub fn open(ctx: &mut Ctx<'_>, r: &OpenRequest) -> Result<OpenReply, OpError> {
         .open(r.inode.0, r.session.0, r.flags.write);
     Ok(OpenReply {
         handle: sanfs_proto::types::OpenHandle(handle),
-        attr: rec.attr(r.inode.0, ctx.block_size),
+        attr: rec.attr(r.inode, ctx.block_size),
     })
 }
 
@@ -255,17 +255,17 @@ pub fn open_check_only<R: ReaderInodes>(
     block_size: u32,
     r: &OpenRequest,
 ) -> Result<Attr, OpError> {
-    let rec = t.inode_rec(r.inode.0)?;
+    let rec = t.inode_rec(r.inode)?;
     open_check(&r.cred, &rec, &r.flags)?;
-    Ok(rec.attr(r.inode.0, block_size))
+    Ok(rec.attr(r.inode, block_size))
 }
 
 pub fn link(ctx: &mut Ctx<'_>, r: &LinkRequest) -> Result<Attr, OpError> {
-    let src = ctx.t.inode(r.inode.0)?;
+    let src = ctx.t.inode(r.inode)?;
     if src.is_dir() {
         return err(FsError::Perm);
     }
-    let mut dir = creatable(&ctx.t, &r.cred, r.new_parent.0, r.new_name.as_bytes())?;
+    let mut dir = creatable(&ctx.t, &r.cred, r.new_parent, r.new_name.as_bytes())?;
     if crate::quota::child_project(ctx, r.new_parent.0, &dir)? != src.project {
         return err(FsError::CrossDevice);
     }
@@ -278,18 +278,18 @@ pub fn link(ctx: &mut Ctx<'_>, r: &LinkRequest) -> Result<Attr, OpError> {
     let now = ctx.now;
     add_entry(
         &mut ctx.t,
-        r.new_parent.0,
+        r.new_parent,
         &mut dir,
         r.new_name.as_bytes(),
-        r.inode.0,
+        r.inode,
         src.kind,
     )?;
     touch_dir(&mut dir, now);
-    ctx.t.put_inode(r.new_parent.0, &dir)?;
+    ctx.t.put_inode(r.new_parent, &dir)?;
     // Re-read: the new parent may be... never the source (a directory), so no alias here.
     let mut src = src;
     src.nlink += 1;
     src.ctime = now;
-    ctx.t.put_inode(r.inode.0, &src)?;
-    Ok(src.attr(r.inode.0, ctx.block_size))
+    ctx.t.put_inode(r.inode, &src)?;
+    Ok(src.attr(r.inode, ctx.block_size))
 }

@@ -11,19 +11,19 @@ where
     X: ReadableTable<(u64, &'static [u8]), &'static [u8]>,
 {
     fn lookup(&self, block_size: u32, r: &EntryRequest) -> Result<Attr, OpError> {
-        searchable(self, &r.cred, r.parent.0)?;
+        searchable(self, &r.cred, r.parent)?;
         let (child, _, _) = self
-            .dirent(r.parent.0, r.name.as_bytes())?
+            .dirent(r.parent, r.name.as_bytes())?
             .ok_or(OpError::Fs(FsError::NotFound))?;
         Ok(self.inode(child)?.attr(child, block_size))
     }
 
     fn getattr(&self, block_size: u32, ino: InodeId) -> Result<Attr, OpError> {
-        Ok(self.inode(ino.0)?.attr(ino.0, block_size))
+        Ok(self.inode(ino)?.attr(ino, block_size))
     }
 
     fn readlink(&self, ino: InodeId) -> Result<Vec<u8>, OpError> {
-        let rec = self.inode(ino.0)?;
+        let rec = self.inode(ino)?;
         if rec.kind != FileType::Symlink {
             return err(FsError::NotSymlink);
         }
@@ -31,7 +31,7 @@ where
     }
 
     fn readdir(&self, block_size: u32, r: &ReadDirRequest) -> Result<ReadDirReply, OpError> {
-        let dir = self.inode(r.inode.0)?;
+        let dir = self.inode(r.inode)?;
         if !dir.is_dir() {
             return err(FsError::NotDir);
         }
@@ -53,7 +53,7 @@ where
             }
             let cookie = key.value().1;
             let name = name.value().to_vec();
-            let (child, _, kind) = self.dirent(r.inode.0, &name)?.ok_or_else(|| {
+            let (child, _, kind) = self.dirent(r.inode, &name)?.ok_or_else(|| {
                 crate::store::corrupt(
                     format_args!("directory {}", r.inode.0),
                     format_args!("cookie {cookie} names a missing entry"),
@@ -68,7 +68,7 @@ where
                 .map_err(|e| crate::store::corrupt(format_args!("directory {}", r.inode.0), e))?;
             entries.push(DirEntry {
                 name,
-                inode: InodeId(child),
+                inode: child,
                 kind,
                 cookie,
                 attr,
@@ -82,14 +82,14 @@ where
     }
 
     fn getxattr(&self, r: &XattrRequest) -> Result<Vec<u8>, OpError> {
-        let rec = self.inode(r.inode.0)?;
+        let rec = self.inode(r.inode)?;
         xattr_access(&r.cred, &rec, r.name.as_bytes(), false)?;
-        self.xattr(r.inode.0, r.name.as_bytes())?
+        self.xattr(r.inode, r.name.as_bytes())?
             .ok_or(OpError::Fs(FsError::NoAttr))
     }
 
     fn listxattr(&self, cred: &Credentials, ino: InodeId) -> Result<Vec<Vec<u8>>, OpError> {
-        self.inode(ino.0)?;
+        self.inode(ino)?;
         let mut names = Vec::new();
         for item in self.xattrs.range((ino.0, &[][..])..)? {
             let (k, _) = item?;
@@ -106,13 +106,13 @@ where
     }
 
     fn access(&self, cred: &Credentials, ino: InodeId, mask: u32) -> Result<(), OpError> {
-        let rec = self.inode(ino.0)?;
+        let rec = self.inode(ino)?;
         check(cred, &rec, mask & 7)
     }
 
     fn extent_list(&self, ino: InodeId) -> Result<Vec<Extent>, OpError> {
-        self.inode(ino.0)?;
-        self.extents(ino.0)
+        self.inode(ino)?;
+        self.extents(ino)
     }
 }
 

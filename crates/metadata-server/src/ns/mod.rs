@@ -100,7 +100,7 @@ fn sticky_allows(cred: &Credentials, dir: &InodeRec, victim: &InodeRec) -> bool 
 fn searchable<I, D, C, E, X>(
     t: &Tables<I, D, C, E, X>,
     cred: &Credentials,
-    dir: u64,
+    dir: InodeId,
 ) -> Result<InodeRec, OpError>
 where
     I: ReadableTable<u64, &'static [u8]>,
@@ -162,9 +162,9 @@ fn xattr_access(
 
 /// The inodes a change touches, loaded once, written once.
 struct Working {
-    recs: HashMap<u64, InodeRec>,
-    order: Vec<u64>,
-    dead: Vec<u64>,
+    recs: HashMap<InodeId, InodeRec>,
+    order: Vec<InodeId>,
+    dead: Vec<InodeId>,
 }
 
 impl Working {
@@ -176,7 +176,7 @@ impl Working {
         }
     }
 
-    fn load(&mut self, t: &WriteTables<'_>, ino: u64) -> Result<&mut InodeRec, OpError> {
+    fn load(&mut self, t: &WriteTables<'_>, ino: InodeId) -> Result<&mut InodeRec, OpError> {
         if let std::collections::hash_map::Entry::Vacant(slot) = self.recs.entry(ino) {
             slot.insert(t.inode(ino)?);
             self.order.push(ino);
@@ -186,14 +186,14 @@ impl Working {
             .ok_or_else(|| OpError::Store("working set lost an inode".into()))
     }
 
-    fn get(&mut self, ino: u64) -> Result<&mut InodeRec, OpError> {
+    fn get(&mut self, ino: InodeId) -> Result<&mut InodeRec, OpError> {
         self.recs
             .get_mut(&ino)
             .ok_or_else(|| OpError::Store(format!("inode {ino} not loaded")))
     }
 
     /// Writes every live inode; returns the ones whose last link went.
-    fn flush(self, t: &mut WriteTables<'_>) -> Result<Vec<u64>, OpError> {
+    fn flush(self, t: &mut WriteTables<'_>) -> Result<Vec<InodeId>, OpError> {
         let mut unlinked = Vec::new();
         for ino in self.order {
             let rec = &self.recs[&ino];
@@ -213,30 +213,30 @@ fn touch_dir(rec: &mut InodeRec, now: Timestamp) {
 
 fn add_entry(
     t: &mut WriteTables<'_>,
-    dir: u64,
+    dir: InodeId,
     dir_rec: &mut InodeRec,
     name: &[u8],
-    child: u64,
+    child: InodeId,
     kind: FileType,
 ) -> Result<(), OpError> {
     let cookie = dir_rec.next_cookie.max(FIRST_DIR_COOKIE);
     dir_rec.next_cookie = cookie + 1;
     dir_rec.size += 1;
     t.dirents
-        .insert((dir, name), (child, cookie, kind_code(kind)))?;
-    t.cookies.insert((dir, cookie), name)?;
+        .insert((dir.0, name), (child.0, cookie, kind_code(kind)))?;
+    t.cookies.insert((dir.0, cookie), name)?;
     Ok(())
 }
 
 fn remove_entry(
     t: &mut WriteTables<'_>,
-    dir: u64,
+    dir: InodeId,
     dir_rec: &mut InodeRec,
     name: &[u8],
 ) -> Result<(), OpError> {
-    let old = t.dirents.remove((dir, name))?.map(|v| v.value());
+    let old = t.dirents.remove((dir.0, name))?.map(|v| v.value());
     if let Some((_, cookie, _)) = old {
-        t.cookies.remove((dir, cookie))?;
+        t.cookies.remove((dir.0, cookie))?;
     }
     dir_rec.size = dir_rec.size.saturating_sub(1);
     Ok(())

@@ -5,8 +5,8 @@ use super::*;
 
 /// Frees everything an inode owns and deletes it (its last link and last handle are gone).
 pub fn destroy_inode(ctx: &mut Ctx<'_>, ino: InodeId) -> Result<(), OpError> {
-    let project = ctx.t.try_inode(ino.0)?.map(|r| r.project).unwrap_or(0);
-    let extents = ctx.t.extents(ino.0)?;
+    let project = ctx.t.try_inode(ino)?.map(|r| r.project).unwrap_or(0);
+    let extents = ctx.t.extents(ino)?;
     space::release(ctx, project, &extents)?;
     crate::quota::apply(ctx, project, 0, -1)?;
     // A quota directory going away takes its quota with it.
@@ -35,18 +35,18 @@ pub fn destroy_inode(ctx: &mut Ctx<'_>, ino: InodeId) -> Result<(), OpError> {
 }
 
 /// Inodes whose last link went in this change: destroyed now, or kept as orphans while open.
-pub(super) fn dispose(ctx: &mut Ctx<'_>, unlinked: Vec<u64>) -> Result<(), OpError> {
+pub(super) fn dispose(ctx: &mut Ctx<'_>, unlinked: Vec<InodeId>) -> Result<(), OpError> {
     for ino in unlinked {
         let open = ctx
             .st
             .handles
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .is_open(ino);
+            .is_open(ino.0);
         if open {
-            ctx.orphans.insert(ino, ())?;
+            ctx.orphans.insert(ino.0, ())?;
         } else {
-            destroy_inode(ctx, InodeId(ino))?;
+            destroy_inode(ctx, ino)?;
         }
     }
     Ok(())
@@ -68,7 +68,7 @@ pub fn release_orphan(ctx: &mut Ctx<'_>, ino: InodeId) -> Result<(), OpError> {
 }
 
 pub fn unlink(ctx: &mut Ctx<'_>, r: &EntryRequest, want_dir: bool) -> Result<(), OpError> {
-    let parent = r.parent.0;
+    let parent = r.parent;
     let mut w = Working::new();
     let dir = w.load(&ctx.t, parent)?.clone();
     if !dir.is_dir() {

@@ -3,15 +3,15 @@
 use super::*;
 
 /// Whether `ancestor` is `ino` or one of its ancestors (walking `..` up to the root).
-fn is_ancestor(t: &WriteTables<'_>, ancestor: u64, mut ino: u64) -> Result<bool, OpError> {
+fn is_ancestor(t: &WriteTables<'_>, ancestor: InodeId, mut ino: InodeId) -> Result<bool, OpError> {
     for _ in 0..100_000 {
         if ino == ancestor {
             return Ok(true);
         }
-        if ino == ROOT {
+        if ino == InodeId(ROOT) {
             return Ok(false);
         }
-        ino = t.inode(ino)?.parent;
+        ino = InodeId(t.inode(ino)?.parent);
     }
     Err(crate::store::corrupt(
         "directory tree",
@@ -21,9 +21,9 @@ fn is_ancestor(t: &WriteTables<'_>, ancestor: u64, mut ino: u64) -> Result<bool,
 
 pub fn rename(ctx: &mut Ctx<'_>, r: &RenameRequest) -> Result<(), OpError> {
     let (op, on, np, nn) = (
-        r.old_parent.0,
+        r.old_parent,
         r.old_name.as_bytes(),
-        r.new_parent.0,
+        r.new_parent,
         r.new_name.as_bytes(),
     );
     let cred = &r.cred;
@@ -50,8 +50,8 @@ pub fn rename(ctx: &mut Ctx<'_>, r: &RenameRequest) -> Result<(), OpError> {
     }
     // Across directory quotas a rename is a move between file systems: EXDEV (mv copies).
     if op != np
-        && crate::quota::child_project(ctx, op, &odir)?
-            != crate::quota::child_project(ctx, np, &ndir)?
+        && crate::quota::child_project(ctx, op.0, &odir)?
+            != crate::quota::child_project(ctx, np.0, &ndir)?
     {
         return err(FsError::CrossDevice);
     }
@@ -97,18 +97,18 @@ pub fn rename(ctx: &mut Ctx<'_>, r: &RenameRequest) -> Result<(), OpError> {
                 .ok_or(OpError::Fs(FsError::NotFound))?;
             ctx.t
                 .dirents
-                .insert((op, on), (dino, ocookie, kind_code(dkind)))?;
+                .insert((op.0, on), (dino.0, ocookie, kind_code(dkind)))?;
             ctx.t
                 .dirents
-                .insert((np, nn), (src, ncookie, kind_code(skind)))?;
+                .insert((np.0, nn), (src.0, ncookie, kind_code(skind)))?;
             if op != np {
                 if src_is_dir {
-                    w.get(src)?.parent = np;
+                    w.get(src)?.parent = np.0;
                     w.get(op)?.nlink -= 1;
                     w.get(np)?.nlink += 1;
                 }
                 if dst_is_dir {
-                    w.get(dino)?.parent = op;
+                    w.get(dino)?.parent = op.0;
                     w.get(np)?.nlink -= 1;
                     w.get(op)?.nlink += 1;
                 }
@@ -179,7 +179,7 @@ pub fn rename(ctx: &mut Ctx<'_>, r: &RenameRequest) -> Result<(), OpError> {
             let s = w.get(src)?;
             s.ctime = now;
             if src_is_dir {
-                s.parent = np;
+                s.parent = np.0;
             }
             let unlinked = w.flush(&mut ctx.t)?;
             dispose(ctx, unlinked)

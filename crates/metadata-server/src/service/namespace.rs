@@ -15,7 +15,7 @@ use sanfs_proto::model::{
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::namespace_server::Namespace;
-use sanfs_proto::types::{Attr, FsError, NAME_MAX, OpenHandle, SymlinkTarget, XattrName};
+use sanfs_proto::types::{Attr, FsError, InodeId, NAME_MAX, OpenHandle, SymlinkTarget, XattrName};
 use tonic::{Request, Response, Status};
 
 use super::identity::{NodeIdentity, caller};
@@ -91,7 +91,7 @@ fn create_replayed(
     if !still_open {
         drop(handles);
         // The inode must still exist (another node may have removed it since).
-        ctx.t.inode(ino)?;
+        ctx.t.inode(InodeId(ino))?;
         handles = ctx.st.handles.lock().unwrap_or_else(|p| p.into_inner());
         reply.handle = handles.open(ino, req.session.0, req.flags.write);
     }
@@ -281,7 +281,7 @@ impl Namespace for NamespaceService {
                 let (parent, name) = (req.parent.0, req.name.clone());
                 self.server
                     .store
-                    .read(|t| t.dirent(parent, name.as_bytes()))
+                    .read(|t| t.dirent(InodeId(parent), name.as_bytes()))
                     .ok()
                     .flatten()
                     .map(|(child, _, _)| child)
@@ -289,7 +289,7 @@ impl Namespace for NamespaceService {
                 None
             };
             let _guard = match existing {
-                Some(child) => self.server.size_change_guard(child, 0).await?,
+                Some(child) => self.server.size_change_guard(child.0, 0).await?,
                 None => None,
             };
             let reply = self

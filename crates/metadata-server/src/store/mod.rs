@@ -39,7 +39,7 @@ use redb::{
 use sanfs_blockmap::alloc::Allocator;
 use sanfs_blockmap::codec;
 use sanfs_blockmap::volume::Volume;
-use sanfs_proto::types::{FileType, FsError, Timestamp};
+use sanfs_proto::types::{FileType, FsError, InodeId, Timestamp};
 use uuid::Uuid;
 
 use crate::clock::Clock;

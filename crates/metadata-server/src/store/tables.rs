@@ -91,57 +91,61 @@ where
     X: ReadableTable<(u64, &'static [u8]), &'static [u8]>,
 {
     /// The inode, or ENOENT.
-    pub fn inode(&self, ino: u64) -> Result<InodeRec, OpError> {
+    pub fn inode(&self, ino: InodeId) -> Result<InodeRec, OpError> {
         self.try_inode(ino)?.ok_or(OpError::Fs(FsError::NotFound))
     }
 
-    pub fn try_inode(&self, ino: u64) -> Result<Option<InodeRec>, OpError> {
-        match self.inodes.get(ino)? {
+    pub fn try_inode(&self, ino: InodeId) -> Result<Option<InodeRec>, OpError> {
+        match self.inodes.get(ino.0)? {
             None => Ok(None),
             Some(v) => InodeRec::decode(v.value())
                 .map(Some)
-                .map_err(|e| corrupt(format_args!("inode {ino}"), e)),
+                .map_err(|e| corrupt(format_args!("inode {}", ino.0), e)),
         }
     }
 
     /// The entry `name` of directory `dir`: (child, cookie, type).
-    pub fn dirent(&self, dir: u64, name: &[u8]) -> Result<Option<(u64, u64, FileType)>, OpError> {
-        match self.dirents.get((dir, name))? {
+    pub fn dirent(
+        &self,
+        dir: InodeId,
+        name: &[u8],
+    ) -> Result<Option<(InodeId, u64, FileType)>, OpError> {
+        match self.dirents.get((dir.0, name))? {
             None => Ok(None),
             Some(v) => {
                 let (child, cookie, code) = v.value();
                 let kind = records::kind_from_code(code)
-                    .map_err(|e| corrupt(format_args!("entry in directory {dir}"), e))?;
-                Ok(Some((child, cookie, kind)))
+                    .map_err(|e| corrupt(format_args!("entry in directory {}", dir.0), e))?;
+                Ok(Some((InodeId(child), cookie, kind)))
             }
         }
     }
 
     /// The file's extents (empty if it has none).
-    pub fn extents(&self, ino: u64) -> Result<Vec<sanfs_blockmap::extent::Extent>, OpError> {
-        match self.extents.get(ino)? {
+    pub fn extents(&self, ino: InodeId) -> Result<Vec<sanfs_blockmap::extent::Extent>, OpError> {
+        match self.extents.get(ino.0)? {
             None => Ok(Vec::new()),
             Some(v) => codec::decode_extents(v.value())
-                .map_err(|e| corrupt(format_args!("extents of inode {ino}"), e)),
+                .map_err(|e| corrupt(format_args!("extents of inode {}", ino.0), e)),
         }
     }
 
     /// The file's extents as a map (checked canonical form).
-    pub fn extent_map(&self, ino: u64) -> Result<sanfs_blockmap::extent::ExtentMap, OpError> {
+    pub fn extent_map(&self, ino: InodeId) -> Result<sanfs_blockmap::extent::ExtentMap, OpError> {
         sanfs_blockmap::extent::ExtentMap::from_extents(self.extents(ino)?)
-            .map_err(|e| corrupt(format_args!("extents of inode {ino}"), e))
+            .map_err(|e| corrupt(format_args!("extents of inode {}", ino.0), e))
     }
 
-    pub fn xattr(&self, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>, OpError> {
-        Ok(self.xattrs.get((ino, name))?.map(|v| v.value().to_vec()))
+    pub fn xattr(&self, ino: InodeId, name: &[u8]) -> Result<Option<Vec<u8>>, OpError> {
+        Ok(self.xattrs.get((ino.0, name))?.map(|v| v.value().to_vec()))
     }
 }
 
 /// Raw inode and extent access on any view of the tables, for read-side helpers that take a
 /// snapshot or a write context alike.
 pub trait ReaderInodes {
-    fn inode_rec(&self, ino: u64) -> Result<InodeRec, OpError>;
-    fn extent_map_of(&self, ino: u64) -> Result<sanfs_blockmap::extent::ExtentMap, OpError>;
+    fn inode_rec(&self, ino: InodeId) -> Result<InodeRec, OpError>;
+    fn extent_map_of(&self, ino: InodeId) -> Result<sanfs_blockmap::extent::ExtentMap, OpError>;
 }
 
 impl<I, D, C, E, X> ReaderInodes for Tables<I, D, C, E, X>
@@ -152,18 +156,18 @@ where
     E: ReadableTable<u64, &'static [u8]>,
     X: ReadableTable<(u64, &'static [u8]), &'static [u8]>,
 {
-    fn inode_rec(&self, ino: u64) -> Result<InodeRec, OpError> {
+    fn inode_rec(&self, ino: InodeId) -> Result<InodeRec, OpError> {
         self.inode(ino)
     }
 
-    fn extent_map_of(&self, ino: u64) -> Result<sanfs_blockmap::extent::ExtentMap, OpError> {
+    fn extent_map_of(&self, ino: InodeId) -> Result<sanfs_blockmap::extent::ExtentMap, OpError> {
         self.extent_map(ino)
     }
 }
 
 impl WriteTables<'_> {
-    pub fn put_inode(&mut self, ino: u64, rec: &InodeRec) -> Result<(), OpError> {
-        self.inodes.insert(ino, rec.encode().as_slice())?;
+    pub fn put_inode(&mut self, ino: InodeId, rec: &InodeRec) -> Result<(), OpError> {
+        self.inodes.insert(ino.0, rec.encode().as_slice())?;
         Ok(())
     }
 }

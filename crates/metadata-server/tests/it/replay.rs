@@ -127,7 +127,7 @@ fn a_lost_lazy_completion_is_replayed_only_onto_the_blocks_it_wrote() {
         );
         assert_eq!(size(&store, f), 128 * KIB);
         let written = store
-            .read(|t| t.extent_map_of(f))
+            .read(|t| t.extent_map_of(InodeId(f)))
             .unwrap()
             .iter()
             .all(|e| e.state == sanfs_blockmap::extent::ExtentState::Written);

@@ -96,7 +96,7 @@ fn a_cached_reply_commits_with_its_change_and_is_forgotten_in_time() {
     let store = Store::open(&Backend::Sim(disk.clone()), clock.clone(), 64).unwrap();
     let exists = |n: &str| {
         store
-            .read(|t| t.dirent(ROOT, n.as_bytes()))
+            .read(|t| t.dirent(InodeId(ROOT), n.as_bytes()))
             .unwrap()
             .is_some()
     };

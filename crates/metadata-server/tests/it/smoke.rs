@@ -239,7 +239,7 @@ fn preallocation_stops_at_the_largest_file_size_and_fsck_checks_it() {
     let store = sanfs_mds::store::Store::open(&backend, clock.clone(), 64).unwrap();
     store
         .write_blocking(move |ctx| {
-            let mut ext = ctx.t.extent_map(ino)?.to_vec();
+            let mut ext = ctx.t.extent_map(InodeId(ino))?.to_vec();
             let last = ext.last_mut().unwrap();
             last.file_block = max_end_block;
             let map = ExtentMap::from_extents(ext).unwrap();
