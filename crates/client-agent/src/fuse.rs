@@ -943,7 +943,11 @@ impl fuser::Filesystem for SanFs {
             seen.len() < IOCTLS_REMEMBERED && seen.insert(cmd)
         };
         if first {
-            tracing::info!(cmd = format_args!("{cmd:#x}"), ino = ino.0, "unsupported ioctl: ENOTTY (logged once per command)");
+            tracing::info!(
+                cmd = format_args!("{cmd:#x}"),
+                ino = ino.0,
+                "unsupported ioctl: ENOTTY (logged once per command)"
+            );
         }
         reply.error(Errno::ENOTTY);
     }

@@ -567,15 +567,7 @@ mod tests {
         ] {
             assert_eq!(parse_size(text), Ok(bytes), "{text}");
         }
-        for bad in [
-            "",
-            "k",
-            "-1",
-            "1.5",
-            "4x",
-            "99999999999P",
-            "0x10",
-        ] {
+        for bad in ["", "k", "-1", "1.5", "4x", "99999999999P", "0x10"] {
             assert!(parse_size(bad).is_err(), "{bad:?} accepted");
         }
         let c = MdsConfig::parse(&with_volume(

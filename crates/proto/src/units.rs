@@ -34,7 +34,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         let unit_bytes = config
             .parse_size(format!("1{unit}"))
             .map_err(|e| format!("size {text:?}: {e}"))?;
-        let exact = number.parse::<f64>().map_err(|e| format!("size {text:?}: {e}"))?
+        let exact = number
+            .parse::<f64>()
+            .map_err(|e| format!("size {text:?}: {e}"))?
             * unit_bytes as f64;
         if exact.fract() != 0.0 {
             return Err(format!("size {text:?} is not a whole number of bytes"));

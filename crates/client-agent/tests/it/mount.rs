@@ -432,7 +432,12 @@ async fn unsupported_ioctls_answer_enotty_and_are_logged_once() {
     let srv = cluster::start(10_000).await;
     let logdir = tempfile::tempdir().unwrap();
     let log = logdir.path().join("agent.log");
-    let m = Mount::start(&srv, "ioctl", &format!("log={},log_level=info", log.display())).await;
+    let m = Mount::start(
+        &srv,
+        "ioctl",
+        &format!("log={},log_level=info", log.display()),
+    )
+    .await;
     let file = m.p("f");
     timed("ioctls", 60, move || {
         std::fs::write(&file, b"x").unwrap();
@@ -448,7 +453,10 @@ async fn unsupported_ioctls_answer_enotty_and_are_logged_once() {
                 )
             };
             assert_eq!(r, -1);
-            assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENOTTY));
+            assert_eq!(
+                std::io::Error::last_os_error().raw_os_error(),
+                Some(libc::ENOTTY)
+            );
         }
     })
     .await;
@@ -483,7 +491,10 @@ async fn appends_from_two_mounts_keep_every_record() {
             .into_iter()
             .map(|(node, path)| {
                 std::thread::spawn(move || {
-                    let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+                    let mut f = std::fs::OpenOptions::new()
+                        .append(true)
+                        .open(&path)
+                        .unwrap();
                     for i in 0..RECORDS {
                         f.write_all(&record(node, i)).unwrap();
                     }
@@ -498,7 +509,10 @@ async fn appends_from_two_mounts_keep_every_record() {
         let mut seen = std::collections::BTreeSet::new();
         for chunk in all.chunks(LEN) {
             let node = chunk[5];
-            let i: usize = std::str::from_utf8(&chunk[14..20]).unwrap().parse().unwrap();
+            let i: usize = std::str::from_utf8(&chunk[14..20])
+                .unwrap()
+                .parse()
+                .unwrap();
             assert_eq!(chunk, record(node, i).as_slice(), "a whole record");
             assert!(seen.insert((node, i)), "record {} {i} twice", node as char);
         }

@@ -167,10 +167,7 @@ impl Admin for AdminService {
             let req: InodeRequest = accept(request)?;
             note(None, Some(req.inode.0));
             let bs = self.server.store.block_size();
-            match self
-                .server
-                .store
-                .quota_of(req.inode.0)
+            match crate::quota::quota_of(&self.server.store, req.inode.0)
                 .map_err(|e| fs_status(&e))?
             {
                 Some((dir, q)) if dir == req.inode.0 => Ok(q.info(dir, bs).into()),
