@@ -422,6 +422,64 @@ async fn two_mounts_see_each_others_writes() {
     srv.stop().await;
 }
 
+/// Under systemd (Type=notify) the agent says READY=1 only once the mount exists, and
+/// STOPPING=1 when it is told to stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_notifies_systemd_once_mounted() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let notify_path = dir.path().join("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let devices: Vec<String> = srv
+        .luns
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
+        .arg("mount")
+        .arg(srv.addr.to_string())
+        .arg(&mnt)
+        .arg("-o")
+        .arg(format!("devices={},client_name=notify", devices.join(":")))
+        .arg("--foreground")
+        .env("NOTIFY_SOCKET", &notify_path)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mnt2 = mnt.clone();
+    let (first, mounted_then, second) = tokio::task::spawn_blocking(move || {
+        let mut buf = [0u8; 256];
+        let n = notify.recv(&mut buf).expect("a notification within 30 s");
+        let first = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let mounted_then = is_mounted(&mnt2);
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&child),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        let n = notify.recv(&mut buf).expect("a notification at stop");
+        let second = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let status = child.wait().unwrap();
+        assert!(status.success(), "agent: {status}");
+        (first, mounted_then, second)
+    })
+    .await
+    .unwrap();
+    assert!(first.contains("READY=1"), "{first:?}");
+    assert!(mounted_then, "READY=1 came before the mount existed");
+    assert!(second.contains("STOPPING=1"), "{second:?}");
+    assert!(!is_mounted(&mnt));
+    srv.stop().await;
+}
+
 /// An unsupported ioctl answers ENOTTY (what a file system without the command answers), and
 /// the agent logs each command once, not once per call (fsstress made thousands of lines).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
