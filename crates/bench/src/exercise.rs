@@ -92,10 +92,32 @@ pub struct Outcome {
     pub isolated: bool,
 }
 
+/// Refuses a `--mounts` directory that is not on a sanfs mount served by an agent here.
+fn check_sanfs_mount(path: &Path) -> anyhow::Result<()> {
+    use sanfs_client_agent::control;
+    let (entry, _) = control::mount_of(path)?;
+    let served = control::sanfs_mounts()?
+        .iter()
+        .any(|m| (m.major, m.minor) == (entry.major, entry.minor));
+    if !served {
+        bail!(
+            "{} is on the FUSE mount {} of another file system (no sanfs agent's control socket for it)",
+            path.display(),
+            entry.mount_point.display()
+        );
+    }
+    Ok(())
+}
+
 /// Builds (or takes) the two mounts and runs the exerciser on them.
 pub fn run(params: &ExerciseParams) -> anyhow::Result<Outcome> {
     match &params.mounts {
         Some([a, b]) => {
+            // Mismatches found on another file system would say nothing about sanfs, and
+            // none found would say less.
+            for m in [a, b] {
+                check_sanfs_mount(m)?;
+            }
             let mounts = [a.clone(), b.clone()];
             exercise(params, &mounts, false)
         }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use sanfs_bench::cluster::ServerMode;
 use sanfs_bench::env::{Env, Existing, Length};
@@ -280,7 +281,8 @@ fn env_of(c: &Common) -> anyhow::Result<Env> {
         globs: c.devices.clone(),
         mount: c.mount.clone(),
     });
-    std::fs::create_dir_all(&c.dir)?;
+    std::fs::create_dir_all(&c.dir)
+        .with_context(|| format!("make the work directory --dir {}", c.dir.display()))?;
     Ok(Env {
         length: if c.smoke {
             Length::Smoke
@@ -289,7 +291,8 @@ fn env_of(c: &Common) -> anyhow::Result<Env> {
         } else {
             Length::Full
         },
-        work: std::fs::canonicalize(&c.dir)?,
+        work: std::fs::canonicalize(&c.dir)
+            .with_context(|| format!("the work directory --dir {}", c.dir.display()))?,
         server_mode: c.server_mode,
         existing,
         sizes: (!c.sizes.is_empty()).then(|| c.sizes.clone()),

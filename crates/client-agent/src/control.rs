@@ -158,11 +158,14 @@ pub fn sanfs_mounts() -> anyhow::Result<Vec<MountEntry>> {
 
 /// The sanfs mount that `path` lies on, and the FUSE inode number of `path`.
 pub fn mount_of(path: &Path) -> anyhow::Result<(MountEntry, std::fs::Metadata)> {
-    let meta = std::fs::metadata(path).with_context(|| {
-        format!(
-            "stat {} (ENOTCONN: the agent serving the mount is gone)",
-            path.display()
-        )
+    let meta = std::fs::metadata(path).map_err(|e| {
+        // Only ENOTCONN means the agent is gone; a missing file is just missing.
+        let why = if e.raw_os_error() == Some(libc::ENOTCONN) {
+            " (the agent serving the mount is gone)"
+        } else {
+            ""
+        };
+        anyhow::Error::new(e).context(format!("stat {}{why}", path.display()))
     })?;
     let (major, minor) = (rustix::fs::major(meta.dev()), rustix::fs::minor(meta.dev()));
     let entry = fuse_mounts()?
@@ -315,6 +318,15 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
 
     use super::*;
+
+    #[test]
+    fn a_missing_path_is_not_blamed_on_a_gone_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = mount_of(&dir.path().join("nope")).unwrap_err();
+        let text = format!("{e:#}");
+        assert!(text.contains("No such file"), "{text}");
+        assert!(!text.contains("agent"), "{text}");
+    }
 
     #[test]
     fn mountinfo_lists_fuse_mounts_of_our_types() {

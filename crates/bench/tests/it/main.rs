@@ -123,3 +123,19 @@ fn exercise_smoke_runs_a_pinned_seed_through_two_mounts() {
         "left mounted:\n{mounts}"
     );
 }
+
+/// `exercise --mounts A B` on plain directories refuses to run: its verdict would be about
+/// another file system.
+#[test]
+fn exercise_refuses_mounts_that_are_not_sanfs() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let out = Command::new(env!("CARGO_BIN_EXE_sanfs-bench"))
+        .args(["exercise", "--ops", "10", "--mounts"])
+        .arg(a.path())
+        .arg(b.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not on a sanfs"), "{err}");
+}

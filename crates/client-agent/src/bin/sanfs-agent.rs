@@ -210,8 +210,16 @@ fn umount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
     } else {
         rustix::mount::UnmountFlags::empty()
     };
-    rustix::mount::unmount(mountpoint, flags)
-        .with_context(|| format!("unmount {}", mountpoint.display()))
+    rustix::mount::unmount(mountpoint, flags).map_err(|e| {
+        // umount(2) says EINVAL for a path that is not a mount point: say that.
+        let why = match e {
+            rustix::io::Errno::INVAL => " (it is not a mount point)",
+            rustix::io::Errno::NOENT => " (no such directory)",
+            rustix::io::Errno::BUSY => " (busy: files are open there; -l detaches it lazily)",
+            _ => "",
+        };
+        anyhow::Error::new(e).context(format!("unmount {}{why}", mountpoint.display()))
+    })
 }
 
 fn mount(

@@ -367,6 +367,22 @@ pub enum ConnectError {
     Engine(std::io::Error),
 }
 
+/// An error with its causes ("transport error: tcp connect error: Connection refused (os error
+/// 111)"): tonic's transport error alone says only "transport error".
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.ends_with(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 fn malformed(what: &str, e: impl std::fmt::Display) -> FsError {
     FsError::Io(format!("malformed {what} from the server: {e}"))
 }
@@ -391,7 +407,7 @@ async fn make_channel(config: &ClientConfig) -> Result<Channel, ConnectError> {
                 }
             }))
             .await
-            .map_err(|e| ConnectError::Transport(format!("{}: {e}", config.server)));
+            .map_err(|e| ConnectError::Transport(format!("{}: {}", config.server, chain(&e))));
     }
     let scheme = if config.tls.is_some() {
         "https"
@@ -426,7 +442,7 @@ async fn make_channel(config: &ClientConfig) -> Result<Channel, ConnectError> {
     endpoint
         .connect()
         .await
-        .map_err(|e| ConnectError::Transport(e.to_string()))
+        .map_err(|e| ConnectError::Transport(chain(&e)))
 }
 
 /// Opens a session; returns the reply and when the request was sent (the first lease starts

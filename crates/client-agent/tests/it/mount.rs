@@ -422,6 +422,49 @@ async fn two_mounts_see_each_others_writes() {
     srv.stop().await;
 }
 
+/// `sanfs-agent umount` of a directory that is not a mount point says so, not just EINVAL.
+#[test]
+fn umount_of_a_plain_directory_says_it_is_not_a_mount_point() {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
+        .arg("umount")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a mount point"), "{err}");
+}
+
+/// A mount against an address where no server listens says "connection refused", not only
+/// "transport error".
+#[test]
+fn a_mount_without_a_server_says_connection_refused() {
+    if !can_mount() {
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
+        .arg("mount")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg(dir.path())
+        .arg("--foreground")
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.to_lowercase().contains("connection refused"), "{err}");
+}
+
 /// Under systemd (Type=notify) the agent says READY=1 only once the mount exists, and
 /// STOPPING=1 when it is told to stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
