@@ -942,6 +942,24 @@ impl Store {
         })
     }
 
+    /// Every directory quota (`(directory, row)`, by directory inode): for ListQuotas.
+    pub fn quotas(&self) -> Result<Vec<(u64, crate::quota::QuotaRow)>, FsError> {
+        self.read(|_| {
+            let r = self.database()?.begin_read()?;
+            let quotas = match r.open_table(QUOTAS) {
+                Ok(q) => q,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(e.into()),
+            };
+            let mut all = Vec::new();
+            for entry in quotas.iter()? {
+                let (k, v) = entry?;
+                all.push((k.value(), crate::quota::QuotaRow::from_tuple(v.value())));
+            }
+            Ok(all)
+        })
+    }
+
     pub fn superblock(&self) -> &Superblock {
         &self.sb
     }
