@@ -372,10 +372,19 @@ fn malformed(what: &str, e: impl std::fmt::Display) -> FsError {
 }
 
 async fn make_channel(config: &ClientConfig) -> Result<Channel, ConnectError> {
+    connect_channel(&config.server, config.tls.as_ref()).await
+}
+
+/// A gRPC channel to the server at `server` (`host:port`, or `unix:/path` for its local unix
+/// socket), over mutual TLS when `tls` is given: how the agent connects, and `sanfs-admin`.
+pub async fn connect_channel(
+    server: &str,
+    tls: Option<&TlsConfig>,
+) -> Result<Channel, ConnectError> {
     // `unix:/path`: the server's local unix socket (same host; the server knows this agent
     // by its uid). The URI is a placeholder that the connector ignores.
-    if let Some(path) = config.server.strip_prefix("unix:") {
-        if config.tls.is_some() {
+    if let Some(path) = server.strip_prefix("unix:") {
+        if tls.is_some() {
             return Err(ConnectError::Tls(
                 "TLS options do not apply to a unix socket server".to_owned(),
             ));
@@ -391,19 +400,19 @@ async fn make_channel(config: &ClientConfig) -> Result<Channel, ConnectError> {
                 }
             }))
             .await
-            .map_err(|e| ConnectError::Transport(format!("{}: {e}", config.server)));
+            .map_err(|e| ConnectError::Transport(format!("{server}: {}", with_causes(&e))));
     }
-    let scheme = if config.tls.is_some() {
+    let scheme = if tls.is_some() {
         "https"
     } else {
         "http"
     };
-    let url = format!("{scheme}://{}", config.server);
+    let url = format!("{scheme}://{server}");
     let mut endpoint = Endpoint::from_shared(url)
-        .map_err(|e| ConnectError::Address(config.server.clone(), e.to_string()))?
+        .map_err(|e| ConnectError::Address(server.to_owned(), e.to_string()))?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true);
-    if let Some(tls) = &config.tls {
+    if let Some(tls) = tls {
         let read = |p: &PathBuf| {
             std::fs::read(p).map_err(|e| ConnectError::Tls(format!("{}: {e}", p.display())))
         };
@@ -411,8 +420,7 @@ async fn make_channel(config: &ClientConfig) -> Result<Channel, ConnectError> {
             .ca_certificate(Certificate::from_pem(read(&tls.ca)?))
             .identity(Identity::from_pem(read(&tls.cert)?, read(&tls.key)?));
         let domain = tls.domain.clone().or_else(|| {
-            config
-                .server
+            server
                 .rsplit_once(':')
                 .map(|(h, _)| h.trim_matches(['[', ']']).to_owned())
         });
@@ -426,7 +434,23 @@ async fn make_channel(config: &ClientConfig) -> Result<Channel, ConnectError> {
     endpoint
         .connect()
         .await
-        .map_err(|e| ConnectError::Transport(e.to_string()))
+        .map_err(|e| ConnectError::Transport(with_causes(&e)))
+}
+
+/// An error and its causes (`transport error: connection refused (os error 111)`): tonic's
+/// own message alone hides why.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.ends_with(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    text
 }
 
 /// Opens a session; returns the reply and when the request was sent (the first lease starts
