@@ -348,7 +348,11 @@ pub fn clients_text(j: &Value) -> String {
     }
     let total = j["sessions_total"].as_u64().unwrap_or(0);
     if total > list.len() as u64 {
-        let _ = writeln!(out, "({} more sessions not listed)", total - list.len() as u64);
+        let _ = writeln!(
+            out,
+            "({} more sessions not listed)",
+            total - list.len() as u64
+        );
     }
     out
 }
@@ -476,9 +480,18 @@ mod tests {
         let t = clients_text(&j);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 4, "{t}");
-        assert!(lines[0].contains("SESSION") && lines[0].contains("LEASE"), "{t}");
-        assert!(lines[1].contains("unix:uid=0") && lines[1].contains("9.5s"), "{t}");
-        assert!(lines[2].trim_start().starts_with('9') && lines[2].contains("300ms"), "{t}");
+        assert!(
+            lines[0].contains("SESSION") && lines[0].contains("LEASE"),
+            "{t}"
+        );
+        assert!(
+            lines[1].contains("unix:uid=0") && lines[1].contains("9.5s"),
+            "{t}"
+        );
+        assert!(
+            lines[2].trim_start().starts_with('9') && lines[2].contains("300ms"),
+            "{t}"
+        );
         assert_eq!(lines[3], "(1 more sessions not listed)");
     }
 

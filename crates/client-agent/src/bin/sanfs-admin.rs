@@ -138,7 +138,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Quota(QuotaCommand::Get { dir }) => match a.quota_get(&dir).await? {
             Some(q) => {
                 let j = admin::quota_json(Some(&dir), &q);
-                print(cli.json, &j, |j| admin::quotas_text(std::slice::from_ref(j)));
+                print(cli.json, &j, |j| {
+                    admin::quotas_text(std::slice::from_ref(j))
+                });
             }
             None => {
                 if cli.json {

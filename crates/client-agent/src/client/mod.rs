@@ -402,11 +402,7 @@ pub async fn connect_channel(
             .await
             .map_err(|e| ConnectError::Transport(format!("{server}: {}", with_causes(&e))));
     }
-    let scheme = if tls.is_some() {
-        "https"
-    } else {
-        "http"
-    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let url = format!("{scheme}://{server}");
     let mut endpoint = Endpoint::from_shared(url)
         .map_err(|e| ConnectError::Address(server.to_owned(), e.to_string()))?

@@ -67,9 +67,7 @@ impl Server {
                 session: SessionId(*id),
                 client_name: s.client_name.clone(),
                 host: s.host.clone(),
-                grants: grants
-                    .get(id)
-                    .map_or(0, |g| g.0.saturating_add(g.1)),
+                grants: grants.get(id).map_or(0, |g| g.0.saturating_add(g.1)),
                 open_handles: open_handles.get(id).copied().unwrap_or(0),
                 lease_remaining_ms: ms_between(now, s.deadline_ns),
                 identity: s.owner.clone(),
