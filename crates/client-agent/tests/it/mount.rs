@@ -443,10 +443,7 @@ async fn appends_from_two_mounts_keep_every_record() {
             .into_iter()
             .map(|(node, path)| {
                 std::thread::spawn(move || {
-                    let mut f = std::fs::OpenOptions::new()
-                        .append(true)
-                        .open(&path)
-                        .unwrap();
+                    let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
                     for i in 0..RECORDS {
                         f.write_all(&record(node, i)).unwrap();
                     }
@@ -461,10 +458,7 @@ async fn appends_from_two_mounts_keep_every_record() {
         let mut seen = std::collections::BTreeSet::new();
         for chunk in all.chunks(LEN) {
             let node = chunk[5];
-            let i: usize = std::str::from_utf8(&chunk[14..20])
-                .unwrap()
-                .parse()
-                .unwrap();
+            let i: usize = std::str::from_utf8(&chunk[14..20]).unwrap().parse().unwrap();
             assert_eq!(chunk, record(node, i).as_slice(), "a whole record");
             assert!(seen.insert((node, i)), "record {} {i} twice", node as char);
         }
