@@ -815,7 +815,7 @@ fn admin_status_and_quotas() {
             "quotas.limits" => |p| p.quotas[0].limits = None,
             "quotas_total" => |p| p.quotas_total = 0,
             "quotas" => |p| {
-                let one = p.quotas[0].clone();
+                let one = p.quotas[0];
                 p.quotas = vec![one; MAX_LISTED_QUOTAS + 1];
                 p.quotas_total = u64::MAX;
             },
