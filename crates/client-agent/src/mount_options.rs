@@ -118,6 +118,35 @@ const GENERIC: &[&str] = &[
 /// other agent option is fixed at mount time.
 pub const REMOUNT_CHANGEABLE: &[&str] = &["ro", "rw"];
 
+/// The options the kernel shows for a live FUSE mount (/proc/self/mountinfo), which mount(8)
+/// hands back to the helper with `-o remount`: they describe the mount as it is.
+pub const FUSE_KERNEL_OPTIONS: &[&str] = &[
+    "fd",
+    "rootmode",
+    "user_id",
+    "group_id",
+    "default_permissions",
+    "allow_other",
+    "max_read",
+    "blksize",
+];
+
+/// For `-o remount`: the options without those the kernel reports for the live mount
+/// ([`FUSE_KERNEL_OPTIONS`]); other options are left as given. Without `remount`, all.
+pub fn without_kernel_options(raw: &[String]) -> Vec<String> {
+    let items = || raw.iter().flat_map(|r| r.split(',')).filter(|i| !i.is_empty());
+    if !items().any(|i| i == "remount") {
+        return raw.to_vec();
+    }
+    let kept: Vec<&str> = items()
+        .filter(|i| {
+            let key = i.split_once('=').map_or(*i, |(k, _)| k);
+            !FUSE_KERNEL_OPTIONS.contains(&key)
+        })
+        .collect();
+    vec![kept.join(",")]
+}
+
 /// `1s`, `500ms`, `2m`, `0`, `2` (seconds).
 pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
     let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
@@ -337,6 +366,24 @@ mod tests {
 
     fn s(v: &str) -> Vec<String> {
         vec![v.to_owned()]
+    }
+
+    #[test]
+    fn a_remount_drops_the_options_the_kernel_reports_for_the_live_mount() {
+        // What mount(8) passes for `mount -o remount,ro DIR` of a live mount.
+        let raw = s("rw,nosuid,nodev,relatime,user_id=0,group_id=0,default_permissions,allow_other,remount,ro");
+        assert_eq!(
+            without_kernel_options(&raw),
+            s("rw,nosuid,nodev,relatime,remount,ro")
+        );
+        assert!(remount_unchangeable(&without_kernel_options(&raw)).is_empty());
+        // Not a remount: nothing dropped (allow_other is a mount option of ours).
+        assert_eq!(without_kernel_options(&s("allow_other,ro")), s("allow_other,ro"));
+        // A remount that tries to change something else is still refused.
+        assert_eq!(
+            remount_unchangeable(&without_kernel_options(&s("remount,attr_ttl=0,user_id=0"))),
+            vec!["attr_ttl=0".to_owned()]
+        );
     }
 
     #[test]

@@ -33,7 +33,7 @@ use sanfs_client_agent::client::{
 };
 use sanfs_client_agent::control::{self, ControlContext, MountStatus, Request};
 use sanfs_client_agent::discovery::DEFAULT_GLOBS;
-use sanfs_client_agent::fuse::{FsOptions, SanFs};
+use sanfs_client_agent::fuse::{FsOptions, SanFs, kernel_mount};
 use sanfs_client_agent::mount_options::{LogTarget, parse_options, parse_source};
 use sanfs_client_agent::{logging, mount_helper, quickstart};
 use sanfs_proto::types::{Credentials, FileType, ROOT_INODE};
@@ -125,7 +125,7 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let mut args = std::env::args();
     let argv0 = args.next().unwrap_or_default();
-    if Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new(mount_helper::HELPER_NAME)) {
+    if mount_helper::is_helper_name(&argv0) {
         let rest: Vec<String> = args.collect();
         return std::process::ExitCode::from(mount_helper::helper_main(&rest));
     }
@@ -344,9 +344,22 @@ fn mount(
             signal(SignalKind::interrupt()).context("install the SIGINT handler")?,
         )
     };
-    let mut session = fuser::Session::new(fs, &mountpoint, &fuse_config)
-        .with_context(|| format!("mount at {}", mountpoint.display()))?;
-    let mut unmounter = session.unmount_callable();
+    // Our own mount call: the mount's type is `fuse.sanfs` (see `kernel_mount`).
+    let dev = kernel_mount(
+        &mountpoint,
+        &format!("{server}:{subdir}"),
+        opts.read_only,
+        opts.allow_other,
+    )
+    .with_context(|| format!("mount at {}", mountpoint.display()))?;
+    let acl = fuse_config.acl;
+    let session = match fuser::Session::from_fd(fs, dev, acl, fuse_config) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = umount(&mountpoint, true);
+            return Err(e).with_context(|| format!("start FUSE at {}", mountpoint.display()));
+        }
+    };
     tracing::info!(source, mountpoint = %mountpoint.display(), "mounted");
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let serve = std::thread::Builder::new()
@@ -375,7 +388,7 @@ fn mount(
     });
     if signalled {
         tracing::info!(mountpoint = %mountpoint.display(), "signalled: unmounting");
-        if let Err(e) = unmounter.unmount() {
+        if let Err(e) = umount(&mountpoint, false) {
             tracing::warn!(error = %e, "unmount failed; detaching lazily");
             umount(&mountpoint, true)?;
         }
