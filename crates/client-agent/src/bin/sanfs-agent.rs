@@ -160,7 +160,7 @@ fn main() -> std::process::ExitCode {
             options,
             foreground,
         } => mount(&source, &mountpoint, &options, foreground),
-        Command::Umount { mountpoint, lazy } => umount(&mountpoint, lazy),
+        Command::Umount { mountpoint, lazy } => umount_and_wait(&mountpoint, lazy),
         Command::Bmap { path, json } => bmap(&path, json),
         Command::Status { mountpoint, json } => status(mountpoint.as_deref(), json),
         Command::Quickstart {
@@ -212,6 +212,43 @@ fn umount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
     };
     rustix::mount::unmount(mountpoint, flags)
         .with_context(|| format!("unmount {}", mountpoint.display()))
+}
+
+/// `sanfs-agent umount`: unmounts and then waits (at most 10 s) for the mount's agent to
+/// exit, so that whatever it held (its metrics port) is free when this returns: an immediate
+/// mount again with the same `metrics=` succeeds. A lazy unmount does not wait (a busy mount
+/// keeps its agent).
+fn umount_and_wait(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
+    let agent = std::fs::canonicalize(mountpoint).ok().and_then(|mp| {
+        let e = control::fuse_mounts()
+            .ok()?
+            .into_iter()
+            .find(|m| m.mount_point == mp)?;
+        let socket = control::socket_path(&control::run_dir(), e.major, e.minor);
+        Some(control::ask(&socket, &Request::Status).ok()?.status?.pid)
+    });
+    umount(mountpoint, lazy)?;
+    if let Some(pid) = agent.filter(|_| !lazy) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while process_lives(pid) {
+            if Instant::now() >= deadline {
+                tracing::warn!(pid, "unmounted; the agent has not exited after 10 s");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(())
+}
+
+/// Whether process `pid` still runs (a zombie has exited: it holds nothing any more).
+fn process_lives(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        // The state follows the command name in parentheses, which may itself hold spaces.
+        s.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
 }
 
 fn mount(

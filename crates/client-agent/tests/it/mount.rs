@@ -547,6 +547,39 @@ async fn agent_unmounts_on_sigterm_and_umount() {
     srv.stop().await;
 }
 
+/// `sanfs-agent umount` returns once the agent has exited: a mount again at once with the
+/// same `metrics=` port finds the port free (it failed with "address in use" when umount
+/// returned before the agent let go of its listener).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn umount_then_mount_again_with_the_same_metrics_port() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics = format!("metrics=127.0.0.1:{port}");
+    for round in 0..3 {
+        let mut m = Mount::start(&srv, &format!("metrics-{round}"), &metrics).await;
+        let got = std::net::TcpStream::connect(("127.0.0.1", port));
+        assert!(got.is_ok(), "round {round}: the agent serves metrics on {port}");
+        drop(got);
+        let st = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
+            .arg("umount")
+            .arg(&m.path)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        // Exited already (not merely unmounted): its status is there at once.
+        let st = m.wait_exit(0).expect("the agent has exited when umount returns");
+        assert!(st.success(), "{st}");
+    }
+    srv.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subdir_mount_read_only() {
     if !can_mount() {
