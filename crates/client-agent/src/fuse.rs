@@ -1448,11 +1448,16 @@ pub fn kernel_mount(
         flags |= M::RDONLY;
     }
     let data = std::ffi::CString::new(data).map_err(std::io::Error::other)?;
-    rustix::mount::mount(source, mountpoint, MOUNT_FSTYPE, flags, data.as_c_str()).map_err(|e| {
-        std::io::Error::new(
-            std::io::Error::from(e).kind(),
-            format!("mount({source}, {}, {MOUNT_FSTYPE}): {e}", mountpoint.display()),
-        )
-    })?;
+    rustix::mount::mount(source, mountpoint, MOUNT_FSTYPE, flags, data.as_c_str()).map_err(
+        |e| {
+            std::io::Error::new(
+                std::io::Error::from(e).kind(),
+                format!(
+                    "mount({source}, {}, {MOUNT_FSTYPE}): {e}",
+                    mountpoint.display()
+                ),
+            )
+        },
+    )?;
     Ok(dev.into())
 }

@@ -134,7 +134,11 @@ pub const FUSE_KERNEL_OPTIONS: &[&str] = &[
 /// For `-o remount`: the options without those the kernel reports for the live mount
 /// ([`FUSE_KERNEL_OPTIONS`]); other options are left as given. Without `remount`, all.
 pub fn without_kernel_options(raw: &[String]) -> Vec<String> {
-    let items = || raw.iter().flat_map(|r| r.split(',')).filter(|i| !i.is_empty());
+    let items = || {
+        raw.iter()
+            .flat_map(|r| r.split(','))
+            .filter(|i| !i.is_empty())
+    };
     if !items().any(|i| i == "remount") {
         return raw.to_vec();
     }
@@ -371,14 +375,19 @@ mod tests {
     #[test]
     fn a_remount_drops_the_options_the_kernel_reports_for_the_live_mount() {
         // What mount(8) passes for `mount -o remount,ro DIR` of a live mount.
-        let raw = s("rw,nosuid,nodev,relatime,user_id=0,group_id=0,default_permissions,allow_other,remount,ro");
+        let raw = s(
+            "rw,nosuid,nodev,relatime,user_id=0,group_id=0,default_permissions,allow_other,remount,ro",
+        );
         assert_eq!(
             without_kernel_options(&raw),
             s("rw,nosuid,nodev,relatime,remount,ro")
         );
         assert!(remount_unchangeable(&without_kernel_options(&raw)).is_empty());
         // Not a remount: nothing dropped (allow_other is a mount option of ours).
-        assert_eq!(without_kernel_options(&s("allow_other,ro")), s("allow_other,ro"));
+        assert_eq!(
+            without_kernel_options(&s("allow_other,ro")),
+            s("allow_other,ro")
+        );
         // A remount that tries to change something else is still refused.
         assert_eq!(
             remount_unchangeable(&without_kernel_options(&s("remount,attr_ttl=0,user_id=0"))),

@@ -443,7 +443,10 @@ async fn appends_from_two_mounts_keep_every_record() {
             .into_iter()
             .map(|(node, path)| {
                 std::thread::spawn(move || {
-                    let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+                    let mut f = std::fs::OpenOptions::new()
+                        .append(true)
+                        .open(&path)
+                        .unwrap();
                     for i in 0..RECORDS {
                         f.write_all(&record(node, i)).unwrap();
                     }
@@ -458,7 +461,10 @@ async fn appends_from_two_mounts_keep_every_record() {
         let mut seen = std::collections::BTreeSet::new();
         for chunk in all.chunks(LEN) {
             let node = chunk[5];
-            let i: usize = std::str::from_utf8(&chunk[14..20]).unwrap().parse().unwrap();
+            let i: usize = std::str::from_utf8(&chunk[14..20])
+                .unwrap()
+                .parse()
+                .unwrap();
             assert_eq!(chunk, record(node, i).as_slice(), "a whole record");
             assert!(seen.insert((node, i)), "record {} {i} twice", node as char);
         }
@@ -565,7 +571,10 @@ async fn umount_then_mount_again_with_the_same_metrics_port() {
     for round in 0..3 {
         let mut m = Mount::start(&srv, &format!("metrics-{round}"), &metrics).await;
         let got = std::net::TcpStream::connect(("127.0.0.1", port));
-        assert!(got.is_ok(), "round {round}: the agent serves metrics on {port}");
+        assert!(
+            got.is_ok(),
+            "round {round}: the agent serves metrics on {port}"
+        );
         drop(got);
         let st = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
             .arg("umount")
@@ -574,7 +583,9 @@ async fn umount_then_mount_again_with_the_same_metrics_port() {
             .unwrap();
         assert!(st.success());
         // Exited already (not merely unmounted): its status is there at once.
-        let st = m.wait_exit(0).expect("the agent has exited when umount returns");
+        let st = m
+            .wait_exit(0)
+            .expect("the agent has exited when umount returns");
         assert!(st.success(), "{st}");
     }
     srv.stop().await;

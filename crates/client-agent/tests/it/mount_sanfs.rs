@@ -1,10 +1,12 @@
 //! `mount.sanfs` through the real mount(8): `mount -t sanfs` with agent options (threshold,
-//! attr_ttl, log), sloppy and bad options, `-o remount`, a private fstab (`mount --fstab FILE`,
+//! attr_ttl, log), sloppy and bad options, `-o remount` (also without `-t`, as pjdfstest does:
+//! the mount's type is `fuse.sanfs`, so mount(8) runs our `mount.fuse.sanfs`), a private fstab (`mount --fstab FILE`,
 //! `mount -a -t sanfs -O _netdev`), `umount` (every agent exits 0), and `kill -9` of an agent
 //! (ENOTCONN, then `umount` and `umount -l` work).
 //!
-//! Root only. The helper must be `/sbin/mount.sanfs` for mount(8) to find it: the scenario
-//! runs in a private mount namespace (`unshare -m`) where an overlay on /usr/sbin adds it, so
+//! Root only. The helpers must be `/sbin/mount.sanfs` and `/sbin/mount.fuse.sanfs` for
+//! mount(8) to find them: the scenario runs in a private mount namespace (`unshare -m`) where
+//! an overlay on /usr/sbin adds them, so
 //! the machine's /sbin and /etc/fstab are never touched. This test process is made a child
 //! subreaper so that the daemonised agents become its children and their exit status can be
 //! checked.
