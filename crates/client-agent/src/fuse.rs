@@ -1396,20 +1396,6 @@ fn signal_pending(pid: u32) -> bool {
     pending & !mask("SigBlk:") & !mask("SigIgn:") != 0
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn inode_numbers_swap_only_the_two_roots() {
-        let sub = InodeId(42);
-        assert_eq!(sanfs_ino(sub, 1), sub);
-        assert_eq!(sanfs_ino(sub, 42), InodeId(1));
-        assert_eq!(sanfs_ino(sub, 7), InodeId(7));
-        assert_eq!(sanfs_ino(InodeId(1), 1), InodeId(1));
-    }
-}
-
 /// The file-system type of a sanfs mount in /proc/self/mountinfo: `fuse.sanfs`, so that
 /// mount(8) hands `-o remount` to our own helper (`/sbin/mount.fuse.sanfs`, or
 /// `mount.sanfs` with `-t sanfs`), never to fuse3's `mount.fuse`, which would run the mount's
@@ -1460,4 +1446,18 @@ pub fn kernel_mount(
         },
     )?;
     Ok(dev.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inode_numbers_swap_only_the_two_roots() {
+        let sub = InodeId(42);
+        assert_eq!(sanfs_ino(sub, 1), sub);
+        assert_eq!(sanfs_ino(sub, 42), InodeId(1));
+        assert_eq!(sanfs_ino(sub, 7), InodeId(7));
+        assert_eq!(sanfs_ino(InodeId(1), 1), InodeId(1));
+    }
 }

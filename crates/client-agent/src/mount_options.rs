@@ -31,6 +31,8 @@ pub struct MountOpts {
     pub attr_ttl: Duration,
     pub entry_ttl: Duration,
     pub allow_other: bool,
+    /// Mount even when none of the volume's LUNs is found (all I/O through the server).
+    pub allow_proxied_only: bool,
     pub read_only: bool,
     pub engine: EngineKind,
     /// LUN discovery globs; empty: the built-in defaults.
@@ -64,6 +66,7 @@ impl Default for MountOpts {
             attr_ttl: Duration::from_secs(1),
             entry_ttl: Duration::from_secs(1),
             allow_other: false,
+            allow_proxied_only: false,
             read_only: false,
             engine: EngineKind::Auto,
             devices: Vec::new(),
@@ -223,6 +226,7 @@ pub fn parse_options_sloppy(
             "attr_ttl" => o.attr_ttl = duration_option(key, value)?,
             "entry_ttl" => o.entry_ttl = duration_option(key, value)?,
             "allow_other" => o.allow_other = true,
+            "allow_proxied_only" => o.allow_proxied_only = true,
             "ro" => o.read_only = true,
             "rw" => o.read_only = false,
             "remount" => o.remount = true,

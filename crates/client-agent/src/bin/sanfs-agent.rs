@@ -59,7 +59,8 @@ enum Command {
         mountpoint: PathBuf,
         /// Comma-separated options: attr_ttl=1s, entry_ttl=1s, allow_other, ro, rw,
         /// threshold=SIZE (direct-I/O threshold: 64k, 1M, 65536), engine=uring|sync|auto,
-        /// devices=GLOB,GLOB (LUN discovery), tls_ca=, tls_cert=, tls_key=, tls_domain=,
+        /// devices=GLOB,GLOB (LUN discovery; no LUN found refuses the mount unless
+        /// allow_proxied_only), tls_ca=, tls_cert=, tls_key=, tls_domain=,
         /// client_name=, metrics=ADDR:PORT (Prometheus), device_retry=5s (probe a LUN
         /// poisoned by a failed write again after this), log=FILE|syslog|stderr,
         /// log_level=LEVEL; mount(8)'s generic ones (_netdev, defaults, x-*, ...) are ignored.
@@ -310,6 +311,7 @@ fn mount(
     config.direct_io_threshold = opts.direct_io_threshold;
     config.accept_epoch_regression = opts.accept_epoch_regression;
     config.retry = opts.retry;
+    config.require_luns = !opts.allow_proxied_only;
     config.tls = match (&opts.tls_ca, &opts.tls_cert, &opts.tls_key) {
         (None, None, None) => None,
         (Some(ca), Some(cert), Some(key)) => Some(TlsConfig {
@@ -658,6 +660,13 @@ fn format_status(m: &MountStatus) -> String {
         a.engine,
         a.device_recoveries
     );
+    if found == 0 && !a.devices.is_empty() {
+        let _ = writeln!(
+            out,
+            "  WARN       none of the volume's LUNs is found on this node: every byte goes \
+             through the server (mounted with allow_proxied_only)"
+        );
+    }
     for d in &a.devices {
         let state = match d.state {
             DeviceHealth::Ok => "ok",

@@ -166,6 +166,10 @@ pub struct ClientConfig {
     /// How long calls wait for an unreachable or restarting server (`hard`: as long as it
     /// takes; `soft`: then EIO).
     pub retry: RetryPolicy,
+    /// Refuse to connect when none of the volume's LUNs is found on this node (every byte
+    /// would go through the server). Off in the library (the CSI driver does no data I/O);
+    /// `sanfs-agent mount` turns it on unless `-o allow_proxied_only`.
+    pub require_luns: bool,
     pub faults: FaultInjection,
 }
 
@@ -192,6 +196,7 @@ impl ClientConfig {
             write_layout_bytes: DEFAULT_WRITE_LAYOUT_BYTES,
             accept_epoch_regression: false,
             retry: RetryPolicy::Hard,
+            require_luns: false,
             faults: FaultInjection::default(),
         }
     }
@@ -365,6 +370,12 @@ pub enum ConnectError {
     Server(#[from] FsError),
     #[error("cannot start the I/O engine: {0}")]
     Engine(std::io::Error),
+    #[error(
+        "none of the volume's {count} LUNs was found under devices={globs}: every byte would go \
+         through the server; check the globs and that this node sees the LUNs, or mount with \
+         -o allow_proxied_only to accept that"
+    )]
+    NoLuns { count: usize, globs: String },
 }
 
 fn malformed(what: &str, e: impl std::fmt::Display) -> FsError {
@@ -499,6 +510,20 @@ impl Client {
         let device_count = info.volume.devices().len();
         for (index, id) in &found.missing {
             tracing::warn!(device = %index, ?id, "LUN not found on this node: its I/O goes proxied");
+        }
+        if found.found.is_empty() && device_count > 0 {
+            let globs = config.discovery.globs.join(":");
+            if config.require_luns {
+                return Err(ConnectError::NoLuns {
+                    count: device_count,
+                    globs,
+                });
+            }
+            tracing::warn!(
+                luns = device_count,
+                globs,
+                "none of the volume's LUNs was found on this node: every byte goes through the server"
+            );
         }
         let mut present = vec![false; device_count];
         let mut device_paths: Vec<Option<PathBuf>> = vec![None; device_count];
