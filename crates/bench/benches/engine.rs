@@ -6,7 +6,7 @@
 //! directory (on the local disk, not tmpfs, so that O_DIRECT applies).
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use sanfs_blockmap::plan::BufRange;
@@ -38,11 +38,7 @@ fn open(paths: &[std::path::PathBuf]) -> Vec<Option<File>> {
         .iter()
         .map(|p| {
             Some(
-                File::options()
-                    .read(true)
-                    .write(true)
-                    .custom_flags(libc::O_DIRECT)
-                    .open(p)
+                sanfs_lun::open_direct_strict(p, sanfs_lun::Access::ReadWrite)
                     .expect("open LUN file O_DIRECT"),
             )
         })

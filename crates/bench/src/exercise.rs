@@ -867,6 +867,10 @@ impl<'a> Exerciser<'a> {
                 if append {
                     flags |= libc::O_APPEND;
                 }
+                #[allow(
+                    clippy::disallowed_methods,
+                    reason = "a file on the mount, opened as an application opens it: not a LUN"
+                )]
                 o.custom_flags(flags).mode(0o644);
                 let result = o.open(self.path(mount, slot));
                 let expect_err = if exists && creat && excl {

@@ -159,6 +159,10 @@ impl Writer {
         let mut o = std::fs::OpenOptions::new();
         o.read(true).write(true).create(create);
         if self.direct {
+            #[allow(
+                clippy::disallowed_methods,
+                reason = "a file on the mount, opened as an application opens it: not a LUN"
+            )]
             o.custom_flags(libc::O_DIRECT);
         }
         o.open(&self.path)

@@ -22,21 +22,9 @@ pub fn size_label(bytes: u64) -> String {
     }
 }
 
-/// Parses `4K`, `64KiB`, `1M`, `4096`.
+/// Parses `4K`, `64KiB`, `1M`, `2T`, `4096` (binary units, as every sanfs surface reads them).
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (n, suffix) = t.split_at(digits);
-    let n: u64 = n.parse().map_err(|e| format!("size {text:?}: {e}"))?;
-    let shift = match suffix.trim() {
-        "" | "B" => 0,
-        "K" | "k" | "KiB" => 10,
-        "M" | "m" | "MiB" => 20,
-        "G" | "g" | "GiB" => 30,
-        s => return Err(format!("size {text:?}: unknown suffix {s:?} (K, M, G)")),
-    };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("size {text:?} is too large"))
+    sanfs_proto::units::parse_size(text)
 }
 
 /// Powers of two from `lo` to `hi`, inclusive.

@@ -1,9 +1,10 @@
 //! Finding this node's LUNs of a volume: by identity, never by path.
 //!
 //! [`discover`] expands the configured globs (`*` and `?` in the last path component; a path
-//! without wildcards is taken as is, so file-backed LUNs can be listed by name), reads the
-//! first [`PROBE_SIZE`] bytes of every block device or regular file found with `O_DIRECT`, and
-//! recognises a sanfs [`DeviceLabel`] or an LVM2 PV label in them. A device whose identity is
+//! without wildcards is taken as is, so file-backed LUNs can be listed by name), and reads the
+//! identity of every block device or regular file found ([`sanfs_lun::probe_identity`]: its
+//! first bytes, read with `O_DIRECT`, hold a sanfs device label or an LVM2 PV label). The
+//! opens, sizes and logical block sizes come from sanfs-lun too. A device whose identity is
 //! one of the volume's is checked (size at least what the volume records, logical block size
 //! dividing the volume's block size) and opened once, read-write with `O_DIRECT`, however many
 //! paths lead to it (`/dev/disk/by-id` symlinks; deduplicated by `st_rdev`, or by
@@ -12,16 +13,12 @@
 //! them fails per device while the rest of the volume works.
 
 use std::collections::HashSet;
-use std::fs::{File, OpenOptions};
-use std::io::{self, Seek, SeekFrom};
-use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use sanfs_blockmap::label::{DeviceLabel, PROBE_SIZE};
-use sanfs_blockmap::lvm::{LABEL_SCAN_BYTES, parse_pv_label};
 use sanfs_blockmap::volume::{DeviceId, DeviceIndex, Volume};
-
-use crate::buf::AlignedBuf;
+use sanfs_lun::Access;
 
 /// Where the agent looks for LUNs unless configured otherwise.
 pub const DEFAULT_GLOBS: &[&str] = &[
@@ -158,86 +155,8 @@ pub fn expand_globs(globs: &[String]) -> Vec<PathBuf> {
     out
 }
 
-fn o_direct() -> i32 {
-    // O_DIRECT fits an int; the cast only changes the type.
-    rustix::fs::OFlags::DIRECT.bits() as i32
-}
-
-/// Opens with `O_DIRECT`, falling back to buffered I/O where the file system refuses it.
-fn open_direct(path: &Path, write: bool) -> io::Result<(File, bool)> {
-    let mut opts = OpenOptions::new();
-    opts.read(true).write(write);
-    match opts.clone().custom_flags(o_direct()).open(path) {
-        Ok(f) => Ok((f, true)),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok((opts.open(path)?, false)),
-        Err(e) => Err(e),
-    }
-}
-
-/// Reads the first [`PROBE_SIZE`] bytes (fewer if the device is smaller) with `O_DIRECT`.
-fn read_head(path: &Path) -> io::Result<Vec<u8>> {
-    let (file, _) = open_direct(path, false)?;
-    let mut buf = AlignedBuf::zeroed(PROBE_SIZE.max(LABEL_SCAN_BYTES));
-    let mut got = 0usize;
-    while got < buf.len() {
-        match file.read_at(&mut buf[got..], got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-        // A direct read of a file whose end is not block aligned returns a short, unaligned
-        // tail; anything after it would be misaligned, and there is nothing after it anyway.
-        if !got.is_multiple_of(512) {
-            break;
-        }
-    }
-    Ok(buf[..got].to_vec())
-}
-
-/// The identity in a device's first bytes: its sanfs label, else its LVM2 PV label.
-pub fn identify(head: &[u8]) -> Option<DeviceId> {
-    if let Ok(label) = DeviceLabel::decode(head) {
-        return Some(DeviceId::Sanfs(label.device_uuid));
-    }
-    parse_pv_label(head)
-        .ok()
-        .map(|pv| DeviceId::LvmPv(pv.pv_id))
-}
-
-/// Reads the identity of the device or file at `path` (`None`: no label).
-pub fn probe_identity(path: &Path) -> io::Result<Option<DeviceId>> {
-    Ok(identify(&read_head(path)?))
-}
-
-/// `statx`'s `O_DIRECT` file-offset alignment, when it reports one.
-fn dio_alignment(file: &File) -> Option<u32> {
-    use rustix::fs::{AtFlags, StatxFlags, statx};
-    let x = statx(file, "", AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN).ok()?;
-    let align = x.stx_dio_offset_align;
-    (x.stx_mask & StatxFlags::DIOALIGN.bits() != 0 && align.is_power_of_two() && align >= 512)
-        .then_some(align)
-}
-
-/// A block device's logical block size from sysfs (the parent disk's for a partition), else
-/// `statx`, else 512.
-fn block_device_logical_block_size(file: &File, rdev: u64) -> u32 {
-    let (major, minor) = (rustix::fs::major(rdev), rustix::fs::minor(rdev));
-    let base = format!("/sys/dev/block/{major}:{minor}");
-    for candidate in [
-        format!("{base}/queue/logical_block_size"),
-        format!("{base}/../queue/logical_block_size"),
-    ] {
-        let size = std::fs::read_to_string(&candidate)
-            .ok()
-            .and_then(|s| s.trim().parse::<u32>().ok())
-            .filter(|s| s.is_power_of_two() && *s >= 512);
-        if let Some(size) = size {
-            return size;
-        }
-    }
-    dio_alignment(file).unwrap_or(512)
-}
+// Where the agent's tests have always found it.
+pub use sanfs_lun::probe_identity;
 
 /// Opens a device of the volume and checks it against what the volume needs.
 fn open_lun(
@@ -246,20 +165,11 @@ fn open_lun(
     id: DeviceId,
     volume: &Volume,
 ) -> Result<FoundDevice, String> {
-    let (mut file, direct) = open_direct(path, true).map_err(|e| format!("open: {e}"))?;
-    let meta = file.metadata().map_err(|e| format!("stat: {e}"))?;
-    let is_block_device = meta.file_type().is_block_device();
-    let size_bytes = if is_block_device {
-        file.seek(SeekFrom::End(0))
-            .map_err(|e| format!("seek to end: {e}"))?
-    } else {
-        meta.len()
-    };
-    let logical_block_size = if is_block_device {
-        block_device_logical_block_size(&file, meta.rdev())
-    } else {
-        dio_alignment(&file).unwrap_or(512)
-    };
+    let (file, direct) =
+        sanfs_lun::open_direct(path, Access::ReadWrite).map_err(|e| format!("open: {e}"))?;
+    let geometry = sanfs_lun::describe(&file).map_err(|e| e.to_string())?;
+    let is_block_device = geometry.identity.is_block_device();
+    let (size_bytes, logical_block_size) = (geometry.size_bytes, geometry.logical_block_size);
     let need = volume
         .devices()
         .get(index.as_usize())
@@ -419,28 +329,5 @@ mod tests {
             .map(|p| p.file_name().unwrap().to_str().unwrap().to_owned())
             .collect();
         assert_eq!(names, ["lun0", "lun1", "other"]);
-    }
-
-    #[test]
-    fn identify_knows_sanfs_labels_and_nothing_else() {
-        let label = DeviceLabel {
-            fs_uuid: uuid::Uuid::from_u128(1),
-            device_uuid: uuid::Uuid::from_u128(2),
-            device_index: 0,
-            device_count: 1,
-            device_size: 1 << 30,
-            data_offset: 1 << 20,
-            block_size: 4096,
-            layout: sanfs_blockmap::label::LabelLayout::Linear,
-            formatted_at: 0,
-        };
-        let mut head = label.encode();
-        head.resize(PROBE_SIZE, 0);
-        assert_eq!(
-            identify(&head),
-            Some(DeviceId::Sanfs(uuid::Uuid::from_u128(2)))
-        );
-        assert_eq!(identify(&vec![0u8; PROBE_SIZE]), None);
-        assert_eq!(identify(b"short"), None);
     }
 }

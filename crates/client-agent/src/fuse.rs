@@ -98,7 +98,13 @@ struct State {
     next_fh: AtomicU64,
     /// The volume's block size (statfs).
     block_size: u32,
+    /// The ioctl commands answered ENOTTY so far (each is logged once; at most
+    /// [`IOCTLS_REMEMBERED`] are remembered).
+    ioctls_seen: Mutex<std::collections::BTreeSet<u32>>,
 }
+
+/// How many distinct unsupported ioctl commands are remembered (and logged once each).
+const IOCTLS_REMEMBERED: usize = 64;
 
 /// `st_blksize` of every file: the preferred I/O size. Tools size their buffers by it (`cmp`,
 /// `cat`, `cp` use at least it): 1 MiB, the largest FUSE request, is above the direct-I/O
@@ -245,6 +251,7 @@ impl SanFs {
                 files: Mutex::new(HashMap::new()),
                 next_fh: AtomicU64::new(1),
                 block_size,
+                ioctls_seen: Mutex::new(std::collections::BTreeSet::new()),
             }),
             runtime,
         }
@@ -912,6 +919,37 @@ impl fuser::Filesystem for SanFs {
                 Err(e) => reply.error(errno(&e)),
             }
         });
+    }
+
+    /// No ioctl is supported: ENOTTY, as a file system without the command answers (fsstress
+    /// and `cp` probe FS_IOC_* commands). Logged once per command, not per call.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: fuser::FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        let first = {
+            let mut seen = self
+                .state
+                .ioctls_seen
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            seen.len() < IOCTLS_REMEMBERED && seen.insert(cmd)
+        };
+        if first {
+            tracing::info!(
+                cmd = format_args!("{cmd:#x}"),
+                ino = ino.0,
+                "unsupported ioctl: ENOTTY (logged once per command)"
+            );
+        }
+        reply.error(Errno::ENOTTY);
     }
 
     fn getlk(

@@ -36,7 +36,11 @@ fn filter(level: Option<&str>) -> tracing_subscriber::EnvFilter {
 pub fn init(target: &LogTarget, level: Option<&str>) -> anyhow::Result<()> {
     let builder = tracing_subscriber::fmt().with_env_filter(filter(level));
     match target {
-        LogTarget::Stderr => builder.with_writer(std::io::stderr).init(),
+        // Colours only for a terminal: a journal or `kubectl logs` would show the codes.
+        LogTarget::Stderr => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .init(),
         LogTarget::File(path) => {
             let file = open_log_file(path)?;
             builder

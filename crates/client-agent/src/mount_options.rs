@@ -154,44 +154,16 @@ pub fn without_kernel_options(raw: &[String]) -> Vec<String> {
     vec![kept.join(",")]
 }
 
-/// `1s`, `500ms`, `2m`, `0`, `2` (seconds).
+/// A duration as every sanfs surface reads it ([`sanfs_proto::units::parse_duration`]):
+/// `1s`, `500ms`, `2m`, `1h`, `0`, `2` (seconds).
 pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
-    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let v: f64 = num
-        .parse()
-        .with_context(|| format!("bad duration {s:?} (e.g. 1s, 250ms, 2m)"))?;
-    let secs = match unit {
-        "s" => v,
-        "ms" => v / 1000.0,
-        "m" => v * 60.0,
-        _ => bail!("bad duration unit in {s:?} (s, ms or m)"),
-    };
-    Duration::try_from_secs_f64(secs).with_context(|| format!("bad duration {s:?}"))
+    sanfs_proto::units::parse_duration(s).map_err(anyhow::Error::msg)
 }
 
-/// A byte size: `65536`, `64k`, `64K`, `64KiB`, `1M`, `1MiB`, `1G` (binary units).
+/// A byte size as every sanfs surface reads it ([`sanfs_proto::units::parse_size`]): `65536`,
+/// `64k`, `64KiB`, `64KB`, `1M`, `1G` (binary units).
 pub fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let i = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(i);
-    if num.is_empty() {
-        bail!("{s:?} is not a size (e.g. 65536, 64k, 1M)");
-    }
-    let n: u64 = num
-        .parse()
-        .with_context(|| format!("{s:?} is not a size (e.g. 65536, 64k, 1M)"))?;
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kib" | "kb" => 10,
-        "m" | "mib" | "mb" => 20,
-        "g" | "gib" | "gb" => 30,
-        "t" | "tib" | "tb" => 40,
-        _ => bail!("bad size unit in {s:?} (k, M, G or T, binary)"),
-    };
-    n.checked_mul(1u64 << shift)
-        .with_context(|| format!("size {s:?} is too large"))
+    sanfs_proto::units::parse_size(s).map_err(anyhow::Error::msg)
 }
 
 /// Parses the comma-separated `-o` strings. With `sloppy`, unknown options are skipped and
@@ -447,7 +419,7 @@ mod tests {
             "",
             "k",
             "64x",
-            "1.5M",
+            "1.5",
             "-1",
             "99999999999999999999",
             "16777216T",

@@ -246,36 +246,10 @@ fn default_data_offset() -> u64 {
     sanfs_blockmap::label::DEFAULT_DATA_OFFSET
 }
 
-/// Parses a size: a plain number of bytes, or a number with a binary suffix (`k`, `K`, `KiB`,
-/// `M`, `MiB`, `G`, `GiB`, `T`, `TiB`, `P`, `PiB`, each a power of 1024; a trailing `B` alone
-/// means bytes). Spaces between number and suffix are allowed. Decimal-looking suffixes
-/// (`KB`, `MB`) are refused as ambiguous.
+/// Parses a size as every sanfs surface does ([`sanfs_proto::units::parse_size`]: binary
+/// units, `64K` = `64KB` = `64KiB` = 65536).
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (number, suffix) = t.split_at(digits_end);
-    if number.is_empty() {
-        return Err(format!("size {text:?} does not start with a number"));
-    }
-    let number: u64 = number.parse().map_err(|e| format!("size {text:?}: {e}"))?;
-    let shift = match suffix.trim() {
-        "" | "b" | "B" => 0,
-        "k" | "K" | "Ki" | "KiB" | "kiB" => 10,
-        "m" | "M" | "Mi" | "MiB" => 20,
-        "g" | "G" | "Gi" | "GiB" => 30,
-        "t" | "T" | "Ti" | "TiB" => 40,
-        "p" | "P" | "Pi" | "PiB" => 50,
-        s @ ("kB" | "KB" | "MB" | "GB" | "TB" | "PB") => {
-            return Err(format!(
-                "size {text:?}: suffix {s:?} is ambiguous, write {}iB",
-                &s[..1].to_uppercase()
-            ));
-        }
-        s => return Err(format!("size {text:?}: unknown suffix {s:?}")),
-    };
-    number
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("size {text:?} does not fit in 64 bits"))
+    sanfs_proto::units::parse_size(text)
 }
 
 fn deserialize_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
@@ -585,20 +559,15 @@ mod tests {
             ("1GiB", 1 << 30),
             ("3G", 3 << 30),
             ("2TiB", 2 << 40),
+            // The same reading as mount options and the CSI driver: binary, whatever the
+            // spelling.
+            ("4KB", 4096),
+            ("1MB", 1 << 20),
+            ("1.5M", 3 << 19),
         ] {
             assert_eq!(parse_size(text), Ok(bytes), "{text}");
         }
-        for bad in [
-            "",
-            "k",
-            "-1",
-            "1.5M",
-            "4KB",
-            "1MB",
-            "4x",
-            "99999999999P",
-            "0x10",
-        ] {
+        for bad in ["", "k", "-1", "1.5", "4x", "99999999999P", "0x10"] {
             assert!(parse_size(bad).is_err(), "{bad:?} accepted");
         }
         let c = MdsConfig::parse(&with_volume(
@@ -609,11 +578,17 @@ mod tests {
             (c.volume.stripe_unit, c.volume.data_offset),
             (128 << 10, 4 << 20)
         );
-        let err = MdsConfig::parse(&with_volume(
+        // "64KB" reads as mount options and the CSI driver read it: 64 KiB.
+        let c = MdsConfig::parse(&with_volume(
             "layout = \"striped\"\ndevices = [\"/d\"]\nstripe_unit = \"64KB\"",
         ))
+        .unwrap();
+        assert_eq!(c.volume.stripe_unit, 64 << 10);
+        let err = MdsConfig::parse(&with_volume(
+            "layout = \"striped\"\ndevices = [\"/d\"]\nstripe_unit = \"64QB\"",
+        ))
         .unwrap_err();
-        assert!(format!("{err:#}").contains("ambiguous"), "{err:#}");
+        assert!(format!("{err:#}").contains("64QB"), "{err:#}");
         let err = MdsConfig::parse(&with_volume(
             "layout = \"striped\"\ndevices = [\"/d\"]\nstripe_unit = true",
         ))

@@ -9,10 +9,10 @@
 use redb::ReadableTable;
 use sanfs_blockmap::plan::{IoPlan, PlanMethod, PlanOp, plan};
 use sanfs_blockmap::volume::Volume;
-use sanfs_proto::types::{Attr, FileType, FsError, MAX_FILE_SIZE};
+use sanfs_proto::types::{Attr, FileType, FsError, InodeId, MAX_FILE_SIZE};
 
-use crate::ns::{Reader, ReaderInodes, allocate_blocks, save_extents};
-use crate::store::{Ctx, OpError};
+use crate::space::{allocate_blocks, save_extents};
+use crate::store::{Ctx, OpError, ReaderInodes};
 
 /// Most bytes one grant covers; a longer request is granted a prefix and the client asks
 /// again for the rest (docs/protocol.md, "A write grant covers a prefix").
@@ -54,7 +54,7 @@ fn plan_error(e: sanfs_blockmap::plan::PlanError) -> OpError {
 pub fn map_write(
     ctx: &mut Ctx<'_>,
     volume: &Volume,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     len: u64,
 ) -> Result<Mapped, OpError> {
@@ -76,11 +76,11 @@ pub fn speculative_blocks(file_end_block: u64, block_size: u32, free_blocks: u64
 /// streaming writer then find their blocks allocated and need no commit. Returns the mapping
 /// and the blocks allocated ahead as `(first, end)` (empty when none).
 /// The blocks it allocates are noted as not zeroed yet: the grant layer has them zeroed on the
-/// LUNs before the grant leaves ([`crate::proxy::DataPath::zero_fresh`]).
+/// LUNs before the grant leaves (`DataPath::zero_fresh` in the `proxy` module).
 pub fn map_write_ahead(
     ctx: &mut Ctx<'_>,
     volume: &Volume,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     len: u64,
     ahead_blocks: u64,
@@ -93,7 +93,7 @@ pub fn map_write_ahead(
 fn map_write_blocks(
     ctx: &mut Ctx<'_>,
     volume: &Volume,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     len: u64,
     ahead_blocks: u64,
@@ -107,7 +107,7 @@ fn map_write_blocks(
         .ok_or(OpError::Fs(FsError::FileTooBig))?;
     let mut rec = ctx.t.inode(ino)?;
     rec.regular()?;
-    if rec.nlink == 0 && ctx.orphans.get(ino)?.is_none() {
+    if rec.nlink == 0 && ctx.orphans.get(ino.0)?.is_none() {
         return err(FsError::Stale);
     }
     let bs = u64::from(ctx.block_size);
@@ -151,11 +151,11 @@ fn map_write_blocks(
     };
     if ahead > 0 {
         // Recorded durably with the allocation, so that a crash cannot leak it.
-        let merged = match ctx.prealloc.get(ino)?.map(|v| v.value()) {
+        let merged = match ctx.prealloc.get(ino.0)?.map(|v| v.value()) {
             Some((first, last)) => (first.min(ahead_range.0), last.max(ahead_range.1)),
             None => ahead_range,
         };
-        ctx.prealloc.insert(ino, merged)?;
+        ctx.prealloc.insert(ino.0, merged)?;
     }
     Ok((
         Mapped {
@@ -171,11 +171,11 @@ fn map_write_blocks(
 /// A write grant's plan on a snapshot when every block of the range is allocated already
 /// (a streaming writer inside its preallocation, or an overwrite): no transaction at all.
 /// `None` when something must be allocated first.
-pub fn plan_allocated_write<T: Reader + ReaderInodes>(
+pub fn plan_allocated_write<T: ReaderInodes>(
     t: &T,
     volume: &Volume,
     block_size: u32,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     len: u64,
 ) -> Result<Option<Mapped>, OpError> {
@@ -215,11 +215,11 @@ pub fn plan_allocated_write<T: Reader + ReaderInodes>(
 /// file (rounded up to a block) and to [`MAX_GRANT_BYTES`]; Written extents become device
 /// reads, holes and Unwritten extents zero fill. A range wholly past end of file gets an empty
 /// plan.
-pub fn map_read<T: Reader + ReaderInodes>(
+pub fn map_read<T: ReaderInodes>(
     t: &T,
     volume: &Volume,
     block_size: u32,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     len: u64,
 ) -> Result<Mapped, OpError> {
@@ -228,22 +228,22 @@ pub fn map_read<T: Reader + ReaderInodes>(
 
 /// [`map_read`] without clipping at end of file: for the server's own read-modify-write of
 /// blocks that straddle or lie past it.
-pub fn map_read_unclipped<T: Reader + ReaderInodes>(
+pub fn map_read_unclipped<T: ReaderInodes>(
     t: &T,
     volume: &Volume,
     block_size: u32,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     len: u64,
 ) -> Result<Mapped, OpError> {
     map_read_clipped(t, volume, block_size, ino, offset, len, false)
 }
 
-fn map_read_clipped<T: Reader + ReaderInodes>(
+fn map_read_clipped<T: ReaderInodes>(
     t: &T,
     volume: &Volume,
     block_size: u32,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     len: u64,
     clip: bool,
@@ -291,7 +291,7 @@ fn map_read_clipped<T: Reader + ReaderInodes>(
 /// changes: the blocks stay Unwritten and read as zeros.
 pub fn complete_write(
     ctx: &mut Ctx<'_>,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     bytes_done: u64,
     writer_is_root: bool,
@@ -305,7 +305,7 @@ pub fn complete_write(
 /// unaligned application data): the size grows to at most `data_end`.
 pub fn complete_write_to(
     ctx: &mut Ctx<'_>,
-    ino: u64,
+    ino: InodeId,
     offset: u64,
     bytes_done: u64,
     data_end: u64,
@@ -342,56 +342,4 @@ pub fn complete_write_to(
     }
     ctx.t.put_inode(ino, &rec)?;
     Ok(rec.attr(ino, ctx.block_size))
-}
-
-/// Frees the Unwritten blocks of file blocks `[first, last)` that lie wholly past the end of
-/// file: what a write grant allocated but never completed (its session expired), so that an
-/// abandoned write does not keep space past EOF. Written blocks and blocks inside the file
-/// are left alone (inside the file, Unwritten blocks read as zeros, as they must).
-pub fn trim_unwritten_past_eof(
-    ctx: &mut Ctx<'_>,
-    ino: u64,
-    first: u64,
-    last: u64,
-) -> Result<u64, OpError> {
-    let Some(mut rec) = ctx.t.try_inode(ino)? else {
-        return Ok(0); // the file is gone: its blocks went with it
-    };
-    let bs = u64::from(ctx.block_size);
-    let first = first.max(rec.size.div_ceil(bs));
-    if last <= first {
-        return Ok(0);
-    }
-    let mut map = ctx.t.extent_map(ino)?;
-    let unwritten: Vec<(u64, u64)> = map
-        .lookup(first, last - first)
-        .into_iter()
-        .filter_map(|p| match p {
-            sanfs_blockmap::extent::Piece::Mapped(e)
-                if e.state == sanfs_blockmap::extent::ExtentState::Unwritten =>
-            {
-                Some((e.file_block, e.len_blocks))
-            }
-            _ => None,
-        })
-        .collect();
-    let mut freed = 0;
-    for (fb, len) in unwritten {
-        for e in map.punch(fb, len) {
-            ctx.free_blocks(e.vol_block, e.len_blocks)?;
-            freed += e.len_blocks;
-        }
-    }
-    crate::quota::apply(
-        ctx,
-        rec.project,
-        -i64::try_from(freed).unwrap_or(i64::MAX),
-        0,
-    )?;
-    if freed > 0 {
-        rec.blocks = map.mapped_blocks();
-        save_extents(&mut ctx.t, ino, &map)?;
-        ctx.t.put_inode(ino, &rec)?;
-    }
-    Ok(freed)
 }

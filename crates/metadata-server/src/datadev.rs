@@ -9,46 +9,18 @@
 //!
 //! I/O is `O_DIRECT` with buffers aligned to 4096 bytes (no page cache, so the server and
 //! every agent see the same bytes on the LUN). Where `O_DIRECT` is refused (a file-backed LUN
-//! on tmpfs), the LUN is used buffered and written through with `fdatasync`.
+//! on tmpfs), the LUN is used buffered and written through with `fdatasync`. The opens, the
+//! identity probe and the aligned buffers are sanfs-lun's, the same as the agent's.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use sanfs_blockmap::label::{DeviceLabel, LABEL_SIZE};
 use sanfs_blockmap::plan::IoPlan;
 use sanfs_blockmap::volume::{DeviceId, DeviceIndex, Volume};
+use sanfs_lun::{Access, AlignedBuf};
 use sanfs_proto::types::FsError;
-
-use crate::device::Lun;
-
-/// Memory and offset alignment used for every `O_DIRECT` transfer.
-pub const DIRECT_ALIGN: usize = 4096;
-
-/// A zeroed byte buffer whose start is aligned to [`DIRECT_ALIGN`] (safe code: an
-/// over-allocated `Vec` and an aligned window into it).
-pub struct AlignedBuf {
-    raw: Vec<u8>,
-    shift: usize,
-    len: usize,
-}
-
-impl AlignedBuf {
-    pub fn zeroed(len: usize) -> AlignedBuf {
-        let raw = vec![0u8; len + DIRECT_ALIGN];
-        let shift = raw.as_ptr().align_offset(DIRECT_ALIGN).min(DIRECT_ALIGN);
-        AlignedBuf { raw, shift, len }
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        &self.raw[self.shift..self.shift + self.len]
-    }
-
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.raw[self.shift..self.shift + self.len]
-    }
-}
 
 struct DataLun {
     path: PathBuf,
@@ -70,32 +42,11 @@ impl std::fmt::Debug for DataDevices {
     }
 }
 
-fn open_direct(path: &Path) -> std::io::Result<File> {
-    let direct = rustix::fs::OFlags::DIRECT.bits() as i32;
-    match OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(direct)
-        .open(path)
-    {
-        Ok(f) => Ok(f),
-        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
-            OpenOptions::new().read(true).write(true).open(path)
-        }
-        Err(e) => Err(e),
-    }
-}
-
 /// The identity a device carries: its sanfs label, else its LVM2 PV label.
 fn identity(path: &Path) -> anyhow::Result<DeviceId> {
-    let lun = Lun::open(path, false)?;
-    let head = lun.read_prefix(LABEL_SIZE)?;
-    if let Ok(label) = DeviceLabel::decode(&head) {
-        return Ok(DeviceId::Sanfs(label.device_uuid));
-    }
-    let pv = crate::format::read_lvm_pv(&lun)
-        .with_context(|| format!("{}: neither a sanfs label nor an LVM2 PV", path.display()))?;
-    Ok(DeviceId::LvmPv(pv.label.pv_id))
+    sanfs_lun::probe_identity(path)
+        .with_context(|| format!("read the first bytes of {}", path.display()))?
+        .with_context(|| format!("{}: neither a sanfs label nor an LVM2 PV", path.display()))
 }
 
 impl DataDevices {
@@ -115,8 +66,8 @@ impl DataDevices {
                 tracing::warn!(path = %path.display(), device = %id, "a LUN of another file system");
                 continue;
             };
-            match open_direct(path) {
-                Ok(file) => {
+            match sanfs_lun::open_direct(path, Access::ReadWrite) {
+                Ok((file, _)) => {
                     tracing::info!(path = %path.display(), device = %id, index = index.0, "data LUN opened");
                     luns[index.as_usize()] = Some(DataLun {
                         path: path.clone(),

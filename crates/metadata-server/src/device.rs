@@ -12,23 +12,19 @@
 //! After a failed write or sync the handle is poisoned (style.md section 6): every later
 //! write or sync fails, because a failed flush may have lost data that a retry would not
 //! notice.
+//!
+//! The opens, the geometry (size, logical block size, identity) and the direct reads are
+//! sanfs-lun's, shared with the agent; this module adds the server's checks and poisoning.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Seek, SeekFrom};
-use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, bail};
+use sanfs_lun::Access;
 
-/// What identifies the object behind a path, so that two paths to one device are caught.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum LunIdentity {
-    /// A block device, by device number (`st_rdev`).
-    BlockDevice { rdev: u64 },
-    /// A regular file, by file system and inode.
-    File { dev: u64, ino: u64 },
-}
+pub use sanfs_lun::LunIdentity;
 
 /// One opened LUN or file.
 #[derive(Debug)]
@@ -58,45 +54,38 @@ impl Lun {
                 path.display()
             );
         }
-        let mut options = OpenOptions::new();
-        options.read(true).write(writable);
-        if is_block && writable {
-            options.custom_flags(oflag(rustix::fs::OFlags::EXCL));
-        }
-        let mut file = options.open(path).with_context(|| {
+        let access = if writable {
+            Access::ReadWrite
+        } else {
+            Access::Read
+        };
+        let opened = if is_block && writable {
+            sanfs_lun::open_exclusive(path, access)
+        } else {
+            sanfs_lun::open_buffered(path, access)
+        };
+        let file = opened.with_context(|| {
             format!(
                 "open {}{}",
                 path.display(),
                 if writable { " for writing" } else { "" }
             )
         })?;
-        let (identity, direct, size_bytes, logical_block_size) = if is_block {
-            let direct = OpenOptions::new()
-                .read(true)
-                .custom_flags(oflag(rustix::fs::OFlags::DIRECT))
-                .open(path)
-                .with_context(|| format!("open {} with O_DIRECT", path.display()))?;
-            let size = file
-                .seek(SeekFrom::End(0))
-                .with_context(|| format!("find the size of {}", path.display()))?;
-            let lbs = block_device_logical_block_size(&file, meta.rdev());
-            (
-                LunIdentity::BlockDevice { rdev: meta.rdev() },
-                Some(direct),
-                size,
-                lbs,
+        let direct = if is_block {
+            Some(
+                sanfs_lun::open_direct_strict(path, Access::Read)
+                    .with_context(|| format!("open {} with O_DIRECT", path.display()))?,
             )
         } else {
-            (
-                LunIdentity::File {
-                    dev: meta.dev(),
-                    ino: meta.ino(),
-                },
-                None,
-                meta.len(),
-                dio_alignment(&file).unwrap_or(512),
-            )
+            None
         };
+        let geometry = sanfs_lun::describe(&file)
+            .with_context(|| format!("find the size of {}", path.display()))?;
+        let (identity, size_bytes, logical_block_size) = (
+            geometry.identity,
+            geometry.size_bytes,
+            geometry.logical_block_size,
+        );
         Ok(Lun {
             path: path.to_owned(),
             file,
@@ -143,7 +132,7 @@ impl Lun {
             );
         }
         let result = match &self.direct {
-            Some(direct) => read_direct(direct, off, len, self.logical_block_size),
+            Some(direct) => sanfs_lun::read_direct(direct, off, len, self.logical_block_size),
             None => {
                 let mut buf = vec![0u8; len];
                 self.file.read_exact_at(&mut buf, off).map(|()| buf)
@@ -204,59 +193,6 @@ impl Lun {
     }
 }
 
-fn oflag(flag: rustix::fs::OFlags) -> i32 {
-    // O_DIRECT and O_EXCL fit comfortably in an int; the cast only changes the type.
-    flag.bits() as i32
-}
-
-/// Reads `len` bytes at `off` through an `O_DIRECT` descriptor: the aligned span around the
-/// range into an aligned buffer, then the wanted bytes out of it.
-fn read_direct(file: &File, off: u64, len: usize, align: u32) -> std::io::Result<Vec<u8>> {
-    let align64 = u64::from(align);
-    let start = off - off % align64;
-    let end = (off + len as u64).div_ceil(align64) * align64;
-    let span = usize::try_from(end - start).map_err(std::io::Error::other)?;
-    let align = align as usize;
-    let mut raw = vec![0u8; span + align];
-    let shift = raw.as_ptr().align_offset(align);
-    let buf = raw
-        .get_mut(shift..shift + span)
-        .ok_or_else(|| std::io::Error::other("cannot align the read buffer"))?;
-    file.read_exact_at(buf, start)?;
-    let from = (off - start) as usize;
-    Ok(buf[from..from + len].to_vec())
-}
-
-/// A block device's logical block size from sysfs (`queue/logical_block_size`, on the
-/// parent disk for a partition), then `statx`'s direct-I/O alignment, then 512. rustix 1.x
-/// has no `BLKSSZGET` wrapper, and sysfs needs no `unsafe` ioctl.
-fn block_device_logical_block_size(file: &File, rdev: u64) -> u32 {
-    let (major, minor) = (rustix::fs::major(rdev), rustix::fs::minor(rdev));
-    let base = format!("/sys/dev/block/{major}:{minor}");
-    for candidate in [
-        format!("{base}/queue/logical_block_size"),
-        format!("{base}/../queue/logical_block_size"),
-    ] {
-        let size = std::fs::read_to_string(&candidate)
-            .ok()
-            .and_then(|s| s.trim().parse::<u32>().ok())
-            .filter(|s| s.is_power_of_two() && *s >= 512);
-        if let Some(size) = size {
-            return size;
-        }
-    }
-    dio_alignment(file).unwrap_or(512)
-}
-
-/// `statx`'s `O_DIRECT` file-offset alignment (Linux 6.1 and later), when it reports one.
-fn dio_alignment(file: &File) -> Option<u32> {
-    use rustix::fs::{AtFlags, StatxFlags, statx};
-    let x = statx(file, "", AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN).ok()?;
-    let align = x.stx_dio_offset_align;
-    (x.stx_mask & StatxFlags::DIOALIGN.bits() != 0 && align.is_power_of_two() && align >= 512)
-        .then_some(align)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,19 +219,5 @@ mod tests {
         assert_eq!(ro.identity(), lun.identity());
         assert!(Lun::open(dir.path(), false).is_err());
         assert!(Lun::open(&dir.path().join("missing"), false).is_err());
-    }
-
-    #[test]
-    fn direct_reads_pick_the_bytes_out_of_an_aligned_span() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("lun");
-        let data: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
-        std::fs::write(&path, &data).unwrap();
-        // A regular file without O_DIRECT exercises the span arithmetic alone.
-        let file = File::open(&path).unwrap();
-        for (off, len) in [(0, 1), (511, 2), (1000, 3000), (4096, 4096), (8191, 1)] {
-            let got = read_direct(&file, off, len, 512).unwrap();
-            assert_eq!(got, &data[off as usize..off as usize + len], "{off}+{len}");
-        }
     }
 }

@@ -40,6 +40,7 @@ use crate::data::{self, Mapped};
 use crate::locks::{LockMode, Span};
 use crate::ns::Reader;
 use crate::proxy::{DataPath, SizeOf};
+use sanfs_proto::types::{InodeId, SessionEpoch, SessionId};
 
 /// What a recall asks a session to give back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -270,7 +271,7 @@ impl Grants {
                 let Some((first, end)) = ctx.prealloc.remove(ino)?.map(|v| v.value()) else {
                     return Ok(0);
                 };
-                data::trim_unwritten_past_eof(ctx, ino, first, end)
+                crate::space::trim_unwritten_past_eof(ctx, InodeId(ino), first, end)
             })
             .await;
         match trimmed {
@@ -395,9 +396,9 @@ impl Grants {
     )]
     pub async fn map_write(
         &self,
-        session: u64,
-        epoch: u64,
-        ino: u64,
+        session: SessionId,
+        epoch: SessionEpoch,
+        ino: InodeId,
         offset: u64,
         len: u64,
         writer_is_root: bool,
@@ -412,7 +413,7 @@ impl Grants {
         }
         let len = len.min(data::MAX_GRANT_BYTES);
         let end = offset.checked_add(len).ok_or(FsError::FileTooBig)?;
-        let size = store.read(|t| t.getattr_size(ino))?;
+        let size = store.read(|t| t.getattr_size(ino.0))?;
         // An extension past a mid-block end of file also locks (and zeroes) that block's tail.
         let lo = if offset > size && !size.is_multiple_of(bs) {
             size / bs * bs
@@ -421,9 +422,9 @@ impl Grants {
         };
         let id = self.dp.next_id();
         let state = GrantState {
-            session,
-            epoch,
-            ino,
+            session: session.0,
+            epoch: epoch.0,
+            ino: ino.0,
             offset,
             len: 0,
             mode: LockMode::Exclusive,
@@ -435,7 +436,7 @@ impl Grants {
             self.lock_table().insert(id, state.clone());
         }
         if let Err(e) = self
-            .take_lock(id, ino, Span::new(lo, end - lo), LockMode::Exclusive)
+            .take_lock(id, ino.0, Span::new(lo, end - lo), LockMode::Exclusive)
             .await
         {
             self.lock_table().remove(&id);
@@ -443,12 +444,12 @@ impl Grants {
         }
         if layout && !self.lock_table().contains_key(&id) {
             // The session ended while the lock was awaited.
-            self.dp.locks.release(ino, id);
+            self.dp.locks.release(ino.0, id);
             return Err(FsError::StaleSession);
         }
         let result = async {
             if offset > size {
-                self.dp.zero_eof_tail(ino, size).await?;
+                self.dp.zero_eof_tail(ino.0, size).await?;
             }
             let vol = store.volume().clone();
             // Inside blocks allocated already (preallocation, overwrites): no commit at all.
@@ -475,7 +476,7 @@ impl Grants {
             self.dp.zero_fresh().await?;
             if ahead_range.1 > ahead_range.0 {
                 let mut pre = self.prealloc();
-                let e = pre.entry(ino).or_insert(ahead_range);
+                let e = pre.entry(ino.0).or_insert(ahead_range);
                 e.0 = e.0.min(ahead_range.0);
                 e.1 = e.1.max(ahead_range.1);
             }
@@ -491,9 +492,9 @@ impl Grants {
     /// Control info 1 -> 2 for a read. Cacheable read grants stay until returned or recalled.
     pub async fn map_read(
         &self,
-        session: u64,
-        epoch: u64,
-        ino: u64,
+        session: SessionId,
+        epoch: SessionEpoch,
+        ino: InodeId,
         offset: u64,
         len: u64,
         cacheable: bool,
@@ -508,9 +509,9 @@ impl Grants {
         self.lock_table().insert(
             id,
             GrantState {
-                session,
-                epoch,
-                ino,
+                session: session.0,
+                epoch: epoch.0,
+                ino: ino.0,
                 offset,
                 len,
                 mode: LockMode::Shared,
@@ -520,7 +521,7 @@ impl Grants {
             },
         );
         if let Err(e) = self
-            .take_lock(id, ino, Span::new(offset, end - offset), LockMode::Shared)
+            .take_lock(id, ino.0, Span::new(offset, end - offset), LockMode::Shared)
             .await
         {
             self.lock_table().remove(&id);
@@ -554,11 +555,11 @@ impl Grants {
                 Ok((id, m))
             }
             Ok(false) => {
-                self.dp.locks.release(ino, id);
+                self.dp.locks.release(ino.0, id);
                 mapped.map(|m| (id, m))
             }
             Err(e) => {
-                self.dp.locks.release(ino, id);
+                self.dp.locks.release(ino.0, id);
                 mapped?;
                 Err(e)
             }
@@ -693,7 +694,10 @@ impl Grants {
         let store = self.dp.store.clone();
         let result = async {
             if g.mode == LockMode::Shared {
-                return Ok((store.read(|t| t.getattr(store.block_size(), g.ino))?, 0));
+                return Ok((
+                    store.read(|t| t.getattr(store.block_size(), InodeId(g.ino)))?,
+                    0,
+                ));
             }
             if sync && bytes_done > 0 {
                 let devices = self.dp.devices.clone();
@@ -706,7 +710,7 @@ impl Grants {
             // otherwise with the next durable commit or fsync. A crash before that leaves the
             // blocks Unwritten: they read as zeros, never as stale data.
             let job = move |ctx: &mut crate::store::Ctx<'_>| {
-                data::complete_write(ctx, ino, off, bytes_done, root)
+                data::complete_write(ctx, InodeId(ino), off, bytes_done, root)
             };
             let (attr, mut seq) = if sync || bytes_done == 0 {
                 (store.write(job).await?, 0)
@@ -718,7 +722,9 @@ impl Grants {
                 let bs = u64::from(store.block_size());
                 let (first, last) = ((off + bytes_done) / bs, (off + g.len) / bs);
                 store
-                    .write(move |ctx| data::trim_unwritten_past_eof(ctx, ino, first, last))
+                    .write(move |ctx| {
+                        crate::space::trim_unwritten_past_eof(ctx, InodeId(ino), first, last)
+                    })
                     .await?;
                 seq = 0; // that durable commit made the conversion durable too
             }
@@ -800,7 +806,7 @@ impl Grants {
         }
         let (ino, root) = (g.ino, g.writer_is_root);
         let job = move |ctx: &mut crate::store::Ctx<'_>| {
-            data::complete_write(ctx, ino, at, bytes_done, root)
+            data::complete_write(ctx, InodeId(ino), at, bytes_done, root)
         };
         let done = if sync || bytes_done == 0 {
             (store.write(job).await?, 0)
@@ -858,7 +864,7 @@ impl Grants {
         if let Err(e) = self
             .dp
             .store
-            .write(move |ctx| data::trim_unwritten_past_eof(ctx, ino, first, last))
+            .write(move |ctx| crate::space::trim_unwritten_past_eof(ctx, InodeId(ino), first, last))
             .await
         {
             tracing::warn!(session = g.session, grant = id, error = %e, "trimming an ended write grant");

@@ -1,20 +1,28 @@
 //! `sanfs-mds`: the metadata server. It owns the namespace, every file's extent map, the
 //! free-space allocator, sessions and grants; every change is one durable transaction.
 //!
-//! - [`store`]: redb tables, the storage backends, and the group-commit committer.
+//! The modules depend one way, from the gRPC boundary down to the tables:
+//! `serve` -> `service` -> {`ns`, `data`, `grants`, `proxy`, `reclaim`, `recovery`} ->
+//! `space` -> `quota` -> `store` (-> `handles`, `clock`).
+//!
+//! - [`store`]: redb tables, the storage backends, and the group-commit committer (a leaf).
+//! - [`quota`]: directory quotas (what a CSI volume is): charges, checks, queries.
+//! - [`space`]: file space: allocation, extent maps, punch, zero range, trim, release.
 //! - [`ns`]: the namespace's POSIX rules over those tables.
+//! - [`recovery`]: what a start frees after opening the store (orphans, preallocation).
+//! - [`handles`]: the open-handle table.
 //! - [`fsck`]: the offline consistency check.
 //! - [`config`]: the `mds.toml` configuration.
 //! - [`device`], [`format`], [`inspect`]: the LUNs (labels, LVM2 import, `volume inspect`).
 //! - [`locks`], [`grants`], [`data`]: byte-range locks, grants (the direct path's control
 //!   info 1 to 4), and their store jobs.
 //! - [`proxy`], [`datadev`]: the proxied path and the server's own handles on the LUNs.
-//! - [`quota`]: directory quotas (what a CSI volume is).
 //! - [`reclaim`]: the reclaim window after a restart and the replay of lazy completions.
 //! - [`clock`]: the clock seam.
 //! - [`service`]: the four `sanfs.v1` gRPC services over one shared server state.
 //! - [`serve`]: binding, TLS, the serving loop, fail-stop.
-//! - [`metrics`]: Prometheus counters and the `/metrics` responder.
+//! - [`metrics`]: Prometheus counters (read through [`metrics::Counters`]) and the
+//!   `/metrics` responder.
 //!
 //! The binary (`main.rs`) is a thin command line over these modules.
 
@@ -27,6 +35,7 @@ pub mod device;
 pub mod format;
 pub mod fsck;
 pub mod grants;
+pub mod handles;
 pub mod handshake;
 pub mod inspect;
 pub mod locks;
@@ -35,7 +44,9 @@ pub mod ns;
 pub mod proxy;
 pub mod quota;
 pub mod reclaim;
+pub mod recovery;
 pub mod replies;
 pub mod serve;
 pub mod service;
+pub mod space;
 pub mod store;

@@ -166,6 +166,7 @@ fn serve(config_path: &Path, metrics_addr: Option<SocketAddr>) -> anyhow::Result
                 _ = term.recv() => {}
             }
             tracing::info!("stopping");
+            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
         };
         let ready = |addr: SocketAddr| {
             tracing::info!(%addr, "serving");
@@ -178,22 +179,11 @@ fn serve(config_path: &Path, metrics_addr: Option<SocketAddr>) -> anyhow::Result
 
 /// Tells systemd (Type=notify) that the server is serving, when it runs under systemd.
 fn notify_systemd_ready() {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
-        return;
-    };
-    let path = std::path::PathBuf::from(path);
-    let sent = std::os::unix::net::UnixDatagram::unbound().and_then(|sock| {
-        let bytes = path.as_os_str().as_encoded_bytes();
-        if let Some(name) = bytes.strip_prefix(b"@") {
-            // An abstract socket name.
-            use std::os::linux::net::SocketAddrExt;
-            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
-            sock.send_to_addr(b"READY=1\nSTATUS=serving", &addr)
-        } else {
-            sock.send_to(b"READY=1\nSTATUS=serving", &path)
-        }
-    });
-    if let Err(e) = sent {
+    let states = [
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status("serving"),
+    ];
+    if let Err(e) = sd_notify::notify(false, &states) {
         tracing::warn!(error = %e, "could not tell systemd that the server is ready");
     }
 }

@@ -15,13 +15,14 @@
 //! | `sanfs_foreign_session_refused_total` | counter | | calls naming another identity's session |
 //!
 //! RPC counters and latencies go to the process-wide `metrics` recorder, installed once by
-//! [`install`]; what the server counts itself is published per scrape ([`render`]). The
+//! [`install`]; what the server counts itself is published per scrape ([`render`]), read
+//! through one narrow interface, [`Counters`], which the service implements (so this module
+//! knows nothing of the service). The
 //! exporter's own HTTP listener is compiled out (default features off), and
 //! [`serve_metrics`] answers scrapes itself: at most [`MAX_REQUEST_BYTES`] of request are
 //! read, anything but `GET /metrics` is a 404, and every connection is closed after one
 //! answer.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -29,7 +30,30 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::service::Server;
+/// What the server counts itself, as read at one scrape.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Figures {
+    pub read_grants: u64,
+    pub write_grants: u64,
+    pub granted_read_bytes: u64,
+    pub granted_write_bytes: u64,
+    pub recalls: u64,
+    pub lock_waits: u64,
+    pub expired_grants: u64,
+    pub evictions: u64,
+    pub zeroed_bytes: u64,
+    pub proxied_read_bytes: u64,
+    pub proxied_write_bytes: u64,
+    pub grants_live: usize,
+    pub commits: u64,
+    pub commit_ops: u64,
+    pub sessions: usize,
+}
+
+/// The server's own counters, read at each scrape (the service implements it).
+pub trait Counters: Send + Sync {
+    fn figures(&self) -> Figures;
+}
 
 /// Most bytes of an HTTP request read before answering.
 pub const MAX_REQUEST_BYTES: usize = 4096;
@@ -80,18 +104,6 @@ pub fn record_rpc(rpc: &'static str, code: tonic::Code, elapsed: Duration) {
     metrics::histogram!("sanfs_rpc_duration_seconds", "rpc" => rpc).record(elapsed.as_secs_f64());
 }
 
-/// Counts bytes moved on the proxied path (`op` is "read" or "write") in the server's own
-/// counters (see [`render`]).
-pub fn count_proxied(server: &Server, op: &'static str, bytes: u64) {
-    let g = &server.grants().stats;
-    let c = if op == "read" {
-        &g.proxied_read_bytes
-    } else {
-        &g.proxied_write_bytes
-    };
-    c.fetch_add(bytes, Ordering::Relaxed);
-}
-
 /// The text exposition of every metric.
 ///
 /// What the server counts itself (grants, recalls, proxied bytes, commits, sessions) is
@@ -99,51 +111,42 @@ pub fn count_proxied(server: &Server, op: &'static str, bytes: u64) {
 /// server's even where a process runs several servers (the agent's acceptance tests do); the
 /// process-wide recorder holds only what is recorded as it happens (the RPC counters and
 /// latencies). The two expositions never share a metric name.
-pub fn render(server: &Server) -> String {
+pub fn render(server: &dyn Counters) -> String {
+    let figures = server.figures();
     let own = PrometheusBuilder::new().build_recorder();
-    metrics::with_local_recorder(&own, || publish(server));
+    metrics::with_local_recorder(&own, || publish(&figures));
     let mut text = own.handle().render();
     text.push_str(&install().map(|h| h.render()).unwrap_or_default());
     text
 }
 
 /// Sets the server's own counters and gauges in the current recorder.
-fn publish(server: &Server) {
-    let g = &server.grants().stats;
-    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-    metrics::counter!("sanfs_grants_total", "op" => "read").absolute(load(&g.read_grants));
-    metrics::counter!("sanfs_grants_total", "op" => "write").absolute(load(&g.write_grants));
-    metrics::counter!("sanfs_grant_bytes_total", "op" => "read")
-        .absolute(load(&g.granted_read_bytes));
-    metrics::counter!("sanfs_grant_bytes_total", "op" => "write")
-        .absolute(load(&g.granted_write_bytes));
-    metrics::counter!("sanfs_recalls_total").absolute(load(&g.recalls));
-    metrics::counter!("sanfs_lock_waits_total").absolute(load(&g.lock_waits));
-    metrics::counter!("sanfs_expired_grants_total").absolute(load(&g.expired_grants));
-    metrics::counter!("sanfs_evictions_total").absolute(load(&g.evictions));
-    metrics::counter!("sanfs_zeroed_bytes_total")
-        .absolute(load(&server.grants().data_path().zeroed_bytes));
-    metrics::counter!("sanfs_proxied_bytes_total", "op" => "read")
-        .absolute(load(&g.proxied_read_bytes));
-    metrics::counter!("sanfs_proxied_bytes_total", "op" => "write")
-        .absolute(load(&g.proxied_write_bytes));
-    metrics::gauge!("sanfs_grants_live").set(server.grants().live() as f64);
-    let stats = server.store().stats();
-    let commits = stats.commits.load(Ordering::Relaxed);
-    let ops = stats.ops.load(Ordering::Relaxed);
-    metrics::counter!("sanfs_commits_total").absolute(commits);
-    metrics::counter!("sanfs_commit_ops_total").absolute(ops);
-    let per_commit = if commits == 0 {
+fn publish(f: &Figures) {
+    metrics::counter!("sanfs_grants_total", "op" => "read").absolute(f.read_grants);
+    metrics::counter!("sanfs_grants_total", "op" => "write").absolute(f.write_grants);
+    metrics::counter!("sanfs_grant_bytes_total", "op" => "read").absolute(f.granted_read_bytes);
+    metrics::counter!("sanfs_grant_bytes_total", "op" => "write").absolute(f.granted_write_bytes);
+    metrics::counter!("sanfs_recalls_total").absolute(f.recalls);
+    metrics::counter!("sanfs_lock_waits_total").absolute(f.lock_waits);
+    metrics::counter!("sanfs_expired_grants_total").absolute(f.expired_grants);
+    metrics::counter!("sanfs_evictions_total").absolute(f.evictions);
+    metrics::counter!("sanfs_zeroed_bytes_total").absolute(f.zeroed_bytes);
+    metrics::counter!("sanfs_proxied_bytes_total", "op" => "read").absolute(f.proxied_read_bytes);
+    metrics::counter!("sanfs_proxied_bytes_total", "op" => "write").absolute(f.proxied_write_bytes);
+    metrics::gauge!("sanfs_grants_live").set(f.grants_live as f64);
+    metrics::counter!("sanfs_commits_total").absolute(f.commits);
+    metrics::counter!("sanfs_commit_ops_total").absolute(f.commit_ops);
+    let per_commit = if f.commits == 0 {
         0.0
     } else {
-        ops as f64 / commits as f64
+        f.commit_ops as f64 / f.commits as f64
     };
     metrics::gauge!("sanfs_commit_ops_per_commit").set(per_commit);
-    metrics::gauge!("sanfs_sessions").set(server.session_count() as f64);
+    metrics::gauge!("sanfs_sessions").set(f.sessions as f64);
 }
 
 /// Answers scrapes on `listener` until the task is dropped.
-pub async fn serve_metrics(listener: TcpListener, server: Arc<Server>) {
+pub async fn serve_metrics(listener: TcpListener, server: Arc<dyn Counters>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
@@ -159,7 +162,7 @@ pub async fn serve_metrics(listener: TcpListener, server: Arc<Server>) {
         };
         let server = server.clone();
         tokio::spawn(async move {
-            if let Err(e) = answer(stream, &server).await {
+            if let Err(e) = answer(stream, server.as_ref()).await {
                 tracing::debug!(%peer, error = %e, "metrics scrape failed");
             }
             drop(permit);
@@ -177,7 +180,7 @@ fn wants_metrics(request: &[u8]) -> bool {
     method == Some(b"GET".as_slice()) && path == b"/metrics"
 }
 
-async fn answer(mut stream: TcpStream, server: &Server) -> std::io::Result<()> {
+async fn answer(mut stream: TcpStream, server: &dyn Counters) -> std::io::Result<()> {
     let mut buf = vec![0u8; MAX_REQUEST_BYTES];
     let mut n = 0;
     let read_head = async {

@@ -19,7 +19,7 @@ use std::time::Duration;
 use sanfs_blockmap::plan::IoPlan;
 use sanfs_proto::model::{RequestId, WriteReply};
 use sanfs_proto::pb;
-use sanfs_proto::types::{Attr, ByteRange, FsError};
+use sanfs_proto::types::{Attr, ByteRange, FsError, InodeId};
 
 use crate::data::{self, Mapped};
 use crate::datadev::DataDevices;
@@ -214,7 +214,7 @@ impl DataPath {
         // Planned as if the file were as long as the span; bytes past `size` are zeroed below.
         let mapped = self
             .store
-            .read(|t| data::map_read_unclipped(t, &vol, bs, ino, off, len))?;
+            .read(|t| data::map_read_unclipped(t, &vol, bs, InodeId(ino), off, len))?;
         let mut buf = self.read_plan(mapped.plan).await?;
         if size < off + len {
             let from = usize::try_from(size.saturating_sub(off)).map_err(|_| FsError::Range)?;
@@ -249,7 +249,7 @@ impl DataPath {
         let vol = self.store.volume().clone();
         let mapped = self
             .store
-            .read(|t| data::map_read_unclipped(t, &vol, bsz, ino, block, bs))?;
+            .read(|t| data::map_read_unclipped(t, &vol, bsz, InodeId(ino), block, bs))?;
         if mapped.plan.device_ios.is_empty() {
             return Ok(());
         }
@@ -286,7 +286,7 @@ impl DataPath {
             ..
         } = self
             .store
-            .read(|t| data::map_read(t, &vol, bsz, ino, a, b - a))?;
+            .read(|t| data::map_read(t, &vol, bsz, InodeId(ino), a, b - a))?;
         if span == 0 || off >= file_size {
             return Ok((Vec::new(), true));
         }
@@ -379,7 +379,7 @@ impl DataPath {
         let vol = self.store.volume().clone();
         let mapped = self
             .store
-            .write_lazy(move |ctx| data::map_write(ctx, &vol, ino, a, b - a))
+            .write_lazy(move |ctx| data::map_write(ctx, &vol, InodeId(ino), a, b - a))
             .await?;
         if mapped.len != b - a {
             return Err(FsError::Invalid(format!(
@@ -398,7 +398,8 @@ impl DataPath {
         let attr = self
             .store
             .write(move |ctx| {
-                let attr = data::complete_write_to(ctx, ino, a, b - a, end, writer_is_root)?;
+                let attr =
+                    data::complete_write_to(ctx, InodeId(ino), a, b - a, end, writer_is_root)?;
                 if let Some(once) = once {
                     // Durable with the completion, or lost with it.
                     let written = ByteRange::new(off, len)
@@ -421,9 +422,9 @@ pub trait SizeOf {
     fn getattr_size(&self, ino: u64) -> Result<u64, crate::store::OpError>;
 }
 
-impl<T: crate::ns::ReaderInodes> SizeOf for T {
+impl<T: crate::store::ReaderInodes> SizeOf for T {
     fn getattr_size(&self, ino: u64) -> Result<u64, crate::store::OpError> {
-        let rec = self.inode_rec(ino)?;
+        let rec = self.inode_rec(InodeId(ino))?;
         rec.regular()?;
         Ok(rec.size)
     }

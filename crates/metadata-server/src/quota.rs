@@ -20,7 +20,7 @@ use sanfs_proto::model::{QuotaInfo, QuotaLimits};
 use sanfs_proto::types::{Credentials, FsError, InodeId};
 
 use crate::store::records::InodeRec;
-use crate::store::{Ctx, OpError};
+use crate::store::{Ctx, OpError, QUOTAS, Store, open_if_exists, read_tables};
 
 /// "No limit" in the table.
 const NONE: u64 = u64::MAX;
@@ -130,7 +130,7 @@ pub fn set(
     if !cred.is_root() {
         return Err(OpError::Fs(FsError::Perm));
     }
-    let rec = ctx.t.inode(dir)?;
+    let rec = ctx.t.inode(InodeId(dir))?;
     if !rec.is_dir() {
         return Err(OpError::Fs(FsError::NotDir));
     }
@@ -162,4 +162,39 @@ pub fn set(
     };
     ctx.quotas.insert(dir, q.to_tuple())?;
     Ok(q.info(dir, ctx.block_size))
+}
+
+/// Every directory quota (`(directory, row)`, by directory inode): for ListQuotas.
+pub fn list(store: &Store) -> Result<Vec<(u64, QuotaRow)>, FsError> {
+    store.snapshot(|r| {
+        let Some(quotas) = open_if_exists(r, QUOTAS)? else {
+            return Ok(Vec::new());
+        };
+        let mut all = Vec::new();
+        for entry in quotas.iter()? {
+            let (k, v) = entry?;
+            all.push((k.value(), QuotaRow::from_tuple(v.value())));
+        }
+        Ok(all)
+    })
+}
+
+/// The quota an inode is charged to, with its limits and usage (for statfs inside it and
+/// GetQuota): `(quota directory, row)`; a quota directory is its own quota.
+pub fn quota_of(store: &Store, ino: u64) -> Result<Option<(u64, QuotaRow)>, FsError> {
+    store.snapshot(|r| {
+        let rec = read_tables(r)?.inode(InodeId(ino))?;
+        let Some(quotas) = open_if_exists(r, QUOTAS)? else {
+            return Ok(None);
+        };
+        for project in [ino, rec.project] {
+            if project == 0 {
+                continue;
+            }
+            if let Some(v) = quotas.get(project)? {
+                return Ok(Some((project, QuotaRow::from_tuple(v.value()))));
+            }
+        }
+        Ok(None)
+    })
 }

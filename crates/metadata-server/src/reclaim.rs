@@ -30,7 +30,7 @@ use std::sync::Mutex;
 use sanfs_blockmap::plan::{PhysRun, PlanMethod, PlanOp, merge_runs, phys_runs, plan};
 use sanfs_blockmap::volume::Volume;
 use sanfs_proto::model::{ReplayOutcome, ReplayRecord};
-use sanfs_proto::types::FileType;
+use sanfs_proto::types::{FileType, InodeId};
 use tokio::sync::watch;
 
 use crate::store::{Ctx, OpError};
@@ -115,7 +115,7 @@ pub fn replay_write(
     }
     let refused = |why: String| Ok((ReplayOutcome::Refused, Some(why)));
     let ino = record.inode.0;
-    let Some(rec) = ctx.t.try_inode(ino)? else {
+    let Some(rec) = ctx.t.try_inode(InodeId(ino))? else {
         return refused("the file is gone".into());
     };
     if rec.kind != FileType::Regular {
@@ -126,7 +126,7 @@ pub fn replay_write(
     if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
         return refused(format!("{offset}+{len} is not block aligned"));
     }
-    let map = ctx.t.extent_map(ino)?;
+    let map = ctx.t.extent_map(InodeId(ino))?;
     let now = match plan(
         PlanOp::Write,
         offset,
@@ -154,7 +154,7 @@ pub fn replay_write(
         return refused("the file maps other blocks there now".into());
     }
     // As a completion by a non-root writer: set-id bits go, as the lost commit did.
-    crate::data::complete_write(ctx, ino, offset, len, false)?;
+    crate::data::complete_write(ctx, InodeId(ino), offset, len, false)?;
     Ok((ReplayOutcome::Replayed, None))
 }
 

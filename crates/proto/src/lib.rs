@@ -2,13 +2,15 @@
 //! the code uses. Generated protobuf types ([`pb`]) are converted to these types at the receive
 //! boundary (`TryFrom`, in [`model`]) and never reach core logic; [`status`] is the one place
 //! that maps file-system errors to gRPC statuses and back. [`csi`] is the Container Storage
-//! Interface (v1) that the CSI driver serves, with its own validated request types.
+//! Interface (v1) that the CSI driver serves, with its own validated request types. [`units`]
+//! reads sizes and durations as people write them, the same way on every surface.
 #![deny(unsafe_code)]
 
 pub mod csi;
 pub mod model;
 pub mod status;
 pub mod types;
+pub mod units;
 
 /// The code generated from `proto/sanfs/v1/sanfs.proto` (messages, clients and servers).
 /// Only [`model`] and the gRPC service glue should touch these types.

@@ -418,6 +418,16 @@ fn mount(
             root,
         },
     );
+    // Under systemd (Type=notify): started means mounted.
+    if let Err(e) = sd_notify::notify(
+        false,
+        &[
+            sd_notify::NotifyState::Ready,
+            sd_notify::NotifyState::Status("mounted"),
+        ],
+    ) {
+        tracing::warn!(error = %e, "could not tell systemd that the mount is ready");
+    }
     let signalled = runtime.block_on(async {
         tokio::select! {
             _ = done_rx => false,
@@ -425,6 +435,7 @@ fn mount(
             _ = int.recv() => true,
         }
     });
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     if signalled {
         tracing::info!(mountpoint = %mountpoint.display(), "signalled: unmounting");
         if let Err(e) = umount(&mountpoint, false) {

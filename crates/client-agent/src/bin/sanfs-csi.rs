@@ -88,26 +88,9 @@ fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(path))
 }
 
-/// `1073741824`, `64MiB`, `1G`, `10Gi`, `512k` (binary units).
+/// `1073741824`, `64MiB`, `1G`, `10Gi`, `512k` (binary units, as every sanfs surface reads them).
 fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
-    let shift = match unit
-        .trim()
-        .trim_end_matches(['B', 'b'])
-        .trim_end_matches('i')
-    {
-        "" => 0,
-        "k" | "K" => 10,
-        "m" | "M" => 20,
-        "g" | "G" => 30,
-        "t" | "T" => 40,
-        _ => bail!("bad size unit in {s:?}"),
-    };
-    n.checked_mul(1u64 << shift)
-        .with_context(|| format!("size {s:?} is too large"))
+    sanfs_proto::units::parse_size(s).map_err(anyhow::Error::msg)
 }
 
 fn hostname() -> String {
@@ -170,6 +153,8 @@ fn config(cli: Cli) -> anyhow::Result<(Config, PathBuf)> {
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
+        // Colours only for a terminal: `kubectl logs` would show the codes.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

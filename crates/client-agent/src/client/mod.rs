@@ -535,7 +535,8 @@ impl Client {
             }
             device_paths[i] = Some(d.path.clone());
             let file = if config.faults.read_only_devices.contains(&d.index) {
-                std::fs::File::open(&d.path).map_err(ConnectError::Engine)?
+                sanfs_lun::open_buffered(&d.path, sanfs_lun::Access::Read)
+                    .map_err(ConnectError::Engine)?
             } else {
                 d.file
             };

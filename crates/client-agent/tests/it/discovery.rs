@@ -202,10 +202,18 @@ impl Drop for Pv {
 }
 
 /// The default globs scan this machine's real devices (read-only probes) and find nothing of a
-/// volume nobody formatted: every device is reported missing, nothing fails.
+/// volume nobody formatted: every device is reported missing, nothing fails. The volume's
+/// identities are fresh: the other tests here (and other processes) label loop devices with
+/// the fixed ones of `striped_volume` at the same time.
 #[test]
 fn the_default_globs_scan_the_machine_and_report_unknown_luns_missing() {
-    let volume = striped_volume(2, DEV_SIZE);
+    let devices = (0..2)
+        .map(|_| VolumeDevice {
+            uuid: DeviceId::Sanfs(uuid::Uuid::new_v4()),
+            size_bytes: DEV_SIZE,
+        })
+        .collect();
+    let volume = Volume::striped(BLOCK, devices, DEFAULT_DATA_OFFSET, STRIPE_UNIT).unwrap();
     let found = discover(&volume, &DiscoveryConfig::default());
     assert!(found.found.is_empty());
     assert_eq!(found.missing.len(), 2);

@@ -41,19 +41,9 @@ fn plan_of(op: PlanOp, volume: &Volume, map: &ExtentMap, len: u64) -> IoPlan {
 }
 
 fn open_all(paths: &[PathBuf]) -> Vec<Option<File>> {
-    use std::os::unix::fs::OpenOptionsExt;
     paths
         .iter()
-        .map(|p| {
-            Some(
-                File::options()
-                    .read(true)
-                    .write(true)
-                    .custom_flags(libc::O_DIRECT)
-                    .open(p)
-                    .unwrap(),
-            )
-        })
+        .map(|p| Some(sanfs_lun::open_direct_strict(p, sanfs_lun::Access::ReadWrite).unwrap()))
         .collect()
 }
 

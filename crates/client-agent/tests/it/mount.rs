@@ -176,6 +176,10 @@ async fn mount_serves_posix_calls() {
         assert_eq!(std::fs::read(p("a.txt")).unwrap(), b"hello, world");
         // O_SYNC and O_DSYNC writes (each followed by an fsync at the server)
         for flag in [libc::O_SYNC, libc::O_DSYNC] {
+            #[allow(
+                clippy::disallowed_methods,
+                reason = "a file on the mount, opened as an application opens it: not a LUN"
+            )]
             let mut f = std::fs::OpenOptions::new()
                 .append(true)
                 .custom_flags(flag)
@@ -418,6 +422,108 @@ async fn two_mounts_see_each_others_writes() {
     srv.stop().await;
 }
 
+/// Under systemd (Type=notify) the agent says READY=1 only once the mount exists, and
+/// STOPPING=1 when it is told to stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_notifies_systemd_once_mounted() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let notify_path = dir.path().join("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let devices: Vec<String> = srv
+        .luns
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
+        .arg("mount")
+        .arg(srv.addr.to_string())
+        .arg(&mnt)
+        .arg("-o")
+        .arg(format!("devices={},client_name=notify", devices.join(":")))
+        .arg("--foreground")
+        .env("NOTIFY_SOCKET", &notify_path)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mnt2 = mnt.clone();
+    let (first, mounted_then, second) = tokio::task::spawn_blocking(move || {
+        let mut buf = [0u8; 256];
+        let n = notify.recv(&mut buf).expect("a notification within 30 s");
+        let first = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let mounted_then = is_mounted(&mnt2);
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&child),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        let n = notify.recv(&mut buf).expect("a notification at stop");
+        let second = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let status = child.wait().unwrap();
+        assert!(status.success(), "agent: {status}");
+        (first, mounted_then, second)
+    })
+    .await
+    .unwrap();
+    assert!(first.contains("READY=1"), "{first:?}");
+    assert!(mounted_then, "READY=1 came before the mount existed");
+    assert!(second.contains("STOPPING=1"), "{second:?}");
+    assert!(!is_mounted(&mnt));
+    srv.stop().await;
+}
+
+/// An unsupported ioctl answers ENOTTY (what a file system without the command answers), and
+/// the agent logs each command once, not once per call (fsstress made thousands of lines).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsupported_ioctls_answer_enotty_and_are_logged_once() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let logdir = tempfile::tempdir().unwrap();
+    let log = logdir.path().join("agent.log");
+    let m = Mount::start(
+        &srv,
+        "ioctl",
+        &format!("log={},log_level=info", log.display()),
+    )
+    .await;
+    let file = m.p("f");
+    timed("ioctls", 60, move || {
+        std::fs::write(&file, b"x").unwrap();
+        let f = std::fs::File::open(&file).unwrap();
+        for _ in 0..20 {
+            let mut flags: libc::c_long = 0;
+            // SAFETY: FS_IOC_GETFLAGS writes one long into `flags`, which outlives the call.
+            let r = unsafe {
+                libc::ioctl(
+                    std::os::fd::AsRawFd::as_raw_fd(&f),
+                    libc::FS_IOC_GETFLAGS,
+                    &mut flags as *mut libc::c_long,
+                )
+            };
+            assert_eq!(r, -1);
+            assert_eq!(
+                std::io::Error::last_os_error().raw_os_error(),
+                Some(libc::ENOTTY)
+            );
+        }
+    })
+    .await;
+    drop(m);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.matches("unsupported ioctl").count(), 1, "log:\n{text}");
+    srv.stop().await;
+}
+
 /// O_APPEND from two nodes at once: every record lands whole, once, and none overwrites
 /// another (the end of file is the server's, taken under its whole-file lock).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -425,7 +531,7 @@ async fn appends_from_two_mounts_keep_every_record() {
     if !can_mount() {
         return;
     }
-    const RECORDS: usize = 400;
+    const RECORDS: usize = 2000;
     const LEN: usize = 64;
     let srv = cluster::start(10_000).await;
     let a = Mount::start(&srv, "node-a", "").await;

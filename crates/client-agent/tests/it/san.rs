@@ -15,7 +15,7 @@
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
@@ -508,12 +508,8 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 /// `len` bytes of a LUN at `off`, read raw (O_DIRECT where the LUN takes it).
 pub fn read_raw(path: &Path, off: u64, len: u64) -> Vec<u8> {
     let aligned = off.is_multiple_of(BLOCK) && len.is_multiple_of(BLOCK);
-    let direct = std::fs::File::options()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path);
-    match direct {
-        Ok(f) if aligned => {
+    match sanfs_lun::open_direct(path, sanfs_lun::Access::Read) {
+        Ok((f, true)) if aligned => {
             let mut buf = AlignedBuf::zeroed(len as usize);
             f.read_exact_at(buf.as_mut_slice(), off).unwrap();
             buf.as_slice().to_vec()

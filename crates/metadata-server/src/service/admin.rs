@@ -171,7 +171,7 @@ impl Admin for AdminService {
         rpc("ListQuotas", async {
             caller(&request)?.require_admin("ListQuotas")?;
             let bs = self.server.store.block_size();
-            let all = self.server.store.quotas().map_err(|e| fs_status(&e))?;
+            let all = crate::quota::list(&self.server.store).map_err(|e| fs_status(&e))?;
             let quotas_total = all.len() as u64;
             let quotas = all
                 .into_iter()
@@ -195,10 +195,7 @@ impl Admin for AdminService {
             let req: InodeRequest = accept(request)?;
             note(None, Some(req.inode.0));
             let bs = self.server.store.block_size();
-            match self
-                .server
-                .store
-                .quota_of(req.inode.0)
+            match crate::quota::quota_of(&self.server.store, req.inode.0)
                 .map_err(|e| fs_status(&e))?
             {
                 Some((dir, q)) if dir == req.inode.0 => Ok(q.info(dir, bs).into()),

@@ -2,6 +2,7 @@
 //! Complete is 3 -> 4), the proxied path (Read, Write), fallocate, extents and fsync.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use sanfs_blockmap::extent::Extent;
 use sanfs_proto::model::{
@@ -96,12 +97,16 @@ impl Server {
         }
         match mode {
             FallocateMode::PunchHole => {
-                self.write(move |ctx| crate::ns::punch_blocks(ctx, ino, first_full, end_full))
-                    .await
+                self.write(move |ctx| {
+                    crate::space::punch_blocks(ctx, InodeId(ino), first_full, end_full)
+                })
+                .await
             }
             _ => {
                 let attr = self
-                    .write(move |ctx| crate::ns::zero_range(ctx, ino, offset, end, keep_size))
+                    .write(move |ctx| {
+                        crate::space::zero_range(ctx, InodeId(ino), offset, end, keep_size)
+                    })
                     .await?;
                 // Its fresh and converted blocks are zeroed on the LUNs before a write grant
                 // can hand them out (still under the lock).
@@ -137,9 +142,9 @@ impl Server {
     fn extents(&self, req: &GetExtentsRequest) -> Result<GetExtentsReply, Status> {
         let bs = self.store.block_size();
         let (attr, extents) = self.read(|t| {
-            let attr = t.getattr(bs, req.inode.0)?;
-            t.access(&req.cred, req.inode.0, MAY_READ)?;
-            Ok((attr, t.extent_list(req.inode.0)?))
+            let attr = t.getattr(bs, req.inode)?;
+            t.access(&req.cred, req.inode, MAY_READ)?;
+            Ok((attr, t.extent_list(req.inode)?))
         })?;
         let bs64 = u64::from(bs);
         let volume = self.store.volume();
@@ -322,9 +327,9 @@ impl Data for DataService {
                 .server
                 .grants
                 .map_read(
-                    req.handle.session.0,
-                    req.epoch.0,
-                    req.inode.0,
+                    req.handle.session,
+                    req.epoch,
+                    req.inode,
                     req.range.offset(),
                     req.range.len(),
                     cacheable,
@@ -354,9 +359,9 @@ impl Data for DataService {
                 .server
                 .grants
                 .map_write(
-                    req.handle.session.0,
-                    req.epoch.0,
-                    req.inode.0,
+                    req.handle.session,
+                    req.epoch,
+                    req.inode,
                     req.range.offset(),
                     req.range.len(),
                     req.cred.is_root(),
@@ -457,7 +462,11 @@ impl Data for DataService {
                 .read(req.inode.0, req.range.offset(), req.range.len())
                 .await
                 .map_err(|e| fs_status(&e))?;
-            crate::metrics::count_proxied(&self.server, "read", data.len() as u64);
+            self.server
+                .grants
+                .stats
+                .proxied_read_bytes
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
             Ok(ReadReply { data, eof }.into())
         })
         .await
@@ -491,7 +500,11 @@ impl Data for DataService {
                 .write(req.inode.0, pos, req.data, req.sync, req.cred.is_root())
                 .await
                 .map_err(|e| fs_status(&e))?;
-            crate::metrics::count_proxied(&self.server, "write", len);
+            self.server
+                .grants
+                .stats
+                .proxied_write_bytes
+                .fetch_add(len, Ordering::Relaxed);
             let written = ByteRange::new(off, len)
                 .map_err(|e| fs_status(&FsError::Invalid(e.to_string())))?;
             Ok(WriteReply { written, attr }.into())
@@ -514,7 +527,7 @@ impl Data for DataService {
             // What the server wrote on the proxied path may sit in the LUNs' write caches:
             // flush them. The agent flushes the LUNs it wrote itself.
             let bs = self.server.store.block_size();
-            self.server.read(|t| t.getattr(bs, req.inode.0))?;
+            self.server.read(|t| t.getattr(bs, req.inode))?;
             // The data first, then the metadata that makes it readable: a crash between the
             // two leaves blocks Unwritten (zeros), never Written over data still in a cache.
             let devices = self.server.grants.data_path().devices.clone();
@@ -583,7 +596,7 @@ impl Data for DataService {
                     crate::ns::allocate_range(
                         ctx,
                         &Credentials::root(),
-                        ino,
+                        InodeId(ino),
                         offset,
                         len,
                         keep_size,

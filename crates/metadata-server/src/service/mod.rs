@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use sanfs_proto::model::{MAX_INLINE_DATA, ServerEvent, ServerInfo};
 use sanfs_proto::pb;
 use sanfs_proto::status::{status_from_fs_error, status_from_protocol_error};
-use sanfs_proto::types::{FsError, ProtocolError, SessionEpoch, SessionId, Timestamp};
+use sanfs_proto::types::{FsError, InodeId, ProtocolError, SessionEpoch, SessionId, Timestamp};
 use tokio::sync::mpsc;
 use tonic::{Response, Status};
 use tracing::Instrument;
@@ -379,7 +379,7 @@ impl Server {
         }
         if let Some((file, true)) = released {
             let ino = file.ino;
-            self.write(move |ctx| crate::ns::release_orphan(ctx, ino))
+            self.write(move |ctx| crate::ns::release_orphan(ctx, InodeId(ino)))
                 .await?;
         }
         Ok(())
@@ -490,7 +490,7 @@ async fn end_reclaim(
         }
     }
     let s = store.clone();
-    match tokio::task::spawn_blocking(move || s.recover_after_restart()).await {
+    match tokio::task::spawn_blocking(move || crate::recovery::recover_after_restart(&s)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!(error = %e, "recovery after the reclaim window failed"),
         Err(e) => tracing::error!(error = %e, "the recovery task failed"),
@@ -552,5 +552,31 @@ pub(crate) fn note(session: Option<u64>, inode: Option<u64>) {
     }
     if let Some(i) = inode {
         span.record("inode", i);
+    }
+}
+
+/// What `/metrics` publishes of this server's own counters.
+impl crate::metrics::Counters for Server {
+    fn figures(&self) -> crate::metrics::Figures {
+        let g = &self.grants.stats;
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let stats = self.store.stats();
+        crate::metrics::Figures {
+            read_grants: load(&g.read_grants),
+            write_grants: load(&g.write_grants),
+            granted_read_bytes: load(&g.granted_read_bytes),
+            granted_write_bytes: load(&g.granted_write_bytes),
+            recalls: load(&g.recalls),
+            lock_waits: load(&g.lock_waits),
+            expired_grants: load(&g.expired_grants),
+            evictions: load(&g.evictions),
+            zeroed_bytes: load(&self.grants.data_path().zeroed_bytes),
+            proxied_read_bytes: load(&g.proxied_read_bytes),
+            proxied_write_bytes: load(&g.proxied_write_bytes),
+            grants_live: self.grants.live(),
+            commits: load(&stats.commits),
+            commit_ops: load(&stats.ops),
+            sessions: self.session_count(),
+        }
     }
 }

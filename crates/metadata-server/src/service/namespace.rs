@@ -15,7 +15,7 @@ use sanfs_proto::model::{
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::namespace_server::Namespace;
-use sanfs_proto::types::{Attr, FsError, NAME_MAX, OpenHandle, SymlinkTarget, XattrName};
+use sanfs_proto::types::{Attr, FsError, InodeId, NAME_MAX, OpenHandle, SymlinkTarget, XattrName};
 use tonic::{Request, Response, Status};
 
 use super::identity::{NodeIdentity, caller};
@@ -91,7 +91,7 @@ fn create_replayed(
     if !still_open {
         drop(handles);
         // The inode must still exist (another node may have removed it since).
-        ctx.t.inode(ino)?;
+        ctx.t.inode(InodeId(ino))?;
         handles = ctx.st.handles.lock().unwrap_or_else(|p| p.into_inner());
         reply.handle = handles.open(ino, req.session.0, req.flags.write);
     }
@@ -119,7 +119,7 @@ impl Server {
                 .open(req.inode.0, req.session.0, req.flags.write);
             // An unlink may have destroyed the inode between the check and the handle:
             // look again now that the handle keeps it alive.
-            if let Err(e) = self.read(|t| t.getattr(bs, req.inode.0)) {
+            if let Err(e) = self.read(|t| t.getattr(bs, req.inode)) {
                 self.release_handle(handle).await?;
                 return Err(e);
             }
@@ -174,7 +174,7 @@ impl Server {
 
     fn statfs(&self, req: &InodeRequest) -> Result<StatFs, Status> {
         let bs = self.store.block_size();
-        self.read(|t| t.getattr(bs, req.inode.0))?;
+        self.read(|t| t.getattr(bs, req.inode))?;
         let usage = self.store.usage();
         let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         let total_blocks = load(&usage.total_blocks);
@@ -193,10 +193,8 @@ impl Server {
             name_max: u32::try_from(NAME_MAX).unwrap_or(255),
         };
         // Inside a directory quota, df shows the quota (what a CSI volume's user expects).
-        if let Some((_, q)) = self
-            .store
-            .quota_of(req.inode.0)
-            .map_err(|e| fs_status(&e))?
+        if let Some((_, q)) =
+            crate::quota::quota_of(&self.store, req.inode.0).map_err(|e| fs_status(&e))?
         {
             if let Some(limit) = q.limit_bytes {
                 let total = limit / u64::from(bs);
@@ -243,7 +241,7 @@ impl Namespace for NamespaceService {
             // include every write that returned anywhere once those completions are in.
             self.server.grants.settle_attr(req.inode.0).await;
             let bs = self.server.store.block_size();
-            let attr = self.server.read(|t| t.getattr(bs, req.inode.0))?;
+            let attr = self.server.read(|t| t.getattr(bs, req.inode))?;
             Ok(attr.into())
         })
         .await
@@ -283,7 +281,7 @@ impl Namespace for NamespaceService {
                 let (parent, name) = (req.parent.0, req.name.clone());
                 self.server
                     .store
-                    .read(|t| t.dirent(parent, name.as_bytes()))
+                    .read(|t| t.dirent(InodeId(parent), name.as_bytes()))
                     .ok()
                     .flatten()
                     .map(|(child, _, _)| child)
@@ -291,7 +289,7 @@ impl Namespace for NamespaceService {
                 None
             };
             let _guard = match existing {
-                Some(child) => self.server.size_change_guard(child, 0).await?,
+                Some(child) => self.server.size_change_guard(child.0, 0).await?,
                 None => None,
             };
             let reply = self
@@ -462,7 +460,7 @@ impl Namespace for NamespaceService {
             let req: InodeRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
-            let bytes = self.server.read(|t| t.readlink(req.inode.0))?;
+            let bytes = self.server.read(|t| t.readlink(req.inode))?;
             let target = SymlinkTarget::new(bytes).map_err(|e| corrupt("symlink target", e))?;
             Ok(target.into())
         })
@@ -535,7 +533,7 @@ impl Namespace for NamespaceService {
             let req: InodeRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
-            let names = self.server.read(|t| t.listxattr(&req.cred, req.inode.0))?;
+            let names = self.server.read(|t| t.listxattr(&req.cred, req.inode))?;
             let names = names
                 .into_iter()
                 .map(XattrName::new)
@@ -614,7 +612,7 @@ impl Namespace for NamespaceService {
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             self.server
-                .read(|t| t.access(&req.cred, req.inode.0, req.mask))?;
+                .read(|t| t.access(&req.cred, req.inode, req.mask))?;
             Ok(pb::AccessReply {})
         })
         .await

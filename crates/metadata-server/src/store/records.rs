@@ -51,9 +51,9 @@ pub struct InodeRec {
 }
 
 impl InodeRec {
-    pub fn attr(&self, ino: u64, block_size: u32) -> Attr {
+    pub fn attr(&self, ino: InodeId, block_size: u32) -> Attr {
         Attr {
-            ino: InodeId(ino),
+            ino,
             kind: self.kind,
             perm: self.perm,
             nlink: self.nlink,

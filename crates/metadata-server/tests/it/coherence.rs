@@ -174,7 +174,7 @@ async fn direct_and_proxied_io_interleave_coherently() {
                 let v = vol.clone();
                 let g = dp
                     .store
-                    .write(move |ctx| data::map_write(ctx, &v, ino, off, len))
+                    .write(move |ctx| data::map_write(ctx, &v, InodeId(ino), off, len))
                     .await
                     .unwrap();
                 let fill = (step as u8).wrapping_mul(31) | 1;
@@ -182,7 +182,7 @@ async fn direct_and_proxied_io_interleave_coherently() {
                 device_write(&c.luns, &g.plan, &buf);
                 let attr = dp
                     .store
-                    .write(move |ctx| data::complete_write(ctx, ino, off, len, false))
+                    .write(move |ctx| data::complete_write(ctx, InodeId(ino), off, len, false))
                     .await
                     .unwrap();
                 let end = (off + len) as usize;
@@ -216,7 +216,7 @@ async fn direct_and_proxied_io_interleave_coherently() {
                 let len = (1 + rng.below(64)) * bs;
                 let g = dp
                     .store
-                    .read(|t| data::map_read(t, &vol, bs as u32, ino, off, len))
+                    .read(|t| data::map_read(t, &vol, bs as u32, InodeId(ino), off, len))
                     .unwrap();
                 let mut buf = vec![0xAAu8; g.len as usize];
                 device_read(&c.luns, &g.plan, &mut buf);

@@ -324,18 +324,19 @@ pub(crate) fn apply(store: &Store, op: &Op) -> Result<(), FsError> {
             len,
             keep_size,
         } => store.write_blocking(move |ctx| {
-            ns::allocate_range(ctx, &cred(), ino, offset, len, keep_size).map(drop)
+            ns::allocate_range(ctx, &cred(), InodeId(ino), offset, len, keep_size).map(drop)
         }),
-        Op::Punch { ino, first, end } => {
-            store.write_blocking(move |ctx| ns::punch_blocks(ctx, ino, first, end).map(drop))
-        }
+        Op::Punch { ino, first, end } => store.write_blocking(move |ctx| {
+            sanfs_mds::space::punch_blocks(ctx, InodeId(ino), first, end).map(drop)
+        }),
         Op::ZeroRange {
             ino,
             offset,
             end,
             keep_size,
-        } => store
-            .write_blocking(move |ctx| ns::zero_range(ctx, ino, offset, end, keep_size).map(drop)),
+        } => store.write_blocking(move |ctx| {
+            sanfs_mds::space::zero_range(ctx, InodeId(ino), offset, end, keep_size).map(drop)
+        }),
     }
 }
 
@@ -392,7 +393,7 @@ pub(crate) fn dump(store: &Store) -> State {
     let nodes = store
         .read(|t| {
             let mut nodes = BTreeMap::new();
-            let root = t.getattr(bs, ROOT)?;
+            let root = t.getattr(bs, InodeId(ROOT))?;
             let mut stack = vec![("/".to_string(), ROOT, 0u64, root, ROOT)];
             while let Some((path, ino, cookie, attr, dir)) = stack.pop() {
                 let mut node = Node {
@@ -403,9 +404,9 @@ pub(crate) fn dump(store: &Store) -> State {
                     dotdot: None,
                     target: None,
                     xattrs: Vec::new(),
-                    extents: t.extent_list(ino)?,
+                    extents: t.extent_list(InodeId(ino))?,
                 };
-                for n in t.listxattr(&cred(), ino)? {
+                for n in t.listxattr(&cred(), InodeId(ino))? {
                     let r = XattrRequest {
                         cred: cred(),
                         inode: InodeId(ino),
@@ -415,7 +416,7 @@ pub(crate) fn dump(store: &Store) -> State {
                     node.xattrs.push((n, v));
                 }
                 match node.kind {
-                    FileType::Symlink => node.target = Some(t.readlink(ino)?),
+                    FileType::Symlink => node.target = Some(t.readlink(InodeId(ino))?),
                     FileType::Directory => {
                         let mut from = 0;
                         loop {
@@ -877,7 +878,7 @@ fn check_recovery(w: &Workload, image: Vec<u8>, acked: usize, what: &str) -> boo
         })
         .unwrap_or_else(|e| panic!("{what}: create after recovery: {e}"));
     store
-        .write_blocking(move |ctx| ns::allocate_range(ctx, &cred(), file.ino.0, 0, 1 << 20, false))
+        .write_blocking(move |ctx| ns::allocate_range(ctx, &cred(), file.ino, 0, 1 << 20, false))
         .unwrap_or_else(|e| panic!("{what}: allocate after recovery: {e}"));
     store.close();
     drop(store);
@@ -1039,7 +1040,7 @@ fn failed_sync_stops_the_store() {
             "{what}: a write after a failed sync: {later:?}"
         );
         assert!(
-            store.read(|t| t.getattr(4096, ROOT)).is_err(),
+            store.read(|t| t.getattr(4096, InodeId(ROOT))).is_err(),
             "{what}: a read after a failed sync"
         );
         if power_cut {

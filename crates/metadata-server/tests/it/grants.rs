@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use sanfs_mds::grants::{GrantError, Grants};
 use sanfs_mds::proxy::DataPath;
 use sanfs_mds::store::{Backend, Store};
+use sanfs_proto::types::{InodeId, SessionEpoch, SessionId};
 use tokio::sync::mpsc;
 
 use crate::coherence::{cluster, create, device_read, device_write};
@@ -26,12 +27,28 @@ async fn disjoint_writers_overlap_and_overlapping_writers_serialize() {
     let g = grants(c.dp);
     // Session 1 holds [0, 1M) while session 2 is granted [1M, 2M): both out at once.
     let (a, ma) = g
-        .map_write(1, epoch, ino, 0, MIB, true, false)
+        .map_write(
+            SessionId(1),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            0,
+            MIB,
+            true,
+            false,
+        )
         .await
         .unwrap();
     let t0 = Instant::now();
     let (b, mb) = g
-        .map_write(2, epoch, ino, MIB, MIB, true, false)
+        .map_write(
+            SessionId(2),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            MIB,
+            MIB,
+            true,
+            false,
+        )
         .await
         .unwrap();
     eprintln!("disjoint grant while another is out: {:?}", t0.elapsed());
@@ -43,7 +60,15 @@ async fn disjoint_writers_overlap_and_overlapping_writers_serialize() {
     let waiter = tokio::spawn(async move {
         let t = Instant::now();
         let r = g2
-            .map_write(3, epoch, ino, 512 * KIB, MIB, true, false)
+            .map_write(
+                SessionId(3),
+                SessionEpoch(epoch),
+                InodeId(ino),
+                512 * KIB,
+                MIB,
+                true,
+                false,
+            )
             .await;
         (r, t.elapsed())
     });
@@ -60,7 +85,17 @@ async fn disjoint_writers_overlap_and_overlapping_writers_serialize() {
     device_write(&c.luns, &mc.plan, &vec![3u8; MIB as usize]);
     g.complete(3, epoch, cid, MIB, false).await.unwrap();
     // Never interleaved inside one write: the middle MiB is all 3s, the edges 1s and 2s.
-    let (rid, mr) = g.map_read(9, epoch, ino, 0, 2 * MIB, false).await.unwrap();
+    let (rid, mr) = g
+        .map_read(
+            SessionId(9),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            0,
+            2 * MIB,
+            false,
+        )
+        .await
+        .unwrap();
     let mut buf = vec![0u8; mr.len as usize];
     device_read(&c.luns, &mr.plan, &mut buf);
     g.complete(9, epoch, rid, 0, false).await.unwrap();
@@ -91,7 +126,15 @@ async fn an_expired_session_loses_its_grants_and_its_range_reads_as_zeros() {
     .await
     .unwrap();
     let (id, m) = g
-        .map_write(5, epoch, ino, 256 * KIB, 512 * KIB, false, false)
+        .map_write(
+            SessionId(5),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            256 * KIB,
+            512 * KIB,
+            false,
+            false,
+        )
         .await
         .unwrap();
     device_write(&c.luns, &m.plan, &vec![9u8; 512 * KIB as usize]);
@@ -149,10 +192,30 @@ async fn a_cached_read_grant_is_recalled_before_a_conflicting_write() {
     let g = grants(c.dp);
     let (tx, mut recalls) = mpsc::unbounded_channel();
     g.attach(1, tx);
-    let (rid, _) = g.map_read(1, epoch, ino, 0, MIB, true).await.unwrap();
+    let (rid, _) = g
+        .map_read(
+            SessionId(1),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            0,
+            MIB,
+            true,
+        )
+        .await
+        .unwrap();
     let g2 = g.clone();
-    let writer =
-        tokio::spawn(async move { g2.map_write(2, epoch, ino, 0, 64 * KIB, true, false).await });
+    let writer = tokio::spawn(async move {
+        g2.map_write(
+            SessionId(2),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            0,
+            64 * KIB,
+            true,
+            false,
+        )
+        .await
+    });
     let recall = tokio::time::timeout(Duration::from_secs(5), recalls.recv())
         .await
         .unwrap()
@@ -176,10 +239,29 @@ async fn a_client_that_ignores_a_recall_loses_the_grant_at_lease_expiry() {
     let g = grants(c.dp);
     let (tx, mut recalls) = mpsc::unbounded_channel();
     g.attach(1, tx);
-    g.map_read(1, epoch, ino, 0, MIB, true).await.unwrap();
+    g.map_read(
+        SessionId(1),
+        SessionEpoch(epoch),
+        InodeId(ino),
+        0,
+        MIB,
+        true,
+    )
+    .await
+    .unwrap();
     let g2 = g.clone();
-    let writer =
-        tokio::spawn(async move { g2.map_write(2, epoch, ino, 0, 64 * KIB, true, false).await });
+    let writer = tokio::spawn(async move {
+        g2.map_write(
+            SessionId(2),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            0,
+            64 * KIB,
+            true,
+            false,
+        )
+        .await
+    });
     recalls.recv().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!writer.is_finished());
@@ -196,7 +278,15 @@ async fn bad_completions_get_clear_errors_and_change_nothing() {
     let epoch = c.dp.store.boot_epoch();
     let g = grants(c.dp);
     let (id, _) = g
-        .map_write(1, epoch, ino, 0, 64 * KIB, true, false)
+        .map_write(
+            SessionId(1),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            0,
+            64 * KIB,
+            true,
+            false,
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -225,17 +315,56 @@ async fn bad_completions_get_clear_errors_and_change_nothing() {
     );
     // Unaligned, empty and overflowing ranges.
     assert!(
-        g.map_write(1, epoch, ino, 100, 4096, true, false)
-            .await
-            .is_err()
+        g.map_write(
+            SessionId(1),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            100,
+            4096,
+            true,
+            false
+        )
+        .await
+        .is_err()
     );
-    assert!(g.map_write(1, epoch, ino, 0, 0, true, false).await.is_err());
     assert!(
-        g.map_write(1, epoch, ino, u64::MAX - 4095, 4096, true, false)
-            .await
-            .is_err()
+        g.map_write(
+            SessionId(1),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            0,
+            0,
+            true,
+            false
+        )
+        .await
+        .is_err()
     );
-    assert!(g.map_read(1, epoch, ino, u64::MAX, 2, false).await.is_err());
+    assert!(
+        g.map_write(
+            SessionId(1),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            u64::MAX - 4095,
+            4096,
+            true,
+            false
+        )
+        .await
+        .is_err()
+    );
+    assert!(
+        g.map_read(
+            SessionId(1),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            u64::MAX,
+            2,
+            false
+        )
+        .await
+        .is_err()
+    );
     assert_eq!(g.live(), 0);
 }
 
@@ -249,7 +378,15 @@ async fn a_restart_with_grants_out_keeps_their_blocks_and_forgets_the_grants() {
     let meta = c.dir.path().join("meta.redb");
     let g = grants(c.dp);
     let (_id, m) = g
-        .map_write(1, epoch, ino, 0, 4 * MIB, true, false)
+        .map_write(
+            SessionId(1),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            0,
+            4 * MIB,
+            true,
+            false,
+        )
         .await
         .unwrap();
     assert_eq!(m.plan.device_bytes(), 4 * MIB);
@@ -268,7 +405,7 @@ async fn a_restart_with_grants_out_keeps_their_blocks_and_forgets_the_grants() {
     let ext = store
         .read(|t| {
             use sanfs_mds::ns::Reader;
-            t.extent_list(ino)
+            t.extent_list(InodeId(ino))
         })
         .unwrap();
     assert!(
@@ -298,7 +435,15 @@ async fn a_streaming_writer_runs_on_preallocation_that_is_trimmed_at_close() {
     for i in 0..8 {
         let before = commits();
         let (id, m) = g
-            .map_write(1, epoch, ino, i * MIB, MIB, true, false)
+            .map_write(
+                SessionId(1),
+                SessionEpoch(epoch),
+                InodeId(ino),
+                i * MIB,
+                MIB,
+                true,
+                false,
+            )
             .await
             .unwrap();
         map_commits += commits() - before;
@@ -328,7 +473,7 @@ async fn a_streaming_writer_runs_on_preallocation_that_is_trimmed_at_close() {
     let ext = store
         .read(|t| {
             use sanfs_mds::ns::Reader;
-            t.extent_list(ino)
+            t.extent_list(InodeId(ino))
         })
         .unwrap();
     let mapped: u64 = ext.iter().map(|e| e.len_blocks).sum();
@@ -360,11 +505,13 @@ fn a_lazy_completion_is_durable_only_after_a_sync() {
         rt.block_on(async {
             let v = vol.clone();
             store
-                .write(move |ctx| sanfs_mds::data::map_write(ctx, &v, f, 0, 64 * KIB))
+                .write(move |ctx| sanfs_mds::data::map_write(ctx, &v, InodeId(f), 0, 64 * KIB))
                 .await
                 .unwrap();
             store
-                .write_lazy(move |ctx| sanfs_mds::data::complete_write(ctx, f, 0, 64 * KIB, true))
+                .write_lazy(move |ctx| {
+                    sanfs_mds::data::complete_write(ctx, InodeId(f), 0, 64 * KIB, true)
+                })
                 .await
                 .unwrap();
             if synced {
@@ -378,13 +525,13 @@ fn a_lazy_completion_is_durable_only_after_a_sync() {
         let attr = store
             .read(|t| {
                 use sanfs_mds::ns::Reader;
-                t.getattr(4096, f)
+                t.getattr(4096, InodeId(f))
             })
             .unwrap();
         let ext = store
             .read(|t| {
                 use sanfs_mds::ns::Reader;
-                t.extent_list(f)
+                t.extent_list(InodeId(f))
             })
             .unwrap();
         let written = ext
@@ -409,7 +556,15 @@ async fn a_write_layout_completes_part_by_part_keeps_its_lock_and_frees_its_tail
     let (tx, mut recalls) = mpsc::unbounded_channel();
     g.attach(1, tx);
     let (id, m) = g
-        .map_write(1, epoch, ino, 0, 4 * MIB, true, true)
+        .map_write(
+            SessionId(1),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            0,
+            4 * MIB,
+            true,
+            true,
+        )
         .await
         .unwrap();
     assert_eq!(m.len, 4 * MIB);
@@ -443,7 +598,15 @@ async fn a_write_layout_completes_part_by_part_keeps_its_lock_and_frees_its_tail
         Err(GrantError::Foreign(id))
     );
     let (plain, _) = g
-        .map_write(1, epoch, ino, 8 * MIB, 64 * KIB, true, false)
+        .map_write(
+            SessionId(1),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            8 * MIB,
+            64 * KIB,
+            true,
+            false,
+        )
         .await
         .unwrap();
     assert!(
@@ -454,7 +617,17 @@ async fn a_write_layout_completes_part_by_part_keeps_its_lock_and_frees_its_tail
     g.complete(1, epoch, plain, 0, false).await.unwrap();
     // Another session's read of the range recalls the layout and waits for its return.
     let g2 = g.clone();
-    let reader = tokio::spawn(async move { g2.map_read(2, epoch, ino, 0, MIB, false).await });
+    let reader = tokio::spawn(async move {
+        g2.map_read(
+            SessionId(2),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            0,
+            MIB,
+            false,
+        )
+        .await
+    });
     let recall = tokio::time::timeout(Duration::from_secs(5), recalls.recv())
         .await
         .unwrap()
@@ -552,7 +725,7 @@ fn an_acknowledged_proxied_write_survives_a_crash() {
         let (attr, ext) = store
             .read(|t| {
                 use sanfs_mds::ns::Reader;
-                Ok((t.getattr(4096, ino)?, t.extent_list(ino)?))
+                Ok((t.getattr(4096, InodeId(ino))?, t.extent_list(InodeId(ino))?))
             })
             .unwrap();
         assert_eq!(attr.size, 8 * KIB, "{case}: the write survives");

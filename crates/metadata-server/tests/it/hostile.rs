@@ -191,7 +191,10 @@ async fn the_unix_socket_takes_root_and_listed_uids_only() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied);
-    assert!(e.message().contains("ListQuotas needs an admin identity"), "{e:?}");
+    assert!(
+        e.message().contains("ListQuotas needs an admin identity"),
+        "{e:?}"
+    );
     // Root lists them (none yet).
     let quotas = c
         .admin

@@ -2,6 +2,7 @@
 //!
 //! - [`support`]: building stores and volumes for the in-process tests.
 //! - [`smoke`]: the store and namespace through the committer.
+//! - [`space`]: file space: every way blocks leave a file frees and uncharges exactly them.
 //! - [`posix`]: POSIX namespace rules as a table of cases.
 //! - [`coherence`], [`grants`]: the direct and proxied paths on file-backed LUNs.
 //! - [`crash_real`]: `kill -9` of the real server during a gRPC workload.
@@ -44,6 +45,7 @@ mod replay;
 mod replies;
 mod serve;
 mod smoke;
+mod space;
 mod support;
 mod torn;
 mod zeroing;

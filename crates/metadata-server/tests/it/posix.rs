@@ -208,9 +208,9 @@ impl World {
             let Some(ino) = self.seen.get(p).copied() else {
                 return fail(format!("{p} was never seen"));
             };
-            return Ok(self.store.read(|t| t.getattr(self.bs, ino.0))?);
+            return Ok(self.store.read(|t| t.getattr(self.bs, ino))?);
         }
-        let mut attr = self.store.read(|t| t.getattr(self.bs, ROOT))?;
+        let mut attr = self.store.read(|t| t.getattr(self.bs, InodeId(ROOT)))?;
         for part in path.split('/').filter(|p| !p.is_empty()) {
             let r = EntryRequest {
                 cred: cred.clone(),
@@ -452,7 +452,7 @@ impl World {
                     return fail("nothing open at that path".into());
                 };
                 self.store.handles().release(handle);
-                self.write(move |ctx| ns::release_orphan(ctx, ino.0))?;
+                self.write(move |ctx| ns::release_orphan(ctx, ino))?;
             }
             "chmod" => {
                 let perm = Some(octal(arg(1)?)?);
@@ -555,7 +555,7 @@ impl World {
                 let ino = self.ino(cred, arg(0)?)?;
                 let got: Vec<String> = self
                     .store
-                    .read(|t| t.listxattr(cred, ino.0))?
+                    .read(|t| t.listxattr(cred, ino))?
                     .iter()
                     .map(|n| String::from_utf8_lossy(n).into_owned())
                     .collect();
@@ -574,11 +574,11 @@ impl World {
                     .filter(|(ch, _)| m.contains(*ch))
                     .map(|(_, bit)| bit)
                     .sum();
-                self.store.read(|t| t.access(cred, ino.0, mask))?;
+                self.store.read(|t| t.access(cred, ino, mask))?;
             }
             "readlink" => {
                 let ino = self.ino(cred, arg(0)?)?;
-                let got = self.store.read(|t| t.readlink(ino.0))?;
+                let got = self.store.read(|t| t.readlink(ino))?;
                 if Some(got.as_slice()) != want.map(str::as_bytes) {
                     return fail(format!("target {:?}", String::from_utf8_lossy(&got)));
                 }

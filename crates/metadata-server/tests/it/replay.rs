@@ -8,9 +8,11 @@ use std::time::{Duration, Instant};
 
 use sanfs_blockmap::plan::phys_runs;
 use sanfs_mds::clock::Clock;
-use sanfs_mds::data::{Mapped, complete_write, map_write, trim_unwritten_past_eof};
-use sanfs_mds::ns::{Reader, ReaderInodes};
+use sanfs_mds::data::{Mapped, complete_write, map_write};
+use sanfs_mds::ns::Reader;
 use sanfs_mds::reclaim::replay_write;
+use sanfs_mds::space::trim_unwritten_past_eof;
+use sanfs_mds::store::ReaderInodes;
 use sanfs_mds::store::backend::{FaultPlan, SimDisk};
 use sanfs_mds::store::{Backend, LAZY_SYNC_AFTER, Store};
 use sanfs_proto::model::{ReplayOutcome, ReplayRecord, ReplayRun};
@@ -38,7 +40,7 @@ fn record(ino: u64, epoch: u64, seq: u64, mapped: &Mapped) -> ReplayRecord {
 }
 
 fn size(store: &Store, ino: u64) -> u64 {
-    store.read(|t| t.getattr(4096, ino)).unwrap().size
+    store.read(|t| t.getattr(4096, InodeId(ino))).unwrap().size
 }
 
 async fn replay(store: &Store, r: ReplayRecord) -> ReplayOutcome {
@@ -66,21 +68,21 @@ fn a_lost_lazy_completion_is_replayed_only_onto_the_blocks_it_wrote() {
     let (mf, mg, seq_f, seq_g, durable) = rt.block_on(async {
         let v = vol.clone();
         let mf = store
-            .write(move |ctx| map_write(ctx, &v, f, 0, 128 * KIB))
+            .write(move |ctx| map_write(ctx, &v, InodeId(f), 0, 128 * KIB))
             .await
             .unwrap();
         let v = vol.clone();
         let mg = store
-            .write(move |ctx| map_write(ctx, &v, g, 0, 64 * KIB))
+            .write(move |ctx| map_write(ctx, &v, InodeId(g), 0, 64 * KIB))
             .await
             .unwrap();
         let durable = store.durable_seq();
         let (_, seq_f) = store
-            .write_lazy_numbered(move |ctx| complete_write(ctx, f, 0, 128 * KIB, false))
+            .write_lazy_numbered(move |ctx| complete_write(ctx, InodeId(f), 0, 128 * KIB, false))
             .await
             .unwrap();
         let (_, seq_g) = store
-            .write_lazy_numbered(move |ctx| complete_write(ctx, g, 0, 64 * KIB, false))
+            .write_lazy_numbered(move |ctx| complete_write(ctx, InodeId(g), 0, 64 * KIB, false))
             .await
             .unwrap();
         (mf, mg, seq_f, seq_g, durable)
@@ -125,7 +127,7 @@ fn a_lost_lazy_completion_is_replayed_only_onto_the_blocks_it_wrote() {
         );
         assert_eq!(size(&store, f), 128 * KIB);
         let written = store
-            .read(|t| t.extent_map_of(f))
+            .read(|t| t.extent_map_of(InodeId(f)))
             .unwrap()
             .iter()
             .all(|e| e.state == sanfs_blockmap::extent::ExtentState::Written);
@@ -133,7 +135,7 @@ fn a_lost_lazy_completion_is_replayed_only_onto_the_blocks_it_wrote() {
         // g's blocks were freed (the recovery after the window trims Unwritten blocks past
         // the end of file; they may go to another file next): g's record is refused.
         store
-            .write(move |ctx| trim_unwritten_past_eof(ctx, g, 0, 16))
+            .write(move |ctx| trim_unwritten_past_eof(ctx, InodeId(g), 0, 16))
             .await
             .unwrap();
         assert_eq!(
@@ -160,11 +162,11 @@ fn lazy_work_becomes_durable_on_its_own_within_the_bound() {
     rt.block_on(async {
         let v = vol.clone();
         store
-            .write(move |ctx| map_write(ctx, &v, f, 0, 64 * KIB))
+            .write(move |ctx| map_write(ctx, &v, InodeId(f), 0, 64 * KIB))
             .await
             .unwrap();
         let (_, seq) = store
-            .write_lazy_numbered(move |ctx| complete_write(ctx, f, 0, 64 * KIB, false))
+            .write_lazy_numbered(move |ctx| complete_write(ctx, InodeId(f), 0, 64 * KIB, false))
             .await
             .unwrap();
         assert!(store.durable_seq() < seq);

@@ -96,7 +96,7 @@ fn a_cached_reply_commits_with_its_change_and_is_forgotten_in_time() {
     let store = Store::open(&Backend::Sim(disk.clone()), clock.clone(), 64).unwrap();
     let exists = |n: &str| {
         store
-            .read(|t| t.dirent(ROOT, n.as_bytes()))
+            .read(|t| t.dirent(InodeId(ROOT), n.as_bytes()))
             .unwrap()
             .is_some()
     };
@@ -321,7 +321,13 @@ async fn a_create_retried_after_kill_9_gets_its_reply_not_eexist() {
     assert_eq!(fs_error_from_status(&e), FsError::Exists, "a new id runs");
 }
 
-fn append(session: u64, handle: u64, ino: u64, data: &[u8], id: Option<RequestId>) -> pb::WriteRequest {
+fn append(
+    session: u64,
+    handle: u64,
+    ino: u64,
+    data: &[u8],
+    id: Option<RequestId>,
+) -> pb::WriteRequest {
     pb::WriteRequest {
         cred: root(),
         session,
@@ -342,7 +348,11 @@ async fn an_append_retried_after_kill_9_is_not_written_twice() {
     let config = setup(dir.path(), port);
     let (mut server, mut c) = start(&config, port).await;
     let (session, _) = c.open_session().await;
-    let file = c.ns.create(create(session, "log", None)).await.unwrap().into_inner();
+    let file =
+        c.ns.create(create(session, "log", None))
+            .await
+            .unwrap()
+            .into_inner();
     let ino = file.attr.as_ref().unwrap().ino;
     let first = c
         .data
@@ -363,9 +373,8 @@ async fn an_append_retried_after_kill_9_is_not_written_twice() {
     server.kill9();
     let (_server, mut c) = start(&config, port).await;
     let (new_session, _) = c.open_session().await;
-    let reopened = c
-        .ns
-        .open(pb::OpenRequest {
+    let reopened =
+        c.ns.open(pb::OpenRequest {
             cred: root(),
             session: new_session,
             inode: ino,
@@ -376,7 +385,13 @@ async fn an_append_retried_after_kill_9_is_not_written_twice() {
         .into_inner();
     let retried = c
         .data
-        .write(append(new_session, reopened.handle, ino, b"one\n", Some(id(1, 1))))
+        .write(append(
+            new_session,
+            reopened.handle,
+            ino,
+            b"one\n",
+            Some(id(1, 1)),
+        ))
         .await
         .expect("a retried append is answered as the first try was")
         .into_inner();
@@ -385,7 +400,13 @@ async fn an_append_retried_after_kill_9_is_not_written_twice() {
     // A new append (a new id) goes to the end.
     let next = c
         .data
-        .write(append(new_session, reopened.handle, ino, b"two\n", Some(id(2, 2))))
+        .write(append(
+            new_session,
+            reopened.handle,
+            ino,
+            b"two\n",
+            Some(id(2, 2)),
+        ))
         .await
         .unwrap()
         .into_inner();

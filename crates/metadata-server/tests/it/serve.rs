@@ -592,7 +592,11 @@ async fn grants_work_without_luns_and_proxied_io_names_the_missing_lun() {
         .into_inner();
     assert_eq!(reply.attr.unwrap().size, 1 << 20);
     let status = c.admin.server_status(pb::ServerStatusRequest {}).await;
-    assert_eq!(grants(status.unwrap().into_inner()), (0, 0, 0), "completed: gone");
+    assert_eq!(
+        grants(status.unwrap().into_inner()),
+        (0, 0, 0),
+        "completed: gone"
+    );
     // Twice: refused.
     let twice = c
         .data

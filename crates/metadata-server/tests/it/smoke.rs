@@ -136,24 +136,24 @@ fn map_write_then_complete_converts_exactly_the_done_prefix() {
     let ino = f.attr.ino.0;
     let v = vol.clone();
     let m = store
-        .write_blocking(move |ctx| data::map_write(ctx, &v, ino, 0, 1 << 20))
+        .write_blocking(move |ctx| data::map_write(ctx, &v, InodeId(ino), 0, 1 << 20))
         .unwrap();
     assert_eq!(m.plan.device_ios.len(), 4, "{:?}", m.plan);
     assert_eq!(m.plan.device_bytes(), 1 << 20);
     let r = store
-        .read(|t| data::map_read(t, &vol, bs, ino, 0, 1 << 20))
+        .read(|t| data::map_read(t, &vol, bs, InodeId(ino), 0, 1 << 20))
         .unwrap();
     assert_eq!(r.len, 0, "size is still 0: nothing to read");
     // Unaligned ranges are refused and change nothing.
     let v = vol.clone();
-    let bad = store.write_blocking(move |ctx| data::map_write(ctx, &v, ino, 512, 4096));
+    let bad = store.write_blocking(move |ctx| data::map_write(ctx, &v, InodeId(ino), 512, 4096));
     assert!(matches!(bad, Err(FsError::Invalid(_))), "{bad:?}");
     // The device wrote the first 768 KiB only.
     let attr = store
-        .write_blocking(move |ctx| data::complete_write(ctx, ino, 0, 768 << 10, false))
+        .write_blocking(move |ctx| data::complete_write(ctx, InodeId(ino), 0, 768 << 10, false))
         .unwrap();
     assert_eq!(attr.size, 768 << 10);
-    let ext = store.read(|t| t.extent_list(ino)).unwrap();
+    let ext = store.read(|t| t.extent_list(InodeId(ino))).unwrap();
     let written: u64 = ext
         .iter()
         .filter(|e| e.state == sanfs_blockmap::extent::ExtentState::Written)
@@ -161,7 +161,7 @@ fn map_write_then_complete_converts_exactly_the_done_prefix() {
         .sum();
     assert_eq!(written * u64::from(bs), 768 << 10);
     let r = store
-        .read(|t| data::map_read(t, &vol, bs, ino, 0, 1 << 20))
+        .read(|t| data::map_read(t, &vol, bs, InodeId(ino), 0, 1 << 20))
         .unwrap();
     assert_eq!(r.len, 768 << 10);
     assert_eq!(r.plan.zero_fill_bytes(), 0);
@@ -213,11 +213,11 @@ fn preallocation_stops_at_the_largest_file_size_and_fsck_checks_it() {
     let offset = (MAX_FILE_SIZE / bs - 2) * bs;
     let v = vol.clone();
     let (m, ahead) = store
-        .write_blocking(move |ctx| data::map_write_ahead(ctx, &v, ino, offset, bs, 1024))
+        .write_blocking(move |ctx| data::map_write_ahead(ctx, &v, InodeId(ino), offset, bs, 1024))
         .unwrap();
     assert_eq!(m.len, bs);
     assert!(ahead.1 <= max_end_block, "ahead {ahead:?}");
-    let ext = store.read(|t| t.extent_list(ino)).unwrap();
+    let ext = store.read(|t| t.extent_list(InodeId(ino))).unwrap();
     let end = ext
         .iter()
         .map(|e| e.file_block + e.len_blocks)
@@ -227,7 +227,7 @@ fn preallocation_stops_at_the_largest_file_size_and_fsck_checks_it() {
     assert_eq!(end, offset / bs + 1 + (ahead.1 - ahead.0));
     // The write lands; a second one right after it is within the preallocation.
     store
-        .write_blocking(move |ctx| data::complete_write(ctx, ino, offset, bs, false))
+        .write_blocking(move |ctx| data::complete_write(ctx, InodeId(ino), offset, bs, false))
         .unwrap();
     store.close();
     drop(store);
@@ -239,11 +239,11 @@ fn preallocation_stops_at_the_largest_file_size_and_fsck_checks_it() {
     let store = sanfs_mds::store::Store::open(&backend, clock.clone(), 64).unwrap();
     store
         .write_blocking(move |ctx| {
-            let mut ext = ctx.t.extent_map(ino)?.to_vec();
+            let mut ext = ctx.t.extent_map(InodeId(ino))?.to_vec();
             let last = ext.last_mut().unwrap();
             last.file_block = max_end_block;
             let map = ExtentMap::from_extents(ext).unwrap();
-            ns::save_extents(&mut ctx.t, ino, &map)
+            sanfs_mds::space::save_extents(&mut ctx.t, InodeId(ino), &map)
         })
         .unwrap();
     store.close();

@@ -6,6 +6,7 @@
 use std::os::unix::fs::FileExt;
 
 use sanfs_proto::pb;
+use sanfs_proto::types::InodeId;
 
 use crate::harness::{Running, root, rw, start_with_luns};
 
@@ -310,7 +311,7 @@ async fn blocks_noted_for_zeroing_when_the_server_stopped_are_zeroed_at_the_next
         let extents = store
             .read(|t| {
                 use sanfs_mds::ns::Reader;
-                t.extent_list(ino)
+                t.extent_list(InodeId(ino))
             })
             .unwrap();
         assert!(!extents.is_empty());

@@ -65,8 +65,15 @@ fn loop_luns_are_attached_with_direct_io_and_detached_on_drop() {
             continue;
         };
         // A deleted backing file reads as "<path> (deleted)".
-        let still = files.iter().find(|f| text.starts_with(&*f.to_string_lossy()));
-        assert!(still.is_none(), "{} still attached: {}", text.trim(), backing.display());
+        let still = files
+            .iter()
+            .find(|f| text.starts_with(&*f.to_string_lossy()));
+        assert!(
+            still.is_none(),
+            "{} still attached: {}",
+            text.trim(),
+            backing.display()
+        );
     }
 }
 

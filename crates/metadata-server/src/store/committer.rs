@@ -1,0 +1,329 @@
+//! The committer: one thread that runs every queued job of a batch in one write transaction
+//! and commits it (group commit), and the [`Ctx`] each job gets.
+
+use super::*;
+
+/// Lazily committed work older than this is made durable by the committer on its own (as
+/// ext4's commit interval), so that agents' records of lazy completions stay few.
+pub const LAZY_SYNC_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What the committer keeps in memory next to the tables (rebuilt from them at start).
+pub struct State {
+    pub alloc: Allocator,
+    pub next_inode: u64,
+    pub generation: u64,
+    /// Open handles (not durable: they die with their sessions and with the server).
+    pub handles: Arc<Mutex<Handles>>,
+    /// Blocks free and inodes in use, published after each commit for statfs.
+    pub usage: Arc<Usage>,
+}
+
+/// Space and inode usage for statfs, published by the committer after every commit.
+#[derive(Debug, Default)]
+pub struct Usage {
+    pub free_blocks: AtomicU64,
+    pub total_blocks: AtomicU64,
+    pub inodes: AtomicU64,
+}
+
+/// One batch's view of the store, handed to each job in turn.
+pub struct Ctx<'t> {
+    pub t: WriteTables<'t>,
+    pub free: Table<'t, u64, u64>,
+    pub counters: Table<'t, &'static str, u64>,
+    pub orphans: Table<'t, u64, ()>,
+    pub prealloc: Table<'t, u64, (u64, u64)>,
+    pub quotas: Table<'t, u64, (u64, u64, u64, u64)>,
+    pub unzeroed: Table<'t, u64, u64>,
+    pub replies: Table<'t, (u64, u64), &'static [u8]>,
+    pub sessions: Table<'t, u64, u64>,
+    pub st: &'t mut State,
+    pub now: Timestamp,
+    pub block_size: u32,
+}
+
+/// A job's answer, called with its commit's number once that commit is done (or failed).
+pub(super) type Reply = Box<dyn FnOnce(Result<u64, String>) + Send>;
+pub(super) type Run = Box<dyn for<'t> FnOnce(&mut Ctx<'t>) -> (Reply, bool) + Send>;
+
+/// A queued change. A `lazy` one may be committed without a sync: it becomes durable with the
+/// next durable commit (any non-lazy job, or [`Store::sync`]), and a crash before that loses
+/// it whole (never half of it).
+pub(super) struct Job {
+    pub(super) run: Run,
+    pub(super) lazy: bool,
+}
+
+/// Counters of the committer, for metrics and the bench.
+#[derive(Debug, Default)]
+pub struct CommitStats {
+    pub commits: AtomicU64,
+    pub ops: AtomicU64,
+    pub failed_ops: AtomicU64,
+}
+
+pub(super) struct Shared {
+    /// The number of the last commit of this run (commits are numbered from 1 at every start).
+    pub(super) commit_seq: AtomicU64,
+    /// Every commit of this run up to this number is durable.
+    pub(super) durable_seq: AtomicU64,
+    pub(super) poisoned: AtomicBool,
+    pub(super) reason: Mutex<Option<String>>,
+    pub(super) poison_notify: tokio::sync::Notify,
+    pub(super) stats: CommitStats,
+}
+
+impl Shared {
+    pub(super) fn poison(&self, why: String) {
+        tracing::error!(reason = %why, "metadata store failed: stopping (fail-stop)");
+        let mut r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        if r.is_none() {
+            *r = Some(why);
+        }
+        self.poisoned.store(true, Ordering::SeqCst);
+        self.poison_notify.notify_waiters();
+    }
+
+    pub(super) fn poison_error(&self) -> FsError {
+        let r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        FsError::Io(format!(
+            "metadata store failed and must be restarted: {}",
+            r.as_deref().unwrap_or("unknown")
+        ))
+    }
+}
+
+impl Ctx<'_> {
+    /// A fresh inode number and generation, persisted in this transaction.
+    pub fn new_inode_number(&mut self) -> Result<(u64, u64), OpError> {
+        let ino = self.st.next_inode;
+        let next = ino.checked_add(1).ok_or(OpError::Fs(FsError::NoSpace))?;
+        self.st.next_inode = next;
+        self.st.generation += 1;
+        self.counters.insert(KEY_NEXT_INODE, next)?;
+        self.counters.insert(KEY_GENERATION, self.st.generation)?;
+        self.st.usage.inodes.fetch_add(1, Ordering::Relaxed);
+        Ok((ino, self.st.generation))
+    }
+
+    /// Applies an allocator delta to the free-space table (same transaction).
+    pub fn apply_free_delta(
+        &mut self,
+        delta: &sanfs_blockmap::alloc::FreeSpaceDelta,
+    ) -> Result<(), OpError> {
+        for (start, _) in &delta.removed {
+            self.free.remove(*start)?;
+        }
+        for (start, len) in &delta.added {
+            self.free.insert(*start, *len)?;
+        }
+        Ok(())
+    }
+
+    /// Notes volume blocks `[start, start + len)` as handed out Unwritten and not zeroed on the
+    /// LUNs yet (see [`UNZEROED`]).
+    pub fn mark_unzeroed(&mut self, start: u64, len: u64) -> Result<(), OpError> {
+        let len = match self.unzeroed.get(start)? {
+            Some(old) => old.value().max(len),
+            None => len,
+        };
+        self.unzeroed.insert(start, len)?;
+        Ok(())
+    }
+
+    /// Returns blocks to free space. A block that is free already means the metadata is
+    /// inconsistent: that is a storage error (fail-stop), not a caller's mistake.
+    pub fn free_blocks(&mut self, start: u64, len: u64) -> Result<(), OpError> {
+        let delta = self
+            .st
+            .alloc
+            .free(start, len)
+            .map_err(|e| OpError::Store(format!("freeing blocks {start}+{len}: {e}")))?;
+        self.apply_free_delta(&delta)
+    }
+}
+
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the committer thread's whole context, passed once"
+)]
+pub(super) fn committer_loop(
+    db: &Database,
+    rx: &mpsc::Receiver<Job>,
+    mut state: State,
+    shared: &Shared,
+    clock: &Clock,
+    block_size: u32,
+    batch_max: usize,
+    epoch: u64,
+) {
+    let mut seq = 0u64;
+    // When the oldest commit that is not durable yet was made.
+    let mut lazy_since: Option<std::time::Instant> = None;
+    loop {
+        let received = match lazy_since {
+            None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+            Some(t) => rx.recv_timeout(
+                (t + LAZY_SYNC_AFTER).saturating_duration_since(std::time::Instant::now()),
+            ),
+        };
+        let first = match received {
+            Ok(job) => job,
+            // Lazy work waited long enough: an empty durable commit makes it durable.
+            Err(mpsc::RecvTimeoutError::Timeout) => Job {
+                run: Box::new(|_: &mut Ctx<'_>| (Box::new(|_| {}) as Reply, true)),
+                lazy: false,
+            },
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        let mut batch = vec![first];
+        while batch.len() < batch_max {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let n = batch.len() as u64;
+        if shared.poisoned.load(Ordering::SeqCst) {
+            let why = shared.poison_error().to_string();
+            for job in batch {
+                drop(job); // its reply channel closes: the caller gets the poison error
+            }
+            tracing::debug!(%why, "dropped jobs after poison");
+            continue;
+        }
+        let durable = batch.iter().any(|j| !j.lazy);
+        seq += 1;
+        let result = run_batch(db, batch, &mut state, clock, block_size, (epoch, seq));
+        state
+            .usage
+            .free_blocks
+            .store(state.alloc.free_blocks(), Ordering::Relaxed);
+        match result {
+            Ok(replies) => {
+                shared.stats.commits.fetch_add(1, Ordering::Relaxed);
+                shared.stats.ops.fetch_add(n, Ordering::Relaxed);
+                shared.commit_seq.store(seq, Ordering::SeqCst);
+                if durable {
+                    shared.durable_seq.store(seq, Ordering::SeqCst);
+                    lazy_since = None;
+                } else {
+                    lazy_since.get_or_insert_with(std::time::Instant::now);
+                }
+                for r in replies {
+                    r(Ok(seq));
+                }
+            }
+            Err((why, replies)) => {
+                shared.stats.failed_ops.fetch_add(n, Ordering::Relaxed);
+                shared.poison(why.clone());
+                for r in replies {
+                    r(Err(why.clone()));
+                }
+            }
+        }
+    }
+}
+
+type BatchResult = Result<Vec<Reply>, (String, Vec<Reply>)>;
+
+fn run_batch(
+    db: &Database,
+    batch: Vec<Job>,
+    state: &mut State,
+    clock: &Clock,
+    block_size: u32,
+    (epoch, seq): (u64, u64),
+) -> BatchResult {
+    let mut replies = Vec::with_capacity(batch.len());
+    let durable = batch.iter().any(|j| !j.lazy);
+    let txn = match begin(db, durable) {
+        Ok(t) => t,
+        Err(e) => {
+            // Nothing ran: answer every job with the failure.
+            let why = e;
+            for job in batch {
+                drop(job);
+            }
+            return Err((why, replies));
+        }
+    };
+    let mut ok = true;
+    {
+        let mut ctx = match open_ctx(&txn, state, clock.now(), block_size) {
+            Ok(c) => c,
+            Err(e) => return Err((e, replies)),
+        };
+        for job in batch {
+            if !ok {
+                drop(job);
+                continue;
+            }
+            // A panicking job is a bug; it must not take the committer thread (and with it
+            // every later write) down silently: the batch fails and the store stops.
+            let run = job.run;
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&mut ctx))) {
+                Ok((reply, fine)) => {
+                    replies.push(reply);
+                    ok = fine;
+                }
+                Err(_) => {
+                    tracing::error!("a metadata job panicked: failing its batch");
+                    ok = false;
+                }
+            }
+        }
+        if ok {
+            // Numbered in the commit itself: after a crash, these name the last survivor.
+            ok = ctx.counters.insert(KEY_LAST_COMMIT, seq).is_ok()
+                && ctx.counters.insert(KEY_LAST_COMMIT_EPOCH, epoch).is_ok();
+        }
+    }
+    if !ok {
+        let _ = txn.abort();
+        return Err(("a storage error inside the transaction".into(), replies));
+    }
+    match txn.commit() {
+        Ok(()) => Ok(replies),
+        Err(e) => Err((format!("commit: {e}"), replies)),
+    }
+}
+
+fn begin(db: &Database, durable: bool) -> Result<WriteTransaction, String> {
+    let mut txn = db.begin_write().map_err(|e| e.to_string())?;
+    txn.set_quick_repair(true);
+    if !durable {
+        txn.set_durability(redb::Durability::None)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(txn)
+}
+
+fn open_ctx<'t>(
+    txn: &'t WriteTransaction,
+    st: &'t mut State,
+    now: Timestamp,
+    block_size: u32,
+) -> Result<Ctx<'t>, String> {
+    let e = |e: redb::TableError| e.to_string();
+    Ok(Ctx {
+        t: Tables {
+            inodes: txn.open_table(INODES).map_err(e)?,
+            dirents: txn.open_table(DIRENTS).map_err(e)?,
+            cookies: txn.open_table(COOKIES).map_err(e)?,
+            extents: txn.open_table(EXTENTS).map_err(e)?,
+            xattrs: txn.open_table(XATTRS).map_err(e)?,
+        },
+        free: txn.open_table(FREE).map_err(e)?,
+        counters: txn.open_table(COUNTERS).map_err(e)?,
+        orphans: txn.open_table(ORPHANS).map_err(e)?,
+        prealloc: txn.open_table(PREALLOC).map_err(e)?,
+        quotas: txn.open_table(QUOTAS).map_err(e)?,
+        unzeroed: txn.open_table(UNZEROED).map_err(e)?,
+        replies: txn.open_table(REPLIES).map_err(e)?,
+        sessions: txn.open_table(SESSIONS).map_err(e)?,
+        st,
+        now,
+        block_size,
+    })
+}

@@ -1,0 +1,208 @@
+//! Opening the database on its backend (file, block device, crash-simulating disk), and
+//! loading what the committer keeps in memory.
+
+use super::*;
+
+/// How an existing store is opened read-write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verify {
+    /// Trust a cleanly closed store as it is (redb's plain open; recovery only after a crash).
+    Trust,
+    /// Verify the checksum of every page of the committed trees and rebuild the allocator
+    /// state at every open (redb's integrity check on open): a store altered outside redb (a
+    /// torn image, a bad restore) is refused as corrupt instead of trusted, where a plain open
+    /// may panic or serve garbage. The server's open does this.
+    Pages,
+}
+
+fn builder(verify: Verify) -> redb::Builder {
+    let mut b = Database::builder();
+    b.set_check_integrity_on_open(verify == Verify::Pages);
+    b.set_repair_callback(move |session| {
+        if verify == Verify::Pages {
+            tracing::debug!(
+                progress = session.progress(),
+                "metadata store: verifying page checksums"
+            );
+        } else {
+            tracing::warn!(
+                progress = session.progress(),
+                "metadata store: repairing after an unclean shutdown"
+            );
+        }
+    });
+    b
+}
+
+pub(crate) fn open_db(
+    backend: &Backend,
+    create: bool,
+    force: bool,
+    verify: Verify,
+) -> Result<Database, StoreError> {
+    let b = builder(verify);
+    Ok(match backend {
+        Backend::File(path) => {
+            if create && path.exists() && std::fs::metadata(path)?.len() > 0 {
+                if !force {
+                    return Err(StoreError::Exists(path.clone()));
+                }
+                std::fs::remove_file(path)?;
+            }
+            if create {
+                b.create(path)?
+            } else {
+                if !path.exists() {
+                    return Err(no_store(path));
+                }
+                b.open(path)?
+            }
+        }
+        Backend::Device(path) => {
+            let (file, capacity) = open_device(path, true)?;
+            if create {
+                b.create_with_backend(BlockDeviceBackend::initialise(file, capacity)?)?
+            } else {
+                b.create_with_backend(BlockDeviceBackend::open(file, capacity)?)?
+            }
+        }
+        Backend::Sim(disk) => b.create_with_backend(disk.clone())?,
+    })
+}
+
+/// Opens an existing store without changing a byte of it (fsck): a store that needs redb's
+/// repair answers [`StoreError::NeedsRepair`], one held by a running server
+/// [`StoreError::InUse`]. Run inside [`guard_damage`].
+pub(crate) fn open_db_read_only(backend: &Backend) -> Result<redb::ReadOnlyDatabase, StoreError> {
+    let b = builder(Verify::Trust);
+    match backend {
+        Backend::File(path) => {
+            if !path.exists() {
+                return Err(no_store(path));
+            }
+            Ok(b.open_read_only(path)?)
+        }
+        Backend::Device(path) => {
+            let (file, capacity) = open_device(path, false)?;
+            Ok(b.open_read_only_with_backend(BlockDeviceBackend::open(file, capacity)?)?)
+        }
+        Backend::Sim(disk) => Ok(b.open_read_only_with_backend(disk.clone())?),
+    }
+}
+
+/// The store's bytes, read without changing them (to repair a copy in memory: `--dry-run`).
+pub(crate) fn read_image(backend: &Backend) -> Result<Vec<u8>, StoreError> {
+    use redb::StorageBackend;
+    let read_all = |b: &dyn StorageBackend| -> Result<Vec<u8>, StoreError> {
+        let len = usize::try_from(b.len()?)
+            .map_err(|_| StoreError::Damaged("the store's length does not fit in memory".into()))?;
+        let mut buf = vec![0u8; len];
+        b.read(0, &mut buf)?;
+        Ok(buf)
+    };
+    match backend {
+        Backend::File(path) => {
+            if !path.exists() {
+                return Err(no_store(path));
+            }
+            Ok(std::fs::read(path)?)
+        }
+        Backend::Device(path) => {
+            let (file, capacity) = open_device(path, false)?;
+            read_all(&BlockDeviceBackend::open(file, capacity)?)
+        }
+        Backend::Sim(disk) => read_all(disk),
+    }
+}
+
+fn no_store(path: &std::path::Path) -> StoreError {
+    StoreError::Io(std::io::Error::new(
+        std::io::ErrorKind::NotFound,
+        format!(
+            "no metadata store at {} (run sanfs-mds format)",
+            path.display()
+        ),
+    ))
+}
+
+fn open_device(path: &std::path::Path, write: bool) -> Result<(std::fs::File, u64), StoreError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .open(path)?;
+    let capacity = {
+        use std::io::Seek;
+        let mut f = &file;
+        f.seek(std::io::SeekFrom::End(0))?
+    };
+    Ok((file, capacity))
+}
+
+pub(super) fn bump_boot_epoch(db: &Database) -> Result<u64, StoreError> {
+    let txn = db.begin_write()?;
+    let epoch = {
+        let mut counters = txn.open_table(COUNTERS)?;
+        let epoch = counters
+            .get(KEY_BOOT_EPOCH)?
+            .map(|v| v.value())
+            .unwrap_or(0)
+            + 1;
+        counters.insert(KEY_BOOT_EPOCH, epoch)?;
+        epoch
+    };
+    txn.commit()?;
+    Ok(epoch)
+}
+
+pub(super) fn load(db: &Database) -> Result<(Superblock, Volume, State), StoreError> {
+    let r = db.begin_read()?;
+    let sup = r.open_table(SUPER)?;
+    let sb_bytes = sup
+        .get(KEY_SUPER)?
+        .ok_or_else(|| StoreError::Corrupt("no super record".into()))?;
+    let sb = Superblock::decode(sb_bytes.value())
+        .map_err(|e| StoreError::Corrupt(format!("super record: {e}")))?;
+    let vol_bytes = sup
+        .get(KEY_VOLUME)?
+        .ok_or_else(|| StoreError::Corrupt("no volume record".into()))?;
+    let volume = codec::decode_volume(vol_bytes.value())
+        .map_err(|e| StoreError::Corrupt(format!("volume record: {e}")))?;
+    let counters = r.open_table(COUNTERS)?;
+    let counter = |k: &str| -> Result<u64, StoreError> {
+        Ok(counters
+            .get(k)?
+            .ok_or_else(|| StoreError::Corrupt(format!("no counter {k}")))?
+            .value())
+    };
+    let next_inode = counter(KEY_NEXT_INODE)?;
+    let generation = counter(KEY_GENERATION)?;
+    let free = r.open_table(FREE)?;
+    let mut extents = Vec::with_capacity(usize::try_from(free.len()?).unwrap_or(0));
+    for e in free.iter()? {
+        let (k, v) = e?;
+        extents.push((k.value(), v.value()));
+    }
+    let alloc = Allocator::from_free(&volume.allocation_groups(), sb.stripe_unit_blocks, extents)
+        .map_err(|e| StoreError::Corrupt(format!("free-space table: {e}")))?;
+    let usage = Usage::default();
+    usage
+        .free_blocks
+        .store(alloc.free_blocks(), Ordering::Relaxed);
+    usage
+        .total_blocks
+        .store(alloc.capacity_blocks(), Ordering::Relaxed);
+    usage
+        .inodes
+        .store(r.open_table(INODES)?.len()?, Ordering::Relaxed);
+    Ok((
+        sb,
+        volume,
+        State {
+            alloc,
+            next_inode,
+            generation,
+            handles: Arc::new(Mutex::new(Handles::default())),
+            usage: Arc::new(usage),
+        },
+    ))
+}
