@@ -265,8 +265,8 @@ fn mount_sanfs_helper_fake_and_usage_errors() {
     assert!(!is_fuse_mount(&mnt));
     for (args, msg) in [
         (
-            vec!["mds:7410", m, "-o", "threshold=1.5M"],
-            "threshold=1.5M",
+            vec!["mds:7410", m, "-o", "threshold=1.5Q"],
+            "threshold=1.5Q",
         ),
         (vec!["mds:7410", m, "-o", "attr_ttl=soon"], "attr_ttl"),
         (
