@@ -32,8 +32,9 @@ use crate::fuse::sanfs_ino;
 
 /// Where control sockets live unless `SANFS_RUN_DIR` says otherwise.
 pub const DEFAULT_RUN_DIR: &str = "/run/sanfs";
-/// File-system types a sanfs mount shows in `/proc/self/mountinfo`: `fuse` (fuser's own
-/// mount call sets no subtype there), or `fuse.sanfs` (mounted through libfuse's helper).
+/// File-system types a sanfs mount shows in `/proc/self/mountinfo`: `fuse.sanfs` (the
+/// agent's own mount call, `fuse::kernel_mount`), or `fuse` (an agent of an earlier version,
+/// which mounted through fuser).
 pub const FSTYPES: &[&str] = &["fuse", "fuse.sanfs"];
 /// Most bytes of a request.
 const MAX_REQUEST_BYTES: u64 = 4096;

@@ -1434,6 +1434,58 @@ fn signal_pending(pid: u32) -> bool {
     pending & !mask("SigBlk:") & !mask("SigIgn:") != 0
 }
 
+/// The file-system type of a sanfs mount in /proc/self/mountinfo: `fuse.sanfs`, so that
+/// mount(8) hands `-o remount` to our own helper (`/sbin/mount.fuse.sanfs`, or
+/// `mount.sanfs` with `-t sanfs`), never to fuse3's `mount.fuse`, which would run the mount's
+/// source as a program.
+pub const MOUNT_FSTYPE: &str = "fuse.sanfs";
+
+/// Mounts a FUSE file system of type [`MOUNT_FSTYPE`] at `mountpoint` (as root: mount(2) with
+/// a fresh `/dev/fuse`), named `source` in the mount table, `nosuid,nodev`, with
+/// `default_permissions` (and `allow_other` when asked); returns the `/dev/fuse` descriptor
+/// to serve it on (`fuser::Session::from_fd`). fuser's own mount call always says `fuse`.
+pub fn kernel_mount(
+    mountpoint: &Path,
+    source: &str,
+    read_only: bool,
+    allow_other: bool,
+) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?;
+    let root_mode = std::fs::metadata(mountpoint)?.mode() & libc::S_IFMT;
+    let mut data = format!(
+        "fd={},rootmode={root_mode:o},user_id={},group_id={},default_permissions",
+        dev.as_raw_fd(),
+        rustix::process::geteuid().as_raw(),
+        rustix::process::getegid().as_raw(),
+    );
+    if allow_other {
+        data.push_str(",allow_other");
+    }
+    use rustix::mount::MountFlags as M;
+    let mut flags = M::NOSUID | M::NODEV;
+    if read_only {
+        flags |= M::RDONLY;
+    }
+    let data = std::ffi::CString::new(data).map_err(std::io::Error::other)?;
+    rustix::mount::mount(source, mountpoint, MOUNT_FSTYPE, flags, data.as_c_str()).map_err(
+        |e| {
+            std::io::Error::new(
+                std::io::Error::from(e).kind(),
+                format!(
+                    "mount({source}, {}, {MOUNT_FSTYPE}): {e}",
+                    mountpoint.display()
+                ),
+            )
+        },
+    )?;
+    Ok(dev.into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

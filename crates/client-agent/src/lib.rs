@@ -16,6 +16,7 @@
 //! examples), [`logging`] sends the agent's log to stderr, a file or syslog, and
 //! [`quickstart`] brings a one-machine sanfs up and down.
 
+pub mod admin;
 pub mod buf;
 pub mod client;
 pub mod control;

@@ -25,6 +25,16 @@ pub const EXIT_USAGE: u8 = 1;
 pub const EXIT_MOUNT_FAILED: u8 = 32;
 /// The name under which `sanfs-agent` acts as the mount helper.
 pub const HELPER_NAME: &str = "mount.sanfs";
+/// Its second name: mount(8) looks for `mount.fuse.sanfs` for a live mount of type
+/// `fuse.sanfs` (`mount -o remount,ro DIR` without `-t`), before fuse3's `mount.fuse`.
+pub const FUSE_HELPER_NAME: &str = "mount.fuse.sanfs";
+
+/// Whether `argv0` names the mount helper.
+pub fn is_helper_name(argv0: &str) -> bool {
+    std::path::Path::new(argv0)
+        .file_name()
+        .is_some_and(|n| n == HELPER_NAME || n == FUSE_HELPER_NAME)
+}
 
 /// The arguments mount(8) gives a helper.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -66,7 +76,7 @@ pub fn parse_helper_args(args: &[String]) -> anyhow::Result<HelperArgs> {
                         match c {
                             'o' => h.options.push(value),
                             't' => {
-                                if value != "sanfs" {
+                                if value != "sanfs" && value != crate::fuse::MOUNT_FSTYPE {
                                     bail!("mount.sanfs mounts type sanfs, not {value:?}");
                                 }
                             }
@@ -95,13 +105,15 @@ pub fn parse_helper_args(args: &[String]) -> anyhow::Result<HelperArgs> {
 
 /// Runs the helper; returns the exit status, having said what went wrong on stderr.
 pub fn helper_main(args: &[String]) -> u8 {
-    let h = match parse_helper_args(args) {
+    let mut h = match parse_helper_args(args) {
         Ok(h) => h,
         Err(e) => {
             eprintln!("{HELPER_NAME}: {e:#}");
             return EXIT_USAGE;
         }
     };
+    // mount(8) passes a live mount's kernel options back with `-o remount`.
+    h.options = mount_options::without_kernel_options(&h.options);
     let (opts, ignored) = match mount_options::parse_options_sloppy(&h.options, h.sloppy) {
         Ok(v) => v,
         Err(e) => {

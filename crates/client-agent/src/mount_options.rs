@@ -31,6 +31,8 @@ pub struct MountOpts {
     pub attr_ttl: Duration,
     pub entry_ttl: Duration,
     pub allow_other: bool,
+    /// Mount even when none of the volume's LUNs is found (all I/O through the server).
+    pub allow_proxied_only: bool,
     pub read_only: bool,
     pub engine: EngineKind,
     /// LUN discovery globs; empty: the built-in defaults.
@@ -64,6 +66,7 @@ impl Default for MountOpts {
             attr_ttl: Duration::from_secs(1),
             entry_ttl: Duration::from_secs(1),
             allow_other: false,
+            allow_proxied_only: false,
             read_only: false,
             engine: EngineKind::Auto,
             devices: Vec::new(),
@@ -118,6 +121,39 @@ const GENERIC: &[&str] = &[
 /// other agent option is fixed at mount time.
 pub const REMOUNT_CHANGEABLE: &[&str] = &["ro", "rw"];
 
+/// The options the kernel shows for a live FUSE mount (/proc/self/mountinfo), which mount(8)
+/// hands back to the helper with `-o remount`: they describe the mount as it is.
+pub const FUSE_KERNEL_OPTIONS: &[&str] = &[
+    "fd",
+    "rootmode",
+    "user_id",
+    "group_id",
+    "default_permissions",
+    "allow_other",
+    "max_read",
+    "blksize",
+];
+
+/// For `-o remount`: the options without those the kernel reports for the live mount
+/// ([`FUSE_KERNEL_OPTIONS`]); other options are left as given. Without `remount`, all.
+pub fn without_kernel_options(raw: &[String]) -> Vec<String> {
+    let items = || {
+        raw.iter()
+            .flat_map(|r| r.split(','))
+            .filter(|i| !i.is_empty())
+    };
+    if !items().any(|i| i == "remount") {
+        return raw.to_vec();
+    }
+    let kept: Vec<&str> = items()
+        .filter(|i| {
+            let key = i.split_once('=').map_or(*i, |(k, _)| k);
+            !FUSE_KERNEL_OPTIONS.contains(&key)
+        })
+        .collect();
+    vec![kept.join(",")]
+}
+
 /// A duration as every sanfs surface reads it ([`sanfs_proto::units::parse_duration`]):
 /// `1s`, `500ms`, `2m`, `1h`, `0`, `2` (seconds).
 pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
@@ -162,6 +198,7 @@ pub fn parse_options_sloppy(
             "attr_ttl" => o.attr_ttl = duration_option(key, value)?,
             "entry_ttl" => o.entry_ttl = duration_option(key, value)?,
             "allow_other" => o.allow_other = true,
+            "allow_proxied_only" => o.allow_proxied_only = true,
             "ro" => o.read_only = true,
             "rw" => o.read_only = false,
             "remount" => o.remount = true,
@@ -309,6 +346,29 @@ mod tests {
 
     fn s(v: &str) -> Vec<String> {
         vec![v.to_owned()]
+    }
+
+    #[test]
+    fn a_remount_drops_the_options_the_kernel_reports_for_the_live_mount() {
+        // What mount(8) passes for `mount -o remount,ro DIR` of a live mount.
+        let raw = s(
+            "rw,nosuid,nodev,relatime,user_id=0,group_id=0,default_permissions,allow_other,remount,ro",
+        );
+        assert_eq!(
+            without_kernel_options(&raw),
+            s("rw,nosuid,nodev,relatime,remount,ro")
+        );
+        assert!(remount_unchangeable(&without_kernel_options(&raw)).is_empty());
+        // Not a remount: nothing dropped (allow_other is a mount option of ours).
+        assert_eq!(
+            without_kernel_options(&s("allow_other,ro")),
+            s("allow_other,ro")
+        );
+        // A remount that tries to change something else is still refused.
+        assert_eq!(
+            remount_unchangeable(&without_kernel_options(&s("remount,attr_ttl=0,user_id=0"))),
+            vec!["attr_ttl=0".to_owned()]
+        );
     }
 
     #[test]

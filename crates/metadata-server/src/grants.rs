@@ -284,6 +284,21 @@ impl Grants {
         drop(held);
     }
 
+    /// Live grants per session: `session -> (read grants, write grants)` (for ServerStatus).
+    pub fn per_session(&self) -> HashMap<u64, (u32, u32)> {
+        let mut by_session: HashMap<u64, (u32, u32)> = HashMap::new();
+        // A write layout still waiting for its lock holds nothing yet.
+        for g in self.lock_table().values().filter(|g| g.pending.is_none()) {
+            let e = by_session.entry(g.session).or_default();
+            if g.mode == LockMode::Shared {
+                e.0 = e.0.saturating_add(1);
+            } else {
+                e.1 = e.1.saturating_add(1);
+            }
+        }
+        by_session
+    }
+
     fn channels(&self) -> MutexGuard<'_, HashMap<u64, mpsc::UnboundedSender<Recall>>> {
         self.recall_channels
             .lock()

@@ -164,6 +164,21 @@ pub fn set(
     Ok(q.info(dir, ctx.block_size))
 }
 
+/// Every directory quota (`(directory, row)`, by directory inode): for ListQuotas.
+pub fn list(store: &Store) -> Result<Vec<(u64, QuotaRow)>, FsError> {
+    store.snapshot(|r| {
+        let Some(quotas) = open_if_exists(r, QUOTAS)? else {
+            return Ok(Vec::new());
+        };
+        let mut all = Vec::new();
+        for entry in quotas.iter()? {
+            let (k, v) = entry?;
+            all.push((k.value(), QuotaRow::from_tuple(v.value())));
+        }
+        Ok(all)
+    })
+}
+
 /// The quota an inode is charged to, with its limits and usage (for statfs inside it and
 /// GetQuota): `(quota directory, row)`; a quota directory is its own quota.
 pub fn quota_of(store: &Store, ino: u64) -> Result<Option<(u64, QuotaRow)>, FsError> {

@@ -91,9 +91,22 @@ sanfs_mds_down() {
   return 0
 }
 
+# mount(8) hands `-o remount` of a live sanfs mount (type fuse.sanfs) to
+# /sbin/mount.fuse.sanfs (else to fuse3's mount.fuse, which cannot do it): link it to our
+# agent unless one is installed, and remove the link we made on exit.
+SANFS_HELPER_LINK=
+sanfs_helper() {
+  local h=/sbin/mount.fuse.sanfs
+  if [ ! -e "$h" ]; then
+    ln -s "$(readlink -f "$SANFS_BIN/sanfs-agent")" "$h" && SANFS_HELPER_LINK=$h
+  fi
+  return 0
+}
+
 sanfs_down() {
   set +e
   sanfs_mount_down
+  if [ -n "$SANFS_HELPER_LINK" ]; then rm -f -- "$SANFS_HELPER_LINK"; SANFS_HELPER_LINK=; fi
   sanfs_mds_down
   local l
   for l in "${SANFS_LOOPS[@]}"; do losetup -d "$l"; done
@@ -180,6 +193,7 @@ sanfs_mount() {
   mkdir "$SANFS_MNT"
   local devices
   devices=$(IFS=:; echo "${SANFS_LOOPS[*]}")
+  sanfs_helper
   RUST_LOG=${RUST_LOG:-warn} "$SANFS_BIN/sanfs-agent" mount "$SANFS_ADDR" "$SANFS_MNT" \
     -o "devices=$devices,client_name=ci-$SANFS_STEP${opts:+,$opts}" --foreground \
     < /dev/null > "$SANFS_DIR/agent.log" 2>&1 &

@@ -33,7 +33,7 @@ use sanfs_client_agent::client::{
 };
 use sanfs_client_agent::control::{self, ControlContext, MountStatus, Request};
 use sanfs_client_agent::discovery::DEFAULT_GLOBS;
-use sanfs_client_agent::fuse::{FsOptions, SanFs};
+use sanfs_client_agent::fuse::{FsOptions, SanFs, kernel_mount};
 use sanfs_client_agent::mount_options::{LogTarget, parse_options, parse_source};
 use sanfs_client_agent::{logging, mount_helper, quickstart};
 use sanfs_proto::types::{Credentials, FileType, ROOT_INODE};
@@ -59,7 +59,8 @@ enum Command {
         mountpoint: PathBuf,
         /// Comma-separated options: attr_ttl=1s, entry_ttl=1s, allow_other, ro, rw,
         /// threshold=SIZE (direct-I/O threshold: 64k, 1M, 65536), engine=uring|sync|auto,
-        /// devices=GLOB,GLOB (LUN discovery), tls_ca=, tls_cert=, tls_key=, tls_domain=,
+        /// devices=GLOB,GLOB (LUN discovery; no LUN found refuses the mount unless
+        /// allow_proxied_only), tls_ca=, tls_cert=, tls_key=, tls_domain=,
         /// client_name=, metrics=ADDR:PORT (Prometheus), device_retry=5s (probe a LUN
         /// poisoned by a failed write again after this), log=FILE|syslog|stderr,
         /// log_level=LEVEL; mount(8)'s generic ones (_netdev, defaults, x-*, ...) are ignored.
@@ -125,7 +126,7 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let mut args = std::env::args();
     let argv0 = args.next().unwrap_or_default();
-    if Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new(mount_helper::HELPER_NAME)) {
+    if mount_helper::is_helper_name(&argv0) {
         let rest: Vec<String> = args.collect();
         return std::process::ExitCode::from(mount_helper::helper_main(&rest));
     }
@@ -160,7 +161,7 @@ fn main() -> std::process::ExitCode {
             options,
             foreground,
         } => mount(&source, &mountpoint, &options, foreground),
-        Command::Umount { mountpoint, lazy } => umount(&mountpoint, lazy),
+        Command::Umount { mountpoint, lazy } => umount_and_wait(&mountpoint, lazy),
         Command::Bmap { path, json } => bmap(&path, json),
         Command::Status { mountpoint, json } => status(mountpoint.as_deref(), json),
         Command::Quickstart {
@@ -219,6 +220,43 @@ fn umount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
             _ => "",
         };
         anyhow::Error::new(e).context(format!("unmount {}{why}", mountpoint.display()))
+    })
+}
+
+/// `sanfs-agent umount`: unmounts and then waits (at most 10 s) for the mount's agent to
+/// exit, so that whatever it held (its metrics port) is free when this returns: an immediate
+/// mount again with the same `metrics=` succeeds. A lazy unmount does not wait (a busy mount
+/// keeps its agent).
+fn umount_and_wait(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
+    let agent = std::fs::canonicalize(mountpoint).ok().and_then(|mp| {
+        let e = control::fuse_mounts()
+            .ok()?
+            .into_iter()
+            .find(|m| m.mount_point == mp)?;
+        let socket = control::socket_path(&control::run_dir(), e.major, e.minor);
+        Some(control::ask(&socket, &Request::Status).ok()?.status?.pid)
+    });
+    umount(mountpoint, lazy)?;
+    if let Some(pid) = agent.filter(|_| !lazy) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while process_lives(pid) {
+            if Instant::now() >= deadline {
+                tracing::warn!(pid, "unmounted; the agent has not exited after 10 s");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(())
+}
+
+/// Whether process `pid` still runs (a zombie has exited: it holds nothing any more).
+fn process_lives(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        // The state follows the command name in parentheses, which may itself hold spaces.
+        s.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
     })
 }
 
@@ -281,6 +319,7 @@ fn mount(
     config.direct_io_threshold = opts.direct_io_threshold;
     config.accept_epoch_regression = opts.accept_epoch_regression;
     config.retry = opts.retry;
+    config.require_luns = !opts.allow_proxied_only;
     config.tls = match (&opts.tls_ca, &opts.tls_cert, &opts.tls_key) {
         (None, None, None) => None,
         (Some(ca), Some(cert), Some(key)) => Some(TlsConfig {
@@ -352,9 +391,22 @@ fn mount(
             signal(SignalKind::interrupt()).context("install the SIGINT handler")?,
         )
     };
-    let mut session = fuser::Session::new(fs, &mountpoint, &fuse_config)
-        .with_context(|| format!("mount at {}", mountpoint.display()))?;
-    let mut unmounter = session.unmount_callable();
+    // Our own mount call: the mount's type is `fuse.sanfs` (see `kernel_mount`).
+    let dev = kernel_mount(
+        &mountpoint,
+        &format!("{server}:{subdir}"),
+        opts.read_only,
+        opts.allow_other,
+    )
+    .with_context(|| format!("mount at {}", mountpoint.display()))?;
+    let acl = fuse_config.acl;
+    let session = match fuser::Session::from_fd(fs, dev, acl, fuse_config) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = umount(&mountpoint, true);
+            return Err(e).with_context(|| format!("start FUSE at {}", mountpoint.display()));
+        }
+    };
     tracing::info!(source, mountpoint = %mountpoint.display(), "mounted");
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let serve = std::thread::Builder::new()
@@ -394,7 +446,7 @@ fn mount(
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     if signalled {
         tracing::info!(mountpoint = %mountpoint.display(), "signalled: unmounting");
-        if let Err(e) = unmounter.unmount() {
+        if let Err(e) = umount(&mountpoint, false) {
             tracing::warn!(error = %e, "unmount failed; detaching lazily");
             umount(&mountpoint, true)?;
         }
@@ -627,6 +679,13 @@ fn format_status(m: &MountStatus) -> String {
         a.engine,
         a.device_recoveries
     );
+    if found == 0 && !a.devices.is_empty() {
+        let _ = writeln!(
+            out,
+            "  WARN       none of the volume's LUNs is found on this node: every byte goes \
+             through the server (mounted with allow_proxied_only)"
+        );
+    }
     for d in &a.devices {
         let state = match d.state {
             DeviceHealth::Ok => "ok",

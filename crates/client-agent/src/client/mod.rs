@@ -166,6 +166,10 @@ pub struct ClientConfig {
     /// How long calls wait for an unreachable or restarting server (`hard`: as long as it
     /// takes; `soft`: then EIO).
     pub retry: RetryPolicy,
+    /// Refuse to connect when none of the volume's LUNs is found on this node (every byte
+    /// would go through the server). Off in the library (the CSI driver does no data I/O);
+    /// `sanfs-agent mount` turns it on unless `-o allow_proxied_only`.
+    pub require_luns: bool,
     pub faults: FaultInjection,
 }
 
@@ -192,6 +196,7 @@ impl ClientConfig {
             write_layout_bytes: DEFAULT_WRITE_LAYOUT_BYTES,
             accept_epoch_regression: false,
             retry: RetryPolicy::Hard,
+            require_luns: false,
             faults: FaultInjection::default(),
         }
     }
@@ -365,22 +370,12 @@ pub enum ConnectError {
     Server(#[from] FsError),
     #[error("cannot start the I/O engine: {0}")]
     Engine(std::io::Error),
-}
-
-/// An error with its causes ("transport error: tcp connect error: Connection refused (os error
-/// 111)"): tonic's transport error alone says only "transport error".
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let more = c.to_string();
-        if !text.ends_with(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        cause = c.source();
-    }
-    text
+    #[error(
+        "none of the volume's {count} LUNs was found under devices={globs}: every byte would go \
+         through the server; check the globs and that this node sees the LUNs, or mount with \
+         -o allow_proxied_only to accept that"
+    )]
+    NoLuns { count: usize, globs: String },
 }
 
 fn malformed(what: &str, e: impl std::fmt::Display) -> FsError {
@@ -388,10 +383,19 @@ fn malformed(what: &str, e: impl std::fmt::Display) -> FsError {
 }
 
 async fn make_channel(config: &ClientConfig) -> Result<Channel, ConnectError> {
+    connect_channel(&config.server, config.tls.as_ref()).await
+}
+
+/// A gRPC channel to the server at `server` (`host:port`, or `unix:/path` for its local unix
+/// socket), over mutual TLS when `tls` is given: how the agent connects, and `sanfs-admin`.
+pub async fn connect_channel(
+    server: &str,
+    tls: Option<&TlsConfig>,
+) -> Result<Channel, ConnectError> {
     // `unix:/path`: the server's local unix socket (same host; the server knows this agent
     // by its uid). The URI is a placeholder that the connector ignores.
-    if let Some(path) = config.server.strip_prefix("unix:") {
-        if config.tls.is_some() {
+    if let Some(path) = server.strip_prefix("unix:") {
+        if tls.is_some() {
             return Err(ConnectError::Tls(
                 "TLS options do not apply to a unix socket server".to_owned(),
             ));
@@ -407,19 +411,15 @@ async fn make_channel(config: &ClientConfig) -> Result<Channel, ConnectError> {
                 }
             }))
             .await
-            .map_err(|e| ConnectError::Transport(format!("{}: {}", config.server, chain(&e))));
+            .map_err(|e| ConnectError::Transport(format!("{server}: {}", with_causes(&e))));
     }
-    let scheme = if config.tls.is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    let url = format!("{scheme}://{}", config.server);
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{server}");
     let mut endpoint = Endpoint::from_shared(url)
-        .map_err(|e| ConnectError::Address(config.server.clone(), e.to_string()))?
+        .map_err(|e| ConnectError::Address(server.to_owned(), e.to_string()))?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true);
-    if let Some(tls) = &config.tls {
+    if let Some(tls) = tls {
         let read = |p: &PathBuf| {
             std::fs::read(p).map_err(|e| ConnectError::Tls(format!("{}: {e}", p.display())))
         };
@@ -427,8 +427,7 @@ async fn make_channel(config: &ClientConfig) -> Result<Channel, ConnectError> {
             .ca_certificate(Certificate::from_pem(read(&tls.ca)?))
             .identity(Identity::from_pem(read(&tls.cert)?, read(&tls.key)?));
         let domain = tls.domain.clone().or_else(|| {
-            config
-                .server
+            server
                 .rsplit_once(':')
                 .map(|(h, _)| h.trim_matches(['[', ']']).to_owned())
         });
@@ -442,7 +441,23 @@ async fn make_channel(config: &ClientConfig) -> Result<Channel, ConnectError> {
     endpoint
         .connect()
         .await
-        .map_err(|e| ConnectError::Transport(chain(&e)))
+        .map_err(|e| ConnectError::Transport(with_causes(&e)))
+}
+
+/// An error and its causes (`transport error: connection refused (os error 111)`): tonic's
+/// own message alone hides why.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.ends_with(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    text
 }
 
 /// Opens a session; returns the reply and when the request was sent (the first lease starts
@@ -495,6 +510,20 @@ impl Client {
         let device_count = info.volume.devices().len();
         for (index, id) in &found.missing {
             tracing::warn!(device = %index, ?id, "LUN not found on this node: its I/O goes proxied");
+        }
+        if found.found.is_empty() && device_count > 0 {
+            let globs = config.discovery.globs.join(":");
+            if config.require_luns {
+                return Err(ConnectError::NoLuns {
+                    count: device_count,
+                    globs,
+                });
+            }
+            tracing::warn!(
+                luns = device_count,
+                globs,
+                "none of the volume's LUNs was found on this node: every byte goes through the server"
+            );
         }
         let mut present = vec![false; device_count];
         let mut device_paths: Vec<Option<PathBuf>> = vec![None; device_count];

@@ -409,13 +409,15 @@ pub fn assert_bytes(got: &[u8], want: &[u8], what: &str) {
     }
 }
 
-/// A test PKI: a CA, and the server's and one agent's certificates signed by it, as PEM files
-/// in `dir`.
+/// A test PKI: a CA, and the server's, one agent's (`agent-a`) and an administrator's
+/// (`admin-node`) certificates signed by it, as PEM files in `dir`.
 pub struct Pki {
     pub server: TlsPaths,
     pub ca: PathBuf,
     pub agent_cert: PathBuf,
     pub agent_key: PathBuf,
+    pub admin_cert: PathBuf,
+    pub admin_key: PathBuf,
 }
 
 pub fn pki(dir: &std::path::Path) -> Pki {
@@ -456,6 +458,7 @@ pub fn pki(dir: &std::path::Path) -> Pki {
     };
     let (server_cert, server_key) = leaf(&["localhost", "127.0.0.1"], false);
     let (agent_cert, agent_key) = leaf(&["agent-a"], true);
+    let (admin_cert, admin_key) = leaf(&["admin-node"], true);
     let ca = write("ca.pem", &ca_pem);
     Pki {
         server: TlsPaths {
@@ -466,5 +469,7 @@ pub fn pki(dir: &std::path::Path) -> Pki {
         ca,
         agent_cert: write("agent.pem", &agent_cert),
         agent_key: write("agent.key", &agent_key),
+        admin_cert: write("admin.pem", &admin_cert),
+        admin_key: write("admin.key", &admin_key),
     }
 }

@@ -13,6 +13,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+mod admin;
 mod agent_crash;
 mod client;
 mod cluster;

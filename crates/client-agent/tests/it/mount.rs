@@ -702,6 +702,124 @@ async fn agent_unmounts_on_sigterm_and_umount() {
     srv.stop().await;
 }
 
+/// `sanfs-agent umount` returns once the agent has exited: a mount again at once with the
+/// same `metrics=` port finds the port free (it failed with "address in use" when umount
+/// returned before the agent let go of its listener).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn umount_then_mount_again_with_the_same_metrics_port() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics = format!("metrics=127.0.0.1:{port}");
+    for round in 0..3 {
+        let mut m = Mount::start(&srv, &format!("metrics-{round}"), &metrics).await;
+        let got = std::net::TcpStream::connect(("127.0.0.1", port));
+        assert!(
+            got.is_ok(),
+            "round {round}: the agent serves metrics on {port}"
+        );
+        drop(got);
+        let st = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
+            .arg("umount")
+            .arg(&m.path)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        // Exited already (not merely unmounted): its status is there at once.
+        let st = m
+            .wait_exit(0)
+            .expect("the agent has exited when umount returns");
+        assert!(st.success(), "{st}");
+    }
+    srv.stop().await;
+}
+
+/// `devices=` globs that match none of the volume's LUNs: the mount is refused with the
+/// reason (every byte would go through the server), unless `allow_proxied_only`, with which it
+/// mounts, works through the server, and `sanfs-agent status` warns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_matching_no_lun_refuse_the_mount_unless_allow_proxied_only() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mnt");
+    std::fs::create_dir(&path).unwrap();
+    let none = dir.path().join("no-such-lun*");
+    let agent = |extra: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"));
+        c.arg("mount")
+            .arg(srv.addr.to_string())
+            .arg(&path)
+            .arg("-o")
+            .arg(format!(
+                "devices={},client_name=h10-no-lun{extra}",
+                none.display()
+            ))
+            .arg("--foreground")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null());
+        c
+    };
+    let out = timed("mount without LUNs", 60, {
+        let mut c = agent("");
+        move || c.output().unwrap()
+    })
+    .await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mounted without any LUN: {err}");
+    assert!(
+        err.contains("none of the volume's 4 LUNs was found under devices=")
+            && err.contains("allow_proxied_only"),
+        "{err}"
+    );
+    assert!(!is_mounted(&path));
+
+    let child = agent(",allow_proxied_only").spawn().unwrap();
+    let m = Mount {
+        path: path.clone(),
+        child: Some(child),
+        _dir: dir,
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !is_mounted(&m.path) {
+        assert!(Instant::now() < deadline, "allow_proxied_only: no mount");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let data = vec![5u8; 3 * MIB as usize];
+    let f = m.p("f");
+    let back = timed("write and read through the server", 60, {
+        let data = data.clone();
+        move || {
+            std::fs::write(&f, &data).unwrap();
+            std::fs::read(&f).unwrap()
+        }
+    })
+    .await;
+    assert!(back == data, "3 MiB read back through the server");
+    let out = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
+        .arg("status")
+        .arg(&m.path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("0 of 4 found")
+            && text.contains("WARN")
+            && text.contains("allow_proxied_only"),
+        "{text}"
+    );
+    drop(m);
+    srv.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subdir_mount_read_only() {
     if !can_mount() {

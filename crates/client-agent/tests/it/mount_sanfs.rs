@@ -1,10 +1,12 @@
 //! `mount.sanfs` through the real mount(8): `mount -t sanfs` with agent options (threshold,
-//! attr_ttl, log), sloppy and bad options, `-o remount`, a private fstab (`mount --fstab FILE`,
+//! attr_ttl, log), sloppy and bad options, `-o remount` (also without `-t`, as pjdfstest does:
+//! the mount's type is `fuse.sanfs`, so mount(8) runs our `mount.fuse.sanfs`), a private fstab (`mount --fstab FILE`,
 //! `mount -a -t sanfs -O _netdev`), `umount` (every agent exits 0), and `kill -9` of an agent
 //! (ENOTCONN, then `umount` and `umount -l` work).
 //!
-//! Root only. The helper must be `/sbin/mount.sanfs` for mount(8) to find it: the scenario
-//! runs in a private mount namespace (`unshare -m`) where an overlay on /usr/sbin adds it, so
+//! Root only. The helpers must be `/sbin/mount.sanfs` and `/sbin/mount.fuse.sanfs` for
+//! mount(8) to find them: the scenario runs in a private mount namespace (`unshare -m`) where
+//! an overlay on /usr/sbin adds them, so
 //! the machine's /sbin and /etc/fstab are never touched. This test process is made a child
 //! subreaper so that the daemonised agents become its children and their exit status can be
 //! checked.
@@ -64,6 +66,7 @@ mkdir -p "$T/ovl" "$T/a" "$T/b" "$T/c" "$T/d" "$T/k1" "$T/k2"
 mount -t tmpfs tmpfs "$T/ovl"
 mkdir "$T/ovl/up" "$T/ovl/work"
 ln -s "$AGENT" "$T/ovl/up/mount.sanfs"
+ln -s "$AGENT" "$T/ovl/up/mount.fuse.sanfs"
 mount -t overlay overlay -o "lowerdir=/usr/sbin,upperdir=$T/ovl/up,workdir=$T/ovl/work" /usr/sbin
 pid_of() { "$AGENT" status "$1" --json | sed -n 's/^  "pid": \([0-9]*\),*$/\1/p'; }
 bytes() { "$AGENT" status "$1" --json | sed -n "s/.*\"$2\": \([0-9]*\).*/\1/p"; }
@@ -103,6 +106,17 @@ set +e; mount -t sanfs -o remount,attr_ttl=0 "$ADDR:/" "$T/a" 2> "$T/err"; rc=$?
 [ "$rc" = 32 ] || fail "remount,attr_ttl=0: status $rc"
 grep -q 'remount can change only ro/rw' "$T/err" || fail "message: $(cat "$T/err")"
 echo again >> "$T/a/rw"
+# without -t, as pjdfstest does: the mount's type is fuse.sanfs, so mount(8) runs
+# mount.fuse.sanfs (ours), not fuse3's mount.fuse; writes are refused with EROFS while ro
+awk -v m="$T/a" '$5 == m { split($0, p, " - "); split(p[2], f, " "); print f[1] }' \
+  /proc/self/mountinfo > "$T/fstype"
+[ "$(cat "$T/fstype")" = fuse.sanfs ] || fail "mount type $(cat "$T/fstype"), want fuse.sanfs"
+mount -o remount,ro "$T/a"
+set +e; err=$(touch "$T/a/ro2" 2>&1); rc=$?; set -e
+[ "$rc" != 0 ] || fail "wrote on a read-only remount without -t"
+echo "$err" | grep -q 'Read-only file system' || fail "not EROFS: $err"
+mount -o remount,rw "$T/a"
+echo third >> "$T/a/rw"
 
 # 5. a private fstab: -a mounts the _netdev sanfs lines (not noauto), a line by mount point
 cat > "$T/fstab" <<EOF
@@ -123,7 +137,8 @@ dd if="$T/src" of="$T/c/big" bs=1M count=2 oflag=direct status=none
 [ "$(bytes "$T/c" direct_write)" -ge 2097152 ] || fail "threshold=64k: 1 MiB writes not direct"
 cmp "$T/a/f" "$T/d/f"
 [ "$(cat "$T/d/rw")" = "yes
-again" ] || fail "d does not see a's writes"
+again
+third" ] || fail "d does not see a's writes"
 
 # 6. umount: each agent exits (the test checks their status)
 for m in a b c d; do umount "$T/$m"; mounted "$T/$m" && fail "$m still mounted"; done
@@ -250,8 +265,8 @@ fn mount_sanfs_helper_fake_and_usage_errors() {
     assert!(!is_fuse_mount(&mnt));
     for (args, msg) in [
         (
-            vec!["mds:7410", m, "-o", "threshold=1.5M"],
-            "threshold=1.5M",
+            vec!["mds:7410", m, "-o", "threshold=1.5Q"],
+            "threshold=1.5Q",
         ),
         (vec!["mds:7410", m, "-o", "attr_ttl=soon"], "attr_ttl"),
         (

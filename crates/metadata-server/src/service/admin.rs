@@ -1,7 +1,8 @@
 //! The Admin service: the volume layout agents plan their I/O with, the server's status,
 //! directory quotas, and evicting a session.
 //!
-//! Calls that only an administrator may make (ServerStatus, SetQuota, EvictSession) check the
+//! Calls that only an administrator may make (ServerStatus, SetQuota, ListQuotas,
+//! EvictSession) check the
 //! caller's transport identity with `NodeIdentity::require_admin` (`service::identity`), the
 //! one place that decides who that is.
 
@@ -9,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use sanfs_proto::model::{
-    CommitStats, EvictSessionReply, EvictSessionRequest, InodeRequest, MAX_STATUS_SESSIONS,
-    ServerStatus, SessionSummary, SetQuotaRequest, VolumeInfo,
+    CommitStats, EvictSessionReply, EvictSessionRequest, InodeRequest, MAX_LISTED_QUOTAS,
+    MAX_STATUS_SESSIONS, QuotaList, ServerStatus, SessionSummary, SetQuotaRequest, VolumeInfo,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::admin_server::Admin;
@@ -48,6 +49,10 @@ impl Server {
         for f in self.store.handles().by_handle.values() {
             *open_handles.entry(f.session).or_insert(0) += 1;
         }
+        let grants = self.grants.per_session();
+        let (read_grants, write_grants) = grants.values().fold((0u64, 0u64), |(r, w), g| {
+            (r + u64::from(g.0), w + u64::from(g.1))
+        });
         let table = self.sessions();
         let sessions_total = table.by_id.len() as u64;
         // The reply is bounded: the first MAX_STATUS_SESSIONS by id (25,000 sessions once made
@@ -62,7 +67,7 @@ impl Server {
                 session: SessionId(*id),
                 client_name: s.client_name.clone(),
                 host: s.host.clone(),
-                grants: 0,
+                grants: grants.get(id).map_or(0, |g| g.0.saturating_add(g.1)),
                 open_handles: open_handles.get(id).copied().unwrap_or(0),
                 lease_remaining_ms: ms_between(now, s.deadline_ns),
                 identity: s.owner.clone(),
@@ -77,8 +82,8 @@ impl Server {
             uptime_ms: ms_between(started_ns, now),
             sessions,
             sessions_total,
-            read_grants: 0,
-            write_grants: 0,
+            read_grants,
+            write_grants,
             commits: CommitStats {
                 transactions: stats.ops.load(Ordering::Relaxed),
                 commits: stats.commits.load(Ordering::Relaxed),
@@ -153,6 +158,29 @@ impl Admin for AdminService {
                 .ok_or_else(|| fs_status(&sanfs_proto::types::FsError::NotFound))?;
             Ok(EvictSessionReply {
                 lease_remaining_ms: remaining,
+            }
+            .into())
+        })
+        .await
+    }
+
+    async fn list_quotas(
+        &self,
+        request: Request<pb::ListQuotasRequest>,
+    ) -> Result<Response<pb::ListQuotasReply>, Status> {
+        rpc("ListQuotas", async {
+            caller(&request)?.require_admin("ListQuotas")?;
+            let bs = self.server.store.block_size();
+            let all = crate::quota::list(&self.server.store).map_err(|e| fs_status(&e))?;
+            let quotas_total = all.len() as u64;
+            let quotas = all
+                .into_iter()
+                .take(MAX_LISTED_QUOTAS)
+                .map(|(dir, q)| q.info(dir, bs))
+                .collect();
+            Ok(QuotaList {
+                quotas,
+                quotas_total,
             }
             .into())
         })

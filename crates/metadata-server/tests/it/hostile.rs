@@ -185,6 +185,24 @@ async fn the_unix_socket_takes_root_and_listed_uids_only() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied);
+    let e = listed
+        .admin
+        .list_quotas(pb::ListQuotasRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    assert!(
+        e.message().contains("ListQuotas needs an admin identity"),
+        "{e:?}"
+    );
+    // Root lists them (none yet).
+    let quotas = c
+        .admin
+        .list_quotas(pb::ListQuotasRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((quotas.quotas.len(), quotas.quotas_total), (0, 0));
     srv.stop().await;
     assert!(!sock.exists(), "the socket is removed at stop");
 }

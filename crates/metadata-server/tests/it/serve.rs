@@ -557,6 +557,13 @@ async fn grants_work_without_luns_and_proxied_io_names_the_missing_lun() {
     let grant = c.data.map_write(map.clone()).await.unwrap().into_inner();
     assert_eq!(grant.device_ios.len(), 4, "{grant:?}");
     assert_eq!(grant.length, 1 << 20);
+    // ServerStatus counts the live grant, for its session and in all.
+    let grants = |st: pb::ServerStatusReply| {
+        let s = st.sessions.iter().find(|s| s.session == session).unwrap();
+        (s.grants, st.read_grants, st.write_grants)
+    };
+    let status = c.admin.server_status(pb::ServerStatusRequest {}).await;
+    assert_eq!(grants(status.unwrap().into_inner()), (1, 0, 1));
     // A grant of an old epoch is refused.
     let stale = c
         .data
@@ -584,6 +591,12 @@ async fn grants_work_without_luns_and_proxied_io_names_the_missing_lun() {
         .unwrap()
         .into_inner();
     assert_eq!(reply.attr.unwrap().size, 1 << 20);
+    let status = c.admin.server_status(pb::ServerStatusRequest {}).await;
+    assert_eq!(
+        grants(status.unwrap().into_inner()),
+        (0, 0, 0),
+        "completed: gone"
+    );
     // Twice: refused.
     let twice = c
         .data

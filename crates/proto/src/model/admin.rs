@@ -399,6 +399,54 @@ macro_rules! quota_reply {
 }
 quota_reply!(SetQuotaReply, GetQuotaReply);
 
+/// Most quotas one ListQuotas reply lists.
+pub const MAX_LISTED_QUOTAS: usize = 10_000;
+
+/// The reply to ListQuotas: every directory quota (at most [`MAX_LISTED_QUOTAS`]), by
+/// directory inode.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QuotaList {
+    pub quotas: Vec<QuotaInfo>,
+    /// Quotas in all: at least `quotas.len()`.
+    pub quotas_total: u64,
+}
+
+impl TryFrom<pb::ListQuotasReply> for QuotaList {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ListQuotasReply) -> Result<Self, ProtocolError> {
+        if p.quotas.len() > MAX_LISTED_QUOTAS {
+            return Err(invalid(
+                "quotas",
+                format!("more than {MAX_LISTED_QUOTAS} quotas listed"),
+            ));
+        }
+        if p.quotas_total < p.quotas.len() as u64 {
+            return Err(invalid(
+                "quotas_total",
+                format!(
+                    "{} is less than the {} quotas listed",
+                    p.quotas_total,
+                    p.quotas.len()
+                ),
+            ));
+        }
+        Ok(QuotaList {
+            quotas: list(p.quotas, "quotas")?,
+            quotas_total: p.quotas_total,
+        })
+    }
+}
+
+impl From<QuotaList> for pb::ListQuotasReply {
+    fn from(l: QuotaList) -> Self {
+        pb::ListQuotasReply {
+            quotas: to_pb(l.quotas),
+            quotas_total: l.quotas_total,
+        }
+    }
+}
+
 /// SetQuota on a directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetQuotaRequest {

@@ -153,6 +153,7 @@ fn targets() -> Vec<(&'static str, Target)> {
         SetQuotaReply => QuotaInfo,
         GetQuotaRequest => InodeRequest,
         GetQuotaReply => QuotaInfo,
+        ListQuotasReply => QuotaList,
         EvictSessionRequest => EvictSessionRequest,
         EvictSessionReply => EvictSessionReply,
         // locks

@@ -87,6 +87,13 @@ impl Admin for TestAdmin {
     ) -> Result<Response<pb::EvictSessionReply>, Status> {
         Err(FsError::NotSupported.into())
     }
+
+    async fn list_quotas(
+        &self,
+        _: Request<pb::ListQuotasRequest>,
+    ) -> Result<Response<pb::ListQuotasReply>, Status> {
+        Err(FsError::NotSupported.into())
+    }
 }
 
 /// A Data service of which only the proxied path answers (it echoes what it is given);

@@ -805,6 +805,22 @@ fn admin_status_and_quotas() {
         used_bytes: 0,
         used_inodes: 0,
     };
+    check::<QuotaList, pb::ListQuotasReply>(
+        QuotaList {
+            quotas: vec![q.clone()],
+            quotas_total: 1,
+        },
+        cases![pb::ListQuotasReply;
+            "quotas.inode" => |p| p.quotas[0].inode = 0,
+            "quotas.limits" => |p| p.quotas[0].limits = None,
+            "quotas_total" => |p| p.quotas_total = 0,
+            "quotas" => |p| {
+                let one = p.quotas[0];
+                p.quotas = vec![one; MAX_LISTED_QUOTAS + 1];
+                p.quotas_total = u64::MAX;
+            },
+        ],
+    );
     check::<QuotaInfo, pb::GetQuotaReply>(
         q,
         cases![pb::GetQuotaReply;

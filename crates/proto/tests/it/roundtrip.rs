@@ -627,7 +627,18 @@ fn status_and_quotas() {
         used_inodes: 1,
     };
     round_trip::<_, pb::SetQuotaReply>(q.clone());
-    round_trip::<_, pb::GetQuotaReply>(q);
+    round_trip::<_, pb::GetQuotaReply>(q.clone());
+    round_trip::<_, pb::ListQuotasReply>(QuotaList {
+        quotas: vec![
+            q.clone(),
+            QuotaInfo {
+                inode: InodeId(9),
+                ..q
+            },
+        ],
+        quotas_total: 2,
+    });
+    round_trip::<_, pb::ListQuotasReply>(QuotaList::default());
     round_trip::<_, pb::SetQuotaRequest>(SetQuotaRequest {
         cred: Credentials::root(),
         inode: InodeId(7),

@@ -1,0 +1,205 @@
+//! `sanfs-admin`: the administrator's command line for a metadata server ([`admin`]).
+//!
+//! `sanfs-admin [--server unix:/run/sanfs/mds.sock | HOST:PORT] [--tls-ca F --tls-cert F
+//! --tls-key F [--tls-domain NAME]] [--json] COMMAND`, where COMMAND is `status`, `clients`,
+//! `evict SESSION [--reason TEXT]`, `quota get DIR`, `quota set DIR [--bytes SIZE|none]
+//! [--inodes N|none]` or `quota list`. Exit status 0 on success, 1 when the server refused or
+//! failed (the reason on stderr), 2 for a usage error.
+//!
+//! [`admin`]: sanfs_client_agent::admin
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::bail;
+use clap::{Args, Parser, Subcommand};
+use sanfs_client_agent::admin::{self, Admin};
+use sanfs_client_agent::client::TlsConfig;
+use sanfs_proto::model::QuotaLimits;
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(
+    name = "sanfs-admin",
+    version,
+    about = "sanfs administration: server status, clients, eviction, directory quotas"
+)]
+struct Cli {
+    #[command(flatten)]
+    conn: Conn,
+    /// Print the answer of a read command as one JSON object.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args)]
+struct Conn {
+    /// The metadata server: `unix:/path` of its unix socket on this host (known by your
+    /// uid: root is an administrator) or `host:port` (mutual TLS with an admin certificate).
+    #[arg(long, global = true, env = "SANFS_SERVER", default_value = admin::DEFAULT_SERVER)]
+    server: String,
+    /// The CA that signed the server's certificate (with --tls-cert and --tls-key).
+    #[arg(long, global = true, env = "SANFS_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// This administrator's certificate: its name must have `admin = true` in mds.toml.
+    #[arg(long, global = true, env = "SANFS_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    #[arg(long, global = true, env = "SANFS_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// The name to check the server's certificate against (default: the host of --server).
+    #[arg(long, global = true)]
+    tls_domain: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The server, its epoch, the volume's capacity and free space, sessions and grants.
+    Status,
+    /// The live sessions: id, identity, client name, host, lease left, grants, open files.
+    Clients,
+    /// Evict a session (docs/protocol.md "Eviction"): fenced now, its grants gone when its
+    /// lease runs out; its agent opens a new session.
+    Evict {
+        session: u64,
+        /// Why (logged by the server and told to the agent).
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Directory quotas.
+    #[command(subcommand)]
+    Quota(QuotaCommand),
+}
+
+#[derive(Subcommand)]
+enum QuotaCommand {
+    /// The quota of DIR (a path inside the volume, e.g. /tenant-a).
+    Get { dir: String },
+    /// Set the quota of DIR (empty and in no quota, or already carrying one).
+    Set {
+        dir: String,
+        /// Byte limit (10G, 512M, 65536) or `none`.
+        #[arg(long, default_value = "none")]
+        bytes: String,
+        /// Inode limit or `none`.
+        #[arg(long, default_value = "none")]
+        inodes: String,
+    },
+    /// Every quota on the volume.
+    List,
+}
+
+fn tls(c: &Conn) -> anyhow::Result<Option<TlsConfig>> {
+    match (&c.tls_ca, &c.tls_cert, &c.tls_key) {
+        (None, None, None) => Ok(None),
+        (Some(ca), Some(cert), Some(key)) => Ok(Some(TlsConfig {
+            ca: ca.clone(),
+            cert: cert.clone(),
+            key: key.clone(),
+            domain: c.tls_domain.clone(),
+        })),
+        _ => bail!("--tls-ca, --tls-cert and --tls-key go together"),
+    }
+}
+
+fn print(json: bool, value: &serde_json::Value, text: impl FnOnce(&serde_json::Value) -> String) {
+    if json {
+        println!("{value}");
+    } else {
+        print!("{}", text(value));
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let tls = tls(&cli.conn)?;
+    let a = Admin::connect(&cli.conn.server, tls.as_ref()).await?;
+    match cli.command {
+        Command::Status => {
+            let s = a.server_status().await?;
+            let (v, st) = a.volume().await?;
+            print(
+                cli.json,
+                &admin::status_json(a.server(), &s, &v, &st),
+                admin::status_text,
+            );
+        }
+        Command::Clients => {
+            let s = a.server_status().await?;
+            print(cli.json, &admin::clients_json(&s), admin::clients_text);
+        }
+        Command::Evict { session, reason } => {
+            let r = a.evict(session, &reason).await?;
+            println!(
+                "session {session} evicted; its grants go in {}",
+                admin::duration(r.lease_remaining_ms)
+            );
+        }
+        Command::Quota(QuotaCommand::Get { dir }) => match a.quota_get(&dir).await? {
+            Some(q) => {
+                let j = admin::quota_json(Some(&dir), &q);
+                print(cli.json, &j, |j| {
+                    admin::quotas_text(std::slice::from_ref(j))
+                });
+            }
+            None => {
+                if cli.json {
+                    println!("{}", json!({"path": dir, "quota": null}));
+                } else {
+                    println!("{dir}: no quota");
+                }
+            }
+        },
+        Command::Quota(QuotaCommand::Set { dir, bytes, inodes }) => {
+            let limits = QuotaLimits {
+                capacity_bytes: admin::parse_limit(&bytes, true)?,
+                inodes: admin::parse_limit(&inodes, false)?,
+            };
+            let q = a.quota_set(&dir, limits).await?;
+            print(cli.json, &admin::quota_json(Some(&dir), &q), |j| {
+                admin::quotas_text(std::slice::from_ref(j))
+            });
+        }
+        Command::Quota(QuotaCommand::List) => {
+            let l = a.quota_list().await?;
+            let list: Vec<serde_json::Value> = l
+                .quotas
+                .iter()
+                .map(|q| admin::quota_json(None, q))
+                .collect();
+            let j = json!({"quotas_total": l.quotas_total, "quotas": list});
+            print(cli.json, &j, |j| {
+                let mut t = admin::quotas_text(j["quotas"].as_array().map_or(&[], |v| v));
+                if l.quotas_total > l.quotas.len() as u64 {
+                    t.push_str(&format!(
+                        "({} more quotas not listed)\n",
+                        l.quotas_total - l.quotas.len() as u64
+                    ));
+                }
+                t
+            });
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sanfs-admin: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sanfs-admin: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

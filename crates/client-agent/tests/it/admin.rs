@@ -1,0 +1,434 @@
+//! `sanfs-admin` against real processes (issue 22): a `sanfs-mds` process with mutual TLS on
+//! TCP and a unix socket, a `sanfs-agent` FUSE mount of it, and the `sanfs-admin` binary run
+//! as an administrator would (root on the unix socket, or the `admin-node` certificate that
+//! mds.toml marks `admin = true`). Checked: `status` and `clients` (text and `--json`) show
+//! the server, the volume's capacity and the mount's session; a node certificate that is not
+//! an admin is refused with the server's reason; `quota set` on a directory makes a write
+//! through the mount beyond it fail with EDQUOT, and `quota get|list` show it; `evict` of the
+//! mount's session makes its agent open a new session, through which the mount keeps working.
+//! Root only (FUSE).
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use sanfs_testcluster::ChildGuard;
+use serde_json::Value;
+
+use crate::cluster::{Pki, pki};
+use crate::quickstart::mds_binary;
+use crate::san::{can_mount, is_mounted};
+
+const MIB: u64 = 1 << 20;
+
+/// A server with TLS and a unix socket, and one mount of it over the unix socket.
+struct Setup {
+    dir: tempfile::TempDir,
+    pki: Pki,
+    port: u16,
+    sock: PathBuf,
+    mount: PathBuf,
+    server: Option<ChildGuard>,
+    agent: Option<ChildGuard>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = tempfile::Builder::new()
+            .prefix("sanfs-h10-admin-")
+            .tempdir()
+            .unwrap();
+        let pki = pki(dir.path());
+        let port = free_port();
+        let luns: Vec<PathBuf> = (0..4).map(|i| dir.path().join(format!("lun{i}"))).collect();
+        for l in &luns {
+            File::create(l).unwrap().set_len(64 * MIB).unwrap();
+        }
+        let devices: Vec<String> = luns
+            .iter()
+            .map(|l| format!("{:?}", l.display().to_string()))
+            .collect();
+        let sock = dir.path().join("mds.sock");
+        let config = dir.path().join("mds.toml");
+        let q = |p: &Path| format!("{:?}", p.display().to_string());
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = \"127.0.0.1:{port}\"\nlisten_unix = {}\nlease_ttl_ms = 2000\n\
+                 [tls]\ncert = {}\nkey = {}\nca = {}\n\
+                 [[clients]]\nname = \"admin-node\"\nadmin = true\n\
+                 [metadata]\npath = {}\n\
+                 [volume]\nlayout = \"striped\"\nstripe_unit = \"64KiB\"\ndevices = [{}]\n",
+                q(&sock),
+                q(&pki.server.cert),
+                q(&pki.server.key),
+                q(&pki.server.ca),
+                q(&dir.path().join("meta.redb")),
+                devices.join(", ")
+            ),
+        )
+        .unwrap();
+        let out = Command::new(mds_binary())
+            .args(["format", "--config", config.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "format: {out:?}");
+        let mut cmd = Command::new(mds_binary());
+        cmd.args(["serve", "--config", config.to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(File::create(dir.path().join("mds.log")).unwrap());
+        let mut server = ChildGuard::spawn(&mut cmd).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+            if let Some(st) = server.try_wait().unwrap() {
+                panic!(
+                    "sanfs-mds exited: {st}; log:\n{}",
+                    std::fs::read_to_string(dir.path().join("mds.log")).unwrap_or_default()
+                );
+            }
+            assert!(Instant::now() < deadline, "sanfs-mds did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mount = dir.path().join("mnt");
+        std::fs::create_dir(&mount).unwrap();
+        let mut s = Setup {
+            pki,
+            port,
+            sock,
+            mount,
+            server: Some(server),
+            agent: None,
+            dir,
+        };
+        s.mount_agent();
+        s
+    }
+
+    fn mount_agent(&mut self) {
+        let run_dir = self.dir.path().join("run");
+        std::fs::create_dir_all(&run_dir).unwrap();
+        let opts = format!(
+            "devices={},client_name=h10-admin-mount",
+            self.dir.path().join("lun*").display()
+        );
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"));
+        cmd.arg("mount")
+            .arg(format!("unix:{}", self.sock.display()))
+            .arg(&self.mount)
+            .args(["-o", &opts, "--foreground"])
+            .env("SANFS_RUN_DIR", &run_dir)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stderr(File::create(self.dir.path().join("agent.log")).unwrap());
+        let mut child = ChildGuard::spawn(&mut cmd).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !is_mounted(&self.mount) {
+            if let Some(st) = child.try_wait().unwrap() {
+                panic!("sanfs-agent exited: {st}; log:\n{}", self.log("agent.log"));
+            }
+            assert!(Instant::now() < deadline, "the mount did not appear");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.agent = Some(child);
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
+    }
+
+    /// `sanfs-admin --server unix:SOCK ARGS` (root on the unix socket: an administrator).
+    fn admin(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sanfs-admin"));
+        cmd.arg("--server")
+            .arg(format!("unix:{}", self.sock.display()))
+            .args(args);
+        run(cmd)
+    }
+
+    /// `sanfs-admin` over mutual TLS with a certificate and key.
+    fn admin_tls(&self, cert: &Path, key: &Path, args: &[&str]) -> Output {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sanfs-admin"));
+        cmd.args(["--server", &format!("127.0.0.1:{}", self.port)])
+            .arg("--tls-ca")
+            .arg(&self.pki.ca)
+            .arg("--tls-cert")
+            .arg(cert)
+            .arg("--tls-key")
+            .arg(key)
+            .args(["--tls-domain", "localhost"])
+            .args(args);
+        run(cmd)
+    }
+
+    /// The JSON answer of a command that must succeed.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.push("--json");
+        let out = self.admin(&all);
+        ok(&out, args);
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {}", text(&out.stdout)))
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if is_mounted(&self.mount) {
+            let _ = rustix::mount::unmount(&self.mount, rustix::mount::UnmountFlags::empty());
+        }
+        if let Some(mut a) = self.agent.take()
+            && !matches!(a.wait_timeout(Duration::from_secs(10)), Ok(Some(_)))
+        {
+            let _ = a.kill9();
+        }
+        if is_mounted(&self.mount) {
+            let _ = rustix::mount::unmount(&self.mount, rustix::mount::UnmountFlags::DETACH);
+        }
+        if let Some(mut s) = self.server.take() {
+            let _ = s.terminate(Duration::from_secs(5));
+        }
+    }
+}
+
+fn run(mut cmd: Command) -> Output {
+    let mut child = ChildGuard::spawn(cmd.stdout(Stdio::piped()).stderr(Stdio::piped())).unwrap();
+    let st = child
+        .wait_timeout(Duration::from_secs(30))
+        .unwrap()
+        .expect("sanfs-admin answers within 30 s");
+    let c = child.child_mut();
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    std::io::Read::read_to_end(c.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    std::io::Read::read_to_end(c.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    Output {
+        status: st,
+        stdout,
+        stderr,
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ok(out: &Output, what: &[&str]) {
+    assert!(
+        out.status.success(),
+        "sanfs-admin {what:?}: {}\nstdout: {}\nstderr: {}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+fn failed(out: &Output, what: &str) -> String {
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{what} fails with exit status 1: stdout {} stderr {}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stderr)
+}
+
+/// The sessions `clients --json` lists for our mount's client name.
+fn mount_sessions(s: &Setup) -> Vec<Value> {
+    s.json(&["clients"])["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["client_name"] == "h10-admin-mount")
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn status_clients_and_refusal_of_a_node_that_is_not_an_admin() {
+    if !can_mount("admin::status_clients_and_refusal_of_a_node_that_is_not_an_admin") {
+        return;
+    }
+    let s = Setup::new();
+    // Something on the volume, so that used space is not zero.
+    std::fs::write(s.mount.join("f"), vec![7u8; MIB as usize]).unwrap();
+
+    let st = s.json(&["status"]);
+    assert!(st["epoch"].as_u64().unwrap() >= 1, "{st}");
+    assert_eq!(st["volume"]["luns"], 4, "{st}");
+    assert_eq!(st["volume"]["layout"], "striped", "{st}");
+    let size = st["volume"]["size_bytes"].as_u64().unwrap();
+    let free = st["volume"]["free_bytes"].as_u64().unwrap();
+    // Four 64 MiB LUNs less their labels and data offsets.
+    assert!(size > 200 * MIB && size <= 256 * MIB, "{st}");
+    assert!(
+        free < size && size - free >= MIB,
+        "1 MiB written is used: {st}"
+    );
+    assert_eq!(st["sessions"], 1, "{st}");
+    let plain = s.admin(&["status"]);
+    ok(&plain, &["status"]);
+    let t = text(&plain.stdout);
+    assert!(
+        t.contains("capacity") && t.contains(&format!("({size} bytes)")),
+        "{t}"
+    );
+
+    let clients = mount_sessions(&s);
+    assert_eq!(clients.len(), 1, "{clients:?}");
+    let c = &clients[0];
+    assert_eq!(c["identity"], "unix:uid=0", "{c}");
+    assert!(c["session"].as_u64().unwrap() >= 1, "{c}");
+    let lease = c["lease_remaining_ms"].as_u64().unwrap();
+    assert!(lease > 0 && lease <= 2000 + 5000, "{c}");
+    let plain = s.admin(&["clients"]);
+    ok(&plain, &["clients"]);
+    let t = text(&plain.stdout);
+    assert!(
+        t.contains("h10-admin-mount") && t.contains("unix:uid=0"),
+        "{t}"
+    );
+
+    // The admin certificate over mutual TLS is an administrator too.
+    let out = s.admin_tls(&s.pki.admin_cert, &s.pki.admin_key, &["status", "--json"]);
+    ok(&out, &["status over TLS"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["fs_uuid"], st["fs_uuid"]);
+
+    // A node's certificate is not: every admin command is refused with the server's reason.
+    for args in [
+        &["status"][..],
+        &["clients"],
+        &["quota", "list"],
+        &["evict", "1"],
+    ] {
+        let out = s.admin_tls(&s.pki.agent_cert, &s.pki.agent_key, args);
+        let err = failed(&out, &format!("{args:?} as agent-a"));
+        assert!(
+            err.contains("needs an admin identity") && err.contains("agent-a"),
+            "{args:?}: {err}"
+        );
+    }
+    // An unknown session is named as such.
+    let err = failed(
+        &s.admin(&["evict", "999999"]),
+        "evict of an unknown session",
+    );
+    assert!(err.contains("no live session 999999"), "{err}");
+}
+
+#[test]
+fn quota_set_is_enforced_on_a_mount_and_eviction_reopens_its_session() {
+    if !can_mount("admin::quota_set_is_enforced_on_a_mount_and_eviction_reopens_its_session") {
+        return;
+    }
+    let s = Setup::new();
+    std::fs::create_dir(s.mount.join("q")).unwrap();
+    std::fs::create_dir(s.mount.join("plain")).unwrap();
+
+    let set = s.json(&["quota", "set", "/q", "--bytes", "1M", "--inodes", "100"]);
+    assert_eq!(set["capacity_bytes"], MIB, "{set}");
+    assert_eq!(set["inodes"], 100, "{set}");
+    let inode = set["inode"].as_u64().unwrap();
+    let got = s.json(&["quota", "get", "/q"]);
+    assert_eq!(got["inode"], inode, "{got}");
+    assert_eq!(got["used_bytes"], 0, "{got}");
+    let none = s.json(&["quota", "get", "/plain"]);
+    assert_eq!(none["quota"], Value::Null, "{none}");
+    let err = failed(
+        &s.admin(&["quota", "get", "/nope"]),
+        "quota get of a missing path",
+    );
+    assert!(err.contains("\"nope\""), "{err}");
+    let err = failed(
+        &s.admin(&["quota", "set", "/q", "--bytes", "1Q"]),
+        "a bad size",
+    );
+    assert!(err.contains("size"), "{err}");
+
+    // Within the quota: fine. Beyond it: EDQUOT, from the write or at the latest fsync.
+    std::fs::write(s.mount.join("q/small"), vec![1u8; 256 * 1024]).unwrap();
+    let r = (|| -> std::io::Result<()> {
+        let mut f = File::create(s.mount.join("q/big"))?;
+        for _ in 0..4 {
+            f.write_all(&vec![2u8; 256 * 1024])?;
+        }
+        f.sync_all()
+    })();
+    let e = r.expect_err("1.25 MiB in a 1 MiB quota");
+    assert_eq!(e.raw_os_error(), Some(libc::EDQUOT), "{e}");
+    let got = s.json(&["quota", "get", "/q"]);
+    let used = got["used_bytes"].as_u64().unwrap();
+    assert!((256 * 1024..=MIB).contains(&used), "{got}");
+    // Outside the quota the same write succeeds.
+    std::fs::write(s.mount.join("plain/big"), vec![3u8; 2 * MIB as usize]).unwrap();
+
+    let list = s.json(&["quota", "list"]);
+    assert_eq!(list["quotas_total"], 1, "{list}");
+    assert_eq!(list["quotas"][0]["inode"], inode, "{list}");
+    let plain = s.admin(&["quota", "list"]);
+    ok(&plain, &["quota", "list"]);
+    assert!(
+        text(&plain.stdout).contains("1.0 MiB"),
+        "{}",
+        text(&plain.stdout)
+    );
+
+    // Evict the mount's session: its agent is told, opens a new session, and the mount works.
+    let before = mount_sessions(&s);
+    assert_eq!(before.len(), 1, "{before:?}");
+    let old = before[0]["session"].as_u64().unwrap();
+    let out = s.admin(&["evict", &old.to_string(), "--reason", "h10 admin test"]);
+    ok(&out, &["evict"]);
+    assert!(text(&out.stdout).contains(&format!("session {old} evicted")));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let new = loop {
+        let now = mount_sessions(&s);
+        if let Some(n) = now
+            .iter()
+            .map(|c| c["session"].as_u64().unwrap())
+            .find(|&id| id != old)
+        {
+            break n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the evicted agent opened no new session: {now:?}; agent log:\n{}",
+            s.log("agent.log")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // (Session ids are random, not ordered: only that it is another one counts.)
+    assert_ne!(new, old);
+    let data = vec![9u8; 3 * 65536 + 17];
+    std::fs::write(s.mount.join("plain/after"), &data).unwrap();
+    assert_eq!(std::fs::read(s.mount.join("plain/after")).unwrap(), data);
+    // The old session is gone once its lease ran out; the new one stays.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let ids: Vec<u64> = mount_sessions(&s)
+            .iter()
+            .map(|c| c["session"].as_u64().unwrap())
+            .collect();
+        if ids == [new] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "sessions {ids:?}, want [{new}]");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        s.log("mds.log").contains("evicted"),
+        "the server logs the eviction"
+    );
+}
