@@ -18,13 +18,13 @@
 //! poisoned: later ops on it fail with [`IoErrKind::Poisoned`] without touching it until the
 //! caller, having re-established what is durable, calls [`Engine::clear_poison`].
 //!
-//! [`execute_read`] and [`execute_write`] run an [`IoPlan`] against one buffer of the planned
+//! [`execute_read`] and [`execute_write`] run an [`IoPlan`](sanfs_blockmap::plan::IoPlan) against one buffer of the planned
 //! range: zero fill for holes, and each device I/O's `iov` pieces used as its iovecs.
 //!
 //! The module's files follow those seams: this file holds the types the callers see, the
 //! per-device state and the [`Engine`] enum; `batch` checks a batch's ops and cuts them into
 //! chunks (shared by both backends); `uring` and `sync` are the two backends; `plan` runs an
-//! [`IoPlan`] through an engine.
+//! [`IoPlan`](sanfs_blockmap::plan::IoPlan) through an engine.
 
 use std::fs::File;
 use std::future::Future;

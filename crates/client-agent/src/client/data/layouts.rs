@@ -1,0 +1,250 @@
+//! Writes inside cached write layouts: the write's device I/O, its completion behind the
+//! caller (write-behind), the end of a layout's use, and what a failed or lost completion
+//! becomes.
+
+use super::*;
+
+impl Inner {
+    /// Ends one write inside `layout` whose device I/O gave `r`: completed behind the caller
+    /// on success; the layout given back on failure, and the part written through the server
+    /// when a LUN of it is not usable here (`NotSupported`). Notes where the write ended (the
+    /// next one is sequential from there).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the write's context; two call sites in direct_write"
+    )]
+    pub(super) async fn end_layout_write(
+        self: &Arc<Self>,
+        view: &SessionView,
+        cred: &Credentials,
+        fh: &FileHandle,
+        layout: Arc<Grant>,
+        part: ByteRange,
+        r: Result<(), FsError>,
+        data: &AlignedBuf,
+        at: usize,
+    ) -> Result<Option<Attr>, FsError> {
+        let ino = layout.inode;
+        let attr = match r {
+            Ok(()) => {
+                self.complete_behind(view, layout, ino, part);
+                None
+            }
+            Err(e) => {
+                self.end_layout_use(view, &layout, false).await;
+                if e != FsError::NotSupported {
+                    return Err(e);
+                }
+                let piece = piece_of(data, at, part.len())?;
+                self.proxied_write(view, cred, fh, ino, part.offset(), piece)
+                    .await?
+            }
+        };
+        self.note_write_end(ino, part.end());
+        Ok(attr)
+    }
+
+    /// Writes `part` (inside `layout`) from `data[at..]` to the devices; on success the
+    /// caller completes it ([`Inner::complete_behind`]), a device error is completed here. `NotSupported`: a LUN of the part is not
+    /// usable from this node (nothing was written).
+    pub(super) async fn write_in_layout(
+        &self,
+        view: &SessionView,
+        layout: &Grant,
+        part: ByteRange,
+        data: &mut AlignedBuf,
+        at: usize,
+    ) -> Result<(), FsError> {
+        let start = part.offset() - layout.range.offset();
+        let plan = sub_plan(&layout.device_ios, &[], start, start + part.len());
+        if !plan
+            .device_ios
+            .iter()
+            .all(|io| self.device_usable(io.device))
+        {
+            return Err(FsError::NotSupported);
+        }
+        let errs = self.plan_in_place(view, &plan, true, data, at).await?;
+        if errs.is_empty() {
+            return Ok(());
+        }
+        let (bytes_done, outcome, e) = self.write_failed(layout.inode, layout, &plan, &errs);
+        let _ = self
+            .complete_at(view, layout, outcome, bytes_done, Some(part.offset()))
+            .await;
+        Err(e)
+    }
+
+    /// Completes a write inside a layout behind the caller (write-behind completion): the
+    /// caller's write returns once its device I/O is done, and `Complete{keep}` goes on in
+    /// the background. The layout stays in use until that completion is answered, so a
+    /// recall (another node's read or write there) is acknowledged only after it: other
+    /// nodes see every written byte. This agent's own reads, stats, truncates and fsyncs of
+    /// the file wait for its completions first ([`Inner::settle`]); a failed completion is
+    /// the error of the file's next write, fsync or close, as a failed writeback is.
+    pub(super) fn complete_behind(
+        self: &Arc<Self>,
+        view: &SessionView,
+        layout: Arc<Grant>,
+        ino: InodeId,
+        part: ByteRange,
+    ) {
+        self.begin_pending(ino);
+        let inner = Arc::clone(self);
+        let view = view.clone();
+        tokio::spawn(async move {
+            let r = inner
+                .complete_at(
+                    &view,
+                    &layout,
+                    IoOutcome::Ok,
+                    part.len(),
+                    Some(part.offset()),
+                )
+                .await;
+            if r.is_ok() {
+                add(&inner.counters.direct_write_bytes, part.len());
+            }
+            inner.end_layout_use(&view, &layout, r.is_ok()).await;
+            match r {
+                // The session was lost with the completion in flight: its data is on the
+                // LUNs, and whether the server applied it is unknown. Kept as a record: a
+                // restarted server gets it replayed, a living one (fenced or evicted session)
+                // makes it a lost write (EIO at the file's next write, fsync or close).
+                Err(e) if crate::client::is_stale(&e) => {
+                    if let Some(record) =
+                        inner.write_record(&view, &layout, part.offset(), part.len(), UNANSWERED)
+                    {
+                        inner.lock_unsynced().record(ino, record);
+                    }
+                    inner.end_pending(ino, None);
+                }
+                r => inner.end_pending(ino, r.err().map(refused_write)),
+            }
+        });
+    }
+
+    /// The end of one write's use of a cached write layout: kept after a success, given back
+    /// (once idle) after a failure, so that the next write starts afresh.
+    pub(super) async fn end_layout_use(&self, view: &SessionView, layout: &Grant, ok: bool) {
+        let (after, evicted) = self.cache.release(layout.grant_id, ok);
+        if !evicted.is_empty() {
+            self.return_grants(view, evicted).await;
+        }
+        if after == AfterIo::Return {
+            self.return_grants(view, vec![layout.grant_id]).await;
+        } else if !ok {
+            self.give_back_own(view, layout.inode, layout.range, Some(LockMode::Exclusive))
+                .await;
+        }
+    }
+
+    /// What a failed direct write reports: the prefix of the plan before the first buffer
+    /// byte of any failed device I/O (written completely), the outcome for Complete, and the
+    /// caller's error (EIO).
+    pub(super) fn write_failed(
+        &self,
+        ino: InodeId,
+        grant: &Grant,
+        plan: &IoPlan,
+        errs: &[IoErr],
+    ) -> (u64, IoOutcome, FsError) {
+        let bytes_done = errs
+            .iter()
+            .flat_map(|e| {
+                plan.device_ios
+                    .iter()
+                    .filter(move |io| io.device == e.device && io.phys_off == e.phys_off)
+                    .flat_map(|io| io.iov.iter().map(|p| p.buf_off))
+            })
+            .min()
+            .unwrap_or(0);
+        let first = errs.first().map(ToString::to_string).unwrap_or_default();
+        let extents = errs
+            .iter()
+            .map(|e| ExtentError {
+                device: e.device,
+                phys_off: e.phys_off,
+                len: e.len,
+                errno: e.errno().clamp(1, 4095),
+            })
+            .collect();
+        tracing::error!(inode = %ino, grant = %grant.grant_id, bytes_done, error = %first, "direct write failed");
+        // The engine poisoned the device: let the health task schedule its probe.
+        self.health_kick.notify_one();
+        (
+            bytes_done,
+            IoOutcome::DeviceErrors(extents),
+            FsError::Io(format!("device write failed: {first}")),
+        )
+    }
+
+    /// Whether writes ask for write layouts (not with method A, whose point is one grant per
+    /// stripe unit).
+    pub(super) fn write_layouts_on(&self) -> bool {
+        self.config.write_layout_bytes > 0 && !self.config.grant_per_stripe_unit
+    }
+
+    /// The write layout asked for a sequential writer's next write `want`: from its offset,
+    /// `write_layout_bytes` (whole blocks) or `want` if longer.
+    pub(super) fn write_layout_range(
+        &self,
+        view: &SessionView,
+        want: ByteRange,
+    ) -> Result<ByteRange, FsError> {
+        let block = u64::from(view.server.block_size).max(1);
+        let room = MAX_FILE_SIZE.saturating_sub(want.offset());
+        let len = round_down(self.config.write_layout_bytes.min(room), block).max(want.len());
+        Ok(ByteRange::new(want.offset(), len)?)
+    }
+
+    /// Whether a write at `pos` continues this agent's last direct write to `ino` (or starts
+    /// the file): a sequential writer, worth a layout ahead.
+    pub(super) fn is_sequential(&self, ino: InodeId, pos: u64) -> bool {
+        pos == 0 || self.lock_write_ends().get(&ino).is_some_and(|e| *e == pos)
+    }
+
+    pub(super) fn note_write_end(&self, ino: InodeId, end: u64) {
+        let mut ends = self.lock_write_ends();
+        if ends.len() >= MAX_TRACKED_WRITERS && !ends.contains_key(&ino) {
+            ends.clear();
+        }
+        ends.insert(ino, end);
+    }
+
+    pub(super) fn lock_write_ends(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<InodeId, u64>> {
+        self.write_ends.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A write's completion lost with its session `view` (the write has not returned yet):
+    /// after a server restart (a new epoch) the write is redone whole under the new session
+    /// (`StaleSession`: the open file re-opens and retries; the same bytes land on the same
+    /// or new blocks, and the old grant's Unwritten blocks never become visible); with the
+    /// server alive (the session fenced or evicted) the completion was refused: EIO.
+    pub(super) async fn completion_lost(&self, view: &SessionView, e: FsError) -> FsError {
+        // Not the current view: the completion may have met the restarted server before the
+        // session task did, and the current view is then still the old epoch's.
+        match self.next_session_after(view, "Write").await {
+            Ok(now) if now.epoch != view.epoch => FsError::StaleSession,
+            _ => refused_write(e),
+        }
+    }
+}
+
+/// The error of a write whose device I/O is done but whose completion the server refused
+/// because the grant's session was fenced or evicted (ESTALE): the data is not in the file,
+/// and writing it again under a new session could overwrite what other nodes wrote since.
+/// The application sees EIO, as for a failed writeback, never ESTALE (on which an
+/// [`crate::client::OpenFile`] would retry the write).
+pub(super) fn refused_write(e: FsError) -> FsError {
+    if crate::client::is_stale(&e) {
+        FsError::Io(format!(
+            "the write's completion was refused ({e}): its session was fenced or evicted, \
+             the data is not in the file"
+        ))
+    } else {
+        e
+    }
+}

@@ -1,0 +1,543 @@
+//! The data path: the routing rule, the direct path (grants and device I/O) and the proxied
+//! path (Read / Write through the server), plus fsync, truncate and fallocate.
+//!
+//! **Routing.** An I/O shorter than the server's `direct_io_threshold` goes proxied. A longer
+//! one is split at the volume's block size: the unaligned head and tail go proxied, the aligned
+//! middle direct, if the middle is itself at least the threshold (else everything goes
+//! proxied). Proxied calls are chunked to `max_inline_bytes`.
+//!
+//! **Direct path.** `MapRead` / `MapWrite` return a grant that may cover only a prefix of the
+//! range asked for: the call loops for the rest. Each grant's plan is checked against the
+//! volume (device index, bounds) before anything is issued; if it touches a LUN this node does
+//! not have (or one poisoned by a failed write) that grant's range goes proxied instead. The
+//! lease is checked right before the device I/O is submitted ([`Inner::begin_device_io`]). A
+//! write whose device I/O failed is completed with `DEVICE_ERROR`, the failed device I/Os, and
+//! `bytes_done` = the prefix of the grant whose every byte was written, so the server converts
+//! only that prefix and leaves the rest Unwritten (reading as zeros); the caller gets EIO.
+//!
+//! **Cached read grants.** A cacheable read grant is kept after its I/O instead of being
+//! completed, and later reads inside it (and inside the file size it was granted with) are
+//! served from it without a round trip while the lease is valid and it was not recalled. A
+//! writer first gives back its own cached grants overlapping the range it writes (truncates,
+//! fallocates), so that its write grant never waits for a recall of its own layouts.
+
+mod direct;
+mod grants;
+mod layouts;
+mod proxied;
+
+use std::sync::Arc;
+
+use sanfs_blockmap::plan::IoPlan;
+use sanfs_proto::model::{
+    CompleteReply, CompleteRequest, ExtentError, FallocateMode, FallocateRequest, FsyncRequest,
+    Grant, HandleRef, IoOutcome, LockMode, MAX_GRANTS_PER_MESSAGE, MapRequest, ReadReply,
+    ReadRequest, ReturnGrantRequest, WritePosition, WriteReply, WriteRequest,
+};
+use sanfs_proto::pb;
+use sanfs_proto::types::{
+    Attr, ByteRange, Credentials, FsError, GrantId, InodeId, MAX_FILE_SIZE, SetAttr,
+};
+
+use super::cache::AfterIo;
+use super::rpc::{PendingRequest, Pin};
+use super::subplan::sub_plan;
+use super::unsynced::UNANSWERED;
+use super::{Client, FileHandle, Inner, SessionView, add, bump, unsynced};
+use crate::buf::AlignedBuf;
+use crate::engine::{DeviceOp, IoErr};
+use direct::piece_of;
+
+/// What a write did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteOutcome {
+    /// Bytes written (all of them: a write either completes or fails).
+    pub written: u64,
+    /// The file's attributes after the last piece, as the server reported them.
+    pub attr: Option<Attr>,
+}
+
+fn round_up(x: u64, to: u64) -> u64 {
+    x.div_ceil(to).saturating_mul(to)
+}
+
+fn round_down(x: u64, to: u64) -> u64 {
+    x - x % to
+}
+
+fn usize_of(x: u64) -> usize {
+    usize::try_from(x).unwrap_or(usize::MAX)
+}
+
+/// How an I/O of `[offset, offset + len)` is split: (proxied head end, direct middle end);
+/// `None`: all proxied.
+fn split(offset: u64, len: u64, block: u64, threshold: u64) -> Option<(u64, u64)> {
+    let end = offset + len;
+    if len < threshold {
+        return None;
+    }
+    let head_end = round_up(offset, block).min(end);
+    let mid_end = round_down(end, block).max(head_end);
+    if mid_end - head_end < threshold.max(1) {
+        return None;
+    }
+    Some((head_end, mid_end))
+}
+
+fn handle_ref(fh: &FileHandle) -> HandleRef {
+    HandleRef {
+        session: fh.session,
+        handle: fh.handle,
+    }
+}
+
+impl Client {
+    /// Reads up to `len` bytes at `offset`; fewer only at end of file.
+    pub async fn read_at(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, FsError> {
+        ByteRange::new(offset, len)?;
+        let mut out = vec![0u8; usize_of(len)];
+        let n = self.read_into(cred, fh, ino, offset, &mut out).await?;
+        out.truncate(n);
+        Ok(out)
+    }
+
+    /// Reads into `buf` from `offset`; returns the bytes read (fewer than `buf.len()` only at
+    /// end of file).
+    pub async fn read_into(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, FsError> {
+        let len = buf.len() as u64;
+        ByteRange::new(offset, len)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        let inner = &self.inner;
+        let view = inner.live_view_for(Some(fh), "Read").await?;
+        // This agent's own write layouts there would block the read: give them back (after
+        // their completions in flight, which may move the end of file).
+        inner.settle(ino).await;
+        let range = ByteRange::new(offset, len)?;
+        inner
+            .give_back_own(&view, ino, range, Some(LockMode::Exclusive))
+            .await;
+        let block = u64::from(view.server.block_size);
+        let Some((head_end, mid_end)) = split(offset, len, block, inner.threshold(&view)) else {
+            return inner.proxied_read(&view, cred, fh, ino, offset, buf).await;
+        };
+        let end = offset + len;
+        let mut done = 0usize;
+        let (head, rest) = buf.split_at_mut(usize_of(head_end - offset));
+        if !head.is_empty() {
+            let n = inner
+                .proxied_read(&view, cred, fh, ino, offset, head)
+                .await?;
+            done += n;
+            if n < head.len() {
+                return Ok(done);
+            }
+        }
+        let (mid, tail) = rest.split_at_mut(usize_of(mid_end - head_end));
+        // The device I/O lands in an aligned buffer; one copy to the caller's.
+        let mut abuf = AlignedBuf::zeroed(mid.len());
+        let n = inner
+            .direct_read(&view, cred, fh, ino, head_end, &mut abuf, 0)
+            .await?;
+        mid[..n].copy_from_slice(&abuf.as_slice()[..n]);
+        done += n;
+        if n < mid.len() {
+            return Ok(done);
+        }
+        if end > mid_end {
+            done += inner
+                .proxied_read(&view, cred, fh, ino, mid_end, tail)
+                .await?;
+        }
+        Ok(done)
+    }
+
+    /// Writes `data` at `offset`. On a device error the caller gets EIO and the blocks of
+    /// the failed range stay Unwritten (they read as zeros, never as stale data).
+    pub async fn write_at(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<WriteOutcome, FsError> {
+        let len = data.len() as u64;
+        let range = ByteRange::new(offset, len)?;
+        if len == 0 {
+            return Ok(WriteOutcome {
+                written: 0,
+                attr: None,
+            });
+        }
+        let inner = &self.inner;
+        let view = inner.live_view_for(Some(fh), "Write").await?;
+        // A write that completed behind an earlier one failed: say so now (as writeback).
+        inner.take_write_error(ino)?;
+        // Own read grants there would block the write; so would own write layouts where the
+        // server writes (the proxied pieces): give them back.
+        inner
+            .give_back_own(&view, ino, range, Some(LockMode::Shared))
+            .await;
+        let block = u64::from(view.server.block_size);
+        let mut attr = None;
+        let pieces = split(offset, len, block, inner.threshold(&view));
+        let proxied: [Option<ByteRange>; 2] = match pieces {
+            None => [Some(range), None],
+            Some((h, m)) => [
+                ByteRange::new(offset, h - offset)
+                    .ok()
+                    .filter(|r| !r.is_empty()),
+                ByteRange::new(m, offset + len - m)
+                    .ok()
+                    .filter(|r| !r.is_empty()),
+            ],
+        };
+        for r in proxied.into_iter().flatten() {
+            inner
+                .give_back_own(&view, ino, r, Some(LockMode::Exclusive))
+                .await;
+        }
+        match pieces {
+            None => {
+                attr = inner
+                    .proxied_write(&view, cred, fh, ino, offset, data)
+                    .await?;
+            }
+            Some((head_end, mid_end)) => {
+                let h = usize_of(head_end - offset);
+                let m = usize_of(mid_end - offset);
+                if h > 0 {
+                    attr = inner
+                        .proxied_write(&view, cred, fh, ino, offset, &data[..h])
+                        .await?;
+                }
+                let mut abuf = AlignedBuf::from_slice(&data[h..m]);
+                attr = inner
+                    .direct_write(&view, cred, fh, ino, head_end, &mut abuf)
+                    .await?
+                    .or(attr);
+                if m < data.len() {
+                    attr = inner
+                        .proxied_write(&view, cred, fh, ino, mid_end, &data[m..])
+                        .await?
+                        .or(attr);
+                }
+            }
+        }
+        Ok(WriteOutcome { written: len, attr })
+    }
+
+    /// Appends `data` at the end of the file (O_APPEND), atomically with respect to every
+    /// other write of every node: one proxied write at the server's end of file (FUSE hands
+    /// at most [`MAX_INLINE_DATA`](sanfs_proto::model::MAX_INLINE_DATA) bytes per write, so it
+    /// is never split), named in the server's reply cache so that a retry after a lost reply
+    /// does not append the record twice. Returns where the bytes went.
+    pub async fn append(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        data: &[u8],
+    ) -> Result<(u64, WriteOutcome), FsError> {
+        let pending = self.inner.requests.begin();
+        self.append_as(cred, fh, ino, data, &pending).await
+    }
+
+    /// [`Client::append`] under the reply-cache id `pending`, which every try of this one
+    /// append (also under a new handle after a session change) must carry.
+    pub(crate) async fn append_as(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        data: &[u8],
+        pending: &PendingRequest<'_>,
+    ) -> Result<(u64, WriteOutcome), FsError> {
+        if data.is_empty() {
+            let size = self.getattr(cred, ino).await?.size;
+            return Ok((
+                size,
+                WriteOutcome {
+                    written: 0,
+                    attr: None,
+                },
+            ));
+        }
+        let inner = &self.inner;
+        let view = inner.live_view_for(Some(fh), "Write").await?;
+        inner.take_write_error(ino)?;
+        // This node's own writes land first (the end of file must include them), and its own
+        // grants and layouts on the file would block the server's whole-file lock.
+        inner.settle(ino).await;
+        let whole = ByteRange::new(0, sanfs_proto::types::MAX_FILE_SIZE)?;
+        inner.give_back_own(&view, ino, whole, None).await;
+        let mut req = pb::WriteRequest::from(WriteRequest {
+            cred: cred.clone(),
+            handle: handle_ref(fh),
+            inode: ino,
+            position: WritePosition::Append,
+            data: data.to_vec(),
+            sync: false,
+        });
+        req.request_id = pending.wire();
+        bump(&self.inner.counters.proxied_writes);
+        let reply: WriteReply = inner
+            .call("Write reply", Pin::Handle(fh), |_| {
+                let mut client = inner.data();
+                let req = req.clone();
+                async move { client.write(req).await }
+            })
+            .await?;
+        if reply.written.len() != data.len() as u64 {
+            return Err(FsError::Io(format!(
+                "an append of {} bytes wrote {}",
+                data.len(),
+                reply.written.len()
+            )));
+        }
+        add(&self.inner.counters.proxied_write_bytes, data.len() as u64);
+        Ok((
+            reply.written.offset(),
+            WriteOutcome {
+                written: data.len() as u64,
+                attr: Some(reply.attr),
+            },
+        ))
+    }
+
+    /// Reads `buf.len()` bytes at `offset` into `buf`; returns it and the bytes read (fewer
+    /// only at end of file). When the whole range goes the direct path (block aligned, at
+    /// least the threshold) the device I/O lands in `buf` itself: no copy at all. Otherwise
+    /// this is [`Client::read_into`].
+    pub async fn read_aligned(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        mut buf: AlignedBuf,
+    ) -> Result<(AlignedBuf, usize), FsError> {
+        let len = buf.len() as u64;
+        ByteRange::new(offset, len)?;
+        let inner = &self.inner;
+        let view = inner.live_view_for(Some(fh), "Read").await?;
+        let block = u64::from(view.server.block_size);
+        match split(offset, len, block, inner.threshold(&view)) {
+            Some((h, m)) if len > 0 && h == offset && m == offset + len => {
+                let range = ByteRange::new(offset, len)?;
+                inner.settle(ino).await;
+                inner
+                    .give_back_own(&view, ino, range, Some(LockMode::Exclusive))
+                    .await;
+                let n = inner
+                    .direct_read(&view, cred, fh, ino, offset, &mut buf, 0)
+                    .await?;
+                Ok((buf, n))
+            }
+            _ => {
+                let n = self
+                    .read_into(cred, fh, ino, offset, buf.as_mut_slice())
+                    .await?;
+                Ok((buf, n))
+            }
+        }
+    }
+
+    /// Writes `buf` at `offset`; returns it. When the whole range goes the direct path the
+    /// devices write from `buf` itself (no copy); otherwise this is [`Client::write_at`].
+    pub async fn write_aligned(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        mut buf: AlignedBuf,
+    ) -> Result<(AlignedBuf, WriteOutcome), FsError> {
+        let len = buf.len() as u64;
+        let range = ByteRange::new(offset, len)?;
+        let inner = &self.inner;
+        let view = inner.live_view_for(Some(fh), "Write").await?;
+        let block = u64::from(view.server.block_size);
+        match split(offset, len, block, inner.threshold(&view)) {
+            Some((h, m)) if len > 0 && h == offset && m == offset + len => {
+                inner.take_write_error(ino)?;
+                inner
+                    .give_back_own(&view, ino, range, Some(LockMode::Shared))
+                    .await;
+                let attr = inner
+                    .direct_write(&view, cred, fh, ino, offset, &mut buf)
+                    .await?;
+                Ok((buf, WriteOutcome { written: len, attr }))
+            }
+            _ => {
+                let out = self.write_at(cred, fh, ino, offset, buf.as_slice()).await?;
+                Ok((buf, out))
+            }
+        }
+    }
+
+    /// Waits for `ino`'s write completions in flight (writes inside a write layout return
+    /// before their completion is answered); a completion that failed is the error here,
+    /// once. What close(2) reports ([`Client::has_writes_behind`] says whether to ask).
+    pub async fn flush_writes(&self, ino: InodeId) -> Result<(), FsError> {
+        self.inner.settle(ino).await;
+        self.inner.take_write_error(ino)
+    }
+
+    /// Whether `ino` has lazily completed writes the server has not made durable yet: close
+    /// makes them durable ([`Client::fsync`]) before it answers.
+    pub fn has_unsynced_writes(&self, ino: InodeId) -> bool {
+        self.inner.lock_unsynced().has(ino)
+    }
+
+    /// Whether `ino` has write completions in flight, or a failed one not reported yet.
+    pub fn has_writes_behind(&self, ino: InodeId) -> bool {
+        self.inner.has_behind(ino)
+    }
+
+    /// Makes the file's completed writes (and, unless `data_only`, its metadata) durable.
+    pub async fn fsync(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        data_only: bool,
+    ) -> Result<(), FsError> {
+        let inner = &*self.inner;
+        let view = inner.live_view_for(Some(fh), "Fsync reply").await?;
+        // Writes completed behind first; one that failed is this fsync's error, and so is a
+        // write lost in a server restart.
+        inner.settle(ino).await;
+        inner.take_write_error(ino)?;
+        // What this fsync makes durable: every completion answered before it is sent.
+        let upto = inner.lock_unsynced().newest(ino, view.epoch);
+        let req = FsyncRequest {
+            cred: cred.clone(),
+            handle: handle_ref(fh),
+            inode: ino,
+            data_only,
+        };
+        let req = pb::FsyncRequest::from(req);
+        inner
+            .call_unit("Fsync reply", Pin::Handle(fh), |_| {
+                let mut data = inner.data();
+                let req = req.clone();
+                async move { data.fsync(req).await }
+            })
+            .await?;
+        // A write lost in a server restart while this fsync waited for the new session is its
+        // error too (never a 0 for data that is gone).
+        inner.take_lost_write(ino)?;
+        if let Some(upto) = upto {
+            inner.lock_unsynced().synced(ino, view.epoch, upto);
+        }
+        Ok(())
+    }
+
+    /// Sets the file size (SetAttr with a size; under `fh` for ftruncate).
+    pub async fn truncate(
+        &self,
+        cred: &Credentials,
+        fh: Option<&FileHandle>,
+        ino: InodeId,
+        size: u64,
+    ) -> Result<Attr, FsError> {
+        let view = self.inner.live_view_for(fh, "SetAttr").await?;
+        self.inner.settle(ino).await;
+        let tail = ByteRange::new(size, MAX_FILE_SIZE.saturating_sub(size))?;
+        self.inner.give_back_own(&view, ino, tail, None).await;
+        let changes = SetAttr {
+            size: Some(size),
+            ..SetAttr::default()
+        };
+        self.setattr(cred, ino, changes, fh).await
+    }
+
+    /// Allocates (or punches, zeroes) `[offset, offset + len)` as `mode` says.
+    pub async fn fallocate(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        len: u64,
+        mode: FallocateMode,
+    ) -> Result<Attr, FsError> {
+        let range = ByteRange::new(offset, len)?;
+        if len == 0 {
+            return Err(FsError::Invalid("fallocate of 0 bytes".to_owned()));
+        }
+        let inner = &*self.inner;
+        let view = inner.live_view_for(Some(fh), "Fallocate").await?;
+        inner.settle(ino).await;
+        inner.give_back_own(&view, ino, range, None).await;
+        let req = FallocateRequest {
+            cred: cred.clone(),
+            handle: handle_ref(fh),
+            inode: ino,
+            range,
+            mode,
+        };
+        let req = pb::FallocateRequest::from(req);
+        inner
+            .call("Fallocate reply", Pin::Handle(fh), |_| {
+                let mut data = inner.data();
+                let req = req.clone();
+                async move { data.fallocate(req).await }
+            })
+            .await
+    }
+}
+
+impl Inner {
+    /// The direct-I/O threshold: this client's override, else the server's.
+    fn threshold(&self, view: &SessionView) -> u64 {
+        self.config
+            .direct_io_threshold
+            .unwrap_or(view.server.direct_io_threshold)
+    }
+
+    /// The range to ask one grant for, from `pos` to at most `end`: all of it, or with
+    /// `grant_per_stripe_unit` (method A) only up to the next stripe-unit boundary.
+    fn grant_range(&self, pos: u64, end: u64) -> Result<ByteRange, FsError> {
+        let mut stop = end;
+        if self.config.grant_per_stripe_unit
+            && let sanfs_blockmap::volume::LayoutKind::Striped { stripe_unit, .. } =
+                self.volume.kind()
+            && *stripe_unit > 0
+        {
+            stop = stop.min((pos / stripe_unit + 1).saturating_mul(*stripe_unit));
+        }
+        Ok(ByteRange::new(pos, stop - pos)?)
+    }
+
+    /// The range a read grant is asked for: `want`, extended to `read_layout_bytes` when
+    /// it is shorter (never with method A, whose point is one grant per stripe unit).
+    fn layout_range(&self, want: ByteRange) -> Result<ByteRange, FsError> {
+        let ahead = self.config.read_layout_bytes;
+        if self.config.grant_per_stripe_unit || want.len() >= ahead {
+            return Ok(want);
+        }
+        let len = ahead.min(MAX_FILE_SIZE.saturating_sub(want.offset()));
+        Ok(ByteRange::new(want.offset(), len.max(want.len()))?)
+    }
+}
+
+/// How many files' last write ends are remembered (sequential-writer detection).
+const MAX_TRACKED_WRITERS: usize = 4096;
