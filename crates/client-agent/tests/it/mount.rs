@@ -52,6 +52,32 @@ pub(crate) async fn timed<T: Send + 'static>(
 }
 
 /// One `sanfs-agent mount --foreground` child and its mount point; dropping it unmounts.
+/// `sanfs-agent mount SERVER[subdir] path -o devices=...,client_name=name[,extra] --foreground`.
+fn agent_command(srv: &Cluster, subdir: &str, path: &Path, name: &str, extra: &str) -> Command {
+    let devices: Vec<String> = srv
+        .luns
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let mut opts = format!("devices={},client_name={name}", devices.join(":"));
+    if !extra.is_empty() {
+        opts = format!("{opts},{extra}");
+    }
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"));
+    cmd.arg("mount")
+        .arg(format!("{}{subdir}", srv.addr))
+        .arg(path)
+        .arg("-o")
+        .arg(&opts)
+        .arg("--foreground")
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
+        )
+        .stdin(Stdio::null());
+    cmd
+}
+
 struct Mount {
     path: PathBuf,
     child: Option<Child>,
@@ -68,27 +94,7 @@ impl Mount {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("mnt");
         std::fs::create_dir(&path).unwrap();
-        let devices: Vec<String> = srv
-            .luns
-            .iter()
-            .map(|p| p.to_string_lossy().into_owned())
-            .collect();
-        let mut opts = format!("devices={},client_name={name}", devices.join(":"));
-        if !extra.is_empty() {
-            opts = format!("{opts},{extra}");
-        }
-        let child = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
-            .arg("mount")
-            .arg(format!("{}{subdir}", srv.addr))
-            .arg(&path)
-            .arg("-o")
-            .arg(&opts)
-            .arg("--foreground")
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
-            )
-            .stdin(Stdio::null())
+        let child = agent_command(srv, subdir, &path, name, extra)
             .spawn()
             .unwrap();
         let mut m = Mount {
@@ -481,20 +487,8 @@ async fn the_agent_notifies_systemd_once_mounted() {
     notify
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    let devices: Vec<String> = srv
-        .luns
-        .iter()
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
-        .arg("mount")
-        .arg(srv.addr.to_string())
-        .arg(&mnt)
-        .arg("-o")
-        .arg(format!("devices={},client_name=notify", devices.join(":")))
-        .arg("--foreground")
+    let mut child = agent_command(&srv, "", &mnt, "notify", "")
         .env("NOTIFY_SOCKET", &notify_path)
-        .stdin(Stdio::null())
         .spawn()
         .unwrap();
     let mnt2 = mnt.clone();

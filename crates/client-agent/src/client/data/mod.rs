@@ -287,31 +287,9 @@ impl Client {
         inner.settle(ino).await;
         let whole = ByteRange::new(0, sanfs_proto::types::MAX_FILE_SIZE)?;
         inner.give_back_own(&view, ino, whole, None).await;
-        let mut req = pb::WriteRequest::from(WriteRequest {
-            cred: cred.clone(),
-            handle: handle_ref(fh),
-            inode: ino,
-            position: WritePosition::Append,
-            data: data.to_vec(),
-            sync: false,
-        });
-        req.request_id = pending.wire();
-        bump(&self.inner.counters.proxied_writes);
-        let reply: WriteReply = inner
-            .call("Write reply", Pin::Handle(fh), |_| {
-                let mut client = inner.data();
-                let req = req.clone();
-                async move { client.write(req).await }
-            })
+        let reply = inner
+            .proxied_write_one(cred, fh, ino, WritePosition::Append, data, pending.wire())
             .await?;
-        if reply.written.len() != data.len() as u64 {
-            return Err(FsError::Io(format!(
-                "an append of {} bytes wrote {}",
-                data.len(),
-                reply.written.len()
-            )));
-        }
-        add(&self.inner.counters.proxied_write_bytes, data.len() as u64);
         Ok((
             reply.written.offset(),
             WriteOutcome {

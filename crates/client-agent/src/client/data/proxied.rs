@@ -56,34 +56,52 @@ impl Inner {
         let mut done = 0usize;
         while done < data.len() {
             let piece = &data[done..(done + chunk).min(data.len())];
-            let req = WriteRequest {
-                cred: cred.clone(),
-                handle: handle_ref(fh),
-                inode: ino,
-                position: WritePosition::At(offset + done as u64),
-                data: piece.to_vec(),
-                sync: false,
-            };
-            bump(&self.counters.proxied_writes);
-            let req = pb::WriteRequest::from(req);
-            let reply: WriteReply = self
-                .call("Write reply", Pin::Handle(fh), |_| {
-                    let mut data = self.data();
-                    let req = req.clone();
-                    async move { data.write(req).await }
-                })
+            let position = WritePosition::At(offset + done as u64);
+            let reply = self
+                .proxied_write_one(cred, fh, ino, position, piece, None)
                 .await?;
-            if reply.written.len() != piece.len() as u64 {
-                return Err(FsError::Io(format!(
-                    "proxied write of {} bytes wrote {}",
-                    piece.len(),
-                    reply.written.len()
-                )));
-            }
             attr = Some(reply.attr);
-            add(&self.counters.proxied_write_bytes, piece.len() as u64);
             done += piece.len();
         }
         Ok(attr)
+    }
+
+    /// One proxied Write of all of `data` (at most `max_inline_bytes`) at `position`, with
+    /// the reply-cache id `once` (appends): a reply that wrote less is an error.
+    pub(super) async fn proxied_write_one(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        position: WritePosition,
+        data: &[u8],
+        once: Option<pb::RequestId>,
+    ) -> Result<WriteReply, FsError> {
+        let mut req = pb::WriteRequest::from(WriteRequest {
+            cred: cred.clone(),
+            handle: handle_ref(fh),
+            inode: ino,
+            position,
+            data: data.to_vec(),
+            sync: false,
+        });
+        req.request_id = once;
+        bump(&self.counters.proxied_writes);
+        let reply: WriteReply = self
+            .call("Write reply", Pin::Handle(fh), |_| {
+                let mut client = self.data();
+                let req = req.clone();
+                async move { client.write(req).await }
+            })
+            .await?;
+        if reply.written.len() != data.len() as u64 {
+            return Err(FsError::Io(format!(
+                "proxied write of {} bytes wrote {}",
+                data.len(),
+                reply.written.len()
+            )));
+        }
+        add(&self.counters.proxied_write_bytes, data.len() as u64);
+        Ok(reply)
     }
 }
