@@ -48,6 +48,12 @@ pub struct Figures {
     pub commits: u64,
     pub commit_ops: u64,
     pub sessions: usize,
+    /// The volume's data blocks, in bytes.
+    pub capacity_bytes: u64,
+    /// Of them free (not allocated to any file), in bytes.
+    pub free_bytes: u64,
+    /// Inodes in use.
+    pub inodes: u64,
 }
 
 /// The server's own counters, read at each scrape (the service implements it).
@@ -87,7 +93,10 @@ pub fn install() -> Option<&'static PrometheusHandle> {
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             match metrics::set_global_recorder(recorder) {
-                Ok(()) => Some(handle),
+                Ok(()) => {
+                    describe_recorded();
+                    Some(handle)
+                }
                 Err(_) => {
                     tracing::warn!("another metrics recorder is installed: no Prometheus metrics");
                     None
@@ -95,6 +104,36 @@ pub fn install() -> Option<&'static PrometheusHandle> {
             }
         })
         .as_ref()
+}
+
+/// The `# HELP` lines of what is recorded as it happens (the process-wide recorder).
+fn describe_recorded() {
+    use metrics::{Unit, describe_counter, describe_histogram};
+    describe_counter!(
+        "sanfs_rpc_requests_total",
+        "Requests answered, by RPC and gRPC code."
+    );
+    describe_histogram!(
+        "sanfs_rpc_duration_seconds",
+        Unit::Seconds,
+        "Time from a request to its answer, by RPC."
+    );
+    describe_counter!(
+        "sanfs_tls_handshakes_refused_total",
+        "Connections closed before their TLS handshake completed."
+    );
+    describe_counter!(
+        "sanfs_auth_refused_total",
+        "Callers refused by the authenticator, by gRPC code."
+    );
+    describe_counter!(
+        "sanfs_insecure_requests_total",
+        "Plaintext calls accepted because server.insecure is set."
+    );
+    describe_counter!(
+        "sanfs_foreign_session_refused_total",
+        "Calls naming a session of another identity, refused."
+    );
 }
 
 /// Counts and times one answered request.
@@ -120,8 +159,13 @@ pub fn render(server: &dyn Counters) -> String {
     text
 }
 
-/// Sets the server's own counters and gauges in the current recorder.
+/// Sets the server's own counters and gauges in the current recorder, with their `# HELP`.
 fn publish(f: &Figures) {
+    describe_published();
+    metrics::gauge!("sanfs_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    metrics::gauge!("sanfs_capacity_bytes").set(f.capacity_bytes as f64);
+    metrics::gauge!("sanfs_free_bytes").set(f.free_bytes as f64);
+    metrics::gauge!("sanfs_inodes").set(f.inodes as f64);
     metrics::counter!("sanfs_grants_total", "op" => "read").absolute(f.read_grants);
     metrics::counter!("sanfs_grants_total", "op" => "write").absolute(f.write_grants);
     metrics::counter!("sanfs_grant_bytes_total", "op" => "read").absolute(f.granted_read_bytes);
@@ -143,6 +187,72 @@ fn publish(f: &Figures) {
     };
     metrics::gauge!("sanfs_commit_ops_per_commit").set(per_commit);
     metrics::gauge!("sanfs_sessions").set(f.sessions as f64);
+}
+
+/// The `# HELP` lines of what [`publish`] sets.
+fn describe_published() {
+    use metrics::{Unit, describe_counter, describe_gauge};
+    describe_gauge!(
+        "sanfs_build_info",
+        "Always 1; the label says which sanfs-mds version serves."
+    );
+    describe_gauge!(
+        "sanfs_capacity_bytes",
+        Unit::Bytes,
+        "Data capacity of the volume."
+    );
+    describe_gauge!(
+        "sanfs_free_bytes",
+        Unit::Bytes,
+        "Data capacity not allocated to any file."
+    );
+    describe_gauge!("sanfs_inodes", "Inodes in use.");
+    describe_counter!(
+        "sanfs_grants_total",
+        "Grants handed out, by op (read, write)."
+    );
+    describe_counter!(
+        "sanfs_grant_bytes_total",
+        Unit::Bytes,
+        "Bytes covered by the grants handed out, by op."
+    );
+    describe_counter!(
+        "sanfs_recalls_total",
+        "Recalls of cached grants and layouts sent to agents."
+    );
+    describe_counter!(
+        "sanfs_lock_waits_total",
+        "Grant or proxied requests that waited for a conflicting range lock."
+    );
+    describe_counter!(
+        "sanfs_expired_grants_total",
+        "Grants dropped because their session's lease ended."
+    );
+    describe_counter!("sanfs_evictions_total", "Sessions evicted.");
+    describe_counter!(
+        "sanfs_zeroed_bytes_total",
+        Unit::Bytes,
+        "Bytes zeroed on the LUNs before they were handed out."
+    );
+    describe_counter!(
+        "sanfs_proxied_bytes_total",
+        Unit::Bytes,
+        "Bytes read or written by the server itself (the proxied path), by op."
+    );
+    describe_gauge!("sanfs_grants_live", "Grants held now.");
+    describe_counter!(
+        "sanfs_commits_total",
+        "Durable group commits of the metadata store."
+    );
+    describe_counter!(
+        "sanfs_commit_ops_total",
+        "Metadata transactions made durable."
+    );
+    describe_gauge!(
+        "sanfs_commit_ops_per_commit",
+        "Transactions per durable commit (group commit)."
+    );
+    describe_gauge!("sanfs_sessions", "Live agent sessions.");
 }
 
 /// Answers scrapes on `listener` until the task is dropped.

@@ -561,6 +561,9 @@ impl crate::metrics::Counters for Server {
         let g = &self.grants.stats;
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let stats = self.store.stats();
+        let usage = self.store.usage();
+        let block = u64::from(self.store.block_size());
+        let total_blocks = load(&usage.total_blocks);
         crate::metrics::Figures {
             read_grants: load(&g.read_grants),
             write_grants: load(&g.write_grants),
@@ -577,6 +580,11 @@ impl crate::metrics::Counters for Server {
             commits: load(&stats.commits),
             commit_ops: load(&stats.ops),
             sessions: self.session_count(),
+            capacity_bytes: total_blocks.saturating_mul(block),
+            free_bytes: load(&usage.free_blocks)
+                .min(total_blocks)
+                .saturating_mul(block),
+            inodes: load(&usage.inodes),
         }
     }
 }

@@ -1069,8 +1069,30 @@ async fn metrics_are_served_on_get_metrics() {
         "sanfs_commits_total",
         "sanfs_commit_ops_total",
         "sanfs_sessions",
+        "sanfs_capacity_bytes",
+        "sanfs_free_bytes",
+        "sanfs_inodes",
     ] {
         assert!(body.contains(name), "{name} missing from:\n{body}");
+        assert!(
+            body.contains(&format!("# HELP {name} ")),
+            "no HELP for {name}:\n{body}"
+        );
+    }
+    assert!(
+        body.contains(&format!(
+            "sanfs_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{body}"
+    );
+    // Every metric family has its HELP.
+    for line in body.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let name = line.split(' ').nth(2).unwrap();
+        assert!(
+            body.contains(&format!("# HELP {name} ")),
+            "no HELP for {name}"
+        );
     }
     assert!(body.contains("rpc=\"GetAttr\""), "{body}");
     assert!(body.contains("code=\"Ok\""), "{body}");
