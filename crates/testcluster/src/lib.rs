@@ -12,33 +12,26 @@
 //! with [`Netns::run_thread`]).
 //!
 //! Without root there are no loop devices, namespaces or cgroups: [`Luns`] are plain files, and
-//! [`Network`] puts every node on the host's loopback, so the same test runs everywhere.
+//! [`Network`] puts every node on the host's loopback, so the same test runs everywhere. A test
+//! that cannot run at all without root (or a device or a program) asks [`skip_unless`] (or
+//! [`skip_unless_root`], [`skip`]): it is skipped with a line saying why, or fails under
+//! `SANFS_REQUIRE_ROOT=1`, which CI sets, so that a test that did not run never passes there.
 
 mod child;
+mod gate;
 mod luns;
 mod netns;
 mod throttle;
 
 pub use child::ChildGuard;
+pub use gate::{
+    Need, REQUIRE_ENV, has_tool, is_root, required, skip, skip_unless, skip_unless_root,
+};
 pub use luns::{LunKind, Luns};
 pub use netns::{Netns, Network};
 pub use throttle::Throttle;
 
 use std::sync::atomic::{AtomicU32, Ordering};
-
-/// Whether this process runs as root (loop devices, namespaces, cgroups and FUSE need it).
-pub fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
-/// Prints why a root-only test is skipped and returns true when it must be.
-pub fn skip_unless_root(why: &str) -> bool {
-    if is_root() {
-        return false;
-    }
-    eprintln!("skipped: {why} needs root (loop devices, network namespaces, mounts)");
-    true
-}
 
 /// A name no other guard of this machine uses: `sanfs-TAG-PID-N`. Tags are cut to keep the
 /// name short (interface and cgroup names have limits).

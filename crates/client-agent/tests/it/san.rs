@@ -456,16 +456,9 @@ pub fn is_mounted(path: &Path) -> bool {
         .is_ok_and(|m| m.iter().any(|m| m.mount_point == path))
 }
 
-/// Whether FUSE mounts can be made here (says why not).
+/// Whether FUSE mounts can be made here (says why not; fails under `SANFS_REQUIRE_ROOT=1`).
 pub fn can_mount(test: &str) -> bool {
-    if sanfs_testcluster::skip_unless_root(test) {
-        return false;
-    }
-    if !Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: {test} needs /dev/fuse");
-        return false;
-    }
-    true
+    !sanfs_testcluster::skip_unless(test, &[sanfs_testcluster::Need::Fuse])
 }
 
 /// `GET /metrics` at `addr`; the body.

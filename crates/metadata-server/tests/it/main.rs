@@ -21,7 +21,8 @@
 //! - `format_cli` and `inspect_cli` run the real binary on file-backed LUNs in a temporary
 //!   directory; [`common`] holds their helpers.
 //! - `lvm_real` drives the real lvm2 tools on loop devices; it needs root, lvm2 and loop
-//!   devices, and otherwise prints why it was skipped and passes.
+//!   devices, and otherwise says why it was skipped and passes (fails under
+//!   `SANFS_REQUIRE_ROOT=1`, as every gated test: `sanfs_testcluster::skip_unless`).
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 mod coherence;
