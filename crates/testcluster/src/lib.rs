@@ -7,9 +7,11 @@
 //! that kill and reap exactly the processes a test started ([`ChildGuard`]).
 //!
 //! Everything is a RAII guard: what a test made is removed by its exact name when the guard is
-//! dropped, also when the test fails. Nothing here knows sanfs' server or agent; tests and the
-//! bench start those themselves (as processes with [`Netns::command`], or in-process on a thread
-//! with [`Netns::run_thread`]).
+//! dropped, also when the test fails. Nothing here knows sanfs' agent; tests and the bench start
+//! it themselves (as processes with [`Netns::command`], or in-process on a thread with
+//! [`Netns::run_thread`]). With the `mds` feature, `mds` makes the file system the way an
+//! operator does (format the LUNs, create the metadata store) and serves it in-process: the one
+//! place the server's, the agent's and the bench's tests set one up.
 //!
 //! Without root there are no loop devices, namespaces or cgroups: [`Luns`] are plain files, and
 //! [`Network`] puts every node on the host's loopback, so the same test runs everywhere. A test
@@ -20,6 +22,8 @@
 mod child;
 mod gate;
 mod luns;
+#[cfg(feature = "mds")]
+pub mod mds;
 mod netns;
 mod throttle;
 

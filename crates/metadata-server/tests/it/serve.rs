@@ -1070,10 +1070,9 @@ async fn metrics_are_served_on_get_metrics() {
 async fn a_failed_store_stops_the_server() {
     let clock = Clock::System;
     let disk = SimDisk::new(FaultPlan::default());
-    sanfs_mds::store::Store::create(
+    sanfs_testcluster::mds::create_store(
         &Backend::Sim(disk.clone()),
         &crate::support::fs_info(),
-        false,
         &clock,
     )
     .unwrap();
