@@ -134,6 +134,9 @@ pub struct GrantStats {
 pub struct Grants {
     dp: Arc<DataPath>,
     table: Mutex<HashMap<u64, GrantState>>,
+    /// Notified whenever grants leave `table` ([`TableGuard`]): what [`Grants::settle_attr`]
+    /// waits on.
+    grant_ended: tokio::sync::Notify,
     recall_channels: Mutex<HashMap<u64, mpsc::UnboundedSender<Recall>>>,
     /// Inodes with speculative preallocation made this run (the durable record, in the
     /// store's `prealloc` table, says which blocks), trimmed when the file's last handle
@@ -165,6 +168,7 @@ impl Grants {
         Grants {
             dp,
             table: Mutex::new(HashMap::new()),
+            grant_ended: tokio::sync::Notify::new(),
             recall_channels: Mutex::new(HashMap::new()),
             prealloc: Mutex::new(HashMap::new()),
             waited_on: Mutex::new(HashMap::new()),
@@ -184,8 +188,13 @@ impl Grants {
         &self.dp
     }
 
-    fn lock_table(&self) -> MutexGuard<'_, HashMap<u64, GrantState>> {
-        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_table(&self) -> TableGuard<'_> {
+        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        TableGuard {
+            live_before: table.len(),
+            table,
+            ended: &self.grant_ended,
+        }
     }
 
     fn prealloc(&self) -> MutexGuard<'_, HashMap<u64, (u64, u64)>> {
@@ -910,11 +919,18 @@ impl Grants {
         // Waited on: bounded by the hold limit as a queued lock request is.
         let _waiting = AttrWait::new(self, &ids);
         let deadline = tokio::time::Instant::now() + self.dp.lock_timeout;
-        while tokio::time::Instant::now() < deadline {
+        loop {
+            // Registered before the check, so that a grant ending between the check and the
+            // wait still wakes this one.
+            let ended = self.grant_ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
             if !ids.iter().any(|id| self.lock_table().contains_key(id)) {
                 return;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                break;
+            }
         }
         tracing::warn!(ino, "write grants outlived a GetAttr's wait for them");
     }
@@ -925,6 +941,37 @@ impl Grants {
         let id = self.dp.next_id();
         self.take_lock(id, ino, span, LockMode::Exclusive).await?;
         Ok(crate::proxy::Held::new(self.dp.locks.clone(), ino, id))
+    }
+}
+
+/// The locked grant table. Dropped after grants left it (the table is smaller than when it was
+/// locked; no caller both removes and inserts under one lock), it wakes those waiting for
+/// grants to end ([`Grants::settle_attr`]).
+struct TableGuard<'a> {
+    table: MutexGuard<'a, HashMap<u64, GrantState>>,
+    live_before: usize,
+    ended: &'a tokio::sync::Notify,
+}
+
+impl std::ops::Deref for TableGuard<'_> {
+    type Target = HashMap<u64, GrantState>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.table
+    }
+}
+
+impl std::ops::DerefMut for TableGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.table
+    }
+}
+
+impl Drop for TableGuard<'_> {
+    fn drop(&mut self) {
+        if self.table.len() < self.live_before {
+            self.ended.notify_waiters();
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 //! - [`coherence`], [`grants`]: the direct and proxied paths on file-backed LUNs.
 //! - [`crash_real`]: `kill -9` of the real server during a gRPC workload.
 //! - [`harness`]: a server started in-process with `serve`, its clients, test certificates.
-//! - [`serve`]: the four gRPC services end to end: namespace, sessions, TLS, metrics.
+//! - [`serve`]: the five gRPC services end to end: namespace, sessions, TLS, metrics.
 //! - [`lease`]: grants, recalls and lease expiry through gRPC in real time on real LUNs.
 //! - [`evict`]: eviction of a session whose grant others wait for past the hold limit, and
 //!   `Admin.EvictSession`.

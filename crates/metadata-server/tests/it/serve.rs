@@ -1,4 +1,4 @@
-//! The four services through `serve` over real gRPC connections: the namespace round trip,
+//! The five services through `serve` over real gRPC connections: the namespace round trip,
 //! refusals of bad input, sessions and lease expiry, TLS, metrics, stop and fail-stop.
 
 use std::time::Duration;
