@@ -134,8 +134,8 @@ pub struct GrantStats {
 pub struct Grants {
     dp: Arc<DataPath>,
     table: Mutex<HashMap<u64, GrantState>>,
-    /// Notified whenever grants leave `table` ([`TableGuard`]): what [`Grants::settle_attr`]
-    /// waits on.
+    /// Notified whenever grants leave `table` ([`TableGuard`]) and when a grant's range lock
+    /// is released ([`Grants::release_lock`]): what [`Grants::settle_attr`] waits on.
     grant_ended: tokio::sync::Notify,
     recall_channels: Mutex<HashMap<u64, mpsc::UnboundedSender<Recall>>>,
     /// Inodes with speculative preallocation made this run (the durable record, in the
@@ -195,6 +195,12 @@ impl Grants {
             table,
             ended: &self.grant_ended,
         }
+    }
+
+    /// Releases grant `id`'s range lock on `ino` and wakes those waiting for grants to end.
+    fn release_lock(&self, ino: u64, id: u64) {
+        self.dp.locks.release(ino, id);
+        self.grant_ended.notify_waiters();
     }
 
     fn prealloc(&self) -> MutexGuard<'_, HashMap<u64, (u64, u64)>> {
@@ -437,7 +443,7 @@ impl Grants {
         }
         if layout && !self.lock_table().contains_key(&id) {
             // The session ended while the lock was awaited.
-            self.dp.locks.release(ino, id);
+            self.release_lock(ino, id);
             return Err(FsError::StaleSession);
         }
         let result = async {
@@ -548,11 +554,11 @@ impl Grants {
                 Ok((id, m))
             }
             Ok(false) => {
-                self.dp.locks.release(ino, id);
+                self.release_lock(ino, id);
                 mapped.map(|m| (id, m))
             }
             Err(e) => {
-                self.dp.locks.release(ino, id);
+                self.release_lock(ino, id);
                 mapped?;
                 Err(e)
             }
@@ -571,7 +577,7 @@ impl Grants {
         let mapped = match mapped {
             Ok(m) => m,
             Err(e) => {
-                self.dp.locks.release(state.ino, id);
+                self.release_lock(state.ino, id);
                 return Err(e);
             }
         };
@@ -611,7 +617,7 @@ impl Grants {
         };
         match returned {
             None => {
-                self.dp.locks.release(ino, id);
+                self.release_lock(ino, id);
                 mapped?;
                 Err(FsError::StaleSession)
             }
@@ -624,7 +630,7 @@ impl Grants {
             Some(true) => {
                 let len = mapped.as_ref().map_or(0, |m| m.len);
                 self.end_grant(id, &GrantState { len, ..state }).await;
-                self.dp.locks.release(ino, id);
+                self.release_lock(ino, id);
                 mapped.map(|m| (id, m))
             }
         }
@@ -719,7 +725,7 @@ impl Grants {
             Ok::<(Attr, u64), FsError>((attr, seq))
         }
         .await;
-        self.dp.locks.release(g.ino, id);
+        self.release_lock(g.ino, id);
         result.map_err(GrantError::Fs)
     }
 
@@ -836,7 +842,7 @@ impl Grants {
         };
         for (id, g) in gone {
             self.end_grant(id, &g).await;
-            self.dp.locks.release(g.ino, id);
+            self.release_lock(g.ino, id);
         }
         Ok(())
     }
@@ -890,7 +896,7 @@ impl Grants {
         for (id, g) in gone {
             add(&self.stats.expired_grants, 1);
             self.end_grant(id, &g).await;
-            self.dp.locks.release(g.ino, id);
+            self.release_lock(g.ino, id);
             tracing::info!(
                 session = g.session,
                 grant = id,
@@ -901,7 +907,8 @@ impl Grants {
     }
 
     /// Before attributes are read (`GetAttr`): the write grants on `ino` at this moment end
-    /// first, write layouts recalled. An agent answers a layout's recall only once the
+    /// first (out of the table, their completion's store job done and their lock released),
+    /// write layouts recalled. An agent answers a layout's recall only once the
     /// completions of its writes there are in (it completes writes behind them), so the
     /// size and mtime read next include every write that returned on any node. Bounded by
     /// the lock timeout (then the attributes are read as they are).
@@ -925,7 +932,13 @@ impl Grants {
             let ended = self.grant_ended.notified();
             tokio::pin!(ended);
             ended.as_mut().enable();
-            if !ids.iter().any(|id| self.lock_table().contains_key(id)) {
+            // Ended: out of the table and its lock released, which a completion does after its
+            // store job, so the attributes read next include it.
+            let held: Vec<u64> = self.dp.locks.held(ino).iter().map(|h| h.0).collect();
+            if !ids
+                .iter()
+                .any(|id| held.contains(id) || self.lock_table().contains_key(id))
+            {
                 return;
             }
             if tokio::time::timeout_at(deadline, ended).await.is_err() {
