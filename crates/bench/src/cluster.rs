@@ -22,13 +22,11 @@ use sanfs_blockmap::volume::Volume;
 use sanfs_client_agent::client::{Client, ClientConfig};
 use sanfs_mds::clock::Clock;
 use sanfs_mds::config::{LayoutKindConfig, VolumeConfig};
-use sanfs_mds::serve::{ServeOptions, serve};
-use sanfs_mds::store::{Backend, FsInfo, Store};
+use sanfs_mds::store::Backend;
 use sanfs_proto::pb;
 use sanfs_proto::pb::data_client::DataClient;
 use sanfs_proto::types::InodeId;
-use sanfs_testcluster::{ChildGuard, LunKind, Luns};
-use tokio::sync::oneshot;
+use sanfs_testcluster::{ChildGuard, LunKind, Luns, mds};
 
 use crate::util::{MIB, free_port, sibling_binary};
 
@@ -67,8 +65,7 @@ enum ServerHandle {
         launcher: Launcher,
     },
     InProcess {
-        stop: Option<oneshot::Sender<()>>,
-        thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+        server: Option<mds::ServeThread>,
     },
     External,
 }
@@ -299,12 +296,9 @@ impl Drop for BenchCluster {
     fn drop(&mut self) {
         match &mut self.server {
             ServerHandle::Process { process, .. } => process.terminate(),
-            ServerHandle::InProcess { stop, thread } => {
-                if let Some(s) = stop.take() {
-                    let _ = s.send(());
-                }
-                if let Some(t) = thread.take() {
-                    let _ = t.join();
+            ServerHandle::InProcess { server } => {
+                if let Some(s) = server.take() {
+                    let _ = s.stop();
                 }
             }
             ServerHandle::External => {}
@@ -570,17 +564,7 @@ impl ServeCommand {
 /// Formats `volume`'s LUNs and creates a metadata store for it at `store` (what
 /// `sanfs-mds format` does), for a server run in this process.
 pub(crate) fn format_into_store(volume: &VolumeConfig, store: &Path) -> anyhow::Result<()> {
-    let formatted = sanfs_mds::format::format_volume(volume, true, 0)?;
-    Store::create(
-        &Backend::File(store.to_path_buf()),
-        &FsInfo {
-            fs_uuid: formatted.fs_uuid,
-            volume: formatted.volume,
-            lvm: None,
-        },
-        true,
-        &Clock::System,
-    )?;
+    mds::format(volume, &Backend::File(store.to_path_buf()), &Clock::System)?;
     Ok(())
 }
 
@@ -592,52 +576,13 @@ async fn start_in_process(
     metrics: SocketAddr,
 ) -> anyhow::Result<ServerHandle> {
     format_into_store(&volume_config(spec, paths), store)?;
-    let opts = ServeOptions {
-        listen: addr,
-        metrics_addr: Some(metrics),
-        listen_unix: None,
-        // Plaintext TCP from the test's own clients: said explicitly (docs/security.md).
-        insecure: true,
-        access: sanfs_mds::service::identity::AccessConfig::default(),
-        tls: None,
-        direct_threshold: spec.direct_threshold,
-        lease_ttl_ms: 10_000,
-        grant_hold_limit_ms: None,
-        batch_max: 256,
-        backend: Backend::File(store.to_path_buf()),
-        data_devices: paths.to_vec(),
-    };
-    let (ready_tx, ready_rx) = oneshot::channel::<SocketAddr>();
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let thread = std::thread::Builder::new()
-        .name("bench-mds".into())
-        .spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .thread_name("bench-mds")
-                .enable_all()
-                .build()?;
-            rt.block_on(serve(
-                opts,
-                Clock::System,
-                move |a| {
-                    let _ = ready_tx.send(a);
-                },
-                async move {
-                    let _ = stop_rx.await;
-                },
-            ))
-        })
-        .context("start the server thread")?;
-    if ready_rx.await.is_err() {
-        let e = thread
-            .join()
-            .map_err(|_| anyhow::anyhow!("the server thread panicked"))?;
-        bail!("the in-process server did not start: {e:?}");
-    }
+    let mut opts = mds::serve_options(addr, Backend::File(store.to_path_buf()), paths.to_vec());
+    opts.metrics_addr = Some(metrics);
+    opts.direct_threshold = spec.direct_threshold;
+    opts.batch_max = 256;
+    let server = mds::ServeThread::start(None, "bench-mds", 2, opts, Clock::System)?;
     Ok(ServerHandle::InProcess {
-        stop: Some(stop_tx),
-        thread: Some(thread),
+        server: Some(server),
     })
 }
 

@@ -34,10 +34,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use rustix::fs::FallocateFlags;
 use sanfs_mds::clock::Clock;
-use sanfs_mds::config::{LayoutKindConfig, VolumeConfig};
-use sanfs_mds::serve::{ServeOptions, serve};
 use sanfs_mds::store::Backend;
-use sanfs_testcluster::{ChildGuard, LunKind, Luns, Network};
+use sanfs_testcluster::{ChildGuard, LunKind, Luns, Network, mds};
 
 use crate::cluster::is_mounted;
 use crate::util::{KIB, MIB, sibling_binary};
@@ -175,26 +173,10 @@ impl Drop for AgentMount {
     }
 }
 
-struct ServerThread {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
-}
-
-impl Drop for ServerThread {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// Dropped in field order: mounts, server, LUNs, network, directories.
 struct OwnCluster {
     mounts: Vec<AgentMount>,
-    _server: ServerThread,
+    _server: mds::ServeThread,
     _luns: Luns,
     net: Network,
     _store_dir: tempfile::TempDir,
@@ -222,15 +204,7 @@ impl OwnCluster {
             .next_multiple_of(MIB)
             .max(128 * MIB);
         let luns = Luns::create(dir.path(), 4, lun_size, LunKind::Auto)?;
-        let volume = VolumeConfig {
-            layout: LayoutKindConfig::Striped,
-            block_size: 4096,
-            stripe_unit: 64 * KIB,
-            data_offset: MIB,
-            devices: luns.paths().to_vec(),
-            lvm_vg: None,
-            lvm_lv: None,
-        };
+        let volume = mds::striped(luns.paths(), 4096, 64 * KIB);
         // The metadata store on tmpfs where there is one: every metadata change is a durable
         // commit, and on a disk each costs milliseconds the exerciser does not test.
         let store_dir = tempfile::Builder::new()
@@ -245,58 +219,16 @@ impl OwnCluster {
         let store_path = store_dir.path().join("mds.redb");
         crate::cluster::format_into_store(&volume, &store_path)?;
         let backend = Backend::File(store_path);
-        let opts = ServeOptions {
-            listen: SocketAddr::new(net.server_ip(), 0),
-            metrics_addr: None,
-            // Plaintext on the exerciser's own private bridge.
-            listen_unix: None,
-            // Plaintext TCP from the test's own clients: said explicitly (docs/security.md).
-            insecure: true,
-            access: sanfs_mds::service::identity::AccessConfig::default(),
-            tls: None,
-            direct_threshold: 64 * KIB,
-            lease_ttl_ms: 10_000,
-            grant_hold_limit_ms: None,
-            batch_max: 256,
+        // Plaintext on the exerciser's own private bridge.
+        let mut opts = mds::serve_options(
+            SocketAddr::new(net.server_ip(), 0),
             backend,
-            data_devices: luns.paths().to_vec(),
-        };
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<SocketAddr>();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = net.server().run_thread("exercise-mds", move || {
-            // The runtime's workers start from this thread, so they share its namespace.
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .thread_name("exercise-mds")
-                .enable_all()
-                .build()?;
-            rt.block_on(serve(
-                opts,
-                Clock::System,
-                move |a| {
-                    let _ = ready_tx.send(a);
-                },
-                async move {
-                    let _ = stop_rx.await;
-                },
-            ))
-        })?;
-        let mut server = ServerThread {
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        };
-        let addr = match ready_rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(a) => a,
-            Err(_) => {
-                let e = server
-                    .thread
-                    .take()
-                    .map(|t| t.join())
-                    .and_then(|r| r.ok())
-                    .and_then(|r| r.err());
-                bail!("the in-process server did not start: {e:?}");
-            }
-        };
+            luns.paths().to_vec(),
+        );
+        opts.batch_max = 256;
+        let server =
+            mds::ServeThread::start(Some(net.server()), "exercise-mds", 2, opts, Clock::System)?;
+        let addr = server.addr;
         let run_dir = dir.path().join("run");
         std::fs::create_dir(&run_dir).context("make the control socket directory")?;
         let globs: Vec<String> = luns

@@ -6,19 +6,16 @@
 //! lists its directory, and unlinks them all. The figures are operations per second per phase
 //! and the operations per durable commit that group commit reached under that load.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use sanfs_blockmap::volume::{DeviceId, Volume, VolumeDevice};
 use sanfs_mds::clock::Clock;
-use sanfs_mds::serve::{ServeOptions, serve};
-use sanfs_mds::store::{Backend, FsInfo, Store};
+use sanfs_mds::store::{Backend, FsInfo};
 use sanfs_proto::pb;
 use sanfs_proto::pb::admin_client::AdminClient;
 use sanfs_proto::pb::namespace_client::NamespaceClient;
 use sanfs_proto::pb::session_client::SessionClient;
-use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
 /// What to run.
@@ -181,35 +178,17 @@ pub async fn run(p: &MetadataParams) -> anyhow::Result<MetadataReport> {
         volume: volume()?,
         lvm: None,
     };
-    Store::create(&backend, &info, true, &Clock::System)?;
-    let opts = ServeOptions {
-        listen: "127.0.0.1:0".parse()?,
-        metrics_addr: None,
-        listen_unix: None,
-        // Plaintext TCP from the test's own clients: said explicitly (docs/security.md).
-        insecure: true,
-        access: sanfs_mds::service::identity::AccessConfig::default(),
-        tls: None,
-        direct_threshold: 64 << 10,
-        lease_ttl_ms: 60_000,
-        grant_hold_limit_ms: None,
-        batch_max: 256,
-        backend,
-        data_devices: Vec::new(),
-    };
-    let (ready_tx, ready_rx) = oneshot::channel::<SocketAddr>();
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let server = tokio::spawn(serve(
+    sanfs_testcluster::mds::create_store(&backend, &info, &Clock::System)?;
+    let mut opts =
+        sanfs_testcluster::mds::serve_options("127.0.0.1:0".parse()?, backend, Vec::new());
+    opts.lease_ttl_ms = 60_000;
+    opts.batch_max = 256;
+    let mut server = sanfs_testcluster::mds::spawn_serve(
+        &tokio::runtime::Handle::current(),
         opts,
         Clock::System,
-        move |a| {
-            let _ = ready_tx.send(a);
-        },
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
-    let addr = ready_rx.await.context("the server did not start")?;
+    );
+    let addr = server.listening().await?;
     let ch = Channel::from_shared(format!("http://{addr}"))?
         .connect()
         .await?;
@@ -266,10 +245,9 @@ pub async fn run(p: &MetadataParams) -> anyhow::Result<MetadataReport> {
         .into_inner()
         .commits
         .unwrap_or_default();
-    let _ = stop_tx.send(());
-    tokio::time::timeout(Duration::from_secs(30), server)
+    tokio::time::timeout(Duration::from_secs(30), server.stop())
         .await
-        .context("the server did not stop")???;
+        .context("the server did not stop")??;
     let _ = std::fs::remove_file(&store_path);
     let commits = after.commits - before.commits;
     let transactions = after.transactions - before.transactions;

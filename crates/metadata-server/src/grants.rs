@@ -135,6 +135,9 @@ pub struct GrantStats {
 pub struct Grants {
     dp: Arc<DataPath>,
     table: Mutex<HashMap<u64, GrantState>>,
+    /// Notified whenever grants leave `table` ([`TableGuard`]) and when a grant's range lock
+    /// is released ([`Grants::release_lock`]): what [`Grants::settle_attr`] waits on.
+    grant_ended: tokio::sync::Notify,
     recall_channels: Mutex<HashMap<u64, mpsc::UnboundedSender<Recall>>>,
     /// Inodes with speculative preallocation made this run (the durable record, in the
     /// store's `prealloc` table, says which blocks), trimmed when the file's last handle
@@ -166,6 +169,7 @@ impl Grants {
         Grants {
             dp,
             table: Mutex::new(HashMap::new()),
+            grant_ended: tokio::sync::Notify::new(),
             recall_channels: Mutex::new(HashMap::new()),
             prealloc: Mutex::new(HashMap::new()),
             waited_on: Mutex::new(HashMap::new()),
@@ -185,8 +189,19 @@ impl Grants {
         &self.dp
     }
 
-    fn lock_table(&self) -> MutexGuard<'_, HashMap<u64, GrantState>> {
-        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_table(&self) -> TableGuard<'_> {
+        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        TableGuard {
+            live_before: table.len(),
+            table,
+            ended: &self.grant_ended,
+        }
+    }
+
+    /// Releases grant `id`'s range lock on `ino` and wakes those waiting for grants to end.
+    fn release_lock(&self, ino: u64, id: u64) {
+        self.dp.locks.release(ino, id);
+        self.grant_ended.notify_waiters();
     }
 
     fn prealloc(&self) -> MutexGuard<'_, HashMap<u64, (u64, u64)>> {
@@ -444,7 +459,7 @@ impl Grants {
         }
         if layout && !self.lock_table().contains_key(&id) {
             // The session ended while the lock was awaited.
-            self.dp.locks.release(ino.0, id);
+            self.release_lock(ino.0, id);
             return Err(FsError::StaleSession);
         }
         let result = async {
@@ -555,11 +570,11 @@ impl Grants {
                 Ok((id, m))
             }
             Ok(false) => {
-                self.dp.locks.release(ino.0, id);
+                self.release_lock(ino.0, id);
                 mapped.map(|m| (id, m))
             }
             Err(e) => {
-                self.dp.locks.release(ino.0, id);
+                self.release_lock(ino.0, id);
                 mapped?;
                 Err(e)
             }
@@ -578,7 +593,7 @@ impl Grants {
         let mapped = match mapped {
             Ok(m) => m,
             Err(e) => {
-                self.dp.locks.release(state.ino, id);
+                self.release_lock(state.ino, id);
                 return Err(e);
             }
         };
@@ -618,7 +633,7 @@ impl Grants {
         };
         match returned {
             None => {
-                self.dp.locks.release(ino, id);
+                self.release_lock(ino, id);
                 mapped?;
                 Err(FsError::StaleSession)
             }
@@ -631,7 +646,7 @@ impl Grants {
             Some(true) => {
                 let len = mapped.as_ref().map_or(0, |m| m.len);
                 self.end_grant(id, &GrantState { len, ..state }).await;
-                self.dp.locks.release(ino, id);
+                self.release_lock(ino, id);
                 mapped.map(|m| (id, m))
             }
         }
@@ -731,7 +746,7 @@ impl Grants {
             Ok::<(Attr, u64), FsError>((attr, seq))
         }
         .await;
-        self.dp.locks.release(g.ino, id);
+        self.release_lock(g.ino, id);
         result.map_err(GrantError::Fs)
     }
 
@@ -848,7 +863,7 @@ impl Grants {
         };
         for (id, g) in gone {
             self.end_grant(id, &g).await;
-            self.dp.locks.release(g.ino, id);
+            self.release_lock(g.ino, id);
         }
         Ok(())
     }
@@ -902,7 +917,7 @@ impl Grants {
         for (id, g) in gone {
             add(&self.stats.expired_grants, 1);
             self.end_grant(id, &g).await;
-            self.dp.locks.release(g.ino, id);
+            self.release_lock(g.ino, id);
             tracing::info!(
                 session = g.session,
                 grant = id,
@@ -913,7 +928,8 @@ impl Grants {
     }
 
     /// Before attributes are read (`GetAttr`): the write grants on `ino` at this moment end
-    /// first, write layouts recalled. An agent answers a layout's recall only once the
+    /// first (out of the table, their completion's store job done and their lock released),
+    /// write layouts recalled. An agent answers a layout's recall only once the
     /// completions of its writes there are in (it completes writes behind them), so the
     /// size and mtime read next include every write that returned on any node. Bounded by
     /// the lock timeout (then the attributes are read as they are).
@@ -931,11 +947,24 @@ impl Grants {
         // Waited on: bounded by the hold limit as a queued lock request is.
         let _waiting = AttrWait::new(self, &ids);
         let deadline = tokio::time::Instant::now() + self.dp.lock_timeout;
-        while tokio::time::Instant::now() < deadline {
-            if !ids.iter().any(|id| self.lock_table().contains_key(id)) {
+        loop {
+            // Registered before the check, so that a grant ending between the check and the
+            // wait still wakes this one.
+            let ended = self.grant_ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            // Ended: out of the table and its lock released, which a completion does after its
+            // store job, so the attributes read next include it.
+            let held: Vec<u64> = self.dp.locks.held(ino).iter().map(|h| h.0).collect();
+            if !ids
+                .iter()
+                .any(|id| held.contains(id) || self.lock_table().contains_key(id))
+            {
                 return;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                break;
+            }
         }
         tracing::warn!(ino, "write grants outlived a GetAttr's wait for them");
     }
@@ -946,6 +975,37 @@ impl Grants {
         let id = self.dp.next_id();
         self.take_lock(id, ino, span, LockMode::Exclusive).await?;
         Ok(crate::proxy::Held::new(self.dp.locks.clone(), ino, id))
+    }
+}
+
+/// The locked grant table. Dropped after grants left it (the table is smaller than when it was
+/// locked; no caller both removes and inserts under one lock), it wakes those waiting for
+/// grants to end ([`Grants::settle_attr`]).
+struct TableGuard<'a> {
+    table: MutexGuard<'a, HashMap<u64, GrantState>>,
+    live_before: usize,
+    ended: &'a tokio::sync::Notify,
+}
+
+impl std::ops::Deref for TableGuard<'_> {
+    type Target = HashMap<u64, GrantState>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.table
+    }
+}
+
+impl std::ops::DerefMut for TableGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.table
+    }
+}
+
+impl Drop for TableGuard<'_> {
+    fn drop(&mut self) {
+        if self.table.len() < self.live_before {
+            self.ended.notify_waiters();
+        }
     }
 }
 

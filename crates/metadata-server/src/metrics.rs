@@ -9,6 +9,15 @@
 //! | `sanfs_commit_ops_total` | counter | | metadata transactions made durable |
 //! | `sanfs_commit_ops_per_commit` | gauge | | `sanfs_commit_ops_total / sanfs_commits_total` |
 //! | `sanfs_sessions` | gauge | | live sessions |
+//! | `sanfs_grants_total` | counter | `op` | grants issued, read and write |
+//! | `sanfs_grant_bytes_total` | counter | `op` | bytes those grants covered |
+//! | `sanfs_grants_live` | gauge | | grants out now |
+//! | `sanfs_recalls_total` | counter | | recalls of cached grants sent to holders |
+//! | `sanfs_lock_waits_total` | counter | | requests that waited for a range lock |
+//! | `sanfs_expired_grants_total` | counter | | grants dropped with their session |
+//! | `sanfs_evictions_total` | counter | | sessions evicted (hold limit, `Admin.EvictSession`) |
+//! | `sanfs_zeroed_bytes_total` | counter | | bytes zeroed on the LUNs before they were granted Unwritten |
+//! | `sanfs_proxied_bytes_total` | counter | `op` | bytes read and written through the server |
 //! | `sanfs_tls_handshakes_refused_total` | counter | | connections closed before their TLS handshake completed ([`crate::handshake`]) |
 //! | `sanfs_auth_refused_total` | counter | `code` | callers refused by the authenticator (`service::identity`) |
 //! | `sanfs_insecure_requests_total` | counter | | plaintext calls accepted because of `insecure` |

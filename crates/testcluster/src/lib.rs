@@ -7,38 +7,35 @@
 //! that kill and reap exactly the processes a test started ([`ChildGuard`]).
 //!
 //! Everything is a RAII guard: what a test made is removed by its exact name when the guard is
-//! dropped, also when the test fails. Nothing here knows sanfs' server or agent; tests and the
-//! bench start those themselves (as processes with [`Netns::command`], or in-process on a thread
-//! with [`Netns::run_thread`]).
+//! dropped, also when the test fails. Nothing here knows sanfs' agent; tests and the bench start
+//! it themselves (as processes with [`Netns::command`], or in-process on a thread with
+//! [`Netns::run_thread`]). With the `mds` feature, `mds` makes the file system the way an
+//! operator does (format the LUNs, create the metadata store) and serves it in-process: the one
+//! place the server's, the agent's and the bench's tests set one up.
 //!
 //! Without root there are no loop devices, namespaces or cgroups: [`Luns`] are plain files, and
-//! [`Network`] puts every node on the host's loopback, so the same test runs everywhere.
+//! [`Network`] puts every node on the host's loopback, so the same test runs everywhere. A test
+//! that cannot run at all without root (or a device or a program) asks [`skip_unless`] (or
+//! [`skip_unless_root`], [`skip`]): it is skipped with a line saying why, or fails under
+//! `SANFS_REQUIRE_ROOT=1`, which CI sets, so that a test that did not run never passes there.
 
 mod child;
+mod gate;
 mod luns;
+#[cfg(feature = "mds")]
+pub mod mds;
 mod netns;
 mod throttle;
 
 pub use child::ChildGuard;
+pub use gate::{
+    Need, REQUIRE_ENV, has_tool, is_root, required, skip, skip_unless, skip_unless_root,
+};
 pub use luns::{LunKind, Luns};
 pub use netns::{Netns, Network};
 pub use throttle::Throttle;
 
 use std::sync::atomic::{AtomicU32, Ordering};
-
-/// Whether this process runs as root (loop devices, namespaces, cgroups and FUSE need it).
-pub fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
-/// Prints why a root-only test is skipped and returns true when it must be.
-pub fn skip_unless_root(why: &str) -> bool {
-    if is_root() {
-        return false;
-    }
-    eprintln!("skipped: {why} needs root (loop devices, network namespaces, mounts)");
-    true
-}
 
 /// A name no other guard of this machine uses: `sanfs-TAG-PID-N`. Tags are cut to keep the
 /// name short (interface and cgroup names have limits).

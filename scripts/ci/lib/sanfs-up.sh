@@ -7,6 +7,7 @@
 #
 #   . scripts/ci/lib/sanfs-up.sh
 #   sanfs_need_root STEP                  # without root or /dev/fuse: "skipped: ..." and exit 0
+#                                         # (exit 1 under SANFS_REQUIRE_ROOT=1: lib/skip.sh)
 #   sanfs_build                           # the binaries (profile: $SANFS_CI_PROFILE, see below)
 #   sanfs_up STEP LUN_SIZE [MOUNT_OPTS]   # sets SANFS_DIR SANFS_MNT SANFS_ADDR SANFS_LOOPS
 #   sanfs_mount_down                      # unmount and wait for the agent (before an fsck)
@@ -20,12 +21,12 @@
 
 sanfs_say() { printf '==> %s: %s\n' "${SANFS_STEP:-sanfs}" "$*"; }
 
+# shellcheck source=scripts/ci/lib/skip.sh
+. "$(dirname "${BASH_SOURCE[0]}")/skip.sh"
+
 sanfs_need_root() {
   SANFS_STEP=$1
-  if [ "$(id -u)" != 0 ] || [ ! -e /dev/fuse ] || ! command -v losetup >/dev/null; then
-    sanfs_say "skipped: needs root, /dev/fuse and losetup (loop-device LUNs, a FUSE mount)"
-    exit 0
-  fi
+  ci_need_root "$1" "loop-device LUNs, a FUSE mount"
 }
 
 sanfs_build() {

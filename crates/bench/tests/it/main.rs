@@ -75,8 +75,10 @@ fn exercise_smoke_runs_a_pinned_seed_through_two_mounts() {
         .unwrap();
     assert!(!out.status.success(), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a directory"));
-    if !sanfs_testcluster::is_root() || !std::path::Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: the exerciser's mounts need root and /dev/fuse");
+    if sanfs_testcluster::skip_unless(
+        "the exerciser on two mounts",
+        &[sanfs_testcluster::Need::Fuse],
+    ) {
         return;
     }
     let out = Command::new(bin)

@@ -11,13 +11,13 @@
 //! accepts nothing else), never touch `/etc/lvm` (no backups, archives, devices file or
 //! hints), and everything is removed by a drop guard, also when an assertion fails.
 //!
-//! Needs root, lvm2 and loop devices; without them it prints "skipped: needs root and lvm2"
-//! and passes. Set `SANFS_LVM_IT_SEED` to replay the random offsets of an earlier run.
+//! Needs root, lvm2 and loop devices; without them it says it was skipped and passes, or fails
+//! under `SANFS_REQUIRE_ROOT=1` (CI: `sanfs_testcluster::skip_unless`). Set `SANFS_LVM_IT_SEED` to replay the random offsets of an earlier run.
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use sanfs_blockmap::lvm::{
@@ -25,37 +25,11 @@ use sanfs_blockmap::lvm::{
     parse_pv_label, parse_vg_metadata,
 };
 use sanfs_blockmap::volume::{LvmPvId, Volume};
+use sanfs_testcluster::{Need, skip_unless};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
 const BLOCK_SIZE: u32 = 4096;
-
-/// Whether `program args` runs and exits successfully.
-fn runs(program: &str, args: &[&str]) -> bool {
-    Command::new(program)
-        .args(args)
-        .env("LVM_SUPPRESS_FD_WARNINGS", "1")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// Why this machine cannot run the test, if it cannot.
-fn missing_prerequisite() -> Option<&'static str> {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    if !root {
-        return Some("not root");
-    }
-    if !runs("lvm", &["version"]) {
-        return Some("lvm2 is not installed");
-    }
-    if !runs("losetup", &["--version"]) || !Path::new("/dev/loop-control").exists() {
-        return Some("no loop devices");
-    }
-    None
-}
 
 /// A scratch directory with loop devices and volume groups, all removed on drop.
 struct Lab {
@@ -555,8 +529,10 @@ fn read_vg(lab: &Lab, vg: &str, devs: &[&str], pvs: &BTreeMap<String, PvReport>)
 
 #[test]
 fn lvm_import_matches_the_lvm2_tools() {
-    if let Some(why) = missing_prerequisite() {
-        println!("skipped: needs root and lvm2 ({why})");
+    if skip_unless(
+        "lvm_import_matches_the_lvm2_tools",
+        &[Need::Tool("lvm"), Need::LoopDevices],
+    ) {
         return;
     }
     let seed = std::env::var("SANFS_LVM_IT_SEED")

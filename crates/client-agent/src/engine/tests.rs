@@ -45,7 +45,11 @@ fn engines(files: &[File]) -> Vec<Engine> {
         dup(files),
     ) {
         Ok(e) => out.push(e),
-        Err(e) => println!("skipped the uring engine: {e}"),
+        Err(e) => {
+            let thread = std::thread::current();
+            let test = thread.name().unwrap_or("an engine test");
+            sanfs_testcluster::skip(&format!("{test}, uring engine"), &format!("{e}"));
+        }
     }
     out
 }

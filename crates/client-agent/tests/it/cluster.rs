@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use sanfs_client_agent::client::{Client, ClientConfig, FaultInjection, FileHandle};
 use sanfs_client_agent::engine::{EngineConfig, EngineKind};
 use sanfs_mds::clock::Clock;
-use sanfs_mds::config::{LayoutKindConfig, VolumeConfig};
-use sanfs_mds::serve::{ServeOptions, TlsPaths, serve};
-use sanfs_mds::store::{Backend, FsInfo, Store};
+use sanfs_mds::serve::{ServeOptions, TlsPaths};
+use sanfs_mds::store::Backend;
 use sanfs_proto::model::OpenFlags;
 use sanfs_proto::types::{Credentials, InodeId, ROOT_INODE};
+use sanfs_testcluster::mds;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -97,54 +97,26 @@ pub fn prepare(
     lease_ttl_ms: u64,
     tls: Option<TlsPaths>,
 ) -> (Vec<PathBuf>, ServeOptions) {
-    let luns: Vec<PathBuf> = (0..LUNS).map(|i| dir.join(format!("lun{i}"))).collect();
-    for l in &luns {
-        std::fs::File::create(l).unwrap().set_len(LUN_SIZE).unwrap();
-    }
-    let f = sanfs_mds::format::format_volume(
-        &VolumeConfig {
-            layout: LayoutKindConfig::Striped,
-            block_size: 4096,
-            stripe_unit: 64 * 1024,
-            data_offset: MIB,
-            devices: luns.clone(),
-            lvm_vg: None,
-            lvm_lv: None,
-        },
-        false,
-        0,
+    let luns = mds::file_luns(dir, LUNS, LUN_SIZE).unwrap();
+    let backend = Backend::File(dir.join("mds.redb"));
+    mds::format(
+        &mds::striped(&luns, 4096, 64 * 1024),
+        &backend,
+        &Clock::System,
     )
     .unwrap();
-    let backend = Backend::File(dir.join("mds.redb"));
-    let info = FsInfo {
-        fs_uuid: f.fs_uuid,
-        volume: f.volume,
-        lvm: None,
+    let mut opts = mds::serve_options(listen, backend, luns.clone());
+    // The test PKI's one client certificate (`agent-a`, see [`pki`]) also runs the CSI
+    // controller, whose SetQuota is an admin call.
+    opts.access = sanfs_mds::service::identity::AccessConfig {
+        clients: vec![(
+            "agent-a".to_owned(),
+            sanfs_mds::service::identity::ClientPolicy::TRUSTED,
+        )],
+        ..Default::default()
     };
-    Store::create(&backend, &info, true, &Clock::System).unwrap();
-    let opts = ServeOptions {
-        listen,
-        metrics_addr: None,
-        listen_unix: None,
-        // Plaintext TCP from the test's own clients: said explicitly (docs/security.md).
-        insecure: true,
-        // The test PKI's one client certificate (`agent-a`, see [`pki`]) also runs the CSI
-        // controller, whose SetQuota is an admin call.
-        access: sanfs_mds::service::identity::AccessConfig {
-            clients: vec![(
-                "agent-a".to_owned(),
-                sanfs_mds::service::identity::ClientPolicy::TRUSTED,
-            )],
-            ..Default::default()
-        },
-        tls,
-        direct_threshold: 65536,
-        lease_ttl_ms,
-        grant_hold_limit_ms: None,
-        batch_max: 64,
-        backend,
-        data_devices: luns.clone(),
-    };
+    opts.tls = tls;
+    opts.lease_ttl_ms = lease_ttl_ms;
     (luns, opts)
 }
 
@@ -153,8 +125,8 @@ pub fn prepare(
 pub struct NetServer {
     pub addr: SocketAddr,
     pub luns: Vec<PathBuf>,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+    /// Stopped (and its thread joined) on drop, before the directory goes.
+    _server: mds::ServeThread,
     _dir: tempfile::TempDir,
 }
 
@@ -167,49 +139,12 @@ impl NetServer {
     ) -> NetServer {
         let dir = tempfile::tempdir().unwrap();
         let (luns, opts) = prepare(dir.path(), SocketAddr::new(ip, 0), lease_ttl_ms, None);
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let thread = ns
-            .run_thread("mds", move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                rt.block_on(serve(
-                    opts,
-                    Clock::System,
-                    move |addr| {
-                        let _ = ready_tx.send(addr);
-                    },
-                    async move {
-                        let _ = stop_rx.await;
-                    },
-                ))
-            })
-            .unwrap();
-        let addr = ready_rx
-            .recv_timeout(std::time::Duration::from_secs(30))
-            .expect("the server serves within 30 s");
+        let server = mds::ServeThread::start(Some(ns), "mds", 0, opts, Clock::System).unwrap();
         NetServer {
-            addr,
+            addr: server.addr,
             luns,
-            stop: Some(stop_tx),
-            thread: Some(thread),
+            _server: server,
             _dir: dir,
-        }
-    }
-}
-
-impl Drop for NetServer {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            match t.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => eprintln!("server ended with an error: {e:#}"),
-                Err(_) => eprintln!("server thread panicked"),
-            }
         }
     }
 }
@@ -220,31 +155,24 @@ impl Cluster {
     async fn run(&mut self) {
         // After a stop, the previous instance's last tasks may hold the store for a moment.
         for attempt in 0.. {
-            let (ready_tx, ready_rx) = oneshot::channel();
-            let (stop_tx, stop_rx) = oneshot::channel::<()>();
-            let task = tokio::spawn(serve(
+            let mut serving = mds::spawn_serve(
+                &tokio::runtime::Handle::current(),
                 self.opts.clone(),
                 Clock::System,
-                move |addr| {
-                    let _ = ready_tx.send(addr);
-                },
-                async move {
-                    let _ = stop_rx.await;
-                },
-            ));
-            match ready_rx.await {
+            );
+            match serving.listening().await {
                 Ok(a) => {
                     self.addr = a;
                     self.opts.listen = a;
-                    self.stop = Some(stop_tx);
+                    let (stop, task) = serving.into_parts();
+                    self.stop = stop;
                     self.task = Some(task);
                     return;
                 }
                 Err(_) if attempt < 50 => {
-                    let _ = task.await;
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
-                Err(_) => panic!("serve did not start: {:?}", task.await),
+                Err(e) => panic!("serve did not start: {e:#}"),
             }
         }
     }

@@ -7,6 +7,8 @@ use sanfs_blockmap::label::DEFAULT_DATA_OFFSET;
 use sanfs_blockmap::volume::{DeviceId, DeviceIndex, LvmPvId, Volume, VolumeDevice};
 use sanfs_client_agent::discovery::{DiscoveryConfig, discover, probe_identity};
 
+use sanfs_testcluster::{Need, skip_unless};
+
 use crate::support::*;
 
 const DEV_SIZE: u64 = 3 << 20;
@@ -88,7 +90,10 @@ fn discovery_rejects_a_lun_smaller_than_the_volume_says() {
 /// /dev/disk/by-id), are found and opened once each.
 #[test]
 fn discovery_finds_labelled_loop_devices_once_each() {
-    if skip_unless_root() {
+    if skip_unless(
+        "discovery_finds_labelled_loop_devices_once_each",
+        &[Need::LoopDevices],
+    ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -115,11 +120,10 @@ fn discovery_finds_labelled_loop_devices_once_each() {
 /// As root with lvm2: a PV made by `pvcreate` on a loop device is found by its PV UUID.
 #[test]
 fn discovery_finds_an_lvm_pv_on_a_loop_device() {
-    if skip_unless_root() {
-        return;
-    }
-    if Command::new("pvcreate").arg("--version").output().is_err() {
-        println!("skipped: lvm2 (pvcreate) is not installed");
+    if skip_unless(
+        "discovery_finds_an_lvm_pv_on_a_loop_device",
+        &[Need::LoopDevices, Need::Tool("pvcreate")],
+    ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

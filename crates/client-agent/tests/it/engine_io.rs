@@ -124,7 +124,10 @@ async fn plan_round_trip_over_four_file_luns_with_both_engines() {
 
 #[tokio::test]
 async fn plan_round_trip_over_four_loop_devices_with_both_engines() {
-    if skip_unless_root() {
+    if sanfs_testcluster::skip_unless(
+        "plan_round_trip_over_four_loop_devices_with_both_engines",
+        &[sanfs_testcluster::Need::LoopDevices],
+    ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -8,8 +8,9 @@
 //! (`deploy`), the CSI driver (`csi`), and the acceptance tests of the data path on a multi-node test cluster
 //! (`san`: network namespaces, loop-device LUNs, real agent processes): `e2e`, `coherence`,
 //! `agent_crash`, `striping`, `missing_lun`. Tests that need root (loop devices, namespaces,
-//! FUSE) say that they were skipped and pass without it; the `san` ones run on loopback with
-//! plain files instead where they can.
+//! FUSE) say that they were skipped and pass without it, or fail under `SANFS_REQUIRE_ROOT=1`
+//! (CI; `sanfs_testcluster::skip_unless`); the `san` ones run on loopback with plain files
+//! instead where they can.
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 

@@ -1,7 +1,7 @@
 //! The FUSE mount end to end: the real `sanfs-agent mount --foreground` binary as a child
 //! process against the in-process server, driven through plain `std::fs` calls on the mount.
-//! Needs root and /dev/fuse ("skipped: needs root and /dev/fuse" otherwise). Every file
-//! system call runs on a blocking thread under a timeout, and every mount is taken down by its
+//! Needs root and /dev/fuse ("skipped: ..." otherwise, a failure under `SANFS_REQUIRE_ROOT=1`).
+//! Every file system call runs on a blocking thread under a timeout, and every mount is taken down by its
 //! guard (clean unmount, else kill the agent by PID and detach lazily): a bug fails the test,
 //! never hangs it.
 
@@ -16,13 +16,13 @@ use sanfs_proto::pb::data_client::DataClient;
 
 use crate::cluster::{self, Cluster, MIB};
 
+/// Whether FUSE mounts can be made here: root and /dev/fuse (the test's thread, which libtest
+/// names after the test, names it in the skip line, or the failure under
+/// `SANFS_REQUIRE_ROOT=1`).
 pub(crate) fn can_mount() -> bool {
-    let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
-    if !root || !Path::new("/dev/fuse").exists() {
-        println!("skipped: needs root and /dev/fuse");
-        return false;
-    }
-    true
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("a FUSE mount test");
+    !sanfs_testcluster::skip_unless(test, &[sanfs_testcluster::Need::Fuse])
 }
 
 fn is_mounted(path: &Path) -> bool {

@@ -169,10 +169,13 @@ async fn mount_t_sanfs_fstab_remount_umount_and_a_killed_agent() {
     if !can_mount() {
         return;
     }
-    if Command::new("unshare").arg("--version").output().is_err()
-        || !std::fs::read_to_string("/proc/filesystems").is_ok_and(|f| f.contains("overlay"))
+    if (!sanfs_testcluster::has_tool("unshare")
+        || !std::fs::read_to_string("/proc/filesystems").is_ok_and(|f| f.contains("overlay")))
+        && sanfs_testcluster::skip(
+            "mount_t_sanfs_fstab_remount_umount_and_a_killed_agent",
+            "needs unshare(1) and overlayfs for a private /sbin/mount.sanfs",
+        )
     {
-        println!("skipped: needs unshare(1) and overlayfs for a private /sbin/mount.sanfs");
         return;
     }
     // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) only changes who reaps orphaned descendants.

@@ -177,8 +177,11 @@ fn quickstart_up_write_bmap_down_leaves_nothing() {
 
 #[test]
 fn quickstart_without_root_says_what_it_needs() {
-    if !crate::support::is_root() || Command::new("setpriv").arg("--version").output().is_err() {
-        println!("skipped: needs root and setpriv(1) to run it as an unprivileged user");
+    // Root and setpriv(1): it runs the quickstart as an unprivileged user.
+    if sanfs_testcluster::skip_unless(
+        "quickstart_without_root_says_what_it_needs",
+        &[sanfs_testcluster::Need::Tool("setpriv")],
+    ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -25,10 +25,8 @@ use sanfs_client_agent::buf::AlignedBuf;
 use sanfs_client_agent::client::{Client, ClientConfig};
 use sanfs_client_agent::engine::{EngineConfig, EngineKind};
 use sanfs_mds::clock::Clock;
-use sanfs_mds::config::{LayoutKindConfig, VolumeConfig};
-use sanfs_mds::serve::{ServeOptions, serve};
-use sanfs_mds::store::{Backend, FsInfo, Store};
-use sanfs_testcluster::{ChildGuard, LunKind, Luns, Network};
+use sanfs_mds::store::Backend;
+use sanfs_testcluster::{ChildGuard, LunKind, Luns, Network, mds};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::runtime::Runtime;
 
@@ -114,20 +112,6 @@ impl San {
         let dir = tempfile::tempdir().unwrap();
         let net = Network::create(opts.nodes).unwrap();
         let luns = Luns::create(dir.path(), opts.luns, opts.lun_size, LunKind::Auto).unwrap();
-        let formatted = sanfs_mds::format::format_volume(
-            &VolumeConfig {
-                layout: LayoutKindConfig::Striped,
-                block_size: BLOCK as u32,
-                stripe_unit: STRIPE_UNIT,
-                data_offset: MIB,
-                devices: luns.paths().to_vec(),
-                lvm_vg: None,
-                lvm_lv: None,
-            },
-            false,
-            0,
-        )
-        .unwrap();
         // The metadata store on tmpfs where there is one: every metadata commit is a
         // durable sync, and on this machine's disk one costs ~6 ms, which would make the
         // acceptance tests measure the disk rather than the data path they are about.
@@ -136,12 +120,8 @@ impl San {
             .tempdir_in("/dev/shm")
             .unwrap_or_else(|_| tempfile::tempdir().unwrap());
         let backend = Backend::File(store_dir.path().join("mds.redb"));
-        let info = FsInfo {
-            fs_uuid: formatted.fs_uuid,
-            volume: formatted.volume,
-            lvm: None,
-        };
-        Store::create(&backend, &info, true, &Clock::System).unwrap();
+        let volume = mds::striped(luns.paths(), BLOCK as u32, STRIPE_UNIT);
+        mds::format(&volume, &backend, &Clock::System).unwrap();
         let ip = net.server_ip();
         let metrics_port = if net.is_isolated() {
             METRICS_PORT
@@ -149,38 +129,21 @@ impl San {
             free_port(ip)
         };
         let metrics_addr = SocketAddr::new(ip, metrics_port);
-        let serve_opts = ServeOptions {
-            listen: SocketAddr::new(ip, 0),
-            metrics_addr: Some(metrics_addr),
-            // Plaintext on the test's own private bridge.
-            listen_unix: None,
-            // Plaintext TCP from the test's own clients: said explicitly (docs/security.md).
-            insecure: true,
-            access: sanfs_mds::service::identity::AccessConfig::default(),
-            tls: None,
-            direct_threshold: THRESHOLD,
-            lease_ttl_ms: opts.lease_ttl_ms,
-            grant_hold_limit_ms: None,
-            batch_max: 64,
-            backend,
-            data_devices: luns.paths().to_vec(),
-        };
+        // Plaintext on the test's own private bridge.
+        let mut serve_opts =
+            mds::serve_options(SocketAddr::new(ip, 0), backend, luns.paths().to_vec());
+        serve_opts.metrics_addr = Some(metrics_addr);
+        serve_opts.direct_threshold = THRESHOLD;
+        serve_opts.lease_ttl_ms = opts.lease_ttl_ms;
         let rt = runtime_in(net.server(), "mds", 2);
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let task = rt.spawn(serve(
-            serve_opts,
-            Clock::System,
-            move |a| {
-                let _ = ready_tx.send(a);
-            },
-            async move {
-                let _ = stop_rx.await;
-            },
-        ));
-        let addr = ready_rx
-            .recv_timeout(Duration::from_secs(60))
+        let mut serving = mds::spawn_serve(rt.handle(), serve_opts, Clock::System);
+        let addr = rt
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(60), serving.listening()).await
+            })
+            .expect("the server listens within 60 s")
             .expect("the server did not start");
+        let (stop_tx, task) = serving.into_parts();
         let run_dir = dir.path().join("run");
         std::fs::create_dir(&run_dir).unwrap();
         eprintln!(
@@ -201,7 +164,7 @@ impl San {
         );
         San {
             server_rt: Some(rt),
-            stop: Some(stop_tx),
+            stop: stop_tx,
             server_task: Some(task),
             addr,
             metrics_addr,
@@ -456,16 +419,9 @@ pub fn is_mounted(path: &Path) -> bool {
         .is_ok_and(|m| m.iter().any(|m| m.mount_point == path))
 }
 
-/// Whether FUSE mounts can be made here (says why not).
+/// Whether FUSE mounts can be made here (says why not; fails under `SANFS_REQUIRE_ROOT=1`).
 pub fn can_mount(test: &str) -> bool {
-    if sanfs_testcluster::skip_unless_root(test) {
-        return false;
-    }
-    if !Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: {test} needs /dev/fuse");
-        return false;
-    }
-    true
+    !sanfs_testcluster::skip_unless(test, &[sanfs_testcluster::Need::Fuse])
 }
 
 /// `GET /metrics` at `addr`; the body.

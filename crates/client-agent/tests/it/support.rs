@@ -1,6 +1,5 @@
 //! Fixtures: file-backed LUNs with sanfs labels, loop devices that detach on drop, volumes.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -11,21 +10,6 @@ use uuid::Uuid;
 
 pub const BLOCK: u32 = 4096;
 pub const STRIPE_UNIT: u64 = 64 * 1024;
-
-/// Whether the test runs as root (the owner of /proc/self is the effective uid).
-pub fn is_root() -> bool {
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
-}
-
-/// Returns true (and says so) when the test cannot run here.
-pub fn skip_unless_root() -> bool {
-    if is_root() {
-        false
-    } else {
-        println!("skipped: needs root");
-        true
-    }
-}
 
 pub fn device_uuid(i: usize) -> Uuid {
     Uuid::from_u128(0x5a4f_0000_0000_0000_0000_0000_0000_0000 + i as u128 + 1)

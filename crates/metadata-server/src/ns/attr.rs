@@ -5,10 +5,9 @@ use super::*;
 /// Cuts or extends a regular file to `size` bytes: blocks wholly past the new end are freed,
 /// and mtime/ctime are set. The caller writes `rec`.
 ///
-/// FIXME(issue 4): a cut to a size that is not block aligned leaves stale bytes in the tail of
-/// the last block; the proxied path must zero from the old end of file to the block end
-/// before a later extension exposes them (XFS zeroes at truncate). Until the server does
-/// device I/O, reads past EOF are never served, and an extension reads the tail as stale.
+/// A cut to a size that is not block aligned leaves the old bytes in the tail of the last
+/// block; whatever later extends the file zeroes them on the device first, under its range
+/// lock (`DataPath::zero_eof_tail`, XFS's `xfs_zero_eof`), so they are never read back.
 pub fn truncate(
     ctx: &mut Ctx<'_>,
     ino: InodeId,

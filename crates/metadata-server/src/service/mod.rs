@@ -109,7 +109,7 @@ pub(crate) struct Sessions {
     pub by_id: HashMap<u64, SessionState>,
 }
 
-/// State shared by the four services.
+/// State shared by the five services.
 #[derive(Debug)]
 pub struct Server {
     pub(crate) store: Arc<Store>,

@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use sanfs_blockmap::plan::IoPlan;
 use sanfs_mds::clock::Clock;
-use sanfs_mds::config::{LayoutKindConfig, VolumeConfig};
 use sanfs_mds::data;
 use sanfs_mds::datadev::DataDevices;
 use sanfs_mds::ns;
 use sanfs_mds::proxy::{DataPath, Position};
-use sanfs_mds::store::{Backend, FsInfo, ROOT, Store};
+use sanfs_mds::store::{Backend, ROOT, Store};
 use sanfs_proto::model::{CreateRequest, OpenFlags};
 use sanfs_proto::types::{Credentials, InodeId, SessionId};
+use sanfs_testcluster::mds;
 
 use crate::support::{MIB, name};
 
@@ -29,27 +29,14 @@ pub struct Cluster {
 
 pub fn cluster() -> Cluster {
     let dir = tempfile::tempdir().unwrap();
-    let luns: Vec<PathBuf> = (0..4).map(|i| dir.path().join(format!("lun{i}"))).collect();
-    for l in &luns {
-        std::fs::File::create(l).unwrap().set_len(64 * MIB).unwrap();
-    }
-    let cfg = VolumeConfig {
-        layout: LayoutKindConfig::Striped,
-        block_size: 4096,
-        stripe_unit: 64 * 1024,
-        data_offset: MIB,
-        devices: luns.clone(),
-        lvm_vg: None,
-        lvm_lv: None,
-    };
-    let f = sanfs_mds::format::format_volume(&cfg, false, 0).unwrap();
+    let luns = mds::file_luns(dir.path(), 4, 64 * MIB).unwrap();
     let backend = Backend::File(dir.path().join("meta.redb"));
-    let info = FsInfo {
-        fs_uuid: f.fs_uuid,
-        volume: f.volume.clone(),
-        lvm: None,
-    };
-    Store::create(&backend, &info, false, &Clock::System).unwrap();
+    mds::format(
+        &mds::striped(&luns, 4096, 64 * 1024),
+        &backend,
+        &Clock::System,
+    )
+    .unwrap();
     let store = Arc::new(Store::open(&backend, Clock::System, 64).unwrap());
     let devices = Arc::new(DataDevices::open(store.volume(), &luns));
     assert_eq!(devices.present(), 4);

@@ -713,8 +713,8 @@ struct Workload {
 }
 
 fn format(disk: &SimDisk, clock: &Clock) -> Result<Store, String> {
-    Store::create(&Backend::Sim(disk.clone()), &fs_info(), false, clock)
-        .map_err(|e| e.to_string())?;
+    sanfs_testcluster::mds::create_store(&Backend::Sim(disk.clone()), &fs_info(), clock)
+        .map_err(|e| format!("{e:#}"))?;
     Store::open(&Backend::Sim(disk.clone()), clock.clone(), 64).map_err(|e| e.to_string())
 }
 

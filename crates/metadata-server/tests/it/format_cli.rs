@@ -142,8 +142,12 @@ fn a_lun_made_by_mkfs_xfs_is_refused() {
         .arg("-V")
         .output()
         .is_ok_and(|o| o.status.success());
-    if !have_mkfs {
-        println!("skipped: mkfs.xfs is not installed");
+    if !have_mkfs
+        && sanfs_testcluster::skip(
+            "a_lun_made_by_mkfs_xfs_is_refused",
+            "needs mkfs.xfs (Debian xfsprogs)",
+        )
+    {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

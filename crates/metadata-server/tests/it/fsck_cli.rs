@@ -22,7 +22,7 @@ fn store_in(dir: &Path) -> (Store, PathBuf, PathBuf) {
     let meta = dir.join("meta.redb");
     let clock = Clock::manual(EPOCH_SEC);
     let backend = Backend::File(meta.clone());
-    Store::create(&backend, &fs_info(), false, &clock).unwrap();
+    sanfs_testcluster::mds::create_store(&backend, &fs_info(), &clock).unwrap();
     let store = Store::open(&backend, clock.clone(), 64).unwrap();
     let mut rng = Rng::new(0x5a4e_f5c4_0000_00f1);
     let mut state = dump(&store);

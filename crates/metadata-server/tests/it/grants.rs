@@ -498,7 +498,8 @@ fn a_lazy_completion_is_durable_only_after_a_sync() {
     for synced in [false, true] {
         let disk = SimDisk::new(FaultPlan::default());
         let backend = Backend::Sim(disk.clone());
-        Store::create(&backend, &crate::support::fs_info(), false, &Clock::System).unwrap();
+        sanfs_testcluster::mds::create_store(&backend, &crate::support::fs_info(), &Clock::System)
+            .unwrap();
         let store = Store::open(&backend, Clock::System, 16).unwrap();
         let vol = store.volume().clone();
         let f = crate::coherence::create_in(&store, "lazy");
@@ -670,36 +671,21 @@ fn c_free(g: &Grants) -> u64 {
 #[test]
 fn an_acknowledged_proxied_write_survives_a_crash() {
     use sanfs_mds::clock::Clock;
-    use sanfs_mds::config::{LayoutKindConfig, VolumeConfig};
     use sanfs_mds::datadev::DataDevices;
-    use sanfs_mds::store::FsInfo;
     use sanfs_mds::store::backend::{FaultPlan, SimDisk};
+    use sanfs_testcluster::mds;
     let rt = tokio::runtime::Runtime::new().unwrap();
     for (case, write_sync) in [("not synchronous", false), ("synchronous", true)] {
         let dir = tempfile::tempdir().unwrap();
-        let luns: Vec<std::path::PathBuf> =
-            (0..4).map(|i| dir.path().join(format!("lun{i}"))).collect();
-        for l in &luns {
-            std::fs::File::create(l).unwrap().set_len(16 * MIB).unwrap();
-        }
-        let cfg = VolumeConfig {
-            layout: LayoutKindConfig::Striped,
-            block_size: 4096,
-            stripe_unit: 64 * KIB,
-            data_offset: MIB,
-            devices: luns.clone(),
-            lvm_vg: None,
-            lvm_lv: None,
-        };
-        let f = sanfs_mds::format::format_volume(&cfg, false, 0).unwrap();
-        let info = FsInfo {
-            fs_uuid: f.fs_uuid,
-            volume: f.volume.clone(),
-            lvm: None,
-        };
+        let luns = mds::file_luns(dir.path(), 4, 16 * MIB).unwrap();
         let disk = SimDisk::new(FaultPlan::default());
         let backend = Backend::Sim(disk.clone());
-        Store::create(&backend, &info, false, &Clock::System).unwrap();
+        mds::format(
+            &mds::striped(&luns, 4096, 64 * KIB),
+            &backend,
+            &Clock::System,
+        )
+        .unwrap();
         let store = Arc::new(Store::open(&backend, Clock::System, 16).unwrap());
         let devices = Arc::new(DataDevices::open(store.volume(), &luns));
         let dp = DataPath::new(store.clone(), devices, Duration::from_secs(10));

@@ -8,14 +8,15 @@ use rcgen::{
     KeyUsagePurpose,
 };
 use sanfs_mds::clock::Clock;
-use sanfs_mds::serve::{ServeOptions, TlsPaths, serve};
-use sanfs_mds::store::{Backend, Store};
+use sanfs_mds::serve::{ServeOptions, TlsPaths};
+use sanfs_mds::store::Backend;
 use sanfs_proto::model::MAX_MESSAGE_SIZE;
 use sanfs_proto::pb;
 use sanfs_proto::pb::admin_client::AdminClient;
 use sanfs_proto::pb::data_client::DataClient;
 use sanfs_proto::pb::namespace_client::NamespaceClient;
 use sanfs_proto::pb::session_client::SessionClient;
+use sanfs_testcluster::mds;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
@@ -33,24 +34,9 @@ pub struct Running {
 
 /// Options for a plaintext server on 127.0.0.1:0 over a fresh file store in `dir`.
 pub fn options(dir: &Path, clock: &Clock) -> ServeOptions {
-    let path = dir.join("mds.redb");
-    let backend = Backend::File(path);
-    Store::create(&backend, &fs_info(), false, clock).unwrap();
-    ServeOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        metrics_addr: None,
-        listen_unix: None,
-        // Plaintext TCP from the test's own clients: said explicitly (docs/security.md).
-        insecure: true,
-        access: sanfs_mds::service::identity::AccessConfig::default(),
-        tls: None,
-        direct_threshold: 65536,
-        lease_ttl_ms: 10_000,
-        grant_hold_limit_ms: None,
-        batch_max: 64,
-        backend,
-        data_devices: Vec::new(),
-    }
+    let backend = Backend::File(dir.join("mds.redb"));
+    mds::create_store(&backend, &fs_info(), clock).unwrap();
+    mds::serve_options("127.0.0.1:0".parse().unwrap(), backend, Vec::new())
 }
 
 /// Starts `serve` on four 32 MiB file-backed LUNs formatted by `format` (64 KiB stripes),
@@ -66,30 +52,13 @@ pub async fn start_with_luns_and(
 ) -> Running {
     const MIB: u64 = 1 << 20;
     start_with(Clock::System, move |o, dir| {
-        let luns: Vec<std::path::PathBuf> = (0..4).map(|i| dir.join(format!("lun{i}"))).collect();
-        for l in &luns {
-            std::fs::File::create(l).unwrap().set_len(32 * MIB).unwrap();
-        }
-        let f = sanfs_mds::format::format_volume(
-            &sanfs_mds::config::VolumeConfig {
-                layout: sanfs_mds::config::LayoutKindConfig::Striped,
-                block_size: 4096,
-                stripe_unit: 64 * 1024,
-                data_offset: MIB,
-                devices: luns.clone(),
-                lvm_vg: None,
-                lvm_lv: None,
-            },
-            false,
-            0,
+        let luns = mds::file_luns(dir, 4, 32 * MIB).unwrap();
+        mds::format(
+            &mds::striped(&luns, 4096, 64 * 1024),
+            &o.backend,
+            &Clock::System,
         )
         .unwrap();
-        let info = sanfs_mds::store::FsInfo {
-            fs_uuid: f.fs_uuid,
-            volume: f.volume,
-            lvm: None,
-        };
-        Store::create(&o.backend, &info, true, &Clock::System).unwrap();
         o.data_devices = luns;
         o.lease_ttl_ms = lease_ttl_ms;
         tweak(o);
@@ -102,25 +71,12 @@ pub async fn start_with(clock: Clock, tweak: impl FnOnce(&mut ServeOptions, &Pat
     let dir = tempfile::tempdir().unwrap();
     let mut opts = options(dir.path(), &clock);
     tweak(&mut opts, dir.path());
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve(
-        opts,
-        clock.clone(),
-        move |addr| {
-            let _ = ready_tx.send(addr);
-        },
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
-    let addr = match ready_rx.await {
-        Ok(a) => a,
-        Err(_) => panic!("serve did not start: {:?}", task.await),
-    };
+    let mut serving = mds::spawn_serve(&tokio::runtime::Handle::current(), opts, clock);
+    let addr = serving.listening().await.unwrap();
+    let (stop, task) = serving.into_parts();
     Running {
         addr,
-        stop: Some(stop_tx),
+        stop,
         task,
         _dir: dir,
     }

@@ -76,11 +76,6 @@ fn connect_as(
     .unwrap()
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
 async fn open_session(c: &mut Clients) -> Result<(u64, u64), tonic::Status> {
     let r = c
         .session
@@ -129,8 +124,8 @@ async fn plaintext_tcp_is_refused_without_insecure() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_unix_socket_takes_root_and_listed_uids_only() {
-    if !is_root() {
-        println!("skipped: needs root to connect as another uid");
+    // Root: it connects as another uid.
+    if sanfs_testcluster::skip_unless_root("the_unix_socket_takes_root_and_listed_uids_only") {
         return;
     }
     let sock_dir = tempfile::tempdir().unwrap();

@@ -2,7 +2,8 @@
 //! LUNs: a cached read grant is recalled before a conflicting write; a client that ignores
 //! the recall and stops heartbeating loses its grants within TTL + 1 s of its last
 //! heartbeat, its locks go, and the range its uncompleted write grant covered reads as zeros
-//! through both paths.
+//! through both paths. A `GetAttr` waits for the write grants on its file and answers the
+//! completed size.
 
 use std::time::{Duration, Instant};
 
@@ -258,5 +259,66 @@ async fn an_ignored_recall_and_a_silent_client_lose_their_grants_within_ttl_plus
         "the abandoned range is zero fill in a read grant: {rg:?}"
     );
     hb.abort();
+    srv.stop().await;
+}
+
+/// A `GetAttr` waits for the write grants on its file to end (`Grants::settle_attr`), and is
+/// woken when the last one is completed: it answers the completed size at once, long before
+/// its bound (the lock timeout, over 20 s with this lease) would have let it read without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_getattr_waits_for_a_write_grant_and_answers_once_it_is_completed() {
+    let srv = start_with_luns(10_000).await;
+    let mut a = srv.clients().await;
+    let mut b = srv.clients().await;
+    let (sa, epoch) = a.open_session().await;
+    let (ino, ha) = create(&mut a, sa, "settled").await;
+    let grant = a
+        .data
+        .map_write(pb::MapRequest {
+            cred: root(),
+            session: sa,
+            epoch,
+            handle: ha,
+            inode: ino,
+            offset: 0,
+            length: MIB,
+            sync: false,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let getattr = tokio::spawn(async move {
+        b.ns.get_attr(pb::GetAttrRequest {
+            cred: root(),
+            inode: ino,
+        })
+        .await
+        .map(|r| r.into_inner().attr.unwrap())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !getattr.is_finished(),
+        "GetAttr answered while a write grant on the file was live"
+    );
+    a.data
+        .complete(pb::CompleteRequest {
+            session: sa,
+            epoch,
+            grant_id: grant.grant_id,
+            status: pb::IoStatus::Ok as i32,
+            errors: vec![],
+            bytes_done: MIB,
+            sync: false,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let attr = tokio::time::timeout(Duration::from_secs(5), getattr)
+        .await
+        .expect("GetAttr is woken when the grant ends, not at its bound")
+        .unwrap()
+        .unwrap();
+    assert_eq!(attr.size, MIB, "the completed write's size");
     srv.stop().await;
 }

@@ -6,8 +6,9 @@
 //! answer agrees with `lvs --segments -o+seg_pe_ranges`, computed with the kernel's striped
 //! target formula written out here. The lvm2 commands see only this test's loop devices and
 //! write nothing under /etc/lvm; a drop guard removes the VG and the loop devices by exact
-//! name, also when an assertion fails. Without root, lvm2 or loop devices the test prints
-//! why it was skipped and passes (the same gate as blockmap's `lvm_real`).
+//! name, also when an assertion fails. Without root, lvm2 or loop devices the test says
+//! why it was skipped and passes, or fails under `SANFS_REQUIRE_ROOT=1` (the same gate as
+//! blockmap's `lvm_real`: `sanfs_testcluster::skip_unless`).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -15,33 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use sanfs_mds::device::Lun;
+use sanfs_testcluster::{Need, skip_unless};
 
 use crate::common::{MIB, mds, parse_map_line, toml_paths, write_config};
-
-fn runs(program: &str, args: &[&str]) -> bool {
-    Command::new(program)
-        .args(args)
-        .env("LVM_SUPPRESS_FD_WARNINGS", "1")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-fn missing_prerequisite() -> Option<&'static str> {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    if !root {
-        return Some("not root");
-    }
-    if !runs("lvm", &["version"]) {
-        return Some("lvm2 is not installed");
-    }
-    if !runs("losetup", &["--version"]) || !Path::new("/dev/loop-control").exists() {
-        return Some("no loop devices");
-    }
-    None
-}
 
 /// Loop devices and a volume group, removed on drop.
 struct Lab {
@@ -262,8 +239,10 @@ fn pv_headers(devs: &[String], pvs: &BTreeMap<String, (String, String, u64)>) ->
 
 #[test]
 fn format_and_map_an_lvm_lv_made_by_lvm2() {
-    if let Some(why) = missing_prerequisite() {
-        println!("skipped: needs root and lvm2 ({why})");
+    if skip_unless(
+        "format_and_map_an_lvm_lv_made_by_lvm2",
+        &[Need::Tool("lvm"), Need::LoopDevices],
+    ) {
         return;
     }
     let mut lab = Lab::new();
@@ -465,8 +444,7 @@ fn format_and_map_an_lvm_lv_made_by_lvm2() {
 
 #[test]
 fn format_labels_loop_devices() {
-    if let Some(why) = missing_prerequisite() {
-        println!("skipped: needs root and loop devices ({why})");
+    if skip_unless("format_labels_loop_devices", &[Need::LoopDevices]) {
         return;
     }
     let mut lab = Lab::new();

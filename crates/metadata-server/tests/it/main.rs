@@ -7,7 +7,7 @@
 //! - [`coherence`], [`grants`]: the direct and proxied paths on file-backed LUNs.
 //! - [`crash_real`]: `kill -9` of the real server during a gRPC workload.
 //! - [`harness`]: a server started in-process with `serve`, its clients, test certificates.
-//! - [`serve`]: the four gRPC services end to end: namespace, sessions, TLS, metrics.
+//! - [`serve`]: the five gRPC services end to end: namespace, sessions, TLS, metrics.
 //! - [`lease`]: grants, recalls and lease expiry through gRPC in real time on real LUNs.
 //! - [`evict`]: eviction of a session whose grant others wait for past the hold limit, and
 //!   `Admin.EvictSession`.
@@ -22,7 +22,8 @@
 //! - `format_cli` and `inspect_cli` run the real binary on file-backed LUNs in a temporary
 //!   directory; [`common`] holds their helpers.
 //! - `lvm_real` drives the real lvm2 tools on loop devices; it needs root, lvm2 and loop
-//!   devices, and otherwise prints why it was skipped and passes.
+//!   devices, and otherwise says why it was skipped and passes (fails under
+//!   `SANFS_REQUIRE_ROOT=1`, as every gated test: `sanfs_testcluster::skip_unless`).
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 mod coherence;

@@ -57,7 +57,8 @@ fn a_lost_lazy_completion_is_replayed_only_onto_the_blocks_it_wrote() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let disk = SimDisk::new(FaultPlan::default());
     let backend = Backend::Sim(disk.clone());
-    Store::create(&backend, &crate::support::fs_info(), false, &Clock::System).unwrap();
+    sanfs_testcluster::mds::create_store(&backend, &crate::support::fs_info(), &Clock::System)
+        .unwrap();
     let store = Store::open(&backend, Clock::System, 16).unwrap();
     let epoch = store.boot_epoch();
     let vol = store.volume().clone();
@@ -155,7 +156,8 @@ fn lazy_work_becomes_durable_on_its_own_within_the_bound() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let disk = SimDisk::new(FaultPlan::default());
     let backend = Backend::Sim(disk.clone());
-    Store::create(&backend, &crate::support::fs_info(), false, &Clock::System).unwrap();
+    sanfs_testcluster::mds::create_store(&backend, &crate::support::fs_info(), &Clock::System)
+        .unwrap();
     let store = Store::open(&backend, Clock::System, 16).unwrap();
     let vol = store.volume().clone();
     let f = crate::coherence::create_in(&store, "timer");

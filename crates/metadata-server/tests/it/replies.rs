@@ -71,7 +71,7 @@ fn entries(store: &Store) -> u64 {
 fn a_cached_reply_commits_with_its_change_and_is_forgotten_in_time() {
     let clock = Clock::manual(EPOCH_SEC);
     let disk = SimDisk::new(FaultPlan::default());
-    Store::create(&Backend::Sim(disk.clone()), &fs_info(), false, &clock).unwrap();
+    sanfs_testcluster::mds::create_store(&Backend::Sim(disk.clone()), &fs_info(), &clock).unwrap();
     let store = Store::open(&Backend::Sim(disk.clone()), clock.clone(), 64).unwrap();
 
     // A durable change with its reply.

@@ -1,4 +1,4 @@
-//! The four services through `serve` over real gRPC connections: the namespace round trip,
+//! The five services through `serve` over real gRPC connections: the namespace round trip,
 //! refusals of bad input, sessions and lease expiry, TLS, metrics, stop and fail-stop.
 
 use std::time::Duration;
@@ -1105,10 +1105,9 @@ async fn metrics_are_served_on_get_metrics() {
 async fn a_failed_store_stops_the_server() {
     let clock = Clock::System;
     let disk = SimDisk::new(FaultPlan::default());
-    sanfs_mds::store::Store::create(
+    sanfs_testcluster::mds::create_store(
         &Backend::Sim(disk.clone()),
         &crate::support::fs_info(),
-        false,
         &clock,
     )
     .unwrap();

@@ -31,7 +31,7 @@ pub fn fs_info() -> FsInfo {
 /// A freshly formatted store on a fault-free simulated disk; the disk is returned too.
 pub fn new_store(clock: &Clock) -> (Store, SimDisk) {
     let disk = SimDisk::new(FaultPlan::default());
-    Store::create(&Backend::Sim(disk.clone()), &fs_info(), false, clock).unwrap();
+    sanfs_testcluster::mds::create_store(&Backend::Sim(disk.clone()), &fs_info(), clock).unwrap();
     let store = Store::open(&Backend::Sim(disk.clone()), clock.clone(), 64).unwrap();
     (store, disk)
 }

@@ -78,7 +78,7 @@ fn copies(seed: u64, dir: &Path) -> Vec<Vec<u8>> {
     let path = dir.join("live.redb");
     let clock = Clock::manual(EPOCH_SEC);
     let backend = Backend::File(path.clone());
-    Store::create(&backend, &fs_info(), false, &clock).unwrap();
+    sanfs_testcluster::mds::create_store(&backend, &fs_info(), &clock).unwrap();
     let store = Store::open(&backend, clock.clone(), 64).unwrap();
     let mut rng = Rng::new(seed);
     let mut state = dump(&store);

@@ -10,7 +10,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use sanfs_testcluster::{ChildGuard, LunKind, Luns, Netns, Network, Throttle, skip_unless_root};
+use sanfs_testcluster::{
+    ChildGuard, LunKind, Luns, Need, Netns, Network, Throttle, skip_unless, skip_unless_root,
+};
 
 fn losetup_lists(dev: &Path) -> bool {
     let out = Command::new("losetup").arg("-a").output().unwrap();
@@ -39,7 +41,7 @@ fn file_luns_are_sparse_files_removed_on_drop() {
 
 #[test]
 fn loop_luns_are_attached_with_direct_io_and_detached_on_drop() {
-    if skip_unless_root("loop-device LUNs") {
+    if skip_unless("loop-device LUNs", &[Need::LoopDevices]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -79,7 +81,10 @@ fn loop_luns_are_attached_with_direct_io_and_detached_on_drop() {
 
 #[test]
 fn nodes_reach_the_server_over_the_bridge_and_only_there() {
-    if skip_unless_root("network namespaces") {
+    if skip_unless(
+        "network namespaces",
+        &[Need::Tool("ip"), Need::Tool("nsenter")],
+    ) {
         return;
     }
     let net = Network::create(2).unwrap();
@@ -198,7 +203,7 @@ fn a_mount_made_inside_a_node_namespace_is_visible_on_the_host() {
 
 #[test]
 fn a_throttled_process_is_accounted_to_its_cgroup() {
-    if skip_unless_root("blkio throttles on loop devices") {
+    if skip_unless("blkio throttles on loop devices", &[Need::LoopDevices]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
