@@ -22,6 +22,12 @@
 //! | `sanfs_auth_refused_total` | counter | `code` | callers refused by the authenticator (`service::identity`) |
 //! | `sanfs_insecure_requests_total` | counter | | plaintext calls accepted because of `insecure` |
 //! | `sanfs_foreign_session_refused_total` | counter | | calls naming another identity's session |
+//! | `sanfs_build_info` | gauge | `version` | always 1: the serving version |
+//! | `sanfs_capacity_bytes` | gauge | | the volume's data capacity |
+//! | `sanfs_free_bytes` | gauge | | data capacity no file holds |
+//! | `sanfs_inodes` | gauge | | inodes in use |
+//!
+//! Every family carries its `# HELP` text (`describe_*` below).
 //!
 //! RPC counters and latencies go to the process-wide `metrics` recorder, installed once by
 //! [`install`]; what the server counts itself is published per scrape ([`render`]), read
