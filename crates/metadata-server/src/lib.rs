@@ -19,7 +19,7 @@
 //! - [`proxy`], [`datadev`]: the proxied path and the server's own handles on the LUNs.
 //! - [`reclaim`]: the reclaim window after a restart and the replay of lazy completions.
 //! - [`clock`]: the clock seam.
-//! - [`service`]: the four `sanfs.v1` gRPC services over one shared server state.
+//! - [`service`]: the five `sanfs.v1` gRPC services (Session, Namespace, Data, Admin, Locks) over one shared server state.
 //! - [`serve`]: binding, TLS, the serving loop, fail-stop.
 //! - [`metrics`]: Prometheus counters (read through [`metrics::Counters`]) and the
 //!   `/metrics` responder.

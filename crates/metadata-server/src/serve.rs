@@ -1,4 +1,4 @@
-//! `sanfs-mds serve`: opens the store, binds, and serves the four `sanfs.v1` services (with
+//! `sanfs-mds serve`: opens the store, binds, and serves the five `sanfs.v1` services (with
 //! mutual TLS when configured) until told to stop or until the store fails.
 //!
 //! Agents send credentials the server trusts, so only authenticated agents may talk to it
