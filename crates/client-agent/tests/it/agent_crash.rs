@@ -53,6 +53,27 @@ struct Sectors {
     new: u64,
     old: u64,
     zero: u64,
+    torn: u64,
+}
+
+/// Whether `sector` (at file offset `off`) is a write of A's torn by the kill: A's new bytes
+/// up to some byte, then what was there before (zeros, or the old data below `V`). A 1 MiB
+/// `pwrite` from a buffer that is not page aligned reaches FUSE as two requests (1 MiB - m,
+/// then m bytes, m the buffer's offset in its page); a kill between them leaves the last
+/// block of that MiB written up to byte 4096 - m. The application never saw that write
+/// succeed, and the bytes are its own, at their own offset: allowed, but only there.
+fn torn_write(sector: &[u8], off: u64) -> bool {
+    if off % MIB < MIB - 4096 {
+        return false;
+    }
+    let new = stamp(NEW, off, SECTOR);
+    let before = if off < V {
+        stamp(OLD, off, SECTOR)
+    } else {
+        vec![0u8; SECTOR]
+    };
+    let cut = sector.iter().zip(&new).take_while(|(a, b)| a == b).count();
+    cut > 0 && sector[cut..] == before[cut..]
 }
 
 /// Fills the volume with a stamped file until it is full, then unlinks it.
@@ -191,13 +212,18 @@ fn killed_agent_leaves_no_stale_blocks_and_the_other_node_proceeds() {
                 s.old += 1;
             } else if sector.iter().all(|&x| x == 0) {
                 s.zero += 1;
+            } else if torn_write(sector, off) {
+                s.torn += 1;
             } else if contains(sector, DELETED) {
                 panic!(
                     "sector at {off} shows the deleted file's old block (attempt {attempt}, seed {seed})"
                 );
             } else {
                 panic!(
-                    "sector at {off} is neither new, old nor zero (attempt {attempt}, seed {seed})"
+                    "sector at {off} is neither new, old nor zero (attempt {attempt}, seed {seed}): \
+                     starts {:02x?}, ends {:02x?}",
+                    &sector[..32],
+                    &sector[SECTOR - 32..]
                 );
             }
         }
@@ -231,11 +257,12 @@ fn killed_agent_leaves_no_stale_blocks_and_the_other_node_proceeds() {
             );
         }
         eprintln!(
-            "agent crash: attempt {attempt}: killed {delay_ms} ms in ({completed} MiB written by then); write grants expired with A's session: {expired}; B proceeded {} ms after the kill (lease TTL {TTL_MS} ms); B read sectors: A's new data {}, old data {}, zeros {}; {} KiB left unwritten (reading as zeros), beneath them {} KiB of A's unacknowledged data and {} KiB of the deleted file",
+            "agent crash: attempt {attempt}: killed {delay_ms} ms in ({completed} MiB written by then); write grants expired with A's session: {expired}; B proceeded {} ms after the kill (lease TTL {TTL_MS} ms); B read sectors: A's new data {}, old data {}, zeros {}, torn at the end of an unacknowledged write {}; {} KiB left unwritten (reading as zeros), beneath them {} KiB of A's unacknowledged data and {} KiB of the deleted file",
             proceeded.as_millis(),
             s.new,
             s.old,
             s.zero,
+            s.torn,
             unwritten / 1024,
             new_beneath / 1024,
             deleted_beneath / 1024
