@@ -91,17 +91,38 @@ impl Setup {
 
     /// Starts the server (always the same command line) and waits until it listens.
     fn start_server(&mut self) {
+        let next = self.prepare_server();
+        self.start_prepared(next);
+    }
+
+    /// A shell that execs the server (always the same command line) once told to. It is
+    /// forked now, while the server is up: a fork while it is down would, at the child's exec,
+    /// close the FUSE files this test process (any of its tests) holds open, and such a close
+    /// (FUSE flush) of a file with lazily completed writes waits for the server: a deadlock.
+    fn prepare_server(&self) -> ChildGuard {
         let log = OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.path().join("mds.log"))
             .unwrap();
-        let mut cmd = Command::new(mds_binary());
-        cmd.args(["serve", "--config", self.config.to_str().unwrap()])
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg("read _go && exec \"$0\" serve --config \"$1\"")
+            .arg(mds_binary())
+            .arg(&self.config)
             .env("RUST_LOG", "warn")
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(log);
-        let mut child = ChildGuard::spawn(&mut cmd).unwrap();
+        ChildGuard::spawn(&mut cmd).unwrap()
+    }
+
+    /// Lets a [`Setup::prepare_server`] shell exec the server (no fork) and waits until it
+    /// listens.
+    fn start_prepared(&mut self, mut child: ChildGuard) {
+        let mut go = child.child_mut().stdin.take().unwrap();
+        go.write_all(b"go\n").unwrap();
+        drop(go);
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             if let Some(st) = child.try_wait().unwrap() {
@@ -358,11 +379,12 @@ fn server_restart_is_a_pause_not_an_error() {
         }));
     }
     std::thread::sleep(Duration::from_secs(2));
+    let next = s.prepare_server();
     s.kill_server();
     phase.store(DOWN, Ordering::SeqCst);
     let killed = Instant::now();
     std::thread::sleep(Duration::from_secs(3));
-    s.start_server();
+    s.start_prepared(next);
     phase.store(AFTER, Ordering::SeqCst);
     eprintln!("server down for {} ms", killed.elapsed().as_millis());
     // Until every thread has done work after the restart (at most 60 s).
@@ -424,6 +446,7 @@ fn soft_mount_gives_up_with_eio() {
     s.mount("soft,retrans_timeout=2s");
     let f = s.mount.join("kept");
     std::fs::write(&f, b"before").unwrap();
+    let next = s.prepare_server();
     s.kill_server();
     let t = Instant::now();
     // attr_ttl defaults to 1 s: past it, the stat asks the server.
@@ -436,7 +459,7 @@ fn soft_mount_gives_up_with_eio() {
         "gave up after {waited:?}"
     );
     // Back: the same mount works again.
-    s.start_server();
+    s.start_prepared(next);
     let names: Vec<_> = std::fs::read_dir(&s.mount)
         .unwrap()
         .map(|e| e.unwrap().file_name())
