@@ -85,10 +85,12 @@ pub fn sanfs_ino(root: InodeId, fuse: u64) -> InodeId {
 struct FuseFile {
     /// The inode, flags and current handle (re-opened after a session change). Its lock
     /// also serialises append writes (size, then write).
-    file: OpenFile,
+    file: Arc<OpenFile>,
     /// `O_SYNC` (`Some(false)`: data and metadata) or `O_DSYNC` (`Some(true)`: data only):
     /// every write is followed by an fsync before it is answered.
     sync: Option<bool>,
+    /// Opened with `O_DIRECT`: its writes are never held back.
+    direct: bool,
 }
 
 struct State {
@@ -284,6 +286,8 @@ impl State {
     }
 
     fn attr(&self, a: &Attr) -> FileAttr {
+        // This node's held-back writes count (size, mtime).
+        let a = &self.client.buffered_attr(a.clone());
         FileAttr {
             ino: self.fuse_ino(a.ino),
             size: a.size,
@@ -335,13 +339,14 @@ impl State {
         &self,
         ino: InodeId,
         flags: OpenFlags,
-        sync: Option<bool>,
+        raw_flags: i32,
         handle: FileHandle,
     ) -> fuser::FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let file = Arc::new(FuseFile {
-            file: OpenFile::new(ino, flags, handle),
-            sync,
+            file: Arc::new(OpenFile::new(ino, flags, handle)),
+            sync: sync_of(raw_flags),
+            direct: raw_flags & libc::O_DIRECT != 0,
         });
         self.files
             .lock()
@@ -766,13 +771,13 @@ impl fuser::Filesystem for SanFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: fuser::OpenFlags, reply: ReplyOpen) {
         let cred = credentials(req);
-        let sync = sync_of(flags.0);
-        let flags = open_flags(flags.0);
+        let raw = flags.0;
+        let flags = open_flags(raw);
         self.spawn(move |st| async move {
             let ino = st.ino(ino);
             match st.client.open(&cred, ino, flags).await {
                 Ok((handle, _)) => {
-                    let fh = st.insert(ino, flags, sync, handle);
+                    let fh = st.insert(ino, flags, raw, handle);
                     reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO);
                 }
                 Err(e) => reply.error(errno(&e)),
@@ -836,13 +841,26 @@ impl fuser::Filesystem for SanFs {
                     file.file
                         .append(&st.client, &cred, &data)
                         .await
-                        .map(|(_, outcome)| outcome)
+                        .map(|(_, outcome)| outcome)?
                 } else {
-                    with_handle!(st, cred, file, |h| st
-                        .client
-                        .write_at(&cred, &h, ino, offset, &data)
-                        .await)
-                }?;
+                    // A small buffered write is held back under the file's write delegation
+                    // (client::writeback); otherwise, or when it cannot be, written through.
+                    let held = if file.sync.is_none() && !file.direct {
+                        let now = to_timestamp(SystemTime::now())?;
+                        st.client
+                            .write_back(&cred, &file.file, offset, &data, now)
+                            .await?
+                    } else {
+                        None
+                    };
+                    match held {
+                        Some(w) => w,
+                        None => with_handle!(st, cred, file, |h| st
+                            .client
+                            .write_at(&cred, &h, ino, offset, &data)
+                            .await)?,
+                    }
+                };
                 if let Some(data_only) = file.sync {
                     with_handle!(st, cred, file, |h| st
                         .client
@@ -874,13 +892,18 @@ impl fuser::Filesystem for SanFs {
         // (any descriptor of it), cluster-wide; only when this agent holds some, to keep
         // close cheap.
         let sino = self.state.ino(ino);
-        let behind = self.state.client.has_writes_behind(sino);
+        let held_back = self.state.client.has_held_back(sino);
+        let behind = held_back || self.state.client.has_writes_behind(sino);
         if self.state.client.locks_held() == 0 && !behind {
             reply.ok();
             return;
         }
         let cred = credentials(req);
         self.spawn(move |st| async move {
+            if held_back {
+                // close writes what this node held back (its failure is answered below).
+                let _ = st.client.flush_file(sino).await;
+            }
             let written = if behind {
                 st.client.flush_writes(sino).await
             } else {
@@ -1294,7 +1317,7 @@ impl fuser::Filesystem for SanFs {
                 .await
             {
                 Ok(c) => {
-                    let fh = st.insert(c.attr.ino, open, sync_of(flags), c.handle);
+                    let fh = st.insert(c.attr.ino, open, flags, c.handle);
                     reply.created(
                         &st.options.entry_ttl,
                         &st.attr(&c.attr),

@@ -18,6 +18,11 @@
 //! | `sanfs_agent_device_errors_total` | counter | `device` | failed device I/Os |
 //! | `sanfs_agent_device_io_seconds` | histogram | `device`, `op` | latency of each request to the kernel |
 //! | `sanfs_agent_device_recoveries_total` | counter | | poisoned LUNs brought back |
+//! | `sanfs_agent_writeback_dirty_bytes` | gauge | | bytes of small buffered writes held back now |
+//! | `sanfs_agent_writeback_held_writes_total` | counter | | writes held back (answered without I/O) |
+//! | `sanfs_agent_writeback_flushes_total`, `sanfs_agent_writeback_bytes_total` | counter | | write-backs run; bytes they wrote |
+//! | `sanfs_agent_writeback_recalls_total` | counter | | delegation recalls that wrote held-back bytes first |
+//! | `sanfs_agent_delegations_total` | counter | `result` | write delegations `granted` / `refused` |
 //!
 //! The recorder is the process's `metrics` recorder ([`install`], once, before the client
 //! connects so that the engine's latency histograms register with it). Counters are kept by
@@ -107,6 +112,15 @@ pub fn render(client: &Client) -> String {
     metrics::counter!("sanfs_agent_sessions_total").absolute(s.sessions_opened);
     metrics::counter!("sanfs_agent_fences_total").absolute(s.fences);
     metrics::counter!("sanfs_agent_device_recoveries_total").absolute(s.device_recoveries);
+    let w = &s.write_back;
+    metrics::gauge!("sanfs_agent_writeback_dirty_bytes").set(w.dirty_bytes as f64);
+    metrics::counter!("sanfs_agent_writeback_held_writes_total").absolute(w.held_writes);
+    metrics::counter!("sanfs_agent_writeback_flushes_total").absolute(w.flushes);
+    metrics::counter!("sanfs_agent_writeback_bytes_total").absolute(w.flushed_bytes);
+    metrics::counter!("sanfs_agent_writeback_recalls_total").absolute(w.recalls_flushed);
+    metrics::counter!("sanfs_agent_delegations_total", "result" => "granted")
+        .absolute(w.delegations);
+    metrics::counter!("sanfs_agent_delegations_total", "result" => "refused").absolute(w.refusals);
     metrics::gauge!("sanfs_agent_lease_valid").set(if s.lease_valid { 1.0 } else { 0.0 });
     metrics::gauge!("sanfs_agent_lease_remaining_seconds")
         .set(Duration::from_millis(s.lease_remaining_ms).as_secs_f64());

@@ -46,6 +46,9 @@ pub struct MountOpts {
     pub device_retry: Duration,
     /// `threshold=SIZE`: this mount's direct-I/O threshold instead of the server's.
     pub direct_io_threshold: Option<u64>,
+    /// `writeback=SIZE` (0: off), `writeback_file=SIZE`, `writeback_age=DURATION`: the
+    /// write-back cache of small buffered writes (see [`crate::client::WriteBackConfig`]).
+    pub writeback: crate::client::WriteBackConfig,
     /// `log=FILE|syslog|stderr`; `None`: stderr in the foreground, chosen when daemonised.
     pub log: Option<LogTarget>,
     /// `log_level=error|warn|info|debug|trace`; `None`: `RUST_LOG`, else `info`.
@@ -78,6 +81,7 @@ impl Default for MountOpts {
             metrics: None,
             device_retry: Duration::from_secs(5),
             direct_io_threshold: None,
+            writeback: crate::client::WriteBackConfig::default(),
             log: None,
             log_level: None,
             remount: false,
@@ -236,6 +240,19 @@ pub fn parse_options_sloppy(
             "hard" => soft = Some(false),
             "soft" => soft = Some(true),
             "retrans_timeout" => soft_timeout = Some(duration_option(key, value)?),
+            "writeback" => {
+                let v = need(key, value)?;
+                o.writeback.total_bytes = parse_size(v)
+                    .with_context(|| format!("writeback={v}: bad size (0 turns it off)"))?;
+            }
+            "writeback_file" => {
+                let v = need(key, value)?;
+                o.writeback.file_bytes = parse_size(v)
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .with_context(|| format!("writeback_file={v}: bad size (more than 0)"))?;
+            }
+            "writeback_age" => o.writeback.max_age = duration_option(key, value)?,
             "threshold" => {
                 let v = need(key, value)?;
                 o.direct_io_threshold = Some(

@@ -37,7 +37,7 @@ use sanfs_proto::types::{Attr, FsError};
 use tokio::sync::mpsc;
 
 use crate::data::{self, Mapped};
-use crate::locks::{LockMode, Span};
+use crate::locks::{LockMode, Owner, Span};
 use crate::ns::Reader;
 use crate::proxy::{DataPath, SizeOf};
 use sanfs_proto::types::{InodeId, SessionEpoch, SessionId};
@@ -49,6 +49,8 @@ pub struct Recall {
     pub ino: u64,
     pub offset: u64,
     pub len: u64,
+    /// The grants are delegations (the agent writes back and drops its cache of the file).
+    pub delegation: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -61,6 +63,8 @@ struct GrantState {
     mode: LockMode,
     cacheable: bool,
     writer_is_root: bool,
+    /// A delegation: whole-file caching rights with no blocks mapped ([`Grants::delegate`]).
+    delegation: bool,
     /// A write layout is filed before its lock is taken (so that a reader queued behind it
     /// can recall it) and is ready once mapped. A return that comes before (the agent
     /// acknowledged the recall of a grant it had not received yet) is noted here and carried
@@ -120,6 +124,8 @@ pub struct GrantStats {
     pub read_grants: std::sync::atomic::AtomicU64,
     pub write_grants: std::sync::atomic::AtomicU64,
     pub recalls: std::sync::atomic::AtomicU64,
+    /// Delegations given (see [`Grants::delegate`]).
+    pub delegations: std::sync::atomic::AtomicU64,
     pub lock_waits: std::sync::atomic::AtomicU64,
     pub granted_read_bytes: std::sync::atomic::AtomicU64,
     pub granted_write_bytes: std::sync::atomic::AtomicU64,
@@ -274,7 +280,10 @@ impl Grants {
             Err(_) => return, // gone: its blocks went with it
         };
         let from = size / bs * bs;
-        let held = match self.exclusive(ino, Span::new(from, u64::MAX - from)).await {
+        let held = match self
+            .exclusive(ino, Span::new(from, u64::MAX - from), 0)
+            .await
+        {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!(ino, error = %e, "preallocation not trimmed");
@@ -376,6 +385,7 @@ impl Grants {
                     ino: g.ino,
                     offset: g.offset,
                     len: g.len,
+                    delegation: g.delegation,
                 });
             }
         }
@@ -387,13 +397,20 @@ impl Grants {
         ino: u64,
         span: Span,
         mode: LockMode,
+        session: u64,
     ) -> Result<(), FsError> {
         let waited = self
             .dp
             .locks
-            .acquire(ino, id, span, mode, self.dp.lock_timeout, |blockers| {
-                self.recall(blockers)
-            })
+            .acquire_as(
+                ino,
+                id,
+                span,
+                mode,
+                Owner::session(session),
+                self.dp.lock_timeout,
+                |blockers| self.recall(blockers),
+            )
             .await
             .map_err(|_| FsError::LockTimeout)?;
         if waited {
@@ -445,13 +462,20 @@ impl Grants {
             mode: LockMode::Exclusive,
             cacheable: layout,
             writer_is_root,
+            delegation: false,
             pending: layout.then_some(false),
         };
         if layout {
             self.lock_table().insert(id, state.clone());
         }
         if let Err(e) = self
-            .take_lock(id, ino.0, Span::new(lo, end - lo), LockMode::Exclusive)
+            .take_lock(
+                id,
+                ino.0,
+                Span::new(lo, end - lo),
+                LockMode::Exclusive,
+                session.0,
+            )
             .await
         {
             self.lock_table().remove(&id);
@@ -532,11 +556,18 @@ impl Grants {
                 mode: LockMode::Shared,
                 cacheable,
                 writer_is_root: false,
+                delegation: false,
                 pending: Some(false),
             },
         );
         if let Err(e) = self
-            .take_lock(id, ino.0, Span::new(offset, end - offset), LockMode::Shared)
+            .take_lock(
+                id,
+                ino.0,
+                Span::new(offset, end - offset),
+                LockMode::Shared,
+                session.0,
+            )
             .await
         {
             self.lock_table().remove(&id);
@@ -664,6 +695,11 @@ impl Grants {
         g.owned_by(id, session, epoch)?;
         if self.is_fenced(session) {
             return Err(GrantError::Fenced { grant: id, session });
+        }
+        if g.delegation {
+            return Err(GrantError::Fs(FsError::Invalid(format!(
+                "{id} is a delegation: return it, it is not completed"
+            ))));
         }
         if let Some(done) = done
             && done > g.len
@@ -795,7 +831,7 @@ impl Grants {
             if self.is_fenced(session) {
                 return Err(GrantError::Fenced { grant: id, session });
             }
-            if g.mode != LockMode::Exclusive || !g.cacheable {
+            if g.mode != LockMode::Exclusive || !g.cacheable || g.delegation {
                 return Err(GrantError::Fs(FsError::Invalid(format!(
                     "grant {id} is not a write layout: complete it without keep"
                 ))));
@@ -871,7 +907,7 @@ impl Grants {
     /// What ending a grant without completing it leaves behind: for a write grant, its
     /// Unwritten blocks past the end of file are freed (inside the file they read as zeros).
     async fn end_grant(&self, id: u64, g: &GrantState) {
-        if g.mode != LockMode::Exclusive {
+        if g.mode != LockMode::Exclusive || g.delegation {
             return;
         }
         let bs = u64::from(self.dp.store.block_size());
@@ -933,11 +969,13 @@ impl Grants {
     /// completions of its writes there are in (it completes writes behind them), so the
     /// size and mtime read next include every write that returned on any node. Bounded by
     /// the lock timeout (then the attributes are read as they are).
-    pub async fn settle_attr(&self, ino: u64) {
+    pub async fn settle_attr(&self, ino: u64, caller: u64) {
         let ids: Vec<u64> = self
             .lock_table()
             .iter()
             .filter(|(_, g)| g.ino == ino && g.mode == LockMode::Exclusive)
+            // The caller's own write delegation: its agent answers for its cached data.
+            .filter(|(_, g)| !(g.delegation && g.session == caller))
             .map(|(id, _)| *id)
             .collect();
         if ids.is_empty() {
@@ -969,11 +1007,57 @@ impl Grants {
         tracing::warn!(ino, "write grants outlived a GetAttr's wait for them");
     }
 
-    /// Takes an exclusive lock for a change that alters what grants describe (truncate,
-    /// fallocate), recalling cached read grants in the way. Released when dropped.
-    pub async fn exclusive(&self, ino: u64, span: Span) -> Result<crate::proxy::Held, FsError> {
+    /// Offers `session` a **delegation** on `ino`: whole-file caching rights, shared (read:
+    /// the agent may keep the file's data in its cache) or exclusive (write: it may also hold
+    /// writes back and answer for the size). Held as a lock on the whole file that conflicts
+    /// with every other session's grants, proxied I/O and size changes (which recall it, as
+    /// they recall cached grants) but never with the holder's own. Refused (`None`) when
+    /// anything of another session holds or waits for a conflicting lock there: a delegation
+    /// is for a file nobody else is using. Lives like a cached grant: returned, recalled,
+    /// dropped with the session or its last handle on the file.
+    pub fn delegate(&self, session: u64, epoch: u64, ino: u64, write: bool) -> Option<u64> {
         let id = self.dp.next_id();
-        self.take_lock(id, ino, span, LockMode::Exclusive).await?;
+        let mode = if write {
+            LockMode::Exclusive
+        } else {
+            LockMode::Shared
+        };
+        // Filed before the lock is taken, so that a request blocked by it finds it to recall.
+        self.lock_table().insert(
+            id,
+            GrantState {
+                session,
+                epoch,
+                ino,
+                offset: 0,
+                len: sanfs_proto::types::MAX_FILE_SIZE,
+                mode,
+                cacheable: true,
+                writer_is_root: false,
+                delegation: true,
+                pending: None,
+            },
+        );
+        if self.dp.locks.try_delegate(ino, id, mode, session) {
+            add(&self.stats.delegations, 1);
+            return Some(id);
+        }
+        self.lock_table().remove(&id);
+        None
+    }
+
+    /// Takes an exclusive lock for a change that alters what grants describe (truncate,
+    /// fallocate) on behalf of `session` (0: the server's own), recalling cached grants and
+    /// other sessions' delegations in the way. Released when dropped.
+    pub async fn exclusive(
+        &self,
+        ino: u64,
+        span: Span,
+        session: u64,
+    ) -> Result<crate::proxy::Held, FsError> {
+        let id = self.dp.next_id();
+        self.take_lock(id, ino, span, LockMode::Exclusive, session)
+            .await?;
         Ok(crate::proxy::Held::new(self.dp.locks.clone(), ino, id))
     }
 }

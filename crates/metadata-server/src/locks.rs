@@ -48,18 +48,58 @@ impl Span {
     }
 }
 
+/// Who holds a lock: a session (0: the server itself), and whether the lock is that
+/// session's **delegation** (whole-file caching rights, see [`crate::grants`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Owner {
+    pub session: u64,
+    pub delegation: bool,
+}
+
+impl Owner {
+    /// A lock of the server's own (it conflicts with every other).
+    pub const SERVER: Owner = Owner {
+        session: 0,
+        delegation: false,
+    };
+
+    /// An ordinary lock of `session` (a grant, or a proxied request on its behalf).
+    pub fn session(session: u64) -> Owner {
+        Owner {
+            session,
+            delegation: false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Lock {
     id: LockId,
     span: Span,
     mode: LockMode,
+    owner: Owner,
 }
 
 impl Lock {
-    fn conflicts(&self, span: &Span, mode: LockMode) -> bool {
-        self.span.overlaps(span)
-            && (self.mode == LockMode::Exclusive || mode == LockMode::Exclusive)
+    /// Overlapping, one of them exclusive, and not a delegation meeting a lock of its own
+    /// session (a session's delegation never blocks that session's own I/O).
+    fn conflicts(&self, other: &Lock) -> bool {
+        self.span.overlaps(&other.span)
+            && (self.mode == LockMode::Exclusive || other.mode == LockMode::Exclusive)
+            && !(self.owner.session != 0
+                && self.owner.session == other.owner.session
+                && (self.owner.delegation || other.owner.delegation))
     }
+}
+
+/// Whether `waiter` waits (also) for a delegation that `owner` holds: then a request of
+/// `owner` goes ahead of it, since that delegation's recall may need this very request (the
+/// holder writes its cached data back before it answers).
+fn waits_on_delegation_of(held: &[Lock], waiter: &Lock, owner: Owner) -> bool {
+    owner.session != 0
+        && held
+            .iter()
+            .any(|h| h.owner.delegation && h.owner.session == owner.session && h.conflicts(waiter))
 }
 
 struct Waiter {
@@ -74,22 +114,23 @@ struct InodeLocks {
 }
 
 impl InodeLocks {
-    fn blocked(&self, span: &Span, mode: LockMode) -> bool {
-        self.held.iter().any(|l| l.conflicts(span, mode))
-            || self.waiting.iter().any(|w| w.lock.conflicts(span, mode))
+    fn blocked(&self, req: &Lock) -> bool {
+        self.held.iter().any(|l| l.conflicts(req))
+            || self.waiting.iter().any(|w| {
+                w.lock.conflicts(req) && !waits_on_delegation_of(&self.held, &w.lock, req.owner)
+            })
     }
 
     /// Grants, in order, every waiter that no held lock and no earlier waiter blocks.
     fn wake_ready(&mut self) {
         let mut still = VecDeque::with_capacity(self.waiting.len());
         while let Some(w) = self.waiting.pop_front() {
-            let blocked = self
-                .held
-                .iter()
-                .any(|l| l.conflicts(&w.lock.span, w.lock.mode))
-                || still
-                    .iter()
-                    .any(|s: &Waiter| s.lock.conflicts(&w.lock.span, w.lock.mode));
+            let held = &self.held;
+            let blocked = held.iter().any(|l| l.conflicts(&w.lock))
+                || still.iter().any(|s: &Waiter| {
+                    s.lock.conflicts(&w.lock)
+                        && !waits_on_delegation_of(held, &s.lock, w.lock.owner)
+                });
             if blocked {
                 still.push_back(w);
             } else if w.wake.send(()).is_ok() {
@@ -127,12 +168,12 @@ const RECHECK: Duration = Duration::from_millis(50);
 
 impl RangeLocks {
     /// The held locks on `ino` that conflict with `span` in `mode`.
-    fn holders_blocking(&self, ino: u64, span: &Span, mode: LockMode) -> Vec<LockId> {
+    fn holders_blocking(&self, ino: u64, req: &Lock) -> Vec<LockId> {
         self.lock().get(&ino).map_or_else(Vec::new, |locks| {
             locks
                 .held
                 .iter()
-                .filter(|l| l.conflicts(span, mode))
+                .filter(|l| l.conflicts(req))
                 .map(|l| l.id)
                 .collect()
         })
@@ -158,6 +199,53 @@ impl RangeLocks {
         timeout: Duration,
         on_blocked: impl Fn(Vec<LockId>),
     ) -> Result<bool, LockError> {
+        self.acquire_as(ino, id, span, mode, Owner::SERVER, timeout, on_blocked)
+            .await
+    }
+
+    /// Takes a delegation lock of `owner.session` on all of `ino` at once, or nothing: no
+    /// waiting, and no recall of anything in its way (a delegation is an offer, refused when
+    /// the file is in use elsewhere).
+    pub fn try_delegate(&self, ino: u64, id: LockId, mode: LockMode, session: u64) -> bool {
+        let mut all = self.lock();
+        let locks = all.entry(ino).or_default();
+        let lock = Lock {
+            id,
+            span: Span::new(0, u64::MAX),
+            mode,
+            owner: Owner {
+                session,
+                delegation: true,
+            },
+        };
+        let taken = session != 0
+            && !locks.held.iter().any(|l| l.id == id)
+            && !locks.blocked(&lock)
+            && !locks.waiting.iter().any(|w| w.lock.conflicts(&lock));
+        if taken {
+            locks.held.push(lock);
+        } else if locks.held.is_empty() && locks.waiting.is_empty() {
+            all.remove(&ino);
+        }
+        taken
+    }
+
+    /// [`RangeLocks::acquire`] for `owner`: a session's own delegation does not block it,
+    /// and it goes ahead of waiters that wait for that delegation.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the lock's identity and its wait"
+    )]
+    pub async fn acquire_as(
+        &self,
+        ino: u64,
+        id: LockId,
+        span: Span,
+        mode: LockMode,
+        owner: Owner,
+        timeout: Duration,
+        on_blocked: impl Fn(Vec<LockId>),
+    ) -> Result<bool, LockError> {
         let rx = {
             let mut all = self.lock();
             let locks = all.entry(ino).or_default();
@@ -166,15 +254,20 @@ impl RangeLocks {
             {
                 return Err(LockError::DuplicateId(id));
             }
-            let lock = Lock { id, span, mode };
-            if !locks.blocked(&span, mode) {
+            let lock = Lock {
+                id,
+                span,
+                mode,
+                owner,
+            };
+            if !locks.blocked(&lock) {
                 locks.held.push(lock);
                 return Ok(false);
             }
             let blockers = locks
                 .held
                 .iter()
-                .filter(|l| l.conflicts(&span, mode))
+                .filter(|l| l.conflicts(&lock))
                 .map(|l| l.id)
                 .collect();
             let (tx, rx) = oneshot::channel();
@@ -192,8 +285,14 @@ impl RangeLocks {
                 Err(_) if tokio::time::Instant::now() >= deadline => break false,
                 Err(_) => {
                     // Still waiting: announce holders that came since (granted earlier waiters).
+                    let probe = Lock {
+                        id,
+                        span,
+                        mode,
+                        owner,
+                    };
                     let fresh: Vec<LockId> = self
-                        .holders_blocking(ino, &span, mode)
+                        .holders_blocking(ino, &probe)
                         .into_iter()
                         .filter(|b| !announced.contains(b))
                         .collect();
@@ -274,11 +373,9 @@ impl RangeLocks {
             .values()
             .filter(|l| !l.waiting.is_empty())
             .flat_map(|l| {
-                l.held.iter().filter(|h| {
-                    l.waiting
-                        .iter()
-                        .any(|w| h.conflicts(&w.lock.span, w.lock.mode))
-                })
+                l.held
+                    .iter()
+                    .filter(|h| l.waiting.iter().any(|w| h.conflicts(&w.lock)))
             })
             .map(|h| h.id)
             .collect()

@@ -154,14 +154,31 @@ impl DataPath {
 
     /// Takes a range lock for the proxied path (not recallable: it lasts one request).
     /// Cached read grants in the way are recalled first.
-    pub async fn lock(&self, ino: u64, span: Span, mode: LockMode) -> Result<Held, FsError> {
+    ///
+    /// `owner`: the session the request is for (0: the server's own); that session's
+    /// delegation on the file does not block it.
+    pub async fn lock(
+        &self,
+        ino: u64,
+        span: Span,
+        mode: LockMode,
+        owner: u64,
+    ) -> Result<Held, FsError> {
         let id = self.next_id();
         self.locks
-            .acquire(ino, id, span, mode, self.lock_timeout, |blockers| {
-                if let Some(recall) = self.recaller.get() {
-                    recall(blockers);
-                }
-            })
+            .acquire_as(
+                ino,
+                id,
+                span,
+                mode,
+                crate::locks::Owner::session(owner),
+                self.lock_timeout,
+                |blockers| {
+                    if let Some(recall) = self.recaller.get() {
+                        recall(blockers);
+                    }
+                },
+            )
             .await
             .map_err(|_| FsError::LockTimeout)?;
         Ok(Held {
@@ -265,7 +282,13 @@ impl DataPath {
     }
 
     /// A proxied read: at most `len` bytes from `off`, fewer at end of file.
-    pub async fn read(&self, ino: u64, off: u64, len: u64) -> Result<(Vec<u8>, bool), FsError> {
+    pub async fn read(
+        &self,
+        ino: u64,
+        off: u64,
+        len: u64,
+        owner: u64,
+    ) -> Result<(Vec<u8>, bool), FsError> {
         let bs = self.block_size();
         let end = off.checked_add(len).ok_or(FsError::Range)?;
         let a = off / bs * bs;
@@ -275,7 +298,7 @@ impl DataPath {
             return Ok((Vec::new(), off >= size));
         }
         let _held = self
-            .lock(ino, Span::new(a, b - a), LockMode::Shared)
+            .lock(ino, Span::new(a, b - a), LockMode::Shared, owner)
             .await?;
         let bsz = self.store.block_size();
         let vol = self.store.volume().clone();
@@ -305,6 +328,7 @@ impl DataPath {
         bytes: Vec<u8>,
         sync: bool,
         writer_is_root: bool,
+        owner: u64,
     ) -> Result<(u64, Attr), FsError> {
         let bs = self.block_size();
         let len = bytes.len() as u64;
@@ -326,13 +350,13 @@ impl DataPath {
                     a
                 };
                 let held = self
-                    .lock(ino, Span::new(lo, b - lo), LockMode::Exclusive)
+                    .lock(ino, Span::new(lo, b - lo), LockMode::Exclusive, owner)
                     .await?;
                 (off, held)
             }
             Position::Append(id) => {
                 let held = self
-                    .lock(ino, Span::new(0, u64::MAX), LockMode::Exclusive)
+                    .lock(ino, Span::new(0, u64::MAX), LockMode::Exclusive, owner)
                     .await?;
                 // Under the whole-file lock a first try still running has finished: its
                 // reply, if it was written, is in the cache now.

@@ -63,7 +63,8 @@ enum Command {
         /// allow_proxied_only), tls_ca=, tls_cert=, tls_key=, tls_domain=,
         /// client_name=, metrics=ADDR:PORT (Prometheus), device_retry=5s (probe a LUN
         /// poisoned by a failed write again after this), log=FILE|syslog|stderr,
-        /// log_level=LEVEL; mount(8)'s generic ones (_netdev, defaults, x-*, ...) are ignored.
+        /// log_level=LEVEL, writeback=SIZE (write-back cache of small buffered writes; 0:
+        /// off), writeback_file=SIZE, writeback_age=DURATION; mount(8)'s generic ones (_netdev, defaults, x-*, ...) are ignored.
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Stay in the foreground (otherwise return once mounted, the agent running on).
@@ -317,6 +318,7 @@ fn mount(
     config.engine.kind = opts.engine;
     config.device_retry = opts.device_retry;
     config.direct_io_threshold = opts.direct_io_threshold;
+    config.writeback = opts.writeback;
     config.accept_epoch_regression = opts.accept_epoch_regression;
     config.retry = opts.retry;
     config.require_luns = !opts.allow_proxied_only;
@@ -716,6 +718,18 @@ fn format_status(m: &MountStatus) -> String {
         out,
         "  grants     read {} write {}; reads from cached grants {}, writes in cached layouts {} ({} cached now); recalls {}",
         g.read, g.write, g.cached_reads, g.layout_writes, g.cached_now, g.recalls
+    );
+    let w = &a.write_back;
+    let _ = writeln!(
+        out,
+        "  write-back held now {} bytes; writes held {}, write-backs {} ({} bytes), recalls that wrote back {}; delegations {} (refused {})",
+        w.dirty_bytes,
+        w.held_writes,
+        w.flushes,
+        w.flushed_bytes,
+        w.recalls_flushed,
+        w.delegations,
+        w.refusals
     );
     out
 }

@@ -66,6 +66,7 @@ mod session;
 mod status;
 mod subplan;
 mod unsynced;
+mod writeback;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -103,6 +104,7 @@ pub use seek::SeekWhat;
 pub use status::{
     AgentStatus, BmapEntry, BmapReply, ByteCounts, DeviceHealth, DeviceStatus, GrantCounts,
 };
+pub use writeback::{WriteBackConfig, WriteBackStats};
 
 /// Mutual TLS towards the server: PEM files.
 #[derive(Debug, Clone)]
@@ -158,6 +160,9 @@ pub struct ClientConfig {
     /// round trip (a partial completion) instead of two (as pNFS write layouts). Recalled when
     /// another node reads, writes or truncates there. 0: one grant per write.
     pub write_layout_bytes: u64,
+    /// Small buffered writes held back under write delegations (the mount's write-back
+    /// cache, see `writeback`); `total_bytes` 0 turns it off.
+    pub writeback: WriteBackConfig,
     /// Accept a server whose epoch is lower than the highest this agent has seen (a store
     /// restored from an older copy, deliberately). Off: such a server is refused (see
     /// [`Client::status`], `epoch_refused`) and calls fail with EIO until the right server is
@@ -194,6 +199,7 @@ impl ClientConfig {
             grant_per_stripe_unit: false,
             read_layout_bytes: DEFAULT_READ_LAYOUT_BYTES,
             write_layout_bytes: DEFAULT_WRITE_LAYOUT_BYTES,
+            writeback: WriteBackConfig::default(),
             accept_epoch_regression: false,
             retry: RetryPolicy::Hard,
             require_luns: false,
@@ -347,6 +353,8 @@ pub(crate) struct Inner {
     requests: rpc::RequestIds,
     /// Lazily committed write completions not durable yet, and files whose writes were lost.
     unsynced: Mutex<unsynced::Unsynced>,
+    /// Writes held back under write delegations (see `writeback`).
+    writeback: writeback::WriteBack,
 }
 
 /// A connected agent. Dropping it stops its session task (the session then expires at the
@@ -355,6 +363,8 @@ pub struct Client {
     inner: Arc<Inner>,
     task: Option<JoinHandle<()>>,
     health_task: Option<JoinHandle<()>>,
+    /// Writes back held-back bytes that are old or of an earlier session.
+    writeback_task: Option<JoinHandle<()>>,
 }
 
 /// Why connecting failed.
@@ -561,6 +571,7 @@ impl Client {
             epoch_refused: None,
         };
         let max_cached = config.max_cached_grants;
+        let writeback_config = config.writeback;
         let inner = Arc::new(Inner {
             config,
             channel,
@@ -587,17 +598,31 @@ impl Client {
             outage: rpc::Outage::default(),
             requests: rpc::RequestIds::new(),
             unsynced: Mutex::new(unsynced::Unsynced::default()),
+            writeback: writeback::WriteBack::new(writeback_config),
             open_handles: Mutex::new(HashMap::new()),
         });
         bump(&inner.counters.sessions);
         tracing::info!(session = %opened.session, epoch = %opened.epoch, engine = inner.engine.name(), "session opened");
         let task = tokio::spawn(session::run(Arc::clone(&inner), lost_rx));
         let health_task = tokio::spawn(health::run(Arc::clone(&inner)));
+        let writeback_task = tokio::spawn(writeback::run(Arc::clone(&inner)));
         Ok(Client {
             inner,
             task: Some(task),
             health_task: Some(health_task),
+            writeback_task: Some(writeback_task),
         })
+    }
+
+    /// A handle on `inner` for work the agent's own tasks do through the public calls (a
+    /// recall's write-back); it owns no task.
+    pub(crate) fn borrowed(inner: Arc<Inner>) -> Client {
+        Client {
+            inner,
+            task: None,
+            health_task: None,
+            writeback_task: None,
+        }
     }
 
     /// The file system's UUID.
@@ -688,6 +713,10 @@ impl Client {
 
     /// Returns the cached read grants and ends the session at the server.
     pub async fn close(mut self) -> Result<(), FsError> {
+        if let Some(t) = self.writeback_task.take() {
+            t.abort();
+            let _ = t.await;
+        }
         if let Some(t) = self.health_task.take() {
             t.abort();
             let _ = t.await;
@@ -718,9 +747,13 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        for t in [self.task.take(), self.health_task.take()]
-            .into_iter()
-            .flatten()
+        for t in [
+            self.task.take(),
+            self.health_task.take(),
+            self.writeback_task.take(),
+        ]
+        .into_iter()
+        .flatten()
         {
             t.abort();
         }

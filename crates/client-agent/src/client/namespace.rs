@@ -6,10 +6,10 @@
 //! session is replaced.
 
 use sanfs_proto::model::{
-    AccessRequest, CreateReply, CreateRequest, EntryRequest, HandleRef, InodeRequest, LinkRequest,
-    MkdirRequest, MknodRequest, OpenFlags, OpenReply, OpenRequest, ReadDirReply, ReadDirRequest,
-    RenameRequest, SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames,
-    XattrRequest, XattrValue,
+    AccessRequest, CreateReply, CreateRequest, EntryRequest, GetAttrRequest, HandleRef,
+    InodeRequest, LinkRequest, MkdirRequest, MknodRequest, OpenFlags, OpenReply, OpenRequest,
+    ReadDirReply, ReadDirRequest, RenameRequest, SetAttrRequest, SetXattrRequest, StatFs,
+    SymlinkRequest, XattrNames, XattrRequest, XattrValue,
 };
 use sanfs_proto::pb;
 use sanfs_proto::types::{
@@ -91,9 +91,11 @@ impl Client {
     pub async fn getattr(&self, cred: &Credentials, ino: InodeId) -> Result<Attr, FsError> {
         // This agent's writes completed behind them count (size, mtime).
         self.inner.settle(ino).await;
-        let req = pb::GetAttrRequest::from(InodeRequest {
+        let view = self.inner.lock_state().view.clone();
+        let req = pb::GetAttrRequest::from(GetAttrRequest {
             cred: cred.clone(),
             inode: ino,
+            session: self.inner.writeback.holder_session(ino, &view),
         });
         rpc!(self, get_attr, req, Attr, "GetAttr reply")
     }
@@ -400,8 +402,18 @@ impl Client {
 
     /// Closes an open handle. A handle of a replaced session is already gone: ESTALE.
     pub async fn release(&self, fh: &FileHandle) -> Result<(), FsError> {
+        // The server drops the session's delegation on the file with its last handle there:
+        // what this node held back is written while the handle is still good.
+        let last = self.inner.last_handle_of(fh);
+        if let Some(ino) = last {
+            self.write_back_barrier(ino).await;
+        }
         self.inner.before_release(fh).await;
-        self.inner.release_handle(fh).await
+        let released = self.inner.release_handle(fh).await;
+        if let Some(ino) = last {
+            self.forget_delegation(ino);
+        }
+        released
     }
 
     /// POSIX access check: `mask` of R 4, W 2, X 1, or 0 (exists).

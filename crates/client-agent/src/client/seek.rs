@@ -52,6 +52,7 @@ impl Client {
         offset: u64,
         what: SeekWhat,
     ) -> Result<Option<u64>, FsError> {
+        self.write_back_barrier(ino).await;
         self.inner.settle(ino).await;
         let from = offset.min(MAX_FILE_SIZE - 1);
         let req = GetExtentsRequest {

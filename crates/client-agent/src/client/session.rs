@@ -75,7 +75,7 @@ pub(super) async fn run(inner: Arc<Inner>, mut lost_rx: mpsc::UnboundedReceiver<
 }
 
 async fn attach_and_serve(
-    inner: &Inner,
+    inner: &Arc<Inner>,
     view: &SessionView,
     seq: &mut u64,
     lost_rx: &mut mpsc::UnboundedReceiver<SessionId>,
@@ -152,6 +152,19 @@ async fn attach_and_serve(
                         while sent.front().is_some_and(|(s, _)| *s <= acked) {
                             sent.pop_front();
                         }
+                    }
+                    Ok(ServerEvent::Recall(recall)) if recall.delegation => {
+                        // A delegation: what this node held back is written first.
+                        bump(&inner.counters.recalls);
+                        tracing::debug!(inode = %recall.inode, "delegation recall");
+                        let tx = tx.clone();
+                        let inner = Arc::clone(&inner);
+                        tokio::spawn(async move {
+                            inner.recall_delegation(recall.inode, &recall.grant_ids).await;
+                            let ids = recall.grant_ids;
+                            let sent = tx.send(ClientEvent::RecallAck { grant_ids: ids }.into()).await;
+                            tracing::debug!(ok = sent.is_ok(), "delegation recall acknowledged");
+                        });
                     }
                     Ok(ServerEvent::Recall(recall)) => {
                         bump(&inner.counters.recalls);

@@ -97,6 +97,9 @@ pub struct AgentStatus {
     pub bytes: ByteCounts,
     pub grants: GrantCounts,
     pub device_recoveries: u64,
+    /// The write-back cache of small buffered writes.
+    #[serde(default)]
+    pub write_back: super::WriteBackStats,
 }
 
 impl AgentStatus {
@@ -245,6 +248,7 @@ impl Client {
                 recalls: stats.recalls,
             },
             device_recoveries: stats.device_recoveries,
+            write_back: self.write_back_stats(),
         }
     }
 

@@ -6,10 +6,11 @@ use std::sync::atomic::Ordering;
 
 use sanfs_blockmap::extent::Extent;
 use sanfs_proto::model::{
-    CompleteReply, CompleteRequest, ExtentMapping, FallocateMode, FallocateRequest, FsyncRequest,
-    GetExtentsReply, GetExtentsRequest, Grant, HandleRef, IoOutcome, LockMode, MapRequest,
-    PhysPiece, ReadReply, ReadRequest, ReplayOutcome, ReplayWritesReply, ReplayWritesRequest,
-    ReturnGrantRequest, WritePosition, WriteReply, WriteRequest, request_id,
+    CompleteReply, CompleteRequest, DelegateReply, DelegateRequest, ExtentMapping, FallocateMode,
+    FallocateRequest, FsyncRequest, GetExtentsReply, GetExtentsRequest, Grant, HandleRef,
+    IoOutcome, LockMode, MapRequest, PhysPiece, ReadReply, ReadRequest, ReplayOutcome,
+    ReplayWritesReply, ReplayWritesRequest, ReturnGrantRequest, WritePosition, WriteReply,
+    WriteRequest, request_id,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::data_server::Data;
@@ -49,6 +50,7 @@ impl Server {
         ino: u64,
         range: ByteRange,
         mode: FallocateMode,
+        session: u64,
     ) -> Result<sanfs_proto::types::Attr, Status> {
         use crate::proxy::SizeOf;
         let bs = u64::from(self.store.block_size());
@@ -71,7 +73,7 @@ impl Server {
         };
         let _held = self
             .grants
-            .exclusive(ino, crate::locks::Span::new(from, to - from))
+            .exclusive(ino, crate::locks::Span::new(from, to - from), session)
             .await
             .map_err(fs)?;
         let dp = self.grants.data_path();
@@ -459,7 +461,12 @@ impl Data for DataService {
                 .server
                 .grants
                 .data_path()
-                .read(req.inode.0, req.range.offset(), req.range.len())
+                .read(
+                    req.inode.0,
+                    req.range.offset(),
+                    req.range.len(),
+                    req.handle.session.0,
+                )
                 .await
                 .map_err(|e| fs_status(&e))?;
             self.server
@@ -497,7 +504,14 @@ impl Data for DataService {
                 .server
                 .grants
                 .data_path()
-                .write(req.inode.0, pos, req.data, req.sync, req.cred.is_root())
+                .write(
+                    req.inode.0,
+                    pos,
+                    req.data,
+                    req.sync,
+                    req.cred.is_root(),
+                    req.handle.session.0,
+                )
                 .await
                 .map_err(|e| fs_status(&e))?;
             self.server
@@ -561,7 +575,7 @@ impl Data for DataService {
                         .check_handle(&who, &req.handle, req.inode, true)?;
                     let attr = self
                         .server
-                        .punch_or_zero(req.inode.0, req.range, req.mode)
+                        .punch_or_zero(req.inode.0, req.range, req.mode, req.handle.session.0)
                         .await?;
                     return Ok(attr.into());
                 }
@@ -581,7 +595,9 @@ impl Data for DataService {
                     .read(|t| t.getattr_size(req.inode.0))
                     .is_ok_and(|size| end > size);
             let _guard = if grows {
-                self.server.size_change_guard(req.inode.0, end).await?
+                self.server
+                    .size_change_guard(req.inode.0, end, req.handle.session.0)
+                    .await?
             } else {
                 None
             };
@@ -640,6 +656,43 @@ impl Data for DataService {
             self.server.check_grant_epoch(req.epoch)?;
             let outcomes = self.server.replay(&req).await?;
             Ok(ReplayWritesReply { outcomes }.into())
+        })
+        .await
+    }
+
+    async fn delegate(
+        &self,
+        request: Request<pb::DelegateRequest>,
+    ) -> Result<Response<pb::DelegateReply>, Status> {
+        rpc("Delegate", async {
+            let who = caller(&request)?;
+            let req: DelegateRequest = convert(request.into_inner())?;
+            self.server.wait_reclaim().await;
+            let session = req.handle.session.0;
+            note(Some(session), Some(req.inode.0));
+            self.server.check_grant_epoch(req.epoch)?;
+            self.server
+                .check_handle(&who, &req.handle, req.inode, req.write)?;
+            // Only to a session that can hear the recall, and not to one being evicted.
+            let delegation =
+                if self.server.has_stream(session) && !self.server.grants.is_fenced(session) {
+                    self.server
+                        .grants
+                        .delegate(session, req.epoch.0, req.inode.0, req.write)
+                } else {
+                    None
+                };
+            tracing::debug!(
+                session,
+                inode = req.inode.0,
+                write = req.write,
+                ?delegation,
+                "delegate"
+            );
+            Ok(DelegateReply {
+                delegation: delegation.map(GrantId),
+            }
+            .into())
         })
         .await
     }

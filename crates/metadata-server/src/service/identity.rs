@@ -318,6 +318,7 @@ macro_rules! with_cred {
 with_cred!(
     EntryRequest,
     InodeRequest,
+    GetAttrRequest,
     SetAttrRequest,
     CreateRequest,
     MkdirRequest,

@@ -9,9 +9,10 @@
 use std::sync::Arc;
 
 use sanfs_proto::model::{
-    AccessRequest, CreateRequest, EntryRequest, HandleRef, InodeRequest, LinkRequest, MkdirRequest,
-    MknodRequest, OpenReply, OpenRequest, ReadDirRequest, RenameRequest, RequestId, SetAttrRequest,
-    SetXattrRequest, StatFs, SymlinkRequest, XattrNames, XattrRequest, XattrValue, request_id,
+    AccessRequest, CreateRequest, EntryRequest, GetAttrRequest, HandleRef, InodeRequest,
+    LinkRequest, MkdirRequest, MknodRequest, OpenReply, OpenRequest, ReadDirRequest, RenameRequest,
+    RequestId, SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames, XattrRequest,
+    XattrValue, request_id,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::namespace_server::Namespace;
@@ -107,7 +108,9 @@ impl Server {
     async fn open_handle(&self, who: &NodeIdentity, req: OpenRequest) -> Result<OpenReply, Status> {
         self.check_session(who, req.session)?;
         let reply = if req.flags.truncate {
-            let _guard = self.size_change_guard(req.inode.0, 0).await?;
+            let _guard = self
+                .size_change_guard(req.inode.0, 0, req.session.0)
+                .await?;
             let r = req.clone();
             self.write(move |ctx| ns::open(ctx, &r)).await?
         } else {
@@ -141,6 +144,7 @@ impl Server {
         &self,
         ino: u64,
         new_size: u64,
+        session: u64,
     ) -> Result<Option<crate::proxy::Held>, Status> {
         use crate::proxy::SizeOf;
         let Ok(old) = self.store.read(|t| t.getattr_size(ino)) else {
@@ -150,7 +154,7 @@ impl Server {
         let from = old.min(new_size) / bs * bs;
         let held = self
             .grants
-            .exclusive(ino, crate::locks::Span::new(from, u64::MAX - from))
+            .exclusive(ino, crate::locks::Span::new(from, u64::MAX - from), session)
             .await
             .map_err(|e| fs_status(&e))?;
         if new_size > old {
@@ -234,12 +238,24 @@ impl Namespace for NamespaceService {
         request: Request<pb::GetAttrRequest>,
     ) -> Result<Response<pb::GetAttrReply>, Status> {
         rpc("GetAttr", async {
-            let req: InodeRequest = accept(request)?;
+            let who = caller(&request)?;
+            let req: GetAttrRequest = accept(request)?;
             self.server.wait_reclaim().await;
-            note(None, Some(req.inode.0));
+            note(req.session.map(|s| s.0), Some(req.inode.0));
+            // The caller's own delegation is not recalled: only for a session of the
+            // caller's (a session that is not is no error, only no exception).
+            let own = req
+                .session
+                .filter(|s| self.server.check_session(&who, *s).is_ok())
+                .map_or(0, |s| s.0);
             // Writes inside write layouts are completed behind them: the size and mtime
-            // include every write that returned anywhere once those completions are in.
-            self.server.grants.settle_attr(req.inode.0).await;
+            // include every write that returned anywhere once those completions are in (and
+            // another session's write delegation is recalled: its agent writes back first).
+            self.server.grants.settle_attr(req.inode.0, own).await;
+            let req = InodeRequest {
+                cred: req.cred,
+                inode: req.inode,
+            };
             let bs = self.server.store.block_size();
             let attr = self.server.read(|t| t.getattr(bs, req.inode))?;
             Ok(attr.into())
@@ -256,7 +272,12 @@ impl Namespace for NamespaceService {
             self.server.wait_reclaim().await;
             note(req.handle.map(|h| h.session.0), Some(req.inode.0));
             let _guard = match req.changes.size {
-                Some(size) => self.server.size_change_guard(req.inode.0, size).await?,
+                Some(size) => {
+                    let session = req.handle.map_or(0, |h| h.session.0);
+                    self.server
+                        .size_change_guard(req.inode.0, size, session)
+                        .await?
+                }
                 None => None,
             };
             let attr: Attr = self.server.write(move |ctx| ns::setattr(ctx, &req)).await?;
@@ -289,7 +310,7 @@ impl Namespace for NamespaceService {
                 None
             };
             let _guard = match existing {
-                Some(child) => self.server.size_change_guard(child.0, 0).await?,
+                Some(child) => self.server.size_change_guard(child.0, 0, session.0).await?,
                 None => None,
             };
             let reply = self

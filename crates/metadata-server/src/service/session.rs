@@ -39,6 +39,7 @@ fn recall_event(rc: crate::grants::Recall) -> Option<ServerEvent> {
         inode: InodeId(rc.ino),
         range,
         reason: RecallReason::Conflict,
+        delegation: rc.delegation,
     }))
 }
 

@@ -233,6 +233,7 @@ async fn a_holder_that_heartbeats_but_never_completes_is_evicted_and_the_others_
             .get_attr(pb::GetAttrRequest {
                 cred: root(),
                 inode: ino,
+                session: None,
             })
             .await;
         (r, Instant::now())

@@ -109,6 +109,7 @@ async fn plaintext_tcp_is_refused_without_insecure() {
         c.ns.get_attr(pb::GetAttrRequest {
             cred: root(),
             inode: ROOT,
+            session: None,
         })
         .await
         .unwrap_err();
@@ -166,6 +167,7 @@ async fn the_unix_socket_takes_root_and_listed_uids_only() {
         .get_attr(pb::GetAttrRequest {
             cred: root(),
             inode: ROOT,
+            session: None,
         })
         .await
         .unwrap_err();

@@ -292,6 +292,7 @@ async fn a_getattr_waits_for_a_write_grant_and_answers_once_it_is_completed() {
         b.ns.get_attr(pb::GetAttrRequest {
             cred: root(),
             inode: ino,
+            session: None,
         })
         .await
         .map(|r| r.into_inner().attr.unwrap())

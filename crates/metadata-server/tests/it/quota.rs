@@ -140,6 +140,7 @@ async fn a_directory_quota_holds_is_exact_and_can_grow() {
         c.ns.get_attr(pb::GetAttrRequest {
             cred: root(),
             inode: f,
+            session: None,
         })
         .await
         .unwrap()

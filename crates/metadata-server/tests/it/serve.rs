@@ -53,6 +53,7 @@ async fn getattr(c: &mut Clients, inode: u64) -> Result<pb::Attr, tonic::Status>
     c.ns.get_attr(pb::GetAttrRequest {
         cred: root(),
         inode,
+        session: None,
     })
     .await
     .map(|r| r.into_inner().attr.unwrap())

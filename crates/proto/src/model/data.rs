@@ -878,6 +878,66 @@ impl From<WriteReply> for pb::WriteReply {
     }
 }
 
+/// Delegate: whole-file caching rights on an open file (docs/protocol.md "Delegations").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DelegateRequest {
+    pub handle: HandleRef,
+    pub inode: InodeId,
+    pub epoch: SessionEpoch,
+    /// Exclusive (write-back) rather than shared (read cache).
+    pub write: bool,
+}
+
+impl TryFrom<pb::DelegateRequest> for DelegateRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::DelegateRequest) -> Result<Self, ProtocolError> {
+        Ok(DelegateRequest {
+            handle: handle_ref(p.session, p.handle)?,
+            inode: inode(p.inode, "inode")?,
+            epoch: epoch(p.epoch)?,
+            write: p.write,
+        })
+    }
+}
+
+impl From<DelegateRequest> for pb::DelegateRequest {
+    fn from(r: DelegateRequest) -> Self {
+        pb::DelegateRequest {
+            session: r.handle.session.0,
+            handle: r.handle.handle.0,
+            inode: r.inode.0,
+            epoch: r.epoch.0,
+            write: r.write,
+        }
+    }
+}
+
+/// The answer to Delegate: the delegation, or `None` when refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DelegateReply {
+    pub delegation: Option<GrantId>,
+}
+
+impl TryFrom<pb::DelegateReply> for DelegateReply {
+    type Error = ProtocolError;
+
+    /// Every value is valid: 0 is a refusal.
+    fn try_from(p: pb::DelegateReply) -> Result<Self, ProtocolError> {
+        Ok(DelegateReply {
+            delegation: (p.delegation != 0).then_some(GrantId(p.delegation)),
+        })
+    }
+}
+
+impl From<DelegateReply> for pb::DelegateReply {
+    fn from(r: DelegateReply) -> Self {
+        pb::DelegateReply {
+            delegation: r.delegation.map_or(0, |g| g.0),
+        }
+    }
+}
+
 /// Fsync / fdatasync.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FsyncRequest {

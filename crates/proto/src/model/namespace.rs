@@ -66,7 +66,37 @@ pub struct InodeRequest {
     pub inode: InodeId,
 }
 
-pub type GetAttrRequest = InodeRequest;
+/// GetAttr: an [`InodeRequest`] and, optionally, the caller's session (whose own write
+/// delegation on the inode is then not recalled).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GetAttrRequest {
+    pub cred: Credentials,
+    pub inode: InodeId,
+    pub session: Option<SessionId>,
+}
+
+impl TryFrom<pb::GetAttrRequest> for GetAttrRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::GetAttrRequest) -> Result<Self, ProtocolError> {
+        Ok(GetAttrRequest {
+            cred: cred(p.cred)?,
+            inode: inode(p.inode, "inode")?,
+            session: p.session.map(session_id).transpose()?,
+        })
+    }
+}
+
+impl From<GetAttrRequest> for pb::GetAttrRequest {
+    fn from(r: GetAttrRequest) -> Self {
+        pb::GetAttrRequest {
+            cred: Some(r.cred.into()),
+            inode: r.inode.0,
+            session: r.session.map(|s| s.0),
+        }
+    }
+}
+
 pub type ReadlinkRequest = InodeRequest;
 pub type StatFsRequest = InodeRequest;
 pub type ListXattrRequest = InodeRequest;
@@ -96,7 +126,6 @@ macro_rules! inode_request {
     )*};
 }
 inode_request!(
-    GetAttrRequest,
     ReadlinkRequest,
     StatFsRequest,
     ListXattrRequest,

@@ -284,6 +284,8 @@ pub struct Recall {
     /// The range the server needs (the grants may cover more).
     pub range: ByteRange,
     pub reason: RecallReason,
+    /// The grants are delegations: write back and drop the file's cache before the ack.
+    pub delegation: bool,
 }
 
 impl TryFrom<pb::Recall> for Recall {
@@ -302,6 +304,7 @@ impl TryFrom<pb::Recall> for Recall {
             inode: inode(p.inode, "inode")?,
             range: byte_range(p.offset, p.length, "range")?,
             reason,
+            delegation: p.delegation,
         })
     }
 }
@@ -320,6 +323,7 @@ impl From<Recall> for pb::Recall {
             offset: r.range.offset(),
             length: r.range.len(),
             reason: reason.into(),
+            delegation: r.delegation,
         }
     }
 }

@@ -85,7 +85,7 @@ fn targets() -> Vec<(&'static str, Target)> {
         // namespace
         LookupRequest => EntryRequest,
         LookupReply => Attr,
-        GetAttrRequest => InodeRequest,
+        GetAttrRequest => GetAttrRequest,
         GetAttrReply => Attr,
         SetAttrRequest => SetAttrRequest,
         SetAttrReply => Attr,
@@ -136,6 +136,8 @@ fn targets() -> Vec<(&'static str, Target)> {
         WriteRequest => WriteRequest,
         WriteReply => WriteReply,
         FsyncRequest => FsyncRequest,
+        DelegateRequest => DelegateRequest,
+        DelegateReply => DelegateReply,
         FallocateRequest => FallocateRequest,
         FallocateReply => Attr,
         GetExtentsRequest => GetExtentsRequest,

@@ -189,6 +189,13 @@ impl Data for TestData {
     ) -> Result<Response<pb::ReplayWritesReply>, Status> {
         Err(not_here())
     }
+
+    async fn delegate(
+        &self,
+        _: Request<pb::DelegateRequest>,
+    ) -> Result<Response<pb::DelegateReply>, Status> {
+        Err(not_here())
+    }
 }
 
 async fn serve() -> (SocketAddr, tokio::task::JoinHandle<()>) {

@@ -696,6 +696,7 @@ fn session_messages() {
         inode: InodeId(4),
         range: range(0, 4096),
         reason: RecallReason::Conflict,
+        delegation: false,
     };
     check::<Recall, pb::Recall>(
         recall.clone(),

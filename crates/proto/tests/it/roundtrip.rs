@@ -77,6 +77,7 @@ fn session_stream_events() {
             inode: InodeId(42),
             range: range(4096, 8192),
             reason,
+            delegation: reason == RecallReason::Conflict,
         }));
     }
     for reason in [
@@ -109,7 +110,16 @@ fn entry_and_inode_requests() {
         cred: Credentials::root(),
         inode: InodeId(u64::MAX),
     };
-    round_trip::<_, pb::GetAttrRequest>(i.clone());
+    round_trip::<_, pb::GetAttrRequest>(GetAttrRequest {
+        cred: Credentials::root(),
+        inode: InodeId(7),
+        session: None,
+    });
+    round_trip::<_, pb::GetAttrRequest>(GetAttrRequest {
+        cred: Credentials::root(),
+        inode: InodeId(7),
+        session: Some(SessionId(9)),
+    });
     round_trip::<_, pb::ReadlinkRequest>(i.clone());
     round_trip::<_, pb::StatFsRequest>(i.clone());
     round_trip::<_, pb::ListXattrRequest>(i.clone());
@@ -724,4 +734,32 @@ fn replay_writes() {
             ReplayOutcome::Refused,
         ],
     });
+}
+
+#[test]
+fn delegate_round_trips_and_zero_means_refused() {
+    let req = DelegateRequest {
+        handle: HandleRef {
+            session: SessionId(5),
+            handle: OpenHandle(6),
+        },
+        inode: InodeId(7),
+        epoch: SessionEpoch(2),
+        write: true,
+    };
+    round_trip::<_, pb::DelegateRequest>(req);
+    for d in [None, Some(GrantId(11))] {
+        round_trip::<_, pb::DelegateReply>(DelegateReply { delegation: d });
+    }
+    // A delegation needs a real handle and inode.
+    assert!(
+        DelegateRequest::try_from(pb::DelegateRequest {
+            session: 5,
+            handle: 6,
+            inode: 0,
+            epoch: 2,
+            write: false,
+        })
+        .is_err()
+    );
 }

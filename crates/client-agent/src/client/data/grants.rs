@@ -30,6 +30,16 @@ impl Inner {
             .insert((fh.session, fh.handle), ino);
     }
 
+    /// The inode `fh` is open on, when `fh` is this session's last handle there.
+    pub(crate) fn last_handle_of(&self, fh: &FileHandle) -> Option<InodeId> {
+        let open = self.open_handles.lock().unwrap_or_else(|e| e.into_inner());
+        let ino = *open.get(&(fh.session, fh.handle))?;
+        let others = open
+            .iter()
+            .any(|(k, i)| *i == ino && k.0 == fh.session && *k != (fh.session, fh.handle));
+        (!others).then_some(ino)
+    }
+
     /// Right before `fh` is released: forgets it and, when it is this session's last handle
     /// on its inode, gives back that inode's cached grants, read grants and write layouts
     /// (waiting for their I/O and write completions in flight). The server drops a session's grants on an inode without a recall when the

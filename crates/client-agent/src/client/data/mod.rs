@@ -84,7 +84,7 @@ fn split(offset: u64, len: u64, block: u64, threshold: u64) -> Option<(u64, u64)
     Some((head_end, mid_end))
 }
 
-fn handle_ref(fh: &FileHandle) -> HandleRef {
+pub(crate) fn handle_ref(fh: &FileHandle) -> HandleRef {
     HandleRef {
         session: fh.session,
         handle: fh.handle,
@@ -123,6 +123,8 @@ impl Client {
         if len == 0 {
             return Ok(0);
         }
+        // What this node held back is read from the LUNs once written.
+        self.write_back_barrier(ino).await;
         let inner = &self.inner;
         let view = inner.live_view_for(Some(fh), "Read").await?;
         // This agent's own write layouts there would block the read: give them back (after
@@ -168,8 +170,23 @@ impl Client {
     }
 
     /// Writes `data` at `offset`. On a device error the caller gets EIO and the blocks of
-    /// the failed range stay Unwritten (they read as zeros, never as stale data).
+    /// the failed range stay Unwritten (they read as zeros, never as stale data). Bytes of
+    /// the file held back on this node are written first (in order).
     pub async fn write_at(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<WriteOutcome, FsError> {
+        self.write_back_barrier(ino).await;
+        self.write_through(cred, fh, ino, offset, data).await
+    }
+
+    /// [`Client::write_at`] without writing held-back bytes first (what write-back itself
+    /// uses).
+    pub(crate) async fn write_through(
         &self,
         cred: &Credentials,
         fh: &FileHandle,
@@ -279,6 +296,7 @@ impl Client {
                 },
             ));
         }
+        self.write_back_barrier(ino).await;
         let inner = &self.inner;
         let view = inner.live_view_for(Some(fh), "Write").await?;
         inner.take_write_error(ino)?;
@@ -397,6 +415,8 @@ impl Client {
         ino: InodeId,
         data_only: bool,
     ) -> Result<(), FsError> {
+        // Held-back bytes first; a failed write-back is this fsync's error.
+        self.write_back_barrier(ino).await;
         let inner = &*self.inner;
         let view = inner.live_view_for(Some(fh), "Fsync reply").await?;
         // Writes completed behind first; one that failed is this fsync's error, and so is a
@@ -436,6 +456,7 @@ impl Client {
         ino: InodeId,
         size: u64,
     ) -> Result<Attr, FsError> {
+        self.before_truncate(ino).await?;
         let view = self.inner.live_view_for(fh, "SetAttr").await?;
         self.inner.settle(ino).await;
         let tail = ByteRange::new(size, MAX_FILE_SIZE.saturating_sub(size))?;
@@ -461,6 +482,7 @@ impl Client {
         if len == 0 {
             return Err(FsError::Invalid("fallocate of 0 bytes".to_owned()));
         }
+        self.before_truncate(ino).await?;
         let inner = &*self.inner;
         let view = inner.live_view_for(Some(fh), "Fallocate").await?;
         inner.settle(ino).await;

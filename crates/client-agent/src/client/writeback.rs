@@ -1,0 +1,660 @@
+//! Write-back under write delegations (issue 18; docs/posix.md "Buffered writes").
+//!
+//! A small buffered write (shorter than [`WriteBackConfig::max_write`]) to a file this agent
+//! holds a **write delegation** on is kept in memory here and answered at once; the file's
+//! held-back bytes are written later, in large pieces, through the ordinary write path
+//! ([`Client::write_through`]: direct where the pieces are long and aligned, proxied
+//! otherwise). The delegation is what makes this coherent: while it is held, no other
+//! session reads, writes, truncates or stats the file without the server recalling it
+//! first, and the recall is acknowledged only once everything held back is written
+//! ([`Inner::recall_delegation`]). The holder's own I/O never waits for its delegation
+//! (server side: a delegation does not conflict with its own session's locks).
+//!
+//! **When held-back bytes are written:** when a file has [`WriteBackConfig::file_bytes`] of
+//! them or the agent [`WriteBackConfig::total_bytes`] (the writer that crosses the line
+//! writes its file back before it is answered); when they are older than
+//! [`WriteBackConfig::max_age`] (a background task); before any other I/O of this agent on
+//! the file that must see them in order (a read, a write through, an append, a truncate, a
+//! fallocate, a seek for data or holes); at fsync and close (then made durable); at a
+//! recall; and after a new session (a server restart), as soon as it serves.
+//!
+//! **Order.** One write-back of a file at a time ([`FileState::flusher`]): what a write-back
+//! took out of the table is written before any later I/O of the file that waited for it.
+//! A write that fails is reported (EIO, ENOSPC, EDQUOT) by the file's next fsync or close,
+//! as a failed page write-back is on a local file system.
+//!
+//! **Attributes.** Until held-back bytes are written the server's size and mtime do not
+//! show them: [`Client::buffered_attr`] is what this node reports instead (the larger size,
+//! the later mtime).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use sanfs_proto::model::{DelegateReply, DelegateRequest};
+use sanfs_proto::pb;
+use sanfs_proto::types::{Attr, Credentials, FsError, GrantId, InodeId, Timestamp};
+
+use super::data::WriteOutcome;
+use super::file::{OpenFile, retrying};
+use super::rpc::Pin;
+use super::{Client, Inner, add, bump};
+
+/// Write-back limits (mount options `writeback=`, `writeback_file=`, `writeback_age=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteBackConfig {
+    /// Held-back bytes of the whole agent; 0 turns write-back off.
+    pub total_bytes: u64,
+    /// Held-back bytes of one file that start its write-back.
+    pub file_bytes: u64,
+    /// Writes at least this long are written through at once (large writes gain nothing).
+    pub max_write: u64,
+    /// Held-back bytes older than this are written back by the background task.
+    pub max_age: Duration,
+}
+
+impl Default for WriteBackConfig {
+    fn default() -> WriteBackConfig {
+        WriteBackConfig {
+            total_bytes: 256 << 20,
+            file_bytes: 8 << 20,
+            max_write: 128 << 10,
+            max_age: Duration::from_secs(5),
+        }
+    }
+}
+
+/// How long a refused delegation is not asked for again.
+const REFUSAL_BACKOFF: Duration = Duration::from_secs(1);
+
+/// How many recalled-but-unknown delegation ids are remembered.
+const MAX_TOMBSTONES: usize = 1024;
+
+/// A delegation this agent holds.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    id: GrantId,
+    /// The session generation it was given under: useless under any other.
+    generation: u64,
+}
+
+/// One file's write-back state.
+#[derive(Default)]
+struct FileState {
+    delegation: Option<Held>,
+    /// A recall of the delegation is being served: nothing more is held back.
+    recalling: bool,
+    /// Not asked again before then (refused, or recalled a moment ago).
+    quiet_until: Option<Instant>,
+    /// Held-back bytes: non-overlapping, non-adjacent extents by offset.
+    dirty: BTreeMap<u64, Vec<u8>>,
+    dirty_bytes: u64,
+    /// When the oldest held-back byte was written.
+    dirty_since: Option<Instant>,
+    /// Whom the held-back bytes are written as, and through which open file.
+    writer: Option<(Arc<OpenFile>, Credentials)>,
+    /// The size and mtime this node's writes gave the file (kept until the next truncate).
+    end: u64,
+    mtime: Option<Timestamp>,
+    /// One write-back of this file at a time.
+    flusher: Arc<tokio::sync::Mutex<()>>,
+    /// Writes of this file (held back or not) in their first step: a delegation asked for.
+    asking: bool,
+}
+
+/// The write-back table of one agent.
+pub(crate) struct WriteBack {
+    config: WriteBackConfig,
+    files: Mutex<HashMap<InodeId, FileState>>,
+    /// Delegation recalls that came before the delegation's own reply.
+    tombstones: Mutex<HashSet<GrantId>>,
+    total: AtomicU64,
+    pub(crate) counters: WriteBackCounters,
+}
+
+/// What write-back did (metrics, status).
+#[derive(Debug, Default)]
+pub(crate) struct WriteBackCounters {
+    pub held_writes: AtomicU64,
+    pub flushes: AtomicU64,
+    pub flushed_bytes: AtomicU64,
+    pub recalls_flushed: AtomicU64,
+    pub delegations: AtomicU64,
+    pub refusals: AtomicU64,
+}
+
+/// Puts `data` at `off` into `map`; returns how many bytes the map grew by.
+fn insert(map: &mut BTreeMap<u64, Vec<u8>>, off: u64, data: &[u8]) -> u64 {
+    let end = off + data.len() as u64;
+    // The extents that overlap or touch [off, end): starts <= end, ends >= off.
+    let touching: Vec<u64> = map
+        .range(..=end)
+        .rev()
+        .take_while(|(s, v)| **s + v.len() as u64 >= off)
+        .map(|(s, _)| *s)
+        .collect();
+    // Common cases in place: inside or extending one extent that starts at or before `off`.
+    if let [start] = touching[..]
+        && start <= off
+        && let Some(v) = map.get_mut(&start)
+    {
+        let at = usize::try_from(off - start).unwrap_or(usize::MAX);
+        let before = v.len() as u64;
+        let keep = v.len().min(at + data.len());
+        if at + data.len() <= v.len() {
+            v[at..keep].copy_from_slice(data);
+        } else {
+            v.truncate(at);
+            v.extend_from_slice(data);
+        }
+        return v.len() as u64 - before;
+    }
+    let first = touching.last().copied().unwrap_or(off).min(off);
+    let mut last_end = end;
+    let mut old_bytes = 0u64;
+    let mut merged = Vec::new();
+    for start in touching.iter().rev() {
+        if let Some(v) = map.remove(start) {
+            old_bytes += v.len() as u64;
+            last_end = last_end.max(start + v.len() as u64);
+            let at = usize::try_from(start - first).unwrap_or(usize::MAX);
+            if merged.len() < at + v.len() {
+                merged.resize(at + v.len(), 0);
+            }
+            merged[at..at + v.len()].copy_from_slice(&v);
+        }
+    }
+    let len = usize::try_from(last_end - first).unwrap_or(usize::MAX);
+    merged.resize(len, 0);
+    let at = usize::try_from(off - first).unwrap_or(usize::MAX);
+    merged[at..at + data.len()].copy_from_slice(data);
+    let grew = merged.len() as u64 - old_bytes;
+    map.insert(first, merged);
+    grew
+}
+
+impl WriteBack {
+    pub(crate) fn new(config: WriteBackConfig) -> WriteBack {
+        WriteBack {
+            config,
+            files: Mutex::new(HashMap::new()),
+            tombstones: Mutex::new(HashSet::new()),
+            total: AtomicU64::new(0),
+            counters: WriteBackCounters::default(),
+        }
+    }
+
+    fn files(&self) -> MutexGuard<'_, HashMap<InodeId, FileState>> {
+        self.files.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn tombstones(&self) -> MutexGuard<'_, HashSet<GrantId>> {
+        self.tombstones.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.config.total_bytes > 0
+    }
+
+    /// Held-back bytes now, over all files.
+    pub(crate) fn dirty_bytes(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    /// Whether `ino` has held-back bytes.
+    pub(crate) fn has_dirty(&self, ino: InodeId) -> bool {
+        self.files().get(&ino).is_some_and(|f| f.dirty_bytes > 0)
+    }
+
+    /// The files with held-back bytes older than the age limit, or held under a
+    /// delegation of an older session (a server restart).
+    fn due(&self, generation: u64) -> Vec<InodeId> {
+        let now = Instant::now();
+        self.files()
+            .iter()
+            .filter(|(_, f)| f.dirty_bytes > 0)
+            .filter(|(_, f)| {
+                f.dirty_since
+                    .is_some_and(|t| now.duration_since(t) >= self.config.max_age)
+                    || f.delegation.is_none_or(|d| d.generation != generation)
+            })
+            .map(|(ino, _)| *ino)
+            .collect()
+    }
+
+    /// Takes every held-back extent of `ino` out (a write-back is about to write them).
+    fn take(&self, ino: InodeId) -> Option<(BTreeMap<u64, Vec<u8>>, Arc<OpenFile>, Credentials)> {
+        let mut files = self.files();
+        let f = files.get_mut(&ino)?;
+        if f.dirty.is_empty() {
+            return None;
+        }
+        let (file, cred) = f.writer.clone()?;
+        let dirty = std::mem::take(&mut f.dirty);
+        self.total.fetch_sub(f.dirty_bytes, Ordering::Relaxed);
+        f.dirty_bytes = 0;
+        f.dirty_since = None;
+        Some((dirty, file, cred))
+    }
+
+    fn flusher(&self, ino: InodeId) -> Arc<tokio::sync::Mutex<()>> {
+        self.files().entry(ino).or_default().flusher.clone()
+    }
+
+    /// Notes a delegation recall; returns whether this agent knew the delegation (else it
+    /// is remembered, so that its reply, when it comes, is not used).
+    fn mark_recalled(&self, ino: InodeId, ids: &[GrantId]) -> bool {
+        let mut files = self.files();
+        if let Some(f) = files.get_mut(&ino)
+            && f.delegation.is_some_and(|d| ids.contains(&d.id))
+        {
+            f.recalling = true;
+            return true;
+        }
+        drop(files);
+        let mut t = self.tombstones();
+        if t.len() >= MAX_TOMBSTONES {
+            t.clear();
+        }
+        t.extend(ids.iter().copied());
+        false
+    }
+
+    /// The recall is served: the delegation is gone; not asked for again for a moment (the
+    /// other node is using the file).
+    fn recalled(&self, ino: InodeId) {
+        if let Some(f) = self.files().get_mut(&ino) {
+            f.delegation = None;
+            f.recalling = false;
+            f.quiet_until = Some(Instant::now() + REFUSAL_BACKOFF);
+        }
+    }
+
+    /// This agent's session, when it holds a current write delegation on `ino` (its own
+    /// GetAttr then does not recall it).
+    pub(crate) fn holder_session(
+        &self,
+        ino: InodeId,
+        view: &super::SessionView,
+    ) -> Option<sanfs_proto::types::SessionId> {
+        self.files()
+            .get(&ino)
+            .and_then(|f| f.delegation)
+            .filter(|d| d.generation == view.generation)
+            .map(|_| view.session)
+    }
+
+    /// The file's last handle here closed: the server dropped its delegation with it.
+    pub(crate) fn forget(&self, ino: InodeId) {
+        let mut files = self.files();
+        if let Some(f) = files.get(&ino)
+            && f.dirty_bytes == 0
+            && !f.asking
+            && Arc::strong_count(&f.flusher) == 1
+        {
+            files.remove(&ino);
+        } else if let Some(f) = files.get_mut(&ino) {
+            f.delegation = None;
+        }
+    }
+
+    /// The size this node's writes gave `ino`; reset by a truncate.
+    fn reset_end(&self, ino: InodeId) {
+        if let Some(f) = self.files().get_mut(&ino) {
+            f.end = 0;
+            f.mtime = None;
+        }
+    }
+}
+
+impl Client {
+    /// A buffered write held back under the file's write delegation (asked for here when
+    /// there is none). `None`: not held back (write-back off, the write is long, the
+    /// delegation refused or being recalled): the caller writes it through. The file's
+    /// write-back may run before this returns (it crossed a limit).
+    pub async fn write_back(
+        &self,
+        cred: &Credentials,
+        file: &Arc<OpenFile>,
+        offset: u64,
+        data: &[u8],
+        now: Timestamp,
+    ) -> Result<Option<WriteOutcome>, FsError> {
+        let wb = &self.inner.writeback;
+        let len = data.len() as u64;
+        if !wb.enabled() || len == 0 || len >= wb.config.max_write {
+            return Ok(None);
+        }
+        let ino = file.ino();
+        let generation = self.inner.lock_state().view.generation;
+        let want = {
+            let mut files = wb.files();
+            let f = files.entry(ino).or_default();
+            if f.recalling || f.asking {
+                return Ok(None);
+            }
+            match f.delegation {
+                Some(d) if d.generation == generation => false,
+                _ => {
+                    if f.quiet_until.is_some_and(|t| Instant::now() < t) {
+                        return Ok(None);
+                    }
+                    f.delegation = None;
+                    f.asking = true;
+                    true
+                }
+            }
+        };
+        if want {
+            let got = self.ask_delegation(file).await;
+            let mut files = wb.files();
+            let f = files.entry(ino).or_default();
+            f.asking = false;
+            match got {
+                Some(held) => f.delegation = Some(held),
+                None => {
+                    f.quiet_until = Some(Instant::now() + REFUSAL_BACKOFF);
+                    return Ok(None);
+                }
+            }
+        }
+        let (file_dirty, total) = {
+            let mut files = wb.files();
+            let f = files.entry(ino).or_default();
+            // Checked again under the lock: a recall may have come meanwhile.
+            if f.recalling || f.delegation.is_none_or(|d| d.generation != generation) {
+                return Ok(None);
+            }
+            let grew = insert(&mut f.dirty, offset, data);
+            f.dirty_bytes += grew;
+            f.dirty_since.get_or_insert_with(Instant::now);
+            f.writer = Some((file.clone(), cred.clone()));
+            f.end = f.end.max(offset + len);
+            f.mtime = Some(now);
+            let total = wb.total.fetch_add(grew, Ordering::Relaxed) + grew;
+            (f.dirty_bytes, total)
+        };
+        bump(&wb.counters.held_writes);
+        if file_dirty >= wb.config.file_bytes || total >= wb.config.total_bytes {
+            // A failure is the file's next write's, fsync's or close's error.
+            let _ = self.flush_file(ino).await;
+        }
+        Ok(Some(WriteOutcome {
+            written: len,
+            attr: None,
+        }))
+    }
+
+    /// Asks the server for a write delegation on `file`.
+    async fn ask_delegation(&self, file: &Arc<OpenFile>) -> Option<Held> {
+        let inner = &self.inner;
+        let fh = file.current();
+        let view = inner.view_for(Some(&fh)).ok()?;
+        let req = pb::DelegateRequest::from(DelegateRequest {
+            handle: super::data::handle_ref(&fh),
+            inode: file.ino(),
+            epoch: view.epoch,
+            write: true,
+        });
+        let reply: Result<DelegateReply, FsError> = inner
+            .call("Delegate reply", Pin::Handle(&fh), |_| {
+                let mut data = inner.data();
+                let req = req.clone();
+                async move { data.delegate(req).await }
+            })
+            .await;
+        let wb = &inner.writeback;
+        match reply {
+            Ok(DelegateReply {
+                delegation: Some(id),
+            }) => {
+                if wb.tombstones().remove(&id) {
+                    // Recalled (and acknowledged) before its reply came: not ours any more.
+                    return None;
+                }
+                bump(&wb.counters.delegations);
+                Some(Held {
+                    id,
+                    generation: view.generation,
+                })
+            }
+            Ok(_) => {
+                bump(&wb.counters.refusals);
+                None
+            }
+            Err(e) => {
+                tracing::debug!(ino = %file.ino(), error = %e, "Delegate failed");
+                None
+            }
+        }
+    }
+
+    /// Writes every held-back byte of `ino` (one write-back of a file at a time: this waits
+    /// for one in progress). A failed write is the file's error, reported by its next
+    /// fsync or close (and returned here).
+    pub async fn flush_file(&self, ino: InodeId) -> Result<(), FsError> {
+        let wb = &self.inner.writeback;
+        let flusher = wb.flusher(ino);
+        let _one = flusher.lock().await;
+        let Some((dirty, file, cred)) = wb.take(ino) else {
+            return Ok(());
+        };
+        bump(&wb.counters.flushes);
+        self.inner.begin_pending(ino);
+        let mut failed = None;
+        for (off, data) in dirty {
+            let r = retrying!(file, self, &cred, |fh| self
+                .write_through(&cred, &fh, ino, off, &data)
+                .await);
+            match r {
+                Ok(_) => add(&wb.counters.flushed_bytes, data.len() as u64),
+                Err(e) => {
+                    tracing::warn!(%ino, offset = off, len = data.len(), error = %e, "writing back held-back bytes failed: the file's next fsync or close answers it");
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        self.inner.end_pending(ino, failed.clone());
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Before I/O of `ino` that must come after its held-back bytes: writes them. A failed
+    /// write-back is not answered here but by the file's next write, fsync or close (once).
+    pub(crate) async fn write_back_barrier(&self, ino: InodeId) {
+        if self.inner.writeback.has_dirty(ino) {
+            let _ = self.flush_file(ino).await;
+        }
+    }
+
+    /// Whether `ino` has bytes held back on this node.
+    pub fn has_held_back(&self, ino: InodeId) -> bool {
+        self.inner.writeback.has_dirty(ino)
+    }
+
+    /// Writes back every file that is due (old held-back bytes, or held under a delegation
+    /// of an earlier session).
+    pub async fn flush_due(&self) {
+        let generation = self.inner.lock_state().view.generation;
+        for ino in self.inner.writeback.due(generation) {
+            let _ = self.flush_file(ino).await;
+        }
+    }
+
+    /// What this node's held-back writes make of `attr`: the larger size, the later mtime.
+    pub fn buffered_attr(&self, mut attr: Attr) -> Attr {
+        if let Some(f) = self.inner.writeback.files().get(&attr.ino) {
+            if f.end > attr.size {
+                attr.size = f.end;
+            }
+            if let Some(m) = f.mtime
+                && m > attr.mtime
+            {
+                attr.mtime = m;
+                attr.ctime = attr.ctime.max(m);
+            }
+        }
+        attr
+    }
+
+    /// A truncate of `ino` is about to run: what it cuts must not come back from a later
+    /// write-back, and the size is the server's again.
+    pub(crate) async fn before_truncate(&self, ino: InodeId) -> Result<(), FsError> {
+        self.write_back_barrier(ino).await;
+        self.inner.writeback.reset_end(ino);
+        self.inner.take_write_error(ino)
+    }
+
+    /// The last handle of `ino` on this agent was released (the server dropped the
+    /// delegation with it).
+    pub fn forget_delegation(&self, ino: InodeId) {
+        self.inner.writeback.forget(ino);
+    }
+
+    /// Write-back figures: (held-back bytes now, held writes, write-backs, bytes written
+    /// back, recalls that wrote back, delegations, refusals).
+    pub fn write_back_stats(&self) -> WriteBackStats {
+        let wb = &self.inner.writeback;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        WriteBackStats {
+            dirty_bytes: wb.dirty_bytes(),
+            held_writes: get(&wb.counters.held_writes),
+            flushes: get(&wb.counters.flushes),
+            flushed_bytes: get(&wb.counters.flushed_bytes),
+            recalls_flushed: get(&wb.counters.recalls_flushed),
+            delegations: get(&wb.counters.delegations),
+            refusals: get(&wb.counters.refusals),
+        }
+    }
+}
+
+/// Write-back figures of one agent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WriteBackStats {
+    /// Bytes held back now.
+    pub dirty_bytes: u64,
+    /// Writes held back (answered without I/O).
+    pub held_writes: u64,
+    /// Write-backs run, and the bytes they wrote.
+    pub flushes: u64,
+    pub flushed_bytes: u64,
+    /// Delegation recalls that had bytes to write back first.
+    pub recalls_flushed: u64,
+    /// Write delegations given, and refused.
+    pub delegations: u64,
+    pub refusals: u64,
+}
+
+/// The background write-back: every half second, the files that are due
+/// ([`WriteBack::due`]). Runs until the client is dropped.
+pub(crate) async fn run(inner: Arc<Inner>) {
+    if !inner.writeback.enabled() {
+        return;
+    }
+    let client = Client::borrowed(inner);
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        client.flush_due().await;
+    }
+}
+
+impl Inner {
+    /// A recall of delegation(s) `ids` on `ino`: nothing more is held back, everything held
+    /// back is written, and the delegation is gone; the caller then acknowledges.
+    pub(crate) async fn recall_delegation(self: &Arc<Inner>, ino: InodeId, ids: &[GrantId]) {
+        let wb = &self.writeback;
+        if !wb.mark_recalled(ino, ids) {
+            return;
+        }
+        let had = wb.has_dirty(ino);
+        let client = Client::borrowed(self.clone());
+        // Until everything is out: writes that were held back just before the mark.
+        for _ in 0..4 {
+            if client.flush_file(ino).await.is_err() || !wb.has_dirty(ino) {
+                break;
+            }
+        }
+        if had {
+            bump(&wb.counters.recalls_flushed);
+        }
+        wb.recalled(ino);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flat(map: &BTreeMap<u64, Vec<u8>>, len: usize) -> Vec<Option<u8>> {
+        let mut out = vec![None; len];
+        for (s, v) in map {
+            for (i, b) in v.iter().enumerate() {
+                out[*s as usize + i] = Some(*b);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn inserts_merge_like_a_byte_array() {
+        let seed: u64 = std::env::var("SANFS_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+            });
+        println!("seed {seed} (SANFS_SEED to repeat)");
+        let mut x = seed | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let size = 4096usize;
+        for _ in 0..200 {
+            let mut map = BTreeMap::new();
+            let mut model: Vec<Option<u8>> = vec![None; size];
+            let mut bytes = 0u64;
+            for _ in 0..50 {
+                let off = (next() % size as u64) as usize;
+                let len = 1 + (next() % 300) as usize;
+                let len = len.min(size - off);
+                let fill = (next() % 251) as u8;
+                let data: Vec<u8> = (0..len).map(|i| fill.wrapping_add(i as u8)).collect();
+                bytes += insert(&mut map, off as u64, &data);
+                for (i, b) in data.iter().enumerate() {
+                    model[off + i] = Some(*b);
+                }
+                assert_eq!(flat(&map, size), model, "seed {seed}");
+                let held: u64 = map.values().map(|v| v.len() as u64).sum();
+                assert_eq!(held, bytes, "seed {seed}: the growth count is exact");
+                // Never two extents that overlap or touch.
+                let mut prev_end = None;
+                for (s, v) in &map {
+                    if let Some(e) = prev_end {
+                        assert!(*s > e, "seed {seed}: extents at {s} and before {e} touch");
+                    }
+                    prev_end = Some(s + v.len() as u64);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sequential_small_writes_grow_one_extent() {
+        let mut map = BTreeMap::new();
+        for i in 0..1000u64 {
+            assert_eq!(insert(&mut map, i * 4096, &[i as u8; 4096]), 4096);
+        }
+        assert_eq!(map.len(), 1);
+        assert_eq!(map[&0].len(), 4096 * 1000);
+        // A rewrite in place does not grow it.
+        assert_eq!(insert(&mut map, 8192, &[9; 100]), 0);
+    }
+}
