@@ -512,6 +512,116 @@ mod tests {
         assert_eq!(l.held(1), vec![(3, 0, 10, false)]);
     }
 
+    fn own(session: u64) -> Owner {
+        Owner::session(session)
+    }
+
+    #[tokio::test]
+    async fn a_delegation_blocks_other_sessions_but_never_its_own() {
+        let l = RangeLocks::new();
+        assert!(l.try_delegate(7, 1, LockMode::Exclusive, 10));
+        // The holder's own I/O passes, shared or exclusive.
+        for (id, mode) in [(2, LockMode::Exclusive), (3, LockMode::Shared)] {
+            let waited = l
+                .acquire_as(7, id, Span::new(0, 4096), mode, own(10), T, |_| {})
+                .await
+                .unwrap();
+            assert!(!waited);
+            assert!(l.release(7, id));
+        }
+        // Another session's read waits, told of the delegation (to recall it).
+        let told = std::sync::Mutex::new(Vec::new());
+        let r = l
+            .acquire_as(
+                7,
+                4,
+                Span::new(8192, 10),
+                LockMode::Shared,
+                own(11),
+                Duration::from_millis(200),
+                |b| told.lock().unwrap().extend(b),
+            )
+            .await;
+        assert_eq!(r, Err(LockError::Timeout(Duration::from_millis(200))));
+        assert_eq!(*told.lock().unwrap(), vec![1]);
+        // So does the server's own (a truncate), and a second delegation of anyone else.
+        assert!(!l.try_delegate(7, 5, LockMode::Shared, 11));
+        let server = l
+            .acquire(
+                7,
+                6,
+                Span::new(0, 1),
+                LockMode::Exclusive,
+                Duration::from_millis(50),
+                |_| {},
+            )
+            .await;
+        assert!(server.is_err());
+        // Read delegations share.
+        assert!(l.try_delegate(8, 7, LockMode::Shared, 10));
+        assert!(l.try_delegate(8, 8, LockMode::Shared, 11));
+        assert!(!l.try_delegate(8, 9, LockMode::Exclusive, 12));
+        // Session 0 (the server) never holds one.
+        assert!(!l.try_delegate(9, 10, LockMode::Shared, 0));
+    }
+
+    /// A request of the holder goes ahead of a waiter that waits for the holder's delegation:
+    /// the holder writes its cached data back before it answers the recall, so a strict queue
+    /// would wait for itself.
+    #[tokio::test]
+    async fn the_holder_goes_ahead_of_a_waiter_blocked_by_its_delegation() {
+        let l = RangeLocks::new();
+        assert!(l.try_delegate(7, 1, LockMode::Exclusive, 10));
+        let l2 = l.clone();
+        let reader = tokio::spawn(async move {
+            l2.acquire_as(
+                7,
+                2,
+                Span::new(0, 4096),
+                LockMode::Shared,
+                own(11),
+                T,
+                |_| {},
+            )
+            .await
+        });
+        while l.waiting() == 0 {
+            tokio::task::yield_now().await;
+        }
+        // The holder writes back the very range the reader waits for: not queued behind it.
+        let waited = l
+            .acquire_as(
+                7,
+                3,
+                Span::new(0, 4096),
+                LockMode::Exclusive,
+                own(10),
+                T,
+                |_| {},
+            )
+            .await
+            .unwrap();
+        assert!(!waited);
+        // A third session's request still queues behind the waiting reader.
+        let third = l
+            .acquire_as(
+                7,
+                4,
+                Span::new(0, 4096),
+                LockMode::Exclusive,
+                own(12),
+                Duration::from_millis(50),
+                |_| {},
+            )
+            .await;
+        assert!(third.is_err());
+        assert!(l.release(7, 3));
+        // The recall is answered: the reader goes.
+        assert!(l.release(7, 1));
+        assert!(reader.await.unwrap().unwrap());
+        assert!(l.release(7, 2));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_bounded_wait_fails_and_leaves_nothing_behind() {
         let l = RangeLocks::new();
