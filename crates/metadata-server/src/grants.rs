@@ -970,10 +970,23 @@ impl Grants {
     /// size and mtime read next include every write that returned on any node. Bounded by
     /// the lock timeout (then the attributes are read as they are).
     pub async fn settle_attr(&self, ino: u64, caller: u64) {
+        self.settle(ino, caller, false).await;
+    }
+
+    /// Before attributes are answered by a Lookup or a ReadDir with attributes (whose caller
+    /// the server does not know): the write delegations on `ino` are recalled first, as for
+    /// [`Grants::settle_attr`], so that the size includes what their holders held back.
+    /// Write layouts are left alone (their writes are completed behind them within moments).
+    pub async fn settle_delegations(&self, ino: u64) {
+        self.settle(ino, 0, true).await;
+    }
+
+    async fn settle(&self, ino: u64, caller: u64, delegations_only: bool) {
         let ids: Vec<u64> = self
             .lock_table()
             .iter()
             .filter(|(_, g)| g.ino == ino && g.mode == LockMode::Exclusive)
+            .filter(|(_, g)| g.delegation || !delegations_only)
             // The caller's own write delegation: its agent answers for its cached data.
             .filter(|(_, g)| !(g.delegation && g.session == caller))
             .map(|(id, _)| *id)
@@ -1005,6 +1018,14 @@ impl Grants {
             }
         }
         tracing::warn!(ino, "write grants outlived a GetAttr's wait for them");
+    }
+
+    /// Whether any write delegation is held (a quick test before [`Grants::settle_delegations`]
+    /// over many inodes).
+    pub fn any_write_delegation(&self) -> bool {
+        self.lock_table()
+            .values()
+            .any(|g| g.delegation && g.mode == LockMode::Exclusive)
     }
 
     /// Offers `session` a **delegation** on `ino`: whole-file caching rights, shared (read:

@@ -287,6 +287,7 @@ impl WriteBack {
 
     /// The file's last handle here closed: the server dropped its delegation with it.
     pub(crate) fn forget(&self, ino: InodeId) {
+        tracing::debug!(%ino, "the file's last handle here closed: its delegation is gone");
         let mut files = self.files();
         if let Some(f) = files.get(&ino)
             && f.dirty_bytes == 0
@@ -441,6 +442,7 @@ impl Client {
             return Ok(());
         };
         bump(&wb.counters.flushes);
+        tracing::debug!(%ino, extents = dirty.len(), "writing back held-back bytes");
         self.inner.begin_pending(ino);
         let mut failed = None;
         for (off, data) in dirty {

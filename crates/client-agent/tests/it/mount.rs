@@ -1179,20 +1179,18 @@ async fn allow_other_mount_checks_permissions_for_other_users() {
     srv.stop().await;
 }
 
-/// The agent's status of mount `path`, as JSON (`sanfs-agent status --json PATH`).
+/// The agent's status of mount `path`, as JSON, asked over its control socket from this
+/// process (a `sanfs-agent status` child would be a fork and exec, which closes this
+/// process's descriptors of files on the mount in the child: a FUSE flush, a close).
 fn agent_status(path: &Path) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
-        .arg("status")
-        .arg("--json")
-        .arg(path)
-        .output()
+    use sanfs_client_agent::control;
+    let (entry, _) = control::mount_of(path).unwrap();
+    let socket = control::socket_path(&control::run_dir(), entry.major, entry.minor);
+    let st = control::ask(&socket, &control::Request::Status)
+        .unwrap()
+        .status
         .unwrap();
-    assert!(
-        out.status.success(),
-        "sanfs-agent status: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::to_value(&st).unwrap()
 }
 
 /// A seed for a randomized test, printed (`SANFS_SEED` repeats one).
@@ -1335,6 +1333,82 @@ async fn two_nodes_writing_disjoint_blocks_of_one_file_keep_both() {
                 assert_eq!(chunk, block(n as u64).as_slice(), "block {n} via {path:?}");
             }
         }
+    })
+    .await;
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
+
+/// A node killed with -9 while it holds writes back loses exactly those: another node then
+/// reads the synced writes whole and, where the lost ones were, the file's older bytes (or
+/// the new ones, for a piece written back before the kill), never anything else; and its
+/// read waits for the dead node's lease instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_killed_with_held_back_writes_loses_only_those() {
+    if !can_mount() {
+        return;
+    }
+    const LEN: usize = 2 << 20;
+    let srv = cluster::start(10_000).await;
+    let mut a = Mount::start(&srv, "victim", "").await;
+    let b = Mount::start(&srv, "reader", "").await;
+    let (pa, pb, mnt_a) = (a.p("f"), b.p("f"), a.path.clone());
+    let old: Vec<u8> = (0..LEN).map(|i| (i % 97) as u8 | 0x80).collect();
+    let new: Vec<u8> = (0..LEN).map(|i| (i % 89) as u8 & 0x7f).collect();
+    let (o, n) = (old.clone(), new.clone());
+    // The older bytes are durable; then the first half is rewritten and fsync'd, the second
+    // half rewritten and held back.
+    let f = timed("writes before the kill", 120, move || {
+        use std::os::unix::fs::FileExt;
+        std::fs::write(&pa, &o).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&pa).unwrap();
+        for (i, chunk) in n[..LEN / 2].chunks(3000).enumerate() {
+            f.write_all_at(chunk, (i * 3000) as u64).unwrap();
+        }
+        f.sync_data().unwrap();
+        for (i, chunk) in n[LEN / 2..].chunks(3000).enumerate() {
+            f.write_all_at(chunk, (LEN / 2 + i * 3000) as u64).unwrap();
+        }
+        let st = agent_status(&mnt_a);
+        assert!(
+            st["agent"]["write_back"]["dirty_bytes"].as_u64().unwrap() > 0,
+            "writes are held back at the kill: {}",
+            st["agent"]["write_back"]
+        );
+        f
+    })
+    .await;
+    // Signalled from this process: a `kill` child would be a fork and exec, which closes
+    // this process's descriptor of the file in the child (a FUSE flush: a write-back).
+    let pid = rustix::process::Pid::from_raw(i32::try_from(a.pid()).unwrap()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    assert!(a.wait_exit(10).is_some(), "the agent died");
+    drop(f);
+    let got = timed("read after the kill", 60, move || {
+        std::fs::read(&pb).unwrap()
+    })
+    .await;
+    assert_eq!(got.len(), LEN);
+    assert!(
+        got[..LEN / 2] == new[..LEN / 2],
+        "the fsync'd half is whole"
+    );
+    let mut lost = 0usize;
+    for i in LEN / 2..LEN {
+        if got[i] == old[i] {
+            lost += 1;
+        } else {
+            assert_eq!(
+                got[i], new[i],
+                "byte {i} is neither the older nor the newer one"
+            );
+        }
+    }
+    assert!(lost > 0, "the held-back writes were lost with the node");
+    let target = a.path.clone();
+    timed("lazy unmount", 10, move || {
+        rustix::mount::unmount(&target, rustix::mount::UnmountFlags::DETACH).unwrap()
     })
     .await;
     drop(a);

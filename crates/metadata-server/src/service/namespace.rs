@@ -16,7 +16,9 @@ use sanfs_proto::model::{
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::namespace_server::Namespace;
-use sanfs_proto::types::{Attr, FsError, InodeId, NAME_MAX, OpenHandle, SymlinkTarget, XattrName};
+use sanfs_proto::types::{
+    Attr, FileType, FsError, InodeId, NAME_MAX, OpenHandle, SymlinkTarget, XattrName,
+};
 use tonic::{Request, Response, Status};
 
 use super::identity::{NodeIdentity, caller};
@@ -227,7 +229,13 @@ impl Namespace for NamespaceService {
             self.server.wait_reclaim().await;
             note(None, Some(req.parent.0));
             let bs = self.server.store.block_size();
-            let attr = self.server.read(|t| t.lookup(bs, &req))?;
+            let mut attr = self.server.read(|t| t.lookup(bs, &req))?;
+            // A size another node holds writes back for: those writes first (the lookup's
+            // caller is not known, so its own delegation is recalled too).
+            if attr.kind == FileType::Regular && self.server.grants.any_write_delegation() {
+                self.server.grants.settle_delegations(attr.ino.0).await;
+                attr = self.server.read(|t| t.lookup(bs, &req))?;
+            }
             Ok(attr.into())
         })
         .await
@@ -497,7 +505,20 @@ impl Namespace for NamespaceService {
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             let bs = self.server.store.block_size();
-            let reply = self.server.read(|t| t.readdir(bs, &req))?;
+            let mut reply = self.server.read(|t| t.readdir(bs, &req))?;
+            // Attributes of files another node holds writes back for: those writes first.
+            if self.server.grants.any_write_delegation() {
+                let mut settled = false;
+                for e in &reply.entries {
+                    if let Some(a) = e.attr.as_ref().filter(|a| a.kind == FileType::Regular) {
+                        self.server.grants.settle_delegations(a.ino.0).await;
+                        settled = true;
+                    }
+                }
+                if settled {
+                    reply = self.server.read(|t| t.readdir(bs, &req))?;
+                }
+            }
             Ok(reply.into())
         })
         .await

@@ -186,7 +186,14 @@ async fn direct_and_proxied_io_interleave_coherently() {
                 let fill = (step as u8).wrapping_mul(17) | 1;
                 let buf: Vec<u8> = (0..len).map(|i| fill ^ (i as u8).rotate_left(3)).collect();
                 let (at, attr) = dp
-                    .write(ino, Position::At(off), buf.clone(), rng.below(4) == 0, true)
+                    .write(
+                        ino,
+                        Position::At(off),
+                        buf.clone(),
+                        rng.below(4) == 0,
+                        true,
+                        0,
+                    )
                     .await
                     .unwrap();
                 assert_eq!(at, off);
@@ -223,7 +230,7 @@ async fn direct_and_proxied_io_interleave_coherently() {
             _ => {
                 let off = rng.below(1 << 20);
                 let len = 1 + rng.below(100_000);
-                let (data, eof) = dp.read(ino, off, len).await.unwrap();
+                let (data, eof) = dp.read(ino, off, len, 0).await.unwrap();
                 let size = m.len() as u64;
                 let stop = (off + len).min(size);
                 let want: &[u8] = if off < size {

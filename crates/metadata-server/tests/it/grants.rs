@@ -122,6 +122,7 @@ async fn an_expired_session_loses_its_grants_and_its_range_reads_as_zeros() {
         vec![7u8; 256 * KIB as usize],
         false,
         true,
+        0,
     )
     .await
     .unwrap();
@@ -163,7 +164,7 @@ async fn an_expired_session_loses_its_grants_and_its_range_reads_as_zeros() {
         "512 KiB of 4 KiB blocks freed"
     );
     // The file is still 256 KiB of 7s: the uncompleted write is invisible on both paths.
-    let (data, eof) = dp.read(ino, 0, MIB).await.unwrap();
+    let (data, eof) = dp.read(ino, 0, MIB, 0).await.unwrap();
     assert_eq!(data.len(), 256 * KIB as usize);
     assert!(eof && data.iter().all(|b| *b == 7));
     // Extending the file over the abandoned range reads zeros there, not the 9s on the LUN.
@@ -173,10 +174,11 @@ async fn an_expired_session_loses_its_grants_and_its_range_reads_as_zeros() {
         vec![1],
         false,
         true,
+        0,
     )
     .await
     .unwrap();
-    let (data, _) = dp.read(ino, 256 * KIB, 768 * KIB).await.unwrap();
+    let (data, _) = dp.read(ino, 256 * KIB, 768 * KIB, 0).await.unwrap();
     assert_eq!(data.len(), 768 * KIB as usize);
     assert!(
         data[..data.len() - 1].iter().all(|b| *b == 0),
@@ -698,6 +700,7 @@ fn an_acknowledged_proxied_write_survives_a_crash() {
                     vec![5u8; 8 * KIB as usize],
                     write_sync,
                     true,
+                    0,
                 )
                 .await
                 .unwrap();
