@@ -323,3 +323,54 @@ fn range(off: u64, len: u64, buf_len: usize) -> Result<std::ops::Range<usize>, F
         })?;
     Ok(start..end)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{LayoutKindConfig, VolumeConfig};
+
+    /// A cloned LUN (one label on two devices) is refused by the import rule, whichever path
+    /// is listed first, as the agent's discovery refuses it: the device is missing, and
+    /// proxied I/O on it says why.
+    #[test]
+    fn an_identity_on_two_devices_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let luns: Vec<PathBuf> = (0..2)
+            .map(|i| {
+                let p = dir.path().join(format!("lun{i}"));
+                std::fs::File::create(&p).unwrap().set_len(4 << 20).unwrap();
+                p
+            })
+            .collect();
+        let cfg = VolumeConfig {
+            layout: LayoutKindConfig::Linear,
+            block_size: 4096,
+            stripe_unit: 64 << 10,
+            data_offset: 1 << 20,
+            devices: luns.clone(),
+            lvm_vg: None,
+            lvm_lv: None,
+        };
+        let f = crate::format::format_volume(&cfg, false, 1_790_000_000).unwrap();
+        let clone = dir.path().join("clone-of-1");
+        std::fs::copy(&luns[1], &clone).unwrap();
+        let id1 = f.volume.devices()[1].uuid;
+        for paths in [
+            vec![luns[0].clone(), luns[1].clone(), clone.clone()],
+            vec![clone.clone(), luns[0].clone(), luns[1].clone()],
+        ] {
+            let devices = DataDevices::open(&f.volume, &paths);
+            assert_eq!(devices.present(), 1);
+            assert_eq!(devices.missing(), vec![id1]);
+            let err = devices.lun(DeviceIndex(1)).err().unwrap().to_string();
+            assert!(err.contains("refused"), "{err}");
+            assert!(err.contains("is on 2 devices"), "{err}");
+        }
+        // The same path twice is one device, not a clone.
+        let devices = DataDevices::open(
+            &f.volume,
+            &[luns[0].clone(), luns[1].clone(), luns[1].clone()],
+        );
+        assert_eq!(devices.present(), 2);
+    }
+}
