@@ -15,10 +15,13 @@
 //! [`StoreError::InUse`]. A problem is a line of text naming the record.
 //!
 //! [`repair`] is the explicit `--repair`: redb's own repair (on a read-write open), then the
-//! few repairs of ours that cannot lose anything ([`Fix`]): blocks that neither a file nor free
-//! space owns go back to free space, the next inode number moves past the highest inode, and
-//! quota usage is set to what the inodes hold. With `dry_run` it repairs a copy in memory and
-//! changes nothing. A panic of the storage library on damaged bytes is caught
+//! repairs of ours that cannot lose anything ([`Fix`]), in one transaction: blocks that neither
+//! a file nor free space owns go back to free space; link counts, directory sizes, directory
+//! parents and block counts are set from the entries and extents; the next inode number moves
+//! past the highest inode; quota usage is set to what the inodes hold; an inode with no links
+//! in no directory is listed as an orphan (the next start frees it); an inode with links, or a
+//! directory, in no directory is connected to `/lost+found` as `#<ino>`, as e2fsck does (made
+//! at `now` if missing). With `dry_run` it repairs a copy in memory and changes nothing. A panic of the storage library on damaged bytes is caught
 //! ([`crate::store::guard_damage`]) and answered as [`StoreError::Damaged`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -231,7 +234,8 @@ impl std::fmt::Display for RepairReport {
 
 /// `fsck --repair`: redb's repair (with every page's checksum verified), then our [`Fix`]es;
 /// the store is opened read-write only if [`check`] finds something to repair. With `dry_run`, the store's bytes are read into memory and
-/// repaired there: nothing is written. Problems that no fix covers stay in `after`.
+/// repaired there: nothing is written. Problems that no fix covers stay in `after`. `now`
+/// stamps a `/lost+found` that the repair makes, and the inodes it connects there.
 pub fn repair(
     backend: &Backend,
     dry_run: bool,
