@@ -110,6 +110,21 @@ fn gather(devices: &[PathBuf]) -> anyhow::Result<Inspection> {
             list.push(m);
         }
     };
+    // Every identity found on two devices, sanfs labels (a cloned LUN) included.
+    let identities: Vec<(String, DeviceId)> = inspected
+        .iter()
+        .filter_map(|d| match &d.found {
+            Found::Sanfs(l) => Some((d.path.display().to_string(), DeviceId::Sanfs(l.device_uuid))),
+            Found::Lvm(pv) => Some((
+                d.path.display().to_string(),
+                DeviceId::LvmPv(pv.label.pv_id),
+            )),
+            Found::Other(..) => None,
+        })
+        .collect();
+    for dup in assign_devices(&[], &identities).duplicates {
+        note(&mut refusals, dup.to_string());
+    }
     for meta in vgs.values() {
         let readings: Vec<PvReading> = pvs
             .iter()

@@ -16,7 +16,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use sanfs_blockmap::lvm::{LABEL_SCAN_BYTES, parse_pv_label};
+use sanfs_blockmap::lvm::{
+    INITIAL_CRC, LABEL_SCAN_BYTES, MDA_HEADER_SIZE, calc_crc, parse_mda_header, parse_pv_label,
+};
 use sanfs_mds::device::Lun;
 use sanfs_testcluster::{Need, skip_unless};
 
@@ -543,6 +545,10 @@ fn lvm_import_refusals_made_by_lvm2() {
         &["-an", "-Zn", "-y", "-n", "ro", "-l2", &vg, &devs[0]],
     );
     lab.lvm("lvchange", &["-pr", &format!("{vg}/ro")]);
+    lab.lvm(
+        "lvcreate",
+        &["-an", "-Zn", "-y", "-n", "one", "-l1", &vg, &devs[0]],
+    );
 
     let format = |lv: &str, devices: &[&str]| {
         let dir = tempfile::tempdir().unwrap();
@@ -653,4 +659,92 @@ fn lvm_import_refusals_made_by_lvm2() {
         "{run:?}"
     );
     lab.lvm("vgimport", &[&vg]);
+
+    // The second PV flagged MISSING, as lvm2 writes it when it changes a VG while a PV is
+    // away (lvm2 refuses to do that here, so the newest metadata is written as it would).
+    rewrite_metadata(&devs[0], |text| {
+        let at = text.find("pv1 {").expect("pv1 in the metadata");
+        let (head, tail) = text.split_at(at);
+        format!(
+            "{head}{}",
+            tail.replacen("flags = []", "flags = [\"MISSING\"]", 1)
+        )
+    });
+    let (run, wrote) = format("data", &both);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.contains("flagged MISSING"), "{run:?}");
+    assert!(
+        run.stderr.contains("logical volume data lies on it") && !wrote,
+        "{run:?}"
+    );
+    let (run, wrote) = format("one", &both);
+    assert!(
+        run.success() && wrote,
+        "a MISSING PV that the LV does not use: {run:?}"
+    );
+    assert!(run.stderr.contains("flagged MISSING"), "{run:?}");
+    assert!(
+        run.stderr.contains("logical volume one does not use it"),
+        "{run:?}"
+    );
+    let run = inspect(&both, &[]);
+    assert!(
+        run.stdout.contains("refused: PV pv1") && run.stdout.contains("warning: PV pv1"),
+        "{run:?}"
+    );
+    // A PV without metadata areas: --map says that, not that there is no PV.
+    let bare = lab.add_loop(8 * MIB);
+    lab.lvm("pvcreate", &["-y", "--metadatacopies", "0", &bare]);
+    let run = inspect(&[bare.as_str()], &["--map", "0"]);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stderr
+            .contains("the devices are LVM2 PVs, but none holds readable volume group metadata"),
+        "{run:?}"
+    );
+
+    // Back as lvm2 would have it, so that the drop guard's vgremove runs cleanly.
+    let _ = lab.try_lvm("vgextend", &["--restoremissing", &vg, &devs[1]]);
+}
+
+/// Rewrites the committed metadata text in the first metadata area of `dev` as lvm2 does:
+/// `edit` applied and the seqno raised by one, the text at the same place in the ring buffer,
+/// its size and checksum in `raw_locn[0]`, and the header's checksum.
+fn rewrite_metadata(dev: &str, edit: impl Fn(&str) -> String) {
+    let lun = Lun::open(Path::new(dev), false).unwrap();
+    let label = parse_pv_label(&lun.read_prefix(LABEL_SCAN_BYTES).unwrap()).unwrap();
+    let area = label.metadata_areas[0];
+    let mut header = lun.read_at(area.offset, MDA_HEADER_SIZE).unwrap();
+    let location = parse_mda_header(&header, area)
+        .unwrap()
+        .metadata_location()
+        .unwrap();
+    assert_eq!(location.pieces.len(), 1, "a text that wraps: {location:?}");
+    let piece = location.pieces[0];
+    let old = lun.read_at(piece.offset, piece.len as usize).unwrap();
+    let old_text = String::from_utf8(old.strip_suffix(b"\0").unwrap_or(&old).to_vec()).unwrap();
+    let seqno_line = old_text
+        .lines()
+        .find(|l| l.trim_start().starts_with("seqno = "))
+        .unwrap()
+        .to_owned();
+    let seqno: u64 = seqno_line
+        .trim()
+        .trim_start_matches("seqno = ")
+        .parse()
+        .unwrap();
+    let text = edit(&old_text).replacen(&seqno_line, &format!("seqno = {}", seqno + 1), 1);
+    assert_ne!(text, old_text);
+    let mut bytes = text.into_bytes();
+    bytes.push(0);
+    // raw_locn[0] at byte 40 of the header: offset u64, size u64, checksum u32, flags u32.
+    header[48..56].copy_from_slice(&(bytes.len() as u64).to_le_bytes());
+    header[56..60].copy_from_slice(&calc_crc(INITIAL_CRC, &bytes).to_le_bytes());
+    let crc = calc_crc(INITIAL_CRC, &header[4..MDA_HEADER_SIZE]);
+    header[0..4].copy_from_slice(&crc.to_le_bytes());
+    let file = std::fs::OpenOptions::new().write(true).open(dev).unwrap();
+    file.write_all_at(&bytes, piece.offset).unwrap();
+    file.write_all_at(&header[..MDA_HEADER_SIZE], area.offset)
+        .unwrap();
+    file.sync_all().unwrap();
 }
