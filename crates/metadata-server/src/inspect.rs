@@ -5,7 +5,10 @@
 //!
 //! The volume for `--map` is rebuilt from what the devices hold, exactly as an agent would:
 //! from the sanfs labels of one file system (every device index present), or from the VG
-//! metadata on the PVs for one LV. Nothing is written.
+//! metadata on the PVs for one LV. Nothing is written. Which device is which, and whether an
+//! LV may be used, is blockmap's import rule ([`sanfs_blockmap::import`]): its refusals and
+//! warnings are printed (`refused: ...`, `warning: ...`), and `--map` refuses an identity
+//! found on two devices. [`inspect_json`] is `--json`: the same as one JSON object.
 
 use std::collections::BTreeMap;
 use std::io::Write;
