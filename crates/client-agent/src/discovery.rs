@@ -8,7 +8,10 @@
 //! one of the volume's is checked (size at least what the volume records, logical block size
 //! dividing the volume's block size) and opened once, read-write with `O_DIRECT`, however many
 //! paths lead to it (`/dev/disk/by-id` symlinks; deduplicated by `st_rdev`, or by
-//! `(st_dev, st_ino)` for files). A LUN this node cannot see is not fatal: the result lists
+//! `(st_dev, st_ino)` for files). Two different devices that carry one identity (a cloned
+//! LUN, or one LUN under two names) are refused by the import rule
+//! ([`sanfs_blockmap::import::assign_devices`], the same as the server's): neither is opened,
+//! both are listed in `rejected`, and the device counts as missing. A LUN this node cannot see is not fatal: the result lists
 //! the devices found by index, and the missing ones (each with a `warn!`), so that I/O on
 //! them fails per device while the rest of the volume works.
 
@@ -17,6 +20,7 @@ use std::fs::File;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+use sanfs_blockmap::import::assign_devices;
 use sanfs_blockmap::volume::{DeviceId, DeviceIndex, Volume};
 use sanfs_lun::Access;
 
@@ -225,6 +229,8 @@ pub fn find_device(
 fn scan(volume: &Volume, config: &DiscoveryConfig, only: Option<DeviceIndex>) -> Discovery {
     let mut result = Discovery::default();
     let mut seen: HashSet<(bool, u64, u64)> = HashSet::new();
+    let mut candidates: Vec<(String, DeviceId)> = Vec::new();
+    let mut candidate_paths: Vec<PathBuf> = Vec::new();
     for path in expand_globs(&config.globs) {
         let Ok(meta) = std::fs::metadata(&path) else {
             continue;
@@ -239,30 +245,46 @@ fn scan(volume: &Volume, config: &DiscoveryConfig, only: Option<DeviceIndex>) ->
         if !seen.insert(key) {
             continue; // another path to a device already looked at
         }
-        let id = match probe_identity(&path) {
-            Ok(Some(id)) => id,
-            Ok(None) => continue,
+        match probe_identity(&path) {
+            Ok(Some(id)) => {
+                candidates.push((path.display().to_string(), id));
+                candidate_paths.push(path);
+            }
+            Ok(None) => {}
             Err(e) => {
                 tracing::debug!(path = %path.display(), error = %e, "cannot probe");
-                continue;
             }
-        };
-        let Some(index) = volume.device_index(&id) else {
-            tracing::debug!(path = %path.display(), device = %id, "a LUN of something else");
-            result.foreign.push((path, id));
-            continue;
-        };
+        }
+    }
+    // The import rule, the same as the server's: an identity on two devices is refused.
+    let ids: Vec<DeviceId> = volume.devices().iter().map(|d| d.uuid).collect();
+    let assignment = assign_devices(&ids, &candidates);
+    for &pos in &assignment.foreign {
+        let (path, id) = (&candidate_paths[pos], candidates[pos].1);
+        tracing::debug!(path = %path.display(), device = %id, "a LUN of something else");
+        result.foreign.push((path.clone(), id));
+    }
+    for dup in &assignment.duplicates {
+        let Some(index) = dup.index else { continue };
         if only.is_some_and(|o| o != index) {
             continue;
         }
-        if let Some(first) = result.device(index) {
-            tracing::warn!(path = %path.display(), first = %first.path.display(), device = %id,
-                "a second device carries the identity of one already opened: ignored");
-            result
-                .rejected
-                .push((path, format!("duplicate of {}", first.path.display())));
+        tracing::error!("{dup}");
+        for (pos, (_, id)) in candidates.iter().enumerate() {
+            if *id == dup.id {
+                result
+                    .rejected
+                    .push((candidate_paths[pos].clone(), dup.to_string()));
+            }
+        }
+    }
+    for (i, pos) in assignment.by_index.iter().enumerate() {
+        let Some(pos) = *pos else { continue };
+        let index = DeviceIndex(i as u32);
+        if only.is_some_and(|o| o != index) {
             continue;
         }
+        let (path, id) = (candidate_paths[pos].clone(), candidates[pos].1);
         match open_lun(&path, index, id, volume) {
             Ok(found) => {
                 tracing::info!(path = %path.display(), device = %id, index = index.0,

@@ -17,6 +17,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use sanfs_blockmap::import::assign_devices;
 use sanfs_blockmap::plan::IoPlan;
 use sanfs_blockmap::volume::{DeviceId, DeviceIndex, Volume};
 use sanfs_lun::{Access, AlignedBuf};
@@ -31,6 +32,8 @@ struct DataLun {
 pub struct DataDevices {
     luns: Vec<Option<DataLun>>,
     ids: Vec<DeviceId>,
+    /// Why a device was refused by the import rule (its identity on several devices).
+    refused: Vec<Option<String>>,
 }
 
 impl std::fmt::Debug for DataDevices {
@@ -39,6 +42,18 @@ impl std::fmt::Debug for DataDevices {
             .field("present", &self.present())
             .field("missing", &self.missing())
             .finish()
+    }
+}
+
+/// What makes two paths one device: the device number of a block device, the file of a
+/// file-backed LUN (as the agent's discovery).
+fn device_key(path: &Path) -> Option<(bool, u64, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.file_type().is_block_device() {
+        Some((true, meta.rdev(), 0))
+    } else {
+        Some((false, meta.dev(), meta.ino()))
     }
 }
 
@@ -51,21 +66,50 @@ fn identity(path: &Path) -> anyhow::Result<DeviceId> {
 
 impl DataDevices {
     /// Opens every path and files it under the volume device whose identity it carries.
+    /// Two devices with one identity are refused by the import rule
+    /// ([`sanfs_blockmap::import::assign_devices`], the same as the agent's): that device is
+    /// missing, and proxied I/O on it fails with EIO saying why.
     pub fn open(volume: &Volume, paths: &[PathBuf]) -> DataDevices {
         let ids: Vec<DeviceId> = volume.devices().iter().map(|d| d.uuid).collect();
         let mut luns: Vec<Option<DataLun>> = ids.iter().map(|_| None).collect();
+        let mut refused: Vec<Option<String>> = ids.iter().map(|_| None).collect();
+        // One candidate per device: a second path to a device already seen is skipped.
+        let mut seen = std::collections::HashSet::new();
+        let mut candidates: Vec<(String, DeviceId)> = Vec::new();
+        let mut candidate_paths: Vec<&PathBuf> = Vec::new();
         for path in paths {
-            let id = match identity(path) {
-                Ok(id) => id,
+            if let Some(key) = device_key(path)
+                && !seen.insert(key)
+            {
+                continue;
+            }
+            match identity(path) {
+                Ok(id) => {
+                    candidates.push((path.display().to_string(), id));
+                    candidate_paths.push(path);
+                }
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %format!("{e:#}"), "not a LUN of this volume");
-                    continue;
                 }
-            };
-            let Some(index) = volume.device_index(&id) else {
-                tracing::warn!(path = %path.display(), device = %id, "a LUN of another file system");
-                continue;
-            };
+            }
+        }
+        let assignment = assign_devices(&ids, &candidates);
+        for &pos in &assignment.foreign {
+            tracing::warn!(path = %candidate_paths[pos].display(), device = %candidates[pos].1, "a LUN of another file system");
+        }
+        for dup in &assignment.duplicates {
+            tracing::error!("{dup}");
+            if let Some(index) = dup.index {
+                refused[index.as_usize()] = Some(dup.to_string());
+            }
+        }
+        for (i, pos) in assignment.by_index.iter().enumerate() {
+            let Some(pos) = *pos else { continue };
+            let (path, id, index) = (
+                candidate_paths[pos],
+                candidates[pos].1,
+                DeviceIndex(i as u32),
+            );
             match sanfs_lun::open_direct(path, Access::ReadWrite) {
                 Ok((file, _)) => {
                     tracing::info!(path = %path.display(), device = %id, index = index.0, "data LUN opened");
@@ -79,7 +123,7 @@ impl DataDevices {
                 }
             }
         }
-        let devices = DataDevices { luns, ids };
+        let devices = DataDevices { luns, ids, refused };
         for m in devices.missing() {
             tracing::warn!(device = %m, "data LUN missing on this server: proxied I/O on it fails with EIO");
         }
@@ -110,10 +154,13 @@ impl DataDevices {
                     .get(d.as_usize())
                     .map(ToString::to_string)
                     .unwrap_or_default();
-                FsError::Io(format!(
-                    "data LUN {} ({id}) is not available on the server",
-                    d.0
-                ))
+                match self.refused.get(d.as_usize()).and_then(Option::as_ref) {
+                    Some(why) => FsError::Io(format!("data LUN {} refused: {why}", d.0)),
+                    None => FsError::Io(format!(
+                        "data LUN {} ({id}) is not available on the server",
+                        d.0
+                    )),
+                }
             })
     }
 
@@ -275,4 +322,55 @@ fn range(off: u64, len: u64, buf_len: usize) -> Result<std::ops::Range<usize>, F
             ))
         })?;
     Ok(start..end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{LayoutKindConfig, VolumeConfig};
+
+    /// A cloned LUN (one label on two devices) is refused by the import rule, whichever path
+    /// is listed first, as the agent's discovery refuses it: the device is missing, and
+    /// proxied I/O on it says why.
+    #[test]
+    fn an_identity_on_two_devices_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let luns: Vec<PathBuf> = (0..2)
+            .map(|i| {
+                let p = dir.path().join(format!("lun{i}"));
+                std::fs::File::create(&p).unwrap().set_len(4 << 20).unwrap();
+                p
+            })
+            .collect();
+        let cfg = VolumeConfig {
+            layout: LayoutKindConfig::Linear,
+            block_size: 4096,
+            stripe_unit: 64 << 10,
+            data_offset: 1 << 20,
+            devices: luns.clone(),
+            lvm_vg: None,
+            lvm_lv: None,
+        };
+        let f = crate::format::format_volume(&cfg, false, 1_790_000_000).unwrap();
+        let clone = dir.path().join("clone-of-1");
+        std::fs::copy(&luns[1], &clone).unwrap();
+        let id1 = f.volume.devices()[1].uuid;
+        for paths in [
+            vec![luns[0].clone(), luns[1].clone(), clone.clone()],
+            vec![clone.clone(), luns[0].clone(), luns[1].clone()],
+        ] {
+            let devices = DataDevices::open(&f.volume, &paths);
+            assert_eq!(devices.present(), 1);
+            assert_eq!(devices.missing(), vec![id1]);
+            let err = devices.lun(DeviceIndex(1)).err().unwrap().to_string();
+            assert!(err.contains("refused"), "{err}");
+            assert!(err.contains("is on 2 devices"), "{err}");
+        }
+        // The same path twice is one device, not a clone.
+        let devices = DataDevices::open(
+            &f.volume,
+            &[luns[0].clone(), luns[1].clone(), luns[1].clone()],
+        );
+        assert_eq!(devices.present(), 2);
+    }
 }

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
+use sanfs_blockmap::import::{PvReading, check_lv_import};
 use sanfs_blockmap::label::{self, DeviceLabel, LabelLayout, Signature};
 use sanfs_blockmap::lvm::{self, LABEL_SCAN_BYTES, LvmError, MDA_HEADER_SIZE, PvLabel, VgMetadata};
 use sanfs_blockmap::volume::{DeviceId, Volume, VolumeDevice};
@@ -232,6 +233,20 @@ pub struct LvmPv {
     pub metadata: Option<VgMetadata>,
     /// Why a metadata area could not be read, one line per area.
     pub metadata_problems: Vec<String>,
+    /// The VG name and seqno of each metadata area that read and parsed.
+    pub good_copies: Vec<(String, u64)>,
+}
+
+impl LvmPv {
+    /// What the import rule ([`sanfs_blockmap::import::check_lv_import`]) takes.
+    pub fn reading(&self, path: &std::path::Path) -> PvReading {
+        PvReading {
+            name: path.display().to_string(),
+            pv_id: self.label.pv_id,
+            good_copies: self.good_copies.clone(),
+            bad_copies: self.metadata_problems.clone(),
+        }
+    }
 }
 
 /// Reads an LVM2 PV: its label, then every metadata area (header, committed text, checksum,
@@ -243,9 +258,11 @@ pub fn read_lvm_pv(lun: &Lun) -> anyhow::Result<LvmPv> {
         .with_context(|| format!("{}: no valid LVM2 PV label", lun.path().display()))?;
     let mut metadata: Option<VgMetadata> = None;
     let mut metadata_problems = Vec::new();
+    let mut good_copies = Vec::new();
     for area in &label.metadata_areas {
         match read_metadata_area(lun, *area) {
             Ok(meta) => {
+                good_copies.push((meta.name.clone(), meta.seqno));
                 if metadata.as_ref().is_none_or(|m| meta.seqno > m.seqno) {
                     metadata = Some(meta);
                 }
@@ -257,6 +274,7 @@ pub fn read_lvm_pv(lun: &Lun) -> anyhow::Result<LvmPv> {
         label,
         metadata,
         metadata_problems,
+        good_copies,
     })
 }
 
@@ -332,16 +350,19 @@ fn import_lvm(cfg: &VolumeConfig) -> anyhow::Result<Formatted> {
                 meta.seqno
             );
         }
-        if let Some(m) = &pv.metadata
-            && m.seqno != meta.seqno
-        {
-            tracing::warn!(
-                device = %path.display(),
-                "stale VG metadata (seqno {} < {}); using the newest",
-                m.seqno,
-                meta.seqno
-            );
-        }
+    }
+    // The import rule (the same as `volume inspect` reports): refusals stop the format before
+    // anything is written; warnings are logged.
+    let readings: Vec<PvReading> = pvs.iter().map(|(path, pv)| pv.reading(path)).collect();
+    let verdict = check_lv_import(meta, lv, &readings);
+    for warning in &verdict.warnings {
+        tracing::warn!("{warning}");
+    }
+    if verdict.is_refused() {
+        bail!(
+            "logical volume {vg}/{lv} cannot be used; nothing was written: {}",
+            verdict.refusals.join("; ")
+        );
     }
     let volume = meta
         .lv_volume(lv, cfg.block_size)

@@ -15,10 +15,13 @@
 //! [`StoreError::InUse`]. A problem is a line of text naming the record.
 //!
 //! [`repair`] is the explicit `--repair`: redb's own repair (on a read-write open), then the
-//! few repairs of ours that cannot lose anything ([`Fix`]): blocks that neither a file nor free
-//! space owns go back to free space, the next inode number moves past the highest inode, and
-//! quota usage is set to what the inodes hold. With `dry_run` it repairs a copy in memory and
-//! changes nothing. A panic of the storage library on damaged bytes is caught
+//! repairs of ours that cannot lose anything ([`Fix`]), in one transaction: blocks that neither
+//! a file nor free space owns go back to free space; link counts, directory sizes, directory
+//! parents and block counts are set from the entries and extents; the next inode number moves
+//! past the highest inode; quota usage is set to what the inodes hold; an inode with no links
+//! in no directory is listed as an orphan (the next start frees it); an inode with links, or a
+//! directory, in no directory is connected to `/lost+found` as `#<ino>`, as e2fsck does (made
+//! at `now` if missing). With `dry_run` it repairs a copy in memory and changes nothing. A panic of the storage library on damaged bytes is caught
 //! ([`crate::store::guard_damage`]) and answered as [`StoreError::Damaged`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -28,10 +31,10 @@ use sanfs_blockmap::alloc::Allocator;
 use sanfs_blockmap::codec;
 use sanfs_blockmap::extent::{ExtentMap, ExtentState};
 use sanfs_proto::model::FIRST_DIR_COOKIE;
-use sanfs_proto::types::{FileType, MAX_FILE_SIZE};
+use sanfs_proto::types::{FileType, MAX_FILE_SIZE, Timestamp};
 
 use crate::store::backend::{FaultPlan, SimDisk};
-use crate::store::records::{InodeRec, Superblock, kind_from_code};
+use crate::store::records::{InodeRec, Superblock, kind_code, kind_from_code};
 use crate::store::{
     Backend, COOKIES, COUNTERS, DIRENTS, EXTENTS, FREE, INODES, ORPHANS, PREALLOC, QUOTAS, ROOT,
     SUPER, StoreError, XATTRS,
@@ -39,7 +42,7 @@ use crate::store::{
 use crate::store::{Verify, guard_damage, open_db, open_db_read_only, read_image};
 
 /// What fsck found.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Report {
     pub problems: Vec<String>,
     pub inodes: u64,
@@ -55,7 +58,8 @@ pub struct Report {
 }
 
 /// A repair of ours that loses nothing: what `fsck --repair` applies after redb's repair.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Fix {
     /// Volume blocks inside the allocation groups that no file owns and free space does not
     /// list (leaked, e.g. by a grant whose completion never came): back to free space.
@@ -64,6 +68,23 @@ pub enum Fix {
     NextInode { from: u64, to: u64 },
     /// A directory quota's usage differs from what its inodes hold.
     QuotaUsage { dir: u64, blocks: u64, inodes: u64 },
+    /// An inode's link count differs from the entries naming it (a directory's: 2 plus its
+    /// subdirectories).
+    LinkCount { ino: u64, from: u32, to: u32 },
+    /// A directory's size differs from its number of entries.
+    DirSize { dir: u64, from: u64, to: u64 },
+    /// An inode's block count differs from the blocks its extents map.
+    InodeBlocks { ino: u64, from: u64, to: u64 },
+    /// A directory's `..` differs from the one directory that names it.
+    DirParent { dir: u64, from: u64, to: u64 },
+    /// An inode with no links that no entry names and that is not listed as an orphan (its
+    /// orphan record was lost): listed as an orphan, so that the next server start frees it
+    /// (after the reclaim window, as an inode unlinked while open).
+    Orphan { ino: u64 },
+    /// An inode with links (or a directory) that no entry names: connected to `/lost+found`
+    /// as `#<ino>` (created if missing), with link count 1 (a directory: its `..` set to
+    /// `/lost+found`), as e2fsck does. Nothing is freed.
+    LostFound { ino: u64 },
 }
 
 impl std::fmt::Display for Fix {
@@ -85,6 +106,28 @@ impl std::fmt::Display for Fix {
                 f,
                 "set the usage of the quota of directory {dir} to {blocks} blocks and {inodes} inodes"
             ),
+            Fix::LinkCount { ino, from, to } => {
+                write!(f, "set the link count of inode {ino} from {from} to {to}")
+            }
+            Fix::DirSize { dir, from, to } => {
+                write!(f, "set the size of directory {dir} from {from} to {to}")
+            }
+            Fix::InodeBlocks { ino, from, to } => {
+                write!(f, "set the block count of inode {ino} from {from} to {to}")
+            }
+            Fix::DirParent { dir, from, to } => {
+                write!(f, "set the parent of directory {dir} from {from} to {to}")
+            }
+            Fix::Orphan { ino } => write!(
+                f,
+                "list inode {ino} (no links, in no directory) as an orphan: the next server start frees it"
+            ),
+            Fix::LostFound { ino } => {
+                write!(
+                    f,
+                    "connect inode {ino} (in no directory) to /lost+found as #{ino}"
+                )
+            }
         }
     }
 }
@@ -152,7 +195,7 @@ pub fn check(backend: &Backend) -> Result<Report, StoreError> {
 }
 
 /// What [`repair`] did (or, in a dry run, would do).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RepairReport {
     /// The store had not been shut down cleanly: redb's repair ran (on the copy in a dry run).
     pub redb_repaired: bool,
@@ -191,8 +234,13 @@ impl std::fmt::Display for RepairReport {
 
 /// `fsck --repair`: redb's repair (with every page's checksum verified), then our [`Fix`]es;
 /// the store is opened read-write only if [`check`] finds something to repair. With `dry_run`, the store's bytes are read into memory and
-/// repaired there: nothing is written. Problems that no fix covers stay in `after`.
-pub fn repair(backend: &Backend, dry_run: bool) -> Result<RepairReport, StoreError> {
+/// repaired there: nothing is written. Problems that no fix covers stay in `after`. `now`
+/// stamps a `/lost+found` that the repair makes, and the inodes it connects there.
+pub fn repair(
+    backend: &Backend,
+    dry_run: bool,
+    now: Timestamp,
+) -> Result<RepairReport, StoreError> {
     guard_damage("repair the metadata store", || {
         let redb_repaired = match check(backend) {
             Ok(report) => {
@@ -219,7 +267,7 @@ pub fn repair(backend: &Backend, dry_run: bool) -> Result<RepairReport, StoreErr
         };
         let db = open_db(&target, false, false, Verify::Pages)?;
         let before = check_db(&db)?;
-        apply_fixes(&db, &before.fixes)?;
+        apply_fixes(&db, &before.fixes, now)?;
         let after = check_db(&db)?;
         Ok(RepairReport {
             redb_repaired,
@@ -231,7 +279,7 @@ pub fn repair(backend: &Backend, dry_run: bool) -> Result<RepairReport, StoreErr
 }
 
 /// Applies `fixes` in one durable transaction.
-fn apply_fixes(db: &Database, fixes: &[Fix]) -> Result<(), StoreError> {
+fn apply_fixes(db: &Database, fixes: &[Fix], now: Timestamp) -> Result<(), StoreError> {
     if fixes.is_empty() {
         return Ok(());
     }
@@ -280,11 +328,32 @@ fn apply_fixes(db: &Database, fixes: &[Fix]) -> Result<(), StoreError> {
         }
         let mut counters = txn.open_table(COUNTERS)?;
         let mut quotas = txn.open_table(QUOTAS)?;
+        let mut inodes = txn.open_table(INODES)?;
+        let mut orphans = txn.open_table(ORPHANS)?;
+        // Read, change and write back one inode record.
+        let mut update = |ino: u64, change: &dyn Fn(&mut InodeRec)| -> Result<(), StoreError> {
+            let rec = inodes.get(ino)?.map(|v| InodeRec::decode(v.value()));
+            let Some(rec) = rec else {
+                return Err(StoreError::Corrupt(format!("inode {ino} went missing")));
+            };
+            let mut rec =
+                rec.map_err(|e| StoreError::Corrupt(format!("inode {ino} does not decode: {e}")))?;
+            change(&mut rec);
+            inodes.insert(ino, rec.encode().as_slice())?;
+            Ok(())
+        };
         for fix in fixes {
             match *fix {
-                Fix::FreeLeaked { .. } => {}
+                Fix::FreeLeaked { .. } | Fix::LostFound { .. } => {}
                 Fix::NextInode { to, .. } => {
                     counters.insert("next_inode", to)?;
+                }
+                Fix::LinkCount { ino, to, .. } => update(ino, &|r| r.nlink = to)?,
+                Fix::DirSize { dir, to, .. } => update(dir, &|r| r.size = to)?,
+                Fix::InodeBlocks { ino, to, .. } => update(ino, &|r| r.blocks = to)?,
+                Fix::DirParent { dir, to, .. } => update(dir, &|r| r.parent = to)?,
+                Fix::Orphan { ino } => {
+                    orphans.insert(ino, ())?;
                 }
                 Fix::QuotaUsage {
                     dir,
@@ -301,8 +370,146 @@ fn apply_fixes(db: &Database, fixes: &[Fix]) -> Result<(), StoreError> {
                 }
             }
         }
+        drop((inodes, orphans, counters));
+        let lost: Vec<u64> = fixes
+            .iter()
+            .filter_map(|f| match f {
+                Fix::LostFound { ino } => Some(*ino),
+                _ => None,
+            })
+            .collect();
+        if !lost.is_empty() {
+            connect_to_lost_found(&txn, &lost, now)?;
+        }
     }
     txn.commit()?;
+    Ok(())
+}
+
+/// The name of the directory in the root that [`Fix::LostFound`] connects inodes to.
+pub const LOST_FOUND: &[u8] = b"lost+found";
+
+/// Connects `lost` (inodes no entry names) to `/lost+found` as `#<ino>`, creating it (mode
+/// 0700, owned by root, times `now`) if the root has no such entry. Refused when
+/// `/lost+found` is not a directory.
+fn connect_to_lost_found(
+    txn: &redb::WriteTransaction,
+    lost: &[u64],
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let mut inodes = txn.open_table(INODES)?;
+    let mut dirents = txn.open_table(DIRENTS)?;
+    let mut cookies = txn.open_table(COOKIES)?;
+    let mut counters = txn.open_table(COUNTERS)?;
+    let read = |inodes: &redb::Table<'_, u64, &[u8]>, ino: u64| -> Result<InodeRec, StoreError> {
+        let bytes = inodes.get(ino)?.map(|v| v.value().to_vec());
+        let bytes = bytes.ok_or_else(|| StoreError::Corrupt(format!("no inode {ino}")))?;
+        InodeRec::decode(&bytes)
+            .map_err(|e| StoreError::Corrupt(format!("inode {ino} does not decode: {e}")))
+    };
+    // Adds the entry `name` -> `child` to `dir` (a directory record, changed in place).
+    let add_entry = |dirents: &mut redb::Table<'_, (u64, &[u8]), (u64, u64, u8)>,
+                     cookies: &mut redb::Table<'_, (u64, u64), &[u8]>,
+                     dir: u64,
+                     dir_rec: &mut InodeRec,
+                     name: &[u8],
+                     child: u64,
+                     kind: FileType|
+     -> Result<(), StoreError> {
+        let cookie = dir_rec.next_cookie.max(FIRST_DIR_COOKIE);
+        dir_rec.next_cookie = cookie.saturating_add(1);
+        dir_rec.size = dir_rec.size.saturating_add(1);
+        if kind == FileType::Directory {
+            dir_rec.nlink = dir_rec.nlink.saturating_add(1);
+        }
+        dirents.insert((dir, name), (child, cookie, kind_code(kind)))?;
+        cookies.insert((dir, cookie), name)?;
+        Ok(())
+    };
+    let existing = dirents.get((ROOT, LOST_FOUND))?.map(|v| v.value());
+    let (lf, mut lf_rec) = match existing {
+        Some((lf, _, _)) => {
+            let rec = read(&inodes, lf)?;
+            if !rec.is_dir() {
+                return Err(StoreError::Corrupt(
+                    "/lost+found is not a directory: rename it, then repair again".into(),
+                ));
+            }
+            (lf, rec)
+        }
+        None => {
+            let lf = counters.get("next_inode")?.map(|v| v.value()).unwrap_or(0);
+            if lf <= ROOT {
+                return Err(StoreError::Corrupt("no next inode number".into()));
+            }
+            let generation = counters
+                .get("generation")?
+                .map(|v| v.value())
+                .unwrap_or(0)
+                .saturating_add(1);
+            counters.insert("next_inode", lf.saturating_add(1))?;
+            counters.insert("generation", generation)?;
+            let rec = InodeRec {
+                kind: FileType::Directory,
+                perm: 0o700,
+                uid: 0,
+                gid: 0,
+                nlink: 2,
+                size: 0,
+                blocks: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                btime: now,
+                rdev: 0,
+                generation,
+                parent: ROOT,
+                next_cookie: FIRST_DIR_COOKIE,
+                target: Vec::new(),
+                project: 0,
+            };
+            let mut root = read(&inodes, ROOT)?;
+            add_entry(
+                &mut dirents,
+                &mut cookies,
+                ROOT,
+                &mut root,
+                LOST_FOUND,
+                lf,
+                FileType::Directory,
+            )?;
+            root.mtime = now;
+            root.ctime = now;
+            inodes.insert(ROOT, root.encode().as_slice())?;
+            (lf, rec)
+        }
+    };
+    for &ino in lost {
+        let mut rec = read(&inodes, ino)?;
+        let mut name = format!("#{ino}").into_bytes();
+        while dirents.get((lf, name.as_slice()))?.is_some() {
+            name.push(b'+');
+        }
+        add_entry(
+            &mut dirents,
+            &mut cookies,
+            lf,
+            &mut lf_rec,
+            &name,
+            ino,
+            rec.kind,
+        )?;
+        if rec.is_dir() {
+            rec.parent = lf;
+        } else {
+            rec.nlink = 1;
+        }
+        rec.ctime = now;
+        inodes.insert(ino, rec.encode().as_slice())?;
+    }
+    lf_rec.mtime = now;
+    lf_rec.ctime = now;
+    inodes.insert(lf, lf_rec.encode().as_slice())?;
     Ok(())
 }
 
@@ -476,9 +683,19 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
                     "directory {ino} has nlink {} but {want} links",
                     rec.nlink
                 ));
+                rep.fixes.push(Fix::LinkCount {
+                    ino: *ino,
+                    from: rec.nlink,
+                    to: want,
+                });
             }
             if *ino == ROOT && rec.nlink != want {
                 rep.problem(format!("the root has nlink {} but {want} links", rec.nlink));
+                rep.fixes.push(Fix::LinkCount {
+                    ino: *ino,
+                    from: rec.nlink,
+                    to: want,
+                });
             }
             let entries = entries_in.get(ino).copied().unwrap_or(0);
             if rec.size != entries {
@@ -486,6 +703,11 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
                     "directory {ino} has size {} but {entries} entries",
                     rec.size
                 ));
+                rep.fixes.push(Fix::DirSize {
+                    dir: *ino,
+                    from: rec.size,
+                    to: entries,
+                });
             }
             if *ino != ROOT {
                 match named_by.get(ino).map(Vec::as_slice) {
@@ -495,6 +717,11 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
                                 "directory {ino} says its parent is {}, but it is named in {parent}",
                                 rec.parent
                             ));
+                            rep.fixes.push(Fix::DirParent {
+                                dir: *ino,
+                                from: rec.parent,
+                                to: *parent,
+                            });
                         }
                     }
                     Some(more) => rep.problem(format!(
@@ -503,7 +730,8 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
                     )),
                     None if orphans.contains(ino) => {}
                     None => {
-                        rep.problem(format!("directory {ino} is in no directory (unreachable)"))
+                        rep.problem(format!("directory {ino} is in no directory (unreachable)"));
+                        rep.fixes.push(Fix::LostFound { ino: *ino });
                     }
                 }
             }
@@ -513,9 +741,23 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
                     "inode {ino} has nlink {} but {named} entries name it",
                     rec.nlink
                 ));
+                if named > 0 {
+                    rep.fixes.push(Fix::LinkCount {
+                        ino: *ino,
+                        from: rec.nlink,
+                        to: named,
+                    });
+                }
             }
             if named == 0 && !orphans.contains(ino) {
                 rep.problem(format!("inode {ino} is in no directory and not an orphan"));
+                // No links: an unlinked file whose orphan record was lost; links but no
+                // entry: a file that lost its entry, kept in /lost+found.
+                rep.fixes.push(if rec.nlink == 0 {
+                    Fix::Orphan { ino: *ino }
+                } else {
+                    Fix::LostFound { ino: *ino }
+                });
             }
             if rec.kind == FileType::Symlink && rec.size != rec.target.len() as u64 {
                 rep.problem(format!(
@@ -561,9 +803,14 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
     let max_end_block = MAX_FILE_SIZE.div_ceil(bs);
     let space_problems_at_start = rep.problems.len();
     let mut owned: BTreeMap<u64, (u64, String)> = BTreeMap::new();
+    // Blocks mapped by each inode whose extents are valid; inodes with an extent row that is
+    // not are in `bad_extents` (their block counts are left alone).
+    let mut mapped: HashMap<u64, u64> = HashMap::new();
+    let mut bad_extents: HashSet<u64> = HashSet::new();
     for item in r.open_table(EXTENTS)?.iter()? {
         let (k, v) = item?;
         let ino = k.value();
+        bad_extents.insert(ino);
         let extents = match codec::decode_extents(v.value()) {
             Ok(e) => e,
             Err(e) => {
@@ -591,12 +838,19 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
         if rec.kind != FileType::Regular {
             rep.problem(format!("inode {ino} has extents but is a {:?}", rec.kind));
         }
+        bad_extents.remove(&ino);
+        mapped.insert(ino, map.mapped_blocks());
         if rec.blocks != map.mapped_blocks() {
             rep.problem(format!(
                 "inode {ino} says {} blocks, its extents map {}",
                 rec.blocks,
                 map.mapped_blocks()
             ));
+            rep.fixes.push(Fix::InodeBlocks {
+                ino,
+                from: rec.blocks,
+                to: map.mapped_blocks(),
+            });
         }
         let eof_block = rec.size.div_ceil(bs);
         for e in &extents {
@@ -624,16 +878,18 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
             owned.insert(e.vol_block, (e.len_blocks, format!("inode {ino}")));
         }
     }
-    for (ino, rec) in &inodes {
-        if rec.blocks != 0
-            && !owned
-                .values()
-                .any(|(_, who)| *who == format!("inode {ino}"))
-        {
+    for ino in &ids {
+        let rec = &inodes[ino];
+        if rec.blocks != 0 && !mapped.contains_key(ino) && !bad_extents.contains(ino) {
             rep.problem(format!(
                 "inode {ino} says {} blocks but has no extents",
                 rec.blocks
             ));
+            rep.fixes.push(Fix::InodeBlocks {
+                ino: *ino,
+                from: rec.blocks,
+                to: 0,
+            });
         }
     }
     let mut free_list = Vec::new();
@@ -697,10 +953,17 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
 
     // --- directory quotas: usage recomputed from the inodes ---
     let mut used: HashMap<u64, (u64, u64)> = HashMap::new();
-    for rec in inodes.values() {
+    for (ino, rec) in &inodes {
         if rec.project != 0 {
+            // What the extents map where they are valid (what `--repair` sets the inode's
+            // count to), else what the inode says.
+            let blocks = match mapped.get(ino) {
+                Some(b) => *b,
+                None if bad_extents.contains(ino) => rec.blocks,
+                None => 0,
+            };
             let u = used.entry(rec.project).or_default();
-            u.0 = u.0.saturating_add(rec.blocks);
+            u.0 = u.0.saturating_add(blocks);
             u.1 += 1;
         }
     }

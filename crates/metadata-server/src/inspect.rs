@@ -5,7 +5,10 @@
 //!
 //! The volume for `--map` is rebuilt from what the devices hold, exactly as an agent would:
 //! from the sanfs labels of one file system (every device index present), or from the VG
-//! metadata on the PVs for one LV. Nothing is written.
+//! metadata on the PVs for one LV. Nothing is written. Which device is which, and whether an
+//! LV may be used, is blockmap's import rule ([`sanfs_blockmap::import`]): its refusals and
+//! warnings are printed (`refused: ...`, `warning: ...`), and `--map` refuses an identity
+//! found on two devices. [`inspect_json`] is `--json`: the same as one JSON object.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -19,6 +22,7 @@ use uuid::Uuid;
 
 use crate::device::Lun;
 use crate::format::{LvmPv, read_lvm_pv};
+use sanfs_blockmap::import::{PvReading, assign_devices, check_lv_import};
 
 /// Block size used to rebuild an LVM volume for `--map` (the mapping does not depend on it).
 const LVM_MAP_BLOCK_SIZE: u32 = 512;
@@ -32,7 +36,121 @@ pub fn inspect(devices: &[PathBuf], map: Option<u64>, out: &mut impl Write) -> a
 enum Found {
     Sanfs(DeviceLabel),
     Lvm(Box<LvmPv>),
-    Other(Vec<Signature>),
+    /// Signatures found; for an LVM2 label whose PV could not be read, why.
+    Other(Vec<Signature>, Option<String>),
+}
+
+/// One inspected device.
+struct Inspected {
+    path: PathBuf,
+    size_bytes: u64,
+    found: Found,
+}
+
+/// Everything `volume inspect` found, before it is printed (as text or JSON).
+struct Inspection {
+    devices: Vec<Inspected>,
+    /// The newest metadata of each VG found on the PVs, by VG name.
+    vgs: BTreeMap<String, VgMetadata>,
+    /// The PVs' paths by PV UUID (PVs whose UUID is on several devices are left out).
+    pv_paths: BTreeMap<LvmPvId, PathBuf>,
+    /// The import rule's refusals and warnings, per VG and LV, without repeats.
+    refusals: Vec<String>,
+    warnings: Vec<String>,
+}
+
+fn gather(devices: &[PathBuf]) -> anyhow::Result<Inspection> {
+    if devices.is_empty() {
+        bail!("no devices to inspect");
+    }
+    let mut inspected = Vec::with_capacity(devices.len());
+    for path in devices {
+        let lun = Lun::open(path, false)?;
+        let head = lun.read_prefix(label::PROBE_SIZE)?;
+        let signatures = label::probe(&head);
+        let found = if let Some(Signature::Sanfs(l)) =
+            signatures.iter().find(|s| matches!(s, Signature::Sanfs(_)))
+        {
+            Found::Sanfs(l.clone())
+        } else if signatures.contains(&Signature::LvmPv) {
+            match read_lvm_pv(&lun) {
+                Ok(pv) => Found::Lvm(Box::new(pv)),
+                Err(e) => Found::Other(signatures, Some(format!("{e:#}"))),
+            }
+        } else {
+            Found::Other(signatures, None)
+        };
+        inspected.push(Inspected {
+            path: path.clone(),
+            size_bytes: lun.size_bytes(),
+            found,
+        });
+    }
+    let pvs: Vec<(PathBuf, LvmPv)> = inspected
+        .iter()
+        .filter_map(|d| match &d.found {
+            Found::Lvm(pv) => Some((d.path.clone(), (**pv).clone())),
+            _ => None,
+        })
+        .collect();
+    let vgs = newest_vgs(&pvs);
+    // The import rule decides which device a PV UUID is: one on two devices is none of them.
+    let candidates: Vec<(String, DeviceId)> = pvs
+        .iter()
+        .map(|(p, pv)| (p.display().to_string(), DeviceId::LvmPv(pv.label.pv_id)))
+        .collect();
+    let assignment = assign_devices(&[], &candidates);
+    let duplicated: Vec<DeviceId> = assignment.duplicates.iter().map(|d| d.id).collect();
+    let pv_paths: BTreeMap<LvmPvId, PathBuf> = pvs
+        .iter()
+        .filter(|(_, pv)| !duplicated.contains(&DeviceId::LvmPv(pv.label.pv_id)))
+        .map(|(p, pv)| (pv.label.pv_id, p.clone()))
+        .collect();
+    let mut refusals = Vec::new();
+    let mut warnings = Vec::new();
+    let note = |list: &mut Vec<String>, m: String| {
+        if !list.contains(&m) {
+            list.push(m);
+        }
+    };
+    // Every identity found on two devices, sanfs labels (a cloned LUN) included.
+    let identities: Vec<(String, DeviceId)> = inspected
+        .iter()
+        .filter_map(|d| match &d.found {
+            Found::Sanfs(l) => Some((d.path.display().to_string(), DeviceId::Sanfs(l.device_uuid))),
+            Found::Lvm(pv) => Some((
+                d.path.display().to_string(),
+                DeviceId::LvmPv(pv.label.pv_id),
+            )),
+            Found::Other(..) => None,
+        })
+        .collect();
+    for dup in assign_devices(&[], &identities).duplicates {
+        note(&mut refusals, dup.to_string());
+    }
+    for meta in vgs.values() {
+        let readings: Vec<PvReading> = pvs
+            .iter()
+            .filter(|(_, pv)| meta.pv_by_id(&pv.label.pv_id).is_some())
+            .map(|(p, pv)| pv.reading(p))
+            .collect();
+        for lv in meta.lvs.iter().filter(|l| l.visible()) {
+            let verdict = check_lv_import(meta, &lv.name, &readings);
+            for r in verdict.refusals {
+                note(&mut refusals, r);
+            }
+            for w in verdict.warnings {
+                note(&mut warnings, w);
+            }
+        }
+    }
+    Ok(Inspection {
+        devices: inspected,
+        vgs,
+        pv_paths,
+        refusals,
+        warnings,
+    })
 }
 
 /// Prints what is on each device; with `map`, where that volume byte offset lands (the LV
@@ -43,71 +161,207 @@ pub fn inspect_with(
     lv: Option<&str>,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    if devices.is_empty() {
-        bail!("no devices to inspect");
-    }
-    let mut found = Vec::with_capacity(devices.len());
-    for path in devices {
-        let lun = Lun::open(path, false)?;
-        let head = lun.read_prefix(label::PROBE_SIZE)?;
-        let signatures = label::probe(&head);
-        writeln!(out, "{}: {} bytes", path.display(), lun.size_bytes())?;
-        let item = if let Some(Signature::Sanfs(l)) =
-            signatures.iter().find(|s| matches!(s, Signature::Sanfs(_)))
-        {
-            print_label(l, out)?;
-            Found::Sanfs(l.clone())
-        } else if signatures.contains(&Signature::LvmPv) {
-            match read_lvm_pv(&lun) {
-                Ok(pv) => {
-                    print_pv(&pv, out)?;
-                    Found::Lvm(Box::new(pv))
+    let inspection = gather(devices)?;
+    for d in &inspection.devices {
+        writeln!(out, "{}: {} bytes", d.path.display(), d.size_bytes)?;
+        match &d.found {
+            Found::Sanfs(l) => print_label(l, out)?,
+            Found::Lvm(pv) => print_pv(pv, out)?,
+            Found::Other(signatures, unreadable) => {
+                if let Some(e) = unreadable {
+                    writeln!(out, "  LVM2 PV label, unreadable: {e}")?;
                 }
-                Err(e) => {
-                    writeln!(out, "  LVM2 PV label, unreadable: {e:#}")?;
-                    Found::Other(signatures)
+                if signatures.is_empty() {
+                    writeln!(out, "  nothing recognised")?;
                 }
-            }
-        } else {
-            Found::Other(signatures)
-        };
-        if let Found::Other(signatures) = &item {
-            if signatures.is_empty() {
-                writeln!(out, "  nothing recognised")?;
-            }
-            for s in signatures {
-                writeln!(out, "  {s}")?;
+                for s in signatures {
+                    writeln!(out, "  {s}")?;
+                }
             }
         }
-        found.push((path.clone(), item));
     }
-
-    let pvs: Vec<(PathBuf, LvmPv)> = found
+    let pv_paths: BTreeMap<LvmPvId, &Path> = inspection
+        .pv_paths
         .iter()
-        .filter_map(|(p, f)| match f {
-            Found::Lvm(pv) => Some((p.clone(), (**pv).clone())),
-            _ => None,
-        })
+        .map(|(id, p)| (*id, p.as_path()))
         .collect();
-    let vgs = newest_vgs(&pvs);
-    let pv_paths: BTreeMap<LvmPvId, &Path> = pvs
-        .iter()
-        .map(|(p, pv)| (pv.label.pv_id, p.as_path()))
-        .collect();
-    for meta in vgs.values() {
+    for meta in inspection.vgs.values() {
         print_vg(meta, &pv_paths, out)?;
     }
-
+    for r in &inspection.refusals {
+        writeln!(out, "refused: {r}")?;
+    }
+    for w in &inspection.warnings {
+        writeln!(out, "warning: {w}")?;
+    }
     let Some(offset) = map else {
         return Ok(());
     };
-    let labels: Vec<(&Path, &DeviceLabel)> = found
+    let hit = map_offset(&inspection, lv, offset)?;
+    writeln!(
+        out,
+        "map {}, {} bytes: volume offset {offset} -> device {} {} {} phys {} \
+         ({} contiguous bytes)",
+        hit.what, hit.volume_size, hit.device_index, hit.device_id, hit.path, hit.phys_off, hit.len
+    )?;
+    writeln!(
+        out,
+        "  segment {}..{}: {} leg(s), stripe unit {}",
+        hit.segment_start, hit.segment_end, hit.legs, hit.stripe_unit
+    )?;
+    Ok(())
+}
+
+/// `volume inspect --json`: what [`inspect_with`] prints, as one JSON object: `devices` (each
+/// with `path`, `size_bytes` and `sanfs_label`, `lvm_pv` or `signatures`), `volume_groups`,
+/// `refusals`, `warnings`, and with `map` a `map` object.
+pub fn inspect_json(
+    devices: &[PathBuf],
+    map: Option<u64>,
+    lv: Option<&str>,
+) -> anyhow::Result<serde_json::Value> {
+    use serde_json::json;
+    let inspection = gather(devices)?;
+    let devices: Vec<serde_json::Value> = inspection
+        .devices
         .iter()
-        .filter_map(|(p, f)| match f {
-            Found::Sanfs(l) => Some((p.as_path(), l)),
+        .map(|d| {
+            let mut v = json!({
+                "path": d.path.display().to_string(),
+                "size_bytes": d.size_bytes,
+            });
+            match &d.found {
+                Found::Sanfs(l) => {
+                    v["sanfs_label"] = json!({
+                        "fs_uuid": l.fs_uuid.to_string(),
+                        "device_uuid": l.device_uuid.to_string(),
+                        "device_index": l.device_index,
+                        "device_count": l.device_count,
+                        "device_size": l.device_size,
+                        "data_offset": l.data_offset,
+                        "block_size": l.block_size,
+                        "layout": match l.layout {
+                            LabelLayout::Linear => json!({"kind": "linear"}),
+                            LabelLayout::Striped { stripe_unit } =>
+                                json!({"kind": "striped", "stripe_unit": stripe_unit}),
+                        },
+                        "formatted_at": l.formatted_at,
+                    });
+                }
+                Found::Lvm(pv) => {
+                    v["lvm_pv"] = json!({
+                        "pv_uuid": pv.label.pv_id.to_string(),
+                        "device_size": pv.label.device_size_bytes,
+                        "pe_start": pv.label.data_areas.first().map(|a| a.offset),
+                        "metadata_areas": pv.label.metadata_areas.len(),
+                        "vg": pv.metadata.as_ref().map(|m| m.name.clone()),
+                        "seqno": pv.metadata.as_ref().map(|m| m.seqno),
+                        "metadata_problems": pv.metadata_problems,
+                    });
+                }
+                Found::Other(signatures, unreadable) => {
+                    v["signatures"] = json!(
+                        signatures
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                    );
+                    if let Some(e) = unreadable {
+                        v["lvm_pv_unreadable"] = json!(e);
+                    }
+                }
+            }
+            v
+        })
+        .collect();
+    let vgs: Vec<serde_json::Value> = inspection
+        .vgs
+        .values()
+        .map(|meta| {
+            json!({
+                "name": meta.name,
+                "seqno": meta.seqno,
+                "extent_size": meta.extent_size_bytes(),
+                "status": meta.status,
+                "pvs": meta.pvs.iter().map(|pv| json!({
+                    "name": pv.name,
+                    "pv_uuid": pv.id.to_string(),
+                    "path": inspection.pv_paths.get(&pv.id).map(|p| p.display().to_string()),
+                    "pe_start": pv.pe_start_sectors * 512,
+                    "pe_count": pv.pe_count,
+                    "flags": pv.flags,
+                })).collect::<Vec<_>>(),
+                "lvs": meta.lvs.iter().map(|lv| json!({
+                    "name": lv.name,
+                    "status": lv.status,
+                    "segments": lv.segments.iter().map(|seg| json!({
+                        "start": seg.start_extent * meta.extent_size_bytes(),
+                        "size": seg.extent_count * meta.extent_size_bytes(),
+                        "type": seg.segtype,
+                        "stripe_size": seg.stripe_size_sectors * 512,
+                        "stripes": seg.stripes.iter().map(|(pv, pe)| json!({"pv": pv, "first_pe": pe})).collect::<Vec<_>>(),
+                    })).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let mut out = json!({
+        "devices": devices,
+        "volume_groups": vgs,
+        "refusals": inspection.refusals,
+        "warnings": inspection.warnings,
+    });
+    if let Some(offset) = map {
+        let hit = map_offset(&inspection, lv, offset)?;
+        out["map"] = json!({
+            "volume": hit.what,
+            "volume_size": hit.volume_size,
+            "offset": offset,
+            "device_index": hit.device_index,
+            "device_id": hit.device_id,
+            "path": hit.path,
+            "phys_off": hit.phys_off,
+            "contiguous_bytes": hit.len,
+            "segment_start": hit.segment_start,
+            "segment_end": hit.segment_end,
+            "legs": hit.legs,
+            "stripe_unit": hit.stripe_unit,
+        });
+    }
+    Ok(out)
+}
+
+/// Where a volume byte offset lands.
+struct MapHit {
+    what: String,
+    volume_size: u64,
+    device_index: u32,
+    device_id: String,
+    path: String,
+    phys_off: u64,
+    len: u64,
+    segment_start: u64,
+    segment_end: u64,
+    legs: usize,
+    stripe_unit: u64,
+}
+
+/// Rebuilds the volume (from the sanfs labels, or the LV `lv` of the one VG) and maps
+/// `offset` in it.
+fn map_offset(inspection: &Inspection, lv: Option<&str>, offset: u64) -> anyhow::Result<MapHit> {
+    let labels: Vec<(&Path, &DeviceLabel)> = inspection
+        .devices
+        .iter()
+        .filter_map(|d| match &d.found {
+            Found::Sanfs(l) => Some((d.path.as_path(), l)),
             _ => None,
         })
         .collect();
+    let vgs = &inspection.vgs;
+    let has_pvs = inspection
+        .devices
+        .iter()
+        .any(|d| matches!(d.found, Found::Lvm(_)));
     let (volume, paths, what) = if !labels.is_empty() {
         let (volume, paths) = volume_from_labels(&labels)?;
         let fs = labels[0].1.fs_uuid;
@@ -143,19 +397,60 @@ pub fn inspect_with(
         let volume = meta
             .lv_volume(&lv_name, LVM_MAP_BLOCK_SIZE)
             .with_context(|| format!("logical volume {}/{lv_name}", meta.name))?;
+        // A PV of the LV that is on several devices: which one holds the bytes is unknown.
+        let pvs: Vec<(String, DeviceId)> = inspection
+            .devices
+            .iter()
+            .filter_map(|d| match &d.found {
+                Found::Lvm(pv) => Some((
+                    d.path.display().to_string(),
+                    DeviceId::LvmPv(pv.label.pv_id),
+                )),
+                _ => None,
+            })
+            .collect();
+        let ids: Vec<DeviceId> = volume.devices().iter().map(|d| d.uuid).collect();
+        if let Some(dup) = assign_devices(&ids, &pvs)
+            .duplicates
+            .into_iter()
+            .find(|d| d.index.is_some())
+        {
+            bail!("--map on logical volume {}/{lv_name}: {dup}", meta.name);
+        }
         let paths = volume
             .devices()
             .iter()
             .map(|d| match d.uuid {
-                DeviceId::LvmPv(id) => pv_paths.get(&id).map(|p| p.to_path_buf()),
+                DeviceId::LvmPv(id) => inspection.pv_paths.get(&id).cloned(),
                 DeviceId::Sanfs(_) => None,
             })
             .collect();
         (volume, paths, format!("LV {}/{lv_name}", meta.name))
+    } else if has_pvs {
+        let problems: Vec<String> = inspection
+            .devices
+            .iter()
+            .filter_map(|d| match &d.found {
+                Found::Lvm(pv) => Some(
+                    pv.metadata_problems
+                        .iter()
+                        .map(|m| format!("{}: {m}", d.path.display()))
+                        .collect::<Vec<_>>(),
+                ),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        bail!(
+            "--map: the devices are LVM2 PVs, but none holds readable volume group metadata \
+             (PVs created with --metadatacopies 0 need a PV with metadata named too){}{}",
+            if problems.is_empty() { "" } else { ": " },
+            problems.join("; ")
+        );
     } else {
         bail!("--map: no sanfs label or LVM2 PV on the devices, so there is no volume to map");
     };
-    print_map(&volume, &paths, &what, offset, out)
+    map_hit(&volume, &paths, &what, offset)
 }
 
 fn print_label(l: &DeviceLabel, out: &mut impl Write) -> std::io::Result<()> {
@@ -311,6 +606,14 @@ pub fn volume_from_labels(
                 .join(", ")
         );
     }
+    // The import rule: one device UUID on two devices (a cloned LUN) is refused as such.
+    let candidates: Vec<(String, DeviceId)> = labels
+        .iter()
+        .map(|(p, l)| (p.display().to_string(), DeviceId::Sanfs(l.device_uuid)))
+        .collect();
+    if let Some(dup) = assign_devices(&[], &candidates).duplicates.first() {
+        bail!("fs {}: {dup}", first.fs_uuid);
+    }
     let count = first.device_count as usize;
     let mut by_index: Vec<Option<(&Path, &DeviceLabel)>> = vec![None; count];
     for &(path, l) in labels {
@@ -370,13 +673,12 @@ pub fn volume_from_labels(
     Ok((volume, paths))
 }
 
-fn print_map(
+fn map_hit(
     volume: &Volume,
     paths: &[Option<PathBuf>],
     what: &str,
     offset: u64,
-    out: &mut impl Write,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<MapHit> {
     let size = volume.size_bytes();
     let Some(seg) = volume.segment_at(offset) else {
         bail!("offset {offset} lies outside the volume of {what} ({size} bytes)");
@@ -401,21 +703,19 @@ fn print_map(
         .cloned()
         .flatten()
         .map_or_else(|| "(not inspected)".to_owned(), |p| p.display().to_string());
-    writeln!(
-        out,
-        "map {what}, {size} bytes: volume offset {offset} -> device {} {} {path} phys {} \
-         ({} contiguous bytes)",
-        run.device.0, dev.uuid, run.phys_off, run.len
-    )?;
-    writeln!(
-        out,
-        "  segment {}..{}: {} leg(s), stripe unit {}",
-        seg.vol_start,
-        seg.vol_end(),
-        seg.legs.len(),
-        seg.stripe_unit
-    )?;
-    Ok(())
+    Ok(MapHit {
+        what: what.to_owned(),
+        volume_size: size,
+        device_index: run.device.0,
+        device_id: dev.uuid.to_string(),
+        path,
+        phys_off: run.phys_off,
+        len: run.len,
+        segment_start: seg.vol_start,
+        segment_end: seg.vol_end(),
+        legs: seg.legs.len(),
+        stripe_unit: seg.stripe_unit,
+    })
 }
 
 #[cfg(test)]

@@ -49,12 +49,17 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
         /// Repair: redb's recovery after an unclean shutdown, then leaked blocks back to free
-        /// space, the next inode number, quota usage. Problems it cannot fix stay listed.
+        /// space, link counts, directory sizes and parents, block counts, the next inode
+        /// number, quota usage, lost orphans, and inodes in no directory (to /lost+found).
+        /// Problems it cannot fix stay listed.
         #[arg(long)]
         repair: bool,
         /// With --repair: list the repairs (made on a copy in memory) without changing the store.
         #[arg(long, requires = "repair")]
         dry_run: bool,
+        /// Print the report (or the repair report) as one JSON object on stdout.
+        #[arg(long)]
+        json: bool,
     },
     /// Look at volumes and devices.
     Volume {
@@ -75,6 +80,9 @@ enum VolumeCommand {
         /// For --map on an LVM2 volume group with several LVs: the LV to map.
         #[arg(long)]
         lv: Option<String>,
+        /// Print what was found as one JSON object on stdout.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -111,12 +119,25 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config,
             repair,
             dry_run,
-        } => fsck(&config, repair, dry_run),
+            json,
+        } => fsck(&config, repair, dry_run, json),
         Command::Volume {
-            command: VolumeCommand::Inspect { devices, map, lv },
+            command:
+                VolumeCommand::Inspect {
+                    devices,
+                    map,
+                    lv,
+                    json,
+                },
         } => {
             let mut out = std::io::stdout().lock();
-            inspect_with(&devices, map, lv.as_deref(), &mut out)?;
+            if json {
+                let report = sanfs_mds::inspect::inspect_json(&devices, map, lv.as_deref())?;
+                serde_json::to_writer_pretty(&mut out, &report)?;
+                writeln!(out)?;
+            } else {
+                inspect_with(&devices, map, lv.as_deref(), &mut out)?;
+            }
             out.flush()?;
             Ok(ExitCode::SUCCESS)
         }
@@ -238,20 +259,38 @@ fn metadata_backend(config: &MdsConfig) -> Backend {
 /// Exit codes of `fsck` (docs/operations.md): 0 clean (after `--repair`: clean now); 1 problems
 /// found (listed); 2 could not run, or the store is damaged; 3 the store needs redb's repair
 /// (not shut down cleanly; plain fsck only); 4 the store is in use by a running server.
-fn fsck(config_path: &Path, repair: bool, dry_run: bool) -> anyhow::Result<ExitCode> {
+fn fsck(config_path: &Path, repair: bool, dry_run: bool, json: bool) -> anyhow::Result<ExitCode> {
     use sanfs_mds::store::StoreError;
     let config = MdsConfig::load(config_path)?;
     let backend = metadata_backend(&config);
+    let print = |text: String, value: anyhow::Result<String>| -> anyhow::Result<()> {
+        println!("{}", if json { value? } else { text });
+        Ok(())
+    };
     let after = if repair {
-        sanfs_mds::fsck::repair(&backend, dry_run).map(|r| {
-            println!("{r}");
-            r.after.is_clean()
-        })
+        let now = sanfs_proto::types::Timestamp::new(now_unix_secs(), 0)
+            .context("the time for /lost+found")?;
+        match sanfs_mds::fsck::repair(&backend, dry_run, now) {
+            Ok(r) => {
+                print(
+                    r.to_string(),
+                    serde_json::to_string_pretty(&r).map_err(Into::into),
+                )?;
+                Ok(r.after.is_clean())
+            }
+            Err(e) => Err(e),
+        }
     } else {
-        sanfs_mds::fsck::check(&backend).map(|r| {
-            println!("{r}");
-            r.is_clean()
-        })
+        match sanfs_mds::fsck::check(&backend) {
+            Ok(r) => {
+                print(
+                    r.to_string(),
+                    serde_json::to_string_pretty(&r).map_err(Into::into),
+                )?;
+                Ok(r.is_clean())
+            }
+            Err(e) => Err(e),
+        }
     };
     let path = config.metadata.path.display();
     match after {

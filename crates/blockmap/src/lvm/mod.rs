@@ -38,7 +38,7 @@ pub use metadata::{
     LvMeta, LvSegment, MAX_METADATA_TEXT_BYTES, PvMeta, VgMetadata, parse_vg_metadata,
 };
 
-use crate::volume::{DeviceId, DeviceIndex, VolumeError};
+use crate::volume::{DeviceId, DeviceIndex, LvmPvId, VolumeError};
 
 /// The initial value LVM2 feeds to [`calc_crc`] (`INITIAL_CRC` in lvm2's `lib/misc/crc.h`).
 pub const INITIAL_CRC: u32 = 0xf597_a6cf;
@@ -153,6 +153,32 @@ pub enum LvmError {
         lv: String,
         #[source]
         source: VolumeError,
+    },
+    #[error(
+        "volume group {vg} is exported (vgexport): it was handed over to another system; \
+         run `vgimport {vg}` there first if sanfs is to use it"
+    )]
+    ExportedVg { vg: String },
+    #[error(
+        "logical volume {vg}/{lv} is read-only (no WRITE status): sanfs writes to it; make \
+         it writable with `lvchange --permission rw {vg}/{lv}` first"
+    )]
+    ReadOnlyLv { vg: String, lv: String },
+    #[error(
+        "PV {pv} ({id}) of volume group {vg} is flagged MISSING (lvm2 could not find it when it \
+         last wrote the metadata, so its contents may be stale){}",
+        if *used {
+            format!(": logical volume {lv} lies on it; restore it (`vgextend --restoremissing`) first")
+        } else {
+            format!("; logical volume {lv} does not use it")
+        }
+    )]
+    MissingPv {
+        vg: String,
+        pv: String,
+        id: LvmPvId,
+        lv: String,
+        used: bool,
     },
     #[error("volume device {index} is {device}, not an LVM2 PV")]
     NotLvmDevice {

@@ -222,3 +222,35 @@ fn the_default_globs_scan_the_machine_and_report_unknown_luns_missing() {
     assert!(found.found.is_empty());
     assert_eq!(found.missing.len(), 2);
 }
+
+/// A cloned LUN (the same label on two devices) is refused by the import rule, whichever path
+/// comes first: neither is opened, both are listed with the reason, the device counts as
+/// missing; the server's device table decides the same (metadata-server `datadev`).
+#[test]
+fn discovery_refuses_an_identity_found_on_two_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = labelled_files(dir.path(), 2, DEV_SIZE);
+    let clone = dir.path().join("clone-of-1");
+    std::fs::copy(&paths[1], &clone).unwrap();
+    let volume = striped_volume(2, DEV_SIZE);
+    let d = dir.path().display();
+    for globs in [
+        vec![format!("{d}/lun*"), format!("{d}/clone*")],
+        vec![format!("{d}/clone*"), format!("{d}/lun*")],
+    ] {
+        let found = discover(&volume, &config(&globs));
+        let indexes: Vec<u32> = found.found.iter().map(|f| f.index.0).collect();
+        assert_eq!(indexes, [0], "{globs:?}");
+        assert_eq!(
+            found.missing,
+            [(DeviceIndex(1), DeviceId::Sanfs(device_uuid(1)))]
+        );
+        let mut rejected: Vec<&PathBuf> = found.rejected.iter().map(|(p, _)| p).collect();
+        rejected.sort();
+        assert_eq!(rejected, [&clone, &paths[1]], "{:?}", found.rejected);
+        for (_, why) in &found.rejected {
+            assert!(why.contains("is on 2 devices"), "{why}");
+            assert!(why.contains("cloned LUN"), "{why}");
+        }
+    }
+}

@@ -827,7 +827,7 @@ fn check_recovery(w: &Workload, image: Vec<u8>, acked: usize, what: &str) -> boo
     // fsck straight after the restart (a dry-run repair: redb's recovery on a copy in memory,
     // and none of our repairs needed), and again below after the store has taken new writes.
     let copy = Backend::Sim(SimDisk::from_image(image.clone(), FaultPlan::default()));
-    let report = fsck::repair(&copy, true)
+    let report = fsck::repair(&copy, true, sanfs_proto::types::Timestamp::default())
         .unwrap_or_else(|e| panic!("{what}: fsck cannot read the store: {e}"));
     assert!(
         report.fixes.is_empty() && report.after.is_clean(),

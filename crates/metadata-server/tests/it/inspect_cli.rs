@@ -87,3 +87,74 @@ fn inspect_prints_the_labels_and_map_answers() {
     );
     assert_eq!(mds(["volume", "inspect"]).code, Some(2), "no devices");
 }
+
+#[test]
+fn inspect_json_has_the_labels_and_the_map() {
+    let dir = tempfile::tempdir().unwrap();
+    let luns = lun_files(dir.path(), &[12 * MIB, 12 * MIB]);
+    let config = write_config(
+        dir.path(),
+        &format!("layout = \"linear\"\ndevices = {}", toml_paths(&luns)),
+    );
+    let run = mds(["format", "--config", config.to_str().unwrap()]);
+    assert!(run.success(), "{run:?}");
+    let labels: Vec<_> = luns.iter().map(|l| read_label(l)).collect();
+    let volume = volume_from_labels(&labels);
+
+    let offset = volume.size_bytes() - 1;
+    let mut args = vec![
+        "volume".to_owned(),
+        "inspect".to_owned(),
+        "--json".to_owned(),
+    ];
+    args.extend(luns.iter().map(|l| l.display().to_string()));
+    args.extend(["--map".to_owned(), offset.to_string()]);
+    let run = mds(&args);
+    assert!(run.success(), "{run:?}");
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    for (i, label) in labels.iter().enumerate() {
+        let l = &report["devices"][i]["sanfs_label"];
+        assert_eq!(l["device_uuid"], label.device_uuid.to_string(), "{report}");
+        assert_eq!(l["device_index"], label.device_index, "{report}");
+        assert_eq!(l["layout"]["kind"], "linear", "{report}");
+    }
+    let run0 = volume.map(offset, 1).unwrap()[0];
+    assert_eq!(report["map"]["device_index"], run0.device.0, "{report}");
+    assert_eq!(report["map"]["phys_off"], run0.phys_off, "{report}");
+    assert_eq!(
+        report["map"]["path"],
+        luns[run0.device.as_usize()].display().to_string()
+    );
+    assert_eq!(report["refusals"], serde_json::json!([]));
+
+    // A cloned LUN: --map refuses it as a clone, naming both devices.
+    let clone = dir.path().join("clone");
+    std::fs::copy(&luns[1], &clone).unwrap();
+    let run = mds([
+        "volume".to_owned(),
+        "inspect".to_owned(),
+        luns[0].display().to_string(),
+        luns[1].display().to_string(),
+        clone.display().to_string(),
+        "--map".to_owned(),
+        "0".to_owned(),
+    ]);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.contains("is on 2 devices"), "{run:?}");
+    assert!(run.stderr.contains(&clone.display().to_string()), "{run:?}");
+    // Without --map it is listed as refused.
+    let run = mds([
+        "volume".to_owned(),
+        "inspect".to_owned(),
+        luns[1].display().to_string(),
+        clone.display().to_string(),
+    ]);
+    assert!(run.success(), "{run:?}");
+    assert!(
+        run.stdout.contains(&format!(
+            "refused: sanfs device {} is on 2 devices",
+            labels[1].device_uuid
+        )),
+        "{run:?}"
+    );
+}

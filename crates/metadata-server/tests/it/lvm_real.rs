@@ -12,9 +12,13 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use sanfs_blockmap::lvm::{
+    INITIAL_CRC, LABEL_SCAN_BYTES, MDA_HEADER_SIZE, calc_crc, parse_mda_header, parse_pv_label,
+};
 use sanfs_mds::device::Lun;
 use sanfs_testcluster::{Need, skip_unless};
 
@@ -53,6 +57,30 @@ impl Lab {
         assert!(dev.starts_with("/dev/loop"), "losetup printed {dev:?}");
         self.loops.push(dev.clone());
         dev
+    }
+
+    /// A loop device over a copy of loop device `of`'s file: a cloned LUN.
+    fn add_loop_copy(&mut self, of: usize) -> String {
+        let from = self.dir.path().join(format!("pv{of}.img"));
+        let file = self.dir.path().join(format!("pv{}.img", self.loops.len()));
+        std::fs::copy(&from, &file).unwrap();
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let dev = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        assert!(dev.starts_with("/dev/loop"), "losetup printed {dev:?}");
+        self.loops.push(dev.clone());
+        dev
+    }
+
+    /// Detaches one of our loop devices now.
+    fn remove_loop(&mut self, dev: &str) {
+        let out = Command::new("losetup").arg("-d").arg(dev).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        self.loops.retain(|d| d != dev);
     }
 
     /// Only our loop devices, no device-mapper, no udev, nothing under /etc/lvm or /run/lvm.
@@ -484,4 +512,239 @@ fn format_labels_loop_devices() {
         (index, path.as_str(), phys),
         (1, devs[1].to_str().unwrap(), MIB)
     );
+}
+
+/// The import rule on real lvm2 metadata: a read-only LV, an exported VG and a cloned PV are
+/// refused by `format` (nothing written) and reported by `volume inspect`; a damaged metadata
+/// copy beside a good one is a warning in both. The same rule refuses a clone in the server
+/// and the agent (their tests use cloned file LUNs).
+#[test]
+fn lvm_import_refusals_made_by_lvm2() {
+    if skip_unless(
+        "lvm_import_refusals_made_by_lvm2",
+        &[Need::Tool("lvm"), Need::LoopDevices],
+    ) {
+        return;
+    }
+    let mut lab = Lab::new();
+    let devs: Vec<String> = (0..2).map(|_| lab.add_loop(32 * MIB)).collect();
+    let mut args = vec!["-y", "--pvmetadatacopies", "2"];
+    args.extend(devs.iter().map(String::as_str));
+    lab.lvm("pvcreate", &args);
+    let vg = format!("sanfs_h11_it_{}", std::process::id());
+    let mut args = vec![vg.as_str()];
+    args.extend(devs.iter().map(String::as_str));
+    lab.lvm("vgcreate", &args);
+    lab.vgs.push(vg.clone());
+    lab.lvm(
+        "lvcreate",
+        &["-an", "-Zn", "-y", "-n", "data", "-i2", "-I64k", "-l4", &vg],
+    );
+    lab.lvm(
+        "lvcreate",
+        &["-an", "-Zn", "-y", "-n", "ro", "-l2", &vg, &devs[0]],
+    );
+    lab.lvm("lvchange", &["-pr", &format!("{vg}/ro")]);
+    lab.lvm(
+        "lvcreate",
+        &["-an", "-Zn", "-y", "-n", "one", "-l1", &vg, &devs[0]],
+    );
+
+    let format = |lv: &str, devices: &[&str]| {
+        let dir = tempfile::tempdir().unwrap();
+        let config = write_config(
+            dir.path(),
+            &format!(
+                "layout = \"lvm\"\nlvm_vg = \"{vg}\"\nlvm_lv = \"{lv}\"\ndevices = {}",
+                toml_paths(devices)
+            ),
+        );
+        let run = mds(["format", "--config", config.to_str().unwrap()]);
+        let wrote = dir.path().join("meta.redb").exists();
+        (run, wrote)
+    };
+    let inspect = |devices: &[&str], extra: &[&str]| {
+        let mut args = vec!["volume", "inspect"];
+        args.extend_from_slice(devices);
+        args.extend_from_slice(extra);
+        mds(args)
+    };
+    let both: Vec<&str> = devs.iter().map(String::as_str).collect();
+    let (run, wrote) = format("data", &both);
+    assert!(run.success() && wrote, "{run:?}");
+    let run = inspect(&both, &[]);
+    assert!(run.success(), "{run:?}");
+    assert!(!run.stdout.contains("warning:"), "{run:?}");
+
+    // A read-only LV.
+    let (run, wrote) = format("ro", &both);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stderr.contains(&format!("{vg}/ro is read-only")),
+        "{run:?}"
+    );
+    assert!(
+        run.stderr.contains("nothing was written") && !wrote,
+        "{run:?}"
+    );
+    let run = inspect(&both, &[]);
+    assert!(
+        run.stdout
+            .contains(&format!("refused: logical volume {vg}/ro is read-only")),
+        "{run:?}"
+    );
+
+    // A cloned PV (a copy of the second LUN on a third device), wherever it is listed.
+    let clone = lab.add_loop_copy(1);
+    for devices in [
+        vec![both[0], both[1], clone.as_str()],
+        vec![clone.as_str(), both[0], both[1]],
+    ] {
+        let (run, wrote) = format("data", &devices);
+        assert_eq!(run.code, Some(2), "{run:?}");
+        assert!(run.stderr.contains("is on 2 devices"), "{run:?}");
+        assert!(run.stderr.contains("cloned LUN") && !wrote, "{run:?}");
+        let run = inspect(&devices, &["--map", "0", "--lv", "data"]);
+        assert_eq!(run.code, Some(2), "{run:?}");
+        assert!(run.stderr.contains("is on 2 devices"), "{run:?}");
+        assert!(run.stdout.contains("refused: LVM2 PV"), "{run:?}");
+    }
+    lab.remove_loop(&clone);
+
+    // A damaged metadata copy (the second area of the first PV) beside a good one.
+    {
+        let lun = Lun::open(Path::new(&devs[0]), false).unwrap();
+        let label = parse_pv_label(&lun.read_prefix(LABEL_SCAN_BYTES).unwrap()).unwrap();
+        assert_eq!(label.metadata_areas.len(), 2, "{label:?}");
+        let at = label.metadata_areas[1].offset + 100;
+        let dev = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&devs[0])
+            .unwrap();
+        dev.write_all_at(&[0xa5; 8], at).unwrap();
+        dev.sync_all().unwrap();
+    }
+    let (run, wrote) = format("data", &both);
+    assert!(run.success() && wrote, "{run:?}");
+    assert!(run.stderr.contains("is damaged and was skipped"), "{run:?}");
+    assert!(
+        run.stderr.contains("another copy on this PV was read"),
+        "{run:?}"
+    );
+    let run = inspect(&both, &["--json"]);
+    assert!(run.success(), "{run:?}");
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    let warnings = report["warnings"].as_array().unwrap();
+    assert!(
+        warnings.iter().any(|w| w
+            .as_str()
+            .unwrap()
+            .contains(&format!("{}: a metadata copy", devs[0]))),
+        "{report}"
+    );
+    assert_eq!(
+        report["devices"][0]["lvm_pv"]["vg"],
+        vg.as_str(),
+        "{report}"
+    );
+
+    // An exported VG.
+    lab.lvm("vgexport", &[&vg]);
+    let (run, wrote) = format("data", &both);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stderr
+            .contains(&format!("volume group {vg} is exported"))
+            && !wrote,
+        "{run:?}"
+    );
+    lab.lvm("vgimport", &[&vg]);
+
+    // The second PV flagged MISSING, as lvm2 writes it when it changes a VG while a PV is
+    // away (lvm2 refuses to do that here, so the newest metadata is written as it would).
+    rewrite_metadata(&devs[0], |text| {
+        let at = text.find("pv1 {").expect("pv1 in the metadata");
+        let (head, tail) = text.split_at(at);
+        format!(
+            "{head}{}",
+            tail.replacen("flags = []", "flags = [\"MISSING\"]", 1)
+        )
+    });
+    let (run, wrote) = format("data", &both);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.contains("flagged MISSING"), "{run:?}");
+    assert!(
+        run.stderr.contains("logical volume data lies on it") && !wrote,
+        "{run:?}"
+    );
+    let (run, wrote) = format("one", &both);
+    assert!(
+        run.success() && wrote,
+        "a MISSING PV that the LV does not use: {run:?}"
+    );
+    assert!(run.stderr.contains("flagged MISSING"), "{run:?}");
+    assert!(
+        run.stderr.contains("logical volume one does not use it"),
+        "{run:?}"
+    );
+    let run = inspect(&both, &[]);
+    assert!(
+        run.stdout.contains("refused: PV pv1") && run.stdout.contains("warning: PV pv1"),
+        "{run:?}"
+    );
+    // A PV without metadata areas: --map says that, not that there is no PV.
+    let bare = lab.add_loop(8 * MIB);
+    lab.lvm("pvcreate", &["-y", "--metadatacopies", "0", &bare]);
+    let run = inspect(&[bare.as_str()], &["--map", "0"]);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.stderr
+            .contains("the devices are LVM2 PVs, but none holds readable volume group metadata"),
+        "{run:?}"
+    );
+
+    // Back as lvm2 would have it, so that the drop guard's vgremove runs cleanly.
+    let _ = lab.try_lvm("vgextend", &["--restoremissing", &vg, &devs[1]]);
+}
+
+/// Rewrites the committed metadata text in the first metadata area of `dev` as lvm2 does:
+/// `edit` applied and the seqno raised by one, the text at the same place in the ring buffer,
+/// its size and checksum in `raw_locn[0]`, and the header's checksum.
+fn rewrite_metadata(dev: &str, edit: impl Fn(&str) -> String) {
+    let lun = Lun::open(Path::new(dev), false).unwrap();
+    let label = parse_pv_label(&lun.read_prefix(LABEL_SCAN_BYTES).unwrap()).unwrap();
+    let area = label.metadata_areas[0];
+    let mut header = lun.read_at(area.offset, MDA_HEADER_SIZE).unwrap();
+    let location = parse_mda_header(&header, area)
+        .unwrap()
+        .metadata_location()
+        .unwrap();
+    assert_eq!(location.pieces.len(), 1, "a text that wraps: {location:?}");
+    let piece = location.pieces[0];
+    let old = lun.read_at(piece.offset, piece.len as usize).unwrap();
+    let old_text = String::from_utf8(old.strip_suffix(b"\0").unwrap_or(&old).to_vec()).unwrap();
+    let seqno_line = old_text
+        .lines()
+        .find(|l| l.trim_start().starts_with("seqno = "))
+        .unwrap()
+        .to_owned();
+    let seqno: u64 = seqno_line
+        .trim()
+        .trim_start_matches("seqno = ")
+        .parse()
+        .unwrap();
+    let text = edit(&old_text).replacen(&seqno_line, &format!("seqno = {}", seqno + 1), 1);
+    assert_ne!(text, old_text);
+    let mut bytes = text.into_bytes();
+    bytes.push(0);
+    // raw_locn[0] at byte 40 of the header: offset u64, size u64, checksum u32, flags u32.
+    header[48..56].copy_from_slice(&(bytes.len() as u64).to_le_bytes());
+    header[56..60].copy_from_slice(&calc_crc(INITIAL_CRC, &bytes).to_le_bytes());
+    let crc = calc_crc(INITIAL_CRC, &header[4..MDA_HEADER_SIZE]);
+    header[0..4].copy_from_slice(&crc.to_le_bytes());
+    let file = std::fs::OpenOptions::new().write(true).open(dev).unwrap();
+    file.write_all_at(&bytes, piece.offset).unwrap();
+    file.write_all_at(&header[..MDA_HEADER_SIZE], area.offset)
+        .unwrap();
+    file.sync_all().unwrap();
 }

@@ -233,6 +233,34 @@ async fn a_directory_quota_holds_is_exact_and_can_grow() {
     assert_eq!(q.used_inodes, 7, "6 files and the subdirectory");
 
     let dir = srv.stop_keeping_files().await;
-    let rep = sanfs_mds::fsck::check(&Backend::File(dir.path().join("mds.redb"))).unwrap();
+    let backend = Backend::File(dir.path().join("mds.redb"));
+    let rep = sanfs_mds::fsck::check(&backend).unwrap();
     assert!(rep.is_clean(), "{rep}");
+
+    // Usage damaged on purpose is recomputed from the inodes by `fsck --repair`.
+    {
+        let db = redb::Database::open(dir.path().join("mds.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            use redb::ReadableTable;
+            let mut t = txn.open_table(sanfs_mds::store::QUOTAS).unwrap();
+            let (bytes, inodes, _, _) = t.get(vol).unwrap().unwrap().value();
+            t.insert(vol, (bytes, inodes, 1234, 99)).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let rep = sanfs_mds::fsck::check(&backend).unwrap();
+    assert_eq!(
+        rep.fixes,
+        vec![sanfs_mds::fsck::Fix::QuotaUsage {
+            dir: vol,
+            blocks: 0,
+            inodes: 7
+        }],
+        "{rep}"
+    );
+    let repaired =
+        sanfs_mds::fsck::repair(&backend, false, sanfs_proto::types::Timestamp::default()).unwrap();
+    assert!(repaired.after.is_clean(), "{repaired}");
+    assert!(sanfs_mds::fsck::check(&backend).unwrap().is_clean());
 }
