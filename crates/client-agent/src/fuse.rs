@@ -802,10 +802,19 @@ impl fuser::Filesystem for SanFs {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
                 let mut buf = vec![0u8; size.min(MAX_IO_BYTES) as usize];
-                let n = with_handle!(st, cred, file, |h| st
-                    .client
-                    .read_into(&cred, &h, ino, offset, &mut buf)
-                    .await)?;
+                // Buffered reads go through the read cache (client::writeback), O_DIRECT
+                // ones to the LUNs.
+                let n = if file.direct {
+                    with_handle!(st, cred, file, |h| st
+                        .client
+                        .read_into(&cred, &h, ino, offset, &mut buf)
+                        .await)?
+                } else {
+                    with_handle!(st, cred, file, |h| st
+                        .client
+                        .read_cached(&cred, &h, ino, offset, &mut buf)
+                        .await)?
+                };
                 buf.truncate(n);
                 Ok::<_, FsError>(buf)
             }

@@ -22,7 +22,9 @@
 //! | `sanfs_agent_writeback_held_writes_total` | counter | | writes held back (answered without I/O) |
 //! | `sanfs_agent_writeback_flushes_total`, `sanfs_agent_writeback_bytes_total` | counter | | write-backs run; bytes they wrote |
 //! | `sanfs_agent_writeback_recalls_total` | counter | | delegation recalls that wrote held-back bytes first |
-//! | `sanfs_agent_delegations_total` | counter | `result` | write delegations `granted` / `refused` |
+//! | `sanfs_agent_delegations_total` | counter | `result` | delegations `granted` / `refused` |
+//! | `sanfs_agent_read_cache_bytes` | gauge | | file bytes in the read cache now |
+//! | `sanfs_agent_read_cache_total` | counter | `result` | buffered reads answered by the read cache (`hit`) or read and kept (`miss`) |
 //!
 //! The recorder is the process's `metrics` recorder ([`install`], once, before the client
 //! connects so that the engine's latency histograms register with it). Counters are kept by
@@ -121,6 +123,9 @@ pub fn render(client: &Client) -> String {
     metrics::counter!("sanfs_agent_delegations_total", "result" => "granted")
         .absolute(w.delegations);
     metrics::counter!("sanfs_agent_delegations_total", "result" => "refused").absolute(w.refusals);
+    metrics::gauge!("sanfs_agent_read_cache_bytes").set(w.cached_bytes as f64);
+    metrics::counter!("sanfs_agent_read_cache_total", "result" => "hit").absolute(w.cache_hits);
+    metrics::counter!("sanfs_agent_read_cache_total", "result" => "miss").absolute(w.cache_misses);
     metrics::gauge!("sanfs_agent_lease_valid").set(if s.lease_valid { 1.0 } else { 0.0 });
     metrics::gauge!("sanfs_agent_lease_remaining_seconds")
         .set(Duration::from_millis(s.lease_remaining_ms).as_secs_f64());

@@ -253,6 +253,11 @@ pub fn parse_options_sloppy(
                     .with_context(|| format!("writeback_file={v}: bad size (more than 0)"))?;
             }
             "writeback_age" => o.writeback.max_age = duration_option(key, value)?,
+            "read_cache" => {
+                let v = need(key, value)?;
+                o.writeback.read_cache_bytes = parse_size(v)
+                    .with_context(|| format!("read_cache={v}: bad size (0 turns it off)"))?;
+            }
             "threshold" => {
                 let v = need(key, value)?;
                 o.direct_io_threshold = Some(

@@ -64,7 +64,8 @@ enum Command {
         /// client_name=, metrics=ADDR:PORT (Prometheus), device_retry=5s (probe a LUN
         /// poisoned by a failed write again after this), log=FILE|syslog|stderr,
         /// log_level=LEVEL, writeback=SIZE (write-back cache of small buffered writes; 0:
-        /// off), writeback_file=SIZE, writeback_age=DURATION; mount(8)'s generic ones (_netdev, defaults, x-*, ...) are ignored.
+        /// off), writeback_file=SIZE, writeback_age=DURATION, read_cache=SIZE (0: off);
+        /// mount(8)'s generic ones (_netdev, defaults, x-*, ...) are ignored.
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Stay in the foreground (otherwise return once mounted, the agent running on).
@@ -730,6 +731,11 @@ fn format_status(m: &MountStatus) -> String {
         w.recalls_flushed,
         w.delegations,
         w.refusals
+    );
+    let _ = writeln!(
+        out,
+        "  read cache {} bytes; hits {}, misses {}",
+        w.cached_bytes, w.cache_hits, w.cache_misses
     );
     out
 }

@@ -39,7 +39,7 @@ use sanfs_proto::types::{Attr, Credentials, FsError, GrantId, InodeId, Timestamp
 use super::data::WriteOutcome;
 use super::file::{OpenFile, retrying};
 use super::rpc::Pin;
-use super::{Client, Inner, add, bump};
+use super::{Client, FileHandle, Inner, add, bump};
 
 /// Write-back limits (mount options `writeback=`, `writeback_file=`, `writeback_age=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +52,9 @@ pub struct WriteBackConfig {
     pub max_write: u64,
     /// Held-back bytes older than this are written back by the background task.
     pub max_age: Duration,
+    /// Bytes of file data the agent keeps cached for reads under delegations (0: no read
+    /// cache).
+    pub read_cache_bytes: u64,
 }
 
 impl Default for WriteBackConfig {
@@ -61,6 +64,7 @@ impl Default for WriteBackConfig {
             file_bytes: 8 << 20,
             max_write: 128 << 10,
             max_age: Duration::from_secs(5),
+            read_cache_bytes: 256 << 20,
         }
     }
 }
@@ -77,7 +81,15 @@ struct Held {
     id: GrantId,
     /// The session generation it was given under: useless under any other.
     generation: u64,
+    /// A write delegation (also good for reads), or a read delegation.
+    write: bool,
 }
+
+/// The read cache's unit: file bytes `[i * CHUNK, (i + 1) * CHUNK)`.
+const CHUNK: u64 = 128 << 10;
+
+/// Chunks read ahead of a sequential reader.
+const READ_AHEAD_CHUNKS: u64 = 7;
 
 /// One file's write-back state.
 #[derive(Default)]
@@ -94,13 +106,24 @@ struct FileState {
     dirty_since: Option<Instant>,
     /// Whom the held-back bytes are written as, and through which open file.
     writer: Option<(Arc<OpenFile>, Credentials)>,
-    /// The size and mtime this node's writes gave the file (kept until the next truncate).
+    /// The size and mtime this node's held-back writes give the file (until they are written).
     end: u64,
     mtime: Option<Timestamp>,
     /// One write-back of this file at a time.
     flusher: Arc<tokio::sync::Mutex<()>>,
     /// Writes of this file (held back or not) in their first step: a delegation asked for.
     asking: bool,
+    /// Read cache: whole chunks by index; only the chunk at the end of file may be shorter.
+    chunks: BTreeMap<u64, Arc<Vec<u8>>>,
+    cached_bytes: u64,
+    /// Bumped whenever the cached chunks are dropped: a read that started under an older
+    /// value does not keep what it read.
+    cache_gen: u64,
+    /// Reads without a delegation (one is asked for from the second read on).
+    reads: u32,
+    /// Where the last read ended (a read from there is sequential: read ahead).
+    last_read_end: u64,
+    last_use: Option<Instant>,
 }
 
 /// The write-back table of one agent.
@@ -110,6 +133,8 @@ pub(crate) struct WriteBack {
     /// Delegation recalls that came before the delegation's own reply.
     tombstones: Mutex<HashSet<GrantId>>,
     total: AtomicU64,
+    /// Bytes in read caches, over all files.
+    cached: AtomicU64,
     pub(crate) counters: WriteBackCounters,
 }
 
@@ -122,6 +147,8 @@ pub(crate) struct WriteBackCounters {
     pub recalls_flushed: AtomicU64,
     pub delegations: AtomicU64,
     pub refusals: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
 }
 
 /// Puts `data` at `off` into `map`; returns how many bytes the map grew by.
@@ -174,6 +201,58 @@ fn insert(map: &mut BTreeMap<u64, Vec<u8>>, off: u64, data: &[u8]) -> u64 {
     grew
 }
 
+impl FileState {
+    /// Drops every cached chunk; returns the bytes freed.
+    fn drop_cache(&mut self) -> u64 {
+        self.chunks.clear();
+        self.cache_gen += 1;
+        std::mem::take(&mut self.cached_bytes)
+    }
+
+    /// Drops the chunks `[off, off + len)` touches and the chunk at the end of file (a write
+    /// there may move the end); returns the bytes freed.
+    fn drop_range(&mut self, off: u64, len: u64) -> u64 {
+        let (first, last) = (off / CHUNK, (off + len.max(1) - 1) / CHUNK);
+        let doomed: Vec<u64> = self
+            .chunks
+            .iter()
+            .filter(|(i, c)| (first..=last).contains(*i) || (c.len() as u64) < CHUNK)
+            .map(|(i, _)| *i)
+            .collect();
+        let mut freed = 0;
+        for i in doomed {
+            if let Some(c) = self.chunks.remove(&i) {
+                freed += c.len() as u64;
+            }
+        }
+        self.cache_gen += 1;
+        self.cached_bytes -= freed;
+        freed
+    }
+
+    /// Copies `[off, off + buf.len())` from the cached chunks: `Some(n)` when every byte is
+    /// there or the end of file comes first (n bytes), `None` when a chunk is missing.
+    fn serve(&self, off: u64, buf: &mut [u8]) -> Option<usize> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let pos = off + done as u64;
+            let chunk = self.chunks.get(&(pos / CHUNK))?;
+            let at = usize::try_from(pos % CHUNK).ok()?;
+            if at >= chunk.len() {
+                // The chunk ends the file before `pos`.
+                return Some(done);
+            }
+            let n = (chunk.len() - at).min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&chunk[at..at + n]);
+            done += n;
+            if (chunk.len() as u64) < CHUNK && at + n == chunk.len() {
+                return Some(done);
+            }
+        }
+        Some(done)
+    }
+}
+
 impl WriteBack {
     pub(crate) fn new(config: WriteBackConfig) -> WriteBack {
         WriteBack {
@@ -181,6 +260,7 @@ impl WriteBack {
             files: Mutex::new(HashMap::new()),
             tombstones: Mutex::new(HashSet::new()),
             total: AtomicU64::new(0),
+            cached: AtomicU64::new(0),
             counters: WriteBackCounters::default(),
         }
     }
@@ -265,6 +345,8 @@ impl WriteBack {
     /// other node is using the file).
     fn recalled(&self, ino: InodeId) {
         if let Some(f) = self.files().get_mut(&ino) {
+            let freed = f.drop_cache();
+            self.cached.fetch_sub(freed, Ordering::Relaxed);
             f.delegation = None;
             f.recalling = false;
             f.quiet_until = Some(Instant::now() + REFUSAL_BACKOFF);
@@ -289,6 +371,10 @@ impl WriteBack {
     pub(crate) fn forget(&self, ino: InodeId) {
         tracing::debug!(%ino, "the file's last handle here closed: its delegation is gone");
         let mut files = self.files();
+        if let Some(f) = files.get_mut(&ino) {
+            let freed = f.drop_cache();
+            self.cached.fetch_sub(freed, Ordering::Relaxed);
+        }
         if let Some(f) = files.get(&ino)
             && f.dirty_bytes == 0
             && !f.asking
@@ -297,6 +383,60 @@ impl WriteBack {
             files.remove(&ino);
         } else if let Some(f) = files.get_mut(&ino) {
             f.delegation = None;
+        }
+    }
+
+    /// A write-back ended: with nothing held back any more, the server answers for the
+    /// size and mtime again.
+    fn written_out(&self, ino: InodeId) {
+        if let Some(f) = self.files().get_mut(&ino)
+            && f.dirty.is_empty()
+        {
+            f.end = 0;
+            f.mtime = None;
+        }
+    }
+
+    /// This node wrote `[off, off + len)` of `ino` (through, not held back): cached chunks
+    /// there are stale.
+    pub(crate) fn wrote(&self, ino: InodeId, off: u64, len: u64) {
+        if let Some(f) = self.files().get_mut(&ino)
+            && f.cached_bytes > 0
+        {
+            let freed = f.drop_range(off, len);
+            self.cached.fetch_sub(freed, Ordering::Relaxed);
+        }
+    }
+
+    /// Every cached chunk of `ino` is stale (a truncate, a fallocate, an append).
+    pub(crate) fn drop_cache(&self, ino: InodeId) {
+        if let Some(f) = self.files().get_mut(&ino) {
+            let freed = f.drop_cache();
+            self.cached.fetch_sub(freed, Ordering::Relaxed);
+        }
+    }
+
+    /// Over the read cache's size: the files used longest ago lose their chunks.
+    fn trim_cache(&self) {
+        let limit = self.config.read_cache_bytes;
+        if self.cached.load(Ordering::Relaxed) <= limit {
+            return;
+        }
+        let mut files = self.files();
+        let mut by_age: Vec<(Option<Instant>, InodeId)> = files
+            .iter()
+            .filter(|(_, f)| f.cached_bytes > 0)
+            .map(|(ino, f)| (f.last_use, *ino))
+            .collect();
+        by_age.sort();
+        for (_, ino) in by_age {
+            if self.cached.load(Ordering::Relaxed) <= limit / 2 {
+                break;
+            }
+            if let Some(f) = files.get_mut(&ino) {
+                let freed = f.drop_cache();
+                self.cached.fetch_sub(freed, Ordering::Relaxed);
+            }
         }
     }
 
@@ -336,7 +476,7 @@ impl Client {
                 return Ok(None);
             }
             match f.delegation {
-                Some(d) if d.generation == generation => false,
+                Some(d) if d.generation == generation && d.write => false,
                 _ => {
                     if f.quiet_until.is_some_and(|t| Instant::now() < t) {
                         return Ok(None);
@@ -348,7 +488,7 @@ impl Client {
             }
         };
         if want {
-            let got = self.ask_delegation(file).await;
+            let got = self.ask_delegation(&file.current(), ino, true).await;
             let mut files = wb.files();
             let f = files.entry(ino).or_default();
             f.asking = false;
@@ -364,7 +504,10 @@ impl Client {
             let mut files = wb.files();
             let f = files.entry(ino).or_default();
             // Checked again under the lock: a recall may have come meanwhile.
-            if f.recalling || f.delegation.is_none_or(|d| d.generation != generation) {
+            if f.recalling
+                || f.delegation
+                    .is_none_or(|d| d.generation != generation || !d.write)
+            {
                 return Ok(None);
             }
             let grew = insert(&mut f.dirty, offset, data);
@@ -387,16 +530,123 @@ impl Client {
         }))
     }
 
-    /// Asks the server for a write delegation on `file`.
-    async fn ask_delegation(&self, file: &Arc<OpenFile>) -> Option<Held> {
+    /// A read through the mount's read cache: served from the file's cached chunks while
+    /// this node holds a delegation on it (asked for from the file's second read on), else
+    /// read (with read-ahead for a sequential reader) and kept. Without a delegation, or with
+    /// the cache off, a plain [`Client::read_into`].
+    pub async fn read_cached(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, FsError> {
+        let wb = &self.inner.writeback;
+        if wb.config.read_cache_bytes == 0 || buf.is_empty() {
+            return self.read_into(cred, fh, ino, offset, buf).await;
+        }
+        // What this node held back is read from the LUNs once written (and then dropped
+        // from the cache: `wrote`).
+        self.write_back_barrier(ino).await;
+        let generation = self.inner.lock_state().view.generation;
+        let want = {
+            let mut files = wb.files();
+            let f = files.entry(ino).or_default();
+            f.last_use = Some(Instant::now());
+            if f.delegation.is_some_and(|d| d.generation != generation) {
+                f.delegation = None;
+                let freed = f.drop_cache();
+                wb.cached.fetch_sub(freed, Ordering::Relaxed);
+            }
+            if f.delegation.is_some() && !f.recalling {
+                if let Some(n) = f.serve(offset, buf) {
+                    f.last_read_end = offset + n as u64;
+                    bump(&wb.counters.cache_hits);
+                    return Ok(n);
+                }
+                false
+            } else {
+                f.reads = f.reads.saturating_add(1);
+                let quiet = f.quiet_until.is_some_and(|t| Instant::now() < t);
+                let want = f.reads >= 2 && !f.recalling && !f.asking && !quiet;
+                f.asking |= want;
+                want
+            }
+        };
+        if want {
+            let got = self.ask_delegation(fh, ino, false).await;
+            let mut files = wb.files();
+            let f = files.entry(ino).or_default();
+            f.asking = false;
+            match got {
+                Some(held) if f.delegation.is_none() => f.delegation = Some(held),
+                Some(_) => {}
+                None => f.quiet_until = Some(Instant::now() + REFUSAL_BACKOFF),
+            }
+        }
+        let usable = wb
+            .files()
+            .get(&ino)
+            .filter(|f| f.delegation.is_some() && !f.recalling)
+            .map(|f| (f.cache_gen, offset == f.last_read_end));
+        let Some((cache_gen, sequential)) = usable else {
+            return self.read_into(cred, fh, ino, offset, buf).await;
+        };
+        bump(&wb.counters.cache_misses);
+        // Whole chunks around the read, and ahead of a sequential reader.
+        let len = buf.len() as u64;
+        let first = offset / CHUNK;
+        let last = (offset + len - 1) / CHUNK + if sequential { READ_AHEAD_CHUNKS } else { 0 };
+        let start = first * CHUNK;
+        let span = (last + 1 - first) * CHUNK;
+        let mut tmp = vec![0u8; usize::try_from(span).map_err(|_| FsError::Range)?];
+        let n = self.read_into(cred, fh, ino, start, &mut tmp).await?;
+        tmp.truncate(n);
+        let at = usize::try_from(offset - start).map_err(|_| FsError::Range)?;
+        let copied = tmp.len().saturating_sub(at).min(buf.len());
+        buf[..copied].copy_from_slice(&tmp[at..at + copied]);
+        {
+            let mut files = wb.files();
+            if let Some(f) = files.get_mut(&ino)
+                && f.cache_gen == cache_gen
+                && !f.recalling
+                && f.delegation.is_some_and(|d| d.generation == generation)
+            {
+                let mut added = 0u64;
+                for (k, piece) in tmp.chunks(CHUNK as usize).enumerate() {
+                    let i = first + k as u64;
+                    let old = f.chunks.insert(i, Arc::new(piece.to_vec()));
+                    added += piece.len() as u64;
+                    if let Some(old) = old {
+                        added -= old.len() as u64;
+                    }
+                }
+                if (n as u64) < span && (n as u64).is_multiple_of(CHUNK) {
+                    // The end of file on a chunk boundary: an empty chunk there answers
+                    // reads past it (a shorter last chunk does that otherwise).
+                    f.chunks
+                        .insert(first + n as u64 / CHUNK, Arc::new(Vec::new()));
+                }
+                f.cached_bytes += added;
+                f.last_read_end = offset + copied as u64;
+                wb.cached.fetch_add(added, Ordering::Relaxed);
+            }
+        }
+        wb.trim_cache();
+        Ok(copied)
+    }
+
+    /// Asks the server for a delegation on `ino` (write: exclusive) under handle `fh`.
+    async fn ask_delegation(&self, fh: &FileHandle, ino: InodeId, write: bool) -> Option<Held> {
         let inner = &self.inner;
-        let fh = file.current();
+        let fh = *fh;
         let view = inner.view_for(Some(&fh)).ok()?;
         let req = pb::DelegateRequest::from(DelegateRequest {
             handle: super::data::handle_ref(&fh),
-            inode: file.ino(),
+            inode: ino,
             epoch: view.epoch,
-            write: true,
+            write,
         });
         let reply: Result<DelegateReply, FsError> = inner
             .call("Delegate reply", Pin::Handle(&fh), |_| {
@@ -418,6 +668,7 @@ impl Client {
                 Some(Held {
                     id,
                     generation: view.generation,
+                    write,
                 })
             }
             Ok(_) => {
@@ -425,7 +676,7 @@ impl Client {
                 None
             }
             Err(e) => {
-                tracing::debug!(ino = %file.ino(), error = %e, "Delegate failed");
+                tracing::debug!(%ino, error = %e, "Delegate failed");
                 None
             }
         }
@@ -458,6 +709,10 @@ impl Client {
             }
         }
         self.inner.end_pending(ino, failed.clone());
+        // Everything held back is out: the server's size and mtime are the file's now (and
+        // may be smaller than this node's writes made it: another node's truncate after a
+        // recall).
+        wb.written_out(ino);
         match failed {
             Some(e) => Err(e),
             None => Ok(()),
@@ -507,6 +762,7 @@ impl Client {
     pub(crate) async fn before_truncate(&self, ino: InodeId) -> Result<(), FsError> {
         self.write_back_barrier(ino).await;
         self.inner.writeback.reset_end(ino);
+        self.inner.writeback.drop_cache(ino);
         self.inner.take_write_error(ino)
     }
 
@@ -529,6 +785,9 @@ impl Client {
             recalls_flushed: get(&wb.counters.recalls_flushed),
             delegations: get(&wb.counters.delegations),
             refusals: get(&wb.counters.refusals),
+            cached_bytes: wb.cached.load(Ordering::Relaxed),
+            cache_hits: get(&wb.counters.cache_hits),
+            cache_misses: get(&wb.counters.cache_misses),
         }
     }
 }
@@ -545,9 +804,16 @@ pub struct WriteBackStats {
     pub flushed_bytes: u64,
     /// Delegation recalls that had bytes to write back first.
     pub recalls_flushed: u64,
-    /// Write delegations given, and refused.
+    /// Delegations given, and refused.
     pub delegations: u64,
     pub refusals: u64,
+    /// Bytes in the read cache now; reads it answered, and reads it did not (read and kept).
+    #[serde(default)]
+    pub cached_bytes: u64,
+    #[serde(default)]
+    pub cache_hits: u64,
+    #[serde(default)]
+    pub cache_misses: u64,
 }
 
 /// The background write-back: every half second, the files that are due

@@ -1415,3 +1415,68 @@ async fn a_writer_killed_with_held_back_writes_loses_only_those() {
     drop(b);
     srv.stop().await;
 }
+
+/// Small reads of a file are answered from the reading node's cache while it holds a read
+/// delegation, and a write by another node (which recalls it first) is seen by the very next
+/// read: never a stale byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_reads_see_another_nodes_write_at_once() {
+    if !can_mount() {
+        return;
+    }
+    const LEN: usize = 1 << 20;
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "reader", "").await;
+    let b = Mount::start(&srv, "writer", "").await;
+    let (pa, pb, mnt_a) = (a.p("f"), b.p("f"), a.path.clone());
+    let mut x = test_seed("cached reads") | 1;
+    timed("cached reads and a writer elsewhere", 240, move || {
+        use std::os::unix::fs::FileExt;
+        let mut model: Vec<u8> = (0..LEN).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&pb, &model).unwrap();
+        let r = std::fs::File::open(&pa).unwrap();
+        let w = std::fs::OpenOptions::new().write(true).open(&pb).unwrap();
+        for round in 0..20u8 {
+            // A: many small reads, sequential and random.
+            for i in 0..200 {
+                let len = 1 + (xorshift(&mut x) % 5000) as usize;
+                let off = if i % 2 == 0 {
+                    (i as usize * 4096) % LEN
+                } else {
+                    (xorshift(&mut x) % LEN as u64) as usize
+                };
+                let mut buf = vec![0u8; len];
+                let n = r.read_at(&mut buf, off as u64).unwrap();
+                let want = &model[off..(off + len).min(model.len())];
+                assert_eq!(&buf[..n], want, "round {round}: read at {off}+{len}");
+            }
+            // B: a small write somewhere (through B's cache of held-back writes, or not).
+            let off = (xorshift(&mut x) % (LEN as u64 - 100)) as usize;
+            let data = vec![round.wrapping_add(1); 1 + (xorshift(&mut x) % 99) as usize];
+            w.write_all_at(&data, off as u64).unwrap();
+            model[off..off + data.len()].copy_from_slice(&data);
+            // A's next read of it sees it.
+            let mut buf = vec![0u8; data.len()];
+            let n = r.read_at(&mut buf, off as u64).unwrap();
+            assert_eq!(
+                &buf[..n],
+                &data[..],
+                "round {round}: A reads B's write at {off}"
+            );
+            // The delegation is asked for again after a second.
+            if round % 5 == 4 {
+                std::thread::sleep(Duration::from_millis(1100));
+            }
+        }
+        let st = agent_status(&mnt_a);
+        let wb = &st["agent"]["write_back"];
+        assert!(
+            wb["cache_hits"].as_u64().unwrap() > 1000,
+            "reads were answered from the cache: {wb}"
+        );
+    })
+    .await;
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}

@@ -202,6 +202,9 @@ impl Client {
                 attr: None,
             });
         }
+        // What this node's read cache holds there is stale from now on (also if the write
+        // fails part way).
+        self.inner.writeback.wrote(ino, offset, len);
         let inner = &self.inner;
         let view = inner.live_view_for(Some(fh), "Write").await?;
         // A write that completed behind an earlier one failed: say so now (as writeback).
@@ -297,6 +300,7 @@ impl Client {
             ));
         }
         self.write_back_barrier(ino).await;
+        self.inner.writeback.drop_cache(ino);
         let inner = &self.inner;
         let view = inner.live_view_for(Some(fh), "Write").await?;
         inner.take_write_error(ino)?;
