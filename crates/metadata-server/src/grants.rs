@@ -567,6 +567,7 @@ impl Grants {
                 let m = mapped?;
                 add(&self.stats.read_grants, 1);
                 add(&self.stats.granted_read_bytes, m.len);
+                crate::activity::add_grant(false, m.len);
                 Ok((id, m))
             }
             Ok(false) => {
@@ -604,6 +605,7 @@ impl Grants {
         };
         add(count, 1);
         add(bytes, mapped.len);
+        crate::activity::add_grant(state.mode == LockMode::Exclusive, mapped.len);
         self.lock_table().insert(id, state);
         Ok((id, mapped))
     }
@@ -641,6 +643,7 @@ impl Grants {
                 let m = mapped?;
                 add(&self.stats.write_grants, 1);
                 add(&self.stats.granted_write_bytes, m.len);
+                crate::activity::add_grant(true, m.len);
                 Ok((id, m))
             }
             Some(true) => {
