@@ -18,6 +18,7 @@
 //! | `sanfs_agent_device_errors_total` | counter | `device` | failed device I/Os |
 //! | `sanfs_agent_device_io_seconds` | histogram | `device`, `op` | latency of each request to the kernel |
 //! | `sanfs_agent_device_recoveries_total` | counter | | poisoned LUNs brought back |
+//! | `sanfs_agent_fuse_op_seconds` | histogram | `op` | time from a FUSE request's arrival to its answer, by request (`lookup`, `getattr`, `read`, `write`, `create`, ...) |
 //!
 //! The recorder is the process's `metrics` recorder ([`install`], once, before the client
 //! connects so that the engine's latency histograms register with it). Counters are kept by
@@ -34,11 +35,12 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::client::{Client, DeviceHealth};
 use crate::engine::DEVICE_IO_SECONDS;
+use crate::fuse::FUSE_OP_SECONDS;
 
 /// Most bytes of a request read.
 pub const MAX_REQUEST_BYTES: u64 = 4096;
 
-/// Latency buckets of device requests, 20 us to 5 s.
+/// Latency buckets of device requests and FUSE requests, 20 us to 5 s.
 const LATENCY_BUCKETS: &[f64] = &[
     0.000_02, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
     0.25, 0.5, 1.0, 5.0,
@@ -56,11 +58,24 @@ pub fn install() -> Option<&'static PrometheusHandle> {
                     Matcher::Full(DEVICE_IO_SECONDS.to_owned()),
                     LATENCY_BUCKETS,
                 )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(FUSE_OP_SECONDS.to_owned()),
+                        LATENCY_BUCKETS,
+                    )
+                })
                 .unwrap_or_else(|_| PrometheusBuilder::new());
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             match metrics::set_global_recorder(recorder) {
-                Ok(()) => Some(handle),
+                Ok(()) => {
+                    metrics::describe_histogram!(
+                        FUSE_OP_SECONDS,
+                        metrics::Unit::Seconds,
+                        "Time from a FUSE request's arrival to its answer, by request."
+                    );
+                    Some(handle)
+                }
                 Err(_) => {
                     tracing::warn!("another metrics recorder is installed: no agent metrics");
                     None
