@@ -153,13 +153,21 @@ pub fn render(client: &Client) -> String {
 
 /// Answers scrapes on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, client: Arc<Client>) {
+    serve_text(listener, Arc::new(move || render(&client))).await;
+}
+
+/// What a scrape answers: the whole exposition, made on a blocking thread.
+pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Answers scrapes on `listener` with what `render` makes, until the task is dropped.
+pub async fn serve_text(listener: TcpListener, render: Render) {
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                let client = Arc::clone(&client);
+                let render = Arc::clone(&render);
                 tokio::spawn(async move {
                     let answered =
-                        tokio::time::timeout(Duration::from_secs(5), answer(stream, &client)).await;
+                        tokio::time::timeout(Duration::from_secs(5), answer(stream, render)).await;
                     if !matches!(answered, Ok(Ok(()))) {
                         tracing::debug!(%peer, "metrics scrape failed or timed out");
                     }
@@ -180,7 +188,7 @@ fn is_metrics_request(line: &str) -> bool {
     method == Some("GET") && target.split('?').next() == Some("/metrics")
 }
 
-async fn answer(stream: TcpStream, client: &Client) -> std::io::Result<()> {
+async fn answer(stream: TcpStream, render: Render) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.take(MAX_REQUEST_BYTES));
     let mut request_line = String::new();
     reader.read_line(&mut request_line).await?;
@@ -192,7 +200,10 @@ async fn answer(stream: TcpStream, client: &Client) -> std::io::Result<()> {
     }
     let mut stream = reader.into_inner().into_inner();
     let (status, body) = if is_metrics_request(&request_line) {
-        ("200 OK", render(client))
+        let body = tokio::task::spawn_blocking(move || render())
+            .await
+            .map_err(std::io::Error::other)?;
+        ("200 OK", body)
     } else {
         ("404 Not Found", "not found: GET /metrics\n".to_owned())
     };
