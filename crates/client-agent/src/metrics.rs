@@ -159,7 +159,8 @@ pub async fn serve(listener: TcpListener, client: Arc<Client>) {
 /// What a scrape answers: the whole exposition, made on a blocking thread.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// Answers scrapes on `listener` with what `render` makes, until the task is dropped.
+/// Answers scrapes on `listener` with what `render` makes, and `GET /healthz` with `ok` (a
+/// liveness probe), until the task is dropped.
 pub async fn serve_text(listener: TcpListener, render: Render) {
     loop {
         match listener.accept().await {
@@ -183,9 +184,14 @@ pub async fn serve_text(listener: TcpListener, render: Render) {
 
 /// Whether an HTTP request line asks for `GET /metrics`.
 fn is_metrics_request(line: &str) -> bool {
+    is_get(line, "/metrics")
+}
+
+/// Whether an HTTP request line is `GET path` (a query string aside).
+fn is_get(line: &str, path: &str) -> bool {
     let mut words = line.split_ascii_whitespace();
     let (method, target) = (words.next(), words.next().unwrap_or(""));
-    method == Some("GET") && target.split('?').next() == Some("/metrics")
+    method == Some("GET") && target.split('?').next() == Some(path)
 }
 
 async fn answer(stream: TcpStream, render: Render) -> std::io::Result<()> {
@@ -204,6 +210,9 @@ async fn answer(stream: TcpStream, render: Render) -> std::io::Result<()> {
             .await
             .map_err(std::io::Error::other)?;
         ("200 OK", body)
+    } else if is_get(&request_line, "/healthz") {
+        // The process answers: a liveness probe that does not depend on the server.
+        ("200 OK", "ok\n".to_owned())
     } else {
         ("404 Not Found", "not found: GET /metrics\n".to_owned())
     };
@@ -227,5 +236,7 @@ mod tests {
         assert!(!is_metrics_request("GET / HTTP/1.1\r\n"));
         assert!(!is_metrics_request("PUT /metrics HTTP/1.1\r\n"));
         assert!(!is_metrics_request(""));
+        assert!(super::is_get("GET /healthz HTTP/1.1\r\n", "/healthz"));
+        assert!(!super::is_get("GET /healthzx HTTP/1.1\r\n", "/healthz"));
     }
 }

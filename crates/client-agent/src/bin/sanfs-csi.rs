@@ -8,7 +8,8 @@
 //! ```
 //!
 //! `--metrics ADDR` serves `GET /metrics` on ADDR: the driver's own metrics and every agent's
-//! of this node, labelled by volume (`sanfs_client_agent::csi::metrics`).
+//! of this node, labelled by volume (`sanfs_client_agent::csi::metrics`); and `GET /healthz`,
+//! `ok` while the process answers (a liveness probe that a server outage does not fail).
 //!
 //! Every flag can come from the environment instead (`CSI_ENDPOINT`, `SANFS_CSI_MODE`,
 //! `SANFS_SERVER`, `SANFS_CSI_ROOT`, `SANFS_NODE_ID`, `SANFS_DEVICES`, `SANFS_TLS_CA`, ...), as

@@ -1210,6 +1210,15 @@ async fn one_metrics_endpoint_per_node_with_every_agent_labelled_by_volume() {
     let mode = Mode::MultiNodeMultiWriter;
     let body = scrape(port);
     assert!(body.contains("sanfs_csi_volumes_staged 0"), "{body}");
+    // The liveness endpoint on the same port.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\n\r\n").unwrap();
+    let mut health = String::new();
+    std::io::Read::read_to_string(&mut s, &mut health).unwrap();
+    assert!(
+        health.starts_with("HTTP/1.1 200 OK") && health.ends_with("ok\n"),
+        "{health}"
+    );
     assert!(body.contains("sanfs_csi_server_session 1"), "{body}");
     assert!(body.contains("sanfs_csi_build_info{version="), "{body}");
 
