@@ -8,8 +8,10 @@
 //! request that names no session (the namespace calls) counts in its RPC's tally and the
 //! server's totals only.
 //!
-//! Counters of ended sessions are dropped when the status is next read
-//! ([`Activity::retain_sessions`]): the server's totals keep what they did.
+//! Counters of a session go when it ends ([`Activity::forget_session`]) and, for a request
+//! that came in as it ended, when the status is next read ([`Activity::retain_sessions`]);
+//! the server's totals keep what they did. At most [`MAX_TRACKED_SESSIONS`] sessions have
+//! counters of their own at once.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -18,6 +20,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use sanfs_proto::model::{Activity as Counters, MAX_STATUS_RPCS, RpcTally};
+
+/// Most sessions with counters of their own; requests of more count in the totals only.
+pub const MAX_TRACKED_SESSIONS: usize = 65_536;
 
 /// What one request did, collected while it runs.
 #[derive(Debug, Default, Clone, Copy)]
@@ -77,7 +82,10 @@ impl Activity {
         let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         let mut inner = self.lock();
         add_tally(&mut inner.totals, tally, error, micros);
-        if let Some(session) = tally.session {
+        if let Some(session) = tally.session
+            && (inner.sessions.len() < MAX_TRACKED_SESSIONS
+                || inner.sessions.contains_key(&session))
+        {
             add_tally(
                 inner.sessions.entry(session).or_default(),
                 tally,
@@ -116,6 +124,11 @@ impl Activity {
     /// Every RPC's tally, by name.
     pub fn rpcs(&self) -> Vec<RpcTally> {
         self.lock().rpcs.values().cloned().collect()
+    }
+
+    /// Forgets the counters of an ended session.
+    pub fn forget_session(&self, session: u64) {
+        self.lock().sessions.remove(&session);
     }
 
     /// Forgets the counters of sessions for which `live` is false.
@@ -250,9 +263,31 @@ mod tests {
             .map(|r| (r.rpc, r.count, r.errors))
             .collect();
         assert_eq!(names, [("Lookup".into(), 1, 1), ("MapWrite".into(), 1, 0)]);
-        table.retain_sessions(|_| false);
+        table.forget_session(7);
         assert_eq!(table.session(7), Counters::default());
+        table.retain_sessions(|_| false);
         assert_eq!(table.totals().rpcs, 2);
+    }
+
+    #[test]
+    fn sessions_beyond_the_bound_count_in_the_totals_only() {
+        let table = Activity::default();
+        let tally = |s: u64| Tally {
+            session: Some(s),
+            ..Tally::default()
+        };
+        for s in 0..=MAX_TRACKED_SESSIONS as u64 {
+            table.record("Heartbeat", &tally(s), false, Duration::ZERO);
+        }
+        assert_eq!(table.session(0).rpcs, 1);
+        assert_eq!(table.session(MAX_TRACKED_SESSIONS as u64).rpcs, 0);
+        assert_eq!(table.totals().rpcs, MAX_TRACKED_SESSIONS as u64 + 1);
+        // A tracked session goes on counting; an ended one makes room.
+        table.record("Heartbeat", &tally(0), false, Duration::ZERO);
+        assert_eq!(table.session(0).rpcs, 2);
+        table.forget_session(1);
+        table.record("Heartbeat", &tally(u64::MAX), false, Duration::ZERO);
+        assert_eq!(table.session(u64::MAX).rpcs, 1);
     }
 
     #[tokio::test]

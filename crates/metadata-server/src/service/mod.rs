@@ -450,6 +450,7 @@ impl Server {
         self.grants.expire_session(session).await;
         self.advisory.release_session(session);
         self.release_session_handles(session).await;
+        self.activity.forget_session(session);
         true
     }
 }
