@@ -1,5 +1,5 @@
 //! `sanfs-admin`: an administrator's view of a metadata server over the Admin service
-//! (`status`, `clients`, `evict`, `quota get|set|list`). It connects as the agent does
+//! (`status`, `clients`, `top`, `evict`, `quota get|set|list`). It connects as the agent does
 //! ([`connect_channel`]: `unix:/path` known by its uid, or mutual TLS with a certificate that
 //! `[[clients]]` of mds.toml marks `admin = true`), so the server alone decides who is an
 //! administrator (`NodeIdentity::require_admin`); a refusal is reported with the server's
@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use sanfs_proto::model::{
-    EvictSessionReply, EvictSessionRequest, InodeRequest, QuotaInfo, QuotaLimits, QuotaList,
-    ServerStatus, SetQuotaRequest, StatFs, VolumeInfo,
+    Activity, EvictSessionReply, EvictSessionRequest, InodeRequest, QuotaInfo, QuotaLimits,
+    QuotaList, ServerStatus, SetQuotaRequest, StatFs, VolumeInfo,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::admin_client::AdminClient;
@@ -357,6 +357,230 @@ pub fn clients_text(j: &Value) -> String {
     out
 }
 
+/// Per second, from a counter's growth over `secs` (0 when the counter went back: a server
+/// restart between two samples).
+fn rate(before: u64, after: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        after.saturating_sub(before) as f64 / secs
+    } else {
+        0.0
+    }
+}
+
+/// Mean microseconds per request over the growth of `(count, micros)`.
+fn mean_us(before: (u64, u64), after: (u64, u64)) -> u64 {
+    let n = after.0.saturating_sub(before.0);
+    after.1.saturating_sub(before.1).checked_div(n).unwrap_or(0)
+}
+
+/// The rates of `Activity` counters between two samples.
+fn activity_rates(before: &Activity, after: &Activity, secs: f64) -> Value {
+    json!({
+        "rpcs_per_sec": rate(before.rpcs, after.rpcs, secs),
+        "errors_per_sec": rate(before.rpc_errors, after.rpc_errors, secs),
+        "mean_latency_us": mean_us(
+            (before.rpcs, before.rpc_micros),
+            (after.rpcs, after.rpc_micros),
+        ),
+        "read_grants_per_sec": rate(before.read_grants, after.read_grants, secs),
+        "write_grants_per_sec": rate(before.write_grants, after.write_grants, secs),
+        "direct_read_bytes_per_sec":
+            rate(before.granted_read_bytes, after.granted_read_bytes, secs),
+        "direct_write_bytes_per_sec":
+            rate(before.granted_write_bytes, after.granted_write_bytes, secs),
+        "proxied_read_bytes_per_sec":
+            rate(before.proxied_read_bytes, after.proxied_read_bytes, secs),
+        "proxied_write_bytes_per_sec":
+            rate(before.proxied_write_bytes, after.proxied_write_bytes, secs),
+    })
+}
+
+/// One refresh of `top` as JSON: what changed between two ServerStatus samples, as rates
+/// over the server's own clock (its uptime), `fallback_secs` when that did not move.
+///
+/// `rpcs` lists the RPCs answered in the interval, busiest first; `clients` every listed
+/// session, busiest first (a session new since `before` counts from zero). Direct bytes are
+/// the bytes the grants handed out covered; proxied bytes went through the server.
+pub fn top_json(before: &ServerStatus, after: &ServerStatus, fallback_secs: f64) -> Value {
+    let server_secs = after.uptime_ms.saturating_sub(before.uptime_ms) as f64 / 1000.0;
+    let secs = if after.uptime_ms > before.uptime_ms {
+        server_secs
+    } else {
+        fallback_secs
+    };
+    let mut rpcs: Vec<Value> = after
+        .rpcs
+        .iter()
+        .filter_map(|t| {
+            let b = before.rpcs.iter().find(|b| b.rpc == t.rpc);
+            let (count, errors, micros) = b.map_or((0, 0, 0), |b| (b.count, b.errors, b.micros));
+            (t.count > count).then(|| {
+                json!({
+                    "rpc": t.rpc,
+                    "per_sec": rate(count, t.count, secs),
+                    "errors_per_sec": rate(errors, t.errors, secs),
+                    "mean_latency_us": mean_us((count, micros), (t.count, t.micros)),
+                })
+            })
+        })
+        .collect();
+    let by_rate = |a: &Value, b: &Value, key: &str| {
+        let f = |v: &Value| v[key].as_f64().unwrap_or(0.0);
+        f(b).total_cmp(&f(a))
+    };
+    rpcs.sort_by(|a, b| by_rate(a, b, "per_sec"));
+    let mut clients: Vec<Value> = after
+        .sessions
+        .iter()
+        .map(|s| {
+            let was = before
+                .sessions
+                .iter()
+                .find(|b| b.session == s.session)
+                .map_or(Activity::default(), |b| b.activity);
+            let mut c = activity_rates(&was, &s.activity, secs);
+            c["session"] = json!(s.session.0);
+            c["client_name"] = json!(s.client_name);
+            c["host"] = json!(s.host);
+            c["identity"] = json!(s.identity);
+            c["grants_held"] = json!(s.grants);
+            c
+        })
+        .collect();
+    clients.sort_by(|a, b| {
+        by_rate(a, b, "rpcs_per_sec").then_with(|| {
+            a["session"]
+                .as_u64()
+                .unwrap_or(0)
+                .cmp(&b["session"].as_u64().unwrap_or(0))
+        })
+    });
+    json!({
+        "uptime_ms": after.uptime_ms,
+        "interval_ms": (secs * 1000.0).round() as u64,
+        "sessions_total": after.sessions_total,
+        "grants_held": { "read": after.read_grants, "write": after.write_grants },
+        "commits_pending": after.commits.pending,
+        "commits_per_sec": rate(before.commits.commits, after.commits.commits, secs),
+        "transactions_per_sec":
+            rate(before.commits.transactions, after.commits.transactions, secs),
+        "server": activity_rates(&before.activity, &after.activity, secs),
+        "rpcs": rpcs,
+        "clients": clients,
+    })
+}
+
+/// At most this many RPCs and clients in one text refresh of `top`.
+const TOP_ROWS: usize = 20;
+
+/// A rate for a table: `0`, `3.5`, `120`.
+fn per_sec(v: &Value) -> String {
+    let x = v.as_f64().unwrap_or(0.0);
+    if x == 0.0 {
+        "0".to_owned()
+    } else if x < 100.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+/// Bytes per second for a table: `0`, `1.5 MiB`.
+fn bytes_per_sec(v: &Value) -> String {
+    let x = v.as_f64().unwrap_or(0.0);
+    if x == 0.0 {
+        "0".to_owned()
+    } else {
+        bytes(x as u64)
+    }
+}
+
+/// One refresh of `top` as text: a summary line, the busiest RPCs, the busiest clients.
+pub fn top_text(j: &Value) -> String {
+    let mut out = String::new();
+    let n = |x: &Value| x.as_u64().unwrap_or(0);
+    let s = &j["server"];
+    let _ = writeln!(
+        out,
+        "up {}, every {}: {} sessions, {} RPC/s ({} errors/s, mean {}us), {} commits/s ({} transactions/s, {} pending)",
+        duration(n(&j["uptime_ms"])),
+        duration(n(&j["interval_ms"])),
+        n(&j["sessions_total"]),
+        per_sec(&s["rpcs_per_sec"]),
+        per_sec(&s["errors_per_sec"]),
+        n(&s["mean_latency_us"]),
+        per_sec(&j["commits_per_sec"]),
+        per_sec(&j["transactions_per_sec"]),
+        n(&j["commits_pending"]),
+    );
+    let _ = writeln!(
+        out,
+        "grants {}/s read, {}/s write ({} read, {} write held); direct {}/s read, {}/s write; proxied {}/s read, {}/s write",
+        per_sec(&s["read_grants_per_sec"]),
+        per_sec(&s["write_grants_per_sec"]),
+        n(&j["grants_held"]["read"]),
+        n(&j["grants_held"]["write"]),
+        bytes_per_sec(&s["direct_read_bytes_per_sec"]),
+        bytes_per_sec(&s["direct_write_bytes_per_sec"]),
+        bytes_per_sec(&s["proxied_read_bytes_per_sec"]),
+        bytes_per_sec(&s["proxied_write_bytes_per_sec"]),
+    );
+    let empty = Vec::new();
+    let _ = writeln!(
+        out,
+        "\n{:<22} {:>9} {:>9} {:>10}",
+        "RPC", "PER SEC", "ERRORS/S", "MEAN US"
+    );
+    for r in j["rpcs"].as_array().unwrap_or(&empty).iter().take(TOP_ROWS) {
+        let _ = writeln!(
+            out,
+            "{:<22} {:>9} {:>9} {:>10}",
+            r["rpc"].as_str().unwrap_or(""),
+            per_sec(&r["per_sec"]),
+            per_sec(&r["errors_per_sec"]),
+            n(&r["mean_latency_us"]),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\n{:>20}  {:<16} {:>8} {:>8} {:>7} {:>7} {:>11} {:>11} {:>11} {:>11}",
+        "SESSION",
+        "CLIENT",
+        "RPC/S",
+        "MEAN US",
+        "GRANT/S",
+        "HELD",
+        "DIRECT R/S",
+        "DIRECT W/S",
+        "PROXY R/S",
+        "PROXY W/S"
+    );
+    let clients = j["clients"].as_array().unwrap_or(&empty);
+    for c in clients.iter().take(TOP_ROWS) {
+        let grants = c["read_grants_per_sec"].as_f64().unwrap_or(0.0)
+            + c["write_grants_per_sec"].as_f64().unwrap_or(0.0);
+        let _ = writeln!(
+            out,
+            "{:>20}  {:<16} {:>8} {:>8} {:>7} {:>7} {:>11} {:>11} {:>11} {:>11}",
+            n(&c["session"]),
+            c["client_name"].as_str().unwrap_or(""),
+            per_sec(&c["rpcs_per_sec"]),
+            n(&c["mean_latency_us"]),
+            per_sec(&json!(grants)),
+            n(&c["grants_held"]),
+            bytes_per_sec(&c["direct_read_bytes_per_sec"]),
+            bytes_per_sec(&c["direct_write_bytes_per_sec"]),
+            bytes_per_sec(&c["proxied_read_bytes_per_sec"]),
+            bytes_per_sec(&c["proxied_write_bytes_per_sec"]),
+        );
+    }
+    let more = n(&j["sessions_total"]).saturating_sub(clients.len().min(TOP_ROWS) as u64);
+    if more > 0 {
+        let _ = writeln!(out, "({more} more sessions not shown)");
+    }
+    out
+}
+
 /// One quota as JSON (`path` when known).
 pub fn quota_json(path: Option<&str>, q: &QuotaInfo) -> Value {
     json!({
@@ -493,6 +717,111 @@ mod tests {
             "{t}"
         );
         assert_eq!(lines[3], "(1 more sessions not listed)");
+    }
+
+    fn status(
+        uptime_ms: u64,
+        sessions: Vec<(u64, Activity)>,
+        rpcs: &[(&str, u64, u64)],
+    ) -> ServerStatus {
+        use sanfs_proto::model::{CommitStats, RpcTally, SessionSummary};
+        ServerStatus {
+            epoch: sanfs_proto::types::SessionEpoch(1),
+            fs_uuid: uuid::Uuid::from_u128(1),
+            server_version: "t".into(),
+            uptime_ms,
+            sessions_total: sessions.len() as u64,
+            sessions: sessions
+                .into_iter()
+                .map(|(id, activity)| SessionSummary {
+                    session: SessionId(id),
+                    client_name: format!("node-{id}"),
+                    host: "h".into(),
+                    grants: 1,
+                    open_handles: 0,
+                    lease_remaining_ms: 1000,
+                    identity: "unix:uid=0".into(),
+                    activity,
+                })
+                .collect(),
+            read_grants: 0,
+            write_grants: 1,
+            commits: CommitStats::default(),
+            rpcs: rpcs
+                .iter()
+                .map(|(rpc, count, micros)| RpcTally {
+                    rpc: (*rpc).into(),
+                    count: *count,
+                    errors: 0,
+                    micros: *micros,
+                })
+                .collect(),
+            activity: Activity::default(),
+        }
+    }
+
+    #[test]
+    fn top_rates_are_growth_over_the_servers_interval_busiest_first() {
+        let a = |rpcs, micros, bytes| Activity {
+            rpcs,
+            rpc_micros: micros,
+            granted_write_bytes: bytes,
+            ..Activity::default()
+        };
+        let before = status(
+            10_000,
+            vec![(1, a(10, 1000, 0)), (2, a(5, 0, 0))],
+            &[("MapWrite", 4, 400), ("Lookup", 9, 90)],
+        );
+        let after = status(
+            12_000,
+            // Session 2 did nothing; session 3 is new (counted from zero).
+            vec![(1, a(30, 5000, 4 << 20)), (2, a(5, 0, 0)), (3, a(8, 80, 0))],
+            &[("MapWrite", 10, 1000), ("Lookup", 9, 90), ("Write", 2, 50)],
+        );
+        let j = top_json(&before, &after, 99.0);
+        assert_eq!(j["interval_ms"], 2000, "{j}");
+        let rpcs: Vec<(&str, f64, u64)> = j["rpcs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["rpc"].as_str().unwrap(),
+                    r["per_sec"].as_f64().unwrap(),
+                    r["mean_latency_us"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        // Lookup did not move: not listed.
+        assert_eq!(rpcs, [("MapWrite", 3.0, 100), ("Write", 1.0, 25)]);
+        let clients: Vec<(u64, f64)> = j["clients"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["session"].as_u64().unwrap(),
+                    c["rpcs_per_sec"].as_f64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(clients, [(1, 10.0), (3, 4.0), (2, 0.0)]);
+        let c1 = &j["clients"][0];
+        assert_eq!(c1["mean_latency_us"], 200, "{c1}");
+        assert_eq!(
+            c1["direct_write_bytes_per_sec"],
+            f64::from(2u32 << 20),
+            "{c1}"
+        );
+        // A server restart between samples (uptime went back): the local interval, and no
+        // negative rates.
+        let j = top_json(&after, &before, 4.0);
+        assert_eq!(j["interval_ms"], 4000, "{j}");
+        assert!(j["rpcs"].as_array().unwrap().is_empty(), "{j}");
+        let t = top_text(&top_json(&before, &after, 1.0));
+        assert!(t.contains("MapWrite") && t.contains("node-3"), "{t}");
+        assert!(t.contains("2.0 MiB"), "{t}");
     }
 
     #[test]

@@ -11,9 +11,10 @@
 //! killed agent is replaced by the next agent that gets the same device number, and a command
 //! that finds nobody listening says so.
 //!
-//! The exchange is one JSON line each way: a [`Request`] (`{"op":"status"}` or
-//! `{"op":"bmap","ino":N}`, `N` being the FUSE inode number the caller's `stat` saw) and a
-//! [`Response`].
+//! The exchange is one JSON line each way: a [`Request`] (`{"op":"status"}`,
+//! `{"op":"bmap","ino":N}`, `N` being the FUSE inode number the caller's `stat` saw, or
+//! `{"op":"metrics"}`, the agent's Prometheus text, which `sanfs-csi --metrics` gathers from
+//! every agent of its node) and a [`Response`].
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
@@ -50,6 +51,8 @@ pub enum Request {
     Bmap {
         ino: u64,
     },
+    /// The agent's metrics in the Prometheus text format (what `metrics=` would serve).
+    Metrics,
 }
 
 /// One mount's agent, as `status` shows it.
@@ -69,6 +72,8 @@ pub struct Response {
     pub status: Option<MountStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bmap: Option<BmapReply>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -178,14 +183,19 @@ pub fn mount_of(path: &Path) -> anyhow::Result<(MountEntry, std::fs::Metadata)> 
 
 /// Asks the agent behind `socket` and returns its answer (an error answer as an error).
 pub fn ask(socket: &Path, request: &Request) -> anyhow::Result<Response> {
+    ask_within(socket, request, ANSWER_TIMEOUT)
+}
+
+/// [`ask`], giving up on a silent agent after `timeout`.
+pub fn ask_within(socket: &Path, request: &Request, timeout: Duration) -> anyhow::Result<Response> {
     let stream = std::os::unix::net::UnixStream::connect(socket).with_context(|| {
         format!(
             "connect to the agent's control socket {} (is the agent of this mount running?)",
             socket.display()
         )
     })?;
-    stream.set_read_timeout(Some(ANSWER_TIMEOUT))?;
-    stream.set_write_timeout(Some(ANSWER_TIMEOUT))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
     let mut line = serde_json::to_string(request)?;
     line.push('\n');
     (&stream).write_all(line.as_bytes())?;
@@ -296,6 +306,10 @@ async fn handle(ctx: &ControlContext, req: Request) -> Response {
                 pid: std::process::id(),
                 agent: ctx.client.status(),
             }),
+            ..Response::default()
+        },
+        Request::Metrics => Response {
+            metrics: Some(crate::metrics::render(&ctx.client)),
             ..Response::default()
         },
         Request::Bmap { ino } => {

@@ -47,6 +47,10 @@ use crate::client::{Client, FileHandle, LockWait, OpenFile, SeekWhat, retrying};
 /// Largest read or write request the kernel sends (and the readahead limit).
 pub const MAX_IO_BYTES: u32 = 1 << 20;
 
+/// Histogram of the time from a FUSE request's arrival to its answer, in seconds, by `op`
+/// (the request's name: `lookup`, `getattr`, `read`, `write`, `create`, ...).
+pub const FUSE_OP_SECONDS: &str = "sanfs_agent_fuse_op_seconds";
+
 /// Directory entries asked of the server per ReadDir call.
 const READDIR_BATCH: u32 = 256;
 
@@ -259,13 +263,20 @@ impl SanFs {
         }
     }
 
-    /// Runs `f` on the runtime as a task of its own.
-    fn spawn<F, Fut>(&self, f: F)
+    /// Runs `f` on the runtime as a task of its own; the time until it has answered goes to
+    /// [`FUSE_OP_SECONDS`] under `op`.
+    fn spawn<F, Fut>(&self, op: &'static str, f: F)
     where
         F: FnOnce(Arc<State>) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        self.runtime.spawn(f(Arc::clone(&self.state)));
+        let started = std::time::Instant::now();
+        let answered = f(Arc::clone(&self.state));
+        self.runtime.spawn(async move {
+            answered.await;
+            metrics::histogram!(FUSE_OP_SECONDS, "op" => op)
+                .record(started.elapsed().as_secs_f64());
+        });
     }
 }
 
@@ -554,7 +565,7 @@ impl fuser::Filesystem for SanFs {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let cred = credentials(req);
         let name = name_bytes(name);
-        self.spawn(move |st| async move {
+        self.spawn("lookup", move |st| async move {
             let r = st.client.lookup(&cred, st.ino(parent), name).await;
             st.reply_entry(reply, r);
         });
@@ -568,7 +579,7 @@ impl fuser::Filesystem for SanFs {
         reply: ReplyAttr,
     ) {
         let cred = credentials(req);
-        self.spawn(move |st| async move {
+        self.spawn("getattr", move |st| async move {
             let r = st.client.getattr(&cred, st.ino(ino)).await;
             st.reply_attr(reply, r);
         });
@@ -593,7 +604,7 @@ impl fuser::Filesystem for SanFs {
         reply: ReplyAttr,
     ) {
         let cred = credentials(req);
-        self.spawn(move |st| async move {
+        self.spawn("setattr", move |st| async move {
             let r = async {
                 let changes = SetAttr {
                     perm: mode.map(|m| m & 0o7777),
@@ -614,7 +625,7 @@ impl fuser::Filesystem for SanFs {
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
         let cred = credentials(req);
-        self.spawn(move |st| async move {
+        self.spawn("readlink", move |st| async move {
             match st.client.readlink(&cred, st.ino(ino)).await {
                 Ok(t) => reply.data(&t),
                 Err(e) => reply.error(errno(&e)),
@@ -634,7 +645,7 @@ impl fuser::Filesystem for SanFs {
     ) {
         let cred = credentials(req);
         let name = name_bytes(name);
-        self.spawn(move |st| async move {
+        self.spawn("mknod", move |st| async move {
             let r = match kind_of_mode(mode) {
                 Some(FileType::Directory) | None => {
                     Err(FsError::Invalid(format!("mknod of mode {mode:o}")))
@@ -661,7 +672,7 @@ impl fuser::Filesystem for SanFs {
     ) {
         let cred = credentials(req);
         let name = name_bytes(name);
-        self.spawn(move |st| async move {
+        self.spawn("mkdir", move |st| async move {
             let perm = mode & !umask & 0o7777;
             let r = st.client.mkdir(&cred, st.ino(parent), name, perm).await;
             st.reply_entry(reply, r);
@@ -671,7 +682,7 @@ impl fuser::Filesystem for SanFs {
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let cred = credentials(req);
         let name = name_bytes(name);
-        self.spawn(move |st| async move {
+        self.spawn("unlink", move |st| async move {
             match st.client.unlink(&cred, st.ino(parent), name).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -682,7 +693,7 @@ impl fuser::Filesystem for SanFs {
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let cred = credentials(req);
         let name = name_bytes(name);
-        self.spawn(move |st| async move {
+        self.spawn("rmdir", move |st| async move {
             match st.client.rmdir(&cred, st.ino(parent), name).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -701,7 +712,7 @@ impl fuser::Filesystem for SanFs {
         let cred = credentials(req);
         let name = name_bytes(link_name);
         let target = target.as_os_str().as_bytes().to_vec();
-        self.spawn(move |st| async move {
+        self.spawn("symlink", move |st| async move {
             let r = st.client.symlink(&cred, st.ino(parent), name, target).await;
             st.reply_entry(reply, r);
         });
@@ -731,7 +742,7 @@ impl fuser::Filesystem for SanFs {
         let cred = credentials(req);
         let name = name_bytes(name);
         let newname = name_bytes(newname);
-        self.spawn(move |st| async move {
+        self.spawn("rename", move |st| async move {
             let r = st
                 .client
                 .rename(
@@ -760,7 +771,7 @@ impl fuser::Filesystem for SanFs {
     ) {
         let cred = credentials(req);
         let newname = name_bytes(newname);
-        self.spawn(move |st| async move {
+        self.spawn("link", move |st| async move {
             let r = st
                 .client
                 .link(&cred, st.ino(ino), st.ino(newparent), newname)
@@ -773,7 +784,7 @@ impl fuser::Filesystem for SanFs {
         let cred = credentials(req);
         let raw = flags.0;
         let flags = open_flags(raw);
-        self.spawn(move |st| async move {
+        self.spawn("open", move |st| async move {
             let ino = st.ino(ino);
             match st.client.open(&cred, ino, flags).await {
                 Ok((handle, _)) => {
@@ -797,7 +808,7 @@ impl fuser::Filesystem for SanFs {
         reply: ReplyData,
     ) {
         let cred = credentials(req);
-        self.spawn(move |st| async move {
+        self.spawn("read", move |st| async move {
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
@@ -840,7 +851,7 @@ impl fuser::Filesystem for SanFs {
     ) {
         let cred = credentials(req);
         let data = data.to_vec();
-        self.spawn(move |st| async move {
+        self.spawn("write", move |st| async move {
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
@@ -908,7 +919,7 @@ impl fuser::Filesystem for SanFs {
             return;
         }
         let cred = credentials(req);
-        self.spawn(move |st| async move {
+        self.spawn("flush", move |st| async move {
             if held_back {
                 // close writes what this node held back (its failure is answered below).
                 let _ = st.client.flush_file(sino).await;
@@ -1001,7 +1012,7 @@ impl fuser::Filesystem for SanFs {
             return;
         };
         let cred = credentials(req);
-        self.spawn(move |st| async move {
+        self.spawn("getlk", move |st| async move {
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
@@ -1048,7 +1059,7 @@ impl fuser::Filesystem for SanFs {
         // a waiter is interrupted when its process has a signal pending it does not block or
         // ignore, as a local F_SETLKW would be.
         let waiter = req.pid();
-        self.spawn(move |st| async move {
+        self.spawn("setlk", move |st| async move {
             let interrupted = move || signal_pending(waiter);
             let wait = if sleep {
                 LockWait::Until(&interrupted)
@@ -1090,7 +1101,7 @@ impl fuser::Filesystem for SanFs {
         reply.ok();
         if let Some(file) = file {
             let cred = credentials(req);
-            self.spawn(move |st| async move {
+            self.spawn("release", move |st| async move {
                 // flock's locks belong to the open file and go with its last descriptor.
                 if let Some(owner) = lock_owner
                     && st.client.locks_held() > 0
@@ -1118,7 +1129,7 @@ impl fuser::Filesystem for SanFs {
         reply: ReplyEmpty,
     ) {
         let cred = credentials(req);
-        self.spawn(move |st| async move {
+        self.spawn("fsync", move |st| async move {
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
@@ -1138,7 +1149,7 @@ impl fuser::Filesystem for SanFs {
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
         // Directories are read by cookie, statelessly; opening checks read permission.
         let cred = credentials(req);
-        self.spawn(move |st| async move {
+        self.spawn("opendir", move |st| async move {
             match st.client.access(&cred, st.ino(ino), 4).await {
                 Ok(()) => reply.opened(fuser::FileHandle(0), FopenFlags::empty()),
                 Err(e) => reply.error(errno(&e)),
@@ -1155,7 +1166,7 @@ impl fuser::Filesystem for SanFs {
         reply: ReplyDirectory,
     ) {
         let cred = credentials(req);
-        self.spawn(move |st| async move {
+        self.spawn("readdir", move |st| async move {
             if let Err((reply, e)) = do_readdir(&st, &cred, st.ino(ino), offset, reply).await {
                 reply.error(errno(&e));
             }
@@ -1171,7 +1182,7 @@ impl fuser::Filesystem for SanFs {
         reply: ReplyDirectoryPlus,
     ) {
         let cred = credentials(req);
-        self.spawn(move |st| async move {
+        self.spawn("readdirplus", move |st| async move {
             if let Err((reply, e)) = do_readdirplus(&st, &cred, st.ino(ino), offset, reply).await {
                 reply.error(errno(&e));
             }
@@ -1203,7 +1214,7 @@ impl fuser::Filesystem for SanFs {
 
     fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
         let cred = credentials(req);
-        self.spawn(move |st| async move {
+        self.spawn("statfs", move |st| async move {
             match st.client.statfs(&cred, st.ino(ino)).await {
                 Ok(s) => reply.statfs(
                     s.total_blocks,
@@ -1242,7 +1253,7 @@ impl fuser::Filesystem for SanFs {
         let cred = credentials(req);
         let name = name_bytes(name);
         let value = value.to_vec();
-        self.spawn(move |st| async move {
+        self.spawn("setxattr", move |st| async move {
             match st
                 .client
                 .setxattr(&cred, st.ino(ino), name, &value, mode)
@@ -1257,7 +1268,7 @@ impl fuser::Filesystem for SanFs {
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let cred = credentials(req);
         let name = name_bytes(name);
-        self.spawn(move |st| async move {
+        self.spawn("getxattr", move |st| async move {
             match st.client.getxattr(&cred, st.ino(ino), name).await {
                 Ok(v) => reply_xattr(reply, size, &v),
                 Err(e) => reply.error(errno(&e)),
@@ -1267,7 +1278,7 @@ impl fuser::Filesystem for SanFs {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let cred = credentials(req);
-        self.spawn(move |st| async move {
+        self.spawn("listxattr", move |st| async move {
             match st.client.listxattr(&cred, st.ino(ino)).await {
                 Ok(names) => {
                     let mut list = Vec::new();
@@ -1285,7 +1296,7 @@ impl fuser::Filesystem for SanFs {
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let cred = credentials(req);
         let name = name_bytes(name);
-        self.spawn(move |st| async move {
+        self.spawn("removexattr", move |st| async move {
             match st.client.removexattr(&cred, st.ino(ino), name).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -1296,7 +1307,7 @@ impl fuser::Filesystem for SanFs {
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let cred = credentials(req);
         let mask = u32::try_from(mask.bits() & 7).unwrap_or(0);
-        self.spawn(move |st| async move {
+        self.spawn("access", move |st| async move {
             match st.client.access(&cred, st.ino(ino), mask).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -1318,7 +1329,7 @@ impl fuser::Filesystem for SanFs {
         let name = name_bytes(name);
         let open = open_flags(flags);
         let exclusive = flags & libc::O_EXCL != 0;
-        self.spawn(move |st| async move {
+        self.spawn("create", move |st| async move {
             let perm = mode & !umask & 0o7777;
             match st
                 .client
@@ -1363,7 +1374,7 @@ impl fuser::Filesystem for SanFs {
             return;
         };
         let cred = credentials(req);
-        self.spawn(move |st| async move {
+        self.spawn("lseek", move |st| async move {
             let ino = st.ino(ino);
             match st.client.seek(&cred, ino, offset, what).await {
                 Ok(Some(pos)) => match i64::try_from(pos) {
@@ -1402,7 +1413,7 @@ impl fuser::Filesystem for SanFs {
             }
         };
         let cred = credentials(req);
-        self.spawn(move |st| async move {
+        self.spawn("fallocate", move |st| async move {
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);

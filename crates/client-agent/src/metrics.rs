@@ -25,6 +25,7 @@
 //! | `sanfs_agent_delegations_total` | counter | `result` | delegations `granted` / `refused` |
 //! | `sanfs_agent_read_cache_bytes` | gauge | | file bytes in the read cache now |
 //! | `sanfs_agent_read_cache_total` | counter | `result` | buffered reads answered by the read cache (`hit`) or read and kept (`miss`) |
+//! | `sanfs_agent_fuse_op_seconds` | histogram | `op` | time from a FUSE request's arrival to its answer, by request (`lookup`, `getattr`, `read`, `write`, `create`, ...) |
 //!
 //! The recorder is the process's `metrics` recorder ([`install`], once, before the client
 //! connects so that the engine's latency histograms register with it). Counters are kept by
@@ -41,11 +42,12 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::client::{Client, DeviceHealth};
 use crate::engine::DEVICE_IO_SECONDS;
+use crate::fuse::FUSE_OP_SECONDS;
 
 /// Most bytes of a request read.
 pub const MAX_REQUEST_BYTES: u64 = 4096;
 
-/// Latency buckets of device requests, 20 us to 5 s.
+/// Latency buckets of device requests and FUSE requests, 20 us to 5 s.
 const LATENCY_BUCKETS: &[f64] = &[
     0.000_02, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
     0.25, 0.5, 1.0, 5.0,
@@ -63,11 +65,24 @@ pub fn install() -> Option<&'static PrometheusHandle> {
                     Matcher::Full(DEVICE_IO_SECONDS.to_owned()),
                     LATENCY_BUCKETS,
                 )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(FUSE_OP_SECONDS.to_owned()),
+                        LATENCY_BUCKETS,
+                    )
+                })
                 .unwrap_or_else(|_| PrometheusBuilder::new());
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             match metrics::set_global_recorder(recorder) {
-                Ok(()) => Some(handle),
+                Ok(()) => {
+                    metrics::describe_histogram!(
+                        FUSE_OP_SECONDS,
+                        metrics::Unit::Seconds,
+                        "Time from a FUSE request's arrival to its answer, by request."
+                    );
+                    Some(handle)
+                }
                 Err(_) => {
                     tracing::warn!("another metrics recorder is installed: no agent metrics");
                     None
@@ -157,13 +172,22 @@ pub fn render(client: &Client) -> String {
 
 /// Answers scrapes on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, client: Arc<Client>) {
+    serve_text(listener, Arc::new(move || render(&client))).await;
+}
+
+/// What a scrape answers: the whole exposition, made on a blocking thread.
+pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Answers scrapes on `listener` with what `render` makes, and `GET /healthz` with `ok` (a
+/// liveness probe), until the task is dropped.
+pub async fn serve_text(listener: TcpListener, render: Render) {
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                let client = Arc::clone(&client);
+                let render = Arc::clone(&render);
                 tokio::spawn(async move {
                     let answered =
-                        tokio::time::timeout(Duration::from_secs(5), answer(stream, &client)).await;
+                        tokio::time::timeout(Duration::from_secs(5), answer(stream, render)).await;
                     if !matches!(answered, Ok(Ok(()))) {
                         tracing::debug!(%peer, "metrics scrape failed or timed out");
                     }
@@ -179,12 +203,17 @@ pub async fn serve(listener: TcpListener, client: Arc<Client>) {
 
 /// Whether an HTTP request line asks for `GET /metrics`.
 fn is_metrics_request(line: &str) -> bool {
-    let mut words = line.split_ascii_whitespace();
-    let (method, target) = (words.next(), words.next().unwrap_or(""));
-    method == Some("GET") && target.split('?').next() == Some("/metrics")
+    is_get(line, "/metrics")
 }
 
-async fn answer(stream: TcpStream, client: &Client) -> std::io::Result<()> {
+/// Whether an HTTP request line is `GET path` (a query string aside).
+fn is_get(line: &str, path: &str) -> bool {
+    let mut words = line.split_ascii_whitespace();
+    let (method, target) = (words.next(), words.next().unwrap_or(""));
+    method == Some("GET") && target.split('?').next() == Some(path)
+}
+
+async fn answer(stream: TcpStream, render: Render) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.take(MAX_REQUEST_BYTES));
     let mut request_line = String::new();
     reader.read_line(&mut request_line).await?;
@@ -196,7 +225,13 @@ async fn answer(stream: TcpStream, client: &Client) -> std::io::Result<()> {
     }
     let mut stream = reader.into_inner().into_inner();
     let (status, body) = if is_metrics_request(&request_line) {
-        ("200 OK", render(client))
+        let body = tokio::task::spawn_blocking(move || render())
+            .await
+            .map_err(std::io::Error::other)?;
+        ("200 OK", body)
+    } else if is_get(&request_line, "/healthz") {
+        // The process answers: a liveness probe that does not depend on the server.
+        ("200 OK", "ok\n".to_owned())
     } else {
         ("404 Not Found", "not found: GET /metrics\n".to_owned())
     };
@@ -220,5 +255,7 @@ mod tests {
         assert!(!is_metrics_request("GET / HTTP/1.1\r\n"));
         assert!(!is_metrics_request("PUT /metrics HTTP/1.1\r\n"));
         assert!(!is_metrics_request(""));
+        assert!(super::is_get("GET /healthz HTTP/1.1\r\n", "/healthz"));
+        assert!(!super::is_get("GET /healthzx HTTP/1.1\r\n", "/healthz"));
     }
 }

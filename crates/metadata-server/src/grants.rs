@@ -598,6 +598,7 @@ impl Grants {
                 let m = mapped?;
                 add(&self.stats.read_grants, 1);
                 add(&self.stats.granted_read_bytes, m.len);
+                crate::activity::add_grant(false, m.len);
                 Ok((id, m))
             }
             Ok(false) => {
@@ -635,6 +636,7 @@ impl Grants {
         };
         add(count, 1);
         add(bytes, mapped.len);
+        crate::activity::add_grant(state.mode == LockMode::Exclusive, mapped.len);
         self.lock_table().insert(id, state);
         Ok((id, mapped))
     }
@@ -672,6 +674,7 @@ impl Grants {
                 let m = mapped?;
                 add(&self.stats.write_grants, 1);
                 add(&self.stats.granted_write_bytes, m.len);
+                crate::activity::add_grant(true, m.len);
                 Ok((id, m))
             }
             Some(true) => {

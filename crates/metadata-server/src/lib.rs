@@ -21,11 +21,13 @@
 //! - [`clock`]: the clock seam.
 //! - [`service`]: the five `sanfs.v1` gRPC services (Session, Namespace, Data, Admin, Locks) over one shared server state.
 //! - [`serve`]: binding, TLS, the serving loop, fail-stop.
+//! - [`activity`]: per-session and per-RPC counters for ServerStatus (a leaf).
 //! - [`metrics`]: Prometheus counters (read through [`metrics::Counters`]) and the
 //!   `/metrics` responder.
 //!
 //! The binary (`main.rs`) is a thin command line over these modules.
 
+pub mod activity;
 pub mod advisory;
 pub mod clock;
 pub mod config;

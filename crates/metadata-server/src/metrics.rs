@@ -8,6 +8,8 @@
 //! | `sanfs_commits_total` | counter | | durable group commits |
 //! | `sanfs_commit_ops_total` | counter | | metadata transactions made durable |
 //! | `sanfs_commit_ops_per_commit` | gauge | | `sanfs_commit_ops_total / sanfs_commits_total` |
+//! | `sanfs_commit_duration_seconds` | histogram | | time of each durable commit: its transactions, then the fsync |
+//! | `sanfs_commit_ops` | histogram | | transactions carried by each commit (group commit) |
 //! | `sanfs_sessions` | gauge | | live sessions |
 //! | `sanfs_grants_total` | counter | `op` | grants issued, read and write |
 //! | `sanfs_grant_bytes_total` | counter | `op` | bytes those grants covered |
@@ -44,6 +46,8 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use crate::store::{COMMIT_OPS, COMMIT_SECONDS};
 
 /// What the server counts itself, as read at one scrape.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
@@ -83,7 +87,13 @@ const MAX_CONNECTIONS: usize = 8;
 /// How long a scraper may take to send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Latency buckets of `sanfs_rpc_duration_seconds`, 50 us to 10 s.
+/// Buckets of `sanfs_commit_ops`: transactions per commit, 1 to 4096.
+const COMMIT_OPS_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
+
+/// Latency buckets of `sanfs_rpc_duration_seconds` and `sanfs_commit_duration_seconds`, 50 us
+/// to 10 s.
 const DURATION_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 10.0,
@@ -96,15 +106,20 @@ static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 pub fn install() -> Option<&'static PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
-            let builder = PrometheusBuilder::new();
-            let builder = match builder.set_buckets_for_metric(
-                Matcher::Full("sanfs_rpc_duration_seconds".to_owned()),
-                DURATION_BUCKETS,
-            ) {
-                Ok(b) => b,
-                // Only an empty bucket list is refused; ours is not empty.
-                Err(_) => PrometheusBuilder::new(),
-            };
+            let buckets = [
+                ("sanfs_rpc_duration_seconds", DURATION_BUCKETS),
+                (COMMIT_SECONDS, DURATION_BUCKETS),
+                (COMMIT_OPS, COMMIT_OPS_BUCKETS),
+            ];
+            let mut builder = PrometheusBuilder::new();
+            for (name, list) in buckets {
+                builder = match builder.set_buckets_for_metric(Matcher::Full(name.to_owned()), list)
+                {
+                    Ok(b) => b,
+                    // Only an empty bucket list is refused; ours are not empty.
+                    Err(_) => PrometheusBuilder::new(),
+                };
+            }
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             match metrics::set_global_recorder(recorder) {
@@ -132,6 +147,15 @@ fn describe_recorded() {
         "sanfs_rpc_duration_seconds",
         Unit::Seconds,
         "Time from a request to its answer, by RPC."
+    );
+    describe_histogram!(
+        COMMIT_SECONDS,
+        Unit::Seconds,
+        "Time of each durable commit of the metadata store (its transactions, then the fsync)."
+    );
+    describe_histogram!(
+        COMMIT_OPS,
+        "Metadata transactions carried by each commit (group commit)."
     );
     describe_counter!(
         "sanfs_tls_handshakes_refused_total",

@@ -26,6 +26,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::Router;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
+use crate::activity::Charged;
 use crate::clock::Clock;
 use crate::datadev::DataDevices;
 use crate::service::admin::AdminService;
@@ -325,40 +326,53 @@ fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-/// The five services, each behind the authenticator, on `builder`.
+/// The five services, each behind the authenticator and charged to the server's
+/// [`crate::activity::Activity`], on `builder`.
 fn add_services(
     mut builder: tonic::transport::Server,
     server: &std::sync::Arc<Server>,
     auth: Authenticator,
 ) -> Router {
     builder
-        .add_service(InterceptedService::new(
-            SessionServer::new(SessionService::new(server.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
-            auth.clone(),
+        .add_service(Charged::new(
+            InterceptedService::new(
+                SessionServer::new(SessionService::new(server.clone()))
+                    .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                    .max_encoding_message_size(MAX_MESSAGE_SIZE),
+                auth.clone(),
+            ),
+            server.activity.clone(),
         ))
-        .add_service(InterceptedService::new(
-            NamespaceServer::new(NamespaceService::new(server.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
-            auth.clone(),
+        .add_service(Charged::new(
+            InterceptedService::new(
+                NamespaceServer::new(NamespaceService::new(server.clone()))
+                    .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                    .max_encoding_message_size(MAX_MESSAGE_SIZE),
+                auth.clone(),
+            ),
+            server.activity.clone(),
         ))
-        .add_service(InterceptedService::new(
-            DataServer::new(DataService::new(server.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
-            auth.clone(),
+        .add_service(Charged::new(
+            InterceptedService::new(
+                DataServer::new(DataService::new(server.clone()))
+                    .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                    .max_encoding_message_size(MAX_MESSAGE_SIZE),
+                auth.clone(),
+            ),
+            server.activity.clone(),
         ))
-        .add_service(InterceptedService::new(
-            AdminServer::new(AdminService::new(server.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
-            auth.clone(),
+        .add_service(Charged::new(
+            InterceptedService::new(
+                AdminServer::new(AdminService::new(server.clone()))
+                    .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                    .max_encoding_message_size(MAX_MESSAGE_SIZE),
+                auth.clone(),
+            ),
+            server.activity.clone(),
         ))
-        .add_service(InterceptedService::new(
-            LocksServer::new(LocksService::new(server.clone())),
-            auth,
+        .add_service(Charged::new(
+            InterceptedService::new(LocksServer::new(LocksService::new(server.clone())), auth),
+            server.activity.clone(),
         ))
 }
 

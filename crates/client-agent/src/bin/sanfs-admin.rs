@@ -2,7 +2,7 @@
 //!
 //! `sanfs-admin [--server unix:/run/sanfs/mds.sock | HOST:PORT] [--tls-ca F --tls-cert F
 //! --tls-key F [--tls-domain NAME]] [--json] COMMAND`, where COMMAND is `status`, `clients`,
-//! `evict SESSION [--reason TEXT]`, `quota get DIR`, `quota set DIR [--bytes SIZE|none]
+//! `top [--interval SECS] [--count N]`, `evict SESSION [--reason TEXT]`, `quota get DIR`, `quota set DIR [--bytes SIZE|none]
 //! [--inodes N|none]` or `quota list`. Exit status 0 on success, 1 when the server refused or
 //! failed (the reason on stderr), 2 for a usage error.
 //!
@@ -59,6 +59,18 @@ enum Command {
     Status,
     /// The live sessions: id, identity, client name, host, lease left, grants, open files.
     Clients,
+    /// A live view, refreshed every --interval: RPC rates and latency, commits, grants, and
+    /// bytes direct and proxied, for the server and per client. On a terminal the screen is
+    /// redrawn; otherwise each refresh is printed after the last (with --json: one object a
+    /// line).
+    Top {
+        /// Seconds between refreshes (at least 0.1).
+        #[arg(long, default_value_t = 2.0)]
+        interval: f64,
+        /// Stop after this many refreshes (default: until interrupted).
+        #[arg(long)]
+        count: Option<u64>,
+    },
     /// Evict a session (docs/protocol.md "Eviction"): fenced now, its grants gone when its
     /// lease runs out; its agent opens a new session.
     Evict {
@@ -128,6 +140,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let s = a.server_status().await?;
             print(cli.json, &admin::clients_json(&s), admin::clients_text);
         }
+        Command::Top { interval, count } => top(&a, cli.json, interval, count).await?,
         Command::Evict { session, reason } => {
             let r = a.evict(session, &reason).await?;
             println!(
@@ -179,6 +192,42 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 t
             });
         }
+    }
+    Ok(())
+}
+
+/// `top`: a ServerStatus sample every `interval` seconds; each refresh shows the rates
+/// between the last two.
+async fn top(a: &Admin, json: bool, interval: f64, count: Option<u64>) -> anyhow::Result<()> {
+    use std::io::{IsTerminal, Write};
+    if !interval.is_finite() || interval < 0.1 {
+        bail!("--interval must be at least 0.1 seconds");
+    }
+    let redraw = !json && std::io::stdout().is_terminal();
+    let period = std::time::Duration::from_secs_f64(interval);
+    let mut before = a.server_status().await?;
+    let mut taken = std::time::Instant::now();
+    let mut shown = 0u64;
+    while count.is_none_or(|c| shown < c) {
+        tokio::time::sleep(period).await;
+        let after = a.server_status().await?;
+        let j = admin::top_json(&before, &after, taken.elapsed().as_secs_f64());
+        taken = std::time::Instant::now();
+        let mut out = std::io::stdout().lock();
+        if json {
+            writeln!(out, "{j}")?;
+        } else if redraw {
+            // Home the cursor and clear the screen, then draw.
+            write!(out, "\x1b[H\x1b[2J{}", admin::top_text(&j))?;
+        } else {
+            if shown > 0 {
+                writeln!(out)?;
+            }
+            write!(out, "{}", admin::top_text(&j))?;
+        }
+        out.flush()?;
+        before = after;
+        shown += 1;
     }
     Ok(())
 }

@@ -295,16 +295,15 @@ fn mount(
         .enable_all()
         .build()
         .context("start the tokio runtime")?;
-    // Before the client: the engine's latency histograms register with the recorder.
+    // Before the client: the engine's latency histograms register with the recorder. Always:
+    // the control socket serves the metrics too (`sanfs-csi --metrics` gathers them there).
+    sanfs_client_agent::metrics::install();
     let metrics_listener = match opts.metrics {
-        Some(addr) => {
-            sanfs_client_agent::metrics::install();
-            Some(
-                runtime
-                    .block_on(tokio::net::TcpListener::bind(addr))
-                    .with_context(|| format!("bind the metrics listener {addr}"))?,
-            )
-        }
+        Some(addr) => Some(
+            runtime
+                .block_on(tokio::net::TcpListener::bind(addr))
+                .with_context(|| format!("bind the metrics listener {addr}"))?,
+        ),
         None => None,
     };
     let mut config = ClientConfig::new(

@@ -3,8 +3,13 @@
 //! ```text
 //! sanfs-csi --endpoint unix:///csi/csi.sock --mode controller|node|both \
 //!           --server MDS:PORT --root /csi [--node-id NAME] [--devices GLOB,GLOB] \
-//!           [--tls-ca CA --tls-cert CERT --tls-key KEY [--tls-domain NAME]]
+//!           [--tls-ca CA --tls-cert CERT --tls-key KEY [--tls-domain NAME]] \
+//!           [--metrics ADDR]
 //! ```
+//!
+//! `--metrics ADDR` serves `GET /metrics` on ADDR: the driver's own metrics and every agent's
+//! of this node, labelled by volume (`sanfs_client_agent::csi::metrics`); and `GET /healthz`,
+//! `ok` while the process answers (a liveness probe that a server outage does not fail).
 //!
 //! Every flag can come from the environment instead (`CSI_ENDPOINT`, `SANFS_CSI_MODE`,
 //! `SANFS_SERVER`, `SANFS_CSI_ROOT`, `SANFS_NODE_ID`, `SANFS_DEVICES`, `SANFS_TLS_CA`, ...), as
@@ -74,6 +79,10 @@ struct Cli {
     /// How long staging waits for the agent's mount, in seconds.
     #[arg(long, env = "SANFS_CSI_MOUNT_TIMEOUT", default_value_t = 60)]
     mount_timeout: u64,
+    /// Serve `GET /metrics` on this address (e.g. `0.0.0.0:9810`): the driver's metrics and
+    /// those of every agent on this node, labelled by volume.
+    #[arg(long, env = "SANFS_CSI_METRICS")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 /// `unix:///a/b.sock`, `unix:/a/b.sock` or `/a/b.sock`.
@@ -101,6 +110,17 @@ fn hostname() -> String {
 
 fn config(cli: Cli) -> anyhow::Result<(Config, PathBuf)> {
     let socket = socket_path(&cli.endpoint)?;
+    if cli
+        .agent_options
+        .split(',')
+        .any(|o| o.trim().starts_with("metrics="))
+    {
+        bail!(
+            "metrics= in --agent-options would give every volume's agent the same port (the \
+             second volume on a node would fail to mount): use --metrics, which serves every \
+             agent's metrics, labelled by volume"
+        );
+    }
     let agent_path = match cli.agent {
         Some(p) => p,
         None => std::env::current_exe()
@@ -171,6 +191,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    let metrics = cli.metrics;
     let (config, socket) = config(cli)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -180,6 +201,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     runtime.block_on(async {
         let driver = Driver::new(config).map_err(|e| anyhow::anyhow!(e))?;
         driver.connect_in_background();
+        if let Some(addr) = metrics {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("bind the metrics listener {addr}"))?;
+            tracing::info!(addr = ?listener.local_addr().ok(), "metrics listening");
+            let d = driver.clone();
+            tokio::spawn(sanfs_client_agent::metrics::serve_text(
+                listener,
+                std::sync::Arc::new(move || sanfs_client_agent::csi::metrics::render(&d)),
+            ));
+        }
         let shutdown = async {
             use tokio::signal::unix::{SignalKind, signal};
             match (

@@ -10,6 +10,7 @@
 //! - [`volume`]: names to ids, capacities, parameters, capabilities (pure).
 //! - [`mounts`]: the node's mount table, bind mounts, unmounts.
 //! - [`identity`], [`controller`], [`node`]: the three gRPC services.
+//! - [`metrics`]: the node's one metrics endpoint, the driver's and its agents' metrics.
 //!
 //! Both modes hold one [`Client`] session at the metadata server (without LUNs: the driver
 //! itself moves no file data) for namespace and quota calls; it is connected in the background
@@ -25,6 +26,7 @@
 
 pub mod controller;
 pub mod identity;
+pub mod metrics;
 pub mod mounts;
 pub mod node;
 pub mod volume;

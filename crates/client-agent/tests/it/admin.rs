@@ -432,3 +432,101 @@ fn quota_set_is_enforced_on_a_mount_and_eviction_reopens_its_session() {
         "the server logs the eviction"
     );
 }
+
+/// Issue 22 item 1: `sanfs-admin top` against a real server while the mount writes large
+/// files (direct path) and small ones (proxied path): `--json --count N` prints N objects,
+/// one a line, whose rates show the mount's session at work (RPCs with a latency, direct and
+/// proxied bytes written) and the RPCs it made; the text form, on a pipe, is plain (no
+/// terminal escapes) and names the client; a bad interval is refused.
+#[test]
+fn top_shows_rates_per_client_while_a_mount_writes() {
+    if !can_mount("admin::top_shows_rates_per_client_while_a_mount_writes") {
+        return;
+    }
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let s = Setup::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let dir = s.mount.join("top");
+        std::fs::create_dir(&dir).unwrap();
+        std::thread::spawn(move || {
+            let big = vec![5u8; 2 * MIB as usize];
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                std::fs::write(dir.join(format!("big{}", i % 8)), &big).unwrap();
+                std::fs::write(dir.join(format!("small{}", i % 8)), [6u8; 1000]).unwrap();
+                i += 1;
+            }
+            i
+        })
+    };
+    let out = s.admin(&["top", "--json", "--count", "3", "--interval", "0.5"]);
+    ok(&out, &["top", "--json"]);
+    let refreshes: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(refreshes.len(), 3, "{}", text(&out.stdout));
+    let rate = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
+    let mut seen = (false, false, false);
+    for r in &refreshes {
+        let ms = r["interval_ms"].as_u64().unwrap();
+        assert!((400..=5000).contains(&ms), "{r}");
+        let mine: Vec<&Value> = r["clients"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["client_name"] == "h10-admin-mount")
+            .collect();
+        assert_eq!(mine.len(), 1, "{r}");
+        let c = mine[0];
+        if rate(c, "rpcs_per_sec") > 0.0 && c["mean_latency_us"].as_u64().unwrap() > 0 {
+            seen.0 = true;
+        }
+        if rate(c, "direct_write_bytes_per_sec") > 0.0 && rate(c, "write_grants_per_sec") > 0.0 {
+            seen.1 = true;
+        }
+        if rate(c, "proxied_write_bytes_per_sec") > 0.0 {
+            seen.2 = true;
+        }
+        // The server's totals cover the session's figures.
+        assert!(
+            rate(&r["server"], "rpcs_per_sec") >= rate(c, "rpcs_per_sec"),
+            "{r}"
+        );
+    }
+    assert_eq!(
+        seen,
+        (true, true, true),
+        "RPCs, direct writes and proxied writes of the mount: {refreshes:?}"
+    );
+    let rpcs: Vec<&str> = refreshes
+        .iter()
+        .flat_map(|r| r["rpcs"].as_array().unwrap())
+        .filter_map(|t| t["rpc"].as_str())
+        .collect();
+    for want in ["MapWrite", "Write", "Create"] {
+        assert!(rpcs.contains(&want), "{want} in {rpcs:?}");
+    }
+
+    let out = s.admin(&["top", "--count", "2", "--interval", "0.3"]);
+    ok(&out, &["top"]);
+    let t = text(&out.stdout);
+    eprintln!("top says:\n{t}");
+    assert!(!t.contains('\x1b'), "escapes on a pipe: {t:?}");
+    assert_eq!(t.matches("RPC/s").count(), 2, "two refreshes: {t}");
+    assert!(
+        t.contains("SESSION") && t.contains("h10-admin-mount"),
+        "{t}"
+    );
+    stop.store(true, Ordering::Relaxed);
+    assert!(writer.join().unwrap() > 0);
+
+    let err = failed(
+        &s.admin(&["top", "--interval", "0"]),
+        "top with a zero interval",
+    );
+    assert!(err.contains("--interval"), "{err}");
+}

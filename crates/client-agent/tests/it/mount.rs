@@ -1480,3 +1480,82 @@ async fn cached_reads_see_another_nodes_write_at_once() {
     drop(b);
     srv.stop().await;
 }
+
+/// `GET /metrics` of an agent's `metrics=` listener, the body.
+fn scrape(port: u16) -> String {
+    use std::io::Read as _;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default()
+}
+
+/// The count of the FUSE latency histogram for `op` in a scrape (0 when absent).
+fn fuse_op_count(body: &str, op: &str) -> u64 {
+    let key = format!("sanfs_agent_fuse_op_seconds_count{{op=\"{op}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+/// Issue 22 item 2: every FUSE request is timed in `sanfs_agent_fuse_op_seconds`, by op; the
+/// family carries its HELP, and a request adds to its op's count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fuse_requests_are_timed_by_op() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let m = Mount::start(&srv, "h14-fuse-ops", &format!("metrics=127.0.0.1:{port}")).await;
+    let dir = m.p("d");
+    let body = timed("file operations, then a scrape", 60, move || {
+        std::fs::create_dir(&dir).unwrap();
+        let f = dir.join("f");
+        std::fs::write(&f, vec![7u8; 300_000]).unwrap();
+        assert_eq!(std::fs::read(&f).unwrap().len(), 300_000);
+        assert!(std::fs::metadata(dir.join("absent")).is_err());
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        scrape(port)
+    })
+    .await;
+    assert!(
+        body.contains("# HELP sanfs_agent_fuse_op_seconds "),
+        "{body}"
+    );
+    assert!(
+        body.contains("sanfs_agent_fuse_op_seconds_bucket{op=\"write\",le=\"0.00002\"}"),
+        "{body}"
+    );
+    for op in [
+        "lookup", "getattr", "mkdir", "create", "write", "open", "read", "opendir",
+    ] {
+        assert!(fuse_op_count(&body, op) > 0, "no {op} timed:\n{body}");
+    }
+    assert!(
+        fuse_op_count(&body, "readdir") + fuse_op_count(&body, "readdirplus") > 0,
+        "{body}"
+    );
+    let writes = fuse_op_count(&body, "write");
+    let f = m.p("d/f");
+    let after = timed("one more write", 60, move || {
+        let mut file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+        file.write_all(&[1u8; 4096]).unwrap();
+        drop(file);
+        scrape(port)
+    })
+    .await;
+    assert!(fuse_op_count(&after, "write") > writes, "{after}");
+    drop(m);
+    srv.stop().await;
+}

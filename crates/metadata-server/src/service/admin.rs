@@ -71,9 +71,12 @@ impl Server {
                 open_handles: open_handles.get(id).copied().unwrap_or(0),
                 lease_remaining_ms: ms_between(now, s.deadline_ns),
                 identity: s.owner.clone(),
+                activity: self.activity.session(*id),
             })
             .collect();
+        let live: std::collections::HashSet<u64> = table.by_id.keys().copied().collect();
         drop(table);
+        self.activity.retain_sessions(|id| live.contains(&id));
         let stats = self.store.stats();
         ServerStatus {
             epoch: self.epoch,
@@ -89,6 +92,8 @@ impl Server {
                 commits: stats.commits.load(Ordering::Relaxed),
                 pending: self.pending_writes.load(Ordering::Relaxed),
             },
+            rpcs: self.activity.rpcs(),
+            activity: self.activity.totals(),
         }
     }
 }

@@ -474,6 +474,7 @@ impl Data for DataService {
                 .stats
                 .proxied_read_bytes
                 .fetch_add(data.len() as u64, Ordering::Relaxed);
+            crate::activity::add_proxied(false, data.len() as u64);
             Ok(ReadReply { data, eof }.into())
         })
         .await
@@ -519,6 +520,7 @@ impl Data for DataService {
                 .stats
                 .proxied_write_bytes
                 .fetch_add(len, Ordering::Relaxed);
+            crate::activity::add_proxied(true, len);
             let written = ByteRange::new(off, len)
                 .map_err(|e| fs_status(&FsError::Invalid(e.to_string())))?;
             Ok(WriteReply { written, attr }.into())

@@ -128,6 +128,8 @@ pub struct Server {
     pub(crate) locks_marked: std::sync::atomic::AtomicBool,
     /// The reclaim window of this epoch.
     pub(crate) reclaim: Arc<crate::reclaim::Reclaim>,
+    /// Per-session and per-RPC counters (ServerStatus, `sanfs-admin top`).
+    pub(crate) activity: Arc<crate::activity::Activity>,
 }
 
 impl Server {
@@ -221,6 +223,7 @@ impl Server {
             advisory: crate::advisory::AdvisoryLocks::new(lock_grace),
             locks_marked: std::sync::atomic::AtomicBool::new(locks_in_use),
             reclaim,
+            activity: Arc::default(),
         }))
     }
 
@@ -447,6 +450,7 @@ impl Server {
         self.grants.expire_session(session).await;
         self.advisory.release_session(session);
         self.release_session_handles(session).await;
+        self.activity.forget_session(session);
         true
     }
 }
@@ -535,7 +539,7 @@ pub(crate) async fn rpc<T>(
         inode = tracing::field::Empty
     );
     let started = std::time::Instant::now();
-    let r = fut.instrument(span).await;
+    let r = crate::activity::charged(name, fut.instrument(span), || started.elapsed()).await;
     let code = match &r {
         Ok(_) => tonic::Code::Ok,
         Err(s) => s.code(),
@@ -549,6 +553,7 @@ pub(crate) fn note(session: Option<u64>, inode: Option<u64>) {
     let span = tracing::Span::current();
     if let Some(s) = session {
         span.record("session", s);
+        crate::activity::note_session(s);
     }
     if let Some(i) = inode {
         span.record("inode", i);

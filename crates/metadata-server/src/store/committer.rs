@@ -54,6 +54,12 @@ pub(super) struct Job {
     pub(super) lazy: bool,
 }
 
+/// Histogram of the time a durable commit takes (its transactions run, then the fsync), in
+/// seconds; the process's `metrics` recorder keeps it (`crate::metrics`).
+pub const COMMIT_SECONDS: &str = "sanfs_commit_duration_seconds";
+/// Histogram of the transactions each commit carries (group commit).
+pub const COMMIT_OPS: &str = "sanfs_commit_ops";
+
 /// Counters of the committer, for metrics and the bench.
 #[derive(Debug, Default)]
 pub struct CommitStats {
@@ -194,6 +200,7 @@ pub(super) fn committer_loop(
         }
         let durable = batch.iter().any(|j| !j.lazy);
         seq += 1;
+        let started = std::time::Instant::now();
         let result = run_batch(db, batch, &mut state, clock, block_size, (epoch, seq));
         state
             .usage
@@ -203,6 +210,10 @@ pub(super) fn committer_loop(
             Ok(replies) => {
                 shared.stats.commits.fetch_add(1, Ordering::Relaxed);
                 shared.stats.ops.fetch_add(n, Ordering::Relaxed);
+                metrics::histogram!(COMMIT_OPS).record(n as f64);
+                if durable {
+                    metrics::histogram!(COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
+                }
                 shared.commit_seq.store(seq, Ordering::SeqCst);
                 if durable {
                     shared.durable_seq.store(seq, Ordering::SeqCst);

@@ -47,7 +47,7 @@ use crate::handles::Handles;
 use backend::{BlockDeviceBackend, SimDisk};
 use records::{InodeRec, STORE_FORMAT_VERSION, Superblock};
 
-pub use committer::{CommitStats, Ctx, LAZY_SYNC_AFTER, State, Usage};
+pub use committer::{COMMIT_OPS, COMMIT_SECONDS, CommitStats, Ctx, LAZY_SYNC_AFTER, State, Usage};
 use committer::{Job, Reply, Run, Shared, committer_loop};
 pub(crate) use db::{Verify, open_db, open_db_read_only, read_image};
 use db::{bump_boot_epoch, load};

@@ -1040,6 +1040,14 @@ async fn plaintext_on_a_non_loopback_address_is_refused() {
     assert!(e.contains("insecure"), "{e}");
 }
 
+/// The value of the sample `name` (no labels) in a text exposition; panics when absent.
+fn sample(body: &str, name: &str) -> f64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name} in:\n{body}"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_served_on_get_metrics() {
     let port = {
@@ -1097,6 +1105,24 @@ async fn metrics_are_served_on_get_metrics() {
     }
     assert!(body.contains("rpc=\"GetAttr\""), "{body}");
     assert!(body.contains("code=\"Ok\""), "{body}");
+    // The commit histograms: a durable commit (a mkdir) adds to both.
+    let durable_commits = sample(&body, "sanfs_commit_duration_seconds_count");
+    let commits = sample(&body, "sanfs_commit_ops_count");
+    assert!(body.contains("sanfs_commit_ops_bucket{le=\"1\"}"), "{body}");
+    mkdir(&mut c, ROOT, "m2").await;
+    let after = get("/metrics").await;
+    assert!(
+        sample(&after, "sanfs_commit_duration_seconds_count") > durable_commits,
+        "{after}"
+    );
+    assert!(
+        sample(&after, "sanfs_commit_ops_count") > commits,
+        "{after}"
+    );
+    assert!(
+        sample(&after, "sanfs_commit_duration_seconds_sum") > 0.0,
+        "{after}"
+    );
     let nope = get("/").await;
     assert!(nope.starts_with("HTTP/1.1 404"), "{nope}");
     srv.stop().await;

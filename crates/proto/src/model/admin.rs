@@ -190,6 +190,120 @@ pub struct SessionSummary {
     pub lease_remaining_ms: u64,
     /// The node identity that owns the session.
     pub identity: String,
+    /// What the session did since it opened (or since this server started).
+    pub activity: Activity,
+}
+
+/// Counters of one session's work, or of the whole server's; they only grow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Activity {
+    /// Requests naming the session, answered (namespace calls name none).
+    pub rpcs: u64,
+    /// Of them answered with an error (at most `rpcs`).
+    pub rpc_errors: u64,
+    /// Time spent answering them, microseconds.
+    pub rpc_micros: u64,
+    pub read_grants: u64,
+    pub write_grants: u64,
+    /// Bytes the grants covered (the direct path).
+    pub granted_read_bytes: u64,
+    pub granted_write_bytes: u64,
+    /// Bytes moved through the server (the proxied path).
+    pub proxied_read_bytes: u64,
+    pub proxied_write_bytes: u64,
+}
+
+impl TryFrom<pb::Activity> for Activity {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::Activity) -> Result<Self, ProtocolError> {
+        if p.rpc_errors > p.rpcs {
+            return Err(invalid(
+                "rpc_errors",
+                format!("{} errors in {} requests", p.rpc_errors, p.rpcs),
+            ));
+        }
+        Ok(Activity {
+            rpcs: p.rpcs,
+            rpc_errors: p.rpc_errors,
+            rpc_micros: p.rpc_micros,
+            read_grants: p.read_grants,
+            write_grants: p.write_grants,
+            granted_read_bytes: p.granted_read_bytes,
+            granted_write_bytes: p.granted_write_bytes,
+            proxied_read_bytes: p.proxied_read_bytes,
+            proxied_write_bytes: p.proxied_write_bytes,
+        })
+    }
+}
+
+impl From<Activity> for pb::Activity {
+    fn from(a: Activity) -> Self {
+        pb::Activity {
+            rpcs: a.rpcs,
+            rpc_errors: a.rpc_errors,
+            rpc_micros: a.rpc_micros,
+            read_grants: a.read_grants,
+            write_grants: a.write_grants,
+            granted_read_bytes: a.granted_read_bytes,
+            granted_write_bytes: a.granted_write_bytes,
+            proxied_read_bytes: a.proxied_read_bytes,
+            proxied_write_bytes: a.proxied_write_bytes,
+        }
+    }
+}
+
+/// Longest RPC name in a [`RpcTally`].
+pub const MAX_RPC_NAME_LEN: usize = 64;
+/// Most RPC tallies one ServerStatus reply carries.
+pub const MAX_STATUS_RPCS: usize = 256;
+
+/// One RPC's counters since the server process started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RpcTally {
+    /// The RPC's name (1 to [`MAX_RPC_NAME_LEN`] bytes).
+    pub rpc: String,
+    pub count: u64,
+    /// At most `count`.
+    pub errors: u64,
+    /// Time spent answering, microseconds.
+    pub micros: u64,
+}
+
+impl TryFrom<pb::RpcTally> for RpcTally {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::RpcTally) -> Result<Self, ProtocolError> {
+        if p.rpc.is_empty() || p.rpc.len() > MAX_RPC_NAME_LEN {
+            return Err(invalid(
+                "rpc",
+                format!("is {} bytes long (1 to {MAX_RPC_NAME_LEN})", p.rpc.len()),
+            ));
+        }
+        if p.errors > p.count {
+            return Err(invalid(
+                "errors",
+                format!("{} errors in {} requests", p.errors, p.count),
+            ));
+        }
+        Ok(RpcTally {
+            rpc: p.rpc,
+            count: p.count,
+            errors: p.errors,
+            micros: p.micros,
+        })
+    }
+}
+
+impl From<RpcTally> for pb::RpcTally {
+    fn from(t: RpcTally) -> Self {
+        pb::RpcTally {
+            rpc: t.rpc,
+            count: t.count,
+            errors: t.errors,
+            micros: t.micros,
+        }
+    }
 }
 
 impl TryFrom<pb::SessionSummary> for SessionSummary {
@@ -204,6 +318,7 @@ impl TryFrom<pb::SessionSummary> for SessionSummary {
             open_handles: p.open_handles,
             lease_remaining_ms: p.lease_remaining_ms,
             identity: text(p.identity, "identity", false)?,
+            activity: required_msg(p.activity, "activity")?,
         })
     }
 }
@@ -218,6 +333,7 @@ impl From<SessionSummary> for pb::SessionSummary {
             open_handles: s.open_handles,
             lease_remaining_ms: s.lease_remaining_ms,
             identity: s.identity,
+            activity: Some(s.activity.into()),
         }
     }
 }
@@ -270,6 +386,10 @@ pub struct ServerStatus {
     pub read_grants: u64,
     pub write_grants: u64,
     pub commits: CommitStats,
+    /// Every RPC answered since the process started, by name (at most [`MAX_STATUS_RPCS`]).
+    pub rpcs: Vec<RpcTally>,
+    /// The server's totals since it started.
+    pub activity: Activity,
 }
 
 impl TryFrom<pb::ServerStatusReply> for ServerStatus {
@@ -292,6 +412,12 @@ impl TryFrom<pb::ServerStatusReply> for ServerStatus {
                 ),
             ));
         }
+        if p.rpcs.len() > MAX_STATUS_RPCS {
+            return Err(invalid(
+                "rpcs",
+                format!("more than {MAX_STATUS_RPCS} RPCs listed"),
+            ));
+        }
         Ok(ServerStatus {
             epoch: epoch(p.epoch)?,
             fs_uuid: uuid(&p.fs_uuid, "fs_uuid")?,
@@ -302,6 +428,8 @@ impl TryFrom<pb::ServerStatusReply> for ServerStatus {
             read_grants: p.read_grants,
             write_grants: p.write_grants,
             commits: required(p.commits, "commits")?.into(),
+            rpcs: list(p.rpcs, "rpcs")?,
+            activity: required_msg(p.activity, "activity")?,
         })
     }
 }
@@ -318,6 +446,8 @@ impl From<ServerStatus> for pb::ServerStatusReply {
             read_grants: s.read_grants,
             write_grants: s.write_grants,
             commits: Some(s.commits.into()),
+            rpcs: to_pb(s.rpcs),
+            activity: Some(s.activity.into()),
         }
     }
 }

@@ -779,11 +779,19 @@ fn admin_status_and_quotas() {
                 open_handles: 0,
                 lease_remaining_ms: 0,
                 identity: "unix:uid=0".into(),
+                activity: Activity::default(),
             }],
             sessions_total: 1,
             read_grants: 0,
             write_grants: 0,
             commits: CommitStats::default(),
+            rpcs: vec![RpcTally {
+                rpc: "Lookup".into(),
+                count: 1,
+                errors: 0,
+                micros: 10,
+            }],
+            activity: Activity::default(),
         },
         cases![pb::ServerStatusReply;
             "epoch" => |p| p.epoch = 0,
@@ -798,6 +806,20 @@ fn admin_status_and_quotas() {
                 p.sessions_total = u64::MAX;
             },
             "fs_uuid" => |p| p.fs_uuid = vec![0; 16],
+            "activity" => |p| p.activity = None,
+            "sessions.activity" => |p| p.sessions[0].activity = None,
+            "sessions.activity.rpc_errors" => |p| {
+                if let Some(a) = p.sessions[0].activity.as_mut() {
+                    a.rpc_errors = a.rpcs + 1;
+                }
+            },
+            "rpcs.rpc" => |p| p.rpcs[0].rpc = String::new(),
+            "rpcs.rpc" => |p| p.rpcs[0].rpc = "R".repeat(MAX_RPC_NAME_LEN + 1),
+            "rpcs.errors" => |p| p.rpcs[0].errors = p.rpcs[0].count + 1,
+            "rpcs" => |p| {
+                let one = p.rpcs[0].clone();
+                p.rpcs = vec![one; MAX_STATUS_RPCS + 1];
+            },
         ],
     );
     let q = QuotaInfo {

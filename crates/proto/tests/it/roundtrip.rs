@@ -617,6 +617,17 @@ fn status_and_quotas() {
             open_handles: 3,
             lease_remaining_ms: 9000,
             identity: "node-a.example".into(),
+            activity: Activity {
+                rpcs: 10,
+                rpc_errors: 1,
+                rpc_micros: 5000,
+                read_grants: 2,
+                write_grants: 3,
+                granted_read_bytes: 1 << 20,
+                granted_write_bytes: 3 << 20,
+                proxied_read_bytes: 100,
+                proxied_write_bytes: 200,
+            },
         }],
         sessions_total: 25_000,
         read_grants: 1,
@@ -625,6 +636,16 @@ fn status_and_quotas() {
             transactions: 100,
             commits: 10,
             pending: 1,
+        },
+        rpcs: vec![RpcTally {
+            rpc: "MapWrite".into(),
+            count: 7,
+            errors: 2,
+            micros: 900,
+        }],
+        activity: Activity {
+            rpcs: 12,
+            ..Activity::default()
         },
     });
     let q = QuotaInfo {
