@@ -554,11 +554,18 @@ async fn measure(
     .context("everyday thread")?
 }
 
-fn ratio(a: f64, b: f64) -> String {
-    if b > 0.0 {
-        format!("{:.2}", a / b)
+/// `a / b` with three significant digits for small ratios (sanfs can be 100x off a peer).
+pub fn ratio(a: f64, b: f64) -> String {
+    if b.is_nan() || b <= 0.0 {
+        return "-".into();
+    }
+    let r = a / b;
+    if r >= 0.1 {
+        format!("{r:.2}")
+    } else if r >= 0.01 {
+        format!("{r:.3}")
     } else {
-        "-".into()
+        format!("{r:.4}")
     }
 }
 
@@ -674,6 +681,8 @@ mod tests {
         assert!(s.contains("50.0 (2.0 s/G)"), "{s}");
         let line = |t: &str| s.lines().find(|l| l.starts_with(t)).unwrap().to_owned();
         assert!(line("seq write 4K").ends_with("0.25"), "{s}");
+        assert_eq!(ratio(1.0, 300.0), "0.0033");
+        assert_eq!(ratio(1.0, 0.0), "-");
         assert!(line("tar x").ends_with("2.00"), "{s}");
         assert!(line("ls -lR").ends_with('-'), "{s}");
     }

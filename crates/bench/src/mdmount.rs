@@ -238,7 +238,7 @@ fn on_target(t: &FsTarget, files: u64, procs: u64) -> anyhow::Result<(Vec<MdMoun
     let procs = procs.max(1);
     let per = (files / procs).max(1);
     let configs = [
-        (format!("1 process"), 1, false, files),
+        ("1 process".to_owned(), 1, false, files),
         (format!("{procs} processes, own dirs"), procs, false, per),
         (format!("{procs} processes, one dir"), procs, true, per),
     ];
@@ -384,9 +384,11 @@ impl std::fmt::Display for MdMount {
                 let sanfs = self.get("sanfs", &config, op);
                 for t in self.targets.iter().skip(1) {
                     match (sanfs, self.get(t, &config, op)) {
-                        (Some(a), Some(b)) if b.ops_per_s > 0.0 => {
-                            write!(f, " {:>10.2}", a.ops_per_s / b.ops_per_s)?
-                        }
+                        (Some(a), Some(b)) => write!(
+                            f,
+                            " {:>10}",
+                            crate::everyday::ratio(a.ops_per_s, b.ops_per_s)
+                        )?,
                         _ => write!(f, " {:>10}", "-")?,
                     }
                 }
