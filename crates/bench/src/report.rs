@@ -382,7 +382,7 @@ impl Report {
                 charts.push((
                     "everyday-seq.png",
                     Chart {
-                        title: "Everyday: buffered sequential I/O through the mount".into(),
+                        title: "Everyday: buffered sequential I/O".into(),
                         x_label: "I/O size".into(),
                         y_label: "MB/s".into(),
                         x_axis: XAxis::Log2Bytes,
