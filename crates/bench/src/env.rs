@@ -17,9 +17,10 @@ use crate::util::{Budget, GIB, MIB};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Length {
-    /// The documented figures (`sanfs-bench run`: at most 15 minutes on 2 cores).
+    /// The documented figures (`sanfs-bench run`: the paper's parts at most 15 minutes on 2
+    /// cores; the everyday and metadata-mount parts take longer).
     Full,
-    /// A short look (at most 3 minutes).
+    /// A short look (the paper's parts at most 3 minutes, the mount parts about 2 each).
     Quick,
     /// Every code path once with tiny sizes (CI).
     Smoke,

@@ -28,7 +28,8 @@ struct Cli {
 /// Options every figure takes.
 #[derive(Debug, Clone, Args)]
 struct Common {
-    /// A short run (at most 3 minutes).
+    /// A short run (the paper's parts at most 3 minutes; everyday and metadata-mount about
+    /// 2 minutes each).
     #[arg(long, conflicts_with = "smoke")]
     quick: bool,
     /// Every code path once with tiny sizes (a test of the bench, not a measurement).
