@@ -162,6 +162,17 @@ impl BenchCluster {
         }
     }
 
+    /// The `sanfs-mds` process id, when the bench started it as a process (for its CPU time).
+    pub fn server_pid(&self) -> Option<u32> {
+        match &self.server {
+            ServerHandle::Process { process, .. } => Some(match process {
+                ServerProcess::Child(c) => c.pid(),
+                ServerProcess::Launched(pid) => *pid,
+            }),
+            _ => None,
+        }
+    }
+
     /// `kill -9` of the server process (only for a server the bench started as a process).
     pub fn kill_server(&mut self) -> anyhow::Result<()> {
         match &mut self.server {

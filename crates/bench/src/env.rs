@@ -17,9 +17,10 @@ use crate::util::{Budget, GIB, MIB};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Length {
-    /// The documented figures (`sanfs-bench run`: at most 15 minutes on 2 cores).
+    /// The documented figures (`sanfs-bench run`: the paper's parts at most 15 minutes on 2
+    /// cores; the everyday and metadata-mount parts take longer).
     Full,
-    /// A short look (at most 3 minutes).
+    /// A short look (the paper's parts at most 3 minutes, the mount parts about 2 each).
     Quick,
     /// Every code path once with tiny sizes (CI).
     Smoke,
@@ -48,6 +49,24 @@ pub struct Env {
     pub progress: bool,
     /// I/O sizes asked for on the command line (figure 6, crossover, latency).
     pub sizes: Option<Vec<u64>>,
+    /// Counts of the everyday and mount-metadata parts asked for on the command line.
+    pub counts: Counts,
+}
+
+/// Counts asked for on the command line instead of the length's defaults.
+#[derive(Debug, Clone, Default)]
+pub struct Counts {
+    /// Bytes of the everyday part's sequential, random and bonnie files.
+    pub everyday_file_len: Option<u64>,
+    /// Files and directories of the everyday part's small-file tree.
+    pub tree_files: Option<u64>,
+    pub tree_dirs: Option<u64>,
+    /// Files of the everyday table's source tree.
+    pub src_files: Option<u64>,
+    /// Files of each configuration of the mount-metadata part (shared by its processes).
+    pub md_files: Option<u64>,
+    /// Processes of the mount-metadata part's concurrent configurations.
+    pub md_processes: Option<u64>,
 }
 
 impl Env {

@@ -12,6 +12,9 @@
 //!   [`fig7`] (striping), [`fig8`] (figures 8 and 9: methods A and B), [`fig10`]
 //!   (processes), [`mdfig`] (metadata, bonnie++ -n style), [`metadata`] (concurrent gRPC
 //!   callers and group commit), [`latency`] (control-message round trips).
+//! - Through a mount, with ext4 and MooseFS measured in the same run ([`peers`]):
+//!   [`everyday`] (everyday I/O, small-file trees, `tar x` and friends) and [`mdmount`]
+//!   (metadata operations per second from 1 and 8 processes).
 //!
 //! - [`exercise`] is the model-based random-operation exerciser over two mounts
 //!   (`sanfs-bench exercise`), a conformance check rather than a measurement.
@@ -20,6 +23,7 @@
 
 pub mod cluster;
 pub mod env;
+pub mod everyday;
 pub mod exercise;
 pub mod fig10;
 pub mod fig6;
@@ -28,8 +32,10 @@ pub mod fig8;
 pub mod io;
 pub mod latency;
 pub mod mdfig;
+pub mod mdmount;
 pub mod metadata;
 pub mod nfs;
+pub mod peers;
 pub mod plot;
 pub mod report;
 pub mod serverkill;

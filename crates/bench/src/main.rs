@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use sanfs_bench::cluster::ServerMode;
-use sanfs_bench::env::{Env, Existing, Length};
+use sanfs_bench::env::{Counts, Env, Existing, Length};
 use sanfs_bench::exercise::{ExerciseParams, NetMode, mounts_arg, random_seed};
 use sanfs_bench::metadata::{MetadataParams, run};
 use sanfs_bench::suite::{ALL, Part};
@@ -28,7 +28,8 @@ struct Cli {
 /// Options every figure takes.
 #[derive(Debug, Clone, Args)]
 struct Common {
-    /// A short run (at most 3 minutes).
+    /// A short run (the paper's parts at most 3 minutes; everyday and metadata-mount about
+    /// 2 minutes each).
     #[arg(long, conflicts_with = "smoke")]
     quick: bool,
     /// Every code path once with tiny sizes (a test of the bench, not a measurement).
@@ -65,11 +66,32 @@ struct Common {
     /// No progress bars.
     #[arg(long)]
     no_progress: bool,
+    /// Everyday part: bytes of its sequential, random and bonnie files (default 256M; quick
+    /// 64M).
+    #[arg(long, value_parser = sanfs_bench::util::parse_size)]
+    everyday_file_size: Option<u64>,
+    /// Everyday part: files of the small-file tree (default 10000; quick 1000).
+    #[arg(long)]
+    tree_files: Option<u64>,
+    /// Everyday part: directories of the small-file tree (default 100; quick 10).
+    #[arg(long)]
+    tree_dirs: Option<u64>,
+    /// Everyday part: files of the source tree for tar x, ls -lR, grep -r, cp -r, rm -rf
+    /// (default 1500; quick 500).
+    #[arg(long)]
+    src_files: Option<u64>,
+    /// Metadata-mount part: files per configuration (default 10000; quick 2000).
+    #[arg(long)]
+    md_files: Option<u64>,
+    /// Metadata-mount part: processes of the concurrent configurations (default 8).
+    #[arg(long)]
+    md_processes: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Everything: latency, figures 6 to 10, metadata and the crossover, in one run.
+    /// Everything: latency, figures 6 to 10, metadata and the crossover, everyday I/O and
+    /// metadata through the mount, in one run.
     Run(Common),
     /// Figure 6: throughput vs I/O size (raw, fio, direct, mount, proxied, NFS).
     Fig6(Common),
@@ -81,6 +103,12 @@ enum Command {
     Fig10(Common),
     /// Metadata operations per second (bonnie++ -n style) and with 16 gRPC callers.
     Metadata(Common),
+    /// Everyday I/O through the mount (sequential, random, bonnie-style, small-file trees,
+    /// tar x, ls -lR, grep -r, cp -r, rm -rf) on sanfs, ext4 and MooseFS.
+    Everyday(Common),
+    /// Metadata operations through the mount from 1 and 8 processes on sanfs, ext4 and
+    /// MooseFS.
+    MetadataMount(Common),
     /// The I/O size from which the direct path beats the proxied path, and advice.
     Threshold(Common),
     /// Round trips of single grants and proxied reads/writes by size.
@@ -108,6 +136,9 @@ enum Command {
     /// writers on a mount keep their files open; checks after each restart that every
     /// acknowledged write is there and counts the errors applications saw (all must be 0).
     ServerKill(ServerKillArgs),
+    /// (internal) a process of the metadata-mount part.
+    #[command(name = "__md-worker", hide = true)]
+    MdWorker(sanfs_bench::mdmount::MdWorkerArgs),
     /// (internal) a reader process of figures 7 and 10.
     #[command(name = "__worker", hide = true)]
     Worker(WorkerArgs),
@@ -296,6 +327,14 @@ fn env_of(c: &Common) -> anyhow::Result<Env> {
         server_mode: c.server_mode,
         existing,
         sizes: (!c.sizes.is_empty()).then(|| c.sizes.clone()),
+        counts: Counts {
+            everyday_file_len: c.everyday_file_size,
+            tree_files: c.tree_files,
+            tree_dirs: c.tree_dirs,
+            src_files: c.src_files,
+            md_files: c.md_files,
+            md_processes: c.md_processes,
+        },
         progress: !c.no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
     })
 }
@@ -339,6 +378,8 @@ fn main() -> ExitCode {
             Command::Metadata(c) => figures(c, &[Part::Metadata]).await,
             Command::Threshold(c) => figures(c, &[Part::Threshold]).await,
             Command::Latency(c) => figures(c, &[Part::Latency]).await,
+            Command::Everyday(c) => figures(c, &[Part::Everyday]).await,
+            Command::MetadataMount(c) => figures(c, &[Part::MetadataMount]).await,
             Command::MetadataGrpc {
                 callers,
                 files,
@@ -358,6 +399,7 @@ fn main() -> ExitCode {
                 Ok(true)
             }
             Command::Worker(a) => worker_main(a).await.map(|()| true),
+            Command::MdWorker(a) => sanfs_bench::mdmount::md_worker_main(a).map(|()| true),
             // Synchronous file system calls on the mounts; the in-process server has a
             // runtime of its own.
             Command::Exercise(a) => exercise_main(a),

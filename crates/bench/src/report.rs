@@ -76,6 +76,8 @@ pub struct Report {
     pub fig8: Option<Fig8>,
     pub fig10: Option<Fig10>,
     pub metadata: Option<MdFig>,
+    pub everyday: Option<crate::everyday::Everyday>,
+    pub metadata_mount: Option<crate::mdmount::MdMount>,
     pub goals: Vec<Goal>,
     /// Parts that failed, with their errors (the rest of the run went on).
     pub errors: Vec<String>,
@@ -356,6 +358,68 @@ impl Report {
                 },
             ));
         }
+        if let Some(e) = &self.everyday
+            && let Some(p) = &e.params
+        {
+            let mut series = Vec::new();
+            for t in &e.targets {
+                for op in ["write", "read"] {
+                    let pts: Vec<(f64, f64)> = p
+                        .seq_sizes
+                        .iter()
+                        .filter_map(|&size| {
+                            let c = e.get(&format!("seq {op} {}", size_label(size)), t)?;
+                            Some((size as f64, c.mb_s?))
+                        })
+                        .collect();
+                    if !pts.is_empty() {
+                        let s = Series::new(format!("{t} {op}"), pts);
+                        series.push(if t == "sanfs" { s } else { s.dashed() });
+                    }
+                }
+            }
+            if !series.is_empty() {
+                charts.push((
+                    "everyday-seq.png",
+                    Chart {
+                        title: "Everyday: buffered sequential I/O".into(),
+                        x_label: "I/O size".into(),
+                        y_label: "MB/s".into(),
+                        x_axis: XAxis::Log2Bytes,
+                        series,
+                    },
+                ));
+            }
+        }
+        if let Some(m) = &self.metadata_mount {
+            let own = format!("{} processes, own dirs", m.processes);
+            let mut series = Vec::new();
+            for t in &m.targets {
+                for op in ["create", "stat warm", "unlink"] {
+                    let pts: Vec<(f64, f64)> =
+                        [("1 process", 1.0), (own.as_str(), m.processes as f64)]
+                            .iter()
+                            .filter_map(|(config, x)| Some((*x, m.get(t, config, op)?.ops_per_s)))
+                            .collect();
+                    if !pts.is_empty() {
+                        let s = Series::new(format!("{t} {op}"), pts);
+                        series.push(if t == "sanfs" { s } else { s.dashed() });
+                    }
+                }
+            }
+            if !series.is_empty() {
+                charts.push((
+                    "metadata-mount.png",
+                    Chart {
+                        title: "Metadata through the mount (own directories)".into(),
+                        x_label: "processes".into(),
+                        y_label: "ops/s".into(),
+                        x_axis: XAxis::Linear,
+                        series,
+                    },
+                ));
+            }
+        }
         let mut written = Vec::new();
         for (file, chart) in charts {
             let p = dir.join(file);
@@ -394,6 +458,12 @@ impl std::fmt::Display for Report {
             writeln!(f, "{x}")?;
         }
         if let Some(x) = &self.metadata {
+            writeln!(f, "{x}")?;
+        }
+        if let Some(x) = &self.everyday {
+            writeln!(f, "{x}")?;
+        }
+        if let Some(x) = &self.metadata_mount {
             writeln!(f, "{x}")?;
         }
         if !self.goals.is_empty() {

@@ -19,16 +19,22 @@ pub enum Part {
     Fig8,
     Fig10,
     Metadata,
+    /// Everyday I/O through the mount, with ext4 and MooseFS (issue 18).
+    Everyday,
+    /// Metadata operations through the mount, with ext4 and MooseFS (issue 19).
+    MetadataMount,
 }
 
 /// Everything `sanfs-bench run` measures, in order.
-pub const ALL: [Part; 6] = [
+pub const ALL: [Part; 8] = [
     Part::Latency,
     Part::Fig6,
     Part::Fig7,
     Part::Fig8,
     Part::Fig10,
     Part::Metadata,
+    Part::Everyday,
+    Part::MetadataMount,
 ];
 
 pub async fn run(env: &Env, parts: &[Part], command: String) -> Report {
@@ -77,6 +83,14 @@ pub async fn run(env: &Env, parts: &[Part], command: String) -> Report {
                     report.threshold = Some(crate::threshold::from_fig6(&f));
                 })
             }
+            Part::Everyday => crate::everyday::run_everyday(env).await.map(|f| {
+                missing_peers("Everyday", &f.skipped, &mut report);
+                report.everyday = Some(f);
+            }),
+            Part::MetadataMount => crate::mdmount::run_md_mount(env).await.map(|f| {
+                missing_peers("MetadataMount", &f.skipped, &mut report);
+                report.metadata_mount = Some(f);
+            }),
             Part::Fig7 => crate::fig7::run_fig7(env)
                 .await
                 .map(|f| report.fig7 = Some(f)),
@@ -99,6 +113,19 @@ pub async fn run(env: &Env, parts: &[Part], command: String) -> Report {
     report.check_goals();
     report.seconds = started.elapsed().as_secs_f64();
     report
+}
+
+/// Under `SANFS_REQUIRE_ROOT=1` a file system of a part that could not be set up (a missing
+/// package, no root) fails the run, as a root-only test that cannot run does.
+fn missing_peers(part: &str, skipped: &[String], report: &mut Report) {
+    if sanfs_testcluster::required() {
+        for s in skipped {
+            report.errors.push(format!(
+                "{part}: {s} ({}=1: every part must run whole)",
+                sanfs_testcluster::REQUIRE_ENV
+            ));
+        }
+    }
 }
 
 async fn latency(env: &Env, report: &mut Report) -> anyhow::Result<()> {

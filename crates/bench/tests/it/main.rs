@@ -37,6 +37,8 @@ fn run_smoke_writes_tables_json_and_plots() {
         "Figure 10",
         "Metadata",
         "Crossover",
+        "Everyday I/O through the mount",
+        "Metadata through the mount",
     ] {
         assert!(stdout.contains(table), "no {table} table in:\n{stdout}");
     }
@@ -57,6 +59,118 @@ fn run_smoke_writes_tables_json_and_plots() {
     }
     let png = std::fs::read(plots.join("fig6-read.png")).unwrap();
     assert_eq!(&png[1..4], b"PNG");
+    check_mount_parts(&v, &plots);
+}
+
+/// The everyday and metadata-mount parts measured sanfs and its peers (as root; MooseFS
+/// where it is installed, which `SANFS_REQUIRE_ROOT=1` demands), every row sane.
+fn check_mount_parts(v: &serde_json::Value, plots: &std::path::Path) {
+    if !sanfs_testcluster::is_root() {
+        return;
+    }
+    let mut want = vec!["sanfs", "ext4"];
+    if sanfs_bench::peers::MooseFs::unavailable().is_none() {
+        want.push("moosefs");
+    }
+    for part in ["everyday", "metadata_mount"] {
+        let targets: Vec<&str> = v[part]["targets"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {part} in the JSON"))
+            .iter()
+            .filter_map(|t| t.as_str())
+            .collect();
+        assert_eq!(targets, want, "{part}: {}", v[part]);
+    }
+    let cells = v["everyday"]["cells"].as_array().expect("everyday cells");
+    for t in &want {
+        let of_t: Vec<_> = cells.iter().filter(|c| c["target"] == *t).collect();
+        // 4 sizes x 2, 2 random, 3 bonnie, 2 tree, 5 everyday-table rows.
+        assert_eq!(of_t.len(), 20, "{t}: {of_t:?}");
+        for c in of_t {
+            if let Some(mb) = c["mb_s"].as_f64() {
+                assert!(mb > 0.0 && c["bytes"].as_u64() > Some(0), "{c}");
+                assert!(c["cpu_s_per_gib"].as_f64().is_some(), "{c}");
+            } else {
+                assert!(c["secs"].as_f64() > Some(0.0), "{c}");
+            }
+        }
+    }
+    let files = v["metadata_mount"]["files"].as_u64().expect("files");
+    let cells = v["metadata_mount"]["cells"]
+        .as_array()
+        .expect("metadata_mount cells");
+    for t in &want {
+        // 3 configurations x 7 phases.
+        assert_eq!(cells.iter().filter(|c| c["target"] == *t).count(), 21);
+        for op in ["create", "stat cold", "rename", "unlink"] {
+            let c = cells
+                .iter()
+                .find(|c| c["target"] == *t && c["config"] == "1 process" && c["op"] == op)
+                .expect("a one-process cell");
+            assert_eq!(c["ops"].as_u64(), Some(files), "{c}");
+        }
+    }
+    for png in ["everyday-seq.png", "metadata-mount.png"] {
+        let bytes = std::fs::read(plots.join(png)).expect("the plot");
+        assert_eq!(&bytes[1..4], b"PNG");
+    }
+}
+
+/// The metadata-mount part's worker process on a plain directory: every phase answers with
+/// its count and leaves the directory as it says.
+#[test]
+fn md_worker_runs_each_phase_it_is_told() {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sanfs-bench"))
+        .arg("__md-worker")
+        .arg("--dir")
+        .arg(dir.path())
+        .args(["--prefix", "w3-", "--files", "25"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut answer = || {
+        let mut l = String::new();
+        out.read_line(&mut l).unwrap();
+        l.trim().to_owned()
+    };
+    assert_eq!(answer(), "ready");
+    let names = || {
+        let mut v: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    writeln!(stdin, "create").unwrap();
+    assert_eq!(answer(), "ok 25");
+    // A second create finds the names taken: an error, reported, not a crash.
+    writeln!(stdin, "create").unwrap();
+    assert!(answer().starts_with("err create "));
+    for (phase, want) in [
+        ("stat", "ok 25"),
+        ("readdir", "ok 25"),
+        ("rename", "ok 25"),
+        ("stat", "ok 25"),
+    ] {
+        writeln!(stdin, "{phase}").unwrap();
+        assert_eq!(answer(), want, "{phase}");
+    }
+    let n = names();
+    assert_eq!(n.len(), 25);
+    assert_eq!(n[0], "w3-000000.r");
+    writeln!(stdin, "no-such-phase").unwrap();
+    assert!(answer().starts_with("err unknown phase"));
+    writeln!(stdin, "unlink").unwrap();
+    assert_eq!(answer(), "ok 25");
+    assert!(names().is_empty());
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
 }
 
 /// The exerciser's smoke test: `sanfs-bench exercise` through the real binary, its own
