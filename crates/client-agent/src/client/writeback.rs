@@ -226,7 +226,7 @@ impl FileState {
             }
         }
         self.cache_gen += 1;
-        self.cached_bytes -= freed;
+        self.cached_bytes = self.cached_bytes.saturating_sub(freed);
         freed
     }
 
@@ -401,7 +401,7 @@ impl WriteBack {
     /// there are stale.
     pub(crate) fn wrote(&self, ino: InodeId, off: u64, len: u64) {
         if let Some(f) = self.files().get_mut(&ino)
-            && f.cached_bytes > 0
+            && !f.chunks.is_empty()
         {
             let freed = f.drop_range(off, len);
             self.cached.fetch_sub(freed, Ordering::Relaxed);
@@ -425,7 +425,7 @@ impl WriteBack {
         let mut files = self.files();
         let mut by_age: Vec<(Option<Instant>, InodeId)> = files
             .iter()
-            .filter(|(_, f)| f.cached_bytes > 0)
+            .filter(|(_, f)| !f.chunks.is_empty())
             .map(|(ino, f)| (f.last_use, *ino))
             .collect();
         by_age.sort();
@@ -604,8 +604,11 @@ impl Client {
         let n = self.read_into(cred, fh, ino, start, &mut tmp).await?;
         tmp.truncate(n);
         let at = usize::try_from(offset - start).map_err(|_| FsError::Range)?;
+        // Past the end of file: nothing (`at` may lie beyond what was read).
         let copied = tmp.len().saturating_sub(at).min(buf.len());
-        buf[..copied].copy_from_slice(&tmp[at..at + copied]);
+        if copied > 0 {
+            buf[..copied].copy_from_slice(&tmp[at..at + copied]);
+        }
         {
             let mut files = wb.files();
             if let Some(f) = files.get_mut(&ino)
@@ -912,6 +915,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_cache_answers_up_to_the_end_of_file_and_forgets_it_at_a_write() {
+        let mut f = FileState::default();
+        let c = CHUNK as usize;
+        f.chunks.insert(0, Arc::new(vec![1; c]));
+        f.chunks.insert(1, Arc::new(vec![2; 100]));
+        let mut buf = vec![0u8; c + 500];
+        assert_eq!(
+            f.serve(0, &mut buf),
+            Some(c + 100),
+            "short at the end of file"
+        );
+        assert_eq!(
+            f.serve(CHUNK + 100, &mut buf),
+            Some(0),
+            "at the end of file"
+        );
+        assert_eq!(f.serve(2 * CHUNK, &mut buf), None, "past it: not known");
+        // An empty chunk is an end of file on a chunk boundary.
+        let mut g = FileState::default();
+        g.chunks.insert(0, Arc::new(Vec::new()));
+        assert_eq!(g.serve(0, &mut buf), Some(0));
+        // A write anywhere drops the end-of-file chunk (it may move) and what it touches.
+        f.drop_range(5 * CHUNK, 1);
+        assert!(f.chunks.contains_key(&0) && !f.chunks.contains_key(&1));
+        g.drop_range(5 * CHUNK, 1);
+        assert!(g.chunks.is_empty());
     }
 
     #[test]
