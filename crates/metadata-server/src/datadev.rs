@@ -16,6 +16,8 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use sanfs_blockmap::plan::IoPlan;
 use sanfs_blockmap::volume::{DeviceId, DeviceIndex, Volume};
@@ -29,7 +31,13 @@ struct DataLun {
 
 /// The data LUNs of the volume, by device index.
 pub struct DataDevices {
-    luns: Vec<Option<DataLun>>,
+    /// Grows with the volume ([`DataDevices::add`]); a LUN once filed stays.
+    table: std::sync::RwLock<LunTable>,
+}
+
+#[derive(Default)]
+struct LunTable {
+    luns: Vec<Option<Arc<DataLun>>>,
     ids: Vec<DeviceId>,
 }
 
@@ -52,60 +60,105 @@ fn identity(path: &Path) -> anyhow::Result<DeviceId> {
 impl DataDevices {
     /// Opens every path and files it under the volume device whose identity it carries.
     pub fn open(volume: &Volume, paths: &[PathBuf]) -> DataDevices {
-        let ids: Vec<DeviceId> = volume.devices().iter().map(|d| d.uuid).collect();
-        let mut luns: Vec<Option<DataLun>> = ids.iter().map(|_| None).collect();
-        for path in paths {
-            let id = match identity(path) {
-                Ok(id) => id,
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %format!("{e:#}"), "not a LUN of this volume");
-                    continue;
-                }
-            };
-            let Some(index) = volume.device_index(&id) else {
-                tracing::warn!(path = %path.display(), device = %id, "a LUN of another file system");
-                continue;
-            };
-            match sanfs_lun::open_direct(path, Access::ReadWrite) {
-                Ok((file, _)) => {
-                    tracing::info!(path = %path.display(), device = %id, index = index.0, "data LUN opened");
-                    luns[index.as_usize()] = Some(DataLun {
-                        path: path.clone(),
-                        file,
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "cannot open a data LUN")
-                }
-            }
-        }
-        let devices = DataDevices { luns, ids };
+        let devices = DataDevices {
+            table: std::sync::RwLock::new(LunTable::default()),
+        };
+        devices.add(volume, paths);
         for m in devices.missing() {
             tracing::warn!(device = %m, "data LUN missing on this server: proxied I/O on it fails with EIO");
         }
         devices
     }
 
+    fn table(&self) -> std::sync::RwLockReadGuard<'_, LunTable> {
+        self.table.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes up `volume` (the same volume or a grown one: devices are only ever appended) and
+    /// opens those of `paths` that carry the identity of a volume device not open yet.
+    pub fn add(&self, volume: &Volume, paths: &[PathBuf]) {
+        let ids: Vec<DeviceId> = volume.devices().iter().map(|d| d.uuid).collect();
+        let mut opened: Vec<(usize, DataLun)> = Vec::new();
+        {
+            let t = self.table();
+            for path in paths {
+                let id = match identity(path) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %format!("{e:#}"), "not a LUN of this volume");
+                        continue;
+                    }
+                };
+                let Some(index) = volume.device_index(&id) else {
+                    tracing::warn!(path = %path.display(), device = %id, "a LUN of another file system");
+                    continue;
+                };
+                let i = index.as_usize();
+                if t.luns.get(i).is_some_and(Option::is_some) || opened.iter().any(|(j, _)| *j == i)
+                {
+                    continue;
+                }
+                match sanfs_lun::open_direct(path, Access::ReadWrite) {
+                    Ok((file, _)) => {
+                        tracing::info!(path = %path.display(), device = %id, index = index.0, "data LUN opened");
+                        opened.push((
+                            i,
+                            DataLun {
+                                path: path.clone(),
+                                file,
+                            },
+                        ));
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "cannot open a data LUN")
+                    }
+                }
+            }
+        }
+        let mut t = self.table.write().unwrap_or_else(|p| p.into_inner());
+        if t.ids.len() <= ids.len() && ids.starts_with(&t.ids) {
+            t.luns.resize_with(ids.len(), || None);
+            t.ids = ids;
+        }
+        for (i, lun) in opened {
+            if let Some(slot) = t.luns.get_mut(i) {
+                slot.get_or_insert(Arc::new(lun));
+            }
+        }
+    }
+
+    /// The path this server opened device `d` by.
+    pub fn path_of(&self, d: DeviceIndex) -> Option<PathBuf> {
+        self.table()
+            .luns
+            .get(d.as_usize())
+            .and_then(Option::as_ref)
+            .map(|l| l.path.clone())
+    }
+
     pub fn present(&self) -> usize {
-        self.luns.iter().filter(|l| l.is_some()).count()
+        self.table().luns.iter().filter(|l| l.is_some()).count()
     }
 
     /// The identities of the volume's devices this server could not open.
     pub fn missing(&self) -> Vec<DeviceId> {
-        self.luns
+        let t = self.table();
+        t.luns
             .iter()
-            .zip(&self.ids)
+            .zip(&t.ids)
             .filter(|(l, _)| l.is_none())
             .map(|(_, id)| *id)
             .collect()
     }
 
-    fn lun(&self, d: DeviceIndex) -> Result<&DataLun, FsError> {
-        self.luns
+    fn lun(&self, d: DeviceIndex) -> Result<Arc<DataLun>, FsError> {
+        let t = self.table();
+        t.luns
             .get(d.as_usize())
             .and_then(Option::as_ref)
+            .cloned()
             .ok_or_else(|| {
-                let id = self
+                let id = t
                     .ids
                     .get(d.as_usize())
                     .map(ToString::to_string)
@@ -209,7 +262,7 @@ impl DataDevices {
                     missing += run.len;
                     continue;
                 };
-                zero_lun(lun, run.phys_off, run.len)?;
+                zero_lun(&lun, run.phys_off, run.len)?;
                 zeroed += run.len;
                 if !touched.contains(&run.device) {
                     touched.push(run.device);
@@ -222,10 +275,12 @@ impl DataDevices {
 
     /// Flushes every open LUN.
     pub fn flush_all(&self) -> Result<(), FsError> {
-        let all: Vec<DeviceIndex> = (0..self.luns.len())
-            .filter(|i| self.luns[*i].is_some())
+        let t = self.table();
+        let all: Vec<DeviceIndex> = (0..t.luns.len())
+            .filter(|i| t.luns[*i].is_some())
             .map(|i| DeviceIndex(u32::try_from(i).unwrap_or(u32::MAX)))
             .collect();
+        drop(t);
         self.flush(&all)
     }
 }
