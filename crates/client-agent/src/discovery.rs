@@ -202,7 +202,17 @@ fn open_lun(
 
 /// Finds and opens this node's devices of `volume` among the configured globs.
 pub fn discover(volume: &Volume, config: &DiscoveryConfig) -> Discovery {
-    scan(volume, config, None)
+    scan(volume, config, &|_| true, true)
+}
+
+/// [`discover`] for the devices in `wanted` only (a rescan for LUNs missing so far, or added
+/// by a growth of the volume); the ones still missing are not warned about again.
+pub fn discover_among(
+    volume: &Volume,
+    config: &DiscoveryConfig,
+    wanted: &[DeviceIndex],
+) -> Discovery {
+    scan(volume, config, &|i| wanted.contains(&i), false)
 }
 
 /// Finds and opens one device of `volume` again (the health check of a LUN poisoned by a
@@ -212,7 +222,7 @@ pub fn find_device(
     config: &DiscoveryConfig,
     index: DeviceIndex,
 ) -> Result<FoundDevice, String> {
-    let mut result = scan(volume, config, Some(index));
+    let mut result = scan(volume, config, &|i| i == index, true);
     if let Some(pos) = result.found.iter().position(|d| d.index == index) {
         return Ok(result.found.swap_remove(pos));
     }
@@ -222,7 +232,12 @@ pub fn find_device(
     })
 }
 
-fn scan(volume: &Volume, config: &DiscoveryConfig, only: Option<DeviceIndex>) -> Discovery {
+fn scan(
+    volume: &Volume,
+    config: &DiscoveryConfig,
+    only: &dyn Fn(DeviceIndex) -> bool,
+    warn_missing: bool,
+) -> Discovery {
     let mut result = Discovery::default();
     let mut seen: HashSet<(bool, u64, u64)> = HashSet::new();
     for path in expand_globs(&config.globs) {
@@ -252,7 +267,7 @@ fn scan(volume: &Volume, config: &DiscoveryConfig, only: Option<DeviceIndex>) ->
             result.foreign.push((path, id));
             continue;
         };
-        if only.is_some_and(|o| o != index) {
+        if !only(index) {
             continue;
         }
         if let Some(first) = result.device(index) {
@@ -278,9 +293,10 @@ fn scan(volume: &Volume, config: &DiscoveryConfig, only: Option<DeviceIndex>) ->
     result.found.sort_by_key(|d| d.index);
     for (i, dev) in volume.devices().iter().enumerate() {
         let index = DeviceIndex(i as u32);
-        if only.is_none_or(|o| o == index) && result.device(index).is_none() {
-            tracing::warn!(device = %dev.uuid, index = i,
-                "LUN not found on this node");
+        if only(index) && result.device(index).is_none() {
+            if warn_missing {
+                tracing::warn!(device = %dev.uuid, index = i, "LUN not found on this node");
+            }
             result.missing.push((index, dev.uuid));
         }
     }
