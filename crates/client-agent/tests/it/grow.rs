@@ -177,9 +177,7 @@ async fn luns_added_while_mounted_are_used_at_once_by_every_agent() {
             round
         })
     };
-    while rounds.load(Ordering::SeqCst) < 1 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_rounds(&rounds, 1, &writer).await;
 
     // The growth: the two new LUNs as a stripe set.
     let admin = Admin::connect(&server, None).await.unwrap();
@@ -214,9 +212,7 @@ async fn luns_added_while_mounted_are_used_at_once_by_every_agent() {
 
     // The writer goes on a little, then stops.
     let at_growth = rounds.load(Ordering::SeqCst);
-    while rounds.load(Ordering::SeqCst) < at_growth + 2 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_rounds(&rounds, at_growth + 2, &writer).await;
     stop.store(true, Ordering::SeqCst);
     let last_round = writer.await.unwrap();
 
@@ -353,6 +349,21 @@ async fn luns_added_while_mounted_are_used_at_once_by_every_agent() {
     drop((old, new));
 }
 
+/// Waits until the writer finished round `target` (it fails the test if it ended or 60 s
+/// passed first).
+async fn wait_rounds(rounds: &AtomicU64, target: u64, writer: &tokio::task::JoinHandle<u64>) {
+    let started = Instant::now();
+    while rounds.load(Ordering::SeqCst) < target {
+        assert!(!writer.is_finished(), "the writer ended early");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the writer did not reach round {target}: {}",
+            rounds.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The bytes of the busy file's round `round`.
 fn busy_round(round: u64) -> Vec<u8> {
     Rng::new(1000 + round).bytes(4 * MIB as usize)
@@ -360,4 +371,278 @@ fn busy_round(round: u64) -> Vec<u8> {
 
 fn link(target: &Path, at: &Path) {
     std::os::unix::fs::symlink(target, at).unwrap();
+}
+
+/// Loop devices and an LVM2 volume group made with activation off, removed (by exact name)
+/// on drop, also when an assertion fails.
+struct LvmLab {
+    dir: tempfile::TempDir,
+    loops: Vec<String>,
+    vg: Option<String>,
+}
+
+impl LvmLab {
+    fn add_loop(&mut self, size: u64) -> String {
+        let file = self.dir.path().join(format!("pv{}.img", self.loops.len()));
+        std::fs::File::create(&file)
+            .unwrap()
+            .set_len(size)
+            .unwrap();
+        let out = std::process::Command::new("losetup")
+            .args(["-f", "--show", "--direct-io=on"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "losetup: {out:?}");
+        let dev = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        assert!(dev.starts_with("/dev/loop"), "losetup printed {dev:?}");
+        self.loops.push(dev.clone());
+        dev
+    }
+
+    /// Only our loop devices; no device-mapper, udev, or files under /etc/lvm.
+    fn config(&self) -> String {
+        let accept: Vec<String> = self.loops.iter().map(|d| format!("\"a|^{d}$|\"")).collect();
+        format!(
+            "devices {{ filter = [ {}, \"r|.*|\" ] scan_lvs = 0 obtain_device_list_from_udev = 0 \
+             use_devicesfile = 0 hints = \"none\" }} global {{ activation = 0 }} \
+             backup {{ backup = 0 archive = 0 }}",
+            accept.join(", ")
+        )
+    }
+
+    fn try_lvm(&self, command: &str, args: &[&str]) -> Result<String, String> {
+        let out = std::process::Command::new("lvm")
+            .arg(command)
+            .arg("--config")
+            .arg(self.config())
+            .args(args)
+            .env("LVM_SUPPRESS_FD_WARNINGS", "1")
+            .output()
+            .map_err(|e| format!("lvm {command}: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "lvm {command} {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    fn lvm(&self, command: &str, args: &[&str]) -> String {
+        self.try_lvm(command, args).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+impl Drop for LvmLab {
+    fn drop(&mut self) {
+        if let Some(vg) = self.vg.take()
+            && let Err(e) = self.try_lvm("vgremove", &["-f", &vg])
+        {
+            eprintln!("grow lvm cleanup: {e}");
+        }
+        if !self.loops.is_empty() {
+            let mut args = vec!["-ff", "-y"];
+            args.extend(self.loops.iter().map(String::as_str));
+            let _ = self.try_lvm("pvremove", &args);
+        }
+        for dev in &self.loops {
+            let _ = std::process::Command::new("losetup")
+                .arg("-d")
+                .arg(dev)
+                .status();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_lvextended_logical_volume_is_taken_up_while_mounted() {
+    if sanfs_testcluster::skip_unless(
+        "an_lvextended_logical_volume_is_taken_up_while_mounted",
+        &[
+            sanfs_testcluster::Need::Tool("lvm"),
+            sanfs_testcluster::Need::LoopDevices,
+        ],
+    ) {
+        return;
+    }
+    let mut lab = LvmLab {
+        dir: tempfile::tempdir().unwrap(),
+        loops: Vec::new(),
+        vg: None,
+    };
+    let pvs: Vec<String> = (0..3).map(|_| lab.add_loop(64 * MIB)).collect();
+    let vg = format!("sanfs_h12_grow_{}", std::process::id());
+    let lv_path = format!("{vg}/lv0");
+    lab.lvm("pvcreate", &[&pvs[0], &pvs[1], &pvs[2]]);
+    lab.lvm("vgcreate", &[&vg, &pvs[0], &pvs[1]]);
+    lab.vg = Some(vg.clone());
+    lab.lvm(
+        "lvcreate",
+        &["-an", "-Zn", "-i2", "-I64k", "-L16M", "-n", "lv0", &vg],
+    );
+
+    // Format the LV (nothing written to the PVs) and serve it, the server opening PVs 0 and 1.
+    let backend = Backend::File(lab.dir.path().join("mds.redb"));
+    let cfg = sanfs_mds::config::VolumeConfig {
+        layout: sanfs_mds::config::LayoutKindConfig::Lvm,
+        block_size: 4096,
+        stripe_unit: STRIPE_UNIT,
+        data_offset: MIB,
+        devices: vec![PathBuf::from(&pvs[0]), PathBuf::from(&pvs[1])],
+        lvm_vg: Some(vg.clone()),
+        lvm_lv: Some("lv0".to_owned()),
+    };
+    let formatted = sanfs_mds::format::format_volume(&cfg, false, 0).unwrap();
+    sanfs_mds::store::Store::create(
+        &backend,
+        &sanfs_mds::store::FsInfo {
+            fs_uuid: formatted.fs_uuid,
+            volume: formatted.volume.clone(),
+            lvm: formatted.lvm.clone(),
+        },
+        true,
+        &Clock::System,
+    )
+    .unwrap();
+    let opts = mds::serve_options(
+        "127.0.0.1:0".parse().unwrap(),
+        backend,
+        cfg.devices.clone(),
+    );
+    let mut serving = mds::spawn_serve(&tokio::runtime::Handle::current(), opts, Clock::System);
+    let server = serving.listening().await.unwrap().to_string();
+    let all: Vec<PathBuf> = pvs.iter().map(PathBuf::from).collect();
+    let a = Arc::new(
+        Client::connect(config(&server, "a", globs(&all)))
+            .await
+            .unwrap(),
+    );
+    let old_volume = a.volume();
+    assert_eq!(old_volume.size_bytes(), 16 * MIB);
+    let old_stat = a.statfs(&root(), ROOT_INODE).await.unwrap();
+
+    let mut rng = Rng::new(2222);
+    let before = rng.bytes(8 * MIB as usize);
+    let before_ino = write_file(&a, "before", &before).await;
+
+    // A writer overwrites a 2 MiB file while the LV is extended and the volume grows.
+    let (busy_ino, busy_fh) = create(&a, "busy").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (a, stop, rounds) = (a.clone(), stop.clone(), rounds.clone());
+        tokio::spawn(async move {
+            let mut round = 0u64;
+            while !stop.load(Ordering::SeqCst) || round < 3 {
+                round += 1;
+                let data = busy_round(round);
+                a.write_at(&root(), &busy_fh, busy_ino, 0, &data[..2 * MIB as usize])
+                    .await
+                    .unwrap_or_else(|e| panic!("busy round {round}: {e}"));
+                rounds.store(round, Ordering::SeqCst);
+            }
+            round
+        })
+    };
+
+    // lvextend onto a new PV: a new linear segment on PV 2.
+    eprintln!("grow lvm: extending the LV");
+    lab.lvm("vgextend", &[&vg, &pvs[2]]);
+    lab.lvm("lvextend", &["-i1", "-L+16M", &lv_path, &pvs[2]]);
+    let admin = Admin::connect(&server, None).await.unwrap();
+    // Without PV 2's path the server cannot find the PV the LV now uses.
+    let refused = admin
+        .grow(Vec::new(), GrowLayout::Lvm, false)
+        .await
+        .expect_err("PV 2 is not among the server's LUNs");
+    assert!(format!("{refused:#}").contains("not among"), "{refused:#}");
+    let grown = admin
+        .grow(vec![pvs[2].clone()], GrowLayout::Lvm, false)
+        .await
+        .unwrap();
+    let volume = grown.volume.volume.clone();
+    assert_eq!(grown.old_size_bytes, 16 * MIB);
+    assert_eq!(volume.size_bytes(), 32 * MIB);
+    assert_eq!(volume.devices().len(), 3);
+    // lvextend again on PV 2: LVM merges it into the last segment (same PV, contiguous).
+    lab.lvm("lvextend", &["-i1", "-L+8M", &lv_path, &pvs[2]]);
+    eprintln!("grow lvm: grown once, extending again");
+    let grown2 = admin.grow(Vec::new(), GrowLayout::Lvm, false).await.unwrap();
+    eprintln!("grow lvm: grown twice");
+    let volume2 = grown2.volume.volume.clone();
+    assert_eq!(volume2.size_bytes(), 40 * MIB);
+    assert_eq!(volume2.segments().len(), volume.segments().len());
+    // Nothing more to take up: refused, nothing changes.
+    admin
+        .grow(Vec::new(), GrowLayout::Lvm, false)
+        .await
+        .expect_err("the LV did not grow");
+    let stat = a.statfs(&root(), ROOT_INODE).await.unwrap();
+    assert_eq!(stat.total_blocks, volume2.size_blocks());
+    assert_eq!(stat.total_blocks - old_stat.total_blocks, 24 * MIB / 4096);
+
+    let at_growth = rounds.load(Ordering::SeqCst);
+    wait_rounds(&rounds, at_growth + 2, &writer).await;
+    stop.store(true, Ordering::SeqCst);
+    let last_round = writer.await.unwrap();
+
+    // A file larger than the old free space lands on PV 2, read back byte-exact, as every
+    // file written before and during the growth.
+    let after = rng.bytes(16 * MIB as usize);
+    let after_ino = write_file(&a, "after", &after).await;
+    let used = devices_used(&a, after_ino, &volume2).await;
+    assert!(used.contains(&2), "PV 2 holds part of the file: {used:?}");
+    assert_eq!(a.device_health(DeviceIndex(2)), DeviceHealth::Ok);
+    assert_bytes(
+        &read_file(&a, after_ino, after.len() as u64).await,
+        &after,
+        "after",
+    );
+    assert_bytes(
+        &read_file(&a, before_ino, before.len() as u64).await,
+        &before,
+        "before",
+    );
+    assert_bytes(
+        &read_file(&a, busy_ino, 2 * MIB).await,
+        &busy_round(last_round)[..2 * MIB as usize],
+        "busy",
+    );
+    // The bytes are where LVM2 says: PV 2's first extent starts at its pe_start.
+    let map = a.bmap(&root(), after_ino).await.unwrap();
+    let on_pv2 = map
+        .entries
+        .iter()
+        .find(|e| e.device_uuid == volume2.devices()[2].uuid.to_string())
+        .unwrap();
+    let pe_start: u64 = lab
+        .lvm(
+            "pvs",
+            &[
+                "--noheadings",
+                "--units",
+                "b",
+                "--nosuffix",
+                "-o",
+                "pe_start",
+                &pvs[2],
+            ],
+        )
+        .trim()
+        .parse()
+        .unwrap();
+    let mut raw = vec![0u8; on_pv2.len.min(MIB) as usize];
+    use std::os::unix::fs::FileExt;
+    std::fs::File::open(&pvs[2])
+        .unwrap()
+        .read_exact_at(&mut raw, on_pv2.phys_off)
+        .unwrap();
+    let at = on_pv2.file_off as usize;
+    assert!(on_pv2.phys_off >= pe_start);
+    assert_bytes(&raw, &after[at..at + raw.len()], "PV 2's bytes, read raw");
+
+    Arc::into_inner(a).unwrap().close().await.unwrap();
+    serving.stop().await.unwrap();
 }
