@@ -606,7 +606,10 @@ impl Volume {
         }
         for (i, (new, was)) in self.devices.iter().zip(&old.devices).enumerate() {
             if new.uuid != was.uuid {
-                return no(format!("device d{i} is {} instead of {}", new.uuid, was.uuid));
+                return no(format!(
+                    "device d{i} is {} instead of {}",
+                    new.uuid, was.uuid
+                ));
             }
             if new.size_bytes < was.size_bytes {
                 return no(format!("device d{i} ({}) shrank", new.uuid));
@@ -910,7 +913,10 @@ mod tests {
         let other = Volume::linear(4096, swapped, MIB).unwrap();
         assert!(other.check_grows(&old).is_err());
         // A smaller volume.
-        assert!(old.check_grows(&Volume::linear(4096, devs(2, 5 * MIB), MIB).unwrap()).is_err());
+        assert!(
+            old.check_grows(&Volume::linear(4096, devs(2, 5 * MIB), MIB).unwrap())
+                .is_err()
+        );
         // The last segment lengthened on a grown device (an LVM2 extension merged into it).
         let mut bigger = devs(2, 4 * MIB);
         bigger[1].size_bytes = 6 * MIB;
@@ -922,10 +928,11 @@ mod tests {
         let moved = Volume::linear(4096, first_bigger, MIB).unwrap();
         assert!(moved.check_grows(&old).is_err());
         // Another block size.
-        assert!(Volume::linear(8192, devs(3, 4 * MIB), MIB)
-            .unwrap()
-            .check_grows(&old)
-            .is_err());
+        assert!(
+            Volume::linear(8192, devs(3, 4 * MIB), MIB)
+                .unwrap()
+                .check_grows(&old)
+                .is_err()
+        );
     }
-
 }

@@ -14,8 +14,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use sanfs_proto::model::{
     EvictSessionReply, EvictSessionRequest, GrowLayout, GrowVolumeReply, GrowVolumeRequest,
-    InodeRequest, QuotaInfo, QuotaLimits, QuotaList,
-    ServerStatus, SetQuotaRequest, StatFs, VolumeInfo,
+    InodeRequest, QuotaInfo, QuotaLimits, QuotaList, ServerStatus, SetQuotaRequest, StatFs,
+    VolumeInfo,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::admin_client::AdminClient;

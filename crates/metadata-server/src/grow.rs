@@ -85,10 +85,15 @@ pub async fn grow(
                 label_new_luns(&old, fs_uuid, &paths, None, force, now_unix_secs)
                     .map(|v| (v, paths))
             }
-            (GrowLayout::Striped { stripe_unit }, None) => {
-                label_new_luns(&old, fs_uuid, &paths, Some(stripe_unit), force, now_unix_secs)
-                    .map(|v| (v, paths))
-            }
+            (GrowLayout::Striped { stripe_unit }, None) => label_new_luns(
+                &old,
+                fs_uuid,
+                &paths,
+                Some(stripe_unit),
+                force,
+                now_unix_secs,
+            )
+            .map(|v| (v, paths)),
         })
         .await
         .map_err(|e| FsError::Io(format!("the growth task failed: {e}")))?
@@ -245,10 +250,7 @@ fn plan_lvm(old: &Volume, vg: &str, lv: &str, paths: &[PathBuf]) -> anyhow::Resu
     let mut luns = Vec::with_capacity(paths.len());
     for path in paths {
         let lun = Lun::open(path, false)?;
-        if luns
-            .iter()
-            .any(|l: &Lun| l.identity() == lun.identity())
-        {
+        if luns.iter().any(|l: &Lun| l.identity() == lun.identity()) {
             continue;
         }
         pvs.push((path.clone(), read_lvm_pv(&lun)?));

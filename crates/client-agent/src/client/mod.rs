@@ -757,7 +757,7 @@ impl Drop for Client {
             self.rescan_task.take(),
         ]
         .into_iter()
-            .flatten()
+        .flatten()
         {
             t.abort();
         }

@@ -280,10 +280,7 @@ struct DeviceState {
 impl DeviceState {
     fn new(files: &[Option<File>]) -> DeviceState {
         DeviceState {
-            present: files
-                .iter()
-                .map(|f| AtomicBool::new(f.is_some()))
-                .collect(),
+            present: files.iter().map(|f| AtomicBool::new(f.is_some())).collect(),
             poisoned: files.iter().map(|_| AtomicBool::new(false)).collect(),
             counters: files.iter().map(|_| DeviceCounters::default()).collect(),
             latency: files.iter().map(|_| std::sync::OnceLock::new()).collect(),

@@ -20,8 +20,8 @@ use sanfs_mds::clock::Clock;
 use sanfs_mds::store::Backend;
 use sanfs_proto::model::GrowLayout;
 use sanfs_proto::types::{InodeId, ROOT_INODE};
-use sanfs_testcluster::{LunKind, Luns};
 use sanfs_testcluster::mds;
+use sanfs_testcluster::{LunKind, Luns};
 
 use crate::cluster::{MIB, Rng, assert_bytes, create, open, root};
 
@@ -268,7 +268,13 @@ async fn luns_added_while_mounted_are_used_at_once_by_every_agent() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for d in [2, 3] {
-        wait_health(&b, DeviceIndex(d), DeviceHealth::Ok, Duration::from_secs(10)).await;
+        wait_health(
+            &b,
+            DeviceIndex(d),
+            DeviceHealth::Ok,
+            Duration::from_secs(10),
+        )
+        .await;
     }
     let direct_before = b.engine_stats().devices[2].read_bytes;
     assert_bytes(
@@ -290,7 +296,13 @@ async fn luns_added_while_mounted_are_used_at_once_by_every_agent() {
 
     // C: new LUN 0 found by its own rescan (it is under its globs); old LUN 1 and new LUN 1
     // missing until they appear under the links directory, then found by the periodic rescan.
-    wait_health(&c, DeviceIndex(2), DeviceHealth::Ok, Duration::from_secs(10)).await;
+    wait_health(
+        &c,
+        DeviceIndex(2),
+        DeviceHealth::Ok,
+        Duration::from_secs(10),
+    )
+    .await;
     assert_eq!(c.device_health(DeviceIndex(1)), DeviceHealth::Missing);
     assert_eq!(c.device_health(DeviceIndex(3)), DeviceHealth::Missing);
     assert_bytes(
@@ -301,7 +313,13 @@ async fn luns_added_while_mounted_are_used_at_once_by_every_agent() {
     link(&old.paths()[1], &links.join("old1"));
     link(&new.paths()[1], &links.join("new1"));
     for d in [1, 3] {
-        wait_health(&c, DeviceIndex(d), DeviceHealth::Ok, Duration::from_secs(10)).await;
+        wait_health(
+            &c,
+            DeviceIndex(d),
+            DeviceHealth::Ok,
+            Duration::from_secs(10),
+        )
+        .await;
     }
     let proxied = c.status().bytes.proxied_read;
     assert_bytes(
@@ -384,10 +402,7 @@ struct LvmLab {
 impl LvmLab {
     fn add_loop(&mut self, size: u64) -> String {
         let file = self.dir.path().join(format!("pv{}.img", self.loops.len()));
-        std::fs::File::create(&file)
-            .unwrap()
-            .set_len(size)
-            .unwrap();
+        std::fs::File::create(&file).unwrap().set_len(size).unwrap();
         let out = std::process::Command::new("losetup")
             .args(["-f", "--show", "--direct-io=on"])
             .arg(&file)
@@ -431,7 +446,8 @@ impl LvmLab {
     }
 
     fn lvm(&self, command: &str, args: &[&str]) -> String {
-        self.try_lvm(command, args).unwrap_or_else(|e| panic!("{e}"))
+        self.try_lvm(command, args)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
@@ -506,11 +522,7 @@ async fn an_lvextended_logical_volume_is_taken_up_while_mounted() {
         &Clock::System,
     )
     .unwrap();
-    let opts = mds::serve_options(
-        "127.0.0.1:0".parse().unwrap(),
-        backend,
-        cfg.devices.clone(),
-    );
+    let opts = mds::serve_options("127.0.0.1:0".parse().unwrap(), backend, cfg.devices.clone());
     let mut serving = mds::spawn_serve(&tokio::runtime::Handle::current(), opts, Clock::System);
     let server = serving.listening().await.unwrap().to_string();
     let all: Vec<PathBuf> = pvs.iter().map(PathBuf::from).collect();
@@ -569,7 +581,10 @@ async fn an_lvextended_logical_volume_is_taken_up_while_mounted() {
     // lvextend again on PV 2: LVM merges it into the last segment (same PV, contiguous).
     lab.lvm("lvextend", &["-i1", "-L+8M", &lv_path, &pvs[2]]);
     eprintln!("grow lvm: grown once, extending again");
-    let grown2 = admin.grow(Vec::new(), GrowLayout::Lvm, false).await.unwrap();
+    let grown2 = admin
+        .grow(Vec::new(), GrowLayout::Lvm, false)
+        .await
+        .unwrap();
     eprintln!("grow lvm: grown twice");
     let volume2 = grown2.volume.volume.clone();
     assert_eq!(volume2.size_bytes(), 40 * MIB);

@@ -359,7 +359,11 @@ impl Store {
             let mut free: Vec<(u64, u64)> = ctx.st.alloc.free_extents().collect();
             free.push((old_blocks, added));
             let alloc = Allocator::from_free(&grown.allocation_groups(), stripe_unit_blocks, free)
-                .map_err(|e| OpError::Fs(FsError::Invalid(format!("the grown volume's free space: {e}"))))?;
+                .map_err(|e| {
+                    OpError::Fs(FsError::Invalid(format!(
+                        "the grown volume's free space: {e}"
+                    )))
+                })?;
             // Checked; from here on the change happens.
             let stale: Vec<u64> = ctx.st.alloc.free_extents().map(|(s, _)| s).collect();
             for start in stale {

@@ -569,11 +569,12 @@ impl TryFrom<pb::GrowVolumeRequest> for GrowVolumeRequest {
             ));
         }
         for path in &p.device_paths {
-            if !path.starts_with('/') || path.contains('\0') || path.len() > MAX_DEVICE_PATH_LEN
-            {
+            if !path.starts_with('/') || path.contains('\0') || path.len() > MAX_DEVICE_PATH_LEN {
                 return Err(invalid(
                     "device_paths",
-                    format!("{path:?} is not an absolute path of at most {MAX_DEVICE_PATH_LEN} bytes"),
+                    format!(
+                        "{path:?} is not an absolute path of at most {MAX_DEVICE_PATH_LEN} bytes"
+                    ),
                 ));
             }
         }
@@ -582,7 +583,7 @@ impl TryFrom<pb::GrowVolumeRequest> for GrowVolumeRequest {
             pb::GrowLayout::Unspecified => return Err(ProtocolError::MissingField("layout")),
             pb::GrowLayout::Linear => GrowLayout::Linear,
             pb::GrowLayout::Striped => {
-                if p.stripe_unit == 0 || p.stripe_unit % 512 != 0 {
+                if p.stripe_unit == 0 || !p.stripe_unit.is_multiple_of(512) {
                     return Err(invalid(
                         "stripe_unit",
                         format!("{} is not a positive multiple of 512", p.stripe_unit),

@@ -895,7 +895,7 @@ fn grow_volume() {
         },
         cases![pb::GrowVolumeReply;
             "volume" => |p| p.volume = None,
-            "old_size_bytes" => |p| p.old_size_bytes = p.volume.as_ref().map_or(0, |v| pb_volume_size(v)),
+            "old_size_bytes" => |p| p.old_size_bytes = p.volume.as_ref().map_or(0, pb_volume_size),
         ],
     );
 }
