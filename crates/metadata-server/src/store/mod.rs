@@ -73,6 +73,17 @@ pub struct FsInfo {
     pub lvm: Option<(String, String)>,
 }
 
+/// See [`Store::volume_cell`].
+#[derive(Clone)]
+pub struct VolumeCell(Arc<std::sync::RwLock<Arc<Volume>>>);
+
+impl VolumeCell {
+    /// The volume now.
+    pub fn get(&self) -> Arc<Volume> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 /// The metadata store.
 pub struct Store {
     /// The database; `None` once closed (its file lock is released then).
@@ -332,6 +343,14 @@ impl Store {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// A handle that reads the volume when asked: inside a store job (the committer runs jobs
+    /// one after another, so it sees the volume that goes with the allocator the job uses) or
+    /// inside a [`Store::read`] closure (after its snapshot began: a block of a grown volume
+    /// in the snapshot means the growth is in [`Store::volume`] already).
+    pub fn volume_cell(&self) -> VolumeCell {
+        VolumeCell(self.volume.clone())
     }
 
     /// Grows the volume to `grown` in one durable transaction: the volume record, the free
