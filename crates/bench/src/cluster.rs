@@ -281,7 +281,8 @@ impl BenchCluster {
             .context("GetExtents")?
             .into_inner();
         let bs = u64::from(reply.block_size.max(1));
-        let volume: &Volume = client.volume();
+        let volume = client.volume();
+        let volume: &Volume = &volume;
         if u64::from(volume.block_size()) != bs {
             bail!("GetExtents block size {bs} is not the volume's");
         }

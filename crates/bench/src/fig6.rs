@@ -177,7 +177,7 @@ pub async fn run_fig6(env: &Env, sizes: &[u64], rows: Rows) -> anyhow::Result<Fi
     bar.inc(1);
     // Raw: the direct file's own blocks.
     let raw = if rows.raw {
-        let volume = direct.volume().clone();
+        let volume = direct.volume().as_ref().clone();
         let extents = cluster.extents(&direct, direct_file.ino).await?;
         let engine = raw_engine(&volume, &cluster.globs)?;
         Some(Arc::new(RawFile {

@@ -85,7 +85,7 @@ pub async fn worker_main(a: WorkerArgs) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("lookup {name}"))?;
             if a.raw {
-                let volume = client.volume().clone();
+                let volume = client.volume().as_ref().clone();
                 let extents = cluster.extents(&client, attr.ino).await?;
                 let engine = raw_engine(&volume, &cluster.globs)?;
                 Target::Raw(Arc::new(RawFile {

@@ -211,6 +211,8 @@ pub enum VolumeError {
     BadSegment { index: usize, reason: String },
     #[error("range {offset}+{len} lies outside the volume of {size} bytes")]
     OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("not a growth of the volume: {0}")]
+    NotAGrowth(String),
 }
 
 /// The LUNs of one file system and how its blocks are laid over them.
@@ -521,6 +523,125 @@ impl Volume {
         Ok(())
     }
 
+    /// The volume grown by `new_devices` (appended after the existing ones) laid out as one
+    /// new segment at the end of the address space: linear over one device, or striped over
+    /// all of them in units of `stripe_unit` (each device contributes as many bytes as the
+    /// smallest, after `data_offset`, rounded down to whole stripe units). Every byte of the
+    /// old volume keeps its mapping; the kind stays what the volume was built as.
+    pub fn with_segment_appended(
+        &self,
+        new_devices: Vec<VolumeDevice>,
+        data_offset: u64,
+        stripe_unit: Option<u64>,
+    ) -> Result<Volume, VolumeError> {
+        if new_devices.is_empty() {
+            return Err(VolumeError::NoDevices);
+        }
+        let bs = u64::from(self.block_size);
+        let first = self.devices.len();
+        let unit = match stripe_unit {
+            Some(su) if su == 0 || !su.is_multiple_of(bs) => {
+                return Err(VolumeError::BadStripeUnit {
+                    stripe_unit: su,
+                    block_size: self.block_size,
+                });
+            }
+            Some(su) => su,
+            None if new_devices.len() > 1 => {
+                return Err(VolumeError::NotAGrowth(
+                    "a linear growth adds one device at a time".into(),
+                ));
+            }
+            None => bs,
+        };
+        let mut leg_len = u64::MAX;
+        for (i, dev) in new_devices.iter().enumerate() {
+            leg_len = leg_len.min(usable(first + i, dev, data_offset, unit)?);
+        }
+        let width = new_devices.len() as u64;
+        let legs: Vec<StripeLeg> = (0..new_devices.len())
+            .map(|i| {
+                u32::try_from(first + i)
+                    .map(|d| StripeLeg {
+                        device: DeviceIndex(d),
+                        phys_start: data_offset,
+                    })
+                    .map_err(|_| VolumeError::TooManyDevices(first + i + 1))
+            })
+            .collect::<Result<_, _>>()?;
+        let len = leg_len
+            .checked_mul(width)
+            .ok_or_else(|| VolumeError::NotAGrowth("the new segment overflows".into()))?;
+        let mut segments = self.segments.clone();
+        segments.push(Segment {
+            vol_start: self.size_bytes(),
+            len,
+            stripe_unit: unit,
+            legs,
+        });
+        let mut devices = self.devices.clone();
+        devices.extend(new_devices);
+        Volume::from_segments(self.block_size, devices, segments, self.kind.clone())
+    }
+
+    /// Checks that `self` is `old` grown: the same block size, `old`'s devices first (same
+    /// identities; a device may have grown), `old`'s segments unchanged but for the last,
+    /// which may be longer (LVM2 merges an extension that continues a segment on the same
+    /// PVs into it), and at least one more block. So every volume block of `old` maps to the
+    /// same place in `self`, and extents, grants and I/O plans made with `old` stay true.
+    pub fn check_grows(&self, old: &Volume) -> Result<(), VolumeError> {
+        let no = |why: String| Err(VolumeError::NotAGrowth(why));
+        if self.block_size != old.block_size {
+            return no(format!(
+                "block size {} instead of {}",
+                self.block_size, old.block_size
+            ));
+        }
+        if self.devices.len() < old.devices.len() {
+            return no(format!(
+                "{} devices instead of at least {}",
+                self.devices.len(),
+                old.devices.len()
+            ));
+        }
+        for (i, (new, was)) in self.devices.iter().zip(&old.devices).enumerate() {
+            if new.uuid != was.uuid {
+                return no(format!(
+                    "device d{i} is {} instead of {}",
+                    new.uuid, was.uuid
+                ));
+            }
+            if new.size_bytes < was.size_bytes {
+                return no(format!("device d{i} ({}) shrank", new.uuid));
+            }
+        }
+        let Some((last, before)) = old.segments.split_last() else {
+            return no("the old volume has no segments".into());
+        };
+        for (i, was) in before.iter().enumerate() {
+            if self.segments.get(i) != Some(was) {
+                return no(format!("segment {i} changed"));
+            }
+        }
+        let same_last = self.segments.get(before.len()).is_some_and(|s| {
+            s.vol_start == last.vol_start
+                && s.stripe_unit == last.stripe_unit
+                && s.legs == last.legs
+                && s.len >= last.len
+        });
+        if !same_last {
+            return no(format!("segment {} changed", before.len()));
+        }
+        if self.size_blocks() <= old.size_blocks() {
+            return no(format!(
+                "{} bytes is not more than {}",
+                self.size_bytes(),
+                old.size_bytes()
+            ));
+        }
+        Ok(())
+    }
+
     /// Allocation groups as `(start_block, len_blocks)`: one per device region, so that
     /// allocations spread over the LUNs. A linear segment is one group; a striped segment is
     /// cut into one group per leg at whole-stripe-row boundaries.
@@ -720,5 +841,98 @@ mod tests {
             Volume::from_segments(4096, devs(3, 4 * MIB), segments, LayoutKind::Linear).unwrap();
         let runs = v.map(128 * KIB, 256 * KIB).unwrap();
         assert_eq!(show(&runs), "d0@1088+64 d1@1088+64 d2@2048+128");
+    }
+
+    fn new_devs(from: u32, n: u32, size: u64) -> Vec<VolumeDevice> {
+        (from..from + n)
+            .map(|i| VolumeDevice {
+                uuid: DeviceId::Sanfs(Uuid::from_u128(u128::from(i) + 1)),
+                size_bytes: size,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn appended_stripe_set_keeps_old_mapping_and_maps_new_space() {
+        let old = Volume::striped(4096, devs(2, 9 * MIB), MIB, 64 * KIB).unwrap();
+        let grown = old
+            .with_segment_appended(new_devs(2, 2, 5 * MIB), MIB, Some(64 * KIB))
+            .unwrap();
+        grown.check_grows(&old).unwrap();
+        assert_eq!(grown.devices().len(), 4);
+        assert_eq!(grown.size_bytes(), old.size_bytes() + 2 * 4 * MIB);
+        // Every old byte maps as before.
+        assert_eq!(
+            grown.map(0, old.size_bytes()).unwrap(),
+            old.map(0, old.size_bytes()).unwrap()
+        );
+        // The new space alternates over d2 and d3 from their data offset.
+        let runs = grown.map(old.size_bytes(), 128 * KIB).unwrap();
+        let got: Vec<(u32, u64)> = runs.iter().map(|r| (r.device.0, r.phys_off)).collect();
+        assert_eq!(got, vec![(2, MIB), (3, MIB)]);
+        // The allocator's groups of the old part are unchanged; new ones follow.
+        let (g_old, g_new) = (old.allocation_groups(), grown.allocation_groups());
+        assert_eq!(&g_new[..g_old.len()], &g_old[..]);
+        assert!(g_new.len() > g_old.len());
+    }
+
+    #[test]
+    fn appended_linear_segment_is_one_device() {
+        let old = Volume::linear(4096, devs(1, 4 * MIB), MIB).unwrap();
+        let grown = old
+            .with_segment_appended(new_devs(1, 1, 3 * MIB), MIB, None)
+            .unwrap();
+        grown.check_grows(&old).unwrap();
+        assert_eq!(grown.size_bytes(), 3 * MIB + 2 * MIB);
+        let run = grown.map(3 * MIB, 4096).unwrap()[0];
+        assert_eq!((run.device.0, run.phys_off), (1, MIB));
+        assert!(matches!(
+            old.with_segment_appended(new_devs(1, 2, 3 * MIB), MIB, None),
+            Err(VolumeError::NotAGrowth(_))
+        ));
+        // A device already in the volume cannot be added again.
+        assert!(matches!(
+            old.with_segment_appended(devs(1, 4 * MIB), MIB, None),
+            Err(VolumeError::DuplicateDevice { .. })
+        ));
+        // Too small for one block after the data offset.
+        assert!(matches!(
+            old.with_segment_appended(new_devs(1, 1, MIB), MIB, None),
+            Err(VolumeError::DeviceTooSmall { .. })
+        ));
+    }
+
+    #[test]
+    fn check_grows_refuses_what_would_move_old_blocks() {
+        let old = Volume::linear(4096, devs(2, 4 * MIB), MIB).unwrap();
+        // The same volume is no growth.
+        assert!(old.check_grows(&old).is_err());
+        // Devices reordered.
+        let mut swapped = devs(2, 4 * MIB);
+        swapped.swap(0, 1);
+        let other = Volume::linear(4096, swapped, MIB).unwrap();
+        assert!(other.check_grows(&old).is_err());
+        // A smaller volume.
+        assert!(
+            old.check_grows(&Volume::linear(4096, devs(2, 5 * MIB), MIB).unwrap())
+                .is_err()
+        );
+        // The last segment lengthened on a grown device (an LVM2 extension merged into it).
+        let mut bigger = devs(2, 4 * MIB);
+        bigger[1].size_bytes = 6 * MIB;
+        let longer = Volume::linear(4096, bigger, MIB).unwrap();
+        longer.check_grows(&old).unwrap();
+        // The first segment lengthened moves every block of the second: refused.
+        let mut first_bigger = devs(2, 4 * MIB);
+        first_bigger[0].size_bytes = 6 * MIB;
+        let moved = Volume::linear(4096, first_bigger, MIB).unwrap();
+        assert!(moved.check_grows(&old).is_err());
+        // Another block size.
+        assert!(
+            Volume::linear(8192, devs(3, 4 * MIB), MIB)
+                .unwrap()
+                .check_grows(&old)
+                .is_err()
+        );
     }
 }

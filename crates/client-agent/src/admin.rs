@@ -1,5 +1,5 @@
 //! `sanfs-admin`: an administrator's view of a metadata server over the Admin service
-//! (`status`, `clients`, `top`, `evict`, `quota get|set|list`). It connects as the agent does
+//! (`status`, `clients`, `top`, `evict`, `quota get|set|list`, `grow`). It connects as the agent does
 //! ([`connect_channel`]: `unix:/path` known by its uid, or mutual TLS with a certificate that
 //! `[[clients]]` of mds.toml marks `admin = true`), so the server alone decides who is an
 //! administrator (`NodeIdentity::require_admin`); a refusal is reported with the server's
@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use sanfs_proto::model::{
-    Activity, EvictSessionReply, EvictSessionRequest, InodeRequest, QuotaInfo, QuotaLimits,
-    QuotaList, ServerStatus, SetQuotaRequest, StatFs, VolumeInfo,
+    Activity, EvictSessionReply, EvictSessionRequest, GrowLayout, GrowVolumeReply,
+    GrowVolumeRequest, InodeRequest, QuotaInfo, QuotaLimits, QuotaList, ServerStatus,
+    SetQuotaRequest, StatFs, VolumeInfo,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::admin_client::AdminClient;
@@ -206,9 +207,53 @@ impl Admin {
         EvictSessionReply::try_from(r.into_inner()).map_err(|e| malformed("EvictSession", e))
     }
 
+    /// GrowVolume (admin identities only): `paths` as the server's host names them.
+    pub async fn grow(
+        &self,
+        paths: Vec<String>,
+        layout: GrowLayout,
+        force: bool,
+    ) -> anyhow::Result<GrowVolumeReply> {
+        let req = GrowVolumeRequest {
+            device_paths: paths,
+            layout,
+            force,
+        };
+        let r = self
+            .admin()
+            .grow_volume(pb::GrowVolumeRequest::from(req))
+            .await
+            .map_err(|s| refused("GrowVolume", &s))?;
+        GrowVolumeReply::try_from(r.into_inner()).map_err(|e| malformed("GrowVolume", e))
+    }
+
     pub fn server(&self) -> &str {
         &self.server
     }
+}
+
+/// `grow` as JSON.
+pub fn grow_json(r: &GrowVolumeReply) -> Value {
+    let v = &r.volume.volume;
+    json!({
+        "old_size_bytes": r.old_size_bytes,
+        "size_bytes": v.size_bytes(),
+        "luns": v.devices().len(),
+        "segments": v.segments().len(),
+        "devices": v.devices().iter().map(|d| d.uuid.to_string()).collect::<Vec<_>>(),
+    })
+}
+
+/// `grow` as text.
+pub fn grow_text(j: &Value) -> String {
+    let n = |x: &Value| x.as_u64().unwrap_or(0);
+    format!(
+        "volume grown from {} to {} ({} LUNs, {} segments)\n",
+        bytes(n(&j["old_size_bytes"])),
+        bytes(n(&j["size_bytes"])),
+        n(&j["luns"]),
+        n(&j["segments"])
+    )
 }
 
 /// `status` as JSON.

@@ -206,7 +206,17 @@ fn open_lun(
 
 /// Finds and opens this node's devices of `volume` among the configured globs.
 pub fn discover(volume: &Volume, config: &DiscoveryConfig) -> Discovery {
-    scan(volume, config, None)
+    scan(volume, config, &|_| true, true)
+}
+
+/// [`discover`] for the devices in `wanted` only (a rescan for LUNs missing so far, or added
+/// by a growth of the volume); the ones still missing are not warned about again.
+pub fn discover_among(
+    volume: &Volume,
+    config: &DiscoveryConfig,
+    wanted: &[DeviceIndex],
+) -> Discovery {
+    scan(volume, config, &|i| wanted.contains(&i), false)
 }
 
 /// Finds and opens one device of `volume` again (the health check of a LUN poisoned by a
@@ -216,7 +226,7 @@ pub fn find_device(
     config: &DiscoveryConfig,
     index: DeviceIndex,
 ) -> Result<FoundDevice, String> {
-    let mut result = scan(volume, config, Some(index));
+    let mut result = scan(volume, config, &|i| i == index, true);
     if let Some(pos) = result.found.iter().position(|d| d.index == index) {
         return Ok(result.found.swap_remove(pos));
     }
@@ -226,7 +236,12 @@ pub fn find_device(
     })
 }
 
-fn scan(volume: &Volume, config: &DiscoveryConfig, only: Option<DeviceIndex>) -> Discovery {
+fn scan(
+    volume: &Volume,
+    config: &DiscoveryConfig,
+    only: &dyn Fn(DeviceIndex) -> bool,
+    warn_missing: bool,
+) -> Discovery {
     let mut result = Discovery::default();
     let mut seen: HashSet<(bool, u64, u64)> = HashSet::new();
     let mut candidates: Vec<(String, DeviceId)> = Vec::new();
@@ -266,7 +281,7 @@ fn scan(volume: &Volume, config: &DiscoveryConfig, only: Option<DeviceIndex>) ->
     }
     for dup in &assignment.duplicates {
         let Some(index) = dup.index else { continue };
-        if only.is_some_and(|o| o != index) {
+        if !only(index) {
             continue;
         }
         tracing::error!("{dup}");
@@ -281,7 +296,7 @@ fn scan(volume: &Volume, config: &DiscoveryConfig, only: Option<DeviceIndex>) ->
     for (i, pos) in assignment.by_index.iter().enumerate() {
         let Some(pos) = *pos else { continue };
         let index = DeviceIndex(i as u32);
-        if only.is_some_and(|o| o != index) {
+        if !only(index) {
             continue;
         }
         let (path, id) = (candidate_paths[pos].clone(), candidates[pos].1);
@@ -300,9 +315,10 @@ fn scan(volume: &Volume, config: &DiscoveryConfig, only: Option<DeviceIndex>) ->
     result.found.sort_by_key(|d| d.index);
     for (i, dev) in volume.devices().iter().enumerate() {
         let index = DeviceIndex(i as u32);
-        if only.is_none_or(|o| o == index) && result.device(index).is_none() {
-            tracing::warn!(device = %dev.uuid, index = i,
-                "LUN not found on this node");
+        if only(index) && result.device(index).is_none() {
+            if warn_missing {
+                tracing::warn!(device = %dev.uuid, index = i, "LUN not found on this node");
+            }
             result.missing.push((index, dev.uuid));
         }
     }

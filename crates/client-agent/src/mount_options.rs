@@ -44,6 +44,9 @@ pub struct MountOpts {
     pub client_name: String,
     pub metrics: Option<std::net::SocketAddr>,
     pub device_retry: Duration,
+    /// `rescan=DURATION`: how often the volume is read again and missing LUNs looked for
+    /// (0: only when a grant names a LUN this agent does not know).
+    pub rescan_interval: Duration,
     /// `threshold=SIZE`: this mount's direct-I/O threshold instead of the server's.
     pub direct_io_threshold: Option<u64>,
     /// `writeback=SIZE` (0: off), `writeback_file=SIZE`, `writeback_age=DURATION`: the
@@ -80,6 +83,7 @@ impl Default for MountOpts {
             client_name: "sanfs-agent".to_owned(),
             metrics: None,
             device_retry: Duration::from_secs(5),
+            rescan_interval: crate::client::DEFAULT_RESCAN_INTERVAL,
             direct_io_threshold: None,
             writeback: crate::client::WriteBackConfig::default(),
             log: None,
@@ -237,6 +241,7 @@ pub fn parse_options_sloppy(
                 );
             }
             "device_retry" => o.device_retry = duration_option(key, value)?,
+            "rescan" => o.rescan_interval = duration_option(key, value)?,
             "hard" => soft = Some(false),
             "soft" => soft = Some(true),
             "retrans_timeout" => soft_timeout = Some(duration_option(key, value)?),
@@ -421,6 +426,10 @@ mod tests {
         let m = parse_options(&s("metrics=10.0.0.2:9420,device_retry=250ms")).unwrap();
         assert_eq!(m.metrics, Some("10.0.0.2:9420".parse().unwrap()));
         assert_eq!(m.device_retry, Duration::from_millis(250));
+        assert_eq!(m.rescan_interval, Duration::from_secs(30));
+        let m = parse_options(&s("rescan=2s")).unwrap();
+        assert_eq!(m.rescan_interval, Duration::from_secs(2));
+        assert!(parse_options(&s("rescan=often")).is_err());
         assert!(parse_options(&s("metrics=nowhere")).is_err());
     }
 

@@ -16,6 +16,8 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use sanfs_blockmap::import::assign_devices;
 use sanfs_blockmap::plan::IoPlan;
@@ -30,7 +32,13 @@ struct DataLun {
 
 /// The data LUNs of the volume, by device index.
 pub struct DataDevices {
-    luns: Vec<Option<DataLun>>,
+    /// Grows with the volume ([`DataDevices::add`]); a LUN once filed stays.
+    table: std::sync::RwLock<LunTable>,
+}
+
+#[derive(Default)]
+struct LunTable {
+    luns: Vec<Option<Arc<DataLun>>>,
     ids: Vec<DeviceId>,
     /// Why a device was refused by the import rule (its identity on several devices).
     refused: Vec<Option<String>>,
@@ -66,13 +74,25 @@ fn identity(path: &Path) -> anyhow::Result<DeviceId> {
 
 impl DataDevices {
     /// Opens every path and files it under the volume device whose identity it carries.
-    /// Two devices with one identity are refused by the import rule
-    /// ([`sanfs_blockmap::import::assign_devices`], the same as the agent's): that device is
-    /// missing, and proxied I/O on it fails with EIO saying why.
     pub fn open(volume: &Volume, paths: &[PathBuf]) -> DataDevices {
+        let devices = DataDevices {
+            table: std::sync::RwLock::new(LunTable::default()),
+        };
+        devices.add(volume, paths);
+        for m in devices.missing() {
+            tracing::warn!(device = %m, "data LUN missing on this server: proxied I/O on it fails with EIO");
+        }
+        devices
+    }
+
+    fn table(&self) -> std::sync::RwLockReadGuard<'_, LunTable> {
+        self.table.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes up `volume` (the same volume or a grown one: devices are only ever appended) and
+    /// opens those of `paths` that carry the identity of a volume device not open yet.
+    pub fn add(&self, volume: &Volume, paths: &[PathBuf]) {
         let ids: Vec<DeviceId> = volume.devices().iter().map(|d| d.uuid).collect();
-        let mut luns: Vec<Option<DataLun>> = ids.iter().map(|_| None).collect();
-        let mut refused: Vec<Option<String>> = ids.iter().map(|_| None).collect();
         // One candidate per device: a second path to a device already seen is skipped.
         let mut seen = std::collections::HashSet::new();
         let mut candidates: Vec<(String, DeviceId)> = Vec::new();
@@ -93,68 +113,99 @@ impl DataDevices {
                 }
             }
         }
+        // The import rule, the same as the agent's: an identity on two devices is refused.
         let assignment = assign_devices(&ids, &candidates);
         for &pos in &assignment.foreign {
             tracing::warn!(path = %candidate_paths[pos].display(), device = %candidates[pos].1, "a LUN of another file system");
         }
+        let mut refusals: Vec<(usize, String)> = Vec::new();
         for dup in &assignment.duplicates {
             tracing::error!("{dup}");
             if let Some(index) = dup.index {
-                refused[index.as_usize()] = Some(dup.to_string());
+                refusals.push((index.as_usize(), dup.to_string()));
             }
         }
-        for (i, pos) in assignment.by_index.iter().enumerate() {
-            let Some(pos) = *pos else { continue };
-            let (path, id, index) = (
-                candidate_paths[pos],
-                candidates[pos].1,
-                DeviceIndex(i as u32),
-            );
-            match sanfs_lun::open_direct(path, Access::ReadWrite) {
-                Ok((file, _)) => {
-                    tracing::info!(path = %path.display(), device = %id, index = index.0, "data LUN opened");
-                    luns[index.as_usize()] = Some(DataLun {
-                        path: path.clone(),
-                        file,
-                    });
+        let mut opened: Vec<(usize, DataLun)> = Vec::new();
+        {
+            let t = self.table();
+            for (i, pos) in assignment.by_index.iter().enumerate() {
+                let Some(pos) = *pos else { continue };
+                if t.luns.get(i).is_some_and(Option::is_some) {
+                    continue;
                 }
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "cannot open a data LUN")
+                let (path, id) = (candidate_paths[pos], candidates[pos].1);
+                match sanfs_lun::open_direct(path, Access::ReadWrite) {
+                    Ok((file, _)) => {
+                        tracing::info!(path = %path.display(), device = %id, index = i, "data LUN opened");
+                        opened.push((
+                            i,
+                            DataLun {
+                                path: path.clone(),
+                                file,
+                            },
+                        ));
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "cannot open a data LUN")
+                    }
                 }
             }
         }
-        let devices = DataDevices { luns, ids, refused };
-        for m in devices.missing() {
-            tracing::warn!(device = %m, "data LUN missing on this server: proxied I/O on it fails with EIO");
+        let mut t = self.table.write().unwrap_or_else(|p| p.into_inner());
+        if t.ids.len() <= ids.len() && ids.starts_with(&t.ids) {
+            t.luns.resize_with(ids.len(), || None);
+            t.refused.resize_with(ids.len(), || None);
+            t.ids = ids;
         }
-        devices
+        for (i, why) in refusals {
+            if let Some(slot) = t.refused.get_mut(i) {
+                *slot = Some(why);
+            }
+        }
+        for (i, lun) in opened {
+            if let Some(slot) = t.luns.get_mut(i) {
+                slot.get_or_insert(Arc::new(lun));
+            }
+        }
+    }
+
+    /// The path this server opened device `d` by.
+    pub fn path_of(&self, d: DeviceIndex) -> Option<PathBuf> {
+        self.table()
+            .luns
+            .get(d.as_usize())
+            .and_then(Option::as_ref)
+            .map(|l| l.path.clone())
     }
 
     pub fn present(&self) -> usize {
-        self.luns.iter().filter(|l| l.is_some()).count()
+        self.table().luns.iter().filter(|l| l.is_some()).count()
     }
 
     /// The identities of the volume's devices this server could not open.
     pub fn missing(&self) -> Vec<DeviceId> {
-        self.luns
+        let t = self.table();
+        t.luns
             .iter()
-            .zip(&self.ids)
+            .zip(&t.ids)
             .filter(|(l, _)| l.is_none())
             .map(|(_, id)| *id)
             .collect()
     }
 
-    fn lun(&self, d: DeviceIndex) -> Result<&DataLun, FsError> {
-        self.luns
+    fn lun(&self, d: DeviceIndex) -> Result<Arc<DataLun>, FsError> {
+        let t = self.table();
+        t.luns
             .get(d.as_usize())
             .and_then(Option::as_ref)
+            .cloned()
             .ok_or_else(|| {
-                let id = self
+                let id = t
                     .ids
                     .get(d.as_usize())
                     .map(ToString::to_string)
                     .unwrap_or_default();
-                match self.refused.get(d.as_usize()).and_then(Option::as_ref) {
+                match t.refused.get(d.as_usize()).and_then(Option::as_ref) {
                     Some(why) => FsError::Io(format!("data LUN {} refused: {why}", d.0)),
                     None => FsError::Io(format!(
                         "data LUN {} ({id}) is not available on the server",
@@ -256,7 +307,7 @@ impl DataDevices {
                     missing += run.len;
                     continue;
                 };
-                zero_lun(lun, run.phys_off, run.len)?;
+                zero_lun(&lun, run.phys_off, run.len)?;
                 zeroed += run.len;
                 if !touched.contains(&run.device) {
                     touched.push(run.device);
@@ -269,10 +320,12 @@ impl DataDevices {
 
     /// Flushes every open LUN.
     pub fn flush_all(&self) -> Result<(), FsError> {
-        let all: Vec<DeviceIndex> = (0..self.luns.len())
-            .filter(|i| self.luns[*i].is_some())
+        let t = self.table();
+        let all: Vec<DeviceIndex> = (0..t.luns.len())
+            .filter(|i| t.luns[*i].is_some())
             .map(|i| DeviceIndex(u32::try_from(i).unwrap_or(u32::MAX)))
             .collect();
+        drop(t);
         self.flush(&all)
     }
 }

@@ -490,11 +490,11 @@ impl Grants {
             if offset > size {
                 self.dp.zero_eof_tail(ino.0, size).await?;
             }
-            let vol = store.volume().clone();
+            let vol = store.volume_cell();
             // Inside blocks allocated already (preallocation, overwrites): no commit at all.
             let bsz = store.block_size();
             if let Some(m) =
-                store.read(|t| data::plan_allocated_write(t, &vol, bsz, ino, offset, len))?
+                store.read(|t| data::plan_allocated_write(t, &vol.get(), bsz, ino, offset, len))?
             {
                 // Blocks allocated by a fallocate that has not zeroed them yet are zeroed
                 // first (a pass with nothing noted is one snapshot read).
@@ -507,7 +507,7 @@ impl Grants {
                 .load(std::sync::atomic::Ordering::Relaxed);
             let ahead = data::speculative_blocks(end.div_ceil(bs), bsz, free);
             let (m, ahead_range) = store
-                .write(move |ctx| data::map_write_ahead(ctx, &vol, ino, offset, len, ahead))
+                .write(move |ctx| data::map_write_ahead(ctx, &vol.get(), ino, offset, len, ahead))
                 .await?;
             // The fresh blocks hold whatever they held before (a deleted file's bytes): zeroed
             // on the LUNs before the grant leaves, so a completion without the device I/O
@@ -573,8 +573,8 @@ impl Grants {
             self.lock_table().remove(&id);
             return Err(e);
         }
-        let vol = store.volume().clone();
-        let mapped = store.read(|t| data::map_read(t, &vol, bs, ino, offset, len));
+        let vol = store.volume_cell();
+        let mapped = store.read(|t| data::map_read(t, &vol.get(), bs, ino, offset, len));
         let filed = {
             let mut table = self.lock_table();
             match (table.get_mut(&id), &mapped) {

@@ -14,6 +14,7 @@
 //! - [`fsck`]: the offline consistency check.
 //! - [`config`]: the `mds.toml` configuration.
 //! - [`device`], [`format`], [`inspect`]: the LUNs (labels, LVM2 import, `volume inspect`).
+//! - [`grow`]: growing the volume while mounted (LUNs added, or an extended LVM2 LV).
 //! - [`locks`], [`grants`], [`data`]: byte-range locks, grants (the direct path's control
 //!   info 1 to 4), and their store jobs.
 //! - [`proxy`], [`datadev`]: the proxied path and the server's own handles on the LUNs.
@@ -37,6 +38,7 @@ pub mod device;
 pub mod format;
 pub mod fsck;
 pub mod grants;
+pub mod grow;
 pub mod handles;
 pub mod handshake;
 pub mod inspect;

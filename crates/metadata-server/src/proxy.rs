@@ -227,11 +227,11 @@ impl DataPath {
         size: u64,
     ) -> Result<Vec<u8>, FsError> {
         let bs = self.store.block_size();
-        let vol = self.store.volume().clone();
+        let vol = self.store.volume_cell();
         // Planned as if the file were as long as the span; bytes past `size` are zeroed below.
         let mapped = self
             .store
-            .read(|t| data::map_read_unclipped(t, &vol, bs, InodeId(ino), off, len))?;
+            .read(|t| data::map_read_unclipped(t, &vol.get(), bs, InodeId(ino), off, len))?;
         let mut buf = self.read_plan(mapped.plan).await?;
         if size < off + len {
             let from = usize::try_from(size.saturating_sub(off)).map_err(|_| FsError::Range)?;
@@ -263,10 +263,10 @@ impl DataPath {
             )));
         }
         let bsz = self.store.block_size();
-        let vol = self.store.volume().clone();
+        let vol = self.store.volume_cell();
         let mapped = self
             .store
-            .read(|t| data::map_read_unclipped(t, &vol, bsz, InodeId(ino), block, bs))?;
+            .read(|t| data::map_read_unclipped(t, &vol.get(), bsz, InodeId(ino), block, bs))?;
         if mapped.plan.device_ios.is_empty() {
             return Ok(());
         }
@@ -301,7 +301,7 @@ impl DataPath {
             .lock(ino, Span::new(a, b - a), LockMode::Shared, owner)
             .await?;
         let bsz = self.store.block_size();
-        let vol = self.store.volume().clone();
+        let vol = self.store.volume_cell();
         let Mapped {
             plan,
             file_size,
@@ -309,7 +309,7 @@ impl DataPath {
             ..
         } = self
             .store
-            .read(|t| data::map_read(t, &vol, bsz, InodeId(ino), a, b - a))?;
+            .read(|t| data::map_read(t, &vol.get(), bsz, InodeId(ino), a, b - a))?;
         if span == 0 || off >= file_size {
             return Ok((Vec::new(), true));
         }
@@ -400,10 +400,10 @@ impl DataPath {
         // so no other party depends on the allocation, and a crash before the next durable
         // commit frees the blocks again with nothing pointing at them (their new contents are
         // garbage in free space, and a later allocation hands them out Unwritten).
-        let vol = self.store.volume().clone();
+        let vol = self.store.volume_cell();
         let mapped = self
             .store
-            .write_lazy(move |ctx| data::map_write(ctx, &vol, InodeId(ino), a, b - a))
+            .write_lazy(move |ctx| data::map_write(ctx, &vol.get(), InodeId(ino), a, b - a))
             .await?;
         if mapped.len != b - a {
             return Err(FsError::Invalid(format!(

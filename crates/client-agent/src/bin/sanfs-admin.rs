@@ -3,7 +3,8 @@
 //! `sanfs-admin [--server unix:/run/sanfs/mds.sock | HOST:PORT] [--tls-ca F --tls-cert F
 //! --tls-key F [--tls-domain NAME]] [--json] COMMAND`, where COMMAND is `status`, `clients`,
 //! `top [--interval SECS] [--count N]`, `evict SESSION [--reason TEXT]`, `quota get DIR`, `quota set DIR [--bytes SIZE|none]
-//! [--inodes N|none]` or `quota list`. Exit status 0 on success, 1 when the server refused or
+//! [--inodes N|none]`, `quota list` or `grow --layout linear|striped|lvm [--stripe-unit SIZE]
+//! [--force] [DEVICE...]`. Exit status 0 on success, 1 when the server refused or
 //! failed (the reason on stderr), 2 for a usage error.
 //!
 //! [`admin`]: sanfs_client_agent::admin
@@ -15,14 +16,14 @@ use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
 use sanfs_client_agent::admin::{self, Admin};
 use sanfs_client_agent::client::TlsConfig;
-use sanfs_proto::model::QuotaLimits;
+use sanfs_proto::model::{GrowLayout, QuotaLimits};
 use serde_json::json;
 
 #[derive(Parser)]
 #[command(
     name = "sanfs-admin",
     version,
-    about = "sanfs administration: server status, clients, eviction, directory quotas"
+    about = "sanfs administration: server status, clients, eviction, directory quotas, volume growth"
 )]
 struct Cli {
     #[command(flatten)]
@@ -82,6 +83,23 @@ enum Command {
     /// Directory quotas.
     #[command(subcommand)]
     Quota(QuotaCommand),
+    /// Grow the volume while it is mounted (docs/operations.md "Growing the volume"): add
+    /// LUNs as a new segment (linear: one LUN; striped: all of them), or take up an LVM2
+    /// logical volume extended with lvextend.
+    Grow {
+        /// linear, striped or lvm.
+        #[arg(long)]
+        layout: String,
+        /// The stripe unit of a striped growth (64K, 1M, 65536).
+        #[arg(long)]
+        stripe_unit: Option<String>,
+        /// Overwrite a signature found on a LUN to add.
+        #[arg(long)]
+        force: bool,
+        /// The LUNs to add, as the server's host names them (lvm: further PVs the LV now
+        /// uses that the server does not open yet).
+        devices: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -172,6 +190,34 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             print(cli.json, &admin::quota_json(Some(&dir), &q), |j| {
                 admin::quotas_text(std::slice::from_ref(j))
             });
+        }
+        Command::Grow {
+            layout,
+            stripe_unit,
+            force,
+            devices,
+        } => {
+            let layout = match (layout.as_str(), stripe_unit) {
+                ("linear", None) => GrowLayout::Linear,
+                ("lvm", None) => GrowLayout::Lvm,
+                ("striped", Some(su)) => GrowLayout::Striped {
+                    stripe_unit: admin::parse_limit(&su, true)?
+                        .ok_or_else(|| anyhow::anyhow!("--stripe-unit needs a size"))?,
+                },
+                ("striped", None) => bail!("a striped growth needs --stripe-unit"),
+                ("linear" | "lvm", Some(_)) => bail!("--stripe-unit is for --layout striped"),
+                (other, _) => bail!("--layout {other:?}: linear, striped or lvm"),
+            };
+            let devices = devices
+                .into_iter()
+                .map(|d| {
+                    std::path::absolute(&d)
+                        .map(|p| p.to_string_lossy().into_owned())
+                        .map_err(|e| anyhow::anyhow!("{d}: {e}"))
+                })
+                .collect::<anyhow::Result<Vec<String>>>()?;
+            let r = a.grow(devices, layout, force).await?;
+            print(cli.json, &admin::grow_json(&r), admin::grow_text);
         }
         Command::Quota(QuotaCommand::List) => {
             let l = a.quota_list().await?;

@@ -62,7 +62,8 @@ enum Command {
         /// devices=GLOB,GLOB (LUN discovery; no LUN found refuses the mount unless
         /// allow_proxied_only), tls_ca=, tls_cert=, tls_key=, tls_domain=,
         /// client_name=, metrics=ADDR:PORT (Prometheus), device_retry=5s (probe a LUN
-        /// poisoned by a failed write again after this), log=FILE|syslog|stderr,
+        /// poisoned by a failed write again after this), rescan=30s (read the volume again
+        /// and look for missing LUNs this often), log=FILE|syslog|stderr,
         /// log_level=LEVEL, writeback=SIZE (write-back cache of small buffered writes; 0:
         /// off), writeback_file=SIZE, writeback_age=DURATION, read_cache=SIZE (0: off);
         /// mount(8)'s generic ones (_netdev, defaults, x-*, ...) are ignored.
@@ -317,6 +318,7 @@ fn mount(
     config.client_name = opts.client_name.clone();
     config.engine.kind = opts.engine;
     config.device_retry = opts.device_retry;
+    config.rescan_interval = opts.rescan_interval;
     config.direct_io_threshold = opts.direct_io_threshold;
     config.writeback = opts.writeback;
     config.accept_epoch_regression = opts.accept_epoch_regression;

@@ -94,7 +94,7 @@ pub(super) async fn run(inner: Arc<Inner>) {
 
 /// One probe of poisoned device `d`: find, open, swap in, lift the poison.
 async fn probe_device(inner: &Arc<Inner>, d: DeviceIndex, base: Duration) {
-    let volume = inner.volume.clone();
+    let volume = inner.volume();
     let discovery = inner.config.discovery.clone();
     let found = tokio::task::spawn_blocking(move || find_device(&volume, &discovery, d))
         .await

@@ -49,7 +49,8 @@
 //! routing rule and both paths), `file` (open files that survive a session change), `cache`
 //! (cached read grants), `subplan` (cutting a cached grant's plan), `session` (the session
 //! task), `rpc` (the call helper: retries and waiting for the server), `health` (re-probing
-//! poisoned LUNs), `locks` (cluster-wide fcntl/flock locks),
+//! poisoned LUNs), `rescan` (the volume read again, missing LUNs looked for: a growth, a LUN
+//! that appears later), `locks` (cluster-wide fcntl/flock locks),
 //! `status` (what `sanfs-agent status` and `bmap` show, and the counters behind the agent's
 //! metrics).
 
@@ -60,6 +61,7 @@ mod health;
 mod locks;
 mod namespace;
 mod quota;
+mod rescan;
 mod rpc;
 mod seek;
 mod session;
@@ -175,8 +177,19 @@ pub struct ClientConfig {
     /// would go through the server). Off in the library (the CSI driver does no data I/O);
     /// `sanfs-agent mount` turns it on unless `-o allow_proxied_only`.
     pub require_luns: bool,
+    /// How often the volume is read again and LUNs missing on this node are looked for
+    /// (`rescan`); also at once when a grant names a LUN this agent does not know (the volume
+    /// grew). Zero: only then.
+    pub rescan_interval: Duration,
     pub faults: FaultInjection,
 }
+
+/// Default [`ClientConfig::rescan_interval`]: 30 s.
+pub const DEFAULT_RESCAN_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Device slots the I/O engine keeps beyond the volume's LUNs at connect, for LUNs a growth
+/// adds; LUNs past them go proxied on this node until it connects again.
+pub const SPARE_DEVICE_SLOTS: usize = 32;
 
 /// Default [`ClientConfig::write_layout_bytes`]: 8 MiB.
 pub const DEFAULT_WRITE_LAYOUT_BYTES: u64 = 8 << 20;
@@ -203,6 +216,7 @@ impl ClientConfig {
             accept_epoch_regression: false,
             retry: RetryPolicy::Hard,
             require_luns: false,
+            rescan_interval: DEFAULT_RESCAN_INTERVAL,
             faults: FaultInjection::default(),
         }
     }
@@ -308,12 +322,17 @@ struct LeaseState {
 pub(crate) struct Inner {
     config: ClientConfig,
     channel: Channel,
-    volume: Volume,
+    /// The volume as last read (`GetVolume`); replaced whole when it grows (`rescan`).
+    volume: std::sync::RwLock<Arc<Volume>>,
     fs_uuid: uuid::Uuid,
+    /// One slot per device index (those of the volume at connect, and spare ones): whether
+    /// this node has the LUN is [`Engine::has_device`].
     engine: Engine,
-    /// Per device index: whether this node has the LUN.
-    present: Vec<bool>,
-    /// Per device index: the path this node opened it by (`None`: missing here).
+    /// Wakes the rescan task (a grant named a LUN this agent does not know).
+    rescan_kick: Notify,
+    /// One rescan at a time.
+    rescanning: tokio::sync::Mutex<()>,
+    /// Per device slot: the path this node opened it by (`None`: missing here).
     device_paths: Mutex<Vec<Option<PathBuf>>>,
     /// Per device index: the health task's view of a poisoned LUN.
     health: Mutex<Vec<health::Probe>>,
@@ -365,6 +384,8 @@ pub struct Client {
     health_task: Option<JoinHandle<()>>,
     /// Writes back held-back bytes that are old or of an earlier session.
     writeback_task: Option<JoinHandle<()>>,
+    /// Reads the volume again and looks for missing LUNs (see `rescan`).
+    rescan_task: Option<JoinHandle<()>>,
 }
 
 /// Why connecting failed.
@@ -535,9 +556,9 @@ impl Client {
                 "none of the volume's LUNs was found on this node: every byte goes through the server"
             );
         }
-        let mut present = vec![false; device_count];
-        let mut device_paths: Vec<Option<PathBuf>> = vec![None; device_count];
-        let mut files: Vec<Option<std::fs::File>> = (0..device_count).map(|_| None).collect();
+        let slots = device_count.saturating_add(SPARE_DEVICE_SLOTS);
+        let mut device_paths: Vec<Option<PathBuf>> = vec![None; slots];
+        let mut files: Vec<Option<std::fs::File>> = (0..slots).map(|_| None).collect();
         for d in found.found {
             let i = d.index.as_usize();
             if i >= device_count {
@@ -550,7 +571,6 @@ impl Client {
             } else {
                 d.file
             };
-            present[i] = true;
             files[i] = Some(file);
         }
         let engine = Engine::new(&config.engine, files).map_err(ConnectError::Engine)?;
@@ -575,12 +595,13 @@ impl Client {
         let inner = Arc::new(Inner {
             config,
             channel,
-            volume: info.volume,
+            volume: std::sync::RwLock::new(Arc::new(info.volume)),
             fs_uuid: info.fs_uuid,
             engine,
-            present,
+            rescan_kick: Notify::new(),
+            rescanning: tokio::sync::Mutex::new(()),
             device_paths: Mutex::new(device_paths),
-            health: Mutex::new(vec![health::Probe::default(); device_count]),
+            health: Mutex::new(vec![health::Probe::default(); slots]),
             health_kick: Notify::new(),
             state: Mutex::new(state),
             generation_tx,
@@ -606,11 +627,13 @@ impl Client {
         let task = tokio::spawn(session::run(Arc::clone(&inner), lost_rx));
         let health_task = tokio::spawn(health::run(Arc::clone(&inner)));
         let writeback_task = tokio::spawn(writeback::run(Arc::clone(&inner)));
+        let rescan_task = tokio::spawn(rescan::run(Arc::clone(&inner)));
         Ok(Client {
             inner,
             task: Some(task),
             health_task: Some(health_task),
             writeback_task: Some(writeback_task),
+            rescan_task: Some(rescan_task),
         })
     }
 
@@ -622,6 +645,7 @@ impl Client {
             task: None,
             health_task: None,
             writeback_task: None,
+            rescan_task: None,
         }
     }
 
@@ -630,9 +654,16 @@ impl Client {
         self.inner.fs_uuid
     }
 
-    /// The volume this client plans I/O on.
-    pub fn volume(&self) -> &Volume {
-        &self.inner.volume
+    /// The volume this client plans I/O on, as last read from the server.
+    pub fn volume(&self) -> Arc<Volume> {
+        self.inner.volume()
+    }
+
+    /// Reads the volume again now (taking a grown one) and looks for the LUNs missing on
+    /// this node; answers the device indexes opened by this pass. What the rescan task does
+    /// every [`ClientConfig::rescan_interval`].
+    pub async fn rescan(&self) -> Result<Vec<DeviceIndex>, FsError> {
+        rescan::pass(&self.inner).await
     }
 
     /// What the server told this session (block size, thresholds, limits).
@@ -713,7 +744,10 @@ impl Client {
 
     /// Returns the cached read grants and ends the session at the server.
     pub async fn close(mut self) -> Result<(), FsError> {
-        if let Some(t) = self.writeback_task.take() {
+        for t in [self.writeback_task.take(), self.rescan_task.take()]
+            .into_iter()
+            .flatten()
+        {
             t.abort();
             let _ = t.await;
         }
@@ -751,6 +785,7 @@ impl Drop for Client {
             self.task.take(),
             self.health_task.take(),
             self.writeback_task.take(),
+            self.rescan_task.take(),
         ]
         .into_iter()
         .flatten()
@@ -867,6 +902,14 @@ impl Inner {
         self.device_paths.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The volume as last read.
+    pub(crate) fn volume(&self) -> Arc<Volume> {
+        self.volume
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// The session a call on `fh` runs under: ESTALE if `fh` is of another session, or the
     /// session is lost (lease lapsed, being replaced).
     pub(crate) fn view_for(&self, fh: Option<&FileHandle>) -> Result<SessionView, FsError> {
@@ -938,7 +981,7 @@ impl Inner {
     /// Whether device `d` can take I/O from this node (found, and not poisoned by a failed
     /// write).
     pub(crate) fn device_usable(&self, d: DeviceIndex) -> bool {
-        self.present.get(d.as_usize()).copied().unwrap_or(false) && !self.engine.is_poisoned(d)
+        self.engine.has_device(d) && !self.engine.is_poisoned(d)
     }
 
     pub(crate) fn ns(&self) -> NamespaceClient<Channel> {

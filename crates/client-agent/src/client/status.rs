@@ -15,7 +15,7 @@ use sanfs_proto::model::{ExtentState, GetExtentsRequest};
 use sanfs_proto::types::{ByteRange, Credentials, FsError, InodeId, MAX_FILE_SIZE};
 use serde::{Deserialize, Serialize};
 
-use super::{Client, malformed};
+use super::{Client, malformed, rescan};
 use crate::engine::EngineStats;
 
 /// A LUN as this node sees it.
@@ -156,13 +156,7 @@ impl Client {
 
     /// Each LUN's state on this node.
     pub fn device_health(&self, d: DeviceIndex) -> DeviceHealth {
-        if !self
-            .inner
-            .present
-            .get(d.as_usize())
-            .copied()
-            .unwrap_or(false)
-        {
+        if !self.inner.engine.has_device(d) {
             DeviceHealth::Missing
         } else if self.inner.engine.is_poisoned(d) {
             DeviceHealth::Poisoned
@@ -188,9 +182,8 @@ impl Client {
         let stats = self.stats();
         let engine = self.engine_stats();
         let paths = self.inner.lock_device_paths().clone();
-        let devices = self
-            .inner
-            .volume
+        let volume = self.inner.volume();
+        let devices = volume
             .devices()
             .iter()
             .enumerate()
@@ -261,7 +254,19 @@ impl Client {
             range: ByteRange::new(0, MAX_FILE_SIZE)?,
         };
         let reply = self.inner.get_extents(req).await?;
-        let devices = self.inner.volume.devices();
+        let mut volume = self.inner.volume();
+        let known = volume.devices().len();
+        if reply
+            .extents
+            .iter()
+            .flat_map(|e| &e.pieces)
+            .any(|p| p.device.as_usize() >= known)
+        {
+            // The file uses LUNs this agent does not know yet: the volume grew.
+            rescan::pass(&self.inner).await?;
+            volume = self.inner.volume();
+        }
+        let devices = volume.devices();
         let paths = self.inner.lock_device_paths().clone();
         let mut entries: Vec<BmapEntry> = Vec::new();
         for extent in &reply.extents {

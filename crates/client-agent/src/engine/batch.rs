@@ -141,12 +141,7 @@ pub(super) fn prepare(
             .phys_off
             .checked_add(len)
             .is_some_and(|end| end <= i64::MAX as u64);
-        let check = if !state
-            .present
-            .get(op.device.as_usize())
-            .copied()
-            .unwrap_or(false)
-        {
+        let check = if !state.is_present(op.device) {
             Err(IoErrKind::NoDevice)
         } else if !in_buf || !in_dev || (op.kind == OpKind::Flush && len != 0) {
             Err(IoErrKind::BadRange)
@@ -236,7 +231,7 @@ mod tests {
     fn chunks_split_at_iov_max_and_resume_after_short_transfers() {
         let state = DeviceState::new(&[None, None]);
         let state = DeviceState {
-            present: vec![true, false],
+            present: vec![true.into(), false.into()],
             ..state
         };
         let iov: Vec<BufRange> = (0..2500).map(|i| piece(i * 8, 4)).collect();

@@ -267,10 +267,12 @@ pub const DEVICE_IO_SECONDS: &str = "sanfs_agent_device_io_seconds";
 
 /// What every engine knows about its devices.
 struct DeviceState {
-    present: Vec<bool>,
+    /// Per slot: whether it has a handle (set for good by [`Engine::replace_device`]).
+    present: Vec<AtomicBool>,
     poisoned: Vec<AtomicBool>,
     counters: Vec<DeviceCounters>,
-    latency: Vec<DeviceLatency>,
+    /// Made at a slot's first request, so that spare slots show no series.
+    latency: Vec<std::sync::OnceLock<DeviceLatency>>,
     in_flight: AtomicU64,
     max_in_flight: AtomicU64,
 }
@@ -278,10 +280,10 @@ struct DeviceState {
 impl DeviceState {
     fn new(files: &[Option<File>]) -> DeviceState {
         DeviceState {
-            present: files.iter().map(Option::is_some).collect(),
+            present: files.iter().map(|f| AtomicBool::new(f.is_some())).collect(),
             poisoned: files.iter().map(|_| AtomicBool::new(false)).collect(),
             counters: files.iter().map(|_| DeviceCounters::default()).collect(),
-            latency: (0..files.len()).map(DeviceLatency::new).collect(),
+            latency: files.iter().map(|_| std::sync::OnceLock::new()).collect(),
             in_flight: AtomicU64::new(0),
             max_in_flight: AtomicU64::new(0),
         }
@@ -322,6 +324,7 @@ impl DeviceState {
     fn end_request(&self, d: DeviceIndex, kind: OpKind, started: Instant) {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
         if let Some(l) = self.latency.get(d.as_usize()) {
+            let l = l.get_or_init(|| DeviceLatency::new(d.as_usize()));
             let h = match kind {
                 OpKind::Read => &l.read,
                 OpKind::Write => &l.write,
@@ -355,6 +358,18 @@ impl DeviceState {
                 .collect(),
             in_flight: get(&self.in_flight),
             max_in_flight: get(&self.max_in_flight),
+        }
+    }
+
+    fn is_present(&self, d: DeviceIndex) -> bool {
+        self.present
+            .get(d.as_usize())
+            .is_some_and(|p| p.load(Ordering::Acquire))
+    }
+
+    fn set_present(&self, d: DeviceIndex) {
+        if let Some(p) = self.present.get(d.as_usize()) {
+            p.store(true, Ordering::Release);
         }
     }
 
@@ -450,8 +465,9 @@ impl Engine {
     }
 
     /// Uses `file` (a fresh handle on the same LUN) for `device` from now on. Requests in
-    /// flight on the old handle finish on it. Only a device that had a handle at start can be
-    /// replaced.
+    /// flight on the old handle finish on it. A slot that had no handle yet (a LUN found by a
+    /// later rescan, or added by a growth of the volume) takes one the same way; a device
+    /// beyond [`Engine::slots`] cannot.
     pub fn replace_device(
         &self,
         device: DeviceIndex,
@@ -465,6 +481,16 @@ impl Engine {
             rx.await
                 .unwrap_or_else(|_| Err(io::Error::other(EngineStopped)))
         }
+    }
+
+    /// Device slots: the devices given at start, present or not (and any spare ones).
+    pub fn slots(&self) -> usize {
+        self.state().present.len()
+    }
+
+    /// Whether `device` has a handle.
+    pub fn has_device(&self, device: DeviceIndex) -> bool {
+        self.state().is_present(device)
     }
 
     /// What the engine did so far.

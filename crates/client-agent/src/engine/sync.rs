@@ -64,8 +64,9 @@ enum SyncJob {
 /// The synchronous engine: `preadv`/`pwritev` on one thread per device, so devices still work
 /// in parallel.
 pub struct SyncEngine {
-    workers: Vec<Option<mpsc::Sender<SyncJob>>>,
-    threads: Vec<JoinHandle<()>>,
+    /// Per device slot: its worker (`None` until the slot has a handle).
+    workers: Mutex<Vec<Option<mpsc::Sender<SyncJob>>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
     pub(super) state: Arc<DeviceState>,
 }
 
@@ -75,6 +76,39 @@ impl std::fmt::Debug for SyncEngine {
             .field("devices", &self.state.present.len())
             .finish()
     }
+}
+
+/// Starts the worker of device slot `i` on `file`.
+fn spawn_worker(
+    i: usize,
+    file: File,
+    state: Arc<DeviceState>,
+) -> io::Result<(mpsc::Sender<SyncJob>, JoinHandle<()>)> {
+    let (tx, rx) = mpsc::channel::<SyncJob>();
+    let thread = std::thread::Builder::new()
+        .name(format!("sanfs-sync-d{i}"))
+        .spawn(move || {
+            let mut file = file;
+            for job in rx {
+                let (batch, mut chunk) = match job {
+                    SyncJob::Io { batch, chunk } => (batch, chunk),
+                    SyncJob::Replace(new, tx) => {
+                        file = new;
+                        let _ = tx.send(Ok(()));
+                        continue;
+                    }
+                };
+                let outcome = run_sync_chunk(&file, batch.base, &mut chunk, &state);
+                if outcome.is_err() {
+                    state.count_error(chunk.device);
+                    if chunk.kind != OpKind::Read {
+                        state.poison(chunk.device);
+                    }
+                }
+                batch.chunk_done(chunk.op, outcome);
+            }
+        })?;
+    Ok((tx, thread))
 }
 
 impl SyncEngine {
@@ -87,38 +121,13 @@ impl SyncEngine {
                 workers.push(None);
                 continue;
             };
-            let (tx, rx) = mpsc::channel::<SyncJob>();
-            let state = Arc::clone(&state);
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("sanfs-sync-d{i}"))
-                    .spawn(move || {
-                        let mut file = file;
-                        for job in rx {
-                            let (batch, mut chunk) = match job {
-                                SyncJob::Io { batch, chunk } => (batch, chunk),
-                                SyncJob::Replace(new, tx) => {
-                                    file = new;
-                                    let _ = tx.send(Ok(()));
-                                    continue;
-                                }
-                            };
-                            let outcome = run_sync_chunk(&file, batch.base, &mut chunk, &state);
-                            if outcome.is_err() {
-                                state.count_error(chunk.device);
-                                if chunk.kind != OpKind::Read {
-                                    state.poison(chunk.device);
-                                }
-                            }
-                            batch.chunk_done(chunk.op, outcome);
-                        }
-                    })?,
-            );
+            let (tx, thread) = spawn_worker(i, file, Arc::clone(&state))?;
+            threads.push(thread);
             workers.push(Some(tx));
         }
         Ok(SyncEngine {
-            workers,
-            threads,
+            workers: Mutex::new(workers),
+            threads: Mutex::new(threads),
             state,
         })
     }
@@ -148,7 +157,12 @@ impl SyncEngine {
         for chunk in chunks {
             let op = chunk.op;
             let at = chunk.cur_off();
-            let sent = match self.workers.get(chunk.device.as_usize()) {
+            let sent = match self
+                .workers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(chunk.device.as_usize())
+            {
                 Some(Some(w)) => w
                     .send(SyncJob::Io {
                         batch: Arc::clone(&batch),
@@ -172,15 +186,29 @@ impl SyncEngine {
         file: File,
     ) -> oneshot::Receiver<io::Result<()>> {
         let (tx, rx) = oneshot::channel();
-        match self.workers.get(device.as_usize()) {
+        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        match workers.get_mut(device.as_usize()) {
             Some(Some(w)) => {
                 // A send error drops `tx`: the caller sees the engine stopped.
                 let _ = w.send(SyncJob::Replace(file, tx));
             }
-            _ => {
-                let _ = tx.send(Err(io::Error::other(
-                    "the device had no handle when the engine started",
-                )));
+            Some(slot) => {
+                // A slot without a handle yet: its worker starts now.
+                let started = spawn_worker(device.as_usize(), file, Arc::clone(&self.state));
+                let _ = tx.send(started.map(|(w, thread)| {
+                    *slot = Some(w);
+                    self.threads
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(thread);
+                    self.state.set_present(device);
+                }));
+            }
+            None => {
+                let _ = tx.send(Err(io::Error::other(format!(
+                    "device {device} is beyond the engine's {} slots",
+                    workers.len()
+                ))));
             }
         }
         rx
@@ -189,8 +217,17 @@ impl SyncEngine {
 
 impl Drop for SyncEngine {
     fn drop(&mut self) {
-        self.workers.clear();
-        for t in self.threads.drain(..) {
+        self.workers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        let threads: Vec<JoinHandle<()>> = self
+            .threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect();
+        for t in threads {
             if t.join().is_err() {
                 tracing::error!("a synchronous I/O engine thread panicked");
             }

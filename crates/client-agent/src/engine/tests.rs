@@ -319,3 +319,67 @@ async fn empty_batches_and_dropped_futures_are_harmless() {
         drop(engine); // joins after the abandoned I/O completes
     }
 }
+
+#[tokio::test]
+async fn a_slot_without_a_handle_takes_one_later_and_a_slot_beyond_the_engine_cannot() {
+    let (_dir, files) = files(2, 1 << 20);
+    for kind in [EngineKind::Sync, EngineKind::Uring] {
+        // Device 0 present, devices 1 and 2 not yet (a LUN found later, a spare slot).
+        let slots = vec![Some(files[0].try_clone().unwrap()), None, None];
+        let engine = match Engine::new(
+            &EngineConfig {
+                kind,
+                queue_depth_per_device: 2,
+            },
+            slots,
+        ) {
+            Ok(e) => e,
+            Err(e) => {
+                sanfs_testcluster::skip("slot attach, uring engine", &format!("{e}"));
+                continue;
+            }
+        };
+        assert_eq!(engine.slots(), 3);
+        let write = |d: u32, fill: u8| {
+            let mut buf = AlignedBuf::zeroed(4096);
+            buf.as_mut_slice().fill(fill);
+            (
+                buf,
+                vec![DeviceOp {
+                    device: DeviceIndex(d),
+                    phys_off: 8192,
+                    kind: OpKind::Write,
+                    iov: vec![piece(0, 4096)],
+                }],
+            )
+        };
+        let (buf, ops) = write(1, 0x5a);
+        let done = engine.submit(buf, ops).await.unwrap();
+        assert_eq!(
+            done.results[0].as_ref().unwrap_err().error,
+            IoErrKind::NoDevice,
+            "{}",
+            engine.name()
+        );
+        assert!(!engine.has_device(DeviceIndex(1)));
+        engine
+            .replace_device(DeviceIndex(1), files[1].try_clone().unwrap())
+            .await
+            .unwrap();
+        assert!(engine.has_device(DeviceIndex(1)));
+        let (buf, ops) = write(1, 0x5a);
+        let done = engine.submit(buf, ops).await.unwrap();
+        assert!(done.results[0].is_ok(), "{}", engine.name());
+        let mut got = [0u8; 4096];
+        files[1].read_exact_at(&mut got, 8192).unwrap();
+        assert_eq!(got, [0x5a; 4096], "{}", engine.name());
+        files[1].write_all_at(&[0; 4096], 8192).unwrap();
+        assert!(
+            engine
+                .replace_device(DeviceIndex(3), files[1].try_clone().unwrap())
+                .await
+                .is_err()
+        );
+        assert!(!engine.has_device(DeviceIndex(2)));
+    }
+}

@@ -89,14 +89,12 @@ impl UringEngine {
                         return;
                     }
                 };
-                let mut fixed: Vec<Option<u32>> = Vec::with_capacity(devices.len());
-                let mut fds: Vec<RawFd> = Vec::new();
-                for dev in &devices {
-                    fixed.push(dev.as_ref().map(|f| {
-                        fds.push(f.as_raw_fd());
-                        (fds.len() - 1) as u32
-                    }));
-                }
+                // Slot i is device i; a device without a handle yet is a sparse slot (-1)
+                // that `replace` fills.
+                let fds: Vec<RawFd> = devices
+                    .iter()
+                    .map(|d| d.as_ref().map_or(-1, |f| f.as_raw_fd()))
+                    .collect();
                 if !fds.is_empty()
                     && let Err(e) = ring.submitter().register_files(&fds)
                 {
@@ -106,7 +104,6 @@ impl UringEngine {
                 let _ = ready_tx.send(Ok(()));
                 let mut worker = UringWorker {
                     ring,
-                    fixed,
                     qd,
                     cap: entries - 1,
                     state: thread_state,
@@ -227,7 +224,6 @@ struct InFlight {
 
 struct UringWorker {
     ring: io_uring::IoUring,
-    fixed: Vec<Option<u32>>,
     qd: u32,
     cap: u32,
     state: Arc<DeviceState>,
@@ -346,15 +342,18 @@ impl UringWorker {
 
     /// Registers `file` in `device`'s fixed-file slot instead of its current handle.
     fn replace(&mut self, device: usize, file: File) -> io::Result<()> {
-        let Some(Some(slot)) = self.fixed.get(device).copied() else {
-            return Err(io::Error::other(
-                "the device had no handle when the engine started",
-            ));
+        let Some(slot) = self.files.get_mut(device) else {
+            return Err(io::Error::other(format!(
+                "device d{device} is beyond the engine's {} slots",
+                self.queues.len()
+            )));
         };
+        let index = u32::try_from(device).map_err(io::Error::other)?;
         self.ring
             .submitter()
-            .register_files_update(slot, &[file.as_raw_fd()])?;
-        self.files[device] = Some(file);
+            .register_files_update(index, &[file.as_raw_fd()])?;
+        *slot = Some(file);
+        self.state.set_present(DeviceIndex(index));
         Ok(())
     }
 
@@ -376,10 +375,13 @@ impl UringWorker {
     }
 
     fn push(&mut self, d: usize, batch: usize, chunk: Chunk) {
-        let Some(Some(fixed)) = self.fixed.get(d).copied() else {
-            let at = chunk.cur_off();
-            self.finish_chunk(batch, chunk, Err(IoErrKind::NoDevice), at);
-            return;
+        let fixed = match self.files.get(d) {
+            Some(Some(_)) => u32::try_from(d).unwrap_or(u32::MAX),
+            _ => {
+                let at = chunk.cur_off();
+                self.finish_chunk(batch, chunk, Err(IoErrKind::NoDevice), at);
+                return;
+            }
         };
         let Some(base) = self.batches[batch].as_ref().map(|b| b.base) else {
             return;

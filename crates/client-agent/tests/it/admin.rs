@@ -312,6 +312,7 @@ fn status_clients_and_refusal_of_a_node_that_is_not_an_admin() {
         &["clients"],
         &["quota", "list"],
         &["evict", "1"],
+        &["grow", "--layout", "linear", "/dev/null"],
     ] {
         let out = s.admin_tls(&s.pki.agent_cert, &s.pki.agent_key, args);
         let err = failed(&out, &format!("{args:?} as agent-a"));

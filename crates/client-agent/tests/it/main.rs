@@ -27,6 +27,7 @@ mod engine_io;
 mod epoch;
 mod evict;
 mod fallocate;
+mod grow;
 mod layouts;
 mod locks;
 mod lun_recovery;

@@ -1,8 +1,8 @@
 //! The Admin service: the volume layout agents plan their I/O with, the server's status,
-//! directory quotas, and evicting a session.
+//! directory quotas, evicting a session, and growing the volume (`crate::grow`).
 //!
 //! Calls that only an administrator may make (ServerStatus, SetQuota, ListQuotas,
-//! EvictSession) check the
+//! EvictSession, GrowVolume) check the
 //! caller's transport identity with `NodeIdentity::require_admin` (`service::identity`), the
 //! one place that decides who that is.
 
@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use sanfs_proto::model::{
-    CommitStats, EvictSessionReply, EvictSessionRequest, InodeRequest, MAX_LISTED_QUOTAS,
-    MAX_STATUS_SESSIONS, QuotaList, ServerStatus, SessionSummary, SetQuotaRequest, VolumeInfo,
+    CommitStats, EvictSessionReply, EvictSessionRequest, GrowVolumeReply, GrowVolumeRequest,
+    InodeRequest, MAX_LISTED_QUOTAS, MAX_STATUS_SESSIONS, QuotaList, ServerStatus, SessionSummary,
+    SetQuotaRequest, VolumeInfo,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::admin_server::Admin;
@@ -163,6 +164,30 @@ impl Admin for AdminService {
                 .ok_or_else(|| fs_status(&sanfs_proto::types::FsError::NotFound))?;
             Ok(EvictSessionReply {
                 lease_remaining_ms: remaining,
+            }
+            .into())
+        })
+        .await
+    }
+
+    async fn grow_volume(
+        &self,
+        request: Request<pb::GrowVolumeRequest>,
+    ) -> Result<Response<pb::GrowVolumeReply>, Status> {
+        rpc("GrowVolume", async {
+            caller(&request)?.require_admin("GrowVolume")?;
+            let req: GrowVolumeRequest = convert(request.into_inner())?;
+            let devices = self.server.grants.data_path().devices.clone();
+            let now = self.server.clock.now().sec;
+            let grown = crate::grow::grow(&self.server.store, &devices, req, now)
+                .await
+                .map_err(|e| fs_status(&e))?;
+            Ok(GrowVolumeReply {
+                volume: VolumeInfo {
+                    fs_uuid: self.server.store.superblock().fs_uuid,
+                    volume: grown.volume.as_ref().clone(),
+                },
+                old_size_bytes: grown.old_size_bytes,
             }
             .into())
         })

@@ -218,13 +218,13 @@ impl Server {
                 .await
                 .map_err(|e| fs_status(&FsError::Io(format!("flush task: {e}"))))?
                 .map_err(|e| fs_status(&e))?;
-            let (volume, survived) = (self.store.volume().clone(), self.store.survived());
+            let (volume, survived) = (self.store.volume_cell(), self.store.survived());
             let records = req.records.clone();
             let results = self
                 .write(move |ctx| {
                     records
                         .iter()
-                        .map(|r| crate::reclaim::replay_write(ctx, &volume, survived, r))
+                        .map(|r| crate::reclaim::replay_write(ctx, &volume.get(), survived, r))
                         .collect::<Result<Vec<_>, _>>()
                 })
                 .await?;

@@ -37,6 +37,8 @@ pub struct Ctx<'t> {
     pub unzeroed: Table<'t, u64, u64>,
     pub replies: Table<'t, (u64, u64), &'static [u8]>,
     pub sessions: Table<'t, u64, u64>,
+    /// The super record and the volume record (rewritten by a growth).
+    pub sup: Table<'t, &'static str, &'static [u8]>,
     pub st: &'t mut State,
     pub now: Timestamp,
     pub block_size: u32,
@@ -333,6 +335,7 @@ fn open_ctx<'t>(
         unzeroed: txn.open_table(UNZEROED).map_err(e)?,
         replies: txn.open_table(REPLIES).map_err(e)?,
         sessions: txn.open_table(SESSIONS).map_err(e)?,
+        sup: txn.open_table(SUPER).map_err(e)?,
         st,
         now,
         block_size,

@@ -73,12 +73,24 @@ pub struct FsInfo {
     pub lvm: Option<(String, String)>,
 }
 
+/// See [`Store::volume_cell`].
+#[derive(Clone)]
+pub struct VolumeCell(Arc<std::sync::RwLock<Arc<Volume>>>);
+
+impl VolumeCell {
+    /// The volume now.
+    pub fn get(&self) -> Arc<Volume> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 /// The metadata store.
 pub struct Store {
     /// The database; `None` once closed (its file lock is released then).
     db: std::sync::RwLock<Option<Arc<Database>>>,
     sb: Superblock,
-    volume: Arc<Volume>,
+    /// The volume: replaced whole by [`Store::grow`], never changed in place.
+    volume: Arc<std::sync::RwLock<Arc<Volume>>>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     committer: Mutex<Option<std::thread::JoinHandle<()>>>,
     shared: Arc<Shared>,
@@ -252,7 +264,7 @@ impl Store {
         let store = Store {
             db: std::sync::RwLock::new(Some(db)),
             sb,
-            volume: Arc::new(volume),
+            volume: Arc::new(std::sync::RwLock::new(Arc::new(volume))),
             jobs: Mutex::new(Some(tx)),
             committer: Mutex::new(Some(committer)),
             shared,
@@ -324,8 +336,72 @@ impl Store {
         &self.sb
     }
 
-    pub fn volume(&self) -> &Arc<Volume> {
-        &self.volume
+    /// The volume as of now (a growth replaces it: callers keep the snapshot they planned
+    /// with, which stays true for every block it maps).
+    pub fn volume(&self) -> Arc<Volume> {
+        self.volume
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// A handle that reads the volume when asked: inside a store job (the committer runs jobs
+    /// one after another, so it sees the volume that goes with the allocator the job uses) or
+    /// inside a [`Store::read`] closure (after its snapshot began: a block of a grown volume
+    /// in the snapshot means the growth is in [`Store::volume`] already).
+    pub fn volume_cell(&self) -> VolumeCell {
+        VolumeCell(self.volume.clone())
+    }
+
+    /// Grows the volume to `grown` in one durable transaction: the volume record, the free
+    /// space of the new blocks (in the allocator at once, and in [`FREE`]), and the capacity
+    /// statfs reports. `old` is the volume the caller planned the growth from; if the volume
+    /// changed meanwhile (another growth), nothing changes and the answer is EINVAL.
+    /// `grown` must pass [`Volume::check_grows`] against it. Answers the blocks added.
+    pub async fn grow(&self, old: Arc<Volume>, grown: Volume) -> Result<u64, FsError> {
+        grown
+            .check_grows(&old)
+            .map_err(|e| FsError::Invalid(e.to_string()))?;
+        let shared = self.volume.clone();
+        let stripe_unit_blocks = self.sb.stripe_unit_blocks;
+        self.write(move |ctx| {
+            {
+                let current = shared.read().unwrap_or_else(|p| p.into_inner());
+                if **current != *old {
+                    return Err(OpError::Fs(FsError::Invalid(
+                        "the volume changed while this growth was prepared: try again".into(),
+                    )));
+                }
+            }
+            let (old_blocks, new_blocks) = (old.size_blocks(), grown.size_blocks());
+            let added = new_blocks - old_blocks;
+            let mut free: Vec<(u64, u64)> = ctx.st.alloc.free_extents().collect();
+            free.push((old_blocks, added));
+            let alloc = Allocator::from_free(&grown.allocation_groups(), stripe_unit_blocks, free)
+                .map_err(|e| {
+                    OpError::Fs(FsError::Invalid(format!(
+                        "the grown volume's free space: {e}"
+                    )))
+                })?;
+            // Checked; from here on the change happens.
+            let stale: Vec<u64> = ctx.st.alloc.free_extents().map(|(s, _)| s).collect();
+            for start in stale {
+                ctx.free.remove(start)?;
+            }
+            for (start, len) in alloc.free_extents() {
+                ctx.free.insert(start, len)?;
+            }
+            ctx.sup
+                .insert(KEY_VOLUME, codec::encode_volume(&grown).as_slice())?;
+            ctx.st
+                .usage
+                .total_blocks
+                .store(alloc.capacity_blocks(), Ordering::Relaxed);
+            ctx.st.alloc = alloc;
+            *shared.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(grown);
+            Ok(added)
+        })
+        .await
     }
 
     pub fn block_size(&self) -> u32 {

@@ -38,7 +38,7 @@ pub fn cluster() -> Cluster {
     )
     .unwrap();
     let store = Arc::new(Store::open(&backend, Clock::System, 64).unwrap());
-    let devices = Arc::new(DataDevices::open(store.volume(), &luns));
+    let devices = Arc::new(DataDevices::open(&store.volume(), &luns));
     assert_eq!(devices.present(), 4);
     let dp = DataPath::new(store, devices, Duration::from_secs(10));
     Cluster { dir, luns, dp }

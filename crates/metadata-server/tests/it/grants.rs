@@ -689,7 +689,7 @@ fn an_acknowledged_proxied_write_survives_a_crash() {
         )
         .unwrap();
         let store = Arc::new(Store::open(&backend, Clock::System, 16).unwrap());
-        let devices = Arc::new(DataDevices::open(store.volume(), &luns));
+        let devices = Arc::new(DataDevices::open(&store.volume(), &luns));
         let dp = DataPath::new(store.clone(), devices, Duration::from_secs(10));
         let ino = crate::coherence::create_in(&store, "proxied");
         rt.block_on(async {

@@ -35,6 +35,7 @@ mod evict;
 mod format_cli;
 mod fsck_cli;
 mod grants;
+mod grow;
 mod harness;
 mod hostile;
 mod inspect_cli;

@@ -658,3 +658,146 @@ impl From<EvictSessionReply> for pb::EvictSessionReply {
         }
     }
 }
+
+/// Most LUNs one GrowVolume adds.
+pub const MAX_GROW_DEVICES: usize = 64;
+
+/// Longest device path GrowVolume accepts (PATH_MAX).
+pub const MAX_DEVICE_PATH_LEN: usize = 4096;
+
+/// How GrowVolume lays out what it adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrowLayout {
+    /// One LUN as a linear segment.
+    Linear,
+    /// The LUNs as one segment striped in units of `stripe_unit` bytes.
+    Striped { stripe_unit: u64 },
+    /// The imported LVM2 logical volume read again (after lvextend).
+    Lvm,
+}
+
+/// GrowVolume: an administrator grows the volume while it is mounted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrowVolumeRequest {
+    /// Paths on the server's host: absolute, without NUL, at most [`MAX_GROW_DEVICES`].
+    pub device_paths: Vec<String>,
+    pub layout: GrowLayout,
+    pub force: bool,
+}
+
+impl TryFrom<pb::GrowVolumeRequest> for GrowVolumeRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::GrowVolumeRequest) -> Result<Self, ProtocolError> {
+        if p.device_paths.len() > MAX_GROW_DEVICES {
+            return Err(invalid(
+                "device_paths",
+                format!(
+                    "names {} LUNs (at most {MAX_GROW_DEVICES})",
+                    p.device_paths.len()
+                ),
+            ));
+        }
+        for path in &p.device_paths {
+            if !path.starts_with('/') || path.contains('\0') || path.len() > MAX_DEVICE_PATH_LEN {
+                return Err(invalid(
+                    "device_paths",
+                    format!(
+                        "{path:?} is not an absolute path of at most {MAX_DEVICE_PATH_LEN} bytes"
+                    ),
+                ));
+            }
+        }
+        let raw: pb::GrowLayout = super::enum_field(p.layout, "layout")?;
+        let layout = match raw {
+            pb::GrowLayout::Unspecified => return Err(ProtocolError::MissingField("layout")),
+            pb::GrowLayout::Linear => GrowLayout::Linear,
+            pb::GrowLayout::Striped => {
+                if p.stripe_unit == 0 || !p.stripe_unit.is_multiple_of(512) {
+                    return Err(invalid(
+                        "stripe_unit",
+                        format!("{} is not a positive multiple of 512", p.stripe_unit),
+                    ));
+                }
+                GrowLayout::Striped {
+                    stripe_unit: p.stripe_unit,
+                }
+            }
+            pb::GrowLayout::Lvm => GrowLayout::Lvm,
+        };
+        if !matches!(layout, GrowLayout::Striped { .. }) && p.stripe_unit != 0 {
+            return Err(invalid("stripe_unit", "only for a striped growth"));
+        }
+        match layout {
+            GrowLayout::Linear if p.device_paths.len() != 1 => Err(invalid(
+                "device_paths",
+                format!(
+                    "a linear growth adds exactly one LUN, not {}",
+                    p.device_paths.len()
+                ),
+            )),
+            GrowLayout::Striped { .. } if p.device_paths.is_empty() => {
+                Err(ProtocolError::MissingField("device_paths"))
+            }
+            _ => Ok(GrowVolumeRequest {
+                device_paths: p.device_paths,
+                layout,
+                force: p.force,
+            }),
+        }
+    }
+}
+
+impl From<GrowVolumeRequest> for pb::GrowVolumeRequest {
+    fn from(r: GrowVolumeRequest) -> Self {
+        let (layout, stripe_unit) = match r.layout {
+            GrowLayout::Linear => (pb::GrowLayout::Linear, 0),
+            GrowLayout::Striped { stripe_unit } => (pb::GrowLayout::Striped, stripe_unit),
+            GrowLayout::Lvm => (pb::GrowLayout::Lvm, 0),
+        };
+        pb::GrowVolumeRequest {
+            device_paths: r.device_paths,
+            layout: layout as i32,
+            stripe_unit,
+            force: r.force,
+        }
+    }
+}
+
+/// GrowVolume's answer: the grown volume and the size before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrowVolumeReply {
+    pub volume: VolumeInfo,
+    pub old_size_bytes: u64,
+}
+
+impl TryFrom<pb::GrowVolumeReply> for GrowVolumeReply {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::GrowVolumeReply) -> Result<Self, ProtocolError> {
+        let volume: VolumeInfo = required_msg(p.volume, "volume")?;
+        if p.old_size_bytes >= volume.volume.size_bytes() {
+            return Err(invalid(
+                "old_size_bytes",
+                format!(
+                    "{} is not below the grown volume's {}",
+                    p.old_size_bytes,
+                    volume.volume.size_bytes()
+                ),
+            ));
+        }
+        Ok(GrowVolumeReply {
+            volume,
+            old_size_bytes: p.old_size_bytes,
+        })
+    }
+}
+
+impl From<GrowVolumeReply> for pb::GrowVolumeReply {
+    fn from(r: GrowVolumeReply) -> Self {
+        pb::GrowVolumeReply {
+            volume: Some(r.volume.into()),
+            old_size_bytes: r.old_size_bytes,
+        }
+    }
+}

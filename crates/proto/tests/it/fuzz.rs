@@ -148,6 +148,8 @@ fn targets() -> Vec<(&'static str, Target)> {
         Segment => Segment,
         Volume => Volume,
         GetVolumeReply => VolumeInfo,
+        GrowVolumeRequest => GrowVolumeRequest,
+        GrowVolumeReply => GrowVolumeReply,
         SessionSummary => SessionSummary,
         ServerStatusReply => ServerStatus,
         QuotaInfo => QuotaInfo,

@@ -88,6 +88,13 @@ impl Admin for TestAdmin {
         Err(FsError::NotSupported.into())
     }
 
+    async fn grow_volume(
+        &self,
+        _: Request<pb::GrowVolumeRequest>,
+    ) -> Result<Response<pb::GrowVolumeReply>, Status> {
+        Err(FsError::NotSupported.into())
+    }
+
     async fn list_quotas(
         &self,
         _: Request<pb::ListQuotasRequest>,

@@ -873,6 +873,57 @@ fn admin_status_and_quotas() {
 }
 
 #[test]
+fn grow_volume() {
+    check::<GrowVolumeRequest, pb::GrowVolumeRequest>(
+        GrowVolumeRequest {
+            device_paths: vec!["/dev/loop7".into(), "/dev/loop8".into()],
+            layout: GrowLayout::Striped {
+                stripe_unit: 64 * 1024,
+            },
+            force: false,
+        },
+        cases![pb::GrowVolumeRequest;
+            "layout" => |p| p.layout = 0,
+            "layout" => |p| p.layout = 99,
+            "stripe_unit" => |p| p.stripe_unit = 0,
+            "stripe_unit" => |p| p.stripe_unit = 1000,
+            "device_paths" => |p| p.device_paths.clear(),
+            "device_paths" => |p| p.device_paths[0] = "loop7".into(),
+            "device_paths" => |p| p.device_paths[0] = "/dev/\0x".into(),
+            "device_paths" => |p| p.device_paths[0] = format!("/{}", "d".repeat(4096)),
+            "device_paths" => |p| p.device_paths = vec!["/dev/x".into(); 65],
+        ],
+    );
+    check::<GrowVolumeRequest, pb::GrowVolumeRequest>(
+        GrowVolumeRequest {
+            device_paths: vec!["/dev/loop7".into()],
+            layout: GrowLayout::Linear,
+            force: true,
+        },
+        cases![pb::GrowVolumeRequest;
+            "stripe_unit" => |p| p.stripe_unit = 65536,
+            "device_paths" => |p| p.device_paths.push("/dev/loop8".into()),
+            "device_paths" => |p| p.device_paths.clear(),
+        ],
+    );
+    let volume = linear_volume();
+    let size = volume.size_bytes();
+    check::<GrowVolumeReply, pb::GrowVolumeReply>(
+        GrowVolumeReply {
+            volume: VolumeInfo {
+                fs_uuid: uuid::Uuid::from_u128(1),
+                volume,
+            },
+            old_size_bytes: size / 2,
+        },
+        cases![pb::GrowVolumeReply;
+            "volume" => |p| p.volume = None,
+            "old_size_bytes" => |p| p.old_size_bytes = p.volume.as_ref().map_or(0, pb_volume_size),
+        ],
+    );
+}
+
+#[test]
 fn request_ids() {
     let valid = RequestId {
         client: 9,
@@ -954,4 +1005,9 @@ fn replay_writes_records_are_whole() {
             "outcomes" => |p| p.outcomes = vec![9],
         ],
     );
+}
+
+/// The size of a wire volume that converts (the old size must lie below it).
+fn pb_volume_size(p: &pb::GetVolumeReply) -> u64 {
+    VolumeInfo::try_from(p.clone()).map_or(0, |v| v.volume.size_bytes())
 }

@@ -692,6 +692,36 @@ fn status_and_quotas() {
 }
 
 #[test]
+fn grow_volume() {
+    for layout in [
+        GrowLayout::Linear,
+        GrowLayout::Striped {
+            stripe_unit: 64 * KIB,
+        },
+    ] {
+        let n = if layout == GrowLayout::Linear { 1 } else { 3 };
+        round_trip::<_, pb::GrowVolumeRequest>(GrowVolumeRequest {
+            device_paths: (0..n).map(|i| format!("/dev/loop{i}")).collect(),
+            layout,
+            force: n == 3,
+        });
+    }
+    round_trip::<_, pb::GrowVolumeRequest>(GrowVolumeRequest {
+        device_paths: Vec::new(),
+        layout: GrowLayout::Lvm,
+        force: false,
+    });
+    let volume = striped_volume();
+    round_trip::<_, pb::GrowVolumeReply>(GrowVolumeReply {
+        old_size_bytes: volume.size_bytes() - 4096,
+        volume: VolumeInfo {
+            fs_uuid: Uuid::from_u128(0xfeed),
+            volume,
+        },
+    });
+}
+
+#[test]
 fn request_ids() {
     let id = RequestId {
         client: u64::MAX,

@@ -130,11 +130,17 @@ impl Inner {
                 asked.len()
             ));
         }
-        let devices = self.volume.devices();
+        let volume = self.volume();
+        let devices = volume.devices();
         let mut usable = true;
         for io in &grant.device_ios {
             let Some(dev) = devices.get(io.device.as_usize()) else {
-                return bad(format!("no device {}", io.device));
+                // A LUN this agent does not know yet: the volume grew. This grant goes
+                // through the server; the rescan task reads the volume again now.
+                tracing::debug!(device = %io.device, "grant names a LUN not in this agent's volume: rescanning");
+                self.rescan_kick.notify_one();
+                usable = false;
+                continue;
             };
             if io
                 .phys_off

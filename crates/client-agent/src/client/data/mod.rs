@@ -523,10 +523,10 @@ impl Inner {
         let mut stop = end;
         if self.config.grant_per_stripe_unit
             && let sanfs_blockmap::volume::LayoutKind::Striped { stripe_unit, .. } =
-                self.volume.kind()
-            && *stripe_unit > 0
+                *self.volume().kind()
+            && stripe_unit > 0
         {
-            stop = stop.min((pos / stripe_unit + 1).saturating_mul(*stripe_unit));
+            stop = stop.min((pos / stripe_unit + 1).saturating_mul(stripe_unit));
         }
         Ok(ByteRange::new(pos, stop - pos)?)
     }
