@@ -866,9 +866,8 @@ impl fuser::Filesystem for SanFs {
                     // A small buffered write is held back under the file's write delegation
                     // (client::writeback); otherwise, or when it cannot be, written through.
                     let held = if file.sync.is_none() && !file.direct {
-                        let now = to_timestamp(SystemTime::now())?;
                         st.client
-                            .write_back(&cred, &file.file, offset, &data, now)
+                            .write_back(&cred, &file.file, offset, &data)
                             .await?
                     } else {
                         None

@@ -158,7 +158,7 @@ async fn attach_and_serve(
                         bump(&inner.counters.recalls);
                         tracing::debug!(inode = %recall.inode, "delegation recall");
                         let tx = tx.clone();
-                        let inner = Arc::clone(&inner);
+                        let inner = Arc::clone(inner);
                         tokio::spawn(async move {
                             inner.recall_delegation(recall.inode, &recall.grant_ids).await;
                             let ids = recall.grant_ids;

@@ -23,9 +23,9 @@
 //! A write that fails is reported (EIO, ENOSPC, EDQUOT) by the file's next fsync or close,
 //! as a failed page write-back is on a local file system.
 //!
-//! **Attributes.** Until held-back bytes are written the server's size and mtime do not
-//! show them: [`Client::buffered_attr`] is what this node reports instead (the larger size,
-//! the later mtime).
+//! **Attributes.** Until held-back bytes are written the server's size does not show them:
+//! [`Client::buffered_attr`] is what this node reports instead (the larger size; the mtime
+//! is set when they are written back).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use sanfs_proto::model::{DelegateReply, DelegateRequest};
 use sanfs_proto::pb;
-use sanfs_proto::types::{Attr, Credentials, FsError, GrantId, InodeId, Timestamp};
+use sanfs_proto::types::{Attr, Credentials, FsError, GrantId, InodeId};
 
 use super::data::WriteOutcome;
 use super::file::{OpenFile, retrying};
@@ -106,9 +106,8 @@ struct FileState {
     dirty_since: Option<Instant>,
     /// Whom the held-back bytes are written as, and through which open file.
     writer: Option<(Arc<OpenFile>, Credentials)>,
-    /// The size and mtime this node's held-back writes give the file (until they are written).
+    /// The size this node's held-back writes give the file (until they are written).
     end: u64,
-    mtime: Option<Timestamp>,
     /// One write-back of this file at a time.
     flusher: Arc<tokio::sync::Mutex<()>>,
     /// Writes of this file (held back or not) in their first step: a delegation asked for.
@@ -125,6 +124,9 @@ struct FileState {
     last_read_end: u64,
     last_use: Option<Instant>,
 }
+
+/// What a write-back takes out of the table: the extents, and whom they are written as.
+type Taken = (BTreeMap<u64, Vec<u8>>, Arc<OpenFile>, Credentials);
 
 /// The write-back table of one agent.
 pub(crate) struct WriteBack {
@@ -304,7 +306,7 @@ impl WriteBack {
     }
 
     /// Takes every held-back extent of `ino` out (a write-back is about to write them).
-    fn take(&self, ino: InodeId) -> Option<(BTreeMap<u64, Vec<u8>>, Arc<OpenFile>, Credentials)> {
+    fn take(&self, ino: InodeId) -> Option<Taken> {
         let mut files = self.files();
         let f = files.get_mut(&ino)?;
         if f.dirty.is_empty() {
@@ -393,7 +395,6 @@ impl WriteBack {
             && f.dirty.is_empty()
         {
             f.end = 0;
-            f.mtime = None;
         }
     }
 
@@ -444,7 +445,6 @@ impl WriteBack {
     fn reset_end(&self, ino: InodeId) {
         if let Some(f) = self.files().get_mut(&ino) {
             f.end = 0;
-            f.mtime = None;
         }
     }
 }
@@ -460,7 +460,6 @@ impl Client {
         file: &Arc<OpenFile>,
         offset: u64,
         data: &[u8],
-        now: Timestamp,
     ) -> Result<Option<WriteOutcome>, FsError> {
         let wb = &self.inner.writeback;
         let len = data.len() as u64;
@@ -515,7 +514,6 @@ impl Client {
             f.dirty_since.get_or_insert_with(Instant::now);
             f.writer = Some((file.clone(), cred.clone()));
             f.end = f.end.max(offset + len);
-            f.mtime = Some(now);
             let total = wb.total.fetch_add(grew, Ordering::Relaxed) + grew;
             (f.dirty_bytes, total)
         };
@@ -654,7 +652,6 @@ impl Client {
         let reply: Result<DelegateReply, FsError> = inner
             .call("Delegate reply", Pin::Handle(&fh), |_| {
                 let mut data = inner.data();
-                let req = req.clone();
                 async move { data.delegate(req).await }
             })
             .await;
@@ -744,18 +741,13 @@ impl Client {
         }
     }
 
-    /// What this node's held-back writes make of `attr`: the larger size, the later mtime.
+    /// What this node's held-back writes make of `attr`: the larger size. (The mtime is
+    /// the server's: set when they are written back, at the latest at fsync or close.)
     pub fn buffered_attr(&self, mut attr: Attr) -> Attr {
-        if let Some(f) = self.inner.writeback.files().get(&attr.ino) {
-            if f.end > attr.size {
-                attr.size = f.end;
-            }
-            if let Some(m) = f.mtime
-                && m > attr.mtime
-            {
-                attr.mtime = m;
-                attr.ctime = attr.ctime.max(m);
-            }
+        if let Some(f) = self.inner.writeback.files().get(&attr.ino)
+            && f.end > attr.size
+        {
+            attr.size = f.end;
         }
         attr
     }
@@ -875,9 +867,10 @@ mod tests {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(1, |d| d.as_nanos() as u64)
+                use std::hash::{BuildHasher, Hasher};
+                std::collections::hash_map::RandomState::new()
+                    .build_hasher()
+                    .finish()
             });
         println!("seed {seed} (SANFS_SEED to repeat)");
         let mut x = seed | 1;
