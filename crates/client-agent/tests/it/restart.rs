@@ -352,11 +352,24 @@ fn server_restart_is_a_pause_not_an_error() {
     let finished = Arc::new(AtomicBool::new(false));
     {
         let (finished, log) = (finished.clone(), s.dir.path().join("agent.log"));
+        let mds_log = s.dir.path().join("mds.log");
+        let agent = s.agent.as_ref().map(ChildGuard::pid);
+        let mount = s.mount.clone();
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_secs(300));
             if !finished.load(Ordering::SeqCst) {
                 let log = std::fs::read_to_string(log).unwrap_or_default();
-                eprintln!("restart test hung for 5 minutes; agent log:\n{log}");
+                let mds = std::fs::read_to_string(mds_log).unwrap_or_default();
+                eprintln!("restart test hung for 5 minutes; agent log:\n{log}\nserver log:\n{mds}");
+                // Files of this process still open on the mount would hold its exit in a
+                // FUSE flush for as long as the server is away: the agent goes first, so
+                // that the abort ends the run instead of hanging it.
+                if let Some(pid) = agent.and_then(|p| i32::try_from(p).ok())
+                    && let Some(pid) = rustix::process::Pid::from_raw(pid)
+                {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+                let _ = rustix::mount::unmount(&mount, rustix::mount::UnmountFlags::DETACH);
                 std::process::abort();
             }
         });
