@@ -334,7 +334,8 @@ impl WriteBack {
             f.recalling = true;
             return true;
         }
-        drop(files);
+        // Still holding the table: a delegation whose reply is being taken in is either
+        // set already (above) or finds its tombstone when it is set (`adopt`).
         let mut t = self.tombstones();
         if t.len() >= MAX_TOMBSTONES {
             t.clear();
@@ -367,6 +368,17 @@ impl WriteBack {
             .and_then(|f| f.delegation)
             .filter(|d| d.generation == view.generation)
             .map(|_| view.session)
+    }
+
+    /// Takes in a delegation that was just given, under the table's lock: one recalled
+    /// before this (its tombstone is there: the recall was acknowledged at once) is not
+    /// ours any more. Returns whether `f` holds it now.
+    fn adopt(&self, f: &mut FileState, held: Held) -> bool {
+        if self.tombstones().remove(&held.id) {
+            return false;
+        }
+        f.delegation = Some(held);
+        true
     }
 
     /// The file's last handle here closed: the server dropped its delegation with it.
@@ -491,12 +503,13 @@ impl Client {
             let mut files = wb.files();
             let f = files.entry(ino).or_default();
             f.asking = false;
-            match got {
-                Some(held) => f.delegation = Some(held),
-                None => {
-                    f.quiet_until = Some(Instant::now() + REFUSAL_BACKOFF);
-                    return Ok(None);
-                }
+            let taken = match got {
+                Some(held) => wb.adopt(f, held),
+                None => false,
+            };
+            if !taken {
+                f.quiet_until = Some(Instant::now() + REFUSAL_BACKOFF);
+                return Ok(None);
             }
         }
         let (file_dirty, total) = {
@@ -577,10 +590,13 @@ impl Client {
             let mut files = wb.files();
             let f = files.entry(ino).or_default();
             f.asking = false;
-            match got {
-                Some(held) if f.delegation.is_none() => f.delegation = Some(held),
-                Some(_) => {}
-                None => f.quiet_until = Some(Instant::now() + REFUSAL_BACKOFF),
+            let taken = match got {
+                Some(held) if f.delegation.is_none() => wb.adopt(f, held),
+                Some(_) => true,
+                None => false,
+            };
+            if !taken {
+                f.quiet_until = Some(Instant::now() + REFUSAL_BACKOFF);
             }
         }
         let usable = wb
@@ -660,10 +676,6 @@ impl Client {
             Ok(DelegateReply {
                 delegation: Some(id),
             }) => {
-                if wb.tombstones().remove(&id) {
-                    // Recalled (and acknowledged) before its reply came: not ours any more.
-                    return None;
-                }
                 bump(&wb.counters.delegations);
                 Some(Held {
                     id,
@@ -840,6 +852,9 @@ impl Inner {
                 break;
             }
         }
+        // The write-back's own completions behind it (inside write layouts) are in before the
+        // acknowledgement: whoever recalled then sees the size and every byte.
+        self.settle(ino).await;
         if had {
             bump(&wb.counters.recalls_flushed);
         }
