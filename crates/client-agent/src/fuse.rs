@@ -807,6 +807,24 @@ impl fuser::Filesystem for SanFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        // A buffered read the read cache answers needs no task (the common case of a
+        // sequential reader under a delegation): answered here, on FUSE's thread.
+        if let Ok(file) = self.state.file(fh)
+            && !file.direct
+        {
+            let started = std::time::Instant::now();
+            let mut buf = vec![0u8; size.min(MAX_IO_BYTES) as usize];
+            if let Some(n) =
+                self.state
+                    .client
+                    .try_read_cached_now(self.state.ino(ino), offset, &mut buf)
+            {
+                reply.data(&buf[..n]);
+                metrics::histogram!(FUSE_OP_SECONDS, "op" => "read")
+                    .record(started.elapsed().as_secs_f64());
+                return;
+            }
+        }
         let cred = credentials(req);
         self.spawn("read", move |st| async move {
             let r = async {
@@ -850,6 +868,25 @@ impl fuser::Filesystem for SanFs {
         reply: ReplyWrite,
     ) {
         let cred = credentials(req);
+        // A small buffered write under the file's held write delegation needs no task:
+        // held back here, on FUSE's thread (client::writeback).
+        if let Ok(file) = self.state.file(fh)
+            && !file.direct
+            && file.sync.is_none()
+            && !file.file.flags().append
+        {
+            let started = std::time::Instant::now();
+            if let Some(w) = self
+                .state
+                .client
+                .try_write_back_now(&cred, &file.file, offset, data)
+            {
+                reply.written(u32::try_from(w.written).unwrap_or(u32::MAX));
+                metrics::histogram!(FUSE_OP_SECONDS, "op" => "write")
+                    .record(started.elapsed().as_secs_f64());
+                return;
+            }
+        }
         let data = data.to_vec();
         self.spawn("write", move |st| async move {
             let r = async {

@@ -541,6 +541,79 @@ impl Client {
         }))
     }
 
+    /// [`Client::write_back`] of a write that needs no waiting: the file's write delegation
+    /// is held (this session's, no recall under way) and the file's and the agent's held-back
+    /// bytes stay under their flush limits with it. Runs on the caller's thread (FUSE's own,
+    /// without a task); `None` leaves the write to [`Client::write_back`].
+    pub fn try_write_back_now(
+        &self,
+        cred: &Credentials,
+        file: &Arc<OpenFile>,
+        offset: u64,
+        data: &[u8],
+    ) -> Option<WriteOutcome> {
+        let wb = &self.inner.writeback;
+        let len = data.len() as u64;
+        if !wb.enabled() || len == 0 || len >= wb.config.max_write {
+            return None;
+        }
+        let ino = file.ino();
+        let generation = self.inner.lock_state().view.generation;
+        {
+            let mut files = wb.files();
+            let f = files.get_mut(&ino)?;
+            if f.recalling
+                || f.asking
+                || f.delegation
+                    .is_none_or(|d| d.generation != generation || !d.write)
+                || f.dirty_bytes + len >= wb.config.file_bytes
+                || wb.total.load(Ordering::Relaxed) + len >= wb.config.total_bytes
+            {
+                return None;
+            }
+            let grew = insert(&mut f.dirty, offset, data);
+            f.dirty_bytes += grew;
+            f.dirty_since.get_or_insert_with(Instant::now);
+            if f.writer
+                .as_ref()
+                .is_none_or(|(w, c)| !Arc::ptr_eq(w, file) || c != cred)
+            {
+                f.writer = Some((file.clone(), cred.clone()));
+            }
+            f.end = f.end.max(offset + len);
+            wb.total.fetch_add(grew, Ordering::Relaxed);
+        }
+        bump(&wb.counters.held_writes);
+        Some(WriteOutcome {
+            written: len,
+            attr: None,
+        })
+    }
+
+    /// [`Client::read_cached`] of a read the cache answers at once: nothing held back, the
+    /// delegation held (this session's, no recall under way), the bytes in cached chunks.
+    /// Runs on the caller's thread; `None` leaves the read to [`Client::read_cached`].
+    pub fn try_read_cached_now(&self, ino: InodeId, offset: u64, buf: &mut [u8]) -> Option<usize> {
+        let wb = &self.inner.writeback;
+        if wb.config.read_cache_bytes == 0 || buf.is_empty() {
+            return None;
+        }
+        let generation = self.inner.lock_state().view.generation;
+        let mut files = wb.files();
+        let f = files.get_mut(&ino)?;
+        if !f.dirty.is_empty()
+            || f.recalling
+            || f.delegation.is_none_or(|d| d.generation != generation)
+        {
+            return None;
+        }
+        let n = f.serve(offset, buf)?;
+        f.last_use = Some(Instant::now());
+        f.last_read_end = offset + n as u64;
+        bump(&wb.counters.cache_hits);
+        Some(n)
+    }
+
     /// A read through the mount's read cache: served from the file's cached chunks while
     /// this node holds a delegation on it (asked for from the file's second read on), else
     /// read (with read-ahead for a sequential reader) and kept. Without a delegation, or with
