@@ -210,8 +210,7 @@ pub fn record_backup(result: Result<i64, ()>, elapsed: Duration) {
                 clippy::cast_precision_loss,
                 reason = "Unix seconds fit an f64 exactly until the year 285 million"
             )]
-            metrics::gauge!("sanfs_backup_last_success_timestamp_seconds")
-                .set(taken_at_sec as f64);
+            metrics::gauge!("sanfs_backup_last_success_timestamp_seconds").set(taken_at_sec as f64);
         }
         Err(()) => metrics::counter!("sanfs_backups_total", "result" => "failed").increment(1),
     }

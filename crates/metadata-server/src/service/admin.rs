@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use sanfs_proto::model::{
-    BackupStoreReply, BackupStoreRequest, CommitStats, EvictSessionReply, EvictSessionRequest, GrowVolumeReply, GrowVolumeRequest,
-    InodeRequest, MAX_LISTED_QUOTAS, MAX_STATUS_SESSIONS, QuotaList, ServerStatus, SessionSummary,
-    SetQuotaRequest, VolumeInfo,
+    BackupStoreReply, BackupStoreRequest, CommitStats, EvictSessionReply, EvictSessionRequest,
+    GrowVolumeReply, GrowVolumeRequest, InodeRequest, MAX_LISTED_QUOTAS, MAX_STATUS_SESSIONS,
+    QuotaList, ServerStatus, SessionSummary, SetQuotaRequest, VolumeInfo,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::admin_server::Admin;

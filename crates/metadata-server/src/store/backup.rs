@@ -91,7 +91,11 @@ pub(crate) fn copy_tables(r: &ReadTransaction, w: &WriteTransaction) -> Result<(
             )));
         }
     }
-    if r.list_multimap_tables().map_err(copy_error)?.next().is_some() {
+    if r.list_multimap_tables()
+        .map_err(copy_error)?
+        .next()
+        .is_some()
+    {
         return Err(FsError::Io(
             "the store holds a multimap table this server does not know: not copied".into(),
         ));
@@ -239,9 +243,8 @@ impl Store {
         let fs_uuid = self.sb.fs_uuid;
         let (record, inodes) = self.snapshot(|r| {
             let counters = r.open_table(COUNTERS)?;
-            let get = |k: &str| -> Result<u64, OpError> {
-                Ok(counters.get(k)?.map_or(0, |v| v.value()))
-            };
+            let get =
+                |k: &str| -> Result<u64, OpError> { Ok(counters.get(k)?.map_or(0, |v| v.value())) };
             let record = BackupRecord {
                 fs_uuid,
                 boot_epoch: get(KEY_BOOT_EPOCH)?,

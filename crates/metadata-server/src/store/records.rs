@@ -356,7 +356,10 @@ mod tests {
             boot_epoch: 3,
             commit_epoch: 3,
             commit_seq: 99,
-            taken_at: Timestamp { sec: 1_795_000_000, nsec: 5 },
+            taken_at: Timestamp {
+                sec: 1_795_000_000,
+                nsec: 5,
+            },
             server_version: "0.1.0".into(),
         };
         let bytes = rec.encode();
@@ -364,7 +367,10 @@ mod tests {
         for i in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[i] ^= 0x10;
-            assert!(BackupRecord::decode(&bad).is_err(), "flip at {i} not caught");
+            assert!(
+                BackupRecord::decode(&bad).is_err(),
+                "flip at {i} not caught"
+            );
         }
     }
 
