@@ -8,10 +8,11 @@
 //! system (an LVM2 volume has none: there the existing store is the only witness); an existing
 //! store is replaced only with `force`, and never one of another file system or one a running
 //! server holds. The store is then written from the backup's tables (a file store beside the
-//! old one and renamed over it; a store on a metadata LUN in place), with a start count past
-//! every one the backup and the old store (when it can be read) knew, so that nothing a server
-//! issued since the backup (sessions, grants) is taken for this start's. fsck of the installed
-//! store closes the restore.
+//! old one and renamed over it; a store on a metadata LUN in place). The start count stays the
+//! backup's, so the restored server's epoch is lower than the one agents saw if the server
+//! started again since the backup (running agents refuse it: docs/operations.md), except
+//! where that would reuse the old store's own epoch (it goes one past it then). fsck of the
+//! installed store closes the restore.
 
 use std::path::{Path, PathBuf};
 
@@ -200,7 +201,17 @@ pub fn restore(
         None
     };
 
-    let boot_epoch = backup_epoch.max(record.boot_epoch).max(old_epoch);
+    // The restored server starts at the backup's epoch + 1: lower than the epoch agents saw
+    // if the old server started since the backup, so that agents still running refuse it
+    // (docs/operations.md). If that start would reuse the old store's own epoch (one
+    // restart since the backup), it goes one past it instead: a start never takes the epoch
+    // of the run whose sessions and grants agents may still hold.
+    let backup_epoch = backup_epoch.max(record.boot_epoch);
+    let boot_epoch = if old_epoch != 0 && backup_epoch + 1 == old_epoch {
+        old_epoch
+    } else {
+        backup_epoch
+    };
     install(&r, target, boot_epoch).map_err(|e| RestoreError::Install(e.to_string()))?;
     drop(r);
     drop(db);

@@ -3,7 +3,8 @@
 //! commits go on is a consistent store that fsck calls clean; one taken at rest holds exactly
 //! the store's namespace; a path that exists, a relative one, one in no directory and a full
 //! file system are refused with their errno and leave no file behind; restore refuses a store
-//! that is not a backup and installs a backup where no store is, past the old start count.
+//! that is not a backup and installs a backup where no store is, and over one, at the backup's start count (one past
+//! the old store's where it would reuse it).
 //! The end-to-end run under a writer on a mount is in the agent's tests (`backup.rs`).
 
 use std::path::{Path, PathBuf};
@@ -193,11 +194,15 @@ fn a_backup_path_that_cannot_be_used_is_refused_with_its_errno_and_nothing_is_le
 }
 
 #[test]
-fn restore_refuses_a_store_that_is_no_backup_and_installs_a_backup_past_the_old_epoch() {
+fn restore_refuses_a_store_that_is_no_backup_and_installs_a_backup_at_its_own_epoch() {
     let dir = tempfile::tempdir().unwrap();
     let (store, clock, config, meta) = formatted(dir.path(), 30);
     let backup = dir.path().join("b.redb");
-    store.backup(&backup, false, TAKEN_AT, "test").unwrap();
+    let backup_epoch = store
+        .backup(&backup, false, TAKEN_AT, "test")
+        .unwrap()
+        .record
+        .boot_epoch;
     let want = dump(&store);
     drop(store);
     // Two more starts: the old store's start count moves past the backup's.
@@ -224,7 +229,8 @@ fn restore_refuses_a_store_that_is_no_backup_and_installs_a_backup_past_the_old_
     let run = mds(["fsck", "--backup", plain.to_str().unwrap()]);
     assert!(run.stdout.contains("no backup record"), "{run:?}");
 
-    // Over the store (of the same fs), with --force: the start count goes past the old one.
+    // Over the store (of the same fs), with --force: the restored server starts at the
+    // backup's epoch + 1, lower than the old store's (running agents refuse it).
     let run = mds([
         "restore",
         "--config",
@@ -234,11 +240,8 @@ fn restore_refuses_a_store_that_is_no_backup_and_installs_a_backup_past_the_old_
     ]);
     assert_eq!(run.code, Some(0), "{run:?}");
     let restored = Store::open(&Backend::File(meta.clone()), clock.clone(), 64).unwrap();
-    assert!(
-        restored.boot_epoch() > old_epoch,
-        "{} after {old_epoch}",
-        restored.boot_epoch()
-    );
+    assert!(old_epoch > backup_epoch + 1, "{old_epoch} {backup_epoch}");
+    assert_eq!(restored.boot_epoch(), backup_epoch + 1);
     assert_eq!(dump(&restored), want);
     drop(restored);
 
@@ -253,7 +256,21 @@ fn restore_refuses_a_store_that_is_no_backup_and_installs_a_backup_past_the_old_
     assert_eq!(run.code, Some(0), "{run:?}");
     let run = mds(["fsck", "--config", config.to_str().unwrap()]);
     assert_eq!(run.code, Some(0), "{run:?}");
-    let restored = Store::open(&Backend::File(meta), clock, 64).unwrap();
+    let restored = Store::open(&Backend::File(meta.clone()), clock.clone(), 64).unwrap();
     assert_eq!(dump(&restored), want);
-    assert!(restored.boot_epoch() > 1);
+    assert_eq!(restored.boot_epoch(), backup_epoch + 1);
+    drop(restored);
+
+    // One start since the backup (the store's epoch is the backup's + 1): the restored start
+    // would reuse that epoch, so it goes one past it.
+    let run = mds([
+        "restore",
+        "--config",
+        config.to_str().unwrap(),
+        backup.to_str().unwrap(),
+        "--force",
+    ]);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let restored = Store::open(&Backend::File(meta), clock, 64).unwrap();
+    assert_eq!(restored.boot_epoch(), backup_epoch + 2);
 }
