@@ -6,7 +6,7 @@
 //! `backup` key of the `super` table ([`BackupRecord`]), saying what it is. It is copied from
 //! one read transaction (MVCC: commits go on meanwhile, and the copy holds exactly the changes
 //! committed before the transaction began), into a file of a temporary name in the target's
-//! directory, committed (fsync), renamed to the target (without `force` by a hard link, which
+//! directory, committed (fsync), renamed to the target (without `force` with `RENAME_NOREPLACE`, which
 //! fails if the target appeared meanwhile), and the directory synced. A failure removes the
 //! temporary file: nothing half-written is left under the target's name.
 
@@ -204,11 +204,18 @@ fn install_file(tmp: TempFile, target: &Path, force: bool) -> Result<(), FsError
         .map_err(|e| what(&e))?;
     if force {
         std::fs::rename(&from, target).map_err(|e| what(&e))?;
-        tmp.keep();
     } else {
-        // A hard link fails with EEXIST if the target appeared since it was checked.
-        std::fs::hard_link(&from, target).map_err(|e| what(&e))?;
+        // Fails with EEXIST if the target appeared since it was checked.
+        rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            &from,
+            rustix::fs::CWD,
+            target,
+            rustix::fs::RenameFlags::NOREPLACE,
+        )
+        .map_err(|e| what(&std::io::Error::from(e)))?;
     }
+    tmp.keep();
     let dir = target.parent().unwrap_or(Path::new("/"));
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
