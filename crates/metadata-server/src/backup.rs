@@ -18,11 +18,12 @@ use std::path::{Path, PathBuf};
 
 use redb::ReadableDatabase;
 use sanfs_blockmap::label::{DeviceLabel, LABEL_SIZE};
+use sanfs_blockmap::volume::DeviceId;
 use uuid::Uuid;
 
 use crate::fsck::{self, Report};
 use crate::store::backend::{FaultPlan, SimDisk};
-use crate::store::backup::{backup_record, boot_epoch_of, install, superblock};
+use crate::store::backup::{backup_record, boot_epoch_of, install, superblock, volume_of};
 use crate::store::records::BackupRecord;
 use crate::store::{Backend, StoreError, Verify, guard_damage, open_db, open_db_read_only};
 
@@ -54,6 +55,9 @@ pub struct Restored {
     pub replaced: Option<bool>,
     /// LUNs whose label names the backup's file system.
     pub labels_matched: usize,
+    /// LUNs labelled for the file system that the backup's volume does not hold (added by a
+    /// growth after the backup): their data is not reachable from the restored store.
+    pub not_in_volume: Vec<PathBuf>,
 }
 
 /// What fsck found in a backup file, with its record.
@@ -72,8 +76,8 @@ fn refused(what: impl std::fmt::Display) -> RestoreError {
     RestoreError::Refused(what.to_string())
 }
 
-/// The labels on `devices` that name a file system: (device, fs UUID).
-fn labels(devices: &[PathBuf]) -> Result<Vec<(PathBuf, Uuid)>, RestoreError> {
+/// The labels on `devices` that name a file system: (device, fs UUID, device UUID).
+fn labels(devices: &[PathBuf]) -> Result<Vec<(PathBuf, Uuid, Uuid)>, RestoreError> {
     let mut found = Vec::new();
     for path in devices {
         let lun = crate::device::Lun::open(path, false)
@@ -82,7 +86,7 @@ fn labels(devices: &[PathBuf]) -> Result<Vec<(PathBuf, Uuid)>, RestoreError> {
             .read_prefix(LABEL_SIZE)
             .map_err(|e| refused(format!("cannot read the LUN {}: {e:#}", path.display())))?;
         if let Ok(label) = DeviceLabel::decode(&bytes) {
-            found.push((path.clone(), label.fs_uuid));
+            found.push((path.clone(), label.fs_uuid, label.device_uuid));
         }
     }
     Ok(found)
@@ -119,9 +123,10 @@ pub fn restore(
         let record = backup_record(&r)?;
         let sb = superblock(&r)?;
         let epoch = boot_epoch_of(&r)?;
-        Ok((r, record, sb, epoch))
+        let volume = volume_of(&r)?;
+        Ok((r, record, sb, epoch, volume))
     };
-    let (r, record, sb, backup_epoch) =
+    let (r, record, sb, backup_epoch, volume) =
         guard_damage("read the backup", read).map_err(|e| refused(e.to_string()))?;
     let Some(record) = record else {
         return Err(refused(format!(
@@ -139,7 +144,7 @@ pub fn restore(
 
     // The LUNs: their labels must name the backup's file system.
     let found = labels(devices)?;
-    if let Some((dev, other)) = found.iter().find(|(_, fs)| *fs != sb.fs_uuid) {
+    if let Some((dev, other, _)) = found.iter().find(|(_, fs, _)| *fs != sb.fs_uuid) {
         return Err(refused(format!(
             "the backup is of file system {}, but {} is labelled for file system {other}: \
              a backup of another file system",
@@ -154,6 +159,17 @@ pub fn restore(
             sb.fs_uuid
         )));
     }
+
+    let not_in_volume: Vec<PathBuf> = found
+        .iter()
+        .filter(|(_, _, dev)| {
+            !volume
+                .devices()
+                .iter()
+                .any(|d| d.uuid == DeviceId::Sanfs(*dev))
+        })
+        .map(|(p, _, _)| p.clone())
+        .collect();
 
     // The store there now.
     let exists = match target {
@@ -230,5 +246,6 @@ pub fn restore(
         boot_epoch,
         replaced,
         labels_matched: found.len(),
+        not_in_volume,
     })
 }

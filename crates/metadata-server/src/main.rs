@@ -425,6 +425,12 @@ fn restore(config_path: &Path, backup: &Path, force: bool) -> anyhow::Result<Exi
                 done.labels_matched,
                 done.boot_epoch + 1
             );
+            for lun in &done.not_in_volume {
+                println!(
+                    "warning: {} is labelled for this file system but is not in the backup's volume (added after the backup): its data is not reachable; see docs/operations.md",
+                    lun.display()
+                );
+            }
             println!(
                 "changes made after the backup are gone: files created since do not exist, and blocks allocated since are free again"
             );

@@ -137,6 +137,15 @@ pub fn superblock(r: &ReadTransaction) -> Result<Superblock, StoreError> {
     Superblock::decode(v.value()).map_err(|e| StoreError::Corrupt(format!("super record: {e}")))
 }
 
+/// The volume recorded in a store.
+pub fn volume_of(r: &ReadTransaction) -> Result<Volume, StoreError> {
+    let sup = r.open_table(SUPER)?;
+    let v = sup
+        .get(KEY_VOLUME)?
+        .ok_or_else(|| StoreError::Corrupt("no volume record".into()))?;
+    codec::decode_volume(v.value()).map_err(|e| StoreError::Corrupt(format!("volume record: {e}")))
+}
+
 /// The start count recorded in a store (0 if none).
 pub fn boot_epoch_of(r: &ReadTransaction) -> Result<u64, StoreError> {
     let counters = r.open_table(COUNTERS)?;

@@ -342,3 +342,63 @@ fn a_backup_restores_onto_a_store_on_a_metadata_lun() {
     let restored = Store::open(&backend, clock, 64).unwrap();
     assert_eq!(dump(&restored), want);
 }
+
+#[test]
+fn restore_names_the_luns_added_after_the_backup() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _clock, config, _meta) = formatted(dir.path(), 10);
+    let backup = dir.path().join("b.redb");
+    store.backup(&backup, false, TAKEN_AT, "test").unwrap();
+    // A growth after the backup: one more LUN, labelled for this file system.
+    let added = dir.path().join("added-lun-h15");
+    std::fs::File::create(&added)
+        .unwrap()
+        .set_len(16 * MIB)
+        .unwrap();
+    let luns: Vec<PathBuf> = (0..2).map(|i| dir.path().join(format!("lun{i}"))).collect();
+    let devices = Arc::new(sanfs_mds::datadev::DataDevices::open(
+        &store.volume(),
+        &luns,
+    ));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(sanfs_mds::grow::grow(
+        &store,
+        &devices,
+        sanfs_proto::model::GrowVolumeRequest {
+            device_paths: vec![added.to_string_lossy().into_owned()],
+            layout: sanfs_proto::model::GrowLayout::Linear,
+            force: false,
+        },
+        EPOCH_SEC,
+    ))
+    .unwrap();
+    drop(store);
+    let mut all = luns.clone();
+    all.push(added.clone());
+    let config_text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace(&toml_paths(&luns), &toml_paths(&all));
+    std::fs::write(&config, config_text).unwrap();
+
+    let run = mds([
+        "restore",
+        "--config",
+        config.to_str().unwrap(),
+        backup.to_str().unwrap(),
+        "--force",
+    ]);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stdout.contains(&format!(
+            "warning: {} is labelled for this file system but is not in the backup's volume",
+            added.display()
+        )),
+        "{run:?}"
+    );
+    assert!(run.stdout.contains("LUN labels checked: 3"), "{run:?}");
+    // The original LUNs are not named.
+    assert_eq!(run.stdout.matches("warning:").count(), 1, "{run:?}");
+}
