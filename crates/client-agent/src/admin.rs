@@ -389,6 +389,20 @@ impl DivNonZero for f64 {
     }
 }
 
+/// A session id in JSON: a decimal string, since ids use all 64 bits and JSON readers that keep
+/// numbers as doubles (jq 1.6, JavaScript) round them above 2^53.
+fn session_json(id: u64) -> Value {
+    json!(id.to_string())
+}
+
+/// A session id back from [`session_json`] (a number is accepted too); 0 when absent.
+fn session_of(v: &Value) -> u64 {
+    v.as_str()
+        .and_then(|s| s.parse().ok())
+        .or_else(|| v.as_u64())
+        .unwrap_or(0)
+}
+
 /// `clients` as JSON: every listed session.
 pub fn clients_json(s: &ServerStatus) -> Value {
     let sessions: Vec<Value> = s
@@ -396,7 +410,7 @@ pub fn clients_json(s: &ServerStatus) -> Value {
         .iter()
         .map(|c| {
             json!({
-                "session": c.session.0,
+                "session": session_json(c.session.0),
                 "identity": c.identity,
                 "client_name": c.client_name,
                 "host": c.host,
@@ -412,7 +426,7 @@ pub fn clients_json(s: &ServerStatus) -> Value {
 /// `clients` as text: a table.
 pub fn clients_text(j: &Value) -> String {
     let mut out = format!(
-        "{:>8}  {:<20} {:<16} {:<16} {:>7} {:>6} {:>7}\n",
+        "{:>20}  {:<20} {:<16} {:<16} {:>7} {:>6} {:>7}\n",
         "SESSION", "IDENTITY", "CLIENT", "HOST", "LEASE", "GRANTS", "HANDLES"
     );
     let empty = Vec::new();
@@ -420,8 +434,8 @@ pub fn clients_text(j: &Value) -> String {
     for c in list {
         let _ = writeln!(
             out,
-            "{:>8}  {:<20} {:<16} {:<16} {:>7} {:>6} {:>7}",
-            c["session"].as_u64().unwrap_or(0),
+            "{:>20}  {:<20} {:<16} {:<16} {:>7} {:>6} {:>7}",
+            session_of(&c["session"]),
             c["identity"].as_str().unwrap_or(""),
             c["client_name"].as_str().unwrap_or(""),
             c["host"].as_str().unwrap_or(""),
@@ -523,7 +537,7 @@ pub fn top_json(before: &ServerStatus, after: &ServerStatus, fallback_secs: f64)
                 .find(|b| b.session == s.session)
                 .map_or(Activity::default(), |b| b.activity);
             let mut c = activity_rates(&was, &s.activity, secs);
-            c["session"] = json!(s.session.0);
+            c["session"] = session_json(s.session.0);
             c["client_name"] = json!(s.client_name);
             c["host"] = json!(s.host);
             c["identity"] = json!(s.identity);
@@ -532,12 +546,8 @@ pub fn top_json(before: &ServerStatus, after: &ServerStatus, fallback_secs: f64)
         })
         .collect();
     clients.sort_by(|a, b| {
-        by_rate(a, b, "rpcs_per_sec").then_with(|| {
-            a["session"]
-                .as_u64()
-                .unwrap_or(0)
-                .cmp(&b["session"].as_u64().unwrap_or(0))
-        })
+        by_rate(a, b, "rpcs_per_sec")
+            .then_with(|| session_of(&a["session"]).cmp(&session_of(&b["session"])))
     });
     json!({
         "uptime_ms": after.uptime_ms,
@@ -646,7 +656,7 @@ pub fn top_text(j: &Value) -> String {
         let _ = writeln!(
             out,
             "{:>20}  {:<16} {:>8} {:>8} {:>7} {:>7} {:>11} {:>11} {:>11} {:>11}",
-            n(&c["session"]),
+            session_of(&c["session"]),
             c["client_name"].as_str().unwrap_or(""),
             per_sec(&c["rpcs_per_sec"]),
             n(&c["mean_latency_us"]),
@@ -779,9 +789,9 @@ mod tests {
         let j = json!({
             "sessions_total": 3,
             "sessions": [
-                {"session": 7, "identity": "unix:uid=0", "client_name": "node-a", "host": "h1",
+                {"session": "7", "identity": "unix:uid=0", "client_name": "node-a", "host": "h1",
                  "lease_remaining_ms": 9500, "grants": 2, "open_handles": 1},
-                {"session": 9, "identity": "node-b", "client_name": "node-b", "host": "h2",
+                {"session": "9", "identity": "node-b", "client_name": "node-b", "host": "h2",
                  "lease_remaining_ms": 300, "grants": 0, "open_handles": 0},
             ],
         });
@@ -885,7 +895,7 @@ mod tests {
             .iter()
             .map(|c| {
                 (
-                    c["session"].as_u64().unwrap(),
+                    session_of(&c["session"]),
                     c["rpcs_per_sec"].as_f64().unwrap(),
                 )
             })

@@ -244,6 +244,15 @@ fn failed(out: &Output, what: &str) -> String {
     text(&out.stderr)
 }
 
+/// A session id of `clients --json`: a decimal string (64-bit ids would lose digits in readers
+/// that keep JSON numbers as doubles, jq 1.6 among them).
+fn session_id(c: &Value) -> u64 {
+    c["session"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("session id not a decimal string: {c}"))
+}
+
 /// The sessions `clients --json` lists for our mount's client name.
 fn mount_sessions(s: &Setup) -> Vec<Value> {
     s.json(&["clients"])["sessions"]
@@ -289,7 +298,7 @@ fn status_clients_and_refusal_of_a_node_that_is_not_an_admin() {
     assert_eq!(clients.len(), 1, "{clients:?}");
     let c = &clients[0];
     assert_eq!(c["identity"], "unix:uid=0", "{c}");
-    assert!(c["session"].as_u64().unwrap() >= 1, "{c}");
+    assert!(session_id(c) >= 1, "{c}");
     let lease = c["lease_remaining_ms"].as_u64().unwrap();
     assert!(lease > 0 && lease <= 2000 + 5000, "{c}");
     let plain = s.admin(&["clients"]);
@@ -402,18 +411,14 @@ fn quota_set_is_enforced_on_a_mount_and_eviction_reopens_its_session() {
     // Evict the mount's session: its agent is told, opens a new session, and the mount works.
     let before = mount_sessions(&s);
     assert_eq!(before.len(), 1, "{before:?}");
-    let old = before[0]["session"].as_u64().unwrap();
+    let old = session_id(&before[0]);
     let out = s.admin(&["evict", &old.to_string(), "--reason", "h10 admin test"]);
     ok(&out, &["evict"]);
     assert!(text(&out.stdout).contains(&format!("session {old} evicted")));
     let deadline = Instant::now() + Duration::from_secs(20);
     let new = loop {
         let now = mount_sessions(&s);
-        if let Some(n) = now
-            .iter()
-            .map(|c| c["session"].as_u64().unwrap())
-            .find(|&id| id != old)
-        {
+        if let Some(n) = now.iter().map(session_id).find(|&id| id != old) {
             break n;
         }
         assert!(
@@ -431,10 +436,7 @@ fn quota_set_is_enforced_on_a_mount_and_eviction_reopens_its_session() {
     // The old session is gone once its lease ran out; the new one stays.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let ids: Vec<u64> = mount_sessions(&s)
-            .iter()
-            .map(|c| c["session"].as_u64().unwrap())
-            .collect();
+        let ids: Vec<u64> = mount_sessions(&s).iter().map(session_id).collect();
         if ids == [new] {
             break;
         }

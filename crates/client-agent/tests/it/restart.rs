@@ -99,6 +99,10 @@ impl Setup {
     /// forked now, while the server is up: a fork while it is down would, at the child's exec,
     /// close the FUSE files this test process (any of its tests) holds open, and such a close
     /// (FUSE flush) of a file with lazily completed writes waits for the server: a deadlock.
+    /// The shell's own exec closes them too, and the kernel lets the spawning thread go on
+    /// (vfork) before it does: so this waits for the shell's "ready", which it can only say
+    /// once its exec, those closes included, is over. (Without that wait, a kill of the server
+    /// right after could leave the shell stuck in that close for good.)
     fn prepare_server(&self) -> ChildGuard {
         let log = OpenOptions::new()
             .create(true)
@@ -107,14 +111,19 @@ impl Setup {
             .unwrap();
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
-            .arg("read _go && exec \"$0\" serve --config \"$1\"")
+            .arg("echo ready && read _go && exec \"$0\" serve --config \"$1\" > /dev/null")
             .arg(mds_binary())
             .arg(&self.config)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(log);
-        ChildGuard::spawn(&mut cmd).unwrap()
+        let mut child = ChildGuard::spawn(&mut cmd).unwrap();
+        let out = child.child_mut().stdout.take().unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line).unwrap();
+        assert_eq!(line, "ready\n", "the shell that starts sanfs-mds");
+        child
     }
 
     /// Lets a [`Setup::prepare_server`] shell exec the server (no fork) and waits until it
