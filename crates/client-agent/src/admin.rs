@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use sanfs_proto::model::{
-    Activity, EvictSessionReply, EvictSessionRequest, GrowLayout, GrowVolumeReply,
-    GrowVolumeRequest, InodeRequest, QuotaInfo, QuotaLimits, QuotaList, ServerStatus,
-    SetQuotaRequest, StatFs, VolumeInfo,
+    Activity, BackupStoreReply, BackupStoreRequest, EvictSessionReply, EvictSessionRequest,
+    GrowLayout, GrowVolumeReply, GrowVolumeRequest, InodeRequest, QuotaInfo, QuotaLimits,
+    QuotaList, ServerStatus, SetQuotaRequest, StatFs, VolumeInfo,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::admin_client::AdminClient;
@@ -227,9 +227,48 @@ impl Admin {
         GrowVolumeReply::try_from(r.into_inner()).map_err(|e| malformed("GrowVolume", e))
     }
 
+    /// Has the server write a consistent copy of its metadata store to `path` on the
+    /// server's host (docs/operations.md "Backing up the metadata store").
+    pub async fn backup(&self, path: String, force: bool) -> anyhow::Result<BackupStoreReply> {
+        let req = BackupStoreRequest { path, force };
+        let r = self
+            .admin()
+            .backup_store(pb::BackupStoreRequest::from(req))
+            .await
+            .map_err(|s| refused("BackupStore", &s))?;
+        BackupStoreReply::try_from(r.into_inner()).map_err(|e| malformed("BackupStore", e))
+    }
+
     pub fn server(&self) -> &str {
         &self.server
     }
+}
+
+/// `backup` as JSON.
+pub fn backup_json(path: &str, r: &BackupStoreReply) -> Value {
+    json!({
+        "path": path,
+        "fs_uuid": r.fs_uuid.to_string(),
+        "epoch": r.epoch.0,
+        "commit_seq": r.commit_seq,
+        "taken_at": r.taken_at.sec,
+        "inodes": r.inodes,
+        "size_bytes": r.size_bytes,
+    })
+}
+
+/// `backup` as text.
+pub fn backup_text(j: &Value) -> String {
+    format!(
+        "backup {}: fs {}, server epoch {}, last commit {}, taken at {} (Unix seconds), {} inodes, {} bytes\n",
+        j["path"].as_str().unwrap_or(""),
+        j["fs_uuid"].as_str().unwrap_or(""),
+        j["epoch"],
+        j["commit_seq"],
+        j["taken_at"],
+        j["inodes"],
+        j["size_bytes"],
+    )
 }
 
 /// `grow` as JSON.

@@ -12,6 +12,7 @@
 //! - [`recovery`]: what a start frees after opening the store (orphans, preallocation).
 //! - [`handles`]: the open-handle table.
 //! - [`fsck`]: the offline consistency check.
+//! - [`backup`]: `restore`: a backup (written online by `Store::backup`) checked and installed.
 //! - [`config`]: the `mds.toml` configuration.
 //! - [`device`], [`format`], [`inspect`]: the LUNs (labels, LVM2 import, `volume inspect`).
 //! - [`grow`]: growing the volume while mounted (LUNs added, or an extended LVM2 LV).
@@ -30,6 +31,7 @@
 
 pub mod activity;
 pub mod advisory;
+pub mod backup;
 pub mod clock;
 pub mod config;
 pub mod data;

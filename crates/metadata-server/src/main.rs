@@ -1,4 +1,4 @@
-//! The `sanfs-mds` command line: `format`, `serve`, `fsck`, `volume inspect`.
+//! The `sanfs-mds` command line: `format`, `serve`, `fsck`, `restore`, `volume inspect`.
 //!
 //! Errors print as `sanfs-mds: <error chain>` on stderr and exit with status 2 (clap's usage
 //! errors also exit with 2). Logs go to stderr, filtered by `RUST_LOG` (default `info`).
@@ -46,8 +46,12 @@ enum Command {
     },
     /// Check the metadata store against the volume (read-only: it never changes the store).
     Fsck {
-        #[arg(long)]
-        config: PathBuf,
+        #[arg(long, required_unless_present = "backup")]
+        config: Option<PathBuf>,
+        /// Check a backup file (written by `sanfs-admin backup`) instead of the configured
+        /// store: read-only, and the backup's record (file system, commit, time) is shown.
+        #[arg(long, conflicts_with_all = ["config", "repair"])]
+        backup: Option<PathBuf>,
         /// Repair: redb's recovery after an unclean shutdown, then leaked blocks back to free
         /// space, link counts, directory sizes and parents, block counts, the next inode
         /// number, quota usage, lost orphans, and inodes in no directory (to /lost+found).
@@ -60,6 +64,18 @@ enum Command {
         /// Print the report (or the repair report) as one JSON object on stdout.
         #[arg(long)]
         json: bool,
+    },
+    /// Install a backup (written by `sanfs-admin backup`) as the metadata store, with the
+    /// server stopped: the backup must be clean and of this file system (its LUNs' labels, the
+    /// existing store). Changes made after the backup are lost (docs/operations.md).
+    Restore {
+        #[arg(long)]
+        config: PathBuf,
+        /// The backup file.
+        backup: PathBuf,
+        /// Replace the metadata store that exists (of the same file system).
+        #[arg(long)]
+        force: bool,
     },
     /// Look at volumes and devices.
     Volume {
@@ -117,10 +133,26 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => serve(&config, metrics_addr),
         Command::Fsck {
             config,
+            backup: Some(backup),
+            json,
+            ..
+        } => {
+            drop(config);
+            fsck_backup(&backup, json)
+        }
+        Command::Fsck {
+            config: Some(config),
             repair,
             dry_run,
             json,
+            ..
         } => fsck(&config, repair, dry_run, json),
+        Command::Fsck { .. } => anyhow::bail!("fsck needs --config or --backup"),
+        Command::Restore {
+            config,
+            backup,
+            force,
+        } => restore(&config, &backup, force),
         Command::Volume {
             command:
                 VolumeCommand::Inspect {
@@ -305,6 +337,113 @@ fn fsck(config_path: &Path, repair: bool, dry_run: bool, json: bool) -> anyhow::
             Ok(ExitCode::from(4))
         }
         Err(e) => Err(anyhow::Error::new(e).context(format!("read the metadata store {path}"))),
+    }
+}
+
+/// `fsck --backup FILE`: the exit codes of `fsck` (2: not readable as a store).
+fn fsck_backup(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    use sanfs_mds::store::StoreError;
+    match sanfs_mds::backup::check_backup(path) {
+        Ok((report, record)) => {
+            if json {
+                let value = serde_json::json!({
+                    "backup": record.as_ref().map(|b| serde_json::json!({
+                        "fs_uuid": b.fs_uuid.to_string(),
+                        "epoch": b.boot_epoch,
+                        "commit_epoch": b.commit_epoch,
+                        "commit_seq": b.commit_seq,
+                        "taken_at": b.taken_at.sec,
+                        "server_version": b.server_version,
+                    })),
+                    "report": report,
+                });
+                println!("{}", serde_json::to_string_pretty(&value)?);
+            } else {
+                match &record {
+                    Some(b) => println!(
+                        "backup of fs {} taken at {} (Unix seconds) in server epoch {}, last commit {}/{}, by sanfs-mds {}",
+                        b.fs_uuid,
+                        b.taken_at.sec,
+                        b.boot_epoch,
+                        b.commit_epoch,
+                        b.commit_seq,
+                        b.server_version
+                    ),
+                    None => println!(
+                        "{}: a metadata store with no backup record (not written by sanfs-admin backup)",
+                        path.display()
+                    ),
+                }
+                println!("{report}");
+            }
+            Ok(if report.is_clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Err(e @ StoreError::NeedsRepair) => {
+            eprintln!("sanfs-mds: {}: {e}", path.display());
+            Ok(ExitCode::from(3))
+        }
+        Err(e @ StoreError::InUse) => {
+            eprintln!("sanfs-mds: {}: {e}", path.display());
+            Ok(ExitCode::from(4))
+        }
+        Err(e) => Err(anyhow::Error::new(e).context(format!("read the backup {}", path.display()))),
+    }
+}
+
+/// `restore`: exit 0 restored, 2 refused or failed (the reason on stderr), 4 the store is in
+/// use by a running server.
+fn restore(config_path: &Path, backup: &Path, force: bool) -> anyhow::Result<ExitCode> {
+    use sanfs_mds::backup::RestoreError;
+    let config = MdsConfig::load(config_path)?;
+    let backend = metadata_backend(&config);
+    let store = config.metadata.path.display();
+    match sanfs_mds::backup::restore(backup, &backend, &config.volume.devices, force) {
+        Ok(done) => {
+            let b = &done.record;
+            println!(
+                "restored {} into the metadata store {store}: fs {}, taken at {} (Unix seconds), last commit {}/{}, {} inodes",
+                backup.display(),
+                b.fs_uuid,
+                b.taken_at.sec,
+                b.commit_epoch,
+                b.commit_seq,
+                done.report.inodes
+            );
+            match done.replaced {
+                Some(true) => {
+                    println!("replaced the store that was there (of the same file system)")
+                }
+                Some(false) => println!("replaced a store that could not be read"),
+                None => {}
+            }
+            println!(
+                "LUN labels checked: {}; next server epoch: {}; fsck of the restored store: clean",
+                done.labels_matched,
+                done.boot_epoch + 1
+            );
+            for lun in &done.not_in_volume {
+                println!(
+                    "warning: {} is labelled for this file system but is not in the backup's volume (added after the backup): its data is not reachable; see docs/operations.md",
+                    lun.display()
+                );
+            }
+            println!(
+                "changes made after the backup are gone: files created since do not exist, and blocks allocated since are free again"
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e @ RestoreError::InUse(_)) => {
+            eprintln!("sanfs-mds: {store}: {e}");
+            Ok(ExitCode::from(4))
+        }
+        Err(e) => {
+            eprintln!("sanfs-mds: restore {}: {e}", backup.display());
+            Ok(ExitCode::from(2))
+        }
     }
 }
 

@@ -24,6 +24,9 @@
 //! | `sanfs_auth_refused_total` | counter | `code` | callers refused by the authenticator (`service::identity`) |
 //! | `sanfs_insecure_requests_total` | counter | | plaintext calls accepted because of `insecure` |
 //! | `sanfs_foreign_session_refused_total` | counter | | calls naming another identity's session |
+//! | `sanfs_backups_total` | counter | `result` | backups of the metadata store (`Admin.BackupStore`), `ok` or `failed` |
+//! | `sanfs_backup_duration_seconds` | gauge | | time the last backup that succeeded took |
+//! | `sanfs_backup_last_success_timestamp_seconds` | gauge | | when (server clock, Unix seconds) the last backup that succeeded was taken |
 //! | `sanfs_build_info` | gauge | `version` | always 1: the serving version |
 //! | `sanfs_capacity_bytes` | gauge | | the volume's data capacity |
 //! | `sanfs_free_bytes` | gauge | | data capacity no file holds |
@@ -170,6 +173,20 @@ fn describe_recorded() {
         "Plaintext calls accepted because server.insecure is set."
     );
     describe_counter!(
+        "sanfs_backups_total",
+        "Backups of the metadata store (Admin.BackupStore), by result (ok, failed)."
+    );
+    metrics::describe_gauge!(
+        "sanfs_backup_duration_seconds",
+        Unit::Seconds,
+        "Time the last successful backup of the metadata store took."
+    );
+    metrics::describe_gauge!(
+        "sanfs_backup_last_success_timestamp_seconds",
+        Unit::Seconds,
+        "When the last successful backup of the metadata store was taken (Unix seconds)."
+    );
+    describe_counter!(
         "sanfs_foreign_session_refused_total",
         "Calls naming a session of another identity, refused."
     );
@@ -180,6 +197,23 @@ pub fn record_rpc(rpc: &'static str, code: tonic::Code, elapsed: Duration) {
     metrics::counter!("sanfs_rpc_requests_total", "rpc" => rpc, "code" => format!("{code:?}"))
         .increment(1);
     metrics::histogram!("sanfs_rpc_duration_seconds", "rpc" => rpc).record(elapsed.as_secs_f64());
+}
+
+/// Counts one backup of the metadata store; a successful one (`taken_at_sec`: its snapshot's
+/// time) also sets the last backup's time and duration.
+pub fn record_backup(result: Result<i64, ()>, elapsed: Duration) {
+    match result {
+        Ok(taken_at_sec) => {
+            metrics::counter!("sanfs_backups_total", "result" => "ok").increment(1);
+            metrics::gauge!("sanfs_backup_duration_seconds").set(elapsed.as_secs_f64());
+            #[allow(
+                clippy::cast_precision_loss,
+                reason = "Unix seconds fit an f64 exactly until the year 285 million"
+            )]
+            metrics::gauge!("sanfs_backup_last_success_timestamp_seconds").set(taken_at_sec as f64);
+        }
+        Err(()) => metrics::counter!("sanfs_backups_total", "result" => "failed").increment(1),
+    }
 }
 
 /// The text exposition of every metric.

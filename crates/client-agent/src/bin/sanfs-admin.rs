@@ -4,7 +4,7 @@
 //! --tls-key F [--tls-domain NAME]] [--json] COMMAND`, where COMMAND is `status`, `clients`,
 //! `top [--interval SECS] [--count N]`, `evict SESSION [--reason TEXT]`, `quota get DIR`, `quota set DIR [--bytes SIZE|none]
 //! [--inodes N|none]`, `quota list` or `grow --layout linear|striped|lvm [--stripe-unit SIZE]
-//! [--force] [DEVICE...]`. Exit status 0 on success, 1 when the server refused or
+//! [--force] [DEVICE...]` or `backup PATH [--force]`. Exit status 0 on success, 1 when the server refused or
 //! failed (the reason on stderr), 2 for a usage error.
 //!
 //! [`admin`]: sanfs_client_agent::admin
@@ -23,7 +23,7 @@ use serde_json::json;
 #[command(
     name = "sanfs-admin",
     version,
-    about = "sanfs administration: server status, clients, eviction, directory quotas, volume growth"
+    about = "sanfs administration: server status, clients, eviction, directory quotas, volume growth, metadata backup"
 )]
 struct Cli {
     #[command(flatten)]
@@ -99,6 +99,16 @@ enum Command {
         /// The LUNs to add, as the server's host names them (lvm: further PVs the LV now
         /// uses that the server does not open yet).
         devices: Vec<String>,
+    },
+    /// Have the server write a consistent copy of its metadata store while it serves
+    /// (docs/operations.md "Backing up the metadata store"); restore it with
+    /// `sanfs-mds restore`.
+    Backup {
+        /// Where, on the server's host: an absolute path in a directory that exists.
+        path: String,
+        /// Replace a file that exists there.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -218,6 +228,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .collect::<anyhow::Result<Vec<String>>>()?;
             let r = a.grow(devices, layout, force).await?;
             print(cli.json, &admin::grow_json(&r), admin::grow_text);
+        }
+        Command::Backup { path, force } => {
+            let r = a.backup(path.clone(), force).await?;
+            print(cli.json, &admin::backup_json(&path, &r), admin::backup_text);
         }
         Command::Quota(QuotaCommand::List) => {
             let l = a.quota_list().await?;

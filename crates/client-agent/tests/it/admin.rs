@@ -330,6 +330,19 @@ fn status_clients_and_refusal_of_a_node_that_is_not_an_admin() {
             "{args:?}: {err}"
         );
     }
+    // BackupStore too: refused before anything is written.
+    let refused_backup = s.dir.path().join("refused-backup.redb");
+    let out = s.admin_tls(
+        &s.pki.agent_cert,
+        &s.pki.agent_key,
+        &["backup", refused_backup.to_str().unwrap()],
+    );
+    let err = failed(&out, "backup as agent-a");
+    assert!(
+        err.contains("BackupStore needs an admin identity") && err.contains("agent-a"),
+        "{err}"
+    );
+    assert!(!refused_backup.exists());
     // An unknown session is named as such.
     let err = failed(
         &s.admin(&["evict", "999999"]),

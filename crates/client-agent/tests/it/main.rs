@@ -16,6 +16,7 @@
 
 mod admin;
 mod agent_crash;
+mod backup;
 mod client;
 mod cluster;
 mod coherence;

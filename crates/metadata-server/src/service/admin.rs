@@ -1,8 +1,9 @@
 //! The Admin service: the volume layout agents plan their I/O with, the server's status,
-//! directory quotas, evicting a session, and growing the volume (`crate::grow`).
+//! directory quotas, evicting a session, growing the volume (`crate::grow`), and an online
+//! backup of the metadata store (`Store::backup`).
 //!
 //! Calls that only an administrator may make (ServerStatus, SetQuota, ListQuotas,
-//! EvictSession, GrowVolume) check the
+//! EvictSession, GrowVolume, BackupStore) check the
 //! caller's transport identity with `NodeIdentity::require_admin` (`service::identity`), the
 //! one place that decides who that is.
 
@@ -10,9 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use sanfs_proto::model::{
-    CommitStats, EvictSessionReply, EvictSessionRequest, GrowVolumeReply, GrowVolumeRequest,
-    InodeRequest, MAX_LISTED_QUOTAS, MAX_STATUS_SESSIONS, QuotaList, ServerStatus, SessionSummary,
-    SetQuotaRequest, VolumeInfo,
+    BackupStoreReply, BackupStoreRequest, CommitStats, EvictSessionReply, EvictSessionRequest,
+    GrowVolumeReply, GrowVolumeRequest, InodeRequest, MAX_LISTED_QUOTAS, MAX_STATUS_SESSIONS,
+    QuotaList, ServerStatus, SessionSummary, SetQuotaRequest, VolumeInfo,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::admin_server::Admin;
@@ -190,6 +191,63 @@ impl Admin for AdminService {
                 old_size_bytes: grown.old_size_bytes,
             }
             .into())
+        })
+        .await
+    }
+
+    async fn backup_store(
+        &self,
+        request: Request<pb::BackupStoreRequest>,
+    ) -> Result<Response<pb::BackupStoreReply>, Status> {
+        rpc("BackupStore", async {
+            let who = caller(&request)?;
+            who.require_admin("BackupStore")?;
+            let req: BackupStoreRequest = convert(request.into_inner())?;
+            let server = self.server.clone();
+            let taken_at = server.clock.now();
+            // A copy of the whole store: off the async workers. It reads one snapshot; the
+            // committer goes on meanwhile.
+            let started = std::time::Instant::now();
+            let path = std::path::PathBuf::from(&req.path);
+            let done = tokio::task::spawn_blocking(move || {
+                server
+                    .store
+                    .backup(&path, req.force, taken_at, SERVER_VERSION)
+            })
+            .await
+            .map_err(|e| Status::internal(format!("the backup task failed: {e}")))?;
+            let elapsed = started.elapsed();
+            match done {
+                Ok(info) => {
+                    crate::metrics::record_backup(Ok(info.record.taken_at.sec), elapsed);
+                    tracing::info!(
+                        path = %info.path.display(),
+                        fs_uuid = %info.record.fs_uuid,
+                        epoch = info.record.boot_epoch,
+                        commit_seq = info.record.commit_seq,
+                        inodes = info.inodes,
+                        size_bytes = info.size_bytes,
+                        elapsed_ms = elapsed.as_millis() as u64,
+                        by = %who.name,
+                        "metadata store backed up"
+                    );
+                    let epoch = sanfs_proto::types::SessionEpoch(info.record.boot_epoch.max(1));
+                    Ok(BackupStoreReply {
+                        fs_uuid: info.record.fs_uuid,
+                        epoch,
+                        commit_seq: info.record.commit_seq,
+                        taken_at: info.record.taken_at,
+                        inodes: info.inodes,
+                        size_bytes: info.size_bytes,
+                    }
+                    .into())
+                }
+                Err(e) => {
+                    crate::metrics::record_backup(Err(()), elapsed);
+                    tracing::warn!(path = %req.path, error = %e, "metadata store backup failed");
+                    Err(fs_status(&e))
+                }
+            }
         })
         .await
     }

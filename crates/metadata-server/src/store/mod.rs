@@ -18,10 +18,12 @@
 //! `store/` is the bottom layer of the server: it imports no other server module but the
 //! clock and the handle table. The files: `tables.rs` (table definitions and typed views),
 //! `committer.rs` (the committer thread and [`Ctx`]), `db.rs` (opening a backend, loading),
-//! `error.rs`, `records.rs` (record encodings), `backend.rs` (storage backends); this file is
+//! `error.rs`, `records.rs` (record encodings), `backend.rs` (storage backends), `backup.rs`
+//! (table-by-table copies: online backup, restore); this file is
 //! the [`Store`] itself.
 
 pub mod backend;
+pub mod backup;
 mod committer;
 mod db;
 mod error;

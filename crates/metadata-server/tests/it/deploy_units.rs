@@ -1,4 +1,4 @@
-//! The systemd units in deploy/systemd, checked with `systemd-analyze verify` (skipped, and
+//! The systemd units in deploy/systemd (and the example units in deploy/examples), checked with `systemd-analyze verify` (skipped, and
 //! said so, where systemd's tools are missing; a failure under `SANFS_REQUIRE_ROOT=1`). Any diagnostic fails the test: systemd only
 //! warns about unknown keys, and a unit whose hardening line is misspelt silently loses it.
 
@@ -39,6 +39,15 @@ fn systemd_units_verify_without_a_diagnostic() {
         std::fs::read_to_string(deploy().join("../examples/mnt-sanfs.mount")).unwrap(),
     )
     .unwrap();
+    for unit in ["sanfs-mds-backup.service", "sanfs-mds-backup.timer"] {
+        std::fs::write(
+            dir.path().join(unit),
+            std::fs::read_to_string(deploy().join("../examples").join(unit))
+                .unwrap()
+                .replace("/usr/local/bin/sanfs-admin", "/bin/true"),
+        )
+        .unwrap();
+    }
     let out = Command::new("systemd-analyze")
         .current_dir(dir.path())
         .env("SYSTEMD_LOG_LEVEL", "notice")
@@ -48,6 +57,8 @@ fn systemd_units_verify_without_a_diagnostic() {
             "./sanfs-mds.service",
             "./sanfs-agent@mnt-sanfs.service",
             "./mnt-sanfs.mount",
+            "./sanfs-mds-backup.service",
+            "./sanfs-mds-backup.timer",
         ])
         .output()
         .unwrap();

@@ -26,6 +26,7 @@
 //!   `SANFS_REQUIRE_ROOT=1`, as every gated test: `sanfs_testcluster::skip_unless`).
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+mod backup_cli;
 mod coherence;
 mod common;
 mod crash;

@@ -11,7 +11,7 @@ use super::{
     required, required_msg, session_id, text, to_pb,
 };
 use crate::pb;
-use crate::types::{Credentials, InodeId, ProtocolError, SessionEpoch, SessionId};
+use crate::types::{Credentials, InodeId, ProtocolError, SessionEpoch, SessionId, Timestamp};
 
 impl TryFrom<pb::VolumeDevice> for VolumeDevice {
     type Error = ProtocolError;
@@ -798,6 +798,101 @@ impl From<GrowVolumeReply> for pb::GrowVolumeReply {
         pb::GrowVolumeReply {
             volume: Some(r.volume.into()),
             old_size_bytes: r.old_size_bytes,
+        }
+    }
+}
+
+/// Longest backup path BackupStore accepts (PATH_MAX).
+pub const MAX_BACKUP_PATH_LEN: usize = 4096;
+
+/// BackupStore: an administrator has the server write a consistent copy of its metadata
+/// store to a new file on the server's host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupStoreRequest {
+    /// Absolute, without NUL, at most [`MAX_BACKUP_PATH_LEN`] bytes, not ending in `/`.
+    pub path: String,
+    pub force: bool,
+}
+
+impl TryFrom<pb::BackupStoreRequest> for BackupStoreRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::BackupStoreRequest) -> Result<Self, ProtocolError> {
+        if p.path.is_empty() {
+            return Err(ProtocolError::MissingField("path"));
+        }
+        if !p.path.starts_with('/')
+            || p.path.ends_with('/')
+            || p.path.contains('\0')
+            || p.path.len() > MAX_BACKUP_PATH_LEN
+        {
+            return Err(invalid(
+                "path",
+                format!(
+                    "{:?} is not an absolute file path of at most {MAX_BACKUP_PATH_LEN} bytes",
+                    p.path
+                ),
+            ));
+        }
+        Ok(BackupStoreRequest {
+            path: p.path,
+            force: p.force,
+        })
+    }
+}
+
+impl From<BackupStoreRequest> for pb::BackupStoreRequest {
+    fn from(r: BackupStoreRequest) -> Self {
+        pb::BackupStoreRequest {
+            path: r.path,
+            force: r.force,
+        }
+    }
+}
+
+/// BackupStore's answer: what the backup holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupStoreReply {
+    pub fs_uuid: Uuid,
+    /// The server epoch (start count) the snapshot was taken in (non-zero).
+    pub epoch: SessionEpoch,
+    /// The last commit in the snapshot.
+    pub commit_seq: u64,
+    pub taken_at: Timestamp,
+    pub inodes: u64,
+    pub size_bytes: u64,
+}
+
+impl TryFrom<pb::BackupStoreReply> for BackupStoreReply {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::BackupStoreReply) -> Result<Self, ProtocolError> {
+        if p.inodes == 0 {
+            return Err(invalid("inodes", "a store holds at least the root"));
+        }
+        if p.size_bytes == 0 {
+            return Err(invalid("size_bytes", "a backup file is never empty"));
+        }
+        Ok(BackupStoreReply {
+            fs_uuid: uuid(&p.fs_uuid, "fs_uuid")?,
+            epoch: epoch(p.epoch)?,
+            commit_seq: p.commit_seq,
+            taken_at: required_msg(p.taken_at, "taken_at")?,
+            inodes: p.inodes,
+            size_bytes: p.size_bytes,
+        })
+    }
+}
+
+impl From<BackupStoreReply> for pb::BackupStoreReply {
+    fn from(r: BackupStoreReply) -> Self {
+        pb::BackupStoreReply {
+            fs_uuid: r.fs_uuid.as_bytes().to_vec(),
+            epoch: r.epoch.0,
+            commit_seq: r.commit_seq,
+            taken_at: Some(r.taken_at.into()),
+            inodes: r.inodes,
+            size_bytes: r.size_bytes,
         }
     }
 }

@@ -150,6 +150,8 @@ fn targets() -> Vec<(&'static str, Target)> {
         GetVolumeReply => VolumeInfo,
         GrowVolumeRequest => GrowVolumeRequest,
         GrowVolumeReply => GrowVolumeReply,
+        BackupStoreRequest => BackupStoreRequest,
+        BackupStoreReply => BackupStoreReply,
         SessionSummary => SessionSummary,
         ServerStatusReply => ServerStatus,
         QuotaInfo => QuotaInfo,

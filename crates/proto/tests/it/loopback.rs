@@ -95,6 +95,13 @@ impl Admin for TestAdmin {
         Err(FsError::NotSupported.into())
     }
 
+    async fn backup_store(
+        &self,
+        _: Request<pb::BackupStoreRequest>,
+    ) -> Result<Response<pb::BackupStoreReply>, Status> {
+        Err(FsError::NotSupported.into())
+    }
+
     async fn list_quotas(
         &self,
         _: Request<pb::ListQuotasRequest>,

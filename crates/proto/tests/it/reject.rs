@@ -924,6 +924,41 @@ fn grow_volume() {
 }
 
 #[test]
+fn backup_store() {
+    check::<BackupStoreRequest, pb::BackupStoreRequest>(
+        BackupStoreRequest {
+            path: "/var/backups/mds.redb".into(),
+            force: false,
+        },
+        cases![pb::BackupStoreRequest;
+            "path" => |p| p.path.clear(),
+            "path" => |p| p.path = "mds.redb".into(),
+            "path" => |p| p.path = "/var/backups/".into(),
+            "path" => |p| p.path = "/var/\0x".into(),
+            "path" => |p| p.path = format!("/{}", "b".repeat(4096)),
+        ],
+    );
+    check::<BackupStoreReply, pb::BackupStoreReply>(
+        BackupStoreReply {
+            fs_uuid: uuid::Uuid::from_u128(2),
+            epoch: SessionEpoch(3),
+            commit_seq: 9,
+            taken_at: Timestamp::new(1_795_000_000, 0).unwrap(),
+            inodes: 4,
+            size_bytes: 65536,
+        },
+        cases![pb::BackupStoreReply;
+            "fs_uuid" => |p| p.fs_uuid = vec![1, 2, 3],
+            "epoch" => |p| p.epoch = 0,
+            "taken_at" => |p| p.taken_at = None,
+            "taken_at.nsec" => |p| p.taken_at = Some(pb::Timestamp { sec: 0, nsec: 1_000_000_000 }),
+            "inodes" => |p| p.inodes = 0,
+            "size_bytes" => |p| p.size_bytes = 0,
+        ],
+    );
+}
+
+#[test]
 fn request_ids() {
     let valid = RequestId {
         client: 9,

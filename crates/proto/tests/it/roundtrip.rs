@@ -722,6 +722,24 @@ fn grow_volume() {
 }
 
 #[test]
+fn backup_store() {
+    for force in [false, true] {
+        round_trip::<_, pb::BackupStoreRequest>(BackupStoreRequest {
+            path: "/var/backups/sanfs/mds-20261126.redb".into(),
+            force,
+        });
+    }
+    round_trip::<_, pb::BackupStoreReply>(BackupStoreReply {
+        fs_uuid: Uuid::from_u128(0xbac0),
+        epoch: SessionEpoch(7),
+        commit_seq: u64::MAX,
+        taken_at: Timestamp::new(1_795_000_000, 999_999_999).unwrap(),
+        inodes: 1,
+        size_bytes: 1 << 20,
+    });
+}
+
+#[test]
 fn request_ids() {
     let id = RequestId {
         client: u64::MAX,
