@@ -23,7 +23,9 @@ use uuid::Uuid;
 
 use crate::fsck::{self, Report};
 use crate::store::backend::{FaultPlan, SimDisk};
-use crate::store::backup::{backup_record, boot_epoch_of, install, superblock, volume_of};
+use crate::store::backup::{
+    backup_record, boot_epoch_of, install, restores_of, superblock, volume_of,
+};
 use crate::store::records::BackupRecord;
 use crate::store::{Backend, StoreError, Verify, guard_damage, open_db, open_db_read_only};
 
@@ -51,6 +53,8 @@ pub struct Restored {
     pub report: Report,
     /// The start count written (the server's next start is one more).
     pub boot_epoch: u64,
+    /// The store's restore count now (`ServerInfo.restores`).
+    pub restores: u64,
     /// Whether a store was replaced (and if so, whether it could be read).
     pub replaced: Option<bool>,
     /// LUNs whose label names the backup's file system.
@@ -123,10 +127,11 @@ pub fn restore(
         let record = backup_record(&r)?;
         let sb = superblock(&r)?;
         let epoch = boot_epoch_of(&r)?;
+        let restores = restores_of(&r)?;
         let volume = volume_of(&r)?;
-        Ok((r, record, sb, epoch, volume))
+        Ok((r, record, sb, (epoch, restores), volume))
     };
-    let (r, record, sb, backup_epoch, volume) =
+    let (r, record, sb, (backup_epoch, backup_restores), volume) =
         guard_damage("read the backup", read).map_err(|e| refused(e.to_string()))?;
     let Some(record) = record else {
         return Err(refused(format!(
@@ -183,15 +188,16 @@ pub fn restore(
         Backend::Sim(_) => true,
     };
     let mut old_epoch = 0;
+    let mut old_restores = 0;
     let replaced = if exists {
         let old = guard_damage("read the existing store", || {
             let db = open_db_read_only(target)?;
             let r = db.begin_read()?;
-            Ok((superblock(&r)?, boot_epoch_of(&r)?))
+            Ok((superblock(&r)?, boot_epoch_of(&r)?, restores_of(&r)?))
         });
         let readable = match old {
             Err(e @ StoreError::InUse) => return Err(RestoreError::InUse(e)),
-            Ok((old_sb, epoch)) => {
+            Ok((old_sb, epoch, restores)) => {
                 if old_sb.fs_uuid != sb.fs_uuid {
                     return Err(refused(format!(
                         "the metadata store there is of file system {}, the backup of {}: a \
@@ -200,6 +206,7 @@ pub fn restore(
                     )));
                 }
                 old_epoch = epoch;
+                old_restores = restores;
                 true
             }
             Err(e) => {
@@ -228,7 +235,11 @@ pub fn restore(
     } else {
         backup_epoch
     };
-    install(&r, target, boot_epoch).map_err(|e| RestoreError::Install(e.to_string()))?;
+    // Every restore counts: agents compare the count the server reports (ServerInfo.restores)
+    // with the one they mounted under, and refuse a server whose namespace was put back under
+    // them (their handles and caches are of the namespace before), whatever the epochs.
+    let restores = old_restores.max(backup_restores) + 1;
+    install(&r, target, boot_epoch, restores).map_err(|e| RestoreError::Install(e.to_string()))?;
     drop(r);
     drop(db);
     let report = fsck::check(target)
@@ -244,6 +255,7 @@ pub fn restore(
         backup_report,
         report,
         boot_epoch,
+        restores,
         replaced,
         labels_matched: found.len(),
         not_in_volume,

@@ -421,9 +421,10 @@ fn restore(config_path: &Path, backup: &Path, force: bool) -> anyhow::Result<Exi
                 None => {}
             }
             println!(
-                "LUN labels checked: {}; next server epoch: {}; fsck of the restored store: clean",
+                "LUN labels checked: {}; next server epoch: {}; restores of this store: {}; fsck of the restored store: clean",
                 done.labels_matched,
-                done.boot_epoch + 1
+                done.boot_epoch + 1,
+                done.restores
             );
             for lun in &done.not_in_volume {
                 println!(
@@ -433,6 +434,9 @@ fn restore(config_path: &Path, backup: &Path, force: bool) -> anyhow::Result<Exi
             }
             println!(
                 "changes made after the backup are gone: files created since do not exist, and blocks allocated since are free again"
+            );
+            println!(
+                "agents still mounted refuse the restored server (its restore count changed under them): unmount and mount them again"
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -315,7 +315,11 @@ struct LeaseState {
     /// disk). Epochs only go forward: a server with a lower one runs on a store restored from
     /// an older copy.
     highest_epoch: u64,
-    /// Why the last server reached was refused (its epoch went backwards); `None` otherwise.
+    /// The metadata store's restore count under which this agent mounted (ServerInfo.restores):
+    /// a server reporting another one serves a namespace put back from a backup.
+    restores: u64,
+    /// Why the last server reached was refused (its epoch went backwards, or its store was
+    /// restored under this mount); `None` otherwise.
     epoch_refused: Option<String>,
 }
 
@@ -588,6 +592,7 @@ impl Client {
             deadline: sent + Duration::from_millis(opened.lease_ttl_ms),
             live: true,
             highest_epoch: opened.epoch.0,
+            restores: opened.server.restores,
             epoch_refused: None,
         };
         let max_cached = config.max_cached_grants;
@@ -931,8 +936,33 @@ impl Inner {
     /// Epochs only go forward: admits a new session's server `epoch`, or refuses it (error
     /// log, [`Client::status`], calls fail with EIO) when it is lower than the highest seen,
     /// unless [`ClientConfig::accept_epoch_regression`] is set.
-    pub(crate) fn admit_epoch(&self, epoch: SessionEpoch) -> Result<(), String> {
+    ///
+    /// A server whose store was restored from a backup since this agent mounted (its
+    /// `restores` count differs) is refused the same way, whatever its epoch: this agent's
+    /// open files, caches and held-back writes belong to the namespace before the restore.
+    pub(crate) fn admit_epoch(&self, epoch: SessionEpoch, restores: u64) -> Result<(), String> {
         let mut s = self.lock_state();
+        if restores != s.restores {
+            if self.config.accept_epoch_regression {
+                tracing::warn!(
+                    restores,
+                    before = s.restores,
+                    "the server's metadata store was restored from a backup under this mount: \
+                     accepted, as accept_epoch_regression asks"
+                );
+                s.restores = restores;
+            } else {
+                let why = format!(
+                    "the server's metadata store was restored from a backup since this mount \
+                     (restore count {restores}, mounted under {}): refused, since this mount's \
+                     open files and caches belong to the namespace before it; unmount and mount \
+                     again",
+                    s.restores
+                );
+                s.epoch_refused = Some(why.clone());
+                return Err(why);
+            }
+        }
         if epoch.0 < s.highest_epoch {
             if self.config.accept_epoch_regression {
                 tracing::warn!(

@@ -352,7 +352,8 @@ fn a_backup_taken_under_a_writer_restores_to_a_store_that_serves_the_files_ackno
     assert_eq!(out.status.code(), Some(4), "{out:?}");
     assert!(text(&out.stderr).contains("in use"), "{out:?}");
 
-    s.unmount();
+    // The mount stays up through the restore (an operator who forgot a node): it must
+    // refuse the restored server below.
     s.stop_server();
     let live = std::fs::read(&meta).unwrap();
 
@@ -397,9 +398,26 @@ fn a_backup_taken_under_a_writer_restores_to_a_store_that_serves_the_files_ackno
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(text(&out.stdout).contains("restored"), "{out:?}");
 
-    // Served again: the files acknowledged before the backup, byte-exact; those begun after
-    // it returned, gone; new files fit.
+    // Served again. The mount that stayed up refuses the restored server (its restore count
+    // changed under it): its calls fail with EIO, the reason in its log.
     s.start_server();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !s
+        .log("agent.log")
+        .contains("restored from a backup since this mount")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the agent mounted across the restore did not refuse the restored server; log:\n{}",
+            s.log("agent.log")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let e = std::fs::metadata(s.mount.join("looked-up-after-the-restore")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    s.unmount();
+    // Mounted again: the files acknowledged before the backup, byte-exact; those begun after
+    // it returned, gone; new files fit.
     s.mount_agent();
     let work = s.mount.join("w");
     for i in 0..acknowledged_before {

@@ -309,6 +309,7 @@ impl Server {
             max_grant_bytes: MAX_GRANT_BYTES,
             max_inline_bytes: u32::try_from(MAX_INLINE_DATA).unwrap_or(u32::MAX),
             server_version: SERVER_VERSION.to_owned(),
+            restores: self.store.restores(),
         }
     }
 

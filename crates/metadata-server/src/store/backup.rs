@@ -152,6 +152,12 @@ pub fn boot_epoch_of(r: &ReadTransaction) -> Result<u64, StoreError> {
     Ok(counters.get(KEY_BOOT_EPOCH)?.map_or(0, |v| v.value()))
 }
 
+/// How many times the store of `r` was restored from a backup (0: never).
+pub fn restores_of(r: &ReadTransaction) -> Result<u64, StoreError> {
+    let counters = r.open_table(COUNTERS)?;
+    Ok(counters.get(KEY_RESTORES)?.map_or(0, |v| v.value()))
+}
+
 /// A new redb database in an empty file.
 fn new_file_db(file: std::fs::File) -> Result<Database, FsError> {
     let backend = redb::backends::FileBackend::new(file).map_err(copy_error)?;
@@ -300,7 +306,12 @@ impl Store {
 /// and with the start count set to `boot_epoch`: a file store is written beside the target and
 /// renamed over it; a store on a block device is written in place (initialised first). The
 /// caller has checked that the target may be replaced.
-pub fn install(r: &ReadTransaction, target: &Backend, boot_epoch: u64) -> Result<(), FsError> {
+pub fn install(
+    r: &ReadTransaction,
+    target: &Backend,
+    boot_epoch: u64,
+    restores: u64,
+) -> Result<(), FsError> {
     let fill = |db: &Database| -> Result<(), FsError> {
         let w = db.begin_write().map_err(copy_error)?;
         copy_tables(r, &w)?;
@@ -310,6 +321,9 @@ pub fn install(r: &ReadTransaction, target: &Backend, boot_epoch: u64) -> Result
             let mut counters = w.open_table(COUNTERS).map_err(copy_error)?;
             counters
                 .insert(KEY_BOOT_EPOCH, boot_epoch)
+                .map_err(copy_error)?;
+            counters
+                .insert(KEY_RESTORES, restores)
                 .map_err(copy_error)?;
         }
         w.commit().map_err(copy_error)

@@ -103,6 +103,8 @@ pub struct Store {
     locks_in_use_at_start: bool,
     /// The (epoch, number) of the last commit that survived the last stop.
     survived: (u64, u64),
+    /// Restores of this store from a backup (`sanfs-mds restore`).
+    restores: u64,
 }
 
 impl std::fmt::Debug for Store {
@@ -220,7 +222,7 @@ impl Store {
         let db = open_db(backend, false, false, Verify::Pages)?;
         let (sb, volume, state) = load(&db)?;
         let boot_epoch = bump_boot_epoch(&db)?;
-        let (locks_in_use_at_start, survived) = {
+        let (locks_in_use_at_start, survived, restores) = {
             let r = db.begin_read()?;
             let counters = r.open_table(COUNTERS)?;
             let get = |k: &str| -> Result<u64, StoreError> {
@@ -229,6 +231,7 @@ impl Store {
             (
                 get(KEY_LOCKS_IN_USE)? != 0,
                 (get(KEY_LAST_COMMIT_EPOCH)?, get(KEY_LAST_COMMIT)?),
+                get(KEY_RESTORES)?,
             )
         };
         let handles = state.handles.clone();
@@ -276,6 +279,7 @@ impl Store {
             boot_epoch,
             locks_in_use_at_start,
             survived,
+            restores,
         };
         Ok(store)
     }
@@ -317,6 +321,12 @@ impl Store {
     /// it, so that nothing issued before a restart is honoured after it.
     pub fn boot_epoch(&self) -> u64 {
         self.boot_epoch
+    }
+
+    /// How many times this store was restored from a backup (0: never). Agents see it in
+    /// `ServerInfo.restores` and refuse a server whose value changed under a mount.
+    pub fn restores(&self) -> u64 {
+        self.restores
     }
 
     /// Whether the last run may have ended with advisory locks held (then agents reclaim them

@@ -44,6 +44,8 @@ pub(super) const KEY_VOLUME: &str = "volume";
 pub(super) const KEY_NEXT_INODE: &str = "next_inode";
 pub(super) const KEY_GENERATION: &str = "generation";
 pub(super) const KEY_BOOT_EPOCH: &str = "boot_epoch";
+/// How many times the store was restored from a backup (`sanfs-mds restore`); absent: 0.
+pub(super) const KEY_RESTORES: &str = "restores";
 /// 1 while agents may hold advisory locks (set durably before the first lock of a run is
 /// granted, cleared by a clean stop with none held): a start that finds it set gives agents a
 /// grace period to reclaim their locks.

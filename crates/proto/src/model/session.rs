@@ -62,6 +62,8 @@ pub struct ServerInfo {
     /// Largest proxied payload: 1 to [`MAX_INLINE_DATA`].
     pub max_inline_bytes: u32,
     pub server_version: String,
+    /// Restores of the metadata store from a backup (0: never restored).
+    pub restores: u64,
 }
 
 /// A block size field: a power of two from 512 to 65536 (as the volume's).
@@ -103,6 +105,7 @@ impl TryFrom<pb::ServerInfo> for ServerInfo {
             max_grant_bytes: p.max_grant_bytes,
             max_inline_bytes: p.max_inline_bytes,
             server_version: text(p.server_version, "server_version", false)?,
+            restores: p.restores,
         })
     }
 }
@@ -116,6 +119,7 @@ impl From<ServerInfo> for pb::ServerInfo {
             max_grant_bytes: s.max_grant_bytes,
             max_inline_bytes: s.max_inline_bytes,
             server_version: s.server_version,
+            restores: s.restores,
         }
     }
 }

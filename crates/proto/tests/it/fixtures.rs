@@ -92,6 +92,7 @@ pub fn server_info() -> ServerInfo {
         max_grant_bytes: 64 * MIB,
         max_inline_bytes: 8 << 20,
         server_version: "sanfs-mds 0.1.0".into(),
+        restores: 2,
     }
 }
 
