@@ -72,6 +72,29 @@ fn identity(path: &Path) -> anyhow::Result<DeviceId> {
         .with_context(|| format!("{}: neither a sanfs label nor an LVM2 PV", path.display()))
 }
 
+/// The paths the server tries for the volume's LUNs at start: `volume.devices` (a glob in
+/// the last component expanded, its matches sorted; a glob that matches nothing is logged),
+/// then the paths growths were given (the store's grown-devices record), each path once.
+/// Which LUN a path is stays the label's word ([`DataDevices::add`]).
+pub fn start_paths(configured: &[PathBuf], grown: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::with_capacity(configured.len() + grown.len());
+    for entry in configured {
+        if sanfs_lun::glob::is_glob(entry) {
+            let matches = sanfs_lun::glob::expand_globs(std::slice::from_ref(entry));
+            if matches.is_empty() {
+                tracing::warn!(glob = %entry.display(), "volume.devices: the glob matches nothing");
+            }
+            out.extend(matches);
+        } else {
+            out.push(entry.clone());
+        }
+    }
+    out.extend(grown.iter().cloned());
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|p| seen.insert(p.clone()));
+    out
+}
+
 impl DataDevices {
     /// Opens every path and files it under the volume device whose identity it carries.
     pub fn open(volume: &Volume, paths: &[PathBuf]) -> DataDevices {
@@ -167,6 +190,16 @@ impl DataDevices {
                 slot.get_or_insert(Arc::new(lun));
             }
         }
+    }
+
+    /// The paths this server opened the volume's devices by, in device order.
+    pub fn opened_paths(&self) -> Vec<PathBuf> {
+        self.table()
+            .luns
+            .iter()
+            .flatten()
+            .map(|l| l.path.clone())
+            .collect()
     }
 
     /// The path this server opened device `d` by.
