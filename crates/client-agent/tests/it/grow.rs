@@ -492,14 +492,14 @@ fn link(target: &Path, at: &Path) {
 
 /// Loop devices and an LVM2 volume group made with activation off, removed (by exact name)
 /// on drop, also when an assertion fails.
-struct LvmLab {
-    dir: tempfile::TempDir,
-    loops: Vec<String>,
-    vg: Option<String>,
+pub(crate) struct LvmLab {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) loops: Vec<String>,
+    pub(crate) vg: Option<String>,
 }
 
 impl LvmLab {
-    fn add_loop(&mut self, size: u64) -> String {
+    pub(crate) fn add_loop(&mut self, size: u64) -> String {
         let file = self.dir.path().join(format!("pv{}.img", self.loops.len()));
         std::fs::File::create(&file).unwrap().set_len(size).unwrap();
         let out = std::process::Command::new("losetup")
@@ -525,7 +525,7 @@ impl LvmLab {
         )
     }
 
-    fn try_lvm(&self, command: &str, args: &[&str]) -> Result<String, String> {
+    pub(crate) fn try_lvm(&self, command: &str, args: &[&str]) -> Result<String, String> {
         let out = std::process::Command::new("lvm")
             .arg(command)
             .arg("--config")
@@ -544,7 +544,7 @@ impl LvmLab {
         }
     }
 
-    fn lvm(&self, command: &str, args: &[&str]) -> String {
+    pub(crate) fn lvm(&self, command: &str, args: &[&str]) -> String {
         self.try_lvm(command, args)
             .unwrap_or_else(|e| panic!("{e}"))
     }
