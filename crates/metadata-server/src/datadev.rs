@@ -415,6 +415,31 @@ mod tests {
     use super::*;
     use crate::config::{LayoutKindConfig, VolumeConfig};
 
+    /// `volume.devices` globs are expanded (matches sorted; plain paths kept as given, even
+    /// absent ones, for the start to report), the growths' paths follow, each path once.
+    #[test]
+    fn start_paths_expand_globs_and_add_the_grown_luns() {
+        let dir = tempfile::tempdir().unwrap();
+        for n in ["wwn-b", "wwn-a", "other"] {
+            std::fs::write(dir.path().join(n), b"x").unwrap();
+        }
+        let p = |n: &str| dir.path().join(n);
+        let got = start_paths(
+            &[p("wwn-*"), p("absent"), p("none-*"), p("other")],
+            &[p("grown0"), p("wwn-a"), p("grown0")],
+        );
+        assert_eq!(
+            got,
+            vec![
+                p("wwn-a"),
+                p("wwn-b"),
+                p("absent"),
+                p("other"),
+                p("grown0")
+            ]
+        );
+    }
+
     /// A cloned LUN (one label on two devices) is refused by the import rule, whichever path
     /// is listed first, as the agent's discovery refuses it: the device is missing, and
     /// proxied I/O on it says why.

@@ -404,6 +404,23 @@ mod tests {
         }
     }
 
+    /// A glob does not say the volume order: refused for linear and striped, before anything
+    /// is written.
+    #[test]
+    fn a_glob_is_refused_for_a_labelled_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = lun_files(dir.path(), &[8 << 20, 8 << 20]);
+        for layout in [LayoutKindConfig::Linear, LayoutKindConfig::Striped] {
+            let cfg = config(layout, vec![dir.path().join("lun*")]);
+            let err = format!("{:#}", format_volume(&cfg, false, 0).unwrap_err());
+            assert!(err.contains("a glob does not say the order"), "{err}");
+            assert!(err.contains(&format!("{layout} volume")), "{err}");
+        }
+        for p in &paths {
+            assert!(std::fs::read(p).unwrap().iter().all(|&b| b == 0), "nothing written");
+        }
+    }
+
     #[test]
     fn striped_format_labels_every_lun() {
         let dir = tempfile::tempdir().unwrap();
