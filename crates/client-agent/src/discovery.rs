@@ -264,8 +264,3 @@ fn scan(
     }
     result
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-}

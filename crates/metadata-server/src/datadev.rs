@@ -430,13 +430,7 @@ mod tests {
         );
         assert_eq!(
             got,
-            vec![
-                p("wwn-a"),
-                p("wwn-b"),
-                p("absent"),
-                p("other"),
-                p("grown0")
-            ]
+            vec![p("wwn-a"), p("wwn-b"), p("absent"), p("other"), p("grown0")]
         );
     }
 

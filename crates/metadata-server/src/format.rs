@@ -417,7 +417,10 @@ mod tests {
             assert!(err.contains(&format!("{layout} volume")), "{err}");
         }
         for p in &paths {
-            assert!(std::fs::read(p).unwrap().iter().all(|&b| b == 0), "nothing written");
+            assert!(
+                std::fs::read(p).unwrap().iter().all(|&b| b == 0),
+                "nothing written"
+            );
         }
     }
 
