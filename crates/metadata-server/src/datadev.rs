@@ -1,9 +1,10 @@
 //! The server's own handles on the data LUNs, for the proxied path (the paper's NFS-style
 //! fallback): the only place where the metadata server touches file data.
 //!
-//! At start the server opens the configured device paths, reads each one's identity (the
-//! sanfs label's device UUID, or the LVM2 PV UUID) and files it under the volume's device
-//! index; paths differ between nodes, identities do not. A LUN that is missing or has the
+//! At start the server opens the configured device paths ([`start_paths`]: `volume.devices`
+//! with globs expanded, and the paths growths were given, kept in the store), reads each
+//! one's identity (the sanfs label's device UUID, or the LVM2 PV UUID) and files it under the
+//! volume's device index; paths differ between nodes, identities do not. A LUN that is missing or has the
 //! wrong identity is not fatal: proxied I/O that needs it fails with EIO and the server says
 //! which device is missing.
 //!

@@ -70,7 +70,8 @@ pub struct ServeOptions {
     /// Where the metadata store lives.
     pub backend: store::Backend,
     /// Paths to try for the volume's LUNs (the proxied path): each is taken by the identity
-    /// its label carries, never by its position.
+    /// its label carries, never by its position. A glob in the last component is expanded
+    /// at start; the paths growths added (kept in the store) are tried as well.
     pub data_devices: Vec<PathBuf>,
 }
 
