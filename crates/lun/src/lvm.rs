@@ -202,3 +202,26 @@ pub fn refusal_message(vg: &str, lv: &str, verdict: &ImportVerdict, outcome: &st
         verdict.refusals.join("; ")
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_without_a_pv_label_is_invalid_data_and_nothing_is_checked_without_pvs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("blank");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let e = read_pv_at(&path).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        assert!(e.to_string().contains("no valid LVM2 PV label"), "{e}");
+        let why = check_lv_at(&[], "vg0", "lv0").unwrap_err();
+        assert!(why.contains("no PV of volume group \"vg0\""), "{why}");
+        let why = check_lv_at(&[path.clone()], "vg0", "lv0").unwrap_err();
+        assert!(why.contains("cannot read the LVM2 PV"), "{why}");
+        assert!(why.contains(&path.display().to_string()), "{why}");
+    }
+}
