@@ -220,7 +220,7 @@ mod tests {
         assert!(e.to_string().contains("no valid LVM2 PV label"), "{e}");
         let why = check_lv_at(&[], "vg0", "lv0").unwrap_err();
         assert!(why.contains("no PV of volume group \"vg0\""), "{why}");
-        let why = check_lv_at(&[path.clone()], "vg0", "lv0").unwrap_err();
+        let why = check_lv_at(std::slice::from_ref(&path), "vg0", "lv0").unwrap_err();
         assert!(why.contains("cannot read the LVM2 PV"), "{why}");
         assert!(why.contains(&path.display().to_string()), "{why}");
     }
