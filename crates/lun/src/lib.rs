@@ -11,6 +11,10 @@
 //! - [`probe`]: reading the first bytes of a LUN with direct I/O and recognising its identity
 //!   in them (a sanfs [`DeviceLabel`](sanfs_blockmap::label::DeviceLabel), else an LVM2 PV
 //!   label), so that LUNs are found by identity, never by path.
+//! - [`glob`]: device globs (`*`, `?` in the last path component), as the agent's `devices=`
+//!   and the server's `volume.devices` name LUNs.
+//! - [`lvm`]: an LVM2 PV read from its device (label and metadata areas) and the import
+//!   rule's checks of the VG and LV state applied to what was read.
 //! - [`buf`]: a safe aligned buffer for the direct reads and writes above.
 //!
 //! The parsing of labels stays in blockmap (pure); this crate does the I/O around it. Errors
@@ -21,6 +25,8 @@
 
 pub mod buf;
 pub mod geometry;
+pub mod glob;
+pub mod lvm;
 pub mod open;
 pub mod probe;
 

@@ -204,7 +204,9 @@ pub struct VolumeConfig {
     /// Where file data starts on sanfs-labelled LUNs (linear and striped).
     #[serde(default = "default_data_offset", deserialize_with = "deserialize_size")]
     pub data_offset: u64,
-    /// linear/striped: the LUNs in volume order; lvm: the PVs to read.
+    /// linear/striped: the LUNs in volume order; lvm: the PVs to read. When serving, a glob
+    /// in the last component (`*`, `?`) is expanded (matches taken by label identity);
+    /// `format` refuses globs for linear/striped.
     #[serde(default)]
     pub devices: Vec<PathBuf>,
     /// lvm only: the volume group.

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use sanfs_blockmap::import::{PvReading, check_lv_import};
 use sanfs_blockmap::label::{self, DeviceLabel, LabelLayout, Signature};
-use sanfs_blockmap::lvm::{self, LABEL_SCAN_BYTES, LvmError, MDA_HEADER_SIZE, PvLabel, VgMetadata};
+use sanfs_blockmap::lvm::VgMetadata;
 use sanfs_blockmap::volume::{DeviceId, Volume, VolumeDevice};
 use uuid::Uuid;
 
@@ -59,6 +59,33 @@ pub fn format_volume_checked(
     before_write: impl FnOnce() -> anyhow::Result<()>,
 ) -> anyhow::Result<Formatted> {
     cfg.validate().context("volume configuration")?;
+    let expanded;
+    let cfg = match cfg.layout {
+        LayoutKindConfig::Linear | LayoutKindConfig::Striped => {
+            if let Some(glob) = cfg.devices.iter().find(|d| sanfs_lun::glob::is_glob(d)) {
+                bail!(
+                    "volume.devices {}: a glob does not say the order of the LUNs in a {} \
+                     volume; list the LUNs one by one, in volume order, to format (globs are \
+                     for serving after that)",
+                    glob.display(),
+                    cfg.layout
+                );
+            }
+            cfg
+        }
+        // The PVs are taken by their UUIDs, whatever their order: globs are expanded.
+        LayoutKindConfig::Lvm => {
+            let devices = crate::datadev::start_paths(&cfg.devices, &[]);
+            if devices.is_empty() {
+                bail!("volume.devices matches no device");
+            }
+            expanded = VolumeConfig {
+                devices,
+                ..cfg.clone()
+            };
+            &expanded
+        }
+    };
     match cfg.layout {
         LayoutKindConfig::Linear | LayoutKindConfig::Striped => {
             format_labelled(cfg, force, now_unix_secs, before_write)
@@ -225,76 +252,18 @@ fn format_labelled(
     })
 }
 
-/// One LVM2 PV as read from its device.
-#[derive(Debug, Clone)]
-pub struct LvmPv {
-    pub label: PvLabel,
-    /// The newest VG metadata found in the PV's metadata areas (none with `metadatacopies 0`).
-    pub metadata: Option<VgMetadata>,
-    /// Why a metadata area could not be read, one line per area.
-    pub metadata_problems: Vec<String>,
-    /// The VG name and seqno of each metadata area that read and parsed.
-    pub good_copies: Vec<(String, u64)>,
-}
+pub use sanfs_lun::lvm::LvmPv;
 
-impl LvmPv {
-    /// What the import rule ([`sanfs_blockmap::import::check_lv_import`]) takes.
-    pub fn reading(&self, path: &std::path::Path) -> PvReading {
-        PvReading {
-            name: path.display().to_string(),
-            pv_id: self.label.pv_id,
-            good_copies: self.good_copies.clone(),
-            bad_copies: self.metadata_problems.clone(),
-        }
-    }
-}
-
-/// Reads an LVM2 PV: its label, then every metadata area (header, committed text, checksum,
-/// parse). Fails only when there is no valid PV label; unreadable metadata areas are listed
-/// in `metadata_problems`.
+/// Reads an LVM2 PV ([`sanfs_lun::lvm::read_pv`], the same as the agent's): its label, then
+/// every metadata area. Fails only when there is no valid PV label; unreadable metadata areas
+/// are listed in `metadata_problems`.
 pub fn read_lvm_pv(lun: &Lun) -> anyhow::Result<LvmPv> {
-    let head = lun.read_prefix(LABEL_SCAN_BYTES)?;
-    let label = lvm::parse_pv_label(&head)
-        .with_context(|| format!("{}: no valid LVM2 PV label", lun.path().display()))?;
-    let mut metadata: Option<VgMetadata> = None;
-    let mut metadata_problems = Vec::new();
-    let mut good_copies = Vec::new();
-    for area in &label.metadata_areas {
-        match read_metadata_area(lun, *area) {
-            Ok(meta) => {
-                good_copies.push((meta.name.clone(), meta.seqno));
-                if metadata.as_ref().is_none_or(|m| meta.seqno > m.seqno) {
-                    metadata = Some(meta);
-                }
-            }
-            Err(e) => metadata_problems.push(format!("metadata area at {}: {e:#}", area.offset)),
-        }
-    }
-    Ok(LvmPv {
-        label,
-        metadata,
-        metadata_problems,
-        good_copies,
-    })
-}
-
-fn read_metadata_area(lun: &Lun, area: lvm::DiskArea) -> anyhow::Result<VgMetadata> {
-    let header = lvm::parse_mda_header(&lun.read_at(area.offset, MDA_HEADER_SIZE)?, area)?;
-    let location = header.metadata_location()?;
-    let mut text = Vec::new();
-    for piece in &location.pieces {
-        let len = usize::try_from(piece.len).context("metadata piece size")?;
-        if len > lvm::MAX_METADATA_TEXT_BYTES {
-            return Err(LvmError::TooLarge {
-                len: piece.len,
-                max: lvm::MAX_METADATA_TEXT_BYTES as u64,
-            }
-            .into());
-        }
-        text.extend(lun.read_at(piece.offset, len)?);
-    }
-    location.verify_text(&text)?;
-    Ok(lvm::parse_vg_metadata(&text)?)
+    let read_at = |off: u64, len: usize| {
+        lun.read_at(off, len)
+            .map_err(|e| std::io::Error::other(format!("{e:#}")))
+    };
+    sanfs_lun::lvm::read_pv(lun.size_bytes(), &read_at)
+        .with_context(|| lun.path().display().to_string())
 }
 
 /// Chooses the newest metadata of VG `vg` among the PVs, refusing PVs of other VGs.
@@ -359,10 +328,12 @@ fn import_lvm(cfg: &VolumeConfig) -> anyhow::Result<Formatted> {
         tracing::warn!("{warning}");
     }
     if verdict.is_refused() {
-        bail!(
-            "logical volume {vg}/{lv} cannot be used; nothing was written: {}",
-            verdict.refusals.join("; ")
-        );
+        bail!(sanfs_lun::lvm::refusal_message(
+            vg,
+            lv,
+            &verdict,
+            "nothing was written"
+        ));
     }
     let volume = meta
         .lv_volume(lv, cfg.block_size)
@@ -430,6 +401,26 @@ mod tests {
             devices,
             lvm_vg: None,
             lvm_lv: None,
+        }
+    }
+
+    /// A glob does not say the volume order: refused for linear and striped, before anything
+    /// is written.
+    #[test]
+    fn a_glob_is_refused_for_a_labelled_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = lun_files(dir.path(), &[8 << 20, 8 << 20]);
+        for layout in [LayoutKindConfig::Linear, LayoutKindConfig::Striped] {
+            let cfg = config(layout, vec![dir.path().join("lun*")]);
+            let err = format!("{:#}", format_volume(&cfg, false, 0).unwrap_err());
+            assert!(err.contains("a glob does not say the order"), "{err}");
+            assert!(err.contains(&format!("{layout} volume")), "{err}");
+        }
+        for p in &paths {
+            assert!(
+                std::fs::read(p).unwrap().iter().all(|&b| b == 0),
+                "nothing written"
+            );
         }
     }
 

@@ -34,7 +34,7 @@ use sanfs_proto::model::FIRST_DIR_COOKIE;
 use sanfs_proto::types::{FileType, MAX_FILE_SIZE, Timestamp};
 
 use crate::store::backend::{FaultPlan, SimDisk};
-use crate::store::records::{InodeRec, Superblock, kind_code, kind_from_code};
+use crate::store::records::{GrownDevices, InodeRec, Superblock, kind_code, kind_from_code};
 use crate::store::{
     Backend, COOKIES, COUNTERS, DIRENTS, EXTENTS, FREE, INODES, ORPHANS, PREALLOC, QUOTAS, ROOT,
     SUPER, StoreError, XATTRS,
@@ -529,6 +529,12 @@ pub fn check_db(db: &impl ReadableDatabase) -> Result<Report, StoreError> {
             .map_err(|e| StoreError::Corrupt(format!("volume record: {e}")))?,
         None => return Err(StoreError::Corrupt("no volume record".into())),
     };
+    // The paths growths were given (absent: none): a server refuses to start on a damaged one.
+    if let Some(v) = sup.get("grown_devices")?
+        && let Err(e) = GrownDevices::decode(v.value())
+    {
+        rep.problem(format!("the grown-devices record does not decode: {e}"));
+    }
     let counters = r.open_table(COUNTERS)?;
     let next_inode = counters.get("next_inode")?.map(|v| v.value()).unwrap_or(0);
 

@@ -55,7 +55,8 @@ pub async fn grow(
     let old = store.volume();
     let fs_uuid = store.superblock().fs_uuid;
     let lvm = store.superblock().lvm.clone();
-    let mut paths: Vec<PathBuf> = req.device_paths.iter().map(PathBuf::from).collect();
+    let given: Vec<PathBuf> = req.device_paths.iter().map(PathBuf::from).collect();
+    let mut paths = given.clone();
     let planned = {
         let old = old.clone();
         let paths = paths.clone();
@@ -101,7 +102,8 @@ pub async fn grow(
     let (grown, all_paths) = planned.map_err(|e| FsError::Invalid(format!("{e:#}")))?;
     paths = all_paths;
     let old_size_bytes = old.size_bytes();
-    let added_blocks = store.grow(old, grown).await?;
+    // The paths given join the store's grown-devices record: a restarted server opens them.
+    let added_blocks = store.grow(old, grown, &given).await?;
     let volume = store.volume();
     {
         // Opening is blocking work; a LUN the server cannot open is warned about, not fatal

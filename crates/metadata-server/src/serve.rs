@@ -70,7 +70,8 @@ pub struct ServeOptions {
     /// Where the metadata store lives.
     pub backend: store::Backend,
     /// Paths to try for the volume's LUNs (the proxied path): each is taken by the identity
-    /// its label carries, never by its position.
+    /// its label carries, never by its position. A glob in the last component is expanded
+    /// at start; the paths growths added (kept in the store) are tried as well.
     pub data_devices: Vec<PathBuf>,
 }
 
@@ -110,6 +111,35 @@ pub fn load_tls(paths: &TlsPaths) -> anyhow::Result<ServerTlsConfig> {
         .client_ca_root(Certificate::from_pem(ca)))
 }
 
+/// The import rule's checks of an imported LVM2 logical volume, on the PVs the server opened
+/// (`paths`): an exported VG, a read-only LV or the LV on a `MISSING` PV refuse to serve (the
+/// words of `format` and `volume inspect`); a damaged or stale metadata copy is a warning.
+/// Where nothing can be checked (no PV open here) that is a warning: agents check at mount.
+pub fn check_lvm_at_start(paths: &[PathBuf], vg: &str, lv: &str) -> anyhow::Result<()> {
+    match sanfs_lun::lvm::check_lv_at(paths, vg, lv) {
+        Err(why) => {
+            tracing::warn!(
+                "logical volume {vg}/{lv}: the LVM2 state was not checked at start: {why}"
+            );
+            Ok(())
+        }
+        Ok(verdict) => {
+            for warning in &verdict.warnings {
+                tracing::warn!("{warning}");
+            }
+            if verdict.is_refused() {
+                bail!(sanfs_lun::lvm::refusal_message(
+                    vg,
+                    lv,
+                    &verdict,
+                    "refusing to serve"
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
 /// Serves until `shutdown` resolves (a clean stop: `Ok`) or the store fails (`Err`).
 /// `ready` is called with the bound address once the listener is bound.
 pub async fn serve(
@@ -147,11 +177,18 @@ pub async fn serve(
         max_sessions_per_identity: opts.access.max_sessions_per_identity,
         reclaim_grace_ms: crate::service::default_reclaim_grace_ms(opts.lease_ttl_ms),
     };
-    let data_paths = opts.data_devices.clone();
+    // `volume.devices` (globs expanded) and the LUNs growths added, by label identity.
+    let data_paths = crate::datadev::start_paths(&opts.data_devices, &store.grown_device_paths());
     let volume = store.volume().clone();
     let devices = tokio::task::spawn_blocking(move || DataDevices::open(&volume, &data_paths))
         .await
         .context("the LUN-opening task failed")?;
+    if let Some((vg, lv)) = store.superblock().lvm.clone() {
+        let paths = devices.opened_paths();
+        tokio::task::spawn_blocking(move || check_lvm_at_start(&paths, &vg, &lv))
+            .await
+            .context("the LVM-checking task failed")??;
+    }
     let server = Server::start(store, params, devices)
         .await
         .context("start a new server epoch")?;

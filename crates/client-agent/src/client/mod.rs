@@ -411,6 +411,36 @@ pub enum ConnectError {
          -o allow_proxied_only to accept that"
     )]
     NoLuns { count: usize, globs: String },
+    /// The import rule refuses the volume's LVM2 logical volume (exported VG, read-only LV,
+    /// the LV on a `MISSING` PV), in the words of the server's `format`.
+    #[error("{0}")]
+    LvmRefused(String),
+}
+
+/// The import rule's checks of the volume's LVM2 logical volume `vg/lv` on the PVs this node
+/// found (`paths`), the same as the server's at start: a refusal refuses the mount, warnings
+/// are logged; where nothing can be checked here (no PV found) the mount goes on proxied.
+fn check_lvm_at_mount(paths: &[PathBuf], vg: &str, lv: &str) -> Result<(), ConnectError> {
+    match sanfs_lun::lvm::check_lv_at(paths, vg, lv) {
+        Err(why) => {
+            tracing::warn!("logical volume {vg}/{lv}: the LVM2 state was not checked: {why}");
+            Ok(())
+        }
+        Ok(verdict) => {
+            for warning in &verdict.warnings {
+                tracing::warn!("{warning}");
+            }
+            if verdict.is_refused() {
+                return Err(ConnectError::LvmRefused(sanfs_lun::lvm::refusal_message(
+                    vg,
+                    lv,
+                    &verdict,
+                    "refusing to mount",
+                )));
+            }
+            Ok(())
+        }
+    }
 }
 
 fn malformed(what: &str, e: impl std::fmt::Display) -> FsError {
@@ -543,6 +573,10 @@ impl Client {
         }
         let found = discover(&info.volume, &config.discovery);
         let device_count = info.volume.devices().len();
+        if let sanfs_blockmap::volume::LayoutKind::Lvm { vg_name, lv_name } = info.volume.kind() {
+            let paths: Vec<PathBuf> = found.found.iter().map(|d| d.path.clone()).collect();
+            check_lvm_at_mount(&paths, vg_name, lv_name)?;
+        }
         for (index, id) in &found.missing {
             tracing::warn!(device = %index, ?id, "LUN not found on this node: its I/O goes proxied");
         }

@@ -367,6 +367,105 @@ async fn luns_added_while_mounted_are_used_at_once_by_every_agent() {
     drop((old, new));
 }
 
+/// The server remembers the LUNs a growth added: restarted with the unchanged `devices` (the
+/// old LUNs only), it opens the new ones too (the store's grown-devices record), and a file
+/// whose blocks lie on them reads back byte-exact through the proxied path (an agent that
+/// sees no LUN at all). Restarted again with `devices` a glob over links to the old LUNs, the
+/// same: the glob is expanded and matched by label identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_opens_the_luns_a_growth_added_and_devices_globs() {
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["old", "new", "links"] {
+        std::fs::create_dir(dir.path().join(d)).unwrap();
+    }
+    let old = Luns::create(&dir.path().join("old"), 2, LUN_SIZE, LunKind::Auto).unwrap();
+    let new = Luns::create(&dir.path().join("new"), 1, LUN_SIZE, LunKind::Auto).unwrap();
+    eprintln!("grow restart test: loop devices: {}", old.is_loop());
+    let db = dir.path().join("mds.redb");
+    mds::format(
+        &mds::striped(old.paths(), 4096, STRIPE_UNIT),
+        &Backend::File(db.clone()),
+        &Clock::System,
+    )
+    .unwrap();
+    let start = |devices: Vec<PathBuf>| {
+        let opts = mds::serve_options(
+            "127.0.0.1:0".parse().unwrap(),
+            Backend::File(db.clone()),
+            devices,
+        );
+        mds::spawn_serve(&tokio::runtime::Handle::current(), opts, Clock::System)
+    };
+    let mut serving = start(old.paths().to_vec());
+    let server = serving.listening().await.unwrap().to_string();
+    let all: Vec<PathBuf> = old.paths().iter().chain(new.paths()).cloned().collect();
+    let a = Client::connect(config(&server, "a", globs(&all)))
+        .await
+        .unwrap();
+    // Most of the old volume (2 x 15 MiB after the data offset) used first.
+    let mut rng = Rng::new(2216);
+    let fill = rng.bytes(24 * MIB as usize);
+    let fill_ino = write_file(&a, "fill", &fill).await;
+    let admin = Admin::connect(&server, None).await.unwrap();
+    let grown = admin
+        .grow(globs(new.paths()), GrowLayout::Linear, false)
+        .await
+        .unwrap();
+    let volume = grown.volume.volume.clone();
+    assert_eq!(volume.devices().len(), 3);
+    let after = rng.bytes(12 * MIB as usize);
+    let after_ino = write_file(&a, "after", &after).await;
+    assert!(
+        devices_used(&a, after_ino, &volume).await.contains(&2),
+        "part of the file lies on the new LUN"
+    );
+    a.close().await.unwrap();
+    drop(admin);
+    serving.stop().await.unwrap();
+
+    // An agent with no LUN: every byte goes through the server.
+    let proxied_only = |server: &str| config(server, "p", Vec::new());
+    for (round, devices) in [
+        ("unchanged devices", old.paths().to_vec()),
+        ("a devices glob", {
+            for (i, p) in old.paths().iter().enumerate() {
+                link(p, &dir.path().join("links").join(format!("old-{i}")));
+            }
+            vec![dir.path().join("links").join("old-*")]
+        }),
+    ] {
+        let mut serving = start(devices);
+        let server = serving.listening().await.unwrap().to_string();
+        let p = Client::connect(proxied_only(&server)).await.unwrap();
+        assert_eq!(*p.volume(), volume, "{round}");
+        for i in 0..3 {
+            assert_eq!(
+                p.device_health(DeviceIndex(i)),
+                DeviceHealth::Missing,
+                "{round}: the reader has no LUN"
+            );
+        }
+        assert_bytes(
+            &read_file(&p, after_ino, after.len() as u64).await,
+            &after,
+            &format!("after, proxied, {round}"),
+        );
+        assert_bytes(
+            &read_file(&p, fill_ino, fill.len() as u64).await,
+            &fill,
+            &format!("fill, proxied, {round}"),
+        );
+        assert!(
+            p.status().bytes.proxied_read >= (after.len() + fill.len()) as u64,
+            "{round}: {:?}",
+            p.status().bytes
+        );
+        p.close().await.unwrap();
+        serving.stop().await.unwrap();
+    }
+    drop((old, new));
+}
+
 /// Waits until the writer finished round `target` (it fails the test if it ended or 60 s
 /// passed first).
 async fn wait_rounds(rounds: &AtomicU64, target: u64, writer: &tokio::task::JoinHandle<u64>) {
@@ -393,14 +492,14 @@ fn link(target: &Path, at: &Path) {
 
 /// Loop devices and an LVM2 volume group made with activation off, removed (by exact name)
 /// on drop, also when an assertion fails.
-struct LvmLab {
-    dir: tempfile::TempDir,
-    loops: Vec<String>,
-    vg: Option<String>,
+pub(crate) struct LvmLab {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) loops: Vec<String>,
+    pub(crate) vg: Option<String>,
 }
 
 impl LvmLab {
-    fn add_loop(&mut self, size: u64) -> String {
+    pub(crate) fn add_loop(&mut self, size: u64) -> String {
         let file = self.dir.path().join(format!("pv{}.img", self.loops.len()));
         std::fs::File::create(&file).unwrap().set_len(size).unwrap();
         let out = std::process::Command::new("losetup")
@@ -426,7 +525,7 @@ impl LvmLab {
         )
     }
 
-    fn try_lvm(&self, command: &str, args: &[&str]) -> Result<String, String> {
+    pub(crate) fn try_lvm(&self, command: &str, args: &[&str]) -> Result<String, String> {
         let out = std::process::Command::new("lvm")
             .arg(command)
             .arg("--config")
@@ -445,7 +544,7 @@ impl LvmLab {
         }
     }
 
-    fn lvm(&self, command: &str, args: &[&str]) -> String {
+    pub(crate) fn lvm(&self, command: &str, args: &[&str]) -> String {
         self.try_lvm(command, args)
             .unwrap_or_else(|e| panic!("{e}"))
     }

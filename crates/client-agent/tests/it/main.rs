@@ -32,6 +32,7 @@ mod grow;
 mod layouts;
 mod locks;
 mod lun_recovery;
+mod lvm_import;
 mod missing_lun;
 mod mount;
 mod mount_sanfs;

@@ -206,3 +206,14 @@ pub(super) fn load(db: &Database) -> Result<(Superblock, Volume, State), StoreEr
         },
     ))
 }
+
+/// The paths of LUNs added by growths (the `"grown_devices"` record; absent: none).
+pub(super) fn load_grown_devices(db: &Database) -> Result<GrownDevices, StoreError> {
+    let r = db.begin_read()?;
+    let sup = r.open_table(SUPER)?;
+    match sup.get(KEY_GROWN_DEVICES)? {
+        None => Ok(GrownDevices::default()),
+        Some(v) => GrownDevices::decode(v.value())
+            .map_err(|e| StoreError::Corrupt(format!("grown-devices record: {e}"))),
+    }
+}

@@ -47,12 +47,12 @@ use uuid::Uuid;
 use crate::clock::Clock;
 use crate::handles::Handles;
 use backend::{BlockDeviceBackend, SimDisk};
-use records::{InodeRec, STORE_FORMAT_VERSION, Superblock};
+use records::{GrownDevices, InodeRec, STORE_FORMAT_VERSION, Superblock};
 
 pub use committer::{COMMIT_OPS, COMMIT_SECONDS, CommitStats, Ctx, LAZY_SYNC_AFTER, State, Usage};
 use committer::{Job, Reply, Run, Shared, committer_loop};
 pub(crate) use db::{Verify, open_db, open_db_read_only, read_image};
-use db::{bump_boot_epoch, load};
+use db::{bump_boot_epoch, load, load_grown_devices};
 pub use error::{OpError, StoreError, corrupt, guard_damage};
 pub use tables::*;
 
@@ -93,6 +93,9 @@ pub struct Store {
     sb: Superblock,
     /// The volume: replaced whole by [`Store::grow`], never changed in place.
     volume: Arc<std::sync::RwLock<Arc<Volume>>>,
+    /// The paths of the LUNs growths added (the `"grown_devices"` record), replaced with the
+    /// volume by [`Store::grow`].
+    grown_devices: Arc<std::sync::RwLock<GrownDevices>>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     committer: Mutex<Option<std::thread::JoinHandle<()>>>,
     shared: Arc<Shared>,
@@ -221,6 +224,7 @@ impl Store {
     ) -> Result<Store, StoreError> {
         let db = open_db(backend, false, false, Verify::Pages)?;
         let (sb, volume, state) = load(&db)?;
+        let grown_devices = load_grown_devices(&db)?;
         let boot_epoch = bump_boot_epoch(&db)?;
         let (locks_in_use_at_start, survived, restores) = {
             let r = db.begin_read()?;
@@ -270,6 +274,7 @@ impl Store {
             db: std::sync::RwLock::new(Some(db)),
             sb,
             volume: Arc::new(std::sync::RwLock::new(Arc::new(volume))),
+            grown_devices: Arc::new(std::sync::RwLock::new(grown_devices)),
             jobs: Mutex::new(Some(tx)),
             committer: Mutex::new(Some(committer)),
             shared,
@@ -369,12 +374,23 @@ impl Store {
     /// space of the new blocks (in the allocator at once, and in [`FREE`]), and the capacity
     /// statfs reports. `old` is the volume the caller planned the growth from; if the volume
     /// changed meanwhile (another growth), nothing changes and the answer is EINVAL.
-    /// `grown` must pass [`Volume::check_grows`] against it. Answers the blocks added.
-    pub async fn grow(&self, old: Arc<Volume>, grown: Volume) -> Result<u64, FsError> {
+    /// `grown` must pass [`Volume::check_grows`] against it. `device_paths` (the paths the
+    /// growth was given, on this server's host) join the grown-devices record in the same
+    /// transaction, so that a restarted server opens them ([`Store::grown_device_paths`]).
+    /// Answers the blocks added.
+    pub async fn grow(
+        &self,
+        old: Arc<Volume>,
+        grown: Volume,
+        device_paths: &[PathBuf],
+    ) -> Result<u64, FsError> {
         grown
             .check_grows(&old)
             .map_err(|e| FsError::Invalid(e.to_string()))?;
         let shared = self.volume.clone();
+        let shared_paths = self.grown_devices.clone();
+        let mut recorded = self.grown_device_record();
+        recorded.extend(device_paths);
         let stripe_unit_blocks = self.sb.stripe_unit_blocks;
         self.write(move |ctx| {
             {
@@ -405,15 +421,31 @@ impl Store {
             }
             ctx.sup
                 .insert(KEY_VOLUME, codec::encode_volume(&grown).as_slice())?;
+            ctx.sup
+                .insert(KEY_GROWN_DEVICES, recorded.encode().as_slice())?;
             ctx.st
                 .usage
                 .total_blocks
                 .store(alloc.capacity_blocks(), Ordering::Relaxed);
             ctx.st.alloc = alloc;
             *shared.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(grown);
+            *shared_paths.write().unwrap_or_else(|p| p.into_inner()) = recorded;
             Ok(added)
         })
         .await
+    }
+
+    /// The server-host paths of the LUNs added by growths, in the order added (opened at
+    /// start besides `volume.devices`).
+    pub fn grown_device_paths(&self) -> Vec<PathBuf> {
+        self.grown_device_record().paths
+    }
+
+    fn grown_device_record(&self) -> GrownDevices {
+        self.grown_devices
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn block_size(&self) -> u32 {

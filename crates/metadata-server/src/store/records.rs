@@ -15,6 +15,12 @@ const INODE_MAGIC: [u8; 4] = *b"SIN1";
 const INODE_VERSION: u16 = 2;
 const SUPER_MAGIC: [u8; 4] = *b"SSB1";
 const SUPER_VERSION: u16 = 1;
+const GROWN_DEVICES_MAGIC: [u8; 4] = *b"SGD1";
+const GROWN_DEVICES_VERSION: u16 = 1;
+/// Most paths a [`GrownDevices`] record holds (a volume has at most 4096 devices).
+const MAX_GROWN_DEVICE_PATHS: u32 = 4096;
+/// Longest path in a [`GrownDevices`] record (Linux's `PATH_MAX`).
+const MAX_GROWN_DEVICE_PATH_BYTES: usize = 4096;
 
 /// The version of the metadata store's layout (tables and records). Bumped on any change
 /// that an older server could misread.
@@ -310,6 +316,61 @@ impl BackupRecord {
     }
 }
 
+/// The server-host paths of the LUNs added by growths (`Admin.GrowVolume`, as given to it),
+/// in the order they were added, each once: a restarted server opens them besides
+/// `volume.devices` (the `"grown_devices"` record of the `super` table, written in the
+/// transaction of the growth). Paths only; which device each is stays the label's word.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GrownDevices {
+    pub paths: Vec<std::path::PathBuf>,
+}
+
+impl GrownDevices {
+    /// Adds the paths not listed yet, keeping the order.
+    pub fn extend(&mut self, paths: &[std::path::PathBuf]) {
+        for p in paths {
+            if !self.paths.contains(p) {
+                self.paths.push(p.clone());
+            }
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        use std::os::unix::ffi::OsStrExt;
+        let mut w = Writer::with_capacity(16 + self.paths.len() * 40);
+        w.u32(u32::try_from(self.paths.len()).unwrap_or(u32::MAX));
+        for p in &self.paths {
+            w.bytes(p.as_os_str().as_bytes());
+        }
+        codec::seal(GROWN_DEVICES_MAGIC, GROWN_DEVICES_VERSION, &w.into_vec())
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<GrownDevices, DecodeError> {
+        use std::os::unix::ffi::OsStrExt;
+        let (_, payload) = codec::open(GROWN_DEVICES_MAGIC, GROWN_DEVICES_VERSION, bytes)?;
+        let mut r = Reader::new(payload);
+        let count = r.u32()?;
+        if count > MAX_GROWN_DEVICE_PATHS {
+            return Err(DecodeError::Invalid(format!(
+                "{count} grown device paths (at most {MAX_GROWN_DEVICE_PATHS})"
+            )));
+        }
+        let mut paths = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let raw = r.bytes()?;
+            if raw.is_empty() || raw.len() > MAX_GROWN_DEVICE_PATH_BYTES || raw.contains(&0) {
+                return Err(DecodeError::Invalid(format!(
+                    "a grown device path of {} bytes",
+                    raw.len()
+                )));
+            }
+            paths.push(std::path::PathBuf::from(std::ffi::OsStr::from_bytes(raw)));
+        }
+        r.finish()?;
+        Ok(GrownDevices { paths })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -385,5 +446,40 @@ mod tests {
             lvm: Some(("vg0".into(), "lv0".into())),
         };
         assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
+    }
+
+    #[test]
+    fn grown_devices_roundtrip_dedup_and_corruption() {
+        let mut g = GrownDevices::default();
+        g.extend(&["/dev/loop7".into(), "/dev/disk/by-id/wwn-0x5000c5".into()]);
+        g.extend(&["/dev/loop7".into(), "/dev/loop9".into()]);
+        let want: Vec<std::path::PathBuf> = vec![
+            "/dev/loop7".into(),
+            "/dev/disk/by-id/wwn-0x5000c5".into(),
+            "/dev/loop9".into(),
+        ];
+        assert_eq!(g.paths, want);
+        let bytes = g.encode();
+        assert_eq!(GrownDevices::decode(&bytes).unwrap(), g);
+        assert_eq!(
+            GrownDevices::decode(&GrownDevices::default().encode()).unwrap(),
+            GrownDevices::default()
+        );
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x40;
+            assert!(
+                GrownDevices::decode(&bad).is_err(),
+                "flip at {i} not caught"
+            );
+        }
+        assert!(GrownDevices::decode(&bytes[..bytes.len() - 1]).is_err());
+        // Sealed but with an empty path or a NUL in one: refused.
+        for raw in [&b""[..], b"/dev/a\0b"] {
+            let mut w = Writer::new();
+            w.u32(1).bytes(raw);
+            let sealed = codec::seal(GROWN_DEVICES_MAGIC, GROWN_DEVICES_VERSION, &w.into_vec());
+            assert!(GrownDevices::decode(&sealed).is_err());
+        }
     }
 }

@@ -41,6 +41,8 @@ pub const SESSIONS: TableDefinition<'_, u64, u64> = TableDefinition::new("sessio
 
 pub(super) const KEY_SUPER: &str = "super";
 pub(super) const KEY_VOLUME: &str = "volume";
+/// The paths of LUNs added by growths (`GrownDevices`, `SGD1`); absent: none.
+pub(super) const KEY_GROWN_DEVICES: &str = "grown_devices";
 pub(super) const KEY_NEXT_INODE: &str = "next_inode";
 pub(super) const KEY_GENERATION: &str = "generation";
 pub(super) const KEY_BOOT_EPOCH: &str = "boot_epoch";

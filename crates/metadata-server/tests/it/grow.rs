@@ -1,7 +1,8 @@
 //! `Store::grow`: a grown volume is committed with its new free space in one transaction: the
 //! allocator hands out the new blocks at once, statfs capacity follows, the old blocks keep
 //! their place, a plan made from a volume that changed meanwhile or that is no growth is
-//! refused without a change, and the grown store reopens and passes fsck.
+//! refused without a change, and the grown store reopens (with the paths the growth was
+//! given, for the server to open at start) and passes fsck.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -74,7 +75,13 @@ async fn a_grown_volume_is_allocated_at_once_and_survives_a_reopen() {
     let grown = old
         .with_segment_appended(new_devices, MIB, Some(64 * 1024))
         .unwrap();
-    let added = store.grow(old.clone(), grown.clone()).await.unwrap();
+    assert!(store.grown_device_paths().is_empty());
+    let given: Vec<std::path::PathBuf> = vec!["/dev/loop70".into(), "/dev/loop71".into()];
+    let added = store
+        .grow(old.clone(), grown.clone(), &given)
+        .await
+        .unwrap();
+    assert_eq!(store.grown_device_paths(), given);
     assert_eq!(added, (grown.size_bytes() - old.size_bytes()) / bs);
     assert_eq!(*store.volume(), grown);
     assert_eq!(
@@ -87,11 +94,19 @@ async fn a_grown_volume_is_allocated_at_once_and_survives_a_reopen() {
     );
 
     // The same plan again: the volume changed meanwhile. A smaller volume: no growth.
-    let again = store.grow(old.clone(), grown.clone()).await;
+    let refused: Vec<std::path::PathBuf> = vec!["/dev/loop72".into()];
+    let again = store.grow(old.clone(), grown.clone(), &refused).await;
     assert!(matches!(again, Err(FsError::Invalid(_))), "{again:?}");
-    let shrink = store.grow(Arc::new(grown.clone()), (*old).clone()).await;
+    let shrink = store
+        .grow(Arc::new(grown.clone()), (*old).clone(), &refused)
+        .await;
     assert!(matches!(shrink, Err(FsError::Invalid(_))), "{shrink:?}");
     assert_eq!(*store.volume(), grown);
+    assert_eq!(
+        store.grown_device_paths(),
+        given,
+        "a refused growth records no path"
+    );
 
     // The new space is used at once: 100 MiB now fit, partly past the old end.
     allocate(&store, b, 100 * MIB).unwrap();
@@ -110,6 +125,7 @@ async fn a_grown_volume_is_allocated_at_once_and_survives_a_reopen() {
     let backend = Backend::Sim(disk.clone());
     let store = Store::open(&backend, clock.clone(), 64).unwrap();
     assert_eq!(*store.volume(), grown);
+    assert_eq!(store.grown_device_paths(), given);
     assert_eq!(
         store.usage().total_blocks.load(Ordering::Relaxed),
         grown.size_blocks()

@@ -1,5 +1,6 @@
 //! `sanfs-mds format` and `volume inspect --map` on an LVM2 logical volume made by the real
-//! lvm2 tools on loop devices (with activation off, so no device-mapper is needed).
+//! lvm2 tools on loop devices (with activation off, so no device-mapper is needed), and the
+//! server's import-rule check at start (`serve::check_lvm_at_start`) on the same states.
 //!
 //! Checks that format writes nothing to the PVs (the label and metadata area bytes are
 //! identical afterwards, and `pvs` still lists the PVs in their VG) and that every `--map`
@@ -570,8 +571,19 @@ fn lvm_import_refusals_made_by_lvm2() {
         mds(args)
     };
     let both: Vec<&str> = devs.iter().map(String::as_str).collect();
+    // The server's check at start on the PVs it opened: the same rule and words.
+    let paths: Vec<PathBuf> = devs.iter().map(PathBuf::from).collect();
+    let at_start = |lv: &str| {
+        let warnings = sanfs_lun::lvm::check_lv_at(&paths, &vg, lv)
+            .map(|v| v.warnings)
+            .unwrap_or_default();
+        let started =
+            sanfs_mds::serve::check_lvm_at_start(&paths, &vg, lv).map_err(|e| format!("{e:#}"));
+        (started, warnings)
+    };
     let (run, wrote) = format("data", &both);
     assert!(run.success() && wrote, "{run:?}");
+    assert_eq!(at_start("data"), (Ok(()), Vec::new()));
     let run = inspect(&both, &[]);
     assert!(run.success(), "{run:?}");
     assert!(!run.stdout.contains("warning:"), "{run:?}");
@@ -592,6 +604,14 @@ fn lvm_import_refusals_made_by_lvm2() {
         run.stdout
             .contains(&format!("refused: logical volume {vg}/ro is read-only")),
         "{run:?}"
+    );
+    let (started, _) = at_start("ro");
+    let refused = started.unwrap_err();
+    assert!(
+        refused.contains(&format!(
+            "logical volume {vg}/ro cannot be used; refusing to serve: logical volume {vg}/ro is read-only"
+        )),
+        "{refused}"
     );
 
     // A cloned PV (a copy of the second LUN on a third device), wherever it is listed.
@@ -627,6 +647,14 @@ fn lvm_import_refusals_made_by_lvm2() {
     let (run, wrote) = format("data", &both);
     assert!(run.success() && wrote, "{run:?}");
     assert!(run.stderr.contains("is damaged and was skipped"), "{run:?}");
+    let (started, warnings) = at_start("data");
+    assert_eq!(started, Ok(()), "a damaged copy beside a good one serves");
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("is damaged and was skipped")),
+        "{warnings:?}"
+    );
     assert!(
         run.stderr.contains("another copy on this PV was read"),
         "{run:?}"
@@ -673,6 +701,17 @@ fn lvm_import_refusals_made_by_lvm2() {
     let (run, wrote) = format("data", &both);
     assert_eq!(run.code, Some(2), "{run:?}");
     assert!(run.stderr.contains("flagged MISSING"), "{run:?}");
+    let refused = at_start("data").0.unwrap_err();
+    assert!(
+        refused.contains("refusing to serve") && refused.contains("flagged MISSING"),
+        "{refused}"
+    );
+    let (started, warnings) = at_start("one");
+    assert_eq!(started, Ok(()), "a MISSING PV the LV does not use");
+    assert!(
+        warnings.iter().any(|w| w.contains("flagged MISSING")),
+        "{warnings:?}"
+    );
     assert!(
         run.stderr.contains("logical volume data lies on it") && !wrote,
         "{run:?}"
