@@ -145,12 +145,23 @@ fn read_buffered(file: &File, off: u64, len: usize) -> io::Result<Vec<u8>> {
 /// damaged or stale metadata copy, a `MISSING` PV the LV does not use: warnings). `Err` when
 /// no PV holds readable metadata of `vg`.
 pub fn check_lv(pvs: &[(PathBuf, LvmPv)], vg: &str, lv: &str) -> Result<ImportVerdict, String> {
+    let meta = newest_metadata(pvs, vg)?;
+    let readings: Vec<PvReading> = pvs.iter().map(|(path, pv)| pv.reading(path)).collect();
+    Ok(check_lv_import(meta, lv, &readings))
+}
+
+/// The newest metadata of volume group `vg` (highest seqno) among the PVs read (`(path,
+/// pv)`); `Err` naming each PV's metadata problems when none holds a readable copy.
+pub fn newest_metadata<'a>(
+    pvs: &'a [(PathBuf, LvmPv)],
+    vg: &str,
+) -> Result<&'a VgMetadata, String> {
     let newest = pvs
         .iter()
         .filter_map(|(_, pv)| pv.metadata.as_ref())
         .filter(|m| m.name == vg)
         .max_by_key(|m| m.seqno);
-    let Some(meta) = newest else {
+    newest.ok_or_else(|| {
         let problems: Vec<String> = pvs
             .iter()
             .flat_map(|(p, pv)| {
@@ -159,14 +170,12 @@ pub fn check_lv(pvs: &[(PathBuf, LvmPv)], vg: &str, lv: &str) -> Result<ImportVe
                     .map(move |m| format!("{}: {m}", p.display()))
             })
             .collect();
-        return Err(format!(
-            "no readable metadata of volume group {vg:?} on any of its PVs here{}{}",
+        format!(
+            "no readable metadata of volume group {vg:?} on any of the PVs opened{}{}",
             if problems.is_empty() { "" } else { ": " },
             problems.join("; ")
-        ));
-    };
-    let readings: Vec<PvReading> = pvs.iter().map(|(path, pv)| pv.reading(path)).collect();
-    Ok(check_lv_import(meta, lv, &readings))
+        )
+    })
 }
 
 /// [`check_lv`] of the PVs at `paths` (the volume's PVs as this node opened them), for the
@@ -191,6 +200,18 @@ pub fn check_lv_at(paths: &[PathBuf], vg: &str, lv: &str) -> Result<ImportVerdic
     let mut verdict = check_lv(&pvs, vg, lv)?;
     verdict.warnings.extend(unread);
     Ok(verdict)
+}
+
+/// What a node does with the import rule's verdict on `vg/lv`: logs each warning, and
+/// refuses ([`refusal_message`] with `outcome`) when the rule refuses.
+pub fn enforce(vg: &str, lv: &str, verdict: &ImportVerdict, outcome: &str) -> Result<(), String> {
+    for warning in &verdict.warnings {
+        tracing::warn!("{warning}");
+    }
+    if verdict.is_refused() {
+        return Err(refusal_message(vg, lv, verdict, outcome));
+    }
+    Ok(())
 }
 
 /// The refusal of logical volume `vg/lv` by the import rule, in the words `format` uses, with

@@ -268,36 +268,18 @@ pub fn read_lvm_pv(lun: &Lun) -> anyhow::Result<LvmPv> {
 
 /// Chooses the newest metadata of VG `vg` among the PVs, refusing PVs of other VGs.
 pub fn vg_metadata<'a>(pvs: &'a [(PathBuf, LvmPv)], vg: &str) -> anyhow::Result<&'a VgMetadata> {
-    let mut newest: Option<&VgMetadata> = None;
     for (path, pv) in pvs {
-        let Some(meta) = &pv.metadata else { continue };
-        if meta.name != vg {
+        if let Some(meta) = &pv.metadata
+            && meta.name != vg
+        {
             bail!(
                 "{} is a PV of volume group {:?}, not {vg:?}",
                 path.display(),
                 meta.name
             );
         }
-        if newest.is_none_or(|n| meta.seqno > n.seqno) {
-            newest = Some(meta);
-        }
     }
-    let Some(meta) = newest else {
-        let problems: Vec<String> = pvs
-            .iter()
-            .flat_map(|(p, pv)| {
-                pv.metadata_problems
-                    .iter()
-                    .map(move |m| format!("{}: {m}", p.display()))
-            })
-            .collect();
-        bail!(
-            "no readable metadata of volume group {vg:?} on any configured PV{}{}",
-            if problems.is_empty() { "" } else { ": " },
-            problems.join("; ")
-        );
-    };
-    Ok(meta)
+    sanfs_lun::lvm::newest_metadata(pvs, vg).map_err(|why| anyhow::anyhow!(why))
 }
 
 fn import_lvm(cfg: &VolumeConfig) -> anyhow::Result<Formatted> {
@@ -324,17 +306,7 @@ fn import_lvm(cfg: &VolumeConfig) -> anyhow::Result<Formatted> {
     // anything is written; warnings are logged.
     let readings: Vec<PvReading> = pvs.iter().map(|(path, pv)| pv.reading(path)).collect();
     let verdict = check_lv_import(meta, lv, &readings);
-    for warning in &verdict.warnings {
-        tracing::warn!("{warning}");
-    }
-    if verdict.is_refused() {
-        bail!(sanfs_lun::lvm::refusal_message(
-            vg,
-            lv,
-            &verdict,
-            "nothing was written"
-        ));
-    }
+    sanfs_lun::lvm::enforce(vg, lv, &verdict, "nothing was written").map_err(anyhow::Error::msg)?;
     let volume = meta
         .lv_volume(lv, cfg.block_size)
         .with_context(|| format!("logical volume {vg}/{lv}"))?;

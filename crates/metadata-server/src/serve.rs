@@ -123,20 +123,8 @@ pub fn check_lvm_at_start(paths: &[PathBuf], vg: &str, lv: &str) -> anyhow::Resu
             );
             Ok(())
         }
-        Ok(verdict) => {
-            for warning in &verdict.warnings {
-                tracing::warn!("{warning}");
-            }
-            if verdict.is_refused() {
-                bail!(sanfs_lun::lvm::refusal_message(
-                    vg,
-                    lv,
-                    &verdict,
-                    "refusing to serve"
-                ));
-            }
-            Ok(())
-        }
+        Ok(verdict) => sanfs_lun::lvm::enforce(vg, lv, &verdict, "refusing to serve")
+            .map_err(anyhow::Error::msg),
     }
 }
 

@@ -426,20 +426,8 @@ fn check_lvm_at_mount(paths: &[PathBuf], vg: &str, lv: &str) -> Result<(), Conne
             tracing::warn!("logical volume {vg}/{lv}: the LVM2 state was not checked: {why}");
             Ok(())
         }
-        Ok(verdict) => {
-            for warning in &verdict.warnings {
-                tracing::warn!("{warning}");
-            }
-            if verdict.is_refused() {
-                return Err(ConnectError::LvmRefused(sanfs_lun::lvm::refusal_message(
-                    vg,
-                    lv,
-                    &verdict,
-                    "refusing to mount",
-                )));
-            }
-            Ok(())
-        }
+        Ok(verdict) => sanfs_lun::lvm::enforce(vg, lv, &verdict, "refusing to mount")
+            .map_err(ConnectError::LvmRefused),
     }
 }
 
