@@ -110,6 +110,9 @@ struct FileState {
     end: u64,
     /// One write-back of this file at a time.
     flusher: Arc<tokio::sync::Mutex<()>>,
+    /// Write-backs under way: their bytes are out of `dirty` but not on the LUNs yet, so
+    /// I/O that must come after them waits for them ([`Client::write_back_barrier`]).
+    flushing: u32,
     /// Writes of this file (held back or not) in their first step: a delegation asked for.
     asking: bool,
     /// Read cache: whole chunks by index; only the chunk at the end of file may be shorter.
@@ -317,7 +320,23 @@ impl WriteBack {
         self.total.fetch_sub(f.dirty_bytes, Ordering::Relaxed);
         f.dirty_bytes = 0;
         f.dirty_since = None;
+        f.flushing += 1;
         Some((dirty, file, cred))
+    }
+
+    /// A write-back of `ino` that [`WriteBack::take`] began is over (done, failed or
+    /// dropped).
+    fn flushed(&self, ino: InodeId) {
+        if let Some(f) = self.files().get_mut(&ino) {
+            f.flushing = f.flushing.saturating_sub(1);
+        }
+    }
+
+    /// Whether `ino` has bytes held back on this node or on their way to the LUNs.
+    fn unsettled(&self, ino: InodeId) -> bool {
+        self.files()
+            .get(&ino)
+            .is_some_and(|f| f.dirty_bytes > 0 || f.flushing > 0)
     }
 
     fn flusher(&self, ino: InodeId) -> Arc<tokio::sync::Mutex<()>> {
@@ -602,6 +621,7 @@ impl Client {
         let mut files = wb.files();
         let f = files.get_mut(&ino)?;
         if !f.dirty.is_empty()
+            || f.flushing > 0
             || f.recalling
             || f.delegation.is_none_or(|d| d.generation != generation)
         {
@@ -777,6 +797,14 @@ impl Client {
         let Some((dirty, file, cred)) = wb.take(ino) else {
             return Ok(());
         };
+        // Ends the write-back's `flushing` mark however this future ends.
+        struct Flushing<'a>(&'a WriteBack, InodeId);
+        impl Drop for Flushing<'_> {
+            fn drop(&mut self) {
+                self.0.flushed(self.1);
+            }
+        }
+        let _flushing = Flushing(wb, ino);
         bump(&wb.counters.flushes);
         tracing::debug!(%ino, extents = dirty.len(), "writing back held-back bytes");
         self.inner.begin_pending(ino);
@@ -807,7 +835,9 @@ impl Client {
     /// Before I/O of `ino` that must come after its held-back bytes: writes them. A failed
     /// write-back is not answered here but by the file's next write, fsync or close (once).
     pub(crate) async fn write_back_barrier(&self, ino: InodeId) {
-        if self.inner.writeback.has_dirty(ino) {
+        // Also while a write-back is under way (the age flusher's, or another write's at the
+        // flush limit): its bytes are not on the LUNs yet; the flusher's lock waits for it.
+        if self.inner.writeback.unsettled(ino) {
             let _ = self.flush_file(ino).await;
         }
     }

@@ -335,6 +335,9 @@ impl Client {
     ) -> Result<(AlignedBuf, usize), FsError> {
         let len = buf.len() as u64;
         ByteRange::new(offset, len)?;
+        // What this node held back (an O_DIRECT reader beside a buffered writer) is read from
+        // the LUNs once written.
+        self.write_back_barrier(ino).await;
         let inner = &self.inner;
         let view = inner.live_view_for(Some(fh), "Read").await?;
         let block = u64::from(view.server.block_size);
