@@ -113,6 +113,9 @@ struct FileState {
     /// Write-backs under way: their bytes are out of `dirty` but not on the LUNs yet, so
     /// I/O that must come after them waits for them ([`Client::write_back_barrier`]).
     flushing: u32,
+    /// A write-back was started beside the writer (the file reached its flush limit) and has
+    /// not taken the held-back bytes yet: up to twice the limit is held meanwhile.
+    flush_started: bool,
     /// Writes of this file (held back or not) in their first step: a delegation asked for.
     asking: bool,
     /// Read cache: whole chunks by index; only the chunk at the end of file may be shorter.
@@ -126,6 +129,16 @@ struct FileState {
     /// Where the last read ended (a read from there is sequential: read ahead).
     last_read_end: u64,
     last_use: Option<Instant>,
+}
+
+/// How many bytes of one file may be held back before a write waits for a write-back: the
+/// configured limit, twice it while a write-back started beside the writer is under way.
+fn file_limit(f: &FileState, limit: u64) -> u64 {
+    if f.flush_started || f.flushing > 0 {
+        limit.saturating_mul(2)
+    } else {
+        limit
+    }
 }
 
 /// What a write-back takes out of the table: the extents, and whom they are written as.
@@ -313,6 +326,7 @@ impl WriteBack {
         let mut files = self.files();
         let f = files.get_mut(&ino)?;
         if f.dirty.is_empty() {
+            f.flush_started = false;
             return None;
         }
         let (file, cred) = f.writer.clone()?;
@@ -321,6 +335,7 @@ impl WriteBack {
         f.dirty_bytes = 0;
         f.dirty_since = None;
         f.flushing += 1;
+        f.flush_started = false;
         Some((dirty, file, cred))
     }
 
@@ -531,7 +546,7 @@ impl Client {
                 return Ok(None);
             }
         }
-        let (file_dirty, total) = {
+        let (file_dirty, total, started) = {
             let mut files = wb.files();
             let f = files.entry(ino).or_default();
             // Checked again under the lock: a recall may have come meanwhile.
@@ -547,10 +562,25 @@ impl Client {
             f.writer = Some((file.clone(), cred.clone()));
             f.end = f.end.max(offset + len);
             let total = wb.total.fetch_add(grew, Ordering::Relaxed) + grew;
-            (f.dirty_bytes, total)
+            // At the file's limit a write-back starts beside the writer, once; at twice the
+            // limit, or the agent's, the writer waits for one.
+            let start = f.dirty_bytes >= wb.config.file_bytes
+                && f.dirty_bytes < wb.config.file_bytes.saturating_mul(2)
+                && total < wb.config.total_bytes
+                && !f.flush_started;
+            f.flush_started |= start;
+            (f.dirty_bytes, total, start)
         };
         bump(&wb.counters.held_writes);
-        if file_dirty >= wb.config.file_bytes || total >= wb.config.total_bytes {
+        if started {
+            let client = Client::borrowed(Arc::clone(&self.inner));
+            tokio::spawn(async move {
+                // A failure is the file's next write's, fsync's or close's error.
+                let _ = client.flush_file(ino).await;
+            });
+        } else if file_dirty >= wb.config.file_bytes.saturating_mul(2)
+            || total >= wb.config.total_bytes
+        {
             // A failure is the file's next write's, fsync's or close's error.
             let _ = self.flush_file(ino).await;
         }
@@ -585,7 +615,7 @@ impl Client {
                 || f.asking
                 || f.delegation
                     .is_none_or(|d| d.generation != generation || !d.write)
-                || f.dirty_bytes + len >= wb.config.file_bytes
+                || f.dirty_bytes + len >= file_limit(f, wb.config.file_bytes)
                 || wb.total.load(Ordering::Relaxed) + len >= wb.config.total_bytes
             {
                 return None;
