@@ -8,7 +8,10 @@
 //! client expects. Each connection is its own task, so a slow or broken client holds only
 //! itself; a request head must arrive within [`HEADER_TIMEOUT`] (which also closes a kept-alive
 //! connection left idle that long) and fit [`MAX_HEAD_BYTES`]; at most [`MAX_CONNECTIONS`]
-//! connections are served at once, more wait to be accepted.
+//! connections are served at once, more wait to be accepted. A connection older than
+//! [`MAX_CONNECTION_AGE`] is closed after its answer in progress (or dropped if that answer is
+//! not taken within [`HEADER_TIMEOUT`]), so a client that stops reading holds its slot only so
+//! long; a scraper simply connects again.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -30,6 +33,8 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_HEAD_BYTES: usize = 8192;
 /// Most connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
+/// How long one connection is served (then closed between two answers).
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(60);
 
 /// Makes a page's text at each request (on a blocking thread: rendering may take locks or ask
 /// other processes).
@@ -77,14 +82,23 @@ pub async fn serve(listener: TcpListener, pages: Pages) {
                 let pages = Arc::clone(&pages);
                 async move { Ok::<_, Infallible>(answer(&req, &pages).await) }
             });
-            let served = hyper::server::conn::http1::Builder::new()
+            let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .max_buf_size(MAX_HEAD_BYTES)
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-            if let Err(e) = served {
-                tracing::debug!(%peer, error = %e, "metrics connection failed");
+                .serve_connection(TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            let served = tokio::select! {
+                served = conn.as_mut() => Some(served),
+                () = tokio::time::sleep(MAX_CONNECTION_AGE) => {
+                    conn.as_mut().graceful_shutdown();
+                    tokio::time::timeout(HEADER_TIMEOUT, conn).await.ok()
+                }
+            };
+            match served {
+                Some(Ok(())) => {}
+                Some(Err(e)) => tracing::debug!(%peer, error = %e, "metrics connection failed"),
+                None => tracing::debug!(%peer, "metrics connection dropped: its answer not taken"),
             }
             drop(permit);
         });

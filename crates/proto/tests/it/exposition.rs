@@ -159,12 +159,18 @@ async fn a_silent_client_does_not_hold_up_the_others_and_is_closed() {
         .await
         .expect("answered while another client is silent");
     assert_eq!(answered.0, "HTTP/1.1 200 OK");
-    // The silent one is closed once its head is overdue (with an answer or without).
+    // The silent one is closed once its head is overdue (with an answer or without), and the
+    // kept-alive one once it has been idle as long.
     let mut rest = Vec::new();
     tokio::time::timeout(Duration::from_secs(30), silent.read_to_end(&mut rest))
         .await
         .expect("the silent connection closed")
         .ok();
+    let mut rest = Vec::new();
+    let idle = tokio::time::timeout(Duration::from_secs(30), r.read_to_end(&mut rest))
+        .await
+        .expect("the idle kept-alive connection closed");
+    assert!(idle.is_ok_and(|n| n == 0), "{rest:?}");
 }
 
 #[tokio::test]
