@@ -30,22 +30,20 @@
 //! The recorder is the process's `metrics` recorder ([`install`], once, before the client
 //! connects so that the engine's latency histograms register with it). Counters are kept by
 //! the client and engine themselves and published at each scrape ([`render`]). [`serve`]
-//! answers `GET /metrics` on a TCP listener: one request per connection, at most
-//! [`MAX_REQUEST_BYTES`] of it read, anything else a 404.
+//! answers `GET /metrics` on a TCP listener through the shared endpoint
+//! ([`sanfs_proto::exposition`], hyper's HTTP/1.1: keep-alive, `HEAD`, 404 for another path,
+//! 405 for another method, a bounded request head and its timeout).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use sanfs_proto::exposition::{self, Page};
+use tokio::net::TcpListener;
 
 use crate::client::{Client, DeviceHealth};
 use crate::engine::DEVICE_IO_SECONDS;
 use crate::fuse::FUSE_OP_SECONDS;
-
-/// Most bytes of a request read.
-pub const MAX_REQUEST_BYTES: u64 = 4096;
 
 /// Latency buckets of device requests and FUSE requests, 20 us to 5 s.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -176,86 +174,14 @@ pub async fn serve(listener: TcpListener, client: Arc<Client>) {
 }
 
 /// What a scrape answers: the whole exposition, made on a blocking thread.
-pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+pub type Render = exposition::Render;
 
 /// Answers scrapes on `listener` with what `render` makes, and `GET /healthz` with `ok` (a
-/// liveness probe), until the task is dropped.
+/// liveness probe: the process answers, whatever the server), until the task is dropped.
 pub async fn serve_text(listener: TcpListener, render: Render) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                let render = Arc::clone(&render);
-                tokio::spawn(async move {
-                    let answered =
-                        tokio::time::timeout(Duration::from_secs(5), answer(stream, render)).await;
-                    if !matches!(answered, Ok(Ok(()))) {
-                        tracing::debug!(%peer, "metrics scrape failed or timed out");
-                    }
-                });
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "metrics accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-/// Whether an HTTP request line asks for `GET /metrics`.
-fn is_metrics_request(line: &str) -> bool {
-    is_get(line, "/metrics")
-}
-
-/// Whether an HTTP request line is `GET path` (a query string aside).
-fn is_get(line: &str, path: &str) -> bool {
-    let mut words = line.split_ascii_whitespace();
-    let (method, target) = (words.next(), words.next().unwrap_or(""));
-    method == Some("GET") && target.split('?').next() == Some(path)
-}
-
-async fn answer(stream: TcpStream, render: Render) -> std::io::Result<()> {
-    let mut reader = BufReader::new(stream.take(MAX_REQUEST_BYTES));
-    let mut request_line = String::new();
-    reader.read_line(&mut request_line).await?;
-    // The headers are read and ignored (up to the size limit), so the client sees its
-    // request consumed before the answer.
-    let mut header = String::new();
-    while reader.read_line(&mut header).await? > 2 {
-        header.clear();
-    }
-    let mut stream = reader.into_inner().into_inner();
-    let (status, body) = if is_metrics_request(&request_line) {
-        let body = tokio::task::spawn_blocking(move || render())
-            .await
-            .map_err(std::io::Error::other)?;
-        ("200 OK", body)
-    } else if is_get(&request_line, "/healthz") {
-        // The process answers: a liveness probe that does not depend on the server.
-        ("200 OK", "ok\n".to_owned())
-    } else {
-        ("404 Not Found", "not found: GET /metrics\n".to_owned())
-    };
-    let reply = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(reply.as_bytes()).await?;
-    stream.shutdown().await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_metrics_request;
-
-    #[test]
-    fn request_lines() {
-        assert!(is_metrics_request("GET /metrics HTTP/1.1\r\n"));
-        assert!(is_metrics_request("GET /metrics?name=x HTTP/1.0\r\n"));
-        assert!(!is_metrics_request("GET / HTTP/1.1\r\n"));
-        assert!(!is_metrics_request("PUT /metrics HTTP/1.1\r\n"));
-        assert!(!is_metrics_request(""));
-        assert!(super::is_get("GET /healthz HTTP/1.1\r\n", "/healthz"));
-        assert!(!super::is_get("GET /healthzx HTTP/1.1\r\n", "/healthz"));
-    }
+    let pages = [
+        ("/metrics", Page::Render(render)),
+        ("/healthz", Page::Fixed("ok\n")),
+    ];
+    exposition::serve(listener, Arc::new(pages)).await;
 }

@@ -39,16 +39,16 @@
 //! through one narrow interface, [`Counters`], which the service implements (so this module
 //! knows nothing of the service). The
 //! exporter's own HTTP listener is compiled out (default features off), and
-//! [`serve_metrics`] answers scrapes itself: at most [`MAX_REQUEST_BYTES`] of request are
-//! read, anything but `GET /metrics` is a 404, and every connection is closed after one
-//! answer.
+//! [`serve_metrics`] answers scrapes through the shared endpoint
+//! ([`sanfs_proto::exposition`], hyper's HTTP/1.1): `GET` or `HEAD /metrics`, anything else a
+//! 404 (405 for another method), keep-alive, a bounded request head and its timeout.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use sanfs_proto::exposition::{self, Page};
+use tokio::net::TcpListener;
 
 use crate::store::{COMMIT_OPS, COMMIT_SECONDS};
 
@@ -82,13 +82,6 @@ pub struct Figures {
 pub trait Counters: Send + Sync {
     fn figures(&self) -> Figures;
 }
-
-/// Most bytes of an HTTP request read before answering.
-pub const MAX_REQUEST_BYTES: usize = 4096;
-/// Most scrapes answered at once; more connections wait to be accepted.
-const MAX_CONNECTIONS: usize = 8;
-/// How long a scraper may take to send its request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Buckets of `sanfs_commit_ops`: transactions per commit, 1 to 4096.
 const COMMIT_OPS_BUCKETS: &[f64] = &[
@@ -328,87 +321,8 @@ fn describe_published() {
     describe_gauge!("sanfs_sessions", "Live agent sessions.");
 }
 
-/// Answers scrapes on `listener` until the task is dropped.
+/// Answers scrapes (`GET /metrics`) on `listener` until the task is dropped.
 pub async fn serve_metrics(listener: TcpListener, server: Arc<dyn Counters>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let (stream, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::debug!(error = %e, "metrics accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let server = server.clone();
-        tokio::spawn(async move {
-            if let Err(e) = answer(stream, server.as_ref()).await {
-                tracing::debug!(%peer, error = %e, "metrics scrape failed");
-            }
-            drop(permit);
-        });
-    }
-}
-
-/// Whether a request (its first bytes) asks for `GET /metrics`.
-fn wants_metrics(request: &[u8]) -> bool {
-    let line = request.split(|b| *b == b'\n').next().unwrap_or_default();
-    let mut parts = line.split(|b| *b == b' ');
-    let method = parts.next();
-    let target = parts.next().unwrap_or_default();
-    let path = target.split(|b| *b == b'?').next().unwrap_or_default();
-    method == Some(b"GET".as_slice()) && path == b"/metrics"
-}
-
-async fn answer(mut stream: TcpStream, server: &dyn Counters) -> std::io::Result<()> {
-    let mut buf = vec![0u8; MAX_REQUEST_BYTES];
-    let mut n = 0;
-    let read_head = async {
-        while n < buf.len() {
-            let got = stream.read(&mut buf[n..]).await?;
-            if got == 0 {
-                break;
-            }
-            n += got;
-            if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                break;
-            }
-        }
-        Ok::<(), std::io::Error>(())
-    };
-    match tokio::time::timeout(REQUEST_TIMEOUT, read_head).await {
-        Ok(r) => r?,
-        Err(_) => return Ok(()),
-    }
-    let (status, body) = if wants_metrics(&buf[..n]) {
-        ("200 OK", render(server))
-    } else {
-        ("404 Not Found", "not found: try GET /metrics\n".to_owned())
-    };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::wants_metrics;
-
-    #[test]
-    fn only_get_metrics_is_served() {
-        assert!(wants_metrics(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"));
-        assert!(wants_metrics(b"GET /metrics?x=1 HTTP/1.1\r\n\r\n"));
-        assert!(!wants_metrics(b"POST /metrics HTTP/1.1\r\n\r\n"));
-        assert!(!wants_metrics(b"GET / HTTP/1.1\r\n\r\n"));
-        assert!(!wants_metrics(b"GET /metricsx HTTP/1.1\r\n\r\n"));
-        assert!(!wants_metrics(b""));
-    }
+    let render = Arc::new(move || render(server.as_ref()));
+    exposition::serve(listener, Arc::new([("/metrics", Page::Render(render))])).await;
 }

@@ -4,9 +4,12 @@
 //! that maps file-system errors to gRPC statuses and back. [`csi`] is the Container Storage
 //! Interface (v1) that the CSI driver serves, with its own validated request types. [`units`]
 //! reads sizes and durations as people write them, the same way on every surface.
+//! [`exposition`] serves Prometheus text over HTTP (the server's, the agent's and the CSI
+//! node's metrics endpoints).
 #![deny(unsafe_code)]
 
 pub mod csi;
+pub mod exposition;
 pub mod model;
 pub mod status;
 pub mod types;

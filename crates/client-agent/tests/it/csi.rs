@@ -1174,7 +1174,7 @@ fn scrape(port: u16) -> String {
     use std::io::Read as _;
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
@@ -1212,7 +1212,8 @@ async fn one_metrics_endpoint_per_node_with_every_agent_labelled_by_volume() {
     assert!(body.contains("sanfs_csi_volumes_staged 0"), "{body}");
     // The liveness endpoint on the same port.
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(b"GET /healthz HTTP/1.1\r\n\r\n").unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n")
+        .unwrap();
     let mut health = String::new();
     std::io::Read::read_to_string(&mut s, &mut health).unwrap();
     assert!(

@@ -433,7 +433,7 @@ pub async fn http_get(addr: SocketAddr) -> String {
     .await
     .expect("connect to the metrics endpoint in time")
     .expect("connect to the metrics endpoint");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n")
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut out = String::new();

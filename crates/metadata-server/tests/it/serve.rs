@@ -1063,9 +1063,11 @@ async fn metrics_are_served_on_get_metrics() {
 
     let get = |path: &'static str| async move {
         let mut s = tokio::net::TcpStream::connect(maddr).await.unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         out
@@ -1181,7 +1183,7 @@ async fn refused_tls_handshakes_are_counted() {
     .await;
     let refused = || async move {
         let mut s = tokio::net::TcpStream::connect(maddr).await.unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             .await
             .unwrap();
         let mut out = String::new();

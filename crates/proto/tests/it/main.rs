@@ -3,6 +3,7 @@
 //! property test that feeds arbitrary messages through every conversion.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+mod exposition;
 mod fixtures;
 mod fuzz;
 mod grant_model;
