@@ -99,58 +99,29 @@ pub struct MountEntry {
     pub minor: u32,
 }
 
-/// Undoes mountinfo's octal escapes (`\040` for a space).
-pub(crate) fn unescape(field: &str) -> String {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b.get(i + 1..i + 4).and_then(|d| {
-            std::str::from_utf8(d)
-                .ok()
-                .and_then(|d| u8::from_str_radix(d, 8).ok())
-        });
-        match (b[i], octal) {
-            (b'\\', Some(v)) => {
-                out.push(v);
-                i += 4;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// The FUSE mounts in a mountinfo text.
 pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
-    text.lines()
-        .filter_map(|line| {
-            let (left, right) = line.split_once(" - ")?;
-            let left: Vec<&str> = left.split(' ').collect();
-            let mut right = right.split(' ');
-            let (fstype, source) = (right.next()?, right.next()?);
-            if !FSTYPES.contains(&fstype) {
-                return None;
-            }
-            let (major, minor) = left.get(2)?.split_once(':')?;
-            Some(MountEntry {
-                mount_point: PathBuf::from(unescape(left.get(4)?)),
-                source: unescape(source),
-                major: major.parse().ok()?,
-                minor: minor.parse().ok()?,
-            })
+    fuse_entries(crate::mountinfo::parse(text))
+}
+
+fn fuse_entries(mounts: Vec<crate::mountinfo::Mount>) -> Vec<MountEntry> {
+    mounts
+        .into_iter()
+        .filter(|m| FSTYPES.contains(&m.fs_type.as_str()))
+        .map(|m| MountEntry {
+            mount_point: m.mount_point,
+            source: m.source,
+            major: m.major,
+            minor: m.minor,
         })
         .collect()
 }
 
 /// The FUSE mounts this process sees (sanfs ones among them).
 pub fn fuse_mounts() -> anyhow::Result<Vec<MountEntry>> {
-    let text =
-        std::fs::read_to_string("/proc/self/mountinfo").context("read /proc/self/mountinfo")?;
-    Ok(parse_mountinfo(&text))
+    let mounts = crate::mountinfo::read()
+        .with_context(|| format!("read {}", crate::mountinfo::MOUNTINFO))?;
+    Ok(fuse_entries(mounts))
 }
 
 /// The sanfs mounts this process sees: FUSE mounts with a control socket in [`run_dir`].

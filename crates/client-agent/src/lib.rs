@@ -28,4 +28,5 @@ pub mod logging;
 pub mod metrics;
 pub mod mount_helper;
 pub mod mount_options;
+pub mod mountinfo;
 pub mod quickstart;

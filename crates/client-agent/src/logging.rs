@@ -1,6 +1,7 @@
 //! Where `sanfs-agent` logs: levelled `tracing` lines to stderr (in the foreground), to a file
 //! (`-o log=FILE`), or to the local syslog socket `/dev/log` (`-o log=syslog`; journald reads
-//! it where systemd runs), one datagram per line with the level as its syslog severity.
+//! it where systemd runs), one RFC 3164 datagram per line (written by the `syslog` crate),
+//! facility `daemon`, ident `sanfs-agent`, the level as its syslog severity.
 //!
 //! A daemonised agent (a plain `mount`, `mount -t sanfs`, fstab) has no terminal: without
 //! `log=` it logs to syslog when `/dev/log` is there, else to
@@ -8,7 +9,6 @@
 
 use std::io::Write;
 use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -48,19 +48,11 @@ pub fn init(target: &LogTarget, level: Option<&str>) -> anyhow::Result<()> {
                 .with_writer(Mutex::new(file))
                 .init();
         }
-        LogTarget::Syslog => {
-            let sock = UnixDatagram::unbound().context("make a syslog socket")?;
-            sock.connect(SYSLOG_SOCKET)
-                .with_context(|| format!("connect to {SYSLOG_SOCKET}"))?;
-            builder
-                .with_ansi(false)
-                .without_time()
-                .with_writer(Syslog {
-                    sock: Arc::new(sock),
-                    ident: "sanfs-agent",
-                })
-                .init();
-        }
+        LogTarget::Syslog => builder
+            .with_ansi(false)
+            .without_time()
+            .with_writer(Syslog::connect(Path::new(SYSLOG_SOCKET))?)
+            .init(),
     }
     Ok(())
 }
@@ -113,18 +105,47 @@ pub fn default_log_file(mountpoint: &Path) -> PathBuf {
     Path::new(DEFAULT_LOG_DIR).join(format!("agent-{name}.log"))
 }
 
+/// The ident of the agent's syslog lines.
+const SYSLOG_IDENT: &str = "sanfs-agent";
+
+type SyslogLogger = syslog::Logger<syslog::LoggerBackend, syslog::Formatter3164>;
+
 /// A writer per log line that sends it to syslog, its severity from the event's level.
 struct Syslog {
-    sock: Arc<UnixDatagram>,
-    ident: &'static str,
+    logger: Arc<Mutex<SyslogLogger>>,
 }
 
 /// One syslog line being formatted; sent when dropped.
 struct SyslogLine {
-    sock: Arc<UnixDatagram>,
-    pri: u8,
-    ident: &'static str,
+    logger: Arc<Mutex<SyslogLogger>>,
+    severity: syslog::Severity,
     buf: Vec<u8>,
+}
+
+impl Syslog {
+    /// Connects to the syslog socket at `path` (a datagram socket, or a stream one).
+    fn connect(path: &Path) -> anyhow::Result<Syslog> {
+        let formatter = syslog::Formatter3164 {
+            facility: syslog::Facility::LOG_DAEMON,
+            hostname: None,
+            process: SYSLOG_IDENT.to_owned(),
+            pid: std::process::id(),
+        };
+        let logger = syslog::unix_custom(formatter, path)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(|| format!("connect to {}", path.display()))?;
+        Ok(Syslog {
+            logger: Arc::new(Mutex::new(logger)),
+        })
+    }
+
+    fn line(&self, severity: syslog::Severity) -> SyslogLine {
+        SyslogLine {
+            logger: Arc::clone(&self.logger),
+            severity,
+            buf: Vec::with_capacity(256),
+        }
+    }
 }
 
 impl Write for SyslogLine {
@@ -139,51 +160,38 @@ impl Write for SyslogLine {
 
 impl Drop for SyslogLine {
     fn drop(&mut self) {
+        use syslog::LogFormat;
         let line = String::from_utf8_lossy(&self.buf);
         let line = line.trim_end();
         if line.is_empty() {
             return;
         }
-        let msg = format!(
-            "<{}>{}[{}]: {line}",
-            self.pri,
-            self.ident,
-            std::process::id()
-        );
-        // A lost log line must not stop the agent.
-        let _ = self.sock.send(msg.as_bytes());
+        // A lost log line (or a poisoned lock: a thread died logging) must not stop the agent.
+        let mut logger = self.logger.lock().unwrap_or_else(|p| p.into_inner());
+        let logger = &mut *logger;
+        let _ = logger
+            .formatter
+            .format(&mut logger.backend, self.severity, line);
     }
 }
 
-/// Facility daemon (3) times 8 plus the severity.
-fn syslog_pri(level: &tracing::Level) -> u8 {
-    let severity = match *level {
-        tracing::Level::ERROR => 3,
-        tracing::Level::WARN => 4,
-        tracing::Level::INFO => 6,
-        _ => 7,
-    };
-    3 * 8 + severity
+/// The syslog severity of a level: error 3, warning 4, info 6, debug and trace 7.
+fn syslog_severity(level: &tracing::Level) -> syslog::Severity {
+    match *level {
+        tracing::Level::ERROR => syslog::Severity::LOG_ERR,
+        tracing::Level::WARN => syslog::Severity::LOG_WARNING,
+        tracing::Level::INFO => syslog::Severity::LOG_INFO,
+        _ => syslog::Severity::LOG_DEBUG,
+    }
 }
 
 impl<'a> MakeWriter<'a> for Syslog {
     type Writer = SyslogLine;
     fn make_writer(&'a self) -> SyslogLine {
-        self.line(6 + 3 * 8)
+        self.line(syslog::Severity::LOG_INFO)
     }
     fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> SyslogLine {
-        self.line(syslog_pri(meta.level()))
-    }
-}
-
-impl Syslog {
-    fn line(&self, pri: u8) -> SyslogLine {
-        SyslogLine {
-            sock: Arc::clone(&self.sock),
-            pri,
-            ident: self.ident,
-            buf: Vec::with_capacity(256),
-        }
+        self.line(syslog_severity(meta.level()))
     }
 }
 
@@ -205,24 +213,58 @@ mod tests {
         );
     }
 
+    /// Events through the same subscriber set-up as `log=syslog`, to a datagram socket standing
+    /// in for `/dev/log`: one datagram per event, `<facility daemon * 8 + severity>`, the
+    /// ident and pid, no colour codes, one line.
     #[test]
-    fn syslog_lines_carry_the_level() {
+    fn syslog_lines_carry_the_level_and_the_ident() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("log.sock");
-        let server = UnixDatagram::bind(&path).unwrap();
-        let sock = UnixDatagram::unbound().unwrap();
-        sock.connect(&path).unwrap();
-        let s = Syslog {
-            sock: Arc::new(sock),
-            ident: "sanfs-agent",
-        };
-        let mut w = s.line(syslog_pri(&tracing::Level::WARN));
-        w.write_all(b"WARN lun missing\n").unwrap();
-        drop(w);
-        let mut buf = [0u8; 256];
-        let n = server.recv(&mut buf).unwrap();
-        let got = String::from_utf8_lossy(&buf[..n]);
-        assert!(got.starts_with("<28>sanfs-agent["), "{got}");
-        assert!(got.ends_with("]: WARN lun missing"), "{got}");
+        let path = dir.path().join("h18-log.sock");
+        let server = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        server
+            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(filter(Some("debug")))
+            .with_ansi(false)
+            .without_time()
+            .with_writer(Syslog::connect(&path).unwrap())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::error!(lun = "wwn-1", "lun gone");
+            tracing::warn!("lun missing");
+            tracing::info!("mounted");
+            tracing::debug!("lease renewed");
+            tracing::trace!("filtered out");
+        });
+        let pid = std::process::id();
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let mut buf = [0u8; 1024];
+            let n = server.recv(&mut buf).unwrap();
+            got.push(String::from_utf8(buf[..n].to_vec()).unwrap());
+        }
+        for (line, (pri, text)) in
+            got.iter()
+                .zip([(27, "ERROR"), (28, "WARN"), (30, "INFO"), (31, "DEBUG")])
+        {
+            assert!(line.starts_with(&format!("<{pri}>")), "{line}");
+            assert!(line.contains(&format!(" sanfs-agent[{pid}]: ")), "{line}");
+            assert!(line.contains(text), "{line}");
+            assert!(!line.contains('\x1b') && !line.contains('\n'), "{line:?}");
+        }
+        assert!(got[0].ends_with("lun gone lun=\"wwn-1\""), "{}", got[0]);
+        server.set_nonblocking(true).unwrap();
+        assert!(
+            server.recv(&mut [0u8; 64]).is_err(),
+            "the trace event is filtered"
+        );
+    }
+
+    #[test]
+    fn a_missing_syslog_socket_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Syslog::connect(&dir.path().join("absent")).err().unwrap();
+        assert!(format!("{err:#}").contains("absent"), "{err:#}");
     }
 }

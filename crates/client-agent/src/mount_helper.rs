@@ -262,16 +262,12 @@ fn remount(h: &HelperArgs, read_only: bool) -> anyhow::Result<()> {
 
 /// Mount ids of every mount at `dir` (any type), from mountinfo.
 fn mount_ids_at(dir: &Path) -> anyhow::Result<Vec<u64>> {
-    let text =
-        std::fs::read_to_string("/proc/self/mountinfo").context("read /proc/self/mountinfo")?;
-    let want = dir.to_string_lossy();
-    Ok(text
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split(' ');
-            let id = f.next()?.parse().ok()?;
-            (control::unescape(f.nth(3)?) == want).then_some(id)
-        })
+    let mounts = crate::mountinfo::read()
+        .with_context(|| format!("read {}", crate::mountinfo::MOUNTINFO))?;
+    Ok(mounts
+        .into_iter()
+        .filter(|m| m.mount_point == dir)
+        .map(|m| m.id)
         .collect())
 }
 

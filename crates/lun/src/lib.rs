@@ -11,8 +11,8 @@
 //! - [`probe`]: reading the first bytes of a LUN with direct I/O and recognising its identity
 //!   in them (a sanfs [`DeviceLabel`](sanfs_blockmap::label::DeviceLabel), else an LVM2 PV
 //!   label), so that LUNs are found by identity, never by path.
-//! - [`glob`]: device globs (`*`, `?` in the last path component), as the agent's `devices=`
-//!   and the server's `volume.devices` name LUNs.
+//! - [`glob`]: device globs (`*`, `?`, `[...]` in the last path component), as the agent's
+//!   `devices=` and the server's `volume.devices` name LUNs.
 //! - [`lvm`]: an LVM2 PV read from its device (label and metadata areas) and the import
 //!   rule's checks of the VG and LV state applied to what was read.
 //! - [`buf`]: a safe aligned buffer for the direct reads and writes above.

@@ -18,73 +18,17 @@ pub fn is_fuse_type(fs_type: &str) -> bool {
     fs_type == "fuse" || fs_type == "fuse.sanfs"
 }
 
-/// One line of `/proc/self/mountinfo`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MountEntry {
-    pub mount_point: PathBuf,
-    /// The path inside the mounted file system that is mounted here.
-    pub root: String,
-    /// The per-mount options (`rw`/`ro`, `nosuid`, ...).
-    pub options: String,
-    pub fs_type: String,
-    /// The source (for sanfs: `SERVER:PORT:/SUBDIR`, the agent's FUSE fsname).
-    pub source: String,
-}
-
-impl MountEntry {
-    pub fn is_read_only(&self) -> bool {
-        self.options.split(',').any(|o| o == "ro")
-    }
-}
-
-/// Undoes the octal escapes (`\040` for a space, ...) the kernel writes in mountinfo fields.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4]
-                .iter()
-                .all(|b| (b'0'..=b'7').contains(b))
-        {
-            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
+/// One mount of `/proc/self/mountinfo` ([`crate::mountinfo`] parses it).
+pub use crate::mountinfo::Mount as MountEntry;
 
 /// Parses mountinfo text; malformed lines are skipped.
 pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
-    text.lines()
-        .filter_map(|line| {
-            let (front, back) = line.split_once(" - ")?;
-            let f: Vec<&str> = front.split(' ').collect();
-            let b: Vec<&str> = back.split(' ').collect();
-            if f.len() < 6 || b.len() < 2 {
-                return None;
-            }
-            Some(MountEntry {
-                root: unescape(f[3]),
-                mount_point: PathBuf::from(unescape(f[4])),
-                options: f[5].to_owned(),
-                fs_type: b[0].to_owned(),
-                source: unescape(b[1]),
-            })
-        })
-        .collect()
+    crate::mountinfo::parse(text)
 }
 
 /// The mount at exactly `path` (the topmost, when several are stacked), if any.
 pub fn mount_at(path: &Path) -> io::Result<Option<MountEntry>> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(parse_mountinfo(&text)
+    Ok(crate::mountinfo::read()?
         .into_iter()
         .rev()
         .find(|m| m.mount_point == path))
@@ -248,8 +192,6 @@ garbage line
             PathBuf::from("/var/lib/kubelet/pods/p/volumes/a b/mount")
         );
         assert!(m[2].is_read_only());
-        assert_eq!(unescape("a\\134b\\011"), "a\\b\t");
-        assert_eq!(unescape("trailing\\04"), "trailing\\04");
     }
 
     #[test]
