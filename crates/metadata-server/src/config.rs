@@ -418,9 +418,51 @@ impl VolumeConfig {
     }
 }
 
+/// The paths the server tries for the volume's LUNs at start: `volume.devices` (a glob in
+/// the last component expanded, its matches sorted; a glob that matches nothing is logged),
+/// then the paths growths were given (the store's grown-devices record), each path once.
+/// Which LUN a path is stays the label's word ([`DataDevices::add`]).
+pub fn device_paths(configured: &[PathBuf], grown: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::with_capacity(configured.len() + grown.len());
+    for entry in configured {
+        if sanfs_lun::glob::is_glob(entry) {
+            let matches = sanfs_lun::glob::expand_globs(std::slice::from_ref(entry));
+            if matches.is_empty() {
+                tracing::warn!(glob = %entry.display(), "volume.devices: the glob matches nothing");
+            }
+            out.extend(matches);
+        } else {
+            out.push(entry.clone());
+        }
+    }
+    out.extend(grown.iter().cloned());
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|p| seen.insert(p.clone()));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `volume.devices` globs are expanded (matches sorted; plain paths kept as given, even
+    /// absent ones, for the start to report), the growths' paths follow, each path once.
+    #[test]
+    fn device_paths_expand_globs_and_add_the_grown_luns() {
+        let dir = tempfile::tempdir().unwrap();
+        for n in ["wwn-b", "wwn-a", "other"] {
+            std::fs::write(dir.path().join(n), b"x").unwrap();
+        }
+        let p = |n: &str| dir.path().join(n);
+        let got = device_paths(
+            &[p("wwn-*"), p("absent"), p("none-*"), p("other")],
+            &[p("grown0"), p("wwn-a"), p("grown0")],
+        );
+        assert_eq!(
+            got,
+            vec![p("wwn-a"), p("wwn-b"), p("absent"), p("other"), p("grown0")]
+        );
+    }
 
     const FULL: &str = r#"
         [server]

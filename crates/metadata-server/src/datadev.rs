@@ -1,7 +1,7 @@
 //! The server's own handles on the data LUNs, for the proxied path (the paper's NFS-style
 //! fallback): the only place where the metadata server touches file data.
 //!
-//! At start the server opens the configured device paths ([`start_paths`]: `volume.devices`
+//! At start the server opens the configured device paths ([`crate::config::device_paths`]: `volume.devices`
 //! with globs expanded, and the paths growths were given, kept in the store), reads each
 //! one's identity (the sanfs label's device UUID, or the LVM2 PV UUID) and files it under the
 //! volume's device index; paths differ between nodes, identities do not. A LUN that is missing or has the
@@ -71,29 +71,6 @@ fn identity(path: &Path) -> anyhow::Result<DeviceId> {
     sanfs_lun::probe_identity(path)
         .with_context(|| format!("read the first bytes of {}", path.display()))?
         .with_context(|| format!("{}: neither a sanfs label nor an LVM2 PV", path.display()))
-}
-
-/// The paths the server tries for the volume's LUNs at start: `volume.devices` (a glob in
-/// the last component expanded, its matches sorted; a glob that matches nothing is logged),
-/// then the paths growths were given (the store's grown-devices record), each path once.
-/// Which LUN a path is stays the label's word ([`DataDevices::add`]).
-pub fn start_paths(configured: &[PathBuf], grown: &[PathBuf]) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = Vec::with_capacity(configured.len() + grown.len());
-    for entry in configured {
-        if sanfs_lun::glob::is_glob(entry) {
-            let matches = sanfs_lun::glob::expand_globs(std::slice::from_ref(entry));
-            if matches.is_empty() {
-                tracing::warn!(glob = %entry.display(), "volume.devices: the glob matches nothing");
-            }
-            out.extend(matches);
-        } else {
-            out.push(entry.clone());
-        }
-    }
-    out.extend(grown.iter().cloned());
-    let mut seen = std::collections::HashSet::new();
-    out.retain(|p| seen.insert(p.clone()));
-    out
 }
 
 impl DataDevices {
@@ -415,25 +392,6 @@ fn range(off: u64, len: u64, buf_len: usize) -> Result<std::ops::Range<usize>, F
 mod tests {
     use super::*;
     use crate::config::{LayoutKindConfig, VolumeConfig};
-
-    /// `volume.devices` globs are expanded (matches sorted; plain paths kept as given, even
-    /// absent ones, for the start to report), the growths' paths follow, each path once.
-    #[test]
-    fn start_paths_expand_globs_and_add_the_grown_luns() {
-        let dir = tempfile::tempdir().unwrap();
-        for n in ["wwn-b", "wwn-a", "other"] {
-            std::fs::write(dir.path().join(n), b"x").unwrap();
-        }
-        let p = |n: &str| dir.path().join(n);
-        let got = start_paths(
-            &[p("wwn-*"), p("absent"), p("none-*"), p("other")],
-            &[p("grown0"), p("wwn-a"), p("grown0")],
-        );
-        assert_eq!(
-            got,
-            vec![p("wwn-a"), p("wwn-b"), p("absent"), p("other"), p("grown0")]
-        );
-    }
 
     /// A cloned LUN (one label on two devices) is refused by the import rule, whichever path
     /// is listed first, as the agent's discovery refuses it: the device is missing, and

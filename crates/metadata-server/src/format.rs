@@ -75,7 +75,7 @@ pub fn format_volume_checked(
         }
         // The PVs are taken by their UUIDs, whatever their order: globs are expanded.
         LayoutKindConfig::Lvm => {
-            let devices = crate::datadev::start_paths(&cfg.devices, &[]);
+            let devices = crate::config::device_paths(&cfg.devices, &[]);
             if devices.is_empty() {
                 bail!("volume.devices matches no device");
             }

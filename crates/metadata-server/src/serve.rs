@@ -166,7 +166,7 @@ pub async fn serve(
         reclaim_grace_ms: crate::service::default_reclaim_grace_ms(opts.lease_ttl_ms),
     };
     // `volume.devices` (globs expanded) and the LUNs growths added, by label identity.
-    let data_paths = crate::datadev::start_paths(&opts.data_devices, &store.grown_device_paths());
+    let data_paths = crate::config::device_paths(&opts.data_devices, &store.grown_device_paths());
     let volume = store.volume().clone();
     let devices = tokio::task::spawn_blocking(move || DataDevices::open(&volume, &data_paths))
         .await
