@@ -119,7 +119,22 @@ fn an_exclusive_open_keeps_a_second_one_out() {
     // Shared opens (the direct read path, probes) still work.
     assert!(sanfs_lun::probe_identity(dev).is_ok());
     drop(held);
-    sanfs_lun::open_exclusive(dev, Access::ReadWrite).unwrap();
+    // Free again. Another process of this machine that scans loop devices (an agent's
+    // `devices=/dev/loop*`, a format's probe) may hold it exclusively for a moment: a
+    // bounded retry on EBUSY, not a failure.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match sanfs_lun::open_exclusive(dev, Access::ReadWrite) {
+            Ok(_) => break,
+            Err(e)
+                if e.raw_os_error() == Some(libc_ebusy())
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => panic!("exclusive open after the holder let go: {e}"),
+        }
+    }
 }
 
 fn libc_ebusy() -> i32 {
