@@ -11,6 +11,7 @@
 //! 0`, so that deleted files free their space at once). Every process is stopped by its own
 //! id, every mount and loop device removed by its exact name.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -176,9 +177,24 @@ impl MooseFs {
         if let Some(why) = Self::unavailable() {
             bail!("{why}");
         }
+        // The daemons run as user mfs: every directory above their state must be searchable
+        // by others. A work directory under a private one (a `mktemp -d` clone, mode 0700)
+        // is not: MooseFS then keeps its state under /var/tmp instead.
+        let base = if searchable_by_others(work) {
+            work.to_path_buf()
+        } else {
+            let fallback = PathBuf::from("/var/tmp");
+            eprintln!(
+                "moosefs: {} is not searchable by the mfs user (a parent is private): its state goes under {}",
+                work.display(),
+                fallback.display()
+            );
+            fallback
+        };
         let dir = tempfile::Builder::new()
             .prefix(&format!("sanfs-bench-mfs-{tag}-"))
-            .tempdir_in(work)?;
+            .tempdir_in(&base)?;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
         let luns = Luns::create(dir.path(), 1, lun_size, LunKind::Loop)?;
         let dev = luns.paths()[0].clone();
         let d = dir.path().to_path_buf();
@@ -367,4 +383,13 @@ fn retry<T>(timeout: Duration, mut f: impl FnMut() -> anyhow::Result<T>) -> anyh
             Err(_) => std::thread::sleep(Duration::from_millis(200)),
         }
     }
+}
+
+/// Whether `dir` and every directory above it may be searched by any user (mode `o+x`).
+fn searchable_by_others(dir: &Path) -> bool {
+    let Ok(full) = dir.canonicalize() else {
+        return false;
+    };
+    full.ancestors()
+        .all(|d| std::fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
 }
