@@ -813,13 +813,12 @@ impl fuser::Filesystem for SanFs {
             && !file.direct
         {
             let started = std::time::Instant::now();
-            let mut buf = vec![0u8; size.min(MAX_IO_BYTES) as usize];
-            if let Some(n) =
-                self.state
-                    .client
-                    .try_read_cached_now(self.state.ino(ino), offset, &mut buf)
-            {
-                reply.data(&buf[..n]);
+            if let Some(buf) = self.state.client.try_read_cached_now(
+                self.state.ino(ino),
+                offset,
+                size.min(MAX_IO_BYTES) as usize,
+            ) {
+                reply.data(&buf);
                 metrics::histogram!(FUSE_OP_SECONDS, "op" => "read")
                     .record(started.elapsed().as_secs_f64());
                 return;

@@ -250,6 +250,23 @@ impl FileState {
 
     /// Copies `[off, off + buf.len())` from the cached chunks: `Some(n)` when every byte is
     /// there or the end of file comes first (n bytes), `None` when a chunk is missing.
+    /// Holds back `data` at `offset`, written as `cred` through `file`; returns by how many
+    /// bytes the held-back set grew (the caller adds them to the agent's total).
+    fn hold(&mut self, file: &Arc<OpenFile>, cred: &Credentials, offset: u64, data: &[u8]) -> u64 {
+        let grew = insert(&mut self.dirty, offset, data);
+        self.dirty_bytes += grew;
+        self.dirty_since.get_or_insert_with(Instant::now);
+        if self
+            .writer
+            .as_ref()
+            .is_none_or(|(w, c)| !Arc::ptr_eq(w, file) || c != cred)
+        {
+            self.writer = Some((file.clone(), cred.clone()));
+        }
+        self.end = self.end.max(offset + data.len() as u64);
+        grew
+    }
+
     fn serve(&self, off: u64, buf: &mut [u8]) -> Option<usize> {
         let mut done = 0usize;
         while done < buf.len() {
@@ -556,11 +573,7 @@ impl Client {
             {
                 return Ok(None);
             }
-            let grew = insert(&mut f.dirty, offset, data);
-            f.dirty_bytes += grew;
-            f.dirty_since.get_or_insert_with(Instant::now);
-            f.writer = Some((file.clone(), cred.clone()));
-            f.end = f.end.max(offset + len);
+            let grew = f.hold(file, cred, offset, data);
             let total = wb.total.fetch_add(grew, Ordering::Relaxed) + grew;
             // At the file's limit a write-back starts beside the writer, once; at twice the
             // limit, or the agent's, the writer waits for one.
@@ -620,16 +633,7 @@ impl Client {
             {
                 return None;
             }
-            let grew = insert(&mut f.dirty, offset, data);
-            f.dirty_bytes += grew;
-            f.dirty_since.get_or_insert_with(Instant::now);
-            if f.writer
-                .as_ref()
-                .is_none_or(|(w, c)| !Arc::ptr_eq(w, file) || c != cred)
-            {
-                f.writer = Some((file.clone(), cred.clone()));
-            }
-            f.end = f.end.max(offset + len);
+            let grew = f.hold(file, cred, offset, data);
             wb.total.fetch_add(grew, Ordering::Relaxed);
         }
         bump(&wb.counters.held_writes);
@@ -642,9 +646,11 @@ impl Client {
     /// [`Client::read_cached`] of a read the cache answers at once: nothing held back, the
     /// delegation held (this session's, no recall under way), the bytes in cached chunks.
     /// Runs on the caller's thread; `None` leaves the read to [`Client::read_cached`].
-    pub fn try_read_cached_now(&self, ino: InodeId, offset: u64, buf: &mut [u8]) -> Option<usize> {
+    /// The buffer (`size` bytes at most, fewer at end of file) is made only once the file
+    /// qualifies, so a read the cache cannot answer costs no allocation here.
+    pub fn try_read_cached_now(&self, ino: InodeId, offset: u64, size: usize) -> Option<Vec<u8>> {
         let wb = &self.inner.writeback;
-        if wb.config.read_cache_bytes == 0 || buf.is_empty() {
+        if wb.config.read_cache_bytes == 0 || size == 0 {
             return None;
         }
         let generation = self.inner.lock_state().view.generation;
@@ -657,11 +663,13 @@ impl Client {
         {
             return None;
         }
-        let n = f.serve(offset, buf)?;
+        let mut buf = vec![0u8; size];
+        let n = f.serve(offset, &mut buf)?;
+        buf.truncate(n);
         f.last_use = Some(Instant::now());
         f.last_read_end = offset + n as u64;
         bump(&wb.counters.cache_hits);
-        Some(n)
+        Some(buf)
     }
 
     /// A read through the mount's read cache: served from the file's cached chunks while
