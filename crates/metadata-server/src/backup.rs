@@ -179,12 +179,14 @@ pub fn restore(
     // The store there now.
     let exists = match target {
         Backend::File(p) => std::fs::metadata(p).map(|m| m.len() > 0).unwrap_or(false),
-        Backend::Device(p) => crate::store::backend::is_metadata_device(p).map_err(|e| {
-            refused(format!(
-                "cannot read the metadata device {}: {e}",
-                p.display()
-            ))
-        })?,
+        Backend::Device(p) | Backend::FencedDevice(p, _) => {
+            crate::store::device::is_metadata_device(p).map_err(|e| {
+                refused(format!(
+                    "cannot read the metadata device {}: {e}",
+                    p.display()
+                ))
+            })?
+        }
         Backend::Sim(_) => true,
     };
     let mut old_epoch = 0;

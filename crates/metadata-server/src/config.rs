@@ -35,6 +35,49 @@ pub struct MdsConfig {
     /// may do.
     #[serde(default)]
     pub clients: Vec<NamedClientConfig>,
+    /// `[ha]`: several servers on one metadata LUN, the leader elected by etcd (`crate::ha`).
+    #[serde(default)]
+    pub ha: Option<HaConfig>,
+}
+
+/// `[ha]`: high availability on etcd (docs/operations.md, "High availability").
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HaConfig {
+    /// etcd client URLs (`http://host:2379`; `https://` with `[ha.tls]`).
+    pub etcd: Vec<String>,
+    /// The election's name: one per file system, the same on every candidate.
+    #[serde(default = "default_election")]
+    pub election: String,
+    /// The address agents reach this server at (`host:port`); default `server.listen`.
+    #[serde(default)]
+    pub advertise: Option<String>,
+    /// The etcd lease's TTL in seconds: how long a dead leader holds the election, and how
+    /// long a leader cut off from etcd may still write (less a margin).
+    #[serde(default = "default_ha_lease_ttl_s")]
+    pub lease_ttl_s: u32,
+    /// TLS to etcd: its CA, and a client certificate and key if etcd asks for one.
+    #[serde(default)]
+    pub tls: Option<HaTlsConfig>,
+}
+
+/// `[ha.tls]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HaTlsConfig {
+    pub ca: PathBuf,
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+}
+
+fn default_election() -> String {
+    "sanfs/mds".to_owned()
+}
+
+fn default_ha_lease_ttl_s() -> u32 {
+    2
 }
 
 /// What one identity may do (docs/security.md).
@@ -296,6 +339,25 @@ impl MdsConfig {
         Ok(config)
     }
 
+    /// The `[ha]` section as the server's options, if there is one.
+    pub fn ha_options(&self) -> Option<crate::ha::HaOptions> {
+        let ha = self.ha.as_ref()?;
+        Some(crate::ha::HaOptions {
+            etcd: ha.etcd.clone(),
+            election: ha.election.clone(),
+            advertise: ha
+                .advertise
+                .clone()
+                .unwrap_or_else(|| self.server.listen.to_string()),
+            lease_ttl_s: i64::from(ha.lease_ttl_s),
+            tls: ha.tls.as_ref().map(|t| crate::ha::EtcdTls {
+                ca: t.ca.clone(),
+                cert: t.cert.clone(),
+                key: t.key.clone(),
+            }),
+        })
+    }
+
     /// Parses TOML text without validating it.
     pub fn parse(text: &str) -> anyhow::Result<MdsConfig> {
         Ok(toml::from_str(text)?)
@@ -329,6 +391,9 @@ impl MdsConfig {
         }
         if s.listen_unix.as_ref().is_some_and(|p| p.is_relative()) {
             bail!("server.listen_unix must be an absolute path");
+        }
+        if let Some(ha) = &self.ha {
+            validate_ha(ha, self.metadata.kind)?;
         }
         let mut names = BTreeSet::new();
         for c in &self.clients {
@@ -439,6 +504,38 @@ pub fn device_paths(configured: &[PathBuf], grown: &[PathBuf]) -> Vec<PathBuf> {
     let mut seen = std::collections::HashSet::new();
     out.retain(|p| seen.insert(p.clone()));
     out
+}
+
+/// `[ha]`'s rules: etcd URLs, a TTL etcd accepts, and the shared metadata LUN.
+fn validate_ha(ha: &HaConfig, kind: MetadataKind) -> anyhow::Result<()> {
+    if ha.etcd.is_empty() {
+        bail!("ha.etcd needs at least one etcd URL");
+    }
+    for url in &ha.etcd {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            bail!("ha.etcd {url:?} is not an http:// or https:// URL");
+        }
+        if url.starts_with("https://") && ha.tls.is_none() {
+            bail!("ha.etcd {url:?} is https: add [ha.tls] with etcd's CA");
+        }
+    }
+    if ha.election.is_empty() || ha.election.ends_with('/') {
+        bail!("ha.election must be a non-empty name without a trailing '/'");
+    }
+    if !(1..=60).contains(&ha.lease_ttl_s) {
+        bail!("ha.lease_ttl_s must be 1 to 60 seconds");
+    }
+    if ha
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.cert.is_some() != t.key.is_some())
+    {
+        bail!("[ha.tls] cert and key go together");
+    }
+    if kind != MetadataKind::Block {
+        bail!("[ha] needs metadata.kind = \"block\": every candidate opens the same metadata LUN");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -41,6 +41,7 @@ pub mod format;
 pub mod fsck;
 pub mod grants;
 pub mod grow;
+pub mod ha;
 pub mod handles;
 pub mod handshake;
 pub mod inspect;

@@ -1,4 +1,4 @@
-//! The `sanfs-mds` command line: `format`, `serve`, `fsck`, `restore`, `volume inspect`.
+//! The `sanfs-mds` command line: `format`, `serve`, `status`, `fsck`, `restore`, `volume inspect`.
 //!
 //! Errors print as `sanfs-mds: <error chain>` on stderr and exit with status 2 (clap's usage
 //! errors also exit with 2). Logs go to stderr, filtered by `RUST_LOG` (default `info`).
@@ -43,6 +43,19 @@ enum Command {
         /// Serve Prometheus metrics here (overrides server.metrics_addr).
         #[arg(long)]
         metrics_addr: Option<SocketAddr>,
+        /// High availability: `etcd=URL[,URL...]` sets (or overrides) `ha.etcd`, the other
+        /// `[ha]` settings keep their values or defaults.
+        #[arg(long, value_name = "etcd=URL[,URL...]")]
+        ha: Option<String>,
+    },
+    /// Who leads a high-availability pair and who stands by (asks etcd; needs `[ha]`), and
+    /// the fencing epoch on the metadata LUN.
+    Status {
+        #[arg(long)]
+        config: PathBuf,
+        /// Print one JSON object on stdout.
+        #[arg(long)]
+        json: bool,
     },
     /// Check the metadata store against the volume (read-only: it never changes the store).
     Fsck {
@@ -130,7 +143,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve {
             config,
             metrics_addr,
-        } => serve(&config, metrics_addr),
+            ha,
+        } => serve(&config, metrics_addr, ha.as_deref()),
+        Command::Status { config, json } => ha_status(&config, json),
         Command::Fsck {
             config,
             backup: Some(backup),
@@ -178,8 +193,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 /// Runs the server until SIGINT or SIGTERM (exit 0) or a fatal error such as a failed
 /// metadata commit (exit 2: fail-stop; restart to recover).
-fn serve(config_path: &Path, metrics_addr: Option<SocketAddr>) -> anyhow::Result<ExitCode> {
-    let config = MdsConfig::load(config_path)?;
+fn serve(
+    config_path: &Path,
+    metrics_addr: Option<SocketAddr>,
+    ha_flag: Option<&str>,
+) -> anyhow::Result<ExitCode> {
+    let mut config = MdsConfig::load(config_path)?;
+    if let Some(flag) = ha_flag {
+        apply_ha_flag(&mut config, flag)?;
+    }
+    let ha = config.ha_options();
     let opts = ServeOptions {
         listen: config.server.listen,
         metrics_addr: metrics_addr.or(config.server.metrics_addr),
@@ -221,20 +244,101 @@ fn serve(config_path: &Path, metrics_addr: Option<SocketAddr>) -> anyhow::Result
             tracing::info!("stopping");
             let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
         };
-        let ready = |addr: SocketAddr| {
-            tracing::info!(%addr, "serving");
-            notify_systemd_ready();
-        };
-        sanfs_mds::serve::serve(opts, Clock::System, ready, shutdown).await
+        match ha {
+            Some(ha) => {
+                let on_standby = || notify_systemd("standby: campaigning to lead");
+                let ready = |addr: SocketAddr, epoch: u64| {
+                    tracing::info!(%addr, fencing_epoch = epoch, "serving");
+                    notify_systemd(&format!("leader (epoch {epoch}): serving"));
+                };
+                let serving = sanfs_mds::serve::serve_ha(
+                    opts,
+                    ha,
+                    Clock::System,
+                    on_standby,
+                    ready,
+                    shutdown,
+                );
+                serving.await
+            }
+            None => {
+                sanfs_mds::serve::refuse_claimed_device(&opts.backend)?;
+                let ready = |addr: SocketAddr| {
+                    tracing::info!(%addr, "serving");
+                    notify_systemd("serving");
+                };
+                sanfs_mds::serve::serve(opts, Clock::System, ready, shutdown).await
+            }
+        }
     })?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// Tells systemd (Type=notify) that the server is serving, when it runs under systemd.
-fn notify_systemd_ready() {
+/// `--ha etcd=URL[,URL...]` onto the config (a new `[ha]` with defaults if it has none).
+fn apply_ha_flag(config: &mut MdsConfig, flag: &str) -> anyhow::Result<()> {
+    let Some(urls) = flag.strip_prefix("etcd=") else {
+        anyhow::bail!("--ha takes etcd=URL[,URL...], not {flag:?}");
+    };
+    let etcd: Vec<String> = urls.split(',').map(str::to_owned).collect();
+    match &mut config.ha {
+        Some(ha) => ha.etcd = etcd,
+        None => {
+            let text = format!("etcd = {etcd:?}");
+            config.ha = Some(toml::from_str(&text).context("--ha")?);
+        }
+    }
+    config.validate().context("--ha")
+}
+
+/// `sanfs-mds status`: the HA pair as etcd and the metadata LUN see it.
+fn ha_status(config_path: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let config = MdsConfig::load(config_path)?;
+    let Some(ha) = config.ha_options() else {
+        anyhow::bail!(
+            "{} has no [ha] section: a single server (sanfs-admin status shows its state)",
+            config_path.display()
+        );
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    let mut status = runtime.block_on(sanfs_mds::ha::status(&ha))?;
+    status.device_epoch = sanfs_mds::store::device::read_device_header(&config.metadata.path)
+        .map(|h| h.epoch)
+        .map_err(|e| tracing::warn!(error = %e, "read the metadata device header"))
+        .ok();
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, &status)?;
+        writeln!(out)?;
+    } else {
+        writeln!(out, "election: {}", status.election)?;
+        match (&status.leader, status.epoch) {
+            (Some(l), Some(e)) => writeln!(out, "leader:   {l} (epoch {e})")?,
+            _ => writeln!(out, "leader:   none")?,
+        }
+        let standbys = if status.standbys.is_empty() {
+            "none".to_owned()
+        } else {
+            status.standbys.join(", ")
+        };
+        writeln!(out, "standbys: {standbys}")?;
+        match status.device_epoch {
+            Some(e) => writeln!(out, "metadata LUN epoch: {e}")?,
+            None => writeln!(out, "metadata LUN epoch: unreadable")?,
+        }
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Tells systemd (Type=notify) that the server is ready (a standby is ready too: it waits to
+/// lead) and what it is doing, when it runs under systemd.
+fn notify_systemd(status: &str) {
     let states = [
         sd_notify::NotifyState::Ready,
-        sd_notify::NotifyState::Status("serving"),
+        sd_notify::NotifyState::Status(status),
     ];
     if let Err(e) = sd_notify::notify(false, &states) {
         tracing::warn!(error = %e, "could not tell systemd that the server is ready");
@@ -252,8 +356,10 @@ fn format(config_path: &Path, force: bool) -> anyhow::Result<ExitCode> {
         }
         let exists = match &backend {
             Backend::File(path) => path.exists() && std::fs::metadata(path)?.len() > 0,
-            Backend::Device(path) => sanfs_mds::store::backend::is_metadata_device(path)
-                .with_context(|| format!("read the metadata device {}", path.display()))?,
+            Backend::Device(path) | Backend::FencedDevice(path, _) => {
+                sanfs_mds::store::device::is_metadata_device(path)
+                    .with_context(|| format!("read the metadata device {}", path.display()))?
+            }
             Backend::Sim(_) => false,
         };
         if exists {

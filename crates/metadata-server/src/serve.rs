@@ -326,6 +326,95 @@ pub async fn serve(
     Ok(())
 }
 
+/// Serves as one candidate of a high-availability pair (`crate::ha`): campaigns in etcd (a
+/// standby until elected), then serves the store on the metadata LUN under the fence of its
+/// leadership until `shutdown` (then resigns, so a standby takes over at once) or until the
+/// leadership is lost (then starts this process over as a candidate: it does not return).
+/// `on_standby` and `ready` report the two steps (systemd status, logs).
+pub async fn serve_ha(
+    mut opts: ServeOptions,
+    ha: crate::ha::HaOptions,
+    clock: Clock,
+    on_standby: impl FnOnce(),
+    ready: impl FnOnce(SocketAddr, u64),
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let path = match &opts.backend {
+        store::Backend::Device(p) => p.clone(),
+        other => bail!(
+            "[ha] needs the store on a metadata LUN (metadata.kind = \"block\"), not {other:?}"
+        ),
+    };
+    check_plaintext(&opts)?;
+    crate::metrics::install();
+    tokio::pin!(shutdown);
+    let leadership = tokio::select! {
+        l = crate::ha::campaign(&ha, on_standby) => l?,
+        () = &mut shutdown => {
+            tracing::info!("stopped while a standby");
+            return Ok(());
+        }
+    };
+    let epoch = leadership.epoch();
+    let won_at = leadership.won_at;
+    opts.backend = store::Backend::FencedDevice(path, leadership.fence());
+    let serving_ready = move |addr: SocketAddr| {
+        metrics::gauge!(crate::ha::HA_LEADER).set(1.0);
+        metrics::gauge!(crate::ha::HA_EPOCH).set(epoch as f64);
+        let took = won_at.elapsed();
+        metrics::gauge!(crate::ha::HA_TAKEOVER_SECONDS).set(took.as_secs_f64());
+        tracing::info!(
+            fencing_epoch = epoch,
+            takeover_ms = took.as_millis() as u64,
+            "leader: serving"
+        );
+        ready(addr, epoch);
+    };
+    let served = tokio::select! {
+        r = serve(opts, clock, serving_ready, shutdown) => Some(r),
+        () = leadership.lost() => None,
+    };
+    match served {
+        Some(Ok(())) => {
+            leadership.resign().await;
+            Ok(())
+        }
+        Some(Err(e)) if !leadership.fence().is_lost() => {
+            leadership.resign().await;
+            Err(e)
+        }
+        Some(Err(e)) => {
+            tracing::error!(error = %format!("{e:#}"), fencing_epoch = epoch, "leadership lost while serving: starting over as a standby");
+            Err(crate::ha::start_over())
+        }
+        None => {
+            tracing::error!(
+                fencing_epoch = epoch,
+                "leadership lost: starting over as a standby"
+            );
+            Err(crate::ha::start_over())
+        }
+    }
+}
+
+/// Refuses to serve, without `[ha]`, a metadata LUN that an HA leader has claimed: a server
+/// outside the election would not be fenced.
+pub fn refuse_claimed_device(backend: &store::Backend) -> anyhow::Result<()> {
+    if let store::Backend::Device(path) = backend {
+        let header = store::device::read_device_header(path)
+            .with_context(|| format!("read the metadata device {}", path.display()))?;
+        if header.epoch > 0 {
+            bail!(
+                "the metadata device {} is served by high-availability leaders (fencing epoch {}): \
+                 configure [ha] in mds.toml like the other servers (docs/operations.md, \"High availability\")",
+                path.display(),
+                header.epoch
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Binds the unix socket at `path` with mode 0600 (a stale socket left by a killed server is
 /// replaced; any other file there is an error).
 fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {

@@ -31,3 +31,25 @@ pub mod pb {
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/sanfs_v1_descriptor.bin"));
 }
+
+/// etcd's v3 API, the subset `sanfs-mds` uses for leader election and fencing (clients only;
+/// `proto/etcd/`). Our own generated code rather than the `etcd-client` crate, whose build
+/// needs `protoc`: ours builds with protox like the rest of the protocol.
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    rust_2018_idioms,
+    missing_docs,
+    reason = "generated code"
+)]
+pub mod etcd {
+    pub mod mvccpb {
+        tonic::include_proto!("mvccpb");
+    }
+    pub mod etcdserverpb {
+        tonic::include_proto!("etcdserverpb");
+    }
+    pub mod v3electionpb {
+        tonic::include_proto!("v3electionpb");
+    }
+}

@@ -1,8 +1,8 @@
 //! Where the metadata store's bytes live: redb's `StorageBackend` seam.
 //!
 //! - a file on local disk: redb's own file backend (the embedded default);
-//! - [`BlockDeviceBackend`]: a block device of its own (a small LUN), so that a standby server
-//!   on another node could take the metadata over later;
+//! - [`super::device::BlockDeviceBackend`]: a block device of its own (the metadata LUN, which
+//!   every metadata server candidate of an HA pair sees);
 //! - redb's in-memory backend, for tests;
 //! - [`SimDisk`]: a crash-simulating, fault-injecting backend for the crash tests. It keeps a
 //!   *live* image (what reads see) and a *durable* image (what survives a crash). Writes go to
@@ -12,165 +12,12 @@
 //!   be torn at a sector boundary (a disk may persist unsynced writes in any order). It can
 //!   also fail a sync, which must stop the server (fail-stop).
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use redb::StorageBackend;
 
-/// Bytes at the start of a block device that hold the backend's header.
-pub const DEVICE_HEADER_SIZE: u64 = 4096;
-const DEVICE_MAGIC: [u8; 8] = *b"SANFSMD1";
-const DEVICE_VERSION: u32 = 1;
-
 fn io_err(msg: impl Into<String>) -> std::io::Error {
     std::io::Error::other(msg.into())
-}
-
-/// The metadata store on a block device. Layout: a 4 KiB header (magic, version, the store's
-/// logical length, crc32c of the preceding bytes; little-endian), then the redb file's bytes.
-/// The header is written within one 512-byte sector, which we assume the device writes
-/// atomically (docs/on-disk-format.md, "What we assume about the media").
-#[derive(Debug)]
-pub struct BlockDeviceBackend {
-    file: File,
-    capacity: u64,
-    len: Mutex<u64>,
-}
-
-impl BlockDeviceBackend {
-    /// Opens a device that [`BlockDeviceBackend::initialise`] prepared.
-    pub fn open(file: File, capacity: u64) -> std::io::Result<BlockDeviceBackend> {
-        let mut head = [0u8; 24];
-        file.read_exact_at(&mut head, 0)?;
-        let len = decode_header(&head)?;
-        if len > capacity.saturating_sub(DEVICE_HEADER_SIZE) {
-            return Err(io_err(format!(
-                "metadata header says {len} bytes, device holds {capacity}"
-            )));
-        }
-        Ok(BlockDeviceBackend {
-            file,
-            capacity,
-            len: Mutex::new(len),
-        })
-    }
-
-    /// Writes an empty header (length 0) to a device, making it an empty store.
-    pub fn initialise(file: File, capacity: u64) -> std::io::Result<BlockDeviceBackend> {
-        if capacity < DEVICE_HEADER_SIZE + (1 << 20) {
-            return Err(io_err(format!(
-                "a metadata device needs at least 1 MiB beyond its header; this one has {capacity} bytes"
-            )));
-        }
-        file.write_all_at(&encode_header(0), 0)?;
-        file.sync_data()?;
-        Ok(BlockDeviceBackend {
-            file,
-            capacity,
-            len: Mutex::new(0),
-        })
-    }
-
-    fn lock_len(&self) -> MutexGuard<'_, u64> {
-        // A poisoned mutex only means another thread panicked holding it; the u64 is intact.
-        self.len.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// Whether a device already holds a sanfs metadata store (its header's magic).
-pub fn is_metadata_device(path: &std::path::Path) -> std::io::Result<bool> {
-    let file = File::open(path)?;
-    let mut magic = [0u8; 8];
-    match file.read_exact_at(&mut magic, 0) {
-        Ok(()) => Ok(magic == DEVICE_MAGIC),
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
-fn encode_header(len: u64) -> [u8; 24] {
-    let mut h = [0u8; 24];
-    h[..8].copy_from_slice(&DEVICE_MAGIC);
-    h[8..12].copy_from_slice(&DEVICE_VERSION.to_le_bytes());
-    h[12..20].copy_from_slice(&len.to_le_bytes());
-    let crc = crc32c::crc32c(&h[..20]);
-    h[20..24].copy_from_slice(&crc.to_le_bytes());
-    h
-}
-
-fn decode_header(h: &[u8; 24]) -> std::io::Result<u64> {
-    if h[..8] != DEVICE_MAGIC {
-        return Err(io_err("not a sanfs metadata device (bad magic)"));
-    }
-    let crc = u32::from_le_bytes([h[20], h[21], h[22], h[23]]);
-    if crc != crc32c::crc32c(&h[..20]) {
-        return Err(io_err("metadata device header checksum mismatch"));
-    }
-    let version = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
-    if version != DEVICE_VERSION {
-        return Err(io_err(format!("metadata device header version {version}")));
-    }
-    let mut len = [0u8; 8];
-    len.copy_from_slice(&h[12..20]);
-    Ok(u64::from_le_bytes(len))
-}
-
-impl StorageBackend for BlockDeviceBackend {
-    fn len(&self) -> Result<u64, std::io::Error> {
-        Ok(*self.lock_len())
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        let end = offset.checked_add(out.len() as u64);
-        if end.is_none_or(|e| e > *self.lock_len()) {
-            return Err(io_err(format!(
-                "read past the end of the store at {offset}"
-            )));
-        }
-        self.file.read_exact_at(out, DEVICE_HEADER_SIZE + offset)
-    }
-
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        if len > self.capacity - DEVICE_HEADER_SIZE {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::StorageFull,
-                format!(
-                    "metadata device full: {len} bytes wanted, {} available",
-                    self.capacity - DEVICE_HEADER_SIZE
-                ),
-            ));
-        }
-        let mut cur = self.lock_len();
-        if len > *cur {
-            // New positions must read as zeros.
-            let zeros = vec![0u8; 1 << 20];
-            let mut off = *cur;
-            while off < len {
-                let n = (len - off).min(zeros.len() as u64);
-                self.file
-                    .write_all_at(&zeros[..n as usize], DEVICE_HEADER_SIZE + off)?;
-                off += n;
-            }
-        }
-        self.file.write_all_at(&encode_header(len), 0)?;
-        *cur = len;
-        Ok(())
-    }
-
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        self.file.sync_data()
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        let end = offset.checked_add(data.len() as u64);
-        if end.is_none_or(|e| e > *self.lock_len()) {
-            return Err(io_err(format!(
-                "write past the end of the store at {offset}"
-            )));
-        }
-        self.file.write_all_at(data, DEVICE_HEADER_SIZE + offset)
-    }
 }
 
 /// When a [`SimDisk`] fails.
@@ -432,23 +279,5 @@ mod tests {
         assert!(disk.sync_data().is_err());
         assert!(disk.write(0, b"5").is_err());
         assert_eq!(disk.durable_image(), b"");
-    }
-
-    #[test]
-    fn block_device_backend_keeps_its_length_in_the_header() {
-        let f = tempfile::tempfile().unwrap();
-        f.set_len(4 << 20).unwrap();
-        let b = BlockDeviceBackend::initialise(f.try_clone().unwrap(), 4 << 20).unwrap();
-        b.set_len(10).unwrap();
-        b.write(2, b"hello").unwrap();
-        b.sync_data().unwrap();
-        let b2 = BlockDeviceBackend::open(f.try_clone().unwrap(), 4 << 20).unwrap();
-        assert_eq!(b2.len().unwrap(), 10);
-        let mut out = [0u8; 5];
-        b2.read(2, &mut out).unwrap();
-        assert_eq!(&out, b"hello");
-        assert!(b2.set_len(8 << 20).is_err());
-        f.write_all_at(b"junk", 0).unwrap();
-        assert!(BlockDeviceBackend::open(f, 4 << 20).is_err());
     }
 }

@@ -336,7 +336,7 @@ pub fn install(
             drop(db);
             install_file(tmp, path, true)
         }
-        Backend::Device(_) | Backend::Sim(_) => {
+        Backend::Device(_) | Backend::FencedDevice(..) | Backend::Sim(_) => {
             let db = open_db(target, true, true, Verify::Trust).map_err(|e| match e {
                 StoreError::Io(e) => io_error(&e, "open the metadata device"),
                 other => FsError::Io(other.to_string()),

@@ -1,6 +1,7 @@
 //! Opening the database on its backend (file, block device, crash-simulating disk), and
 //! loading what the committer keeps in memory.
 
+use super::device::open_device;
 use super::*;
 
 /// How an existing store is opened read-write.
@@ -66,6 +67,19 @@ pub(crate) fn open_db(
                 b.create_with_backend(BlockDeviceBackend::open(file, capacity)?)?
             }
         }
+        Backend::FencedDevice(path, fence) => {
+            if create {
+                return Err(StoreError::Io(std::io::Error::other(
+                    "a leader never formats the metadata device",
+                )));
+            }
+            let (file, capacity) = open_device(path, true)?;
+            b.create_with_backend(BlockDeviceBackend::open_fenced(
+                file,
+                capacity,
+                fence.clone(),
+            )?)?
+        }
         Backend::Sim(disk) => b.create_with_backend(disk.clone())?,
     })
 }
@@ -82,7 +96,7 @@ pub(crate) fn open_db_read_only(backend: &Backend) -> Result<redb::ReadOnlyDatab
             }
             Ok(b.open_read_only(path)?)
         }
-        Backend::Device(path) => {
+        Backend::Device(path) | Backend::FencedDevice(path, _) => {
             let (file, capacity) = open_device(path, false)?;
             Ok(b.open_read_only_with_backend(BlockDeviceBackend::open(file, capacity)?)?)
         }
@@ -107,7 +121,7 @@ pub(crate) fn read_image(backend: &Backend) -> Result<Vec<u8>, StoreError> {
             }
             Ok(std::fs::read(path)?)
         }
-        Backend::Device(path) => {
+        Backend::Device(path) | Backend::FencedDevice(path, _) => {
             let (file, capacity) = open_device(path, false)?;
             read_all(&BlockDeviceBackend::open(file, capacity)?)
         }
@@ -123,19 +137,6 @@ fn no_store(path: &std::path::Path) -> StoreError {
             path.display()
         ),
     ))
-}
-
-fn open_device(path: &std::path::Path, write: bool) -> Result<(std::fs::File, u64), StoreError> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(write)
-        .open(path)?;
-    let capacity = {
-        use std::io::Seek;
-        let mut f = &file;
-        f.seek(std::io::SeekFrom::End(0))?
-    };
-    Ok((file, capacity))
 }
 
 pub(super) fn bump_boot_epoch(db: &Database) -> Result<u64, StoreError> {

@@ -26,7 +26,9 @@ pub mod backend;
 pub mod backup;
 mod committer;
 mod db;
+pub mod device;
 mod error;
+pub mod fence;
 pub mod records;
 mod tables;
 
@@ -46,7 +48,8 @@ use uuid::Uuid;
 
 use crate::clock::Clock;
 use crate::handles::Handles;
-use backend::{BlockDeviceBackend, SimDisk};
+use backend::SimDisk;
+use device::BlockDeviceBackend;
 use records::{GrownDevices, InodeRec, STORE_FORMAT_VERSION, Superblock};
 
 pub use committer::{COMMIT_OPS, COMMIT_SECONDS, CommitStats, Ctx, LAZY_SYNC_AFTER, State, Usage};
@@ -63,6 +66,9 @@ pub enum Backend {
     File(PathBuf),
     /// A block device of its own.
     Device(PathBuf),
+    /// A block device of its own, opened by a high-availability leader: claimed with the
+    /// fence's epoch, every write checked against it (`store::device`, `crate::ha`).
+    FencedDevice(PathBuf, Arc<fence::Fence>),
     /// The crash-simulating disk (crash tests).
     Sim(SimDisk),
 }
