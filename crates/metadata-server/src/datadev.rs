@@ -35,6 +35,10 @@ struct DataLun {
 pub struct DataDevices {
     /// Grows with the volume ([`DataDevices::add`]); a LUN once filed stays.
     table: std::sync::RwLock<LunTable>,
+    /// An HA leader's fence: checked before every write to a data LUN (proxied writes,
+    /// zeroing), as the metadata LUN checks it, so that a deposed leader that wakes up writes
+    /// no block a new leader may have given to another file.
+    fence: std::sync::OnceLock<Arc<crate::store::fence::Fence>>,
 }
 
 #[derive(Default)]
@@ -78,12 +82,26 @@ impl DataDevices {
     pub fn open(volume: &Volume, paths: &[PathBuf]) -> DataDevices {
         let devices = DataDevices {
             table: std::sync::RwLock::new(LunTable::default()),
+            fence: std::sync::OnceLock::new(),
         };
         devices.add(volume, paths);
         for m in devices.missing() {
             tracing::warn!(device = %m, "data LUN missing on this server: proxied I/O on it fails with EIO");
         }
         devices
+    }
+
+    /// Writes from now on are checked against `fence` (an HA leader's; set once).
+    pub fn set_fence(&self, fence: Arc<crate::store::fence::Fence>) {
+        let _ = self.fence.set(fence);
+    }
+
+    /// Ok unless this server is a fenced HA leader.
+    fn may_write(&self) -> Result<(), FsError> {
+        match self.fence.get() {
+            Some(f) => f.check().map_err(|e| FsError::Io(e.to_string())),
+            None => Ok(()),
+        }
     }
 
     fn table(&self) -> std::sync::RwLockReadGuard<'_, LunTable> {
@@ -270,6 +288,7 @@ impl DataDevices {
                 tmp.as_mut_slice()[at..at + n].copy_from_slice(&buf[s]);
                 at += n;
             }
+            self.may_write()?;
             lun.file
                 .write_all_at(tmp.as_slice(), io.phys_off)
                 .map_err(|e| {
@@ -318,7 +337,7 @@ impl DataDevices {
                     missing += run.len;
                     continue;
                 };
-                zero_lun(&lun, run.phys_off, run.len)?;
+                zero_lun(&lun, run.phys_off, run.len, &|| self.may_write())?;
                 zeroed += run.len;
                 if !touched.contains(&run.device) {
                     touched.push(run.device);
@@ -345,7 +364,13 @@ impl DataDevices {
 const ZERO_CHUNK: u64 = 1 << 20;
 
 /// Zeroes `[off, off + len)` of one LUN.
-fn zero_lun(lun: &DataLun, off: u64, len: u64) -> Result<(), FsError> {
+fn zero_lun(
+    lun: &DataLun,
+    off: u64,
+    len: u64,
+    may_write: &dyn Fn() -> Result<(), FsError>,
+) -> Result<(), FsError> {
+    may_write()?;
     let flags = rustix::fs::FallocateFlags::ZERO_RANGE | rustix::fs::FallocateFlags::KEEP_SIZE;
     match rustix::fs::fallocate(&lun.file, flags, off, len) {
         Ok(()) => return Ok(()),
@@ -361,6 +386,7 @@ fn zero_lun(lun: &DataLun, off: u64, len: u64) -> Result<(), FsError> {
     let mut at = 0u64;
     while at < len {
         let n = (len - at).min(ZERO_CHUNK);
+        may_write()?;
         lun.file
             .write_all_at(&zeros.as_slice()[..to_usize(n)?], off + at)
             .map_err(|e| {

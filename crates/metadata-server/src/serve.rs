@@ -171,6 +171,9 @@ pub async fn serve(
     let devices = tokio::task::spawn_blocking(move || DataDevices::open(&volume, &data_paths))
         .await
         .context("the LUN-opening task failed")?;
+    if let store::Backend::FencedDevice(_, fence) = &opts.backend {
+        devices.set_fence(fence.clone());
+    }
     if let Some((vg, lv)) = store.superblock().lvm.clone() {
         let paths = devices.opened_paths();
         tokio::task::spawn_blocking(move || check_lvm_at_start(&paths, &vg, &lv))
