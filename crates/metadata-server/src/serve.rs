@@ -352,7 +352,14 @@ pub async fn serve_ha(
     crate::metrics::install();
     tokio::pin!(shutdown);
     let leadership = tokio::select! {
-        l = crate::ha::campaign(&ha, on_standby) => l?,
+        l = crate::ha::campaign(&ha, on_standby) => match l {
+            Ok(l) => l,
+            Err(crate::ha::CampaignError::LeaseLost) => {
+                tracing::warn!("the etcd lease ran out while a standby: starting over");
+                return Err(crate::ha::start_over());
+            }
+            Err(e) => return Err(e.into()),
+        },
         () = &mut shutdown => {
             tracing::info!("stopped while a standby");
             return Ok(());
