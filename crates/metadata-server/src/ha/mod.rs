@@ -22,6 +22,7 @@
 //!   standby takes over without waiting for the lease to run out: a rolling restart.
 
 pub mod etcd;
+pub mod gate;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
