@@ -72,19 +72,14 @@ impl fmt::Display for ServerAddr {
 
 /// Parses a server list `HOST[:PORT],HOST[:PORT],...:PORT` (one entry: `HOST:PORT`). An entry
 /// without a port takes the port of the next entry that has one (`mds1,mds2:7410`: both on
-/// 7410), so the last needs one. IPv6 addresses go in brackets (`[fd00::1]:7410`). Errors: an
-/// empty entry, a bad host or port, an address given twice, a `unix:` socket (a unix socket
-/// names the one server on this host: never in a list).
+/// 7410), so the last needs one. IPv6 addresses go in brackets (`[fd00::1]:7410`). Errors (the
+/// reason; the caller says what it parsed): an empty entry, a bad host or port, an address
+/// given twice, a `unix:` socket (a unix socket names the one server on this host: never in a
+/// list).
 pub fn parse_servers(list: &str) -> Result<Vec<ServerAddr>, String> {
     let mut parsed: Vec<(String, Option<u16>)> = Vec::new();
     for entry in list.split(',') {
-        parsed.push(parse_entry(entry).map_err(|why| {
-            if list.contains(',') {
-                format!("server list {list:?}: {why}")
-            } else {
-                why
-            }
-        })?);
+        parsed.push(parse_entry(entry)?);
     }
     let mut next_port = None;
     let mut out = Vec::with_capacity(parsed.len());
@@ -93,8 +88,8 @@ pub fn parse_servers(list: &str) -> Result<Vec<ServerAddr>, String> {
             Some(p) => p,
             None => {
                 return Err(format!(
-                    "{list:?}: {host} has no port (HOST:PORT; in a list, an entry without a \
-                     port takes the port of the next one that has one)"
+                    "{host} has no port (HOST:PORT; in a list, an entry without a port takes \
+                     the port of the next one that has one)"
                 ));
             }
         };
@@ -107,7 +102,7 @@ pub fn parse_servers(list: &str) -> Result<Vec<ServerAddr>, String> {
             .iter()
             .any(|b| b.port == a.port && b.host.eq_ignore_ascii_case(&a.host))
         {
-            return Err(format!("server list {list:?} names {a} twice"));
+            return Err(format!("the list names {a} twice"));
         }
     }
     Ok(out)
