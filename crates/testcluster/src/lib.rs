@@ -20,6 +20,7 @@
 //! `SANFS_REQUIRE_ROOT=1`, which CI sets, so that a test that did not run never passes there.
 
 mod child;
+mod etcd;
 mod gate;
 mod luns;
 #[cfg(feature = "mds")]
@@ -28,6 +29,7 @@ mod netns;
 mod throttle;
 
 pub use child::ChildGuard;
+pub use etcd::EtcdCluster;
 pub use gate::{
     Need, REQUIRE_ENV, has_tool, is_root, required, skip, skip_unless, skip_unless_root,
 };
