@@ -51,12 +51,14 @@ fn free_addrs(n: usize) -> anyhow::Result<Vec<SocketAddr>> {
 }
 
 impl EtcdCluster {
-    /// Starts `members` (1 or 3) members with their data under `dir`, and waits (bounded)
+    /// Starts `members` (1 or 3) members with their data under `dir` (created if need be),
+    /// and waits (bounded)
     /// until each answers `/health`.
     pub fn start(dir: &Path, members: usize) -> anyhow::Result<EtcdCluster> {
         if !(members == 1 || members == 3) {
             bail!("an etcd test cluster has 1 or 3 members, not {members}");
         }
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         let token = unique_name("etcd");
         let addrs = free_addrs(2 * members)?;
         let members: Vec<Member> = (0..members)

@@ -394,8 +394,14 @@ struct Client {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// `UNAVAILABLE`, or a status the client made from a failed connection (a request that met
+/// the server's graceful stop, its GOAWAY, comes back as `CANCELLED` with hyper's "connection
+/// closed" as its source: it was not processed), is a transport failure; anything else the
+/// server answered is not.
 fn failure(status: &tonic::Status) -> Failure {
-    if status.code() == tonic::Code::Unavailable {
+    let from_transport = std::error::Error::source(status)
+        .is_some_and(|s| s.downcast_ref::<tonic::transport::Error>().is_some());
+    if status.code() == tonic::Code::Unavailable || from_transport {
         Failure::Transport(status.to_string())
     } else {
         Failure::Other(status.to_string())
@@ -848,6 +854,8 @@ async fn a_rolling_restart_shows_clients_only_retryable_errors() {
         .await;
 
     for (from, to) in [(0, 1), (1, 0)] {
+        // Creates under way when the signal comes.
+        tokio::time::sleep(Duration::from_millis(500)).await;
         let t = Instant::now();
         pair.terminate(from);
         let stopped = t.elapsed();
