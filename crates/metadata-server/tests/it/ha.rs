@@ -653,6 +653,8 @@ async fn a_leader_paused_past_its_lease_writes_nothing_when_it_runs_again() {
     client
         .wait_ok_after(Instant::now(), "creates through A")
         .await;
+    // Creates (commits) under way when A is paused.
+    tokio::time::sleep(Duration::from_millis(500)).await;
 
     let stopped_a = Instant::now();
     pair.signal(a, Signal::STOP);
