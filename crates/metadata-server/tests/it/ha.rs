@@ -262,7 +262,10 @@ impl Pair {
         );
         eprintln!(
             "fsck: {}",
-            String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or("")
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .last()
+                .unwrap_or("")
         );
     }
 }
@@ -461,7 +464,12 @@ impl Client {
     fn start(addrs: [SocketAddr; 2], prefix: &str) -> Client {
         let log = Arc::new(Mutex::new(ClientLog::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let task = tokio::spawn(Self::run(addrs, prefix.to_owned(), log.clone(), stop.clone()));
+        let task = tokio::spawn(Self::run(
+            addrs,
+            prefix.to_owned(),
+            log.clone(),
+            stop.clone(),
+        ));
         Client { log, stop, task }
     }
 
@@ -936,4 +944,24 @@ fn the_ha_flag_takes_etcd_urls_only() {
         assert_eq!(out.status.code(), Some(2), "{flag}: {stderr}");
         assert!(stderr.contains(expect), "{flag}: {stderr}");
     }
+    // A store in a file cannot be shared: --ha on one is refused.
+    let file = dir.path().join("file.toml");
+    std::fs::write(
+        &file,
+        "[metadata]\npath = \"/nonexistent/sanfs-h20-meta.redb\"\n\
+         [volume]\nlayout = \"linear\"\ndevices = [\"/nonexistent/sanfs-h20-lun\"]\n",
+    )
+    .unwrap();
+    let out = Command::new(bin())
+        .args(["serve", "--config", file.to_str().unwrap()])
+        .args(["--ha", "etcd=http://127.0.0.1:1"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("needs metadata.kind = \"block\""),
+        "{stderr}"
+    );
 }
