@@ -177,6 +177,18 @@ impl Pair {
         self.server(i).signal(signal).unwrap();
     }
 
+    /// SIGSTOP, then waits until every thread of candidate `i` has stopped: `kill` returns
+    /// once the signal is queued, and a thread in the middle of a write finishes it first.
+    async fn pause(&mut self, i: usize) {
+        self.signal(i, Signal::STOP);
+        let pid = self.server(i).pid();
+        let took = wait_until("the paused candidate's threads stop", || async {
+            all_threads_stopped(pid)
+        })
+        .await;
+        eprintln!("candidate {i} paused: all its threads stopped after {took:?}");
+    }
+
     /// Asserts that candidate `i` still runs.
     fn assert_alive(&mut self, i: usize) {
         let exited = self.server(i).try_wait().unwrap();
@@ -324,6 +336,21 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     started.elapsed()
+}
+
+/// Whether every thread of `pid` is stopped (state `T` in /proc/PID/task/TID/stat).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.filter_map(Result::ok).all(|t| {
+        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+            // The state follows the command name in parentheses.
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with('T'))
+        })
+    })
 }
 
 /// The whole metadata LUN, read with `O_DIRECT` (what is on the device, no cache).
@@ -664,15 +691,31 @@ async fn a_leader_paused_past_its_lease_writes_nothing_when_it_runs_again() {
     // Creates (commits) under way when A is paused.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
+    // A create sent to A while it is paused waits in its socket: A finds it when it runs
+    // again, past its deadline, and must not commit it.
+    let (mut to_a, a_session) = connect(pair.addrs[a]).await.unwrap();
     let stopped_a = Instant::now();
-    pair.signal(a, Signal::STOP);
+    pair.pause(a).await;
+    let pending = tokio::spawn(async move {
+        let sent = to_a.ns.create(pb::CreateRequest {
+            cred: root(),
+            session: a_session,
+            parent: ROOT,
+            name: PENDING.as_bytes().to_vec(),
+            perm: 0o644,
+            exclusive: true,
+            flags: rw(),
+            request_id: None,
+        });
+        tokio::time::timeout(4 * LIVENESS, sent).await
+    });
     let b_leads = pair.wait_status(b, None).await;
     let b_serves = client.wait_ok_after(stopped_a, "creates through B").await;
     eprintln!(
         "A paused: B leads after {b_leads:?}, serves a create {:?} after the pause",
         b_serves - stopped_a
     );
-    pair.signal(b, Signal::STOP);
+    pair.pause(b).await;
     let frozen = read_lun(&pair.meta);
     let b_epoch = pair.status().await.unwrap().epoch.unwrap();
 
@@ -688,6 +731,16 @@ async fn a_leader_paused_past_its_lease_writes_nothing_when_it_runs_again() {
     })
     .await;
     eprintln!("A resumed: started over as a standby after {took:?}");
+    let answer = tokio::time::timeout(LIVENESS, pending)
+        .await
+        .expect("A answers (or drops) the create it found")
+        .unwrap()
+        .expect("A answers (or drops) the create it found");
+    assert!(
+        answer.is_err(),
+        "A, deposed, acknowledged a create: {answer:?}"
+    );
+    eprintln!("the create waiting for A failed: {}", answer.unwrap_err());
     tokio::time::sleep(Duration::from_secs(1)).await;
     let after = read_lun(&pair.meta);
     let watched = resumed.elapsed();
@@ -729,8 +782,24 @@ async fn a_leader_paused_past_its_lease_writes_nothing_when_it_runs_again() {
     );
     let leader = serving(&pair).await;
     assert_all_present(pair.addrs[leader], &seen.acked).await;
+    let (mut c, _) = connect(pair.addrs[leader]).await.unwrap();
+    let found =
+        c.ns.lookup(pb::LookupRequest {
+            cred: root(),
+            parent: ROOT,
+            name: PENDING.as_bytes().to_vec(),
+        })
+        .await;
+    assert_eq!(
+        found.map(|_| ()).map_err(|s| s.code()),
+        Err(tonic::Code::NotFound),
+        "the create A found when it ran again"
+    );
     pair.stop_and_fsck().await;
 }
+
+/// The name of the create sent to the paused leader.
+const PENDING: &str = "sent-to-the-paused-leader";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_member_etcd_loses_one_member_without_a_pause_and_quorum_stops_writes() {
