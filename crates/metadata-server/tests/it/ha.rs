@@ -672,19 +672,64 @@ async fn a_leader_paused_past_its_lease_writes_nothing_when_it_runs_again() {
         return;
     }
     let _serial = SERIAL.lock().await;
+    // Where the pause lands in a commit is chance: more rounds look at more places.
+    let rounds: usize = std::env::var("SANFS_HA_PAUSE_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
     // A TTL long enough that the paused B still holds the election while A wakes up and is
     // watched (B's lease has at least 2/3 of it left when B is paused).
     let ttl = 6;
     let dir = tempfile::tempdir().unwrap();
     let etcd = EtcdCluster::start(&dir.path().join("etcd"), 1).unwrap();
     let mut pair = Pair::new(dir.path(), &etcd.endpoints(), ttl);
-    let (a, b) = (0, 1);
-    pair.start(a);
-    pair.wait_status(a, None).await;
-    pair.start(b);
-    pair.wait_status(a, Some(b)).await;
-    let a_pid = pair.server(a).pid();
+    pair.start(0);
+    pair.wait_status(0, None).await;
+    pair.start(1);
+    pair.wait_status(0, Some(1)).await;
     let client = Client::start(pair.addrs, "stop");
+    for round in 0..rounds {
+        let a = serving(&pair).await;
+        let b = 1 - a;
+        pair.wait_status(a, Some(b)).await;
+        eprintln!("round {round}: A is candidate {a}, B is candidate {b}");
+        pause_round(&mut pair, &client, a, &format!("{PENDING}-{round}")).await;
+    }
+    let seen = client.stop().await;
+    eprintln!(
+        "{rounds} rounds: {} creates acknowledged, {} failed calls",
+        seen.acked.len(),
+        seen.failures.len()
+    );
+    let leader = serving(&pair).await;
+    assert_all_present(pair.addrs[leader], &seen.acked).await;
+    let (mut c, _) = connect(pair.addrs[leader]).await.unwrap();
+    for round in 0..rounds {
+        let found =
+            c.ns.lookup(pb::LookupRequest {
+                cred: root(),
+                parent: ROOT,
+                name: format!("{PENDING}-{round}").into_bytes(),
+            })
+            .await;
+        assert_eq!(
+            found.map(|_| ()).map_err(|s| s.code()),
+            Err(tonic::Code::NotFound),
+            "round {round}: the create the deposed leader found when it ran again"
+        );
+    }
+    pair.stop_and_fsck().await;
+}
+
+/// The name of the create sent to the paused leader (with the round's number).
+const PENDING: &str = "sent-to-the-paused-leader";
+
+/// One round of the fencing test: leader `a` is paused, the other (B) takes over and is
+/// paused too, A runs again: the metadata LUN must not change while A notices and starts over
+/// as a standby. Then B runs again and some leader serves.
+async fn pause_round(pair: &mut Pair, client: &Client, a: usize, pending_name: &str) {
+    let b = 1 - a;
+    let a_pid = pair.server(a).pid();
     client
         .wait_ok_after(Instant::now(), "creates through A")
         .await;
@@ -696,12 +741,13 @@ async fn a_leader_paused_past_its_lease_writes_nothing_when_it_runs_again() {
     let (mut to_a, a_session) = connect(pair.addrs[a]).await.unwrap();
     let stopped_a = Instant::now();
     pair.pause(a).await;
+    let name = pending_name.as_bytes().to_vec();
     let pending = tokio::spawn(async move {
         let sent = to_a.ns.create(pb::CreateRequest {
             cred: root(),
             session: a_session,
             parent: ROOT,
-            name: PENDING.as_bytes().to_vec(),
+            name,
             perm: 0o644,
             exclusive: true,
             flags: rw(),
@@ -721,13 +767,15 @@ async fn a_leader_paused_past_its_lease_writes_nothing_when_it_runs_again() {
 
     let resumed = Instant::now();
     let lost_line = "starting over as a standby";
+    let starts_before = pair.log(a).matches(lost_line).count();
     pair.signal(a, Signal::CONT);
     // A notices that its lease is gone, starts over (the same process executed again) and
     // campaigns: "candidate" is logged once more.
     let took = wait_until("A starts over as a candidate", || async {
         let log = pair.log(a);
-        log.find(lost_line)
-            .is_some_and(|at| log[at..].contains("candidate: campaigning"))
+        log.match_indices(lost_line)
+            .nth(starts_before)
+            .is_some_and(|(at, _)| log[at..].contains("candidate: campaigning"))
     })
     .await;
     eprintln!("A resumed: started over as a standby after {took:?}");
@@ -763,7 +811,11 @@ async fn a_leader_paused_past_its_lease_writes_nothing_when_it_runs_again() {
         frozen.len() as u64 / MIB
     );
     pair.assert_alive(a);
-    assert_eq!(pair.server(a).pid(), a_pid);
+    assert_eq!(
+        pair.server(a).pid(),
+        a_pid,
+        "A starts over in the same process"
+    );
     assert!(
         s.standbys.contains(&pair.addr(a)),
         "A campaigns again: {s:?}"
@@ -771,35 +823,14 @@ async fn a_leader_paused_past_its_lease_writes_nothing_when_it_runs_again() {
 
     let resumed_b = Instant::now();
     pair.signal(b, Signal::CONT);
-    client
+    let answered = client
         .wait_ok_after(resumed_b, "a leader serves again")
         .await;
-    let seen = client.stop().await;
     eprintln!(
-        "{} creates acknowledged, {} failed calls",
-        seen.acked.len(),
-        seen.failures.len()
+        "B resumed: a create answered {:?} later",
+        answered - resumed_b
     );
-    let leader = serving(&pair).await;
-    assert_all_present(pair.addrs[leader], &seen.acked).await;
-    let (mut c, _) = connect(pair.addrs[leader]).await.unwrap();
-    let found =
-        c.ns.lookup(pb::LookupRequest {
-            cred: root(),
-            parent: ROOT,
-            name: PENDING.as_bytes().to_vec(),
-        })
-        .await;
-    assert_eq!(
-        found.map(|_| ()).map_err(|s| s.code()),
-        Err(tonic::Code::NotFound),
-        "the create A found when it ran again"
-    );
-    pair.stop_and_fsck().await;
 }
-
-/// The name of the create sent to the paused leader.
-const PENDING: &str = "sent-to-the-paused-leader";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_member_etcd_loses_one_member_without_a_pause_and_quorum_stops_writes() {
