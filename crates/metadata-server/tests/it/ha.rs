@@ -631,6 +631,8 @@ async fn takeover_after_kill_9_of_the_leader_loses_no_acknowledged_create() {
         client
             .wait_ok_after(before, "a create answered before the kill")
             .await;
+        // Creates (commits) under way when the leader dies.
+        tokio::time::sleep(Duration::from_millis(300)).await;
         let s = pair.status().await.unwrap();
         let leader = pair.index_of(s.leader.as_deref().unwrap());
         let standby = 1 - leader;
