@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use crate::gate::find_tool;
 use crate::{ChildGuard, unique_name};
 
 /// How long a member may take to answer `/health` (3 members elect a leader first).
@@ -207,7 +208,8 @@ impl EtcdCluster {
         let err = log.try_clone().context("the etcd log")?;
         let client = format!("http://{}", m.client);
         let peer = format!("http://{}", m.peer);
-        let mut cmd = Command::new("etcd");
+        let program = find_tool("etcd").context("etcd is not installed (Debian: etcd-server)")?;
+        let mut cmd = Command::new(program);
         cmd.arg("--name")
             .arg(&m.name)
             .arg("--data-dir")
