@@ -288,7 +288,8 @@ fn etcd_pids_in(dir: &Path) -> Vec<u32> {
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
                 let c = String::from_utf8_lossy(&c);
-                c.starts_with("etcd\0") && c.contains(&needle)
+                let argv0 = c.split('\0').next().unwrap_or("");
+                Path::new(argv0).file_name().is_some_and(|n| n == "etcd") && c.contains(&needle)
             })
         })
         .filter(|&pid| process_runs(pid))
