@@ -970,10 +970,19 @@ async fn a_rolling_restart_shows_clients_only_retryable_errors() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let t = Instant::now();
         pair.terminate(from);
-        let stopped = t.elapsed();
+        let exited = Instant::now();
+        let stopped = exited - t;
+        // A clean stop resigned: etcd no longer names it (a kill would leave its key until
+        // the lease ran out).
+        let s = wait_for_status(&pair).await;
+        assert_ne!(
+            s.leader.as_deref(),
+            Some(pair.addr(from).as_str()),
+            "{from} stopped cleanly but still leads in etcd: it did not resign ({s:?})"
+        );
         let leads = pair.wait_status(to, None).await;
         let answered = client
-            .wait_ok_after(t, "a create through the new leader")
+            .wait_ok_after(exited, "a create through the new leader")
             .await;
         eprintln!(
             "SIGTERM of {from}: it stopped in {stopped:?}, status named {to} leader {leads:?} \
