@@ -849,6 +849,100 @@ mod tests {
         assert!(format!("{err:#}").contains("unknown field"), "{err:#}");
     }
 
+    /// A block metadata LUN with the given `[ha]` body.
+    fn with_ha(ha: &str) -> String {
+        format!(
+            "[server]\nlisten = \"127.0.0.1:7410\"\n[metadata]\npath = \"/dev/sdz\"\nkind = \"block\"\n\
+             [volume]\nlayout = \"linear\"\ndevices = [\"/dev/sdb\"]\n[ha]\n{ha}\n"
+        )
+    }
+
+    #[test]
+    fn the_ha_section_parses_with_defaults_and_tls() {
+        let c = MdsConfig::parse(&with_ha("etcd = [\"http://10.0.0.1:2379\"]")).unwrap();
+        c.validate().unwrap();
+        let ha = c.ha_options().unwrap();
+        assert_eq!(ha.etcd, ["http://10.0.0.1:2379"]);
+        assert_eq!(ha.election, "sanfs/mds");
+        assert_eq!(
+            ha.advertise, "127.0.0.1:7410",
+            "advertise defaults to server.listen"
+        );
+        assert_eq!(ha.lease_ttl_s, 2);
+        assert_eq!(ha.tls, None);
+        assert_eq!(MdsConfig::parse(MINIMAL).unwrap().ha_options(), None);
+
+        let c = MdsConfig::parse(&with_ha(
+            "etcd = [\"https://e1:2379\", \"https://e2:2379\"]\nelection = \"fs1/mds\"\n\
+             advertise = \"mds-a.example:7410\"\nlease_ttl_s = 60\n\
+             [ha.tls]\nca = \"/etc/sanfs/etcd-ca.pem\"\ncert = \"/c.pem\"\nkey = \"/k.pem\"",
+        ))
+        .unwrap();
+        c.validate().unwrap();
+        let ha = c.ha_options().unwrap();
+        assert_eq!(ha.etcd.len(), 2);
+        assert_eq!(
+            (ha.election.as_str(), ha.advertise.as_str(), ha.lease_ttl_s),
+            ("fs1/mds", "mds-a.example:7410", 60)
+        );
+        assert_eq!(
+            ha.tls,
+            Some(crate::ha::EtcdTls {
+                ca: "/etc/sanfs/etcd-ca.pem".into(),
+                cert: Some("/c.pem".into()),
+                key: Some("/k.pem".into()),
+            })
+        );
+    }
+
+    #[test]
+    fn ha_validation_names_the_problem() {
+        for (ha, expect) in [
+            ("etcd = []", "at least one etcd URL"),
+            (
+                "etcd = [\"10.0.0.1:2379\"]",
+                "not an http:// or https:// URL",
+            ),
+            (
+                "etcd = [\"grpc://e:2379\"]",
+                "not an http:// or https:// URL",
+            ),
+            ("etcd = [\"https://e:2379\"]", "add [ha.tls]"),
+            (
+                "etcd = [\"http://e:2379\"]\nlease_ttl_s = 0",
+                "1 to 60 seconds",
+            ),
+            (
+                "etcd = [\"http://e:2379\"]\nlease_ttl_s = 61",
+                "1 to 60 seconds",
+            ),
+            ("etcd = [\"http://e:2379\"]\nelection = \"\"", "ha.election"),
+            (
+                "etcd = [\"http://e:2379\"]\nelection = \"a/\"",
+                "trailing '/'",
+            ),
+            (
+                "etcd = [\"https://e:2379\"]\n[ha.tls]\nca = \"/ca\"\ncert = \"/c\"",
+                "cert and key go together",
+            ),
+        ] {
+            let err = invalid(&with_ha(ha));
+            assert!(err.contains(expect), "{ha}: {err}");
+        }
+        // The store in a file cannot be shared by candidates.
+        let file = format!("{MINIMAL}[ha]\netcd = [\"http://e:2379\"]\n");
+        assert!(invalid(&file).contains("needs metadata.kind = \"block\""));
+        // Unknown keys and a negative TTL are refused when parsing.
+        for bad in [
+            "etcd = [\"http://e:2379\"]\nttl = 2",
+            "etcd = [\"http://e:2379\"]\nlease_ttl_s = -1",
+            "election = \"x\"",
+            "etcd = [\"https://e:2379\"]\n[ha.tls]\nca = \"/ca\"\ncrl = \"/crl\"",
+        ] {
+            assert!(MdsConfig::parse(&with_ha(bad)).is_err(), "{bad} parsed");
+        }
+    }
+
     #[test]
     fn load_names_the_file() {
         let dir = tempfile::tempdir().unwrap();

@@ -50,10 +50,17 @@ pub fn required() -> bool {
 
 /// Whether `name` is a program on `PATH` or in /usr/sbin, /sbin.
 pub fn has_tool(name: &str) -> bool {
+    find_tool(name).is_some()
+}
+
+/// Where [`has_tool`] finds `name`: the program to run (a non-login root shell's `PATH` may
+/// lack the sbin directories).
+pub(crate) fn find_tool(name: &str) -> Option<std::path::PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(Into::into))
-        .any(|dir| is_executable(&dir.join(name)))
+        .map(|dir| dir.join(name))
+        .find(|p| is_executable(p))
 }
 
 fn is_executable(path: &Path) -> bool {

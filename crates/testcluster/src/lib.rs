@@ -4,7 +4,8 @@
 //! loop devices with direct I/O ([`Luns`]), a network namespace per node joined to the server's
 //! namespace by veth pairs on a bridge ([`Network`], [`Netns`]), a blkio cgroup that caps each
 //! LUN's bandwidth so that loop devices behave like independent disks ([`Throttle`]), and guards
-//! that kill and reap exactly the processes a test started ([`ChildGuard`]).
+//! that kill and reap exactly the processes a test started ([`ChildGuard`]), and an etcd
+//! cluster of 1 or 3 members for the metadata server's high availability ([`EtcdCluster`]).
 //!
 //! Everything is a RAII guard: what a test made is removed by its exact name when the guard is
 //! dropped, also when the test fails. Nothing here knows sanfs' agent; tests and the bench start
@@ -20,6 +21,7 @@
 //! `SANFS_REQUIRE_ROOT=1`, which CI sets, so that a test that did not run never passes there.
 
 mod child;
+mod etcd;
 mod gate;
 mod luns;
 #[cfg(feature = "mds")]
@@ -28,6 +30,7 @@ mod netns;
 mod throttle;
 
 pub use child::ChildGuard;
+pub use etcd::EtcdCluster;
 pub use gate::{
     Need, REQUIRE_ENV, has_tool, is_root, required, skip, skip_unless, skip_unless_root,
 };

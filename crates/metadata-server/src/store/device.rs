@@ -232,20 +232,31 @@ impl BlockDeviceBackend {
     fn write_header(&self, h: DeviceHeader) -> std::io::Result<()> {
         let mut buf = AlignedBuf::zeroed(BLOCK as usize);
         buf.as_mut_slice()[..HEADER_V2_LEN].copy_from_slice(&encode_header(h));
+        self.check_deadline()?;
         self.file.write_all_at(buf.as_slice(), 0)
     }
 
-    /// Before a mutating call: the fence's deadline, and at the start of a commit the epoch
-    /// on the device.
+    /// Before a mutating call: at the start of a commit the epoch on the device, then the
+    /// fence's deadline.
     fn guard(&self) -> std::io::Result<()> {
         let Some(fence) = &self.fence else {
             return Ok(());
         };
-        fence.check()?;
         if self.verify_epoch.swap(false, Ordering::SeqCst) {
             self.verify_claim(fence)?;
         }
-        Ok(())
+        fence.check()
+    }
+
+    /// The fence's deadline, checked again immediately before each device write: a process
+    /// paused (SIGSTOP, a frozen VM) is stopped when a blocking call returns, so a check made
+    /// before the read of a partial block or of the header, and not repeated after it, would
+    /// let the write that follows go out long after the deadline.
+    fn check_deadline(&self) -> std::io::Result<()> {
+        match &self.fence {
+            Some(fence) => fence.check(),
+            None => Ok(()),
+        }
     }
 
     fn verify_claim(&self, fence: &Fence) -> std::io::Result<()> {
@@ -286,6 +297,7 @@ impl BlockDeviceBackend {
         }
         let skip = (pos - start) as usize;
         buf.as_mut_slice()[skip..skip + data.len()].copy_from_slice(data);
+        self.check_deadline()?;
         self.file.write_all_at(buf.as_slice(), start)
     }
 }

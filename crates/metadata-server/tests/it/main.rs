@@ -6,6 +6,8 @@
 //! - [`posix`]: POSIX namespace rules as a table of cases.
 //! - [`coherence`], [`grants`]: the direct and proxied paths on file-backed LUNs.
 //! - [`crash_real`]: `kill -9` of the real server during a gRPC workload.
+//! - `ha`: high availability with real etcd: takeover after `kill -9`, fencing of a paused
+//!   leader, etcd quorum loss, a rolling restart (root, loop devices and etcd).
 //! - [`harness`]: a server started in-process with `serve`, its clients, test certificates.
 //! - [`serve`]: the five gRPC services end to end: namespace, sessions, TLS, metrics.
 //! - [`lease`]: grants, recalls and lease expiry through gRPC in real time on real LUNs.
@@ -37,6 +39,7 @@ mod format_cli;
 mod fsck_cli;
 mod grants;
 mod grow;
+mod ha;
 mod harness;
 mod hostile;
 mod inspect_cli;

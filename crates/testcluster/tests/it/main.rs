@@ -267,3 +267,69 @@ fn a_child_guard_kills_and_reaps() {
         "a dropped guard's child is gone"
     );
 }
+
+/// Whether the process `pid` still exists (a zombie counts as gone).
+fn process_runs(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+/// The pids of the etcd processes whose command line names `dir`.
+fn etcd_pids_in(dir: &Path) -> Vec<u32> {
+    let needle = dir.display().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c);
+                let argv0 = c.split('\0').next().unwrap_or("");
+                Path::new(argv0).file_name().is_some_and(|n| n == "etcd") && c.contains(&needle)
+            })
+        })
+        .filter(|&pid| process_runs(pid))
+        .collect()
+}
+
+#[test]
+fn an_etcd_member_rejoins_and_the_cluster_kills_exactly_its_members_on_drop() {
+    if skip_unless("the etcd cluster test", &[Need::Tool("etcd")]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd = sanfs_testcluster::EtcdCluster::start(dir.path(), 3).unwrap();
+    let endpoints = etcd.endpoints();
+    assert_eq!(endpoints.len(), 3);
+    let mut unique = endpoints.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), 3, "{endpoints:?}");
+    assert!(endpoints.iter().all(|e| e.starts_with("http://127.0.0.1:")));
+    assert_eq!(etcd_pids_in(dir.path()).len(), 3);
+
+    // One member lost: the other two keep a quorum.
+    etcd.stop_member(2).unwrap();
+    assert_eq!(etcd_pids_in(dir.path()).len(), 2);
+    let port: u16 = endpoints[2].rsplit(':').next().unwrap().parse().unwrap();
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
+    etcd.wait_healthy(0, Duration::from_secs(30)).unwrap();
+    // It comes back on its data directory and ports and rejoins.
+    etcd.start_member(2).unwrap();
+    etcd.wait_healthy(2, Duration::from_secs(30)).unwrap();
+    assert!(etcd.log(2).contains(&format!("127.0.0.1:{port}")));
+    assert!(
+        etcd.start_member(2).is_err(),
+        "a running member started twice"
+    );
+
+    drop(etcd);
+    assert!(
+        etcd_pids_in(dir.path()).is_empty(),
+        "etcd members outlive their cluster"
+    );
+}
