@@ -13,11 +13,15 @@
 //! answered, and removed when it ends; sessions that never completed lazily are not waited
 //! for). While it is open
 //! the server answers only session calls, replays, completions, fsync and lock reclaims; new
-//! grants, proxied I/O and every namespace call wait (server side) until it closes. It closes
-//! when every recorded session's agent has said `reclaim_complete`, or after the bound
+//! grants, proxied I/O and every namespace call wait (server side) until it closes. Replays
+//! end when every recorded session's agent has said `reclaim_complete`, or after the bound
 //! (`ServiceParams::reclaim_grace_ms`), whichever comes first. Then the recovery that frees
-//! space (orphans, preallocations past end of file) runs, since before the window closes it
-//! could free blocks a replay needs.
+//! space (orphans, preallocations past end of file) runs, since before the replays end it
+//! could free blocks a replay needs, and only then does new work go ahead
+//! ([`Reclaim::release`]): the recovery must not see what the new run did (it would trim a
+//! preallocation just made for a write in flight, or reap a file unlinked while open now).
+//! So every start has the gate, also without a recorded session (then it is only the
+//! recovery's time).
 //!
 //! A replay is accepted only from a new session that names, as its previous session, one of
 //! the recorded sessions that has not completed its reclaim, while the window is open
@@ -35,22 +39,27 @@ use tokio::sync::watch;
 
 use crate::store::{Ctx, OpError};
 
-/// The reclaim window of one server epoch.
+/// The reclaim window of one server epoch: replays first, then the recovery, then new work.
 #[derive(Debug)]
 pub struct Reclaim {
     /// Recorded sessions of earlier runs whose agents have not completed their reclaim.
     waiting: Mutex<HashSet<u64>>,
-    /// True while the window is open.
+    /// True while replays are accepted.
+    replaying: watch::Sender<bool>,
+    /// True until [`Reclaim::release`]: new work waits.
     open: watch::Sender<bool>,
 }
 
 impl Reclaim {
-    /// A window for the sessions `previous` (none: no window at all).
+    /// A window for the sessions `previous` (none: no replays, only the gate until the
+    /// recovery has run).
     pub fn new(previous: impl IntoIterator<Item = u64>) -> Reclaim {
         let waiting: HashSet<u64> = previous.into_iter().collect();
-        let (open, _) = watch::channel(!waiting.is_empty());
+        let (replaying, _) = watch::channel(!waiting.is_empty());
+        let (open, _) = watch::channel(true);
         Reclaim {
             waiting: Mutex::new(waiting),
+            replaying,
             open,
         }
     }
@@ -59,24 +68,36 @@ impl Reclaim {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether new work still waits (replays or the recovery after them are not done).
     pub fn is_open(&self) -> bool {
         *self.open.borrow()
     }
 
-    /// Resolves once the window is closed (at once when there is none).
+    /// Whether replays are still accepted.
+    pub fn is_replaying(&self) -> bool {
+        *self.replaying.borrow()
+    }
+
+    /// Resolves once new work may go ahead ([`Reclaim::release`]).
     pub async fn closed(&self) {
         let mut rx = self.open.subscribe();
         // An error means the sender is gone: nothing will ever open it again.
         let _ = rx.wait_for(|open| !*open).await;
     }
 
-    /// Whether a replay naming `previous_session` is accepted now: the window is open and
-    /// that recorded session has not completed its reclaim.
-    pub fn authorize(&self, previous_session: u64) -> bool {
-        self.is_open() && self.lock().contains(&previous_session)
+    /// Resolves once replays are over (every recorded agent done, or [`Reclaim::close`]).
+    pub async fn replays_done(&self) {
+        let mut rx = self.replaying.subscribe();
+        let _ = rx.wait_for(|r| !*r).await;
     }
 
-    /// The agent of `previous_session` has replayed everything. Closes the window when it was
+    /// Whether a replay naming `previous_session` is accepted now: replays are on and that
+    /// recorded session has not completed its reclaim.
+    pub fn authorize(&self, previous_session: u64) -> bool {
+        self.is_replaying() && self.lock().contains(&previous_session)
+    }
+
+    /// The agent of `previous_session` has replayed everything. Ends the replays when it was
     /// the last one; answers whether it did.
     pub fn complete(&self, previous_session: u64) -> bool {
         let mut waiting = self.lock();
@@ -88,12 +109,19 @@ impl Reclaim {
         false
     }
 
-    /// Closes the window (the bound ran out, or every agent is done). Returns the recorded
-    /// sessions that never completed their reclaim.
+    /// Ends the replays (the bound ran out, or every agent is done). Returns the recorded
+    /// sessions that never completed their reclaim. New work still waits for
+    /// [`Reclaim::release`].
     pub fn close(&self) -> Vec<u64> {
         let left: Vec<u64> = self.lock().drain().collect();
-        self.open.send_replace(false);
+        self.replaying.send_replace(false);
         left
+    }
+
+    /// The recovery has run: new work goes ahead.
+    pub fn release(&self) {
+        self.close();
+        self.open.send_replace(false);
     }
 }
 
@@ -172,21 +200,31 @@ mod tests {
         assert!(!r.authorize(7), "a completed reclaim cannot replay again");
         assert!(r.is_open());
         assert!(r.complete(9));
+        assert!(!r.is_replaying() && !r.authorize(9));
+        r.replays_done().await;
+        assert!(
+            r.is_open(),
+            "new work waits for the recovery after the replays"
+        );
+        r.release();
         assert!(!r.is_open());
         r.closed().await;
-        assert!(!r.authorize(9));
     }
 
     #[tokio::test]
-    async fn no_recorded_session_means_no_window_and_the_bound_closes_one() {
+    async fn without_recorded_sessions_only_the_recovery_gates_and_the_bound_ends_replays() {
         let none = Reclaim::new([]);
-        assert!(!none.is_open());
+        assert!(!none.is_replaying() && none.is_open());
+        none.replays_done().await;
+        none.release();
         none.closed().await;
         let r = Reclaim::new([1, 2]);
-        assert!(!r.complete(3) && r.is_open());
+        assert!(!r.complete(3) && r.is_open() && r.is_replaying());
         let mut left = r.close();
         left.sort_unstable();
         assert_eq!(left, vec![1, 2]);
-        assert!(!r.is_open() && !r.authorize(1));
+        assert!(!r.authorize(1) && r.is_open());
+        r.release();
+        assert!(!r.is_open());
     }
 }

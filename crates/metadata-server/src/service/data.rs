@@ -200,6 +200,21 @@ impl Server {
     /// may not replay (not recorded, reclaim completed, window closed) are all refused.
     async fn replay(&self, req: &ReplayWritesRequest) -> Result<Vec<ReplayOutcome>, Status> {
         let previous = req.previous_session.0;
+        // A record whose commit survived the stop changes nothing: it is answered `Durable`
+        // whoever sends it and whenever (a clean stop makes every lazy completion durable
+        // and may leave its session unrecorded, with no window to replay in).
+        let survived = self.store.survived();
+        if !req.records.is_empty()
+            && req
+                .records
+                .iter()
+                .all(|r| r.epoch.0 == survived.0 && r.commit_seq <= survived.1)
+        {
+            if req.reclaim_complete {
+                self.reclaim.complete(previous);
+            }
+            return Ok(vec![ReplayOutcome::Durable; req.records.len()]);
+        }
         if !self.reclaim.authorize(previous) {
             if !req.records.is_empty() {
                 tracing::warn!(

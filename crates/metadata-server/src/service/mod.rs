@@ -196,7 +196,7 @@ impl Server {
             .map(|(id, _)| id)
             .collect();
         let reclaim = Arc::new(crate::reclaim::Reclaim::new(previous.clone()));
-        if reclaim.is_open() {
+        if reclaim.is_replaying() {
             tracing::info!(
                 sessions = previous.len(),
                 bound_ms = params.reclaim_grace_ms,
@@ -471,9 +471,9 @@ async fn end_reclaim(
     previous: Vec<u64>,
     bound: Duration,
 ) {
-    if reclaim.is_open() {
+    if reclaim.is_replaying() {
         tokio::select! {
-            () = reclaim.closed() => {}
+            () = reclaim.replays_done() => {}
             () = tokio::time::sleep(bound) => {}
         }
         let left = reclaim.close();
@@ -500,6 +500,9 @@ async fn end_reclaim(
         Ok(Err(e)) => tracing::error!(error = %e, "recovery after the reclaim window failed"),
         Err(e) => tracing::error!(error = %e, "the recovery task failed"),
     }
+    // Only now may new work go ahead: the recovery trims and reaps what the last run left,
+    // and must not meet what this run does (`crate::reclaim`).
+    reclaim.release();
 }
 
 /// The status of a file-system error (the one mapping, in `sanfs_proto::status`).

@@ -175,13 +175,21 @@ pub(super) fn committer_loop(
                 (t + LAZY_SYNC_AFTER).saturating_duration_since(std::time::Instant::now()),
             ),
         };
+        let empty_durable = || Job {
+            run: Box::new(|_: &mut Ctx<'_>| (Box::new(|_| {}) as Reply, true)),
+            lazy: false,
+        };
+        let mut last = false;
         let first = match received {
             Ok(job) => job,
             // Lazy work waited long enough: an empty durable commit makes it durable.
-            Err(mpsc::RecvTimeoutError::Timeout) => Job {
-                run: Box::new(|_: &mut Ctx<'_>| (Box::new(|_| {}) as Reply, true)),
-                lazy: false,
-            },
+            Err(mpsc::RecvTimeoutError::Timeout) => empty_durable(),
+            // The store closes (a clean stop): what was committed lazily is made durable
+            // first, so that nothing an agent was told survives only in its replay records.
+            Err(mpsc::RecvTimeoutError::Disconnected) if lazy_since.is_some() => {
+                last = true;
+                empty_durable()
+            }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         };
         let mut batch = vec![first];
@@ -198,6 +206,9 @@ pub(super) fn committer_loop(
                 drop(job); // its reply channel closes: the caller gets the poison error
             }
             tracing::debug!(%why, "dropped jobs after poison");
+            if last {
+                break;
+            }
             continue;
         }
         let durable = batch.iter().any(|j| !j.lazy);
@@ -234,6 +245,9 @@ pub(super) fn committer_loop(
                     r(Err(why.clone()));
                 }
             }
+        }
+        if last {
+            break;
         }
     }
 }
