@@ -96,7 +96,7 @@ pub fn parse_helper_args(args: &[String]) -> anyhow::Result<HelperArgs> {
             h.dir = PathBuf::from(dir);
         }
         Err(p) => bail!(
-            "expected SPEC and DIR, got {} argument(s) (mount.sanfs SERVER:PORT[:/SUBDIR] DIR [-sfnv] [-o OPTIONS])",
+            "expected SPEC and DIR, got {} argument(s) (mount.sanfs SERVER[,SERVER...]:PORT[:/SUBDIR] DIR [-sfnv] [-o OPTIONS])",
             p.len()
         ),
     }

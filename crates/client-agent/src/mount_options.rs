@@ -1,4 +1,5 @@
-//! The mount source (`SERVER:PORT[:/SUBDIR]` or `unix:/SOCKET[:/SUBDIR]`) and the `-o` options of a sanfs mount, parsed
+//! The mount source (`SERVER:PORT[:/SUBDIR]`, several servers `SERVER,SERVER:PORT[:/SUBDIR]`,
+//! or `unix:/SOCKET[:/SUBDIR]`) and the `-o` options of a sanfs mount, parsed
 //! once for every way a mount is asked for: `sanfs-agent mount`, `mount -t sanfs` (the
 //! `mount.sanfs` helper), an fstab line, the systemd units' `agent.env` and `.mount` files
 //! (their examples in `deploy/examples` are checked with this parser), and `quickstart`.
@@ -321,31 +322,41 @@ fn need<'a>(key: &str, value: Option<&'a str>) -> anyhow::Result<&'a str> {
         .with_context(|| format!("option {key} needs a value"))
 }
 
-/// `host:port[:/subdir]` or `unix:/socket/path[:/subdir]` split into the server address
-/// (`host:port` or `unix:/socket/path`, as `ClientConfig::server` takes it) and the
-/// sub-directory (`/` if none). A unix socket path may not contain `:`.
+/// `host:port[:/subdir]`, several servers (`mds1,mds2:7410[:/subdir]`: an entry without a
+/// port takes the next one's; `a:7410,b:7411`; see [`crate::client::parse_servers`]), or
+/// `unix:/socket/path[:/subdir]` split into the server address in the one string form
+/// `ClientConfig::server` takes (`host:port`, `a:7410,b:7410` or `unix:/socket/path`) and the
+/// sub-directory (`/` if none). A unix socket path may contain neither `:` nor `,` (a unix
+/// socket is a single server, never part of a list).
 pub fn parse_source(source: &str) -> anyhow::Result<(String, String)> {
+    const UNIX_IN_LIST: &str = "a unix: socket is a single server, never part of a list";
     if let Some(rest) = source.strip_prefix("unix:") {
         let (path, subdir) = match rest.split_once(':') {
             Some((p, d)) => (p, d),
             None => (rest, "/"),
         };
+        if path.contains(',') {
+            bail!("source {source:?}: {UNIX_IN_LIST}");
+        }
         if !path.starts_with('/') || path.len() < 2 || !subdir.starts_with('/') {
             bail!("source {source:?} is not unix:/SOCKET/PATH[:/SUBDIR]");
         }
         return Ok((format!("unix:{path}"), subdir.to_owned()));
     }
+    if source.contains(",unix:") {
+        bail!("source {source:?}: {UNIX_IN_LIST}");
+    }
     let (server, subdir) = match source.find(":/") {
         Some(i) => (&source[..i], &source[i + 1..]),
         None => (source, "/"),
     };
-    if server
-        .rsplit_once(':')
-        .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
-    {
-        bail!("source {source:?} is not SERVER:PORT[:/SUBDIR] or unix:/SOCKET[:/SUBDIR]");
-    }
-    Ok((server.to_owned(), subdir.to_owned()))
+    let servers = crate::client::parse_servers(server).map_err(|why| {
+        anyhow::anyhow!(
+            "source {source:?} is not SERVER:PORT[:/SUBDIR], SERVER,SERVER:PORT[:/SUBDIR] or \
+             unix:/SOCKET[:/SUBDIR]: {why}"
+        )
+    })?;
+    Ok((crate::client::join_servers(&servers), subdir.to_owned()))
 }
 
 /// The options of a remount that the agent cannot change live, if any.
@@ -539,6 +550,40 @@ mod tests {
             )
         );
         assert!(parse_source("unix:relative.sock").is_err());
+        // Several servers: one string form, ports filled in from the next entry.
+        assert_eq!(
+            s("mds1,mds2:7410:/sub"),
+            ("mds1:7410,mds2:7410".to_owned(), "/sub".to_owned())
+        );
+        assert_eq!(
+            s("a:7410,b:7411:/sub"),
+            ("a:7410,b:7411".to_owned(), "/sub".to_owned())
+        );
+        assert_eq!(
+            s("a:7410,b:7411"),
+            ("a:7410,b:7411".to_owned(), "/".to_owned())
+        );
+        assert_eq!(
+            s("[::1]:7410:/x"),
+            ("[::1]:7410".to_owned(), "/x".to_owned())
+        );
+        assert_eq!(
+            s("[fd00::1],[fd00::2]:7410:/x"),
+            ("[fd00::1]:7410,[fd00::2]:7410".to_owned(), "/x".to_owned())
+        );
+        for (bad, says) in [
+            ("a,,b:7410:/x", "empty entry"),
+            ("a:7410,:/x", "empty entry"),
+            ("a:7410,b:/x", "has no port"),
+            ("a,b:99999:/x", "bad port"),
+            ("a:7410,a:7410", "names a:7410 twice"),
+            ("a:7410,unix:/run/s.sock", "single server"),
+            ("unix:/run/s.sock,a:7410", "single server"),
+            ("unix:/run/s.sock,a:7410:/x", "single server"),
+        ] {
+            let e = format!("{:#}", parse_source(bad).unwrap_err());
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
         assert!(parse_source("unix:/").is_err());
         assert!(parse_source("unix:/s.sock:sub").is_err());
     }

@@ -1,6 +1,6 @@
 //! `sanfs-admin`: the administrator's command line for a metadata server ([`admin`]).
 //!
-//! `sanfs-admin [--server unix:/run/sanfs/mds.sock | HOST:PORT] [--tls-ca F --tls-cert F
+//! `sanfs-admin [--server unix:/run/sanfs/mds.sock | HOST:PORT[,HOST:PORT...]] [--tls-ca F --tls-cert F
 //! --tls-key F [--tls-domain NAME]] [--json] COMMAND`, where COMMAND is `status`, `clients`,
 //! `top [--interval SECS] [--count N]`, `evict SESSION [--reason TEXT]`, `quota get DIR`, `quota set DIR [--bytes SIZE|none]
 //! [--inodes N|none]`, `quota list` or `grow --layout linear|striped|lvm [--stripe-unit SIZE]
@@ -38,7 +38,8 @@ struct Cli {
 #[derive(Args)]
 struct Conn {
     /// The metadata server: `unix:/path` of its unix socket on this host (known by your
-    /// uid: root is an administrator) or `host:port` (mutual TLS with an admin certificate).
+    /// uid: root is an administrator) or `host:port` (mutual TLS with an admin certificate);
+    /// or several (`mds1,mds2:7410`, `a:7410,b:7411`): whichever answers (the leader).
     #[arg(long, global = true, env = "SANFS_SERVER", default_value = admin::DEFAULT_SERVER)]
     server: String,
     /// The CA that signed the server's certificate (with --tls-cert and --tls-key).
@@ -49,7 +50,8 @@ struct Conn {
     tls_cert: Option<PathBuf>,
     #[arg(long, global = true, env = "SANFS_TLS_KEY")]
     tls_key: Option<PathBuf>,
-    /// The name to check the server's certificate against (default: the host of --server).
+    /// The name to check the server's certificate against (default: the host of --server,
+    /// of each address in a list).
     #[arg(long, global = true)]
     tls_domain: Option<String>,
 }

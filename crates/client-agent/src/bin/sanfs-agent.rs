@@ -4,7 +4,8 @@
 //! /sbin), it is mount(8)'s helper for `mount -t sanfs` and fstab ([`mount_helper`]).
 //!
 //! `sanfs-agent mount SERVER:PORT[:/SUBDIR] MOUNTPOINT [-o OPTIONS] [--foreground]` (or
-//! `unix:/SOCKET[:/SUBDIR]`, the server's unix socket on the same host) connects
+//! several servers, `SERVER,SERVER:PORT[:/SUBDIR]`, of which it talks to whichever answers;
+//! or `unix:/SOCKET[:/SUBDIR]`, the server's unix socket on the same host) connects
 //! a [`Client`] (a session at the server, this node's LUNs found by label), then serves the
 //! [`SanFs`] file system at MOUNTPOINT until the file system is unmounted (`umount`,
 //! `sanfs-agent umount`) or the agent gets SIGTERM / SIGINT (it then unmounts, lazily if the
@@ -51,10 +52,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Mount SERVER:PORT[:/SUBDIR] (or unix:/SOCKET[:/SUBDIR]) at MOUNTPOINT.
+    /// Mount SERVER:PORT[:/SUBDIR] (several servers: SERVER,SERVER:PORT[:/SUBDIR]; or
+    /// unix:/SOCKET[:/SUBDIR]) at MOUNTPOINT.
     Mount {
-        /// `host:port` of the metadata server, or `unix:/path` of its unix socket on this host,
-        /// optionally `:/sub/dir` to mount a directory.
+        /// `host:port` of the metadata server; several (`mds1,mds2:7410`: an entry without a
+        /// port takes the next one's; `a:7410,b:7411`), of which the agent talks to whichever
+        /// answers (the leader); or `unix:/path` of its unix socket on this host; optionally
+        /// `:/sub/dir` to mount a directory.
         source: String,
         mountpoint: PathBuf,
         /// Comma-separated options: attr_ttl=1s, entry_ttl=1s, allow_other, ro, rw,

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! sanfs-csi --endpoint unix:///csi/csi.sock --mode controller|node|both \
-//!           --server MDS:PORT --root /csi [--node-id NAME] [--devices GLOB,GLOB] \
+//!           --server MDS:PORT[,MDS:PORT...] --root /csi [--node-id NAME] [--devices GLOB,GLOB] \
 //!           [--tls-ca CA --tls-cert CERT --tls-key KEY [--tls-domain NAME]] \
 //!           [--metrics ADDR]
 //! ```
@@ -45,7 +45,8 @@ struct Cli {
     /// This node's id (NodeGetInfo); default: the host name.
     #[arg(long, env = "SANFS_NODE_ID")]
     node_id: Option<String>,
-    /// The metadata server, `host:port`.
+    /// The metadata server, `host:port`; or several (`mds1,mds2:7410`, `a:7410,b:7411`): the
+    /// driver and its agents talk to whichever answers (the leader).
     #[arg(long, env = "SANFS_SERVER")]
     server: String,
     /// The directory of the file system that holds the volumes (made if missing).
@@ -153,7 +154,7 @@ fn config(cli: Cli) -> anyhow::Result<(Config, PathBuf)> {
             ModeArg::Both => Mode::Both,
         },
         node_id: cli.node_id.unwrap_or_else(hostname),
-        server: cli.server,
+        server: server_list(&cli.server)?,
         tls,
         root: cli.root,
         devices: list(&cli.devices),
@@ -169,6 +170,17 @@ fn config(cli: Cli) -> anyhow::Result<(Config, PathBuf)> {
         mount_timeout: Duration::from_secs(cli.mount_timeout.max(1)),
     };
     Ok((config, socket))
+}
+
+/// `--server`: one `host:port` or a list (`mds1,mds2:7410`), in its one string form (the
+/// agents' mount sources are made from it); a bad list stops the driver at start.
+fn server_list(server: &str) -> anyhow::Result<String> {
+    if server.starts_with("unix:") {
+        bail!("--server {server}: a TCP address (HOST:PORT), not a unix socket");
+    }
+    let servers = sanfs_client_agent::client::parse_servers(server)
+        .map_err(|why| anyhow::anyhow!("--server {server}: {why}"))?;
+    Ok(sanfs_client_agent::client::join_servers(&servers))
 }
 
 fn main() -> std::process::ExitCode {
@@ -288,5 +300,29 @@ mod tests {
             Cli::try_parse_from(["sanfs-csi", "--server", "s:1", "--tls-ca", "/ca.pem"]).is_err(),
             "TLS files go together"
         );
+    }
+
+    #[test]
+    fn several_servers_make_one_list() {
+        let cfg = |server: &str| {
+            config(Cli::try_parse_from(["sanfs-csi", "--server", server]).unwrap())
+                .map(|(c, _)| c.server)
+        };
+        assert_eq!(cfg("10.0.0.1:7410").unwrap(), "10.0.0.1:7410");
+        assert_eq!(
+            cfg("mds1,mds2:7410").unwrap(),
+            "mds1:7410,mds2:7410",
+            "an entry without a port takes the next one's"
+        );
+        assert_eq!(cfg("a:7410,b:7411").unwrap(), "a:7410,b:7411");
+        for (bad, says) in [
+            ("a:7410,,b:7410", "empty entry"),
+            ("a:7410,a:7410", "twice"),
+            ("a:7410,b", "no port"),
+            ("unix:/run/sanfs/mds.sock", "not a unix socket"),
+        ] {
+            let e = format!("{:#}", cfg(bad).unwrap_err());
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 }

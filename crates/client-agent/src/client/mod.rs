@@ -50,7 +50,8 @@
 //! (cached read grants), `subplan` (cutting a cached grant's plan), `session` (the session
 //! task), `rpc` (the call helper: retries and waiting for the server), `health` (re-probing
 //! poisoned LUNs), `rescan` (the volume read again, missing LUNs looked for: a growth, a LUN
-//! that appears later), `locks` (cluster-wide fcntl/flock locks),
+//! that appears later), `locks` (cluster-wide fcntl/flock locks), `servers` (several server
+//! addresses: the list's parser, and the connector to whichever answers),
 //! `status` (what `sanfs-agent status` and `bmap` show, and the counters behind the agent's
 //! metrics).
 
@@ -64,6 +65,7 @@ mod quota;
 mod rescan;
 mod rpc;
 mod seek;
+mod servers;
 mod session;
 mod status;
 mod subplan;
@@ -103,6 +105,7 @@ pub use locks::LockWait;
 pub use namespace::Created;
 pub use rpc::{COMPLAIN_EVERY, DEFAULT_SOFT_TIMEOUT, RetryPolicy};
 pub use seek::SeekWhat;
+pub use servers::{CONNECT_TIMEOUT, ServerAddr, join_servers, parse_servers};
 pub use status::{
     AgentStatus, BmapEntry, BmapReply, ByteCounts, DeviceHealth, DeviceStatus, GrantCounts,
 };
@@ -131,7 +134,8 @@ pub struct FaultInjection {
 /// How to connect.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// `host:port` of the metadata server, or `unix:/path` for its local unix socket.
+    /// `host:port` of the metadata server, several of them (`a:7410,b:7410`: whichever
+    /// answers, see `servers`), or `unix:/path` for its local unix socket.
     pub server: String,
     /// Mutual TLS; `None`: plaintext (the server accepts it on loopback only, unless insecure).
     pub tls: Option<TlsConfig>,
@@ -441,6 +445,8 @@ async fn make_channel(config: &ClientConfig) -> Result<Channel, ConnectError> {
 
 /// A gRPC channel to the server at `server` (`host:port`, or `unix:/path` for its local unix
 /// socket), over mutual TLS when `tls` is given: how the agent connects, and `sanfs-admin`.
+/// With several addresses (`a:7410,b:7410`, see [`parse_servers`]) the channel connects, and
+/// reconnects, to whichever of them answers (`servers`).
 pub async fn connect_channel(
     server: &str,
     tls: Option<&TlsConfig>,
@@ -448,6 +454,12 @@ pub async fn connect_channel(
     // `unix:/path`: the server's local unix socket (same host; the server knows this agent
     // by its uid). The URI is a placeholder that the connector ignores.
     if let Some(path) = server.strip_prefix("unix:") {
+        if path.contains(',') {
+            return Err(ConnectError::Address(
+                server.to_owned(),
+                "a unix: socket is a single server, never part of a list".to_owned(),
+            ));
+        }
         if tls.is_some() {
             return Err(ConnectError::Tls(
                 "TLS options do not apply to a unix socket server".to_owned(),
@@ -466,6 +478,14 @@ pub async fn connect_channel(
             .await
             .map_err(|e| ConnectError::Transport(format!("{server}: {}", with_causes(&e))));
     }
+    let mut addrs =
+        parse_servers(server).map_err(|why| ConnectError::Address(server.to_owned(), why))?;
+    if addrs.len() > 1 {
+        return servers::connect_any(addrs, tls).await;
+    }
+    // One address: tonic's own connector and TLS, as always.
+    let server = addrs.pop().map(|a| a.to_string()).unwrap_or_default();
+    let server = server.as_str();
     let scheme = if tls.is_some() { "https" } else { "http" };
     let url = format!("{scheme}://{server}");
     let mut endpoint = Endpoint::from_shared(url)
@@ -1008,6 +1028,23 @@ impl Inner {
         s.highest_epoch = epoch.0;
         s.epoch_refused = None;
         Ok(())
+    }
+
+    /// A new session's server must serve this mount's file system: with several server
+    /// addresses, whichever answers may be another file system's server (a configuration
+    /// mistake). Refused like a server on an older store ([`Inner::admit_epoch`]: error log,
+    /// [`Client::status`], calls fail with EIO) instead of writing into the other file system.
+    pub(crate) fn admit_fs(&self, fs_uuid: uuid::Uuid) -> Result<(), String> {
+        if fs_uuid == self.fs_uuid {
+            return Ok(());
+        }
+        let why = format!(
+            "the metadata server reached serves another file system ({fs_uuid}; this mount's \
+             is {}): refused (no calls until a server of this file system answers)",
+            self.fs_uuid
+        );
+        self.lock_state().epoch_refused = Some(why.clone());
+        Err(why)
     }
 
     /// Whether the lease of session generation `generation` is valid at this instant.

@@ -7,9 +7,11 @@
 //! grants recalled in the cache at once (no new I/O starts on them), and a helper task sends
 //! `RecallAck` once their I/O in flight is done.
 //!
-//! A new session's server must not have a lower epoch than the highest seen, nor another
-//! restore count than the mount's ([`super::Inner::admit_epoch`]): a server on a store
-//! restored from an older copy is refused and asked again every 2 s, while calls fail with EIO.
+//! A new session's server must serve the mount's file system ([`super::Inner::admit_fs`]: with
+//! several server addresses another file system's server may answer), and must not have a
+//! lower epoch than the highest seen, nor another restore count than the mount's
+//! ([`super::Inner::admit_epoch`]): a server on a store restored from an older copy, or of
+//! another file system, is refused and asked again every 2 s, while calls fail with EIO.
 //!
 //! Outcomes of one attachment: the stream broke (or was replaced) while the lease is valid:
 //! attach again to the same session; anything else (the lease deadline passed, the server
@@ -326,7 +328,10 @@ async fn reopen(inner: &Inner) {
         .unwrap_or_else(|_| Err(FsError::Io("OpenSession timed out after 10 s".to_owned())));
         match opened {
             Ok((reply, sent)) => {
-                if let Err(why) = inner.admit_epoch(reply.epoch, reply.server.restores) {
+                let admitted = inner
+                    .admit_fs(reply.server.fs_uuid)
+                    .and_then(|()| inner.admit_epoch(reply.epoch, reply.server.restores));
+                if let Err(why) = admitted {
                     tracing::error!(session = %reply.session, epoch = %reply.epoch, %why, "server refused");
                     // Leave nothing behind at that server; ask again later (the right one may
                     // be back, or the agent is remounted with accept_epoch_regression).

@@ -80,7 +80,8 @@ pub struct AgentStatus {
     /// The highest server epoch seen since the agent started.
     #[serde(default)]
     pub highest_epoch: u64,
-    /// Set while the server is refused because its epoch went backwards (a restored store).
+    /// Set while the server is refused: its epoch went backwards (a restored store), its store
+    /// was restored under this mount, or it serves another file system.
     #[serde(default)]
     pub epoch_refused: Option<String>,
     /// Whether the lease is valid now, and for how much longer without another heartbeat
