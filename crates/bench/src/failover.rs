@@ -309,6 +309,23 @@ impl HaCluster {
     }
 }
 
+/// Why this machine cannot run the harness (root for loop devices and FUSE, etcd, the
+/// sanfs-mds and sanfs-agent binaries), if it cannot.
+pub fn unavailable() -> Option<String> {
+    if !sanfs_testcluster::is_root() {
+        return Some("needs root (loop-device LUNs, FUSE)".into());
+    }
+    if find_on_path("etcd").is_none() {
+        return Some("etcd not found on PATH (Debian: apt install etcd-server)".into());
+    }
+    for bin in ["sanfs-mds", "sanfs-agent"] {
+        if sibling_binary(bin).is_none() {
+            return Some(format!("{bin} not found beside sanfs-bench or on PATH"));
+        }
+    }
+    None
+}
+
 /// The first `name` in `PATH`.
 fn find_on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;

@@ -91,7 +91,7 @@ struct Common {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Everything: latency, figures 6 to 10, metadata and the crossover, everyday I/O and
-    /// metadata through the mount, in one run.
+    /// metadata through the mount, and the failover rows (two HA servers on etcd), in one run.
     Run(Common),
     /// Figure 6: throughput vs I/O size (raw, fio, direct, mount, proxied, NFS).
     Fig6(Common),
