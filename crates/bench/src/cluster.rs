@@ -181,6 +181,17 @@ impl BenchCluster {
         }
     }
 
+    /// SIGTERM to the server process and wait for its clean stop (10 s, then SIGKILL).
+    pub fn terminate_server(&mut self) -> anyhow::Result<()> {
+        match &mut self.server {
+            ServerHandle::Process { process, .. } => {
+                process.terminate();
+                Ok(())
+            }
+            _ => bail!("only a sanfs-mds process started by the bench can be stopped"),
+        }
+    }
+
     /// Starts the server process again with the same command line (after [`Self::kill_server`])
     /// and waits until its port accepts connections.
     pub fn restart_server(&mut self) -> anyhow::Result<()> {

@@ -75,6 +75,8 @@ pub struct FailoverOutcome {
     pub io: ServerKillOutcome,
     /// Probes completed.
     pub probes: u64,
+    /// Where the servers', etcd's and the agent's logs were kept (a run that was not clean).
+    pub logs: Option<PathBuf>,
 }
 
 impl FailoverOutcome {
@@ -142,6 +144,7 @@ pub struct HaCluster {
     /// The data LUNs (what the agent opens).
     pub globs: Vec<String>,
     mds: PathBuf,
+    etcd_log: PathBuf,
     // Dropped in this order: the servers, etcd, then the LUNs.
     candidates: Vec<Candidate>,
     _etcd: ChildGuard,
@@ -245,6 +248,7 @@ impl HaCluster {
                 .map(|p| p.to_string_lossy().into_owned())
                 .collect(),
             mds,
+            etcd_log: dir.path().join("etcd").join("etcd.log"),
             candidates,
             _etcd: etcd,
             _meta: meta,
@@ -353,8 +357,15 @@ fn start_etcd(bin: &Path, dir: &Path) -> anyhow::Result<(String, ChildGuard)> {
             .stdout(Stdio::null())
             .stderr(log),
     )?;
-    wait_for_tcp(client, Duration::from_secs(20))
-        .with_context(|| format!("etcd; see {}", dir.join("etcd.log").display()))?;
+    if let Err(e) = wait_for_tcp(client, Duration::from_secs(20)) {
+        let log = std::fs::read_to_string(dir.join("etcd.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(10).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!(
+            "etcd did not start: {e}; its log ends:\n{}",
+            tail.join("\n")
+        );
+    }
     Ok((format!("http://{client}"), child))
 }
 
@@ -441,6 +452,35 @@ impl Probe {
         }
         *self.count.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Copies the logs of a run that was not clean (which go with its directories) into a new
+/// directory under `p.dir`; returns it.
+fn keep_logs(p: &FailoverParams, cluster: &HaCluster, mount: &Mount) -> anyhow::Result<PathBuf> {
+    let dir = p.dir.join(format!(
+        "sanfs-failover-logs-{}-{}",
+        p.seed,
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let mut logs = vec![
+        (
+            "agent.log".to_owned(),
+            mount.path.with_extension("agent.log"),
+        ),
+        ("etcd.log".to_owned(), cluster.etcd_log.clone()),
+    ];
+    for (i, c) in cluster.candidates.iter().enumerate() {
+        logs.push((
+            format!("mds{i}-{}.log", c.addr.port()),
+            c.command.log.clone(),
+        ));
+    }
+    for (name, from) in logs {
+        std::fs::copy(&from, dir.join(&name))
+            .with_context(|| format!("copy {}", from.display()))?;
+    }
+    Ok(dir)
 }
 
 /// A small seeded random stream (the rounds' waits).
@@ -537,6 +577,9 @@ pub async fn run(p: &FailoverParams) -> anyhow::Result<FailoverOutcome> {
     out.io = crew.finish();
     out.io.rounds = p.rounds;
     out.io.pauses_ms = writer_pauses;
+    if !out.clean() {
+        out.logs = Some(keep_logs(p, &cluster, &mount)?);
+    }
     drop(mount);
     drop(cluster);
     out.io.elapsed_s = started.elapsed().as_secs_f64();

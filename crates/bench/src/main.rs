@@ -201,6 +201,9 @@ struct ServerKillArgs {
     /// Longest a check waits for the writers before the run fails as hung, in seconds.
     #[arg(long, default_value_t = 180)]
     check_timeout: u64,
+    /// Stop the server with SIGTERM (a clean restart) instead of SIGKILL.
+    #[arg(long)]
+    term: bool,
     /// Also write the outcome as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -274,6 +277,9 @@ async fn failover_main(a: FailoverArgs) -> anyhow::Result<bool> {
     for l in &out.io.lost {
         println!("failover: lost: {l}");
     }
+    if let Some(logs) = &out.logs {
+        println!("failover: the logs are kept in {}", logs.display());
+    }
     println!(
         "failover: seed {seed}: {} rounds in {:.0} s: {}",
         out.io.rounds,
@@ -307,6 +313,7 @@ async fn server_kill_main(a: ServerKillArgs) -> anyhow::Result<bool> {
         max_file_size: a.max_size,
         dir: a.dir,
         check_timeout: Duration::from_secs(a.check_timeout),
+        term: a.term,
         progress: !a.no_progress,
     })
     .await?;

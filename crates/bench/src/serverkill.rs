@@ -46,6 +46,8 @@ pub struct ServerKillParams {
     pub dir: PathBuf,
     /// Longest a check may wait for the writers (a hung mount fails the run, never hangs it).
     pub check_timeout: Duration,
+    /// SIGTERM (a clean restart) instead of SIGKILL.
+    pub term: bool,
     pub progress: bool,
 }
 
@@ -343,7 +345,11 @@ pub async fn run(p: &ServerKillParams) -> anyhow::Result<ServerKillOutcome> {
         crew.set_round(round);
         tokio::time::sleep(Duration::from_millis(300 + rng.below(1200))).await;
         let killed = Instant::now();
-        cluster.kill_server()?;
+        if p.term {
+            cluster.terminate_server()?;
+        } else {
+            cluster.kill_server()?;
+        }
         tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
         let before = crew.writes_done();
         let restarting = Instant::now();
