@@ -29,6 +29,7 @@ use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use crate::activity::Charged;
 use crate::clock::Clock;
 use crate::datadev::DataDevices;
+use crate::ha::gate::FenceGate;
 use crate::service::admin::AdminService;
 use crate::service::data::DataService;
 use crate::service::identity::{AccessConfig, Authenticator};
@@ -212,10 +213,16 @@ pub async fn serve(
     if let Some(tls) = tls {
         builder = builder.tls_config(tls).context("configure mutual TLS")?;
     }
+    // An HA leader answers nothing once its fence is lost (`ha::gate`).
+    let fence = match &opts.backend {
+        store::Backend::FencedDevice(_, f) => Some(f.clone()),
+        _ => None,
+    };
     let router = add_services(
         builder,
         &server,
         Authenticator::new(access.clone(), tcp_tls, opts.insecure),
+        fence.clone(),
     );
     if opts.insecure && !tcp_tls {
         tracing::warn!(
@@ -281,6 +288,7 @@ pub async fn serve(
             tonic::transport::Server::builder(),
             &server,
             Authenticator::new(access, false, false),
+            fence,
         );
         router
             .serve_with_incoming_shutdown(
@@ -352,7 +360,14 @@ pub async fn serve_ha(
     crate::metrics::install();
     tokio::pin!(shutdown);
     let leadership = tokio::select! {
-        l = crate::ha::campaign(&ha, on_standby) => l?,
+        l = crate::ha::campaign(&ha, on_standby) => match l {
+            Ok(l) => l,
+            Err(crate::ha::CampaignError::LeaseLost) => {
+                tracing::warn!("the etcd lease ran out while a standby: starting over");
+                return Err(crate::ha::start_over());
+            }
+            Err(e) => return Err(e.into()),
+        },
         () = &mut shutdown => {
             tracing::info!("stopped while a standby");
             return Ok(());
@@ -443,54 +458,65 @@ fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-/// The five services, each behind the authenticator and charged to the server's
-/// [`crate::activity::Activity`], on `builder`.
+/// The five services, each behind the authenticator, the fence of an HA leader
+/// ([`FenceGate`]) and charged to the server's [`crate::activity::Activity`], on `builder`.
 fn add_services(
     mut builder: tonic::transport::Server,
     server: &std::sync::Arc<Server>,
     auth: Authenticator,
+    fence: Option<std::sync::Arc<crate::store::fence::Fence>>,
 ) -> Router {
+    let g = Guards {
+        server,
+        auth: &auth,
+        fence: &fence,
+    };
     builder
-        .add_service(Charged::new(
-            InterceptedService::new(
+        .add_service(
+            g.wrap(
                 SessionServer::new(SessionService::new(server.clone()))
                     .max_decoding_message_size(MAX_MESSAGE_SIZE)
                     .max_encoding_message_size(MAX_MESSAGE_SIZE),
-                auth.clone(),
             ),
-            server.activity.clone(),
-        ))
-        .add_service(Charged::new(
-            InterceptedService::new(
+        )
+        .add_service(
+            g.wrap(
                 NamespaceServer::new(NamespaceService::new(server.clone()))
                     .max_decoding_message_size(MAX_MESSAGE_SIZE)
                     .max_encoding_message_size(MAX_MESSAGE_SIZE),
-                auth.clone(),
             ),
-            server.activity.clone(),
-        ))
-        .add_service(Charged::new(
-            InterceptedService::new(
+        )
+        .add_service(
+            g.wrap(
                 DataServer::new(DataService::new(server.clone()))
                     .max_decoding_message_size(MAX_MESSAGE_SIZE)
                     .max_encoding_message_size(MAX_MESSAGE_SIZE),
-                auth.clone(),
             ),
-            server.activity.clone(),
-        ))
-        .add_service(Charged::new(
-            InterceptedService::new(
+        )
+        .add_service(
+            g.wrap(
                 AdminServer::new(AdminService::new(server.clone()))
                     .max_decoding_message_size(MAX_MESSAGE_SIZE)
                     .max_encoding_message_size(MAX_MESSAGE_SIZE),
-                auth.clone(),
             ),
-            server.activity.clone(),
-        ))
-        .add_service(Charged::new(
-            InterceptedService::new(LocksServer::new(LocksService::new(server.clone())), auth),
-            server.activity.clone(),
-        ))
+        )
+        .add_service(g.wrap(LocksServer::new(LocksService::new(server.clone()))))
+}
+
+/// What every service is wrapped in (see [`add_services`]).
+struct Guards<'a> {
+    server: &'a std::sync::Arc<Server>,
+    auth: &'a Authenticator,
+    fence: &'a Option<std::sync::Arc<crate::store::fence::Fence>>,
+}
+
+impl Guards<'_> {
+    fn wrap<S>(&self, svc: S) -> Charged<InterceptedService<FenceGate<S>, Authenticator>> {
+        Charged::new(
+            InterceptedService::new(FenceGate::new(svc, self.fence.clone()), self.auth.clone()),
+            self.server.activity.clone(),
+        )
+    }
 }
 
 impl Server {

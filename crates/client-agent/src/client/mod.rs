@@ -322,8 +322,8 @@ struct LeaseState {
     /// The metadata store's restore count under which this agent mounted (ServerInfo.restores):
     /// a server reporting another one serves a namespace put back from a backup.
     restores: u64,
-    /// Why the last server reached was refused (its epoch went backwards, or its store was
-    /// restored under this mount); `None` otherwise.
+    /// Why the last server reached was refused (its epoch went backwards, its store was
+    /// restored under this mount, or it serves another file system); `None` otherwise.
     epoch_refused: Option<String>,
 }
 

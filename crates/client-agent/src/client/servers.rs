@@ -13,13 +13,19 @@
 //! With TLS the handshake is done here, per address: the agent's client certificate, ALPN
 //! `h2`, and the server's certificate checked against the CA for `tls_domain=` if given,
 //! else for that address's own host (a name or an IP address).
+//!
+//! A leader that dies without closing its connections (its host is gone) is noticed by HTTP/2
+//! keepalive pings ([`KEEPALIVE_INTERVAL`], [`KEEPALIVE_TIMEOUT`]): the channel drops the
+//! connection and reconnects through the connector. An address whose last connection never
+//! got a byte from the server (a hung process whose port still accepts) is tried after the
+//! others the next time, not first.
 
 use std::fmt;
 use std::io;
 use std::net::Ipv6Addr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -39,6 +45,12 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long one address's TLS handshake may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often the channel pings the server it is connected to (also while idle)...
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// ...and how long it waits for the answer before it drops the connection and reconnects.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One metadata server address of a list: a host (a name, an IPv4 address, or an IPv6
 /// address without its brackets) and a port.
@@ -60,19 +72,14 @@ impl fmt::Display for ServerAddr {
 
 /// Parses a server list `HOST[:PORT],HOST[:PORT],...:PORT` (one entry: `HOST:PORT`). An entry
 /// without a port takes the port of the next entry that has one (`mds1,mds2:7410`: both on
-/// 7410), so the last needs one. IPv6 addresses go in brackets (`[fd00::1]:7410`). Errors: an
-/// empty entry, a bad host or port, an address given twice, a `unix:` socket (a unix socket
-/// names the one server on this host: never in a list).
+/// 7410), so the last needs one. IPv6 addresses go in brackets (`[fd00::1]:7410`). Errors (the
+/// reason; the caller says what it parsed): an empty entry, a bad host or port, an address
+/// given twice, a `unix:` socket (a unix socket names the one server on this host: never in a
+/// list).
 pub fn parse_servers(list: &str) -> Result<Vec<ServerAddr>, String> {
     let mut parsed: Vec<(String, Option<u16>)> = Vec::new();
     for entry in list.split(',') {
-        parsed.push(parse_entry(entry).map_err(|why| {
-            if list.contains(',') {
-                format!("server list {list:?}: {why}")
-            } else {
-                why
-            }
-        })?);
+        parsed.push(parse_entry(entry)?);
     }
     let mut next_port = None;
     let mut out = Vec::with_capacity(parsed.len());
@@ -81,8 +88,8 @@ pub fn parse_servers(list: &str) -> Result<Vec<ServerAddr>, String> {
             Some(p) => p,
             None => {
                 return Err(format!(
-                    "{list:?}: {host} has no port (HOST:PORT; in a list, an entry without a \
-                     port takes the port of the next one that has one)"
+                    "{host} has no port (HOST:PORT; in a list, an entry without a port takes \
+                     the port of the next one that has one)"
                 ));
             }
         };
@@ -95,7 +102,7 @@ pub fn parse_servers(list: &str) -> Result<Vec<ServerAddr>, String> {
             .iter()
             .any(|b| b.port == a.port && b.host.eq_ignore_ascii_case(&a.host))
         {
-            return Err(format!("server list {list:?} names {a} twice"));
+            return Err(format!("the list names {a} twice"));
         }
     }
     Ok(out)
@@ -182,12 +189,11 @@ pub(super) async fn connect_any(
     // The URI only names the peer in requests (`:authority`); the connector picks the address.
     let url = format!("http://{first}");
     let endpoint = Endpoint::from_shared(url)
-        .map_err(|e| ConnectError::Address(first.to_string(), e.to_string()))?;
-    let failover = Failover {
-        addrs: addrs.into(),
-        tls,
-        last: Arc::new(AtomicUsize::new(NONE_YET)),
-    };
+        .map_err(|e| ConnectError::Address(first.to_string(), e.to_string()))?
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true);
+    let failover = Failover::new(addrs, tls);
     endpoint
         .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
             let failover = failover.clone();
@@ -205,22 +211,51 @@ const NONE_YET: usize = usize::MAX;
 struct Failover {
     addrs: Arc<[ServerAddr]>,
     tls: Option<Arc<TlsSetup>>,
-    /// The index of the address that answered last.
+    /// The index of the address connected to last.
     last: Arc<AtomicUsize>,
+    /// Whether the server of the last connection has sent a byte on it.
+    last_answered: Arc<std::sync::Mutex<Arc<AtomicBool>>>,
 }
 
 impl Failover {
-    /// The first address, from the one that answered last on, that connects.
+    fn new(addrs: Vec<ServerAddr>, tls: Option<Arc<TlsSetup>>) -> Failover {
+        Failover {
+            addrs: addrs.into(),
+            tls,
+            last: Arc::new(AtomicUsize::new(NONE_YET)),
+            last_answered: Arc::default(),
+        }
+    }
+
+    /// The first address that connects, from the one connected to last on (from the one after
+    /// it when that connection never got a byte from the server).
     async fn connect(&self) -> io::Result<Stream> {
         let n = self.addrs.len();
         let last = self.last.load(Ordering::Relaxed);
-        let start = if last < n { last } else { 0 };
+        let answered = self
+            .last_answered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .load(Ordering::Relaxed);
+        let start = match last {
+            l if l >= n => 0,
+            l if answered => l,
+            l => {
+                tracing::debug!(
+                    server = %self.addrs[l],
+                    "the last connection got no answer: trying the other addresses first"
+                );
+                (l + 1) % n
+            }
+        };
         let mut failures = Vec::with_capacity(n);
         for k in 0..n {
             let i = (start + k) % n;
             let addr = &self.addrs[i];
             match self.connect_one(addr).await {
                 Ok(stream) => {
+                    *self.last_answered.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Arc::clone(&stream.answered);
                     let before = self.last.swap(i, Ordering::Relaxed);
                     if before == NONE_YET {
                         tracing::info!(server = %addr, "connected to the server at {addr}");
@@ -261,7 +296,7 @@ impl Failover {
         })??;
         tcp.set_nodelay(true)?;
         let Some(tls) = &self.tls else {
-            return Ok(Stream::Plain(tcp));
+            return Ok(Stream::new(Io::Plain(tcp)));
         };
         let name = tls.domain.as_deref().unwrap_or(&addr.host).to_owned();
         let server_name = ServerName::try_from(name.clone()).map_err(|e| {
@@ -286,7 +321,7 @@ impl Failover {
                 "TLS: the server did not agree to HTTP/2 (ALPN h2)",
             ));
         }
-        Ok(Stream::Tls(Box::new(stream)))
+        Ok(Stream::new(Io::Tls(Box::new(stream))))
     }
 }
 
@@ -336,10 +371,25 @@ impl TlsSetup {
     }
 }
 
-/// A connection to one server: plain TCP or TLS over it.
-enum Stream {
+/// A connection to one server: plain TCP or TLS over it, and whether the server has sent a
+/// byte on it.
+struct Stream {
+    io: Io,
+    answered: Arc<AtomicBool>,
+}
+
+enum Io {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl Stream {
+    fn new(io: Io) -> Stream {
+        Stream {
+            io,
+            answered: Arc::default(),
+        }
+    }
 }
 
 impl AsyncRead for Stream {
@@ -348,10 +398,16 @@ impl AsyncRead for Stream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = match &mut this.io {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        };
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.answered.store(true, Ordering::Relaxed);
         }
+        polled
     }
 }
 
@@ -361,9 +417,9 @@ impl AsyncWrite for Stream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
 
@@ -372,30 +428,30 @@ impl AsyncWrite for Stream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
-        match self {
-            Stream::Plain(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
+        match &self.io {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -473,5 +529,63 @@ mod tests {
         }
         // Two entries on the same host but other ports are two servers.
         assert_eq!(list("a:1,a:2"), "a:1,a:2");
+    }
+
+    fn addr(l: &tokio::net::TcpListener) -> ServerAddr {
+        let a = l.local_addr().unwrap();
+        ServerAddr {
+            host: a.ip().to_string(),
+            port: a.port(),
+        }
+    }
+
+    /// The port of a listener that was closed: connects are refused.
+    async fn dead_addr() -> ServerAddr {
+        addr(&tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap())
+    }
+
+    async fn accepts(l: &tokio::net::TcpListener) -> Option<TcpStream> {
+        tokio::time::timeout(Duration::from_secs(5), l.accept())
+            .await
+            .ok()
+            .map(|r| r.unwrap().0)
+    }
+
+    #[tokio::test]
+    async fn the_connector_tries_each_address_and_keeps_to_the_one_that_answers() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let good = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dead = dead_addr().await;
+        let f = Failover::new(vec![dead.clone(), addr(&silent), addr(&good)], None);
+        // The dead address refuses; the silent one takes the connection (its port accepts).
+        let first = f.connect().await.unwrap();
+        let _held = accepts(&silent).await.unwrap();
+        assert_eq!(f.last.load(Ordering::Relaxed), 1);
+        drop(first);
+        // It never answered: the next connect tries the others first, and the good one
+        // answers.
+        let mut second = f.connect().await.unwrap();
+        let mut peer = accepts(&good).await.unwrap();
+        assert_eq!(f.last.load(Ordering::Relaxed), 2);
+        peer.write_all(b"x").await.unwrap();
+        let mut byte = [0u8; 1];
+        second.read_exact(&mut byte).await.unwrap();
+        drop(second);
+        // It answered: the next connect starts with it again.
+        let _third = f.connect().await.unwrap();
+        assert!(accepts(&good).await.is_some());
+        assert_eq!(f.last.load(Ordering::Relaxed), 2);
+
+        // None answers: the error names each address and why.
+        let other_dead = dead_addr().await;
+        let f = Failover::new(vec![dead.clone(), other_dead.clone()], None);
+        let e = f.connect().await.err().unwrap().to_string();
+        assert!(
+            e.contains("no server of the list answers")
+                && e.contains(&format!("{dead}: "))
+                && e.contains(&format!("{other_dead}: ")),
+            "{e}"
+        );
     }
 }

@@ -354,6 +354,15 @@ impl OneNode {
 
     /// With more flags for the driver.
     async fn start_args(tls: Option<&cluster::Pki>, more: Vec<String>) -> OneNode {
+        Self::start_full(tls, more, str::to_owned).await
+    }
+
+    /// With the driver's `--server` made from the server's address.
+    async fn start_full(
+        tls: Option<&cluster::Pki>,
+        more: Vec<String>,
+        server: impl FnOnce(&str) -> String,
+    ) -> OneNode {
         let srv = cluster::start_with(10_000, tls.map(|p| p.server.clone())).await;
         let mut extra = tls.map_or_else(Vec::new, |p| {
             let path = |p: &PathBuf| p.to_string_lossy().into_owned();
@@ -374,7 +383,7 @@ impl OneNode {
             socket: dir.path().join("csi.sock"),
             mode: "both",
             node_id: "node-a",
-            server: srv.addr.to_string(),
+            server: server(&srv.addr.to_string()),
             luns: &srv.luns,
             extra,
         })
@@ -1045,6 +1054,60 @@ async fn the_driver_and_its_agents_speak_mutual_tls() {
     .await;
     let (bytes, inodes) = stats(&mut csi, &id, &target).await;
     assert!(bytes.used >= 300_000 && inodes.used == 1);
+    unpublish(&mut csi, &id, &target).await;
+    unstage(&mut csi, &id, &staging).await;
+    assert_no_mounts_below(dir.path());
+    delete(&mut csi, &id).await;
+    drop(csi.guard);
+    srv.stop().await;
+}
+
+/// Issue 21: given several server addresses, the first refusing (as a standby does: it does
+/// not listen), the driver and the agents it starts talk to the one that answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_list_reaches_the_server_that_answers() {
+    if !can_mount() {
+        return;
+    }
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let OneNode {
+        srv,
+        dir,
+        _sweep,
+        mut csi,
+        staging,
+        pods,
+    } = OneNode::start_full(None, Vec::new(), |addr| format!("{dead},{addr}")).await;
+    let mode = Mode::SingleNodeWriter;
+    let id = create(&mut csi, "pvc-list", 4 * MIB as i64, mode)
+        .await
+        .volume_id;
+    let target = pods.join("mount");
+    stage(&mut csi, &id, &staging, mode).await;
+    publish(&mut csi, &id, &staging, &target, mode, false)
+        .await
+        .unwrap();
+    // The agent was given the whole list.
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let source = parse_mountinfo(&text)
+        .into_iter()
+        .find(|m| m.mount_point == staging)
+        .map(|m| m.source)
+        .unwrap();
+    assert!(
+        source.starts_with(&format!("{dead},{}:/", srv.addr)) && source.ends_with(&id),
+        "{source}"
+    );
+    let t = target.clone();
+    timed("write and read through a server list", 30, move || {
+        let data = crate::support::pattern(300_000, 7);
+        std::fs::write(t.join("f"), &data).unwrap();
+        assert_eq!(std::fs::read(t.join("f")).unwrap(), data);
+    })
+    .await;
     unpublish(&mut csi, &id, &target).await;
     unstage(&mut csi, &id, &staging).await;
     assert_no_mounts_below(dir.path());

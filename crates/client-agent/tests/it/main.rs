@@ -7,7 +7,8 @@
 //! helper `mount.sanfs` with fstab (`mount_sanfs`), `quickstart`, the deployment examples
 //! (`deploy`), the CSI driver (`csi`), and the acceptance tests of the data path on a multi-node test cluster
 //! (`san`: network namespaces, loop-device LUNs, real agent processes): `e2e`, `coherence`,
-//! `agent_crash`, `striping`, `missing_lun`. Tests that need root (loop devices, namespaces,
+//! `agent_crash`, `striping`, `missing_lun`; a mount of several server addresses that follows
+//! the one that answers (`failover`). Tests that need root (loop devices, namespaces,
 //! FUSE) say that they were skipped and pass without it, or fail under `SANFS_REQUIRE_ROOT=1`
 //! (CI; `sanfs_testcluster::skip_unless`); the `san` ones run on loopback with plain files
 //! instead where they can.
@@ -27,6 +28,7 @@ mod e2e;
 mod engine_io;
 mod epoch;
 mod evict;
+mod failover;
 mod fallocate;
 mod grow;
 mod layouts;

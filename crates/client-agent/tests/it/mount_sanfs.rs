@@ -266,6 +266,11 @@ fn mount_sanfs_helper_fake_and_usage_errors() {
     assert!(said.contains("would mount mds:7410:/x at"), "{said}");
     assert!(said.contains("threshold=1M"), "{said}");
     assert!(!is_fuse_mount(&mnt));
+    // Several servers, as an fstab line names them (an entry without a port takes the next's).
+    let out = run(&["mds1,mds2:7410:/x", m, "-f", "-v", "-o", "_netdev"]);
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("would mount mds1,mds2:7410:/x at"), "{said}");
     for (args, msg) in [
         (
             vec!["mds:7410", m, "-o", "threshold=1.5Q"],
@@ -277,6 +282,10 @@ fn mount_sanfs_helper_fake_and_usage_errors() {
             "unknown mount option",
         ),
         (vec!["mds", m], "not SERVER:PORT"),
+        (vec!["mds1,,mds2:7410", m], "empty entry"),
+        (vec!["mds1:7410,mds1:7410:/x", m], "names mds1:7410 twice"),
+        (vec!["mds1:7410,mds2:port", m], "bad port"),
+        (vec!["mds1:7410,unix:/run/s.sock", m], "single server"),
         (vec!["mds:7410"], "expected SPEC and DIR"),
         (vec!["mds:7410", m, "-t", "nfs"], "type sanfs"),
     ] {

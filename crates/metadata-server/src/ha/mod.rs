@@ -22,6 +22,7 @@
 //!   standby takes over without waiting for the lease to run out: a rolling restart.
 
 pub mod etcd;
+pub mod gate;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -120,10 +121,26 @@ impl Leadership {
     }
 }
 
+/// Why a campaign ended without leadership.
+#[derive(Debug, thiserror::Error)]
+pub enum CampaignError {
+    /// The lease ran out while campaigning (etcd unreachable or without quorum for longer
+    /// than the TTL): start over with a new one.
+    #[error("the etcd lease was lost while campaigning")]
+    LeaseLost,
+    #[error("{0}")]
+    Etcd(String),
+}
+
 /// Waits for etcd, takes a lease, and campaigns until this server leads. `on_standby` is
 /// called once the lease is held and the campaign sent (the server is a standby from then).
-pub async fn campaign(ha: &HaOptions, on_standby: impl FnOnce()) -> anyhow::Result<Leadership> {
-    let etcd = Arc::new(Etcd::new(&ha.etcd, ha.tls.as_ref())?);
+pub async fn campaign(
+    ha: &HaOptions,
+    on_standby: impl FnOnce(),
+) -> Result<Leadership, CampaignError> {
+    let etcd = Arc::new(
+        Etcd::new(&ha.etcd, ha.tls.as_ref()).map_err(|e| CampaignError::Etcd(e.to_string()))?,
+    );
     let mut complained = None::<Instant>;
     let (lease, ttl) = loop {
         match etcd.grant(ha.lease_ttl_s).await {
@@ -161,12 +178,16 @@ pub async fn campaign(ha: &HaOptions, on_standby: impl FnOnce()) -> anyhow::Resu
         "candidate: campaigning (a standby until elected)"
     );
     on_standby();
+    let mut lost = lost_rx.clone();
     let key = loop {
-        if fence.is_lost() {
-            keeper.abort();
-            anyhow::bail!("the etcd lease was lost while campaigning");
-        }
-        match etcd.campaign(&ha.election, lease, &ha.advertise).await {
+        let campaigned = tokio::select! {
+            r = etcd.campaign(&ha.election, lease, &ha.advertise) => r,
+            _ = lost.wait_for(|l| *l) => {
+                keeper.abort();
+                return Err(CampaignError::LeaseLost);
+            }
+        };
+        match campaigned {
             Ok(key) => break key,
             Err(e) => {
                 tracing::warn!(error = %e, "campaign interrupted; campaigning again");
@@ -177,7 +198,10 @@ pub async fn campaign(ha: &HaOptions, on_standby: impl FnOnce()) -> anyhow::Resu
     let epoch = u64::try_from(key.rev).unwrap_or(0);
     if epoch == 0 {
         keeper.abort();
-        anyhow::bail!("etcd answered the campaign with revision {}", key.rev);
+        return Err(CampaignError::Etcd(format!(
+            "etcd answered the campaign with revision {}",
+            key.rev
+        )));
     }
     fence.set_epoch(epoch);
     let _ = keeper_key.key.set(key.key.clone());
