@@ -181,6 +181,17 @@ impl BenchCluster {
         }
     }
 
+    /// SIGTERM to the server process and wait for its clean stop (10 s, then SIGKILL).
+    pub fn terminate_server(&mut self) -> anyhow::Result<()> {
+        match &mut self.server {
+            ServerHandle::Process { process, .. } => {
+                process.terminate();
+                Ok(())
+            }
+            _ => bail!("only a sanfs-mds process started by the bench can be stopped"),
+        }
+    }
+
     /// Starts the server process again with the same command line (after [`Self::kill_server`])
     /// and waits until its port accepts connections.
     pub fn restart_server(&mut self) -> anyhow::Result<()> {
@@ -392,13 +403,13 @@ fn start_process(
 
 /// The server process: the first one is the bench's child; one started again after a kill is
 /// the [`Launcher`]'s.
-enum ServerProcess {
+pub(crate) enum ServerProcess {
     Child(ChildGuard),
     Launched(u32),
 }
 
 impl ServerProcess {
-    fn running(&mut self) -> anyhow::Result<bool> {
+    pub(crate) fn running(&mut self) -> anyhow::Result<bool> {
         Ok(match self {
             ServerProcess::Child(c) => c.try_wait()?.is_none(),
             ServerProcess::Launched(pid) => pid_alive(*pid),
@@ -406,7 +417,7 @@ impl ServerProcess {
     }
 
     /// SIGKILL, then wait (at most 10 s) until it is gone.
-    fn kill9(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn kill9(&mut self) -> anyhow::Result<()> {
         match self {
             ServerProcess::Child(c) => c.kill9().map(drop),
             ServerProcess::Launched(pid) => {
@@ -417,7 +428,7 @@ impl ServerProcess {
     }
 
     /// SIGTERM, 10 s to stop, then SIGKILL.
-    fn terminate(&mut self) {
+    pub(crate) fn terminate(&mut self) {
         match self {
             ServerProcess::Child(c) => {
                 let _ = c.terminate(Duration::from_secs(10));
@@ -445,7 +456,7 @@ fn signal_pid(pid: u32, signal: rustix::process::Signal) -> anyhow::Result<()> {
 }
 
 /// Whether `pid` runs (a zombie, dead but not reaped, does not).
-fn pid_alive(pid: u32) -> bool {
+pub(crate) fn pid_alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
         st.rfind(')')
             .and_then(|i| st.get(i + 2..i + 3))
@@ -473,13 +484,13 @@ fn wait_gone(pid: u32, timeout: Duration) -> anyhow::Result<()> {
 /// a flush of a file with writes not yet durable only once the server made them durable, and
 /// that server is the process being started (a deadlock of the harness, never of a deployment,
 /// where the server holds no files of a mount).
-struct Launcher {
+pub(crate) struct Launcher {
     shell: ChildGuard,
     pidfile: PathBuf,
 }
 
 impl Launcher {
-    fn start(dir: &Path) -> anyhow::Result<Launcher> {
+    pub(crate) fn start(dir: &Path) -> anyhow::Result<Launcher> {
         let pidfile = dir.join("launcher.pid");
         let shell = ChildGuard::spawn(
             Command::new("sh")
@@ -497,7 +508,7 @@ impl Launcher {
     }
 
     /// Starts `command` (its log appended to), returns its pid.
-    fn launch(&mut self, command: &ServeCommand) -> anyhow::Result<u32> {
+    pub(crate) fn launch(&mut self, command: &ServeCommand) -> anyhow::Result<u32> {
         let quote = |p: &Path| -> anyhow::Result<String> {
             let s = p.to_str().context("a non-UTF-8 path")?;
             if s.contains('\'') {
@@ -545,14 +556,14 @@ impl Launcher {
 }
 
 /// The command line of a `sanfs-mds serve` process the bench started.
-struct ServeCommand {
-    bin: PathBuf,
-    config: PathBuf,
-    log: PathBuf,
+pub(crate) struct ServeCommand {
+    pub(crate) bin: PathBuf,
+    pub(crate) config: PathBuf,
+    pub(crate) log: PathBuf,
 }
 
 impl ServeCommand {
-    fn spawn(&self) -> anyhow::Result<ChildGuard> {
+    pub(crate) fn spawn(&self) -> anyhow::Result<ChildGuard> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -644,6 +655,12 @@ pub struct Mount {
 impl Mount {
     /// Mounts `cluster` at `path` (which must exist).
     pub fn start(cluster: &BenchCluster, path: &Path) -> anyhow::Result<Mount> {
+        Mount::start_source(&cluster.addr.to_string(), &cluster.globs, path)
+    }
+
+    /// Mounts `source` (`host:port`, or several servers: `a:p,b:q`) at `path` (which must
+    /// exist); this node finds the LUNs at `globs`.
+    pub fn start_source(source: &str, globs: &[String], path: &Path) -> anyhow::Result<Mount> {
         let agent = sibling_binary("sanfs-agent").context(
             "sanfs-agent not found beside sanfs-bench or on PATH (build it: cargo build --release -p sanfs-client-agent)",
         )?;
@@ -654,12 +671,12 @@ impl Mount {
         let child = ChildGuard::spawn(
             Command::new(&agent)
                 .arg("mount")
-                .arg(cluster.addr.to_string())
+                .arg(source)
                 .arg(&path)
                 .arg("-o")
                 .arg(format!(
                     "devices={},client_name=sanfs-bench-mount",
-                    cluster.globs.join(":")
+                    globs.join(":")
                 ))
                 .arg("--foreground")
                 .env(

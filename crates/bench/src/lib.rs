@@ -25,6 +25,7 @@ pub mod cluster;
 pub mod env;
 pub mod everyday;
 pub mod exercise;
+pub mod failover;
 pub mod fig10;
 pub mod fig6;
 pub mod fig7;

@@ -91,7 +91,7 @@ struct Common {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Everything: latency, figures 6 to 10, metadata and the crossover, everyday I/O and
-    /// metadata through the mount, in one run.
+    /// metadata through the mount, and the failover rows (two HA servers on etcd), in one run.
     Run(Common),
     /// Figure 6: throughput vs I/O size (raw, fio, direct, mount, proxied, NFS).
     Fig6(Common),
@@ -136,6 +136,11 @@ enum Command {
     /// writers on a mount keep their files open; checks after each restart that every
     /// acknowledged write is there and counts the errors applications saw (all must be 0).
     ServerKill(ServerKillArgs),
+    /// Two high-availability sanfs-mds on a one-member etcd: kills the leader (or, with
+    /// --stop term, stops it: a rolling restart) round after round while writers on a mount
+    /// given both addresses keep their files open; reports the pause from the stop to the first
+    /// completed I/O (median, min, max) and checks, as server-kill does, that nothing was lost.
+    Failover(FailoverArgs),
     /// (internal) a process of the metadata-mount part.
     #[command(name = "__md-worker", hide = true)]
     MdWorker(sanfs_bench::mdmount::MdWorkerArgs),
@@ -196,12 +201,99 @@ struct ServerKillArgs {
     /// Longest a check waits for the writers before the run fails as hung, in seconds.
     #[arg(long, default_value_t = 180)]
     check_timeout: u64,
+    /// Stop the server with SIGTERM (a clean restart) instead of SIGKILL.
+    #[arg(long)]
+    term: bool,
     /// Also write the outcome as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
     /// No progress lines.
     #[arg(long)]
     no_progress: bool,
+}
+
+#[derive(Debug, Args)]
+struct FailoverArgs {
+    /// The seed of the random stream (default: random; always printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Leader stops (the report's figure is the median of them).
+    #[arg(long, default_value_t = 10)]
+    rounds: u64,
+    /// kill: SIGKILL (takeover after the etcd lease); term: SIGTERM (the leader resigns).
+    #[arg(long, value_enum, default_value_t = sanfs_bench::failover::StopHow::Kill)]
+    stop: sanfs_bench::failover::StopHow,
+    /// Writer threads, each with its own file (even: buffered, odd: O_DIRECT).
+    #[arg(long, default_value_t = 4)]
+    writers: usize,
+    /// Writes stay below this offset.
+    #[arg(long, default_value = "8M", value_parser = sanfs_bench::util::parse_size)]
+    max_size: u64,
+    /// Where the LUN files, etcd's data and the mount point go (not tmpfs: O_DIRECT).
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// Longest a check or a takeover waits before the run fails as hung, in seconds.
+    #[arg(long, default_value_t = 180)]
+    check_timeout: u64,
+    /// Also write the outcome as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// No progress lines.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+async fn failover_main(a: FailoverArgs) -> anyhow::Result<bool> {
+    use sanfs_bench::failover::{FailoverParams, run};
+    let seed = match a.seed {
+        Some(s) => s,
+        None => random_seed()?,
+    };
+    println!(
+        "failover: seed {seed}, {} rounds ({:?}), {} writers",
+        a.rounds, a.stop, a.writers
+    );
+    let out = run(&FailoverParams {
+        seed,
+        rounds: a.rounds,
+        stop: a.stop,
+        writers: a.writers.max(1),
+        max_file_size: a.max_size,
+        dir: a.dir,
+        check_timeout: Duration::from_secs(a.check_timeout),
+        progress: !a.no_progress,
+    })
+    .await?;
+    println!("{out}");
+    let errors: Vec<String> = out
+        .io
+        .errors
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    if !errors.is_empty() {
+        println!("failover: errors: {}", errors.join(", "));
+    }
+    for l in &out.io.lost {
+        println!("failover: lost: {l}");
+    }
+    if let Some(logs) = &out.logs {
+        println!("failover: the logs are kept in {}", logs.display());
+    }
+    println!(
+        "failover: seed {seed}: {} rounds in {:.0} s: {}",
+        out.io.rounds,
+        out.io.elapsed_s,
+        if out.clean() {
+            "no error, nothing lost"
+        } else {
+            "FAILED"
+        }
+    );
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&out)?)?;
+    }
+    Ok(out.clean())
 }
 
 async fn server_kill_main(a: ServerKillArgs) -> anyhow::Result<bool> {
@@ -221,6 +313,7 @@ async fn server_kill_main(a: ServerKillArgs) -> anyhow::Result<bool> {
         max_file_size: a.max_size,
         dir: a.dir,
         check_timeout: Duration::from_secs(a.check_timeout),
+        term: a.term,
         progress: !a.no_progress,
     })
     .await?;
@@ -404,6 +497,7 @@ fn main() -> ExitCode {
             // runtime of its own.
             Command::Exercise(a) => exercise_main(a),
             Command::ServerKill(a) => server_kill_main(a).await,
+            Command::Failover(a) => failover_main(a).await,
         }
     });
     match result {

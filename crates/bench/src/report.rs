@@ -78,6 +78,10 @@ pub struct Report {
     pub metadata: Option<MdFig>,
     pub everyday: Option<crate::everyday::Everyday>,
     pub metadata_mount: Option<crate::mdmount::MdMount>,
+    /// Failover of two HA servers: the kill -9 row, then the SIGTERM (rolling restart) row.
+    pub failover: Vec<crate::failover::FailoverOutcome>,
+    /// Why the failover rows were not measured (no root, no etcd, ...).
+    pub failover_skipped: Option<String>,
     pub goals: Vec<Goal>,
     /// Parts that failed, with their errors (the rest of the run went on).
     pub errors: Vec<String>,
@@ -465,6 +469,12 @@ impl std::fmt::Display for Report {
         }
         if let Some(x) = &self.metadata_mount {
             writeln!(f, "{x}")?;
+        }
+        for x in &self.failover {
+            writeln!(f, "{x}\n")?;
+        }
+        if let Some(why) = &self.failover_skipped {
+            writeln!(f, "Failover: skipped: {why}\n")?;
         }
         if !self.goals.is_empty() {
             writeln!(f, "Goals (issue 7)")?;

@@ -46,6 +46,8 @@ pub struct ServerKillParams {
     pub dir: PathBuf,
     /// Longest a check may wait for the writers (a hung mount fails the run, never hangs it).
     pub check_timeout: Duration,
+    /// SIGTERM (a clean restart) instead of SIGKILL.
+    pub term: bool,
     pub progress: bool,
 }
 
@@ -336,105 +338,35 @@ pub async fn run(p: &ServerKillParams) -> anyhow::Result<ServerKillOutcome> {
     let mnt = mnt_dir.path().join("mnt");
     std::fs::create_dir(&mnt)?;
     let mount = Mount::start(&cluster, &mnt)?;
-
-    let shared = Arc::new(Shared {
-        check: AtomicBool::new(false),
-        stop: AtomicBool::new(false),
-        writes_done: AtomicU64::new(0),
-        outcome: Mutex::new(ServerKillOutcome {
-            seed: p.seed,
-            ..ServerKillOutcome::default()
-        }),
-    });
-    // Writers meet the conductor at each check: arrive (stopped), then checked.
-    let stopped = Arc::new(Barrier::new(p.writers + 1));
-    let checked = Arc::new(Barrier::new(p.writers + 1));
-    let rounds_seen = Arc::new(AtomicU64::new(0));
-    let mut threads = Vec::new();
-    for index in 0..p.writers {
-        let mut w = Writer {
-            index,
-            path: mount.path.join(format!("w{index}")),
-            direct: index % 2 == 1,
-            file: None,
-            model: Vec::new(),
-            unsure: Vec::new(),
-            rng: Rng::new(p.seed ^ (index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
-            max: p.max_file_size.max(2 * MIB),
-        };
-        w.file = Some(
-            w.open(true)
-                .with_context(|| format!("create {}", w.path.display()))?,
-        );
-        let (shared, stopped, checked, rounds_seen) = (
-            Arc::clone(&shared),
-            Arc::clone(&stopped),
-            Arc::clone(&checked),
-            Arc::clone(&rounds_seen),
-        );
-        threads.push(std::thread::spawn(move || {
-            loop {
-                if shared.check.load(Ordering::SeqCst) || shared.stop.load(Ordering::SeqCst) {
-                    let last = shared.stop.load(Ordering::SeqCst);
-                    stopped.wait();
-                    w.check(&shared, rounds_seen.load(Ordering::SeqCst));
-                    checked.wait();
-                    if last {
-                        if let Some(f) = w.file.take() {
-                            drop(f);
-                        }
-                        return;
-                    }
-                    continue;
-                }
-                match w.rng.below(40) {
-                    0..=2 => w.fsync(&shared),
-                    3 => w.close_and_reopen(&shared),
-                    _ => {
-                        if !w.write_once(&shared) {
-                            // Lost its file: wait for the next check (which reports it).
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                    }
-                }
-            }
-        }));
-    }
+    let crew = Writers::start(&mount.path, p.seed, p.writers, p.max_file_size)?;
 
     let mut rng = Rng::new(p.seed);
     for round in 1..=p.rounds {
-        rounds_seen.store(round, Ordering::SeqCst);
+        crew.set_round(round);
         tokio::time::sleep(Duration::from_millis(300 + rng.below(1200))).await;
         let killed = Instant::now();
-        cluster.kill_server()?;
+        if p.term {
+            cluster.terminate_server()?;
+        } else {
+            cluster.kill_server()?;
+        }
         tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
-        let before = shared.writes_done.load(Ordering::SeqCst);
+        let before = crew.writes_done();
         let restarting = Instant::now();
         cluster.restart_server()?;
         let accepting = restarting.elapsed();
         // The pause: until a write completes after the restart (bounded).
-        let deadline = Instant::now() + p.check_timeout;
-        while shared.writes_done.load(Ordering::SeqCst) == before && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        crew.wait_write_after(before, p.check_timeout).await;
         let pause = killed.elapsed();
-        shared.with(|o| {
+        crew.shared.with(|o| {
             o.pauses_ms.push(pause.as_millis() as u64);
             o.rounds = round;
         });
         // Let them run a little on the new server, then check everything.
         tokio::time::sleep(Duration::from_millis(rng.below(500))).await;
-        let last = round == p.rounds;
-        if last {
-            shared.stop.store(true, Ordering::SeqCst);
-        } else {
-            shared.check.store(true, Ordering::SeqCst);
-        }
-        wait_barrier(&stopped, p.check_timeout, "the writers to stop for a check").await?;
-        shared.check.store(false, Ordering::SeqCst);
-        wait_barrier(&checked, p.check_timeout, "the writers' checks").await?;
+        crew.check(round == p.rounds, p.check_timeout).await?;
         if p.progress {
-            let o = shared.with(|o| o.clone());
+            let o = crew.outcome();
             eprintln!(
                 "server-kill: round {round}/{}: pause {} ms (server accepting after {} ms), {} writes, {} errors, {} short, {} lost",
                 p.rounds,
@@ -448,18 +380,155 @@ pub async fn run(p: &ServerKillParams) -> anyhow::Result<ServerKillOutcome> {
         }
     }
     if p.rounds == 0 {
-        shared.stop.store(true, Ordering::SeqCst);
-        wait_barrier(&stopped, p.check_timeout, "the writers to stop").await?;
-        wait_barrier(&checked, p.check_timeout, "the writers' checks").await?;
+        crew.check(true, p.check_timeout).await?;
     }
-    for t in threads {
-        let _ = t.join();
-    }
+    let mut out = crew.finish();
+    out.seed = p.seed;
     drop(mount);
     drop(cluster);
-    let mut out = shared.with(|o| o.clone());
     out.elapsed_s = started.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// The writer threads on a mount and the two barriers where they meet the conductor at each
+/// check (arrive stopped, then checked). The failover harness (`crate::failover`) uses the
+/// same crew.
+pub(crate) struct Writers {
+    shared: Arc<Shared>,
+    stopped: Arc<Barrier>,
+    checked: Arc<Barrier>,
+    rounds_seen: Arc<AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Writers {
+    /// Creates `writers` files in `dir` (even ones buffered, odd ones `O_DIRECT`) and starts a
+    /// thread writing each.
+    pub(crate) fn start(
+        dir: &std::path::Path,
+        seed: u64,
+        writers: usize,
+        max_file_size: u64,
+    ) -> anyhow::Result<Writers> {
+        let shared = Arc::new(Shared {
+            check: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            writes_done: AtomicU64::new(0),
+            outcome: Mutex::new(ServerKillOutcome {
+                seed,
+                ..ServerKillOutcome::default()
+            }),
+        });
+        let stopped = Arc::new(Barrier::new(writers + 1));
+        let checked = Arc::new(Barrier::new(writers + 1));
+        let rounds_seen = Arc::new(AtomicU64::new(0));
+        let mut crew = Writers {
+            shared,
+            stopped,
+            checked,
+            rounds_seen,
+            threads: Vec::new(),
+        };
+        for index in 0..writers {
+            let mut w = Writer {
+                index,
+                path: dir.join(format!("w{index}")),
+                direct: index % 2 == 1,
+                file: None,
+                model: Vec::new(),
+                unsure: Vec::new(),
+                rng: Rng::new(seed ^ (index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                max: max_file_size.max(2 * MIB),
+            };
+            w.file = Some(
+                w.open(true)
+                    .with_context(|| format!("create {}", w.path.display()))?,
+            );
+            let (shared, stopped, checked, rounds_seen) = (
+                Arc::clone(&crew.shared),
+                Arc::clone(&crew.stopped),
+                Arc::clone(&crew.checked),
+                Arc::clone(&crew.rounds_seen),
+            );
+            crew.threads.push(std::thread::spawn(move || {
+                loop {
+                    if shared.check.load(Ordering::SeqCst) || shared.stop.load(Ordering::SeqCst) {
+                        let last = shared.stop.load(Ordering::SeqCst);
+                        stopped.wait();
+                        w.check(&shared, rounds_seen.load(Ordering::SeqCst));
+                        checked.wait();
+                        if last {
+                            if let Some(f) = w.file.take() {
+                                drop(f);
+                            }
+                            return;
+                        }
+                        continue;
+                    }
+                    match w.rng.below(40) {
+                        0..=2 => w.fsync(&shared),
+                        3 => w.close_and_reopen(&shared),
+                        _ => {
+                            if !w.write_once(&shared) {
+                                // Lost its file: wait for the next check (which reports it).
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                        }
+                    }
+                }
+            }));
+        }
+        Ok(crew)
+    }
+
+    /// The round the checks report.
+    pub(crate) fn set_round(&self, round: u64) {
+        self.rounds_seen.store(round, Ordering::SeqCst);
+    }
+
+    /// Writes completed so far.
+    pub(crate) fn writes_done(&self) -> u64 {
+        self.shared.writes_done.load(Ordering::SeqCst)
+    }
+
+    /// Waits until more than `before` writes completed, at most `timeout`.
+    pub(crate) async fn wait_write_after(&self, before: u64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.writes_done() == before && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Counts a failed call of someone else on the mount (the failover probe) with the rest.
+    pub(crate) fn error(&self, call: &str, e: &std::io::Error) {
+        self.shared.error(call, e);
+    }
+
+    /// Stops every writer for a check (fsync, read back, compare) and lets them go on, or,
+    /// when `last`, end.
+    pub(crate) async fn check(&self, last: bool, timeout: Duration) -> anyhow::Result<()> {
+        if last {
+            self.shared.stop.store(true, Ordering::SeqCst);
+        } else {
+            self.shared.check.store(true, Ordering::SeqCst);
+        }
+        wait_barrier(&self.stopped, timeout, "the writers to stop for a check").await?;
+        self.shared.check.store(false, Ordering::SeqCst);
+        wait_barrier(&self.checked, timeout, "the writers' checks").await
+    }
+
+    /// What the applications saw so far.
+    pub(crate) fn outcome(&self) -> ServerKillOutcome {
+        self.shared.with(|o| o.clone())
+    }
+
+    /// Joins the threads (after the last check) and returns the outcome.
+    pub(crate) fn finish(self) -> ServerKillOutcome {
+        for t in self.threads {
+            let _ = t.join();
+        }
+        self.shared.with(|o| o.clone())
+    }
 }
 
 /// Waits for `barrier` on a blocking thread, at most `timeout` (a hung mount fails the run).

@@ -23,10 +23,13 @@ pub enum Part {
     Everyday,
     /// Metadata operations through the mount, with ext4 and MooseFS (issue 19).
     MetadataMount,
+    /// Two HA servers on etcd: the pause from a stop of the leader to the first completed I/O
+    /// (issue 21).
+    Failover,
 }
 
 /// Everything `sanfs-bench run` measures, in order.
-pub const ALL: [Part; 8] = [
+pub const ALL: [Part; 9] = [
     Part::Latency,
     Part::Fig6,
     Part::Fig7,
@@ -35,6 +38,7 @@ pub const ALL: [Part; 8] = [
     Part::Metadata,
     Part::Everyday,
     Part::MetadataMount,
+    Part::Failover,
 ];
 
 pub async fn run(env: &Env, parts: &[Part], command: String) -> Report {
@@ -91,6 +95,7 @@ pub async fn run(env: &Env, parts: &[Part], command: String) -> Report {
                 missing_peers("MetadataMount", &f.skipped, &mut report);
                 report.metadata_mount = Some(f);
             }),
+            Part::Failover => failover(env, &mut report).await,
             Part::Fig7 => crate::fig7::run_fig7(env)
                 .await
                 .map(|f| report.fig7 = Some(f)),
@@ -126,6 +131,49 @@ fn missing_peers(part: &str, skipped: &[String], report: &mut Report) {
             ));
         }
     }
+}
+
+/// The failover rows: kill -9 of the leader (10 rounds; quick 5, smoke 1), then SIGTERM, a
+/// rolling restart (5; quick 3; not in the smoke run: it still loses an O_DIRECT write now
+/// and then, docs/performance.md "Failover"). Skipped (a failure under
+/// `SANFS_REQUIRE_ROOT=1`) without root, etcd or the sanfs-mds and sanfs-agent binaries.
+async fn failover(env: &Env, report: &mut Report) -> anyhow::Result<()> {
+    use crate::failover::{FailoverParams, StopHow, unavailable};
+    if env.existing.is_some() {
+        return Ok(());
+    }
+    if let Some(why) = unavailable() {
+        report.failover_skipped = Some(why.clone());
+        missing_peers("Failover", &[why], report);
+        return Ok(());
+    }
+    for (stop, rounds) in [
+        (StopHow::Kill, env.pick(10, 5, 1)),
+        (StopHow::Term, env.pick(5, 3, 0)),
+    ] {
+        if rounds == 0 {
+            continue;
+        }
+        let out = crate::failover::run(&FailoverParams {
+            seed: 0x5a4f_0021 + rounds,
+            rounds,
+            stop,
+            writers: 4,
+            max_file_size: 8 * MIB,
+            dir: env.work.clone(),
+            check_timeout: std::time::Duration::from_secs(180),
+            progress: env.progress,
+        })
+        .await?;
+        if !out.clean() {
+            report.errors.push(format!(
+                "Failover ({stop:?}): the applications saw errors {:?}, short writes {}, lost {:?}",
+                out.io.errors, out.io.short_writes, out.io.lost
+            ));
+        }
+        report.failover.push(out);
+    }
+    Ok(())
 }
 
 async fn latency(env: &Env, report: &mut Report) -> anyhow::Result<()> {

@@ -39,6 +39,7 @@ fn run_smoke_writes_tables_json_and_plots() {
         "Crossover",
         "Everyday I/O through the mount",
         "Metadata through the mount",
+        "Failover",
     ] {
         assert!(stdout.contains(table), "no {table} table in:\n{stdout}");
     }
@@ -60,6 +61,32 @@ fn run_smoke_writes_tables_json_and_plots() {
     let png = std::fs::read(plots.join("fig6-read.png")).unwrap();
     assert_eq!(&png[1..4], b"PNG");
     check_mount_parts(&v, &plots);
+    check_failover(&v);
+}
+
+/// The failover row (as root, with etcd): one kill -9 round, its pause measured and nothing
+/// seen by the applications.
+fn check_failover(v: &serde_json::Value) {
+    if let Some(why) = sanfs_bench::failover::unavailable() {
+        assert!(!sanfs_testcluster::required(), "failover: {why}");
+        assert!(
+            v["failover_skipped"].is_string(),
+            "{}",
+            v["failover_skipped"]
+        );
+        return;
+    }
+    let rows = v["failover"].as_array().expect("failover rows");
+    let stops: Vec<&str> = rows.iter().filter_map(|r| r["stop"].as_str()).collect();
+    assert_eq!(stops, ["kill"]);
+    for r in rows {
+        let pauses = r["io_pauses_ms"].as_array().expect("pauses");
+        assert_eq!(pauses.len(), 1, "{r}");
+        assert!(pauses[0].as_u64() > Some(0), "{r}");
+        assert!(r["io"]["writes"].as_u64() > Some(0), "{r}");
+        assert_eq!(r["io"]["errors"], serde_json::json!({}), "{r}");
+        assert_eq!(r["io"]["lost"], serde_json::json!([]), "{r}");
+    }
 }
 
 /// The everyday and metadata-mount parts measured sanfs and its peers (as root; MooseFS
