@@ -134,8 +134,7 @@ fn missing_peers(part: &str, skipped: &[String], report: &mut Report) {
 }
 
 /// The failover rows: kill -9 of the leader (10 rounds; quick 5, smoke 1), then SIGTERM, a
-/// rolling restart (5; quick 3; not in the smoke run: it still loses an O_DIRECT write now
-/// and then, docs/performance.md "Failover"). Skipped (a failure under
+/// rolling restart (5; quick 3; smoke 1). Skipped (a failure under
 /// `SANFS_REQUIRE_ROOT=1`) without root, etcd or the sanfs-mds and sanfs-agent binaries.
 async fn failover(env: &Env, report: &mut Report) -> anyhow::Result<()> {
     use crate::failover::{FailoverParams, StopHow, unavailable};
@@ -149,7 +148,7 @@ async fn failover(env: &Env, report: &mut Report) -> anyhow::Result<()> {
     }
     for (stop, rounds) in [
         (StopHow::Kill, env.pick(10, 5, 1)),
-        (StopHow::Term, env.pick(5, 3, 0)),
+        (StopHow::Term, env.pick(5, 3, 1)),
     ] {
         if rounds == 0 {
             continue;

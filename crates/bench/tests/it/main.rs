@@ -64,8 +64,8 @@ fn run_smoke_writes_tables_json_and_plots() {
     check_failover(&v);
 }
 
-/// The failover row (as root, with etcd): one kill -9 round, its pause measured and nothing
-/// seen by the applications.
+/// The failover rows (as root, with etcd): one kill -9 round and one SIGTERM round, each
+/// pause measured and nothing seen by the applications.
 fn check_failover(v: &serde_json::Value) {
     if let Some(why) = sanfs_bench::failover::unavailable() {
         assert!(!sanfs_testcluster::required(), "failover: {why}");
@@ -78,7 +78,7 @@ fn check_failover(v: &serde_json::Value) {
     }
     let rows = v["failover"].as_array().expect("failover rows");
     let stops: Vec<&str> = rows.iter().filter_map(|r| r["stop"].as_str()).collect();
-    assert_eq!(stops, ["kill"]);
+    assert_eq!(stops, ["kill", "term"]);
     for r in rows {
         let pauses = r["io_pauses_ms"].as_array().expect("pauses");
         assert_eq!(pauses.len(), 1, "{r}");
