@@ -655,12 +655,18 @@ pub struct Mount {
 impl Mount {
     /// Mounts `cluster` at `path` (which must exist).
     pub fn start(cluster: &BenchCluster, path: &Path) -> anyhow::Result<Mount> {
-        Mount::start_source(&cluster.addr.to_string(), &cluster.globs, path)
+        Mount::start_source(&cluster.addr.to_string(), &cluster.globs, path, "")
     }
 
     /// Mounts `source` (`host:port`, or several servers: `a:p,b:q`) at `path` (which must
     /// exist); this node finds the LUNs at `globs`.
-    pub fn start_source(source: &str, globs: &[String], path: &Path) -> anyhow::Result<Mount> {
+    /// `extra`: more `-o` options (`attr_ttl=0,entry_ttl=0`), or "".
+    pub fn start_source(
+        source: &str,
+        globs: &[String],
+        path: &Path,
+        extra: &str,
+    ) -> anyhow::Result<Mount> {
         let agent = sibling_binary("sanfs-agent").context(
             "sanfs-agent not found beside sanfs-bench or on PATH (build it: cargo build --release -p sanfs-client-agent)",
         )?;
@@ -675,8 +681,9 @@ impl Mount {
                 .arg(&path)
                 .arg("-o")
                 .arg(format!(
-                    "devices={},client_name=sanfs-bench-mount",
-                    globs.join(":")
+                    "devices={},client_name=sanfs-bench-mount{}{extra}",
+                    globs.join(":"),
+                    if extra.is_empty() { "" } else { "," }
                 ))
                 .arg("--foreground")
                 .env(

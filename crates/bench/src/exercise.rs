@@ -71,6 +71,9 @@ pub struct ExerciseParams {
     pub tail: usize,
     /// Progress lines on stderr every 10%.
     pub progress: bool,
+    /// Ends the run early (between two operations) once set: `sanfs-bench failover` runs
+    /// the exerciser until its rounds are done.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// How a run ended.
@@ -1141,6 +1144,13 @@ fn exercise(
     let mut done = 0;
     let step = (params.ops / 10).max(1);
     for index in 0..params.ops {
+        if params
+            .stop
+            .as_ref()
+            .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
+        {
+            break;
+        }
         let op = ex.generate();
         let desc = ex.describe(&op);
         *ex.counts.entry(op.kind()).or_default() += 1;

@@ -59,6 +59,9 @@ pub struct FailoverParams {
     /// Longest a check (or a takeover) may take before the run fails as hung.
     pub check_timeout: Duration,
     pub progress: bool,
+    /// Also run the model-based exerciser (`sanfs-bench exercise`) on two more mounts (strict
+    /// TTLs) for the whole run, at most this many operations (0: not at all).
+    pub exercise_ops: u64,
 }
 
 /// What was measured, and what the applications saw.
@@ -77,12 +80,16 @@ pub struct FailoverOutcome {
     pub probes: u64,
     /// Where the servers', etcd's and the agent's logs were kept (a run that was not clean).
     pub logs: Option<PathBuf>,
+    /// Operations the exerciser ran across the takeovers (0: it did not run).
+    pub exercise_ops: u64,
+    /// The exerciser's first mismatch, if any (the run is then not clean).
+    pub exercise_mismatch: Option<String>,
 }
 
 impl FailoverOutcome {
     /// Whether the run kept the contract: no error, no short write, nothing lost.
     pub fn clean(&self) -> bool {
-        self.io.clean()
+        self.io.clean() && self.exercise_mismatch.is_none()
     }
 
     /// The report's row: median, min and max of the I/O pauses (ms).
@@ -127,7 +134,19 @@ impl std::fmt::Display for FailoverOutcome {
             self.probes,
             self.io.short_writes,
             self.io.lost.len()
-        )
+        )?;
+        if self.exercise_ops > 0 || self.exercise_mismatch.is_some() {
+            write!(
+                f,
+                "\n  exerciser on two more mounts across the takeovers: {} operations, {}",
+                self.exercise_ops,
+                match &self.exercise_mismatch {
+                    None => "0 mismatches".to_owned(),
+                    Some(m) => format!("MISMATCH:\n{m}"),
+                }
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -476,6 +495,15 @@ fn keep_logs(p: &FailoverParams, cluster: &HaCluster, mount: &Mount) -> anyhow::
             c.command.log.clone(),
         ));
     }
+    // The exerciser's two agents, when it ran.
+    if let Some(parent) = mount.path.parent() {
+        for name in ["ex-a", "ex-b"] {
+            let log = parent.join(name).with_extension("agent.log");
+            if log.exists() {
+                logs.push((format!("{name}.agent.log"), log));
+            }
+        }
+    }
     for (name, from) in logs {
         std::fs::copy(&from, dir.join(&name))
             .with_context(|| format!("copy {}", from.display()))?;
@@ -495,6 +523,70 @@ fn next_rand(state: &mut u64, below: u64) -> u64 {
 
 /// Runs the harness; an `Err` is a failure of the harness itself (set-up, a hung mount, no
 /// takeover).
+/// The exerciser on two mounts of its own (both addresses, strict TTLs), in a thread, until
+/// [`Exerciser::finish`].
+struct Exerciser {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<crate::exercise::Outcome>>>,
+    /// Kept until the run's logs are (their agents' logs go with them).
+    _mounts: [Mount; 2],
+}
+
+impl Exerciser {
+    fn start(
+        p: &FailoverParams,
+        cluster: &HaCluster,
+        dir: &Path,
+    ) -> anyhow::Result<Option<Exerciser>> {
+        if p.exercise_ops == 0 {
+            return Ok(None);
+        }
+        let mut mounts = Vec::new();
+        for name in ["ex-a", "ex-b"] {
+            let path = dir.join(name);
+            std::fs::create_dir(&path)?;
+            mounts.push(Mount::start_source(
+                &cluster.source(),
+                &cluster.globs,
+                &path,
+                "attr_ttl=0,entry_ttl=0",
+            )?);
+        }
+        let [a, b]: [Mount; 2] = mounts
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("two mounts"))?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let params = crate::exercise::ExerciseParams {
+            seed: p.seed,
+            ops: p.exercise_ops,
+            files: 6,
+            max_file_size: 6 * MIB,
+            mounts: Some([a.path.clone(), b.path.clone()]),
+            net: crate::exercise::NetMode::Loopback,
+            dir: dir.to_path_buf(),
+            tail: 30,
+            progress: false,
+            stop: Some(Arc::clone(&stop)),
+        };
+        let thread = std::thread::spawn(move || crate::exercise::run(&params));
+        Ok(Some(Exerciser {
+            stop,
+            thread: Some(thread),
+            _mounts: [a, b],
+        }))
+    }
+
+    /// Stops it (at its next operation boundary) and returns what it saw.
+    fn finish(&mut self) -> anyhow::Result<crate::exercise::Outcome> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("the exerciser was finished already"))?
+            .join()
+            .map_err(|_| anyhow::anyhow!("the exerciser thread panicked"))?
+    }
+}
+
 pub async fn run(p: &FailoverParams) -> anyhow::Result<FailoverOutcome> {
     let started = Instant::now();
     std::fs::create_dir_all(&p.dir).with_context(|| format!("create {}", p.dir.display()))?;
@@ -504,7 +596,7 @@ pub async fn run(p: &FailoverParams) -> anyhow::Result<FailoverOutcome> {
         .tempdir_in(&p.dir)?;
     let mnt = mnt_dir.path().join("mnt");
     std::fs::create_dir(&mnt)?;
-    let mount = Mount::start_source(&cluster.source(), &cluster.globs, &mnt)?;
+    let mount = Mount::start_source(&cluster.source(), &cluster.globs, &mnt, "")?;
     let crew = Arc::new(Writers::start(
         &mount.path,
         p.seed,
@@ -512,6 +604,7 @@ pub async fn run(p: &FailoverParams) -> anyhow::Result<FailoverOutcome> {
         p.max_file_size,
     )?);
     let probe = Probe::start(mount.path.join("probe"), Arc::clone(&crew))?;
+    let mut exerciser = Exerciser::start(p, &cluster, mnt_dir.path())?;
 
     let mut out = FailoverOutcome {
         stop: p.stop,
@@ -571,6 +664,22 @@ pub async fn run(p: &FailoverParams) -> anyhow::Result<FailoverOutcome> {
     if p.rounds == 0 {
         crew.check(true, p.check_timeout).await?;
     }
+    if let Some(ex) = exerciser.as_mut() {
+        let ran = ex.finish()?;
+        out.exercise_ops = ran.ops_done;
+        out.exercise_mismatch = ran.mismatch;
+        if p.progress {
+            eprintln!(
+                "failover: exerciser: {} operations, {}",
+                ran.ops_done,
+                if out.exercise_mismatch.is_some() {
+                    "MISMATCH"
+                } else {
+                    "0 mismatches"
+                }
+            );
+        }
+    }
     out.probes = probe.finish();
     let crew =
         Arc::try_unwrap(crew).map_err(|_| anyhow::anyhow!("the probe still holds the writers"))?;
@@ -580,6 +689,7 @@ pub async fn run(p: &FailoverParams) -> anyhow::Result<FailoverOutcome> {
     if !out.clean() {
         out.logs = Some(keep_logs(p, &cluster, &mount)?);
     }
+    drop(exerciser);
     drop(mount);
     drop(cluster);
     out.io.elapsed_s = started.elapsed().as_secs_f64();

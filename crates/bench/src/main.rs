@@ -235,6 +235,10 @@ struct FailoverArgs {
     /// Longest a check or a takeover waits before the run fails as hung, in seconds.
     #[arg(long, default_value_t = 180)]
     check_timeout: u64,
+    /// Also run the model-based exerciser on two more mounts through every takeover, at most
+    /// this many operations (it stops when the rounds are done; 0: not at all).
+    #[arg(long, default_value_t = 0)]
+    exercise_ops: u64,
     /// Also write the outcome as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -262,6 +266,7 @@ async fn failover_main(a: FailoverArgs) -> anyhow::Result<bool> {
         dir: a.dir,
         check_timeout: Duration::from_secs(a.check_timeout),
         progress: !a.no_progress,
+        exercise_ops: a.exercise_ops,
     })
     .await?;
     println!("{out}");
@@ -359,6 +364,7 @@ fn exercise_main(a: ExerciseArgs) -> anyhow::Result<bool> {
         dir: a.dir,
         tail: a.tail,
         progress: !a.no_progress,
+        stop: None,
     };
     println!(
         "exercise: seed {seed}, {} ops, {} files up to {} bytes",

@@ -162,6 +162,7 @@ async fn failover(env: &Env, report: &mut Report) -> anyhow::Result<()> {
             dir: env.work.clone(),
             check_timeout: std::time::Duration::from_secs(180),
             progress: env.progress,
+            exercise_ops: 0,
         })
         .await?;
         if !out.clean() {

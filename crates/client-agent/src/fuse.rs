@@ -352,10 +352,13 @@ impl State {
         flags: OpenFlags,
         raw_flags: i32,
         handle: FileHandle,
+        cred: &Credentials,
     ) -> fuser::FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let open = Arc::new(OpenFile::new(ino, flags, handle, cred));
+        self.client.track_open_file(&open);
         let file = Arc::new(FuseFile {
-            file: Arc::new(OpenFile::new(ino, flags, handle)),
+            file: open,
             sync: sync_of(raw_flags),
             direct: raw_flags & libc::O_DIRECT != 0,
         });
@@ -788,7 +791,7 @@ impl fuser::Filesystem for SanFs {
             let ino = st.ino(ino);
             match st.client.open(&cred, ino, flags).await {
                 Ok((handle, _)) => {
-                    let fh = st.insert(ino, flags, raw, handle);
+                    let fh = st.insert(ino, flags, raw, handle, &cred);
                     reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO);
                 }
                 Err(e) => reply.error(errno(&e)),
@@ -1372,7 +1375,7 @@ impl fuser::Filesystem for SanFs {
                 .await
             {
                 Ok(c) => {
-                    let fh = st.insert(c.attr.ino, open, flags, c.handle);
+                    let fh = st.insert(c.attr.ino, open, flags, c.handle, &cred);
                     reply.created(
                         &st.options.entry_ttl,
                         &st.attr(&c.attr),

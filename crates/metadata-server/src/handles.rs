@@ -56,4 +56,17 @@ impl Handles {
     pub fn is_open(&self, ino: u64) -> bool {
         self.open_count.contains_key(&ino)
     }
+
+    /// The sessions holding a handle on `ino` (each once).
+    pub fn sessions_of(&self, ino: u64) -> Vec<u64> {
+        let mut s: Vec<u64> = self
+            .by_handle
+            .values()
+            .filter(|f| f.ino == ino)
+            .map(|f| f.session)
+            .collect();
+        s.sort_unstable();
+        s.dedup();
+        s
+    }
 }

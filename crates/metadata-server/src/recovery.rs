@@ -1,5 +1,6 @@
 //! The recovery of a start that frees space, run after the store is open: inodes unlinked
-//! while open are reaped (no handle survives a restart), and speculative preallocations are
+//! while open are reaped unless an agent opened them again in the reclaim window (a handle
+//! of the last run does not survive; its agent reopens the file), and speculative preallocations are
 //! trimmed past their files' ends. It is namespace and file-space work over the store, so it
 //! lives above them; `store/` only opens the tables.
 //!
@@ -51,12 +52,18 @@ fn reap_orphans(store: &Store) -> Result<(), StoreError> {
         })
         .map_err(|e| StoreError::Corrupt(e.to_string()))?;
     for ino in orphans {
+        // An agent that held it open has opened it again in the reclaim window: it lives on
+        // until that handle's release.
+        if store.handles().is_open(ino) {
+            tracing::info!(ino, "an inode unlinked while open is open again: kept");
+            continue;
+        }
         tracing::info!(
             ino,
             "reaping an inode unlinked while open before the last stop"
         );
         store
-            .write_blocking(move |ctx| crate::ns::destroy_inode(ctx, InodeId(ino)))
+            .write_blocking(move |ctx| crate::ns::release_orphan(ctx, InodeId(ino)))
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
     }
     Ok(())

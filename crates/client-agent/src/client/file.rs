@@ -29,6 +29,8 @@ pub fn is_stale(e: &FsError) -> bool {
 pub struct OpenFile {
     ino: InodeId,
     flags: OpenFlags,
+    /// Whose open it is: a re-open is made with the same credentials.
+    cred: Credentials,
     handle: Mutex<FileHandle>,
     /// Serialises re-opens, and whatever else a caller needs done one at a time per file.
     serial: tokio::sync::Mutex<()>,
@@ -69,14 +71,15 @@ macro_rules! retrying {
 pub(crate) use retrying;
 
 impl OpenFile {
-    /// Wraps a handle `open` returned for `ino` with `flags`.
-    pub fn new(ino: InodeId, flags: OpenFlags, handle: FileHandle) -> OpenFile {
+    /// Wraps a handle `open` returned for `ino` with `flags`, opened with `cred`.
+    pub fn new(ino: InodeId, flags: OpenFlags, handle: FileHandle, cred: &Credentials) -> OpenFile {
         OpenFile {
             ino,
             flags: OpenFlags {
                 truncate: false,
                 ..flags
             },
+            cred: cred.clone(),
             handle: Mutex::new(handle),
             serial: tokio::sync::Mutex::new(()),
             appends: tokio::sync::Mutex::new(()),
@@ -90,6 +93,22 @@ impl OpenFile {
     /// The flags it is (re-)opened with (`truncate` cleared).
     pub fn flags(&self) -> OpenFlags {
         self.flags
+    }
+
+    /// The credentials it was opened with.
+    pub fn cred(&self) -> &Credentials {
+        &self.cred
+    }
+
+    /// Puts `new` in place of `old` (the reclaim's re-open, `session::reopen_files`); false
+    /// when the handle is not `old` any more (a caller re-opened it already).
+    pub(crate) fn replace_handle(&self, old: FileHandle, new: FileHandle) -> bool {
+        let mut h = self.handle.lock().unwrap_or_else(|e| e.into_inner());
+        if *h != old {
+            return false;
+        }
+        *h = new;
+        true
     }
 
     /// The handle to use now.
@@ -198,6 +217,20 @@ impl OpenFile {
 }
 
 impl Client {
+    /// Notes `file` among this agent's open files: after a server restart or takeover it is
+    /// opened again in the reclaim window, before the agent says its reclaim is complete
+    /// (so that a file unlinked while open survives the restart). The FUSE mount notes
+    /// every open file; the note goes when the last `Arc` does.
+    pub fn track_open_file(&self, file: &std::sync::Arc<OpenFile>) {
+        let mut files = self
+            .inner
+            .open_files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        files.retain(|w| w.strong_count() > 0);
+        files.push(std::sync::Arc::downgrade(file));
+    }
+
     /// Opens `ino` as an [`OpenFile`] (re-opened by itself after a session change).
     pub async fn open_file(
         &self,
@@ -206,6 +239,6 @@ impl Client {
         flags: OpenFlags,
     ) -> Result<OpenFile, FsError> {
         let (handle, _) = self.open(cred, ino, flags).await?;
-        Ok(OpenFile::new(ino, flags, handle))
+        Ok(OpenFile::new(ino, flags, handle, cred))
     }
 }

@@ -354,6 +354,8 @@ pub(crate) struct Inner {
     /// an inode (without a recall) when the session closes its last handle there, so the
     /// cached read grants of that inode must leave the cache before that release.
     open_handles: Mutex<HashMap<(SessionId, OpenHandle), InodeId>>,
+    /// The open files to open again in a reclaim window ([`Client::track_open_file`]).
+    pub(crate) open_files: Mutex<Vec<std::sync::Weak<file::OpenFile>>>,
     counters: Counters,
     /// Device I/O batches in flight, and a wake-up when one ends.
     device_in_flight: AtomicU64,
@@ -668,6 +670,7 @@ impl Client {
             unsynced: Mutex::new(unsynced::Unsynced::default()),
             writeback: writeback::WriteBack::new(writeback_config),
             open_handles: Mutex::new(HashMap::new()),
+            open_files: Mutex::new(Vec::new()),
         });
         bump(&inner.counters.sessions);
         tracing::info!(session = %opened.session, epoch = %opened.epoch, engine = inner.engine.name(), "session opened");

@@ -30,8 +30,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use sanfs_proto::model::{
-    ClientEvent, MAX_REPLAY_RECORDS, OpenSessionReply, ReplayOutcome, ReplayWritesReply,
-    ReplayWritesRequest, ServerEvent, SessionEndReason, SessionRef,
+    ClientEvent, MAX_REPLAY_RECORDS, OpenReply, OpenRequest, OpenSessionReply, ReplayOutcome,
+    ReplayWritesReply, ReplayWritesRequest, ServerEvent, SessionEndReason, SessionRef,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::session_client::SessionClient;
@@ -256,6 +256,7 @@ async fn replay(
     reply: &OpenSessionReply,
     previous: SessionId,
 ) -> Result<(), FsError> {
+    reopen_files(inner, reply).await;
     let records = inner.lock_unsynced().to_replay(reply.epoch);
     if !records.is_empty() {
         tracing::info!(
@@ -310,6 +311,58 @@ async fn replay(
         }
     }
     Ok(())
+}
+
+/// Opens every open file of this agent again under the new session `reply`, in the reclaim
+/// window (before the agent says its reclaim is complete): the server reaps a file unlinked
+/// while open after the window unless one of its holders opened it again (docs/protocol.md,
+/// "Reclaim"). A file that cannot be opened again keeps its stale handle: its next call
+/// re-opens it the usual way and answers what that gives.
+async fn reopen_files(inner: &Inner, reply: &OpenSessionReply) {
+    let files: Vec<Arc<super::OpenFile>> = {
+        let mut all = inner.open_files.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        all.iter().filter_map(std::sync::Weak::upgrade).collect()
+    };
+    let mut reopened = 0usize;
+    for file in files {
+        let stale = file.current();
+        if stale.session == reply.session {
+            continue;
+        }
+        let req = pb::OpenRequest::from(OpenRequest {
+            cred: file.cred().clone(),
+            session: reply.session,
+            inode: file.ino(),
+            flags: file.flags(),
+        });
+        let answer = tokio::time::timeout(Duration::from_secs(10), inner.ns().open(req)).await;
+        let opened = match answer {
+            Ok(Ok(r)) => {
+                OpenReply::try_from(r.into_inner()).map_err(|e| malformed("Open reply", e))
+            }
+            Ok(Err(s)) => Err(fs_error_from_status(&s)),
+            Err(_) => Err(FsError::Io("Open timed out after 10 s".to_owned())),
+        };
+        match opened {
+            Ok(r) => {
+                let handle = super::FileHandle {
+                    session: reply.session,
+                    handle: r.handle,
+                };
+                inner.note_open(&handle, file.ino());
+                if file.replace_handle(stale, handle) {
+                    reopened += 1;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(ino = %file.ino(), error = %e, "could not open a file again under the new session");
+            }
+        }
+    }
+    if reopened > 0 {
+        tracing::info!(files = reopened, session = %reply.session, "open files opened again under the new session");
+    }
 }
 
 /// Opens a new session (retrying with backoff) and makes it current.

@@ -35,18 +35,26 @@ pub fn destroy_inode(ctx: &mut Ctx<'_>, ino: InodeId) -> Result<(), OpError> {
 }
 
 /// Inodes whose last link went in this change: destroyed now, or kept as orphans while open.
+/// The sessions holding an orphan open are recorded (the `sessions` table, in this same
+/// transaction): after a restart the reclaim window waits for their agents, which open the
+/// file again under their new sessions before the recovery reaps orphans nobody holds
+/// (`crate::reclaim`).
 pub(super) fn dispose(ctx: &mut Ctx<'_>, unlinked: Vec<InodeId>) -> Result<(), OpError> {
     for ino in unlinked {
-        let open = ctx
+        let holders = ctx
             .st
             .handles
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .is_open(ino.0);
-        if open {
-            ctx.orphans.insert(ino.0, ())?;
-        } else {
+            .sessions_of(ino.0);
+        if holders.is_empty() {
             destroy_inode(ctx, ino)?;
+        } else {
+            ctx.orphans.insert(ino.0, ())?;
+            let epoch = ctx.boot_epoch()?;
+            for session in holders {
+                ctx.sessions.insert(session, epoch)?;
+            }
         }
     }
     Ok(())

@@ -102,6 +102,11 @@ impl Shared {
 }
 
 impl Ctx<'_> {
+    /// This run's epoch (the durable counter bumped at every start).
+    pub fn boot_epoch(&self) -> Result<u64, OpError> {
+        Ok(self.counters.get(KEY_BOOT_EPOCH)?.map_or(0, |v| v.value()))
+    }
+
     /// A fresh inode number and generation, persisted in this transaction.
     pub fn new_inode_number(&mut self) -> Result<(u64, u64), OpError> {
         let ino = self.st.next_inode;
