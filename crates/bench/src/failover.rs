@@ -84,12 +84,15 @@ pub struct FailoverOutcome {
     pub exercise_ops: u64,
     /// The exerciser's first mismatch, if any (the run is then not clean).
     pub exercise_mismatch: Option<String>,
+    /// `sanfs-mds fsck` of the metadata LUN after the run (both servers stopped), when it was
+    /// not clean: its report (the run is then not clean).
+    pub fsck_problems: Option<String>,
 }
 
 impl FailoverOutcome {
     /// Whether the run kept the contract: no error, no short write, nothing lost.
     pub fn clean(&self) -> bool {
-        self.io.clean() && self.exercise_mismatch.is_none()
+        self.io.clean() && self.exercise_mismatch.is_none() && self.fsck_problems.is_none()
     }
 
     /// The report's row: median, min and max of the I/O pauses (ms).
@@ -135,6 +138,16 @@ impl std::fmt::Display for FailoverOutcome {
             self.io.short_writes,
             self.io.lost.len()
         )?;
+        match &self.fsck_problems {
+            None => write!(
+                f,
+                "\n  sanfs-mds fsck of the metadata LUN after the run: clean"
+            )?,
+            Some(r) => write!(
+                f,
+                "\n  sanfs-mds fsck of the metadata LUN after the run: NOT CLEAN\n{r}"
+            )?,
+        }
         if self.exercise_ops > 0 || self.exercise_mismatch.is_some() {
             write!(
                 f,
@@ -185,6 +198,26 @@ fn toml_str(p: &Path) -> String {
 }
 
 impl HaCluster {
+    /// Stops both candidates (SIGTERM: the leader resigns, the other leads and then stops
+    /// too) and runs `sanfs-mds fsck` on the metadata LUN: whether it is clean, and its report.
+    fn stop_and_fsck(&mut self) -> anyhow::Result<(bool, String)> {
+        for c in &mut self.candidates {
+            c.process.terminate();
+        }
+        let out = Command::new(&self.mds)
+            .arg("fsck")
+            .arg("--config")
+            .arg(&self.candidates[0].command.config)
+            .output()
+            .context("run sanfs-mds fsck")?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok((out.status.success(), text))
+    }
+
     /// Builds the LUNs and etcd in a fresh directory under `work`, formats the file system
     /// and starts two candidates; the first one leads.
     pub fn start(work: &Path) -> anyhow::Result<HaCluster> {
@@ -686,6 +719,10 @@ pub async fn run(p: &FailoverParams) -> anyhow::Result<FailoverOutcome> {
     out.io = crew.finish();
     out.io.rounds = p.rounds;
     out.io.pauses_ms = writer_pauses;
+    let (fsck_clean, fsck_report) = cluster.stop_and_fsck()?;
+    if !fsck_clean {
+        out.fsck_problems = Some(fsck_report);
+    }
     if !out.clean() {
         out.logs = Some(keep_logs(p, &cluster, &mount)?);
     }
