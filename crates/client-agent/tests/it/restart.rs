@@ -488,3 +488,72 @@ fn soft_mount_gives_up_with_eio() {
         .collect();
     assert!(names.iter().any(|n| n == "kept"), "{names:?}");
 }
+
+/// A file unlinked while open lives on across a kill -9 of the server (the agent opens it
+/// again in the reclaim window; the server reaps only orphans nobody opened again), and is
+/// freed at its last close: its blocks go back (`df`), and fsck of the stopped store is clean.
+#[test]
+fn a_file_unlinked_while_open_survives_a_server_restart() {
+    if !can_mount("the unlinked-while-open restart test") {
+        return;
+    }
+    let mut s = Setup::new(3000);
+    s.mount("");
+    let path = s.mount.join("scratch");
+    let data = pattern(3 * MIB as usize + 12_345, 21);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    file.write_all_at(&data, 0).unwrap();
+    file.sync_all().unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let free_before = rustix::fs::statvfs(&s.mount).unwrap().f_bfree;
+    let next = s.prepare_server();
+    s.kill_server();
+    s.start_prepared(next);
+    // Through the descriptor kept open: every byte, and it still takes writes.
+    let mut back = vec![0u8; data.len()];
+    file.read_exact_at(&mut back, 0).unwrap();
+    assert!(back == data, "the unlinked file's bytes after the restart");
+    file.write_all_at(b"after the restart", 0).unwrap();
+    let mut head = [0u8; 17];
+    file.read_exact_at(&mut head, 0).unwrap();
+    assert_eq!(&head, b"after the restart");
+    let log = s.log("mds.log");
+    assert!(
+        !log.contains("reaping an inode unlinked while open"),
+        "the server reaped it: {log}"
+    );
+    // The last close frees it.
+    drop(file);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let free = rustix::fs::statvfs(&s.mount).unwrap().f_bfree;
+        if free > free_before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the blocks of the closed orphan did not come back ({free} <= {free_before})"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    rustix::mount::unmount(&s.mount, rustix::mount::UnmountFlags::empty()).unwrap();
+    if let Some(mut a) = s.agent.take() {
+        a.wait_timeout(Duration::from_secs(10)).unwrap();
+    }
+    s.server
+        .take()
+        .unwrap()
+        .terminate(Duration::from_secs(10))
+        .unwrap();
+    let fsck = Command::new(mds_binary())
+        .args(["fsck", "--config", s.config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(fsck.status.success(), "fsck: {fsck:?}");
+}
