@@ -87,12 +87,21 @@ pub struct FailoverOutcome {
     /// `sanfs-mds fsck` of the metadata LUN after the run (both servers stopped), when it was
     /// not clean: its report (the run is then not clean).
     pub fsck_problems: Option<String>,
+    /// With the exerciser: a backup taken in the middle of the run (`sanfs-admin backup`)
+    /// was checked (`fsck --backup`), restored and served after the run; when that failed,
+    /// why (the run is then not clean).
+    pub backup_problem: Option<String>,
+    /// Whether that backup was taken.
+    pub backup_checked: bool,
 }
 
 impl FailoverOutcome {
     /// Whether the run kept the contract: no error, no short write, nothing lost.
     pub fn clean(&self) -> bool {
-        self.io.clean() && self.exercise_mismatch.is_none() && self.fsck_problems.is_none()
+        self.io.clean()
+            && self.exercise_mismatch.is_none()
+            && self.fsck_problems.is_none()
+            && self.backup_problem.is_none()
     }
 
     /// The report's row: median, min and max of the I/O pauses (ms).
@@ -148,6 +157,14 @@ impl std::fmt::Display for FailoverOutcome {
                 "\n  sanfs-mds fsck of the metadata LUN after the run: NOT CLEAN\n{r}"
             )?,
         }
+        match (&self.backup_problem, self.backup_checked) {
+            (Some(why), _) => write!(f, "\n  backup taken mid-run: FAILED: {why}")?,
+            (None, true) => write!(
+                f,
+                "\n  backup taken mid-run under the exerciser: fsck --backup clean, restored, served, fsck clean"
+            )?,
+            (None, false) => {}
+        }
         if self.exercise_ops > 0 || self.exercise_mismatch.is_some() {
             write!(
                 f,
@@ -198,6 +215,61 @@ fn toml_str(p: &Path) -> String {
 }
 
 impl HaCluster {
+    /// `sanfs-admin backup` through both addresses (whichever leads answers) into `to`.
+    fn backup(&self, to: &Path) -> anyhow::Result<()> {
+        let admin = sibling_binary("sanfs-admin")
+            .context("sanfs-admin not found beside sanfs-bench or on PATH")?;
+        let servers: Vec<String> = self.candidates.iter().map(|c| c.addr.to_string()).collect();
+        let out = Command::new(admin)
+            .arg("--server")
+            .arg(servers.join(","))
+            .arg("backup")
+            .arg(to)
+            .output()
+            .context("run sanfs-admin backup")?;
+        if !out.status.success() {
+            bail!(
+                "sanfs-admin backup failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    /// With both candidates stopped: `sanfs-mds fsck --backup` of `backup`, then `sanfs-mds
+    /// restore` of it onto the metadata LUN, then one candidate started on it until it serves
+    /// (and stopped again). `Err` says which step failed and why.
+    fn check_and_restore(&mut self, backup: &Path) -> anyhow::Result<()> {
+        let run = |args: &[&std::ffi::OsStr]| -> anyhow::Result<()> {
+            let out = Command::new(&self.mds).args(args).output()?;
+            if !out.status.success() {
+                bail!(
+                    "sanfs-mds {:?}: {}{}",
+                    args,
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            Ok(())
+        };
+        let config = self.candidates[0].command.config.clone();
+        run(&["fsck".as_ref(), "--backup".as_ref(), backup.as_os_str()])?;
+        run(&[
+            "restore".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+            backup.as_os_str(),
+            "--force".as_ref(),
+        ])?;
+        let c = &mut self.candidates[0];
+        c.process = ServerProcess::Launched(c.launcher.launch(&c.command)?);
+        let served = wait_for_tcp(c.addr, Duration::from_secs(60));
+        c.process.terminate();
+        served.context("no candidate served the restored store")?;
+        run(&["fsck".as_ref(), "--config".as_ref(), config.as_os_str()])
+    }
+
     /// Stops both candidates (SIGTERM: the leader resigns, the other leads and then stops
     /// too) and runs `sanfs-mds fsck` on the metadata LUN: whether it is clean, and its report.
     fn stop_and_fsck(&mut self) -> anyhow::Result<(bool, String)> {
@@ -644,6 +716,7 @@ pub async fn run(p: &FailoverParams) -> anyhow::Result<FailoverOutcome> {
         ..FailoverOutcome::default()
     };
     let mut writer_pauses = Vec::new();
+    let mut backup_at: Option<PathBuf> = None;
     let mut rng = p.seed;
     for round in 1..=p.rounds {
         crew.set_round(round);
@@ -679,6 +752,13 @@ pub async fn run(p: &FailoverParams) -> anyhow::Result<FailoverOutcome> {
         // Let them run a little on the new leader, then check everything.
         tokio::time::sleep(Duration::from_millis(next_rand(&mut rng, 500))).await;
         crew.check(round == p.rounds, p.check_timeout).await?;
+        if exerciser.is_some() && round == p.rounds.div_ceil(2) && backup_at.is_none() {
+            let to = mnt_dir.path().join("mid-run.backup");
+            match cluster.backup(&to) {
+                Ok(()) => backup_at = Some(to),
+                Err(e) => out.backup_problem = Some(format!("{e:#}")),
+            }
+        }
         if p.progress {
             let o = crew.outcome();
             eprintln!(
@@ -722,6 +802,12 @@ pub async fn run(p: &FailoverParams) -> anyhow::Result<FailoverOutcome> {
     let (fsck_clean, fsck_report) = cluster.stop_and_fsck()?;
     if !fsck_clean {
         out.fsck_problems = Some(fsck_report);
+    }
+    if let Some(backup) = &backup_at {
+        out.backup_checked = true;
+        if let Err(e) = cluster.check_and_restore(backup) {
+            out.backup_problem = Some(format!("{e:#}"));
+        }
     }
     if !out.clean() {
         out.logs = Some(keep_logs(p, &cluster, &mount)?);
