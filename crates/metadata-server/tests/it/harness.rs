@@ -157,6 +157,23 @@ impl Clients {
             .into_inner();
         (r.session, r.epoch)
     }
+
+    /// What an agent does first under a new server epoch (docs/protocol.md, "Reclaim
+    /// window"): says that `previous`'s reclaim is complete (nothing to replay), so that the
+    /// window does not wait for it (a session that held an orphan open, or completed lazily,
+    /// is recorded and waited for).
+    pub async fn reclaim_complete(&mut self, session: u64, epoch: u64, previous: u64) {
+        self.data
+            .replay_writes(pb::ReplayWritesRequest {
+                session,
+                epoch,
+                previous_session: previous,
+                records: vec![],
+                reclaim_complete: true,
+            })
+            .await
+            .unwrap();
+    }
 }
 
 pub fn root() -> Option<pb::Credentials> {
