@@ -760,17 +760,13 @@ pub async fn run(p: &FailoverParams) -> anyhow::Result<FailoverOutcome> {
             }
         }
         if p.progress {
-            let o = crew.outcome();
             eprintln!(
-                "failover: round {round}/{}: stop -> I/O {} ms, standby accepting {} ms, first write {} ms; {} writes, {} errors, {} short, {} lost",
+                "failover: round {round}/{}: stop -> I/O {} ms, standby accepting {} ms, first write {} ms; {}",
                 p.rounds,
                 io_pause.as_millis(),
                 takeover.as_millis(),
                 write_pause.as_millis(),
-                o.writes,
-                o.errors.values().sum::<u64>(),
-                o.short_writes,
-                o.lost.len()
+                crew.outcome().tally()
             );
         }
     }

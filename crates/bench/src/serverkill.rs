@@ -71,6 +71,17 @@ pub struct ServerKillOutcome {
 }
 
 impl ServerKillOutcome {
+    /// "N writes, E errors, S short, L lost": the progress line's tally.
+    pub fn tally(&self) -> String {
+        format!(
+            "{} writes, {} errors, {} short, {} lost",
+            self.writes,
+            self.errors.values().sum::<u64>(),
+            self.short_writes,
+            self.lost.len()
+        )
+    }
+
     /// Whether the run kept the contract: no error, no short write, nothing lost.
     pub fn clean(&self) -> bool {
         self.errors.is_empty() && self.short_writes == 0 && self.lost.is_empty()
@@ -366,16 +377,12 @@ pub async fn run(p: &ServerKillParams) -> anyhow::Result<ServerKillOutcome> {
         tokio::time::sleep(Duration::from_millis(rng.below(500))).await;
         crew.check(round == p.rounds, p.check_timeout).await?;
         if p.progress {
-            let o = crew.outcome();
             eprintln!(
-                "server-kill: round {round}/{}: pause {} ms (server accepting after {} ms), {} writes, {} errors, {} short, {} lost",
+                "server-kill: round {round}/{}: pause {} ms (server accepting after {} ms), {}",
                 p.rounds,
                 pause.as_millis(),
                 accepting.as_millis(),
-                o.writes,
-                o.errors.values().sum::<u64>(),
-                o.short_writes,
-                o.lost.len()
+                crew.outcome().tally()
             );
         }
     }

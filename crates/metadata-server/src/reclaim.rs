@@ -125,6 +125,12 @@ impl Reclaim {
     }
 }
 
+/// Whether `record`'s commit is durable already: of the last run (`survived_commit.0`) and
+/// numbered at most its last commit that survived the stop ([`crate::store::Store::survived`]).
+pub fn survived(survived_commit: (u64, u64), record: &ReplayRecord) -> bool {
+    record.epoch.0 == survived_commit.0 && record.commit_seq <= survived_commit.1
+}
+
 /// Replays one record in a store job: see [`ReplayOutcome`]. `survived` is the store's last
 /// commit that survived the restart ([`crate::store::Store::survived`]): a record of that epoch
 /// numbered at most that is durable already. Otherwise the record is replayed only if the file
@@ -135,10 +141,10 @@ impl Reclaim {
 pub fn replay_write(
     ctx: &mut Ctx<'_>,
     volume: &Volume,
-    survived: (u64, u64),
+    survived_commit: (u64, u64),
     record: &ReplayRecord,
 ) -> Result<(ReplayOutcome, Option<String>), OpError> {
-    if record.epoch.0 == survived.0 && record.commit_seq <= survived.1 {
+    if survived(survived_commit, record) {
         return Ok((ReplayOutcome::Durable, None));
     }
     let refused = |why: String| Ok((ReplayOutcome::Refused, Some(why)));

@@ -203,37 +203,45 @@ impl Server {
         // A record whose commit survived the stop changes nothing: it is answered `Durable`
         // whoever sends it and whenever (a clean stop makes every lazy completion durable
         // and may leave its session unrecorded, with no window to replay in).
+        // A record whose commit survived the stop changes nothing: `Durable` whoever sends
+        // it and whenever (a clean stop makes lazy work durable and may leave its session
+        // unrecorded, with no window to replay in). Only the others need the window.
         let survived = self.store.survived();
-        if !req.records.is_empty()
-            && req
+        let durable = |r: &sanfs_proto::model::ReplayRecord| crate::reclaim::survived(survived, r);
+        let all_durable = req.records.iter().all(durable);
+        if !all_durable && !self.reclaim.authorize(previous) {
+            let outcomes: Vec<ReplayOutcome> = req
                 .records
                 .iter()
-                .all(|r| r.epoch.0 == survived.0 && r.commit_seq <= survived.1)
-        {
-            if req.reclaim_complete {
-                self.reclaim.complete(previous);
-            }
-            return Ok(vec![ReplayOutcome::Durable; req.records.len()]);
-        }
-        if !self.reclaim.authorize(previous) {
-            if !req.records.is_empty() {
-                tracing::warn!(
-                    session = req.session.0,
-                    previous,
-                    records = req.records.len(),
-                    "replay refused: that session has nothing to reclaim now (not recorded, done, or the reclaim window is over)"
-                );
-            }
-            return Ok(vec![ReplayOutcome::Refused; req.records.len()]);
+                .map(|r| {
+                    if durable(r) {
+                        ReplayOutcome::Durable
+                    } else {
+                        ReplayOutcome::Refused
+                    }
+                })
+                .collect();
+            tracing::warn!(
+                session = req.session.0,
+                previous,
+                refused = outcomes
+                    .iter()
+                    .filter(|o| **o == ReplayOutcome::Refused)
+                    .count(),
+                "replay refused: that session has nothing to reclaim now (not recorded, done, or the reclaim window is over)"
+            );
+            return Ok(outcomes);
         }
         let mut outcomes = Vec::with_capacity(req.records.len());
-        if !req.records.is_empty() {
+        if all_durable {
+            outcomes.resize(req.records.len(), ReplayOutcome::Durable);
+        } else {
             let devices = self.grants.data_path().devices.clone();
             tokio::task::spawn_blocking(move || devices.flush_all())
                 .await
                 .map_err(|e| fs_status(&FsError::Io(format!("flush task: {e}"))))?
                 .map_err(|e| fs_status(&e))?;
-            let (volume, survived) = (self.store.volume_cell(), self.store.survived());
+            let volume = self.store.volume_cell();
             let records = req.records.clone();
             let results = self
                 .write(move |ctx| {
