@@ -1240,14 +1240,21 @@ impl fuser::Filesystem for SanFs {
 
     fn fsyncdir(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         _fh: fuser::FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Namespace changes are durable at the server when answered.
-        reply.ok();
+        // Namespace changes may be answered before they are durable: this one waits until
+        // every change this agent was answered is (docs/posix.md, "Durability").
+        let cred = credentials(req);
+        self.spawn("fsyncdir", move |st| async move {
+            match st.client.sync_namespace(&cred, st.ino(ino)).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {

@@ -33,8 +33,11 @@ use std::sync::Mutex;
 
 use sanfs_blockmap::plan::{PhysRun, PlanMethod, PlanOp, merge_runs, phys_runs, plan};
 use sanfs_blockmap::volume::Volume;
-use sanfs_proto::model::{ReplayOutcome, ReplayRecord};
-use sanfs_proto::types::{FileType, InodeId};
+use sanfs_proto::model::{
+    CreateRequest, EntryRequest, LinkRequest, MkdirRequest, MknodRequest, RenameRequest,
+    ReplayOutcome, ReplayRecord, SetAttrRequest, SetXattrRequest, SymlinkRequest, XattrRequest,
+};
+use sanfs_proto::types::{FileType, FsError, InodeId};
 use tokio::sync::watch;
 
 use crate::store::{Ctx, OpError};
@@ -190,6 +193,122 @@ pub fn replay_write(
     // As a completion by a non-root writer: set-id bits go, as the lost commit did.
     crate::data::complete_write(ctx, InodeId(ino), offset, len, false)?;
     Ok((ReplayOutcome::Replayed, None))
+}
+
+/// A namespace change an agent sends again to a restarted server (docs/protocol.md,
+/// "Namespace changes before they are durable"): the request as it was first sent.
+#[derive(Debug, Clone)]
+pub enum NsChange {
+    Create(CreateRequest),
+    Mkdir(MkdirRequest),
+    Mknod(MknodRequest),
+    Symlink(SymlinkRequest),
+    Link(LinkRequest),
+    Unlink(EntryRequest),
+    Rmdir(EntryRequest),
+    Rename(RenameRequest),
+    SetAttr(SetAttrRequest),
+    SetXattr(SetXattrRequest),
+    RemoveXattr(XattrRequest),
+}
+
+/// Whether a replayed change's commit `(epoch, commit_seq)` survived the restart.
+pub fn change_survived(survived_commit: (u64, u64), epoch: u64, commit_seq: u64) -> bool {
+    epoch == survived_commit.0 && commit_seq <= survived_commit.1
+}
+
+/// Applies a replayed namespace change in a store job, on the durable state it was first
+/// made on (the changes a crash loses are one session's, replayed in their order: see
+/// `store::committer::Job`). A change found already applied (a replay of an earlier
+/// restart that became durable) answers [`ReplayOutcome::Durable`]: a create whose name
+/// names the inode it made, a removal or rename whose name is gone, a link whose name is
+/// there. A create gets the inode number and generation it was answered (`inode`); the
+/// handle a replayed create opens is closed again at once (the agent opens its files again
+/// itself). An error is the replay's answer: the change is lost.
+pub fn replay_change(
+    ctx: &mut Ctx<'_>,
+    change: &NsChange,
+    inode: Option<(InodeId, u64)>,
+) -> Result<ReplayOutcome, OpError> {
+    use crate::ns;
+    ctx.replaying = true;
+    let named = |ctx: &Ctx<'_>, parent: InodeId, name: &[u8]| -> Result<Option<InodeId>, OpError> {
+        Ok(ctx.t.dirent(parent, name)?.map(|(child, _, _)| child))
+    };
+    // A create: already there (the name names its inode), or made now with its number.
+    let make = |ctx: &mut Ctx<'_>,
+                parent: InodeId,
+                name: &[u8],
+                run: &dyn Fn(&mut Ctx<'_>) -> Result<(), OpError>|
+     -> Result<ReplayOutcome, OpError> {
+        let Some((ino, generation)) = inode else {
+            return Err(OpError::Fs(FsError::Invalid(
+                "a replayed create must give the inode it made".into(),
+            )));
+        };
+        match named(ctx, parent, name)? {
+            Some(child) if child == ino => Ok(ReplayOutcome::Durable),
+            Some(_) => Err(OpError::Fs(FsError::Exists)),
+            None => {
+                ctx.forced_inode = Some((ino.0, generation));
+                run(ctx)?;
+                Ok(ReplayOutcome::Replayed)
+            }
+        }
+    };
+    match change {
+        NsChange::Create(r) => make(ctx, r.parent, r.name.as_bytes(), &|ctx| {
+            let reply = ns::create(ctx, r)?;
+            ctx.st
+                .handles
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .release(reply.handle.0);
+            Ok(())
+        }),
+        NsChange::Mkdir(r) => make(ctx, r.parent, r.name.as_bytes(), &|ctx| {
+            ns::mkdir(ctx, r).map(drop)
+        }),
+        NsChange::Mknod(r) => make(ctx, r.parent, r.name.as_bytes(), &|ctx| {
+            ns::mknod(ctx, r).map(drop)
+        }),
+        NsChange::Symlink(r) => make(ctx, r.parent, r.name.as_bytes(), &|ctx| {
+            ns::symlink(ctx, r).map(drop)
+        }),
+        NsChange::Link(r) => {
+            if named(ctx, r.new_parent, r.new_name.as_bytes())? == Some(r.inode) {
+                return Ok(ReplayOutcome::Durable);
+            }
+            ns::link(ctx, r)?;
+            Ok(ReplayOutcome::Replayed)
+        }
+        NsChange::Unlink(r) | NsChange::Rmdir(r) => {
+            if named(ctx, r.parent, r.name.as_bytes())?.is_none() {
+                return Ok(ReplayOutcome::Durable);
+            }
+            ns::unlink(ctx, r, matches!(change, NsChange::Rmdir(_)))?;
+            Ok(ReplayOutcome::Replayed)
+        }
+        NsChange::Rename(r) => {
+            if named(ctx, r.old_parent, r.old_name.as_bytes())?.is_none() {
+                return Ok(ReplayOutcome::Durable);
+            }
+            ns::rename(ctx, r)?;
+            Ok(ReplayOutcome::Replayed)
+        }
+        NsChange::SetAttr(r) => {
+            ns::setattr(ctx, r)?;
+            Ok(ReplayOutcome::Replayed)
+        }
+        NsChange::SetXattr(r) => {
+            ns::setxattr(ctx, r)?;
+            Ok(ReplayOutcome::Replayed)
+        }
+        NsChange::RemoveXattr(r) => match ns::removexattr(ctx, r) {
+            Err(OpError::Fs(FsError::NoAttr)) => Ok(ReplayOutcome::Durable),
+            other => other.map(|()| ReplayOutcome::Replayed),
+        },
+    }
 }
 
 #[cfg(test)]

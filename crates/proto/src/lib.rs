@@ -10,6 +10,7 @@
 
 pub mod csi;
 pub mod exposition;
+pub mod headers;
 pub mod model;
 pub mod status;
 pub mod types;

@@ -268,6 +268,11 @@ pub struct ClientStats {
     pub unsynced_writes: u64,
     /// Files whose replay after a server restart was refused and not reported yet (now).
     pub writes_lost: u64,
+    /// Namespace changes answered before they were durable, kept until they are (now).
+    pub unsynced_changes: u64,
+    /// Namespace changes sent again to a restarted server, and those it refused (lost).
+    pub changes_replayed: u64,
+    pub changes_lost: u64,
 }
 
 #[derive(Default)]
@@ -288,6 +293,8 @@ struct Counters {
     proxied_write_bytes: AtomicU64,
     device_recoveries: AtomicU64,
     locks_lost: AtomicU64,
+    changes_replayed: AtomicU64,
+    changes_lost: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -754,7 +761,11 @@ impl Client {
     pub fn stats(&self) -> ClientStats {
         let c = &self.inner.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (unsynced_writes, writes_lost) = self.inner.lock_unsynced().counts();
+        let (unsynced_writes, writes_lost, unsynced_changes) = {
+            let u = self.inner.lock_unsynced();
+            let (w, l) = u.counts();
+            (w, l, u.change_count())
+        };
         ClientStats {
             device_submits: get(&c.device_submits),
             map_reads: get(&c.map_reads),
@@ -774,6 +785,9 @@ impl Client {
             locks_lost: get(&c.locks_lost),
             unsynced_writes,
             writes_lost,
+            unsynced_changes,
+            changes_replayed: get(&c.changes_replayed),
+            changes_lost: get(&c.changes_lost),
         }
     }
 

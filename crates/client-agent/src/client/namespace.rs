@@ -18,7 +18,9 @@ use sanfs_proto::types::{
 };
 
 use super::rpc::Pin;
-use super::{Client, FileHandle, Inner};
+use super::unsynced::{NsChange, NsRecord};
+use super::{Client, FileHandle, Inner, SessionView};
+use sanfs_proto::headers::{self, CommitNote};
 
 /// What `create` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,29 +35,54 @@ fn name(bytes: impl AsRef<[u8]>) -> Result<FileName, FsError> {
     Ok(FileName::new(bytes.as_ref().to_vec())?)
 }
 
+/// What a create made: the inode and generation its replay must make again.
+fn made(attr: &Attr) -> Option<(InodeId, u64)> {
+    Some((attr.ino, attr.generation))
+}
+
+/// The request `req` with the `sanfs-session` header of `view`: changes under a session
+/// may be answered before they are durable, and reads see this session's own such changes
+/// without waiting (docs/protocol.md, "Namespace changes before they are durable").
+fn with_session<T>(req: T, view: &SessionView) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(req);
+    headers::set_session(r.metadata_mut(), view.session);
+    r
+}
+
 /// Runs one namespace rpc through [`Inner::call`](super::Inner::call): `$call` on a fresh
-/// client with the request (rebuilt for every try), the reply converted with `TryFrom` into
-/// `$out`; without `$out`, the reply is dropped.
+/// client with the request (rebuilt for every try, under the current session), the reply
+/// converted with `TryFrom` into `$out`; without `$out`, the reply is dropped.
+///
+/// `change`: a namespace change through the reply cache, kept as an [`NsRecord`] while
+/// the server says it is not durable yet (`$inode`: for a create, the inode it made, from
+/// the reply `$value`).
 macro_rules! rpc {
-    (once $self:ident, $call:ident, $req:expr, $out:ty, $what:literal) => {{
+    (change $self:ident, $call:ident, $req:expr, $variant:ident, $what:literal,
+     |$value:ident: $out:ty| $inode:expr) => {{
         let pending = $self.inner.requests.begin();
         let mut req = $req;
         req.request_id = pending.wire();
-        rpc!($self, $call, req, $out, $what)
-    }};
-    (once $self:ident, $call:ident, $req:expr, $what:literal) => {{
-        let pending = $self.inner.requests.begin();
-        let mut req = $req;
-        req.request_id = pending.wire();
-        rpc!($self, $call, req, $what)
+        let ($value, view, note): ($out, _, _) = $self
+            .inner
+            .call_noted($what, |view| {
+                let mut ns = $self.inner.ns();
+                let req = with_session(req.clone(), view);
+                async move { ns.$call(req).await }
+            })
+            .await?;
+        let inode = $inode;
+        $self
+            .inner
+            .note_change(&view, note, NsChange::$variant(req), inode);
+        $value
     }};
     ($self:ident, $call:ident, $req:expr, $out:ty, $what:literal) => {{
         let req = $req;
         $self
             .inner
-            .call::<_, $out, _, _>($what, Pin::Any, |_| {
+            .call::<_, $out, _, _>($what, Pin::Any, |view| {
                 let mut ns = $self.inner.ns();
-                let req = req.clone();
+                let req = with_session(req.clone(), view);
                 async move { ns.$call(req).await }
             })
             .await
@@ -64,9 +91,9 @@ macro_rules! rpc {
         let req = $req;
         $self
             .inner
-            .call_unit($what, Pin::Any, |_| {
+            .call_unit($what, Pin::Any, |view| {
                 let mut ns = $self.inner.ns();
-                let req = req.clone();
+                let req = with_session(req.clone(), view);
                 async move { ns.$call(req).await }
             })
             .await
@@ -100,6 +127,32 @@ impl Client {
         rpc!(self, get_attr, req, Attr, "GetAttr reply")
     }
 
+    /// Makes every namespace change this agent was answered durable (the fsync of a
+    /// directory, and `syncfs`): a `GetAttr` of `ino` without a session, which the server
+    /// answers only once no change of any session is still not durable
+    /// (docs/protocol.md, "Namespace changes before they are durable").
+    pub async fn sync_namespace(&self, cred: &Credentials, ino: InodeId) -> Result<(), FsError> {
+        let epoch = self.inner.lock_state().view.epoch;
+        let Some(upto) = self.inner.lock_unsynced().newest_change(epoch) else {
+            return Ok(());
+        };
+        let req = pb::GetAttrRequest::from(GetAttrRequest {
+            cred: cred.clone(),
+            inode: ino,
+            session: None,
+        });
+        let _: Attr = self
+            .inner
+            .call("GetAttr reply", Pin::Any, |_| {
+                let mut ns = self.inner.ns();
+                let req = req.clone();
+                async move { ns.get_attr(req).await }
+            })
+            .await?;
+        self.inner.lock_unsynced().changes_synced(epoch, upto);
+        Ok(())
+    }
+
     /// Changes attributes; with `fh`, permission is checked against the handle's open mode
     /// (ftruncate). A size change is better done with [`Client::truncate`], which first
     /// gives back this agent's cached read grants past the new size.
@@ -120,14 +173,29 @@ impl Client {
                 handle: f.handle,
             }),
         });
-        let pin = fh.map_or(Pin::Any, Pin::Handle);
-        self.inner
-            .call("SetAttr reply", pin, |_| {
+        if let Some(fh) = fh {
+            // On a handle (ftruncate): bound to its session, and a size change is durable
+            // when answered anyway.
+            return self
+                .inner
+                .call("SetAttr reply", Pin::Handle(fh), |view| {
+                    let mut ns = self.inner.ns();
+                    let req = with_session(req.clone(), view);
+                    async move { ns.set_attr(req).await }
+                })
+                .await;
+        }
+        let (attr, view, note): (Attr, _, _) = self
+            .inner
+            .call_noted("SetAttr reply", |view| {
                 let mut ns = self.inner.ns();
-                let req = req.clone();
+                let req = with_session(req.clone(), view);
                 async move { ns.set_attr(req).await }
             })
-            .await
+            .await?;
+        self.inner
+            .note_change(&view, note, NsChange::SetAttr(req), None);
+        Ok(attr)
     }
 
     /// Creates (or, without `exclusive`, opens an existing) regular file and opens it under
@@ -145,9 +213,10 @@ impl Client {
         let mut session = None;
         // The same id on every try: a retry after a lost reply gets the first try's answer.
         let pending = self.inner.requests.begin();
-        let r: CreateReply = self
+        let mut sent = None;
+        let (r, view, note): (CreateReply, _, _) = self
             .inner
-            .call("Create reply", Pin::Any, |view| {
+            .call_noted("Create reply", |view| {
                 session = Some(view.session);
                 let mut req = pb::CreateRequest::from(CreateRequest {
                     cred: cred.clone(),
@@ -159,10 +228,16 @@ impl Client {
                     flags,
                 });
                 req.request_id = pending.wire();
+                sent = Some(req.clone());
                 let mut ns = self.inner.ns();
+                let req = with_session(req, view);
                 async move { ns.create(req).await }
             })
             .await?;
+        if let Some(req) = sent {
+            self.inner
+                .note_change(&view, note, NsChange::Create(req), made(&r.attr));
+        }
         let handle = FileHandle {
             session: session.ok_or_else(|| FsError::Io("Create sent nothing".to_owned()))?,
             handle: r.handle,
@@ -188,7 +263,8 @@ impl Client {
             name: name(entry)?,
             perm,
         });
-        rpc!(once self, mkdir, req, Attr, "Mkdir reply")
+        let attr = rpc!(change self, mkdir, req, Mkdir, "Mkdir reply", |a: Attr| made(&a));
+        Ok(attr)
     }
 
     pub async fn mknod(
@@ -208,7 +284,8 @@ impl Client {
             perm,
             rdev,
         });
-        rpc!(once self, mknod, req, Attr, "Mknod reply")
+        let attr = rpc!(change self, mknod, req, Mknod, "Mknod reply", |a: Attr| made(&a));
+        Ok(attr)
     }
 
     pub async fn unlink(
@@ -222,7 +299,8 @@ impl Client {
             parent,
             name: name(entry)?,
         });
-        rpc!(once self, unlink, req, "Unlink reply")
+        rpc!(change self, unlink, req, Unlink, "Unlink reply", |_r: pb::UnlinkReply| None);
+        Ok(())
     }
 
     pub async fn rmdir(
@@ -236,7 +314,8 @@ impl Client {
             parent,
             name: name(entry)?,
         });
-        rpc!(once self, rmdir, req, "Rmdir reply")
+        rpc!(change self, rmdir, req, Rmdir, "Rmdir reply", |_r: pb::RmdirReply| None);
+        Ok(())
     }
 
     pub async fn rename(
@@ -256,7 +335,8 @@ impl Client {
             new_name: name(new_name)?,
             mode,
         });
-        rpc!(once self, rename, req, "Rename reply")
+        rpc!(change self, rename, req, Rename, "Rename reply", |_r: pb::RenameReply| None);
+        Ok(())
     }
 
     /// A hard link; returns the inode's attributes (new link count).
@@ -273,7 +353,8 @@ impl Client {
             new_parent,
             new_name: name(new_name)?,
         });
-        rpc!(once self, link, req, Attr, "Link reply")
+        let attr = rpc!(change self, link, req, Link, "Link reply", |_a: Attr| None);
+        Ok(attr)
     }
 
     pub async fn symlink(
@@ -289,7 +370,8 @@ impl Client {
             name: name(entry)?,
             target: SymlinkTarget::new(target.as_ref().to_vec())?,
         });
-        rpc!(once self, symlink, req, Attr, "Symlink reply")
+        let attr = rpc!(change self, symlink, req, Symlink, "Symlink reply", |a: Attr| made(&a));
+        Ok(attr)
     }
 
     pub async fn readlink(&self, cred: &Credentials, ino: InodeId) -> Result<Vec<u8>, FsError> {
@@ -358,7 +440,17 @@ impl Client {
             value: value.to_vec(),
             mode,
         });
-        rpc!(self, set_xattr, req, "SetXattr reply")
+        let (_, view, note): (pb::SetXattrReply, _, _) = self
+            .inner
+            .call_noted("SetXattr reply", |view| {
+                let mut ns = self.inner.ns();
+                let req = with_session(req.clone(), view);
+                async move { ns.set_xattr(req).await }
+            })
+            .await?;
+        self.inner
+            .note_change(&view, note, NsChange::SetXattr(req), None);
+        Ok(())
     }
 
     pub async fn listxattr(
@@ -385,7 +477,17 @@ impl Client {
             inode: ino,
             name: XattrName::new(xattr.as_ref().to_vec())?,
         });
-        rpc!(self, remove_xattr, req, "RemoveXattr reply")
+        let (_, view, note): (pb::RemoveXattrReply, _, _) = self
+            .inner
+            .call_noted("RemoveXattr reply", |view| {
+                let mut ns = self.inner.ns();
+                let req = with_session(req.clone(), view);
+                async move { ns.remove_xattr(req).await }
+            })
+            .await?;
+        self.inner
+            .note_change(&view, note, NsChange::RemoveXattr(req), None);
+        Ok(())
     }
 
     /// Opens an existing file under the current session (waiting briefly if a new session
@@ -428,6 +530,30 @@ impl Client {
 }
 
 impl Inner {
+    /// A namespace change was answered under `view`: kept as a record while `note` says it
+    /// is not durable yet (the server answered before its commit was durable), to replay to
+    /// a restarted server.
+    pub(crate) fn note_change(
+        &self,
+        view: &SessionView,
+        note: Option<CommitNote>,
+        change: NsChange,
+        inode: Option<(InodeId, u64)>,
+    ) {
+        let Some(note) = note else { return };
+        let mut unsynced = self.lock_unsynced();
+        unsynced.durable(view.epoch, note.durable_seq);
+        if note.seq > note.durable_seq {
+            unsynced.record_change(NsRecord {
+                epoch: view.epoch,
+                session: view.session,
+                commit_seq: note.seq,
+                change,
+                inode,
+            });
+        }
+    }
+
     /// Opens `ino` under the current session (waiting for one while it is being opened);
     /// the handle is noted open (see `Inner::open_handles`).
     pub(crate) async fn open_handle(

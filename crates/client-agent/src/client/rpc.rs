@@ -30,6 +30,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use sanfs_proto::headers::{self, CommitNote};
 use sanfs_proto::model::RequestId;
 use sanfs_proto::pb;
 use sanfs_proto::status::{fs_error_from_status, is_server_error};
@@ -254,13 +255,54 @@ impl Inner {
         &self,
         what: &'static str,
         pin: Pin<'_>,
-        mut send: F,
+        send: F,
     ) -> Result<T, FsError>
     where
         F: FnMut(&SessionView) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
         T: TryFrom<R>,
         T::Error: Display,
+    {
+        self.call_with(what, pin, send, |reply, _| {
+            T::try_from(reply.into_inner()).map_err(|e| malformed(what, e))
+        })
+        .await
+    }
+
+    /// [`Inner::call`] for a namespace change: also answers the session view it was sent
+    /// under and the reply's `sanfs-commit` note (none from a server that answers every
+    /// change durably).
+    pub(crate) async fn call_noted<R, T, F, Fut>(
+        &self,
+        what: &'static str,
+        send: F,
+    ) -> Result<(T, SessionView, Option<CommitNote>), FsError>
+    where
+        F: FnMut(&SessionView) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+        T: TryFrom<R>,
+        T::Error: Display,
+    {
+        self.call_with(what, Pin::Any, send, |reply, view| {
+            let note = headers::commit(reply.metadata()).map_err(|e| malformed(what, e))?;
+            let value = T::try_from(reply.into_inner()).map_err(|e| malformed(what, e))?;
+            Ok((value, view.clone(), note))
+        })
+        .await
+    }
+
+    /// The one retry loop of [`Inner::call`] and [`Inner::call_noted`]: `convert` turns the
+    /// reply (and the view it was sent under) into the answer.
+    async fn call_with<R, T, F, Fut>(
+        &self,
+        what: &'static str,
+        pin: Pin<'_>,
+        mut send: F,
+        mut convert: impl FnMut(Response<R>, &SessionView) -> Result<T, FsError>,
+    ) -> Result<T, FsError>
+    where
+        F: FnMut(&SessionView) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
     {
         let mut patience = Patience::new(self.config.retry);
         loop {
@@ -281,7 +323,7 @@ impl Inner {
             let status = match send(&view).await {
                 Ok(reply) => {
                     self.outage.note_up(&self.config.server);
-                    return T::try_from(reply.into_inner()).map_err(|e| malformed(what, e));
+                    return convert(reply, &view);
                 }
                 Err(status) => status,
             };

@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use sanfs_proto::headers::{self, ReplayTag};
 use sanfs_proto::model::{
     ClientEvent, MAX_REPLAY_RECORDS, OpenReply, OpenRequest, OpenSessionReply, ReplayOutcome,
     ReplayWritesReply, ReplayWritesRequest, ServerEvent, SessionEndReason, SessionRef,
@@ -247,69 +248,154 @@ async fn fence(inner: &Inner, view: &SessionView, why: &str) {
     let _ = tokio::time::timeout(Duration::from_secs(1), close).await;
 }
 
-/// Replays to the new server epoch of `reply` every record of a lazy completion of an earlier
-/// epoch, in batches, the last one saying the reclaim is complete (one empty request when
-/// there is nothing to replay). A record the server answered is forgotten; a refused one
-/// marks its file's write lost. `previous` is this agent's last session, of the old epoch.
+/// Replays to the new server epoch of `reply` every record of an earlier epoch, in the order
+/// the old server committed them: lazy write completions (in batches) and namespace changes
+/// answered before they were durable (one by one, each through its own call with the
+/// `sanfs-replay` header). Then the open files are opened again (a file must exist again
+/// before it can be), and a last, empty batch says the reclaim is complete. A record the
+/// server answered is forgotten; a refused write marks its file's write lost; a refused
+/// namespace change is lost (logged). `previous` is this agent's last session, of the old
+/// epoch.
 async fn replay(
     inner: &Inner,
     reply: &OpenSessionReply,
     previous: SessionId,
 ) -> Result<(), FsError> {
-    reopen_files(inner, reply).await;
-    let records = inner.lock_unsynced().to_replay(reply.epoch);
+    let records = inner.lock_unsynced().to_replay_all(reply.epoch);
     if !records.is_empty() {
         tracing::info!(
             records = records.len(),
             epoch = %reply.epoch,
-            "the server restarted: replaying lazily committed write completions"
+            "the server restarted: replaying lazily committed write completions and namespace changes"
         );
     }
-    let batches: Vec<&[(InodeId, unsynced::WriteRecord)]> = if records.is_empty() {
-        vec![&[]]
-    } else {
-        records.chunks(MAX_REPLAY_RECORDS).collect()
-    };
-    let last = batches.len() - 1;
-    for (i, batch) in batches.into_iter().enumerate() {
-        let req = ReplayWritesRequest {
-            session: reply.session,
-            epoch: reply.epoch,
-            previous_session: previous,
-            records: batch.iter().map(|(ino, r)| r.to_replay(*ino)).collect(),
-            reclaim_complete: i == last,
-        };
-        let answer = inner
-            .data()
-            .replay_writes(pb::ReplayWritesRequest::from(req))
-            .await
-            .map_err(|s| fs_error_from_status(&s))?
-            .into_inner();
-        let answer =
-            ReplayWritesReply::try_from(answer).map_err(|e| malformed("ReplayWrites reply", e))?;
-        if answer.outcomes.len() != batch.len() {
-            return Err(malformed(
-                "ReplayWrites reply",
-                format!(
-                    "{} outcomes for {} records",
-                    answer.outcomes.len(),
-                    batch.len()
-                ),
-            ));
-        }
-        let mut unsynced = inner.lock_unsynced();
-        for ((ino, record), outcome) in batch.iter().zip(answer.outcomes) {
-            if outcome == ReplayOutcome::Refused {
-                tracing::error!(
-                    inode = %ino,
-                    offset = record.range.offset(),
-                    len = record.range.len(),
-                    "the restarted server refused the replay of a write: it is lost (the file's next fsync or close answers EIO)"
-                );
+    let mut writes: Vec<(InodeId, unsynced::WriteRecord)> = Vec::new();
+    for record in records {
+        match record {
+            unsynced::Replay::Write(ino, r) => {
+                writes.push((ino, r));
+                if writes.len() == MAX_REPLAY_RECORDS {
+                    replay_writes(inner, reply, previous, &std::mem::take(&mut writes), false)
+                        .await?;
+                }
             }
-            unsynced.replayed(*ino, record, outcome);
+            unsynced::Replay::Change(change) => {
+                if !writes.is_empty() {
+                    replay_writes(inner, reply, previous, &std::mem::take(&mut writes), false)
+                        .await?;
+                }
+                replay_change(inner, reply, &change).await?;
+            }
         }
     }
+    if !writes.is_empty() {
+        replay_writes(inner, reply, previous, &writes, false).await?;
+    }
+    reopen_files(inner, reply).await;
+    replay_writes(inner, reply, previous, &[], true).await
+}
+
+/// One `ReplayWrites` call of [`replay`].
+async fn replay_writes(
+    inner: &Inner,
+    reply: &OpenSessionReply,
+    previous: SessionId,
+    batch: &[(InodeId, unsynced::WriteRecord)],
+    reclaim_complete: bool,
+) -> Result<(), FsError> {
+    let req = ReplayWritesRequest {
+        session: reply.session,
+        epoch: reply.epoch,
+        previous_session: previous,
+        records: batch.iter().map(|(ino, r)| r.to_replay(*ino)).collect(),
+        reclaim_complete,
+    };
+    let answer = inner
+        .data()
+        .replay_writes(pb::ReplayWritesRequest::from(req))
+        .await
+        .map_err(|s| fs_error_from_status(&s))?
+        .into_inner();
+    let answer =
+        ReplayWritesReply::try_from(answer).map_err(|e| malformed("ReplayWrites reply", e))?;
+    if answer.outcomes.len() != batch.len() {
+        return Err(malformed(
+            "ReplayWrites reply",
+            format!(
+                "{} outcomes for {} records",
+                answer.outcomes.len(),
+                batch.len()
+            ),
+        ));
+    }
+    let mut unsynced = inner.lock_unsynced();
+    for ((ino, record), outcome) in batch.iter().zip(answer.outcomes) {
+        if outcome == ReplayOutcome::Refused {
+            tracing::error!(
+                inode = %ino,
+                offset = record.range.offset(),
+                len = record.range.len(),
+                "the restarted server refused the replay of a write: it is lost (the file's next fsync or close answers EIO)"
+            );
+        }
+        unsynced.replayed(*ino, record, outcome);
+    }
+    Ok(())
+}
+
+/// Sends one namespace change of an earlier epoch again, under the new session of `reply`.
+/// A transport failure is this replay's failure (the session task tries again with a new
+/// session); the server's refusal means the change is lost: logged, counted, forgotten.
+async fn replay_change(
+    inner: &Inner,
+    reply: &OpenSessionReply,
+    record: &unsynced::NsRecord,
+) -> Result<(), FsError> {
+    use unsynced::NsChange as C;
+    let tag = ReplayTag {
+        previous: record.session,
+        epoch: record.epoch,
+        commit_seq: record.commit_seq,
+        inode: record.inode,
+    };
+    fn tagged<T>(req: T, session: SessionId, tag: &ReplayTag) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(req);
+        headers::set_session(r.metadata_mut(), session);
+        headers::set_replay(r.metadata_mut(), tag);
+        r
+    }
+    let s = reply.session;
+    let mut ns = inner.ns();
+    let sent = match record.change.clone() {
+        C::Create(r) => ns.create(tagged(r, s, &tag)).await.map(drop),
+        C::Mkdir(r) => ns.mkdir(tagged(r, s, &tag)).await.map(drop),
+        C::Mknod(r) => ns.mknod(tagged(r, s, &tag)).await.map(drop),
+        C::Symlink(r) => ns.symlink(tagged(r, s, &tag)).await.map(drop),
+        C::Link(r) => ns.link(tagged(r, s, &tag)).await.map(drop),
+        C::Unlink(r) => ns.unlink(tagged(r, s, &tag)).await.map(drop),
+        C::Rmdir(r) => ns.rmdir(tagged(r, s, &tag)).await.map(drop),
+        C::Rename(r) => ns.rename(tagged(r, s, &tag)).await.map(drop),
+        C::SetAttr(r) => ns.set_attr(tagged(r, s, &tag)).await.map(drop),
+        C::SetXattr(r) => ns.set_xattr(tagged(r, s, &tag)).await.map(drop),
+        C::RemoveXattr(r) => ns.remove_xattr(tagged(r, s, &tag)).await.map(drop),
+    };
+    match sent {
+        Ok(()) => {
+            bump(&inner.counters.changes_replayed);
+        }
+        Err(status) if !is_server_error(&status) => return Err(fs_error_from_status(&status)),
+        Err(status) => {
+            bump(&inner.counters.changes_lost);
+            tracing::error!(
+                change = ?record.change,
+                epoch = %record.epoch,
+                commit = record.commit_seq,
+                error = %fs_error_from_status(&status),
+                "the restarted server refused the replay of a namespace change: it is lost"
+            );
+        }
+    }
+    inner.lock_unsynced().change_replayed(record);
     Ok(())
 }
 

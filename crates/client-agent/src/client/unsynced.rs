@@ -16,7 +16,8 @@ use std::collections::{HashMap, HashSet};
 
 use sanfs_blockmap::plan::{DeviceIo, phys_runs};
 use sanfs_proto::model::{ReplayOutcome, ReplayRecord, ReplayRun};
-use sanfs_proto::types::{ByteRange, InodeId, SessionEpoch};
+use sanfs_proto::pb;
+use sanfs_proto::types::{ByteRange, InodeId, SessionEpoch, SessionId};
 
 /// The commit number of a record whose completion got no answer (the session was lost with
 /// it in flight): the server may or may not have applied it. A new server epoch replays it
@@ -71,11 +72,59 @@ impl WriteRecord {
     }
 }
 
-/// Every file's records, and the files whose writes were lost.
+/// A namespace change the server answered before it was durable (docs/protocol.md,
+/// "Namespace changes before they are durable"): the request as sent, to send again to a
+/// restarted server.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum NsChange {
+    Create(pb::CreateRequest),
+    Mkdir(pb::MkdirRequest),
+    Mknod(pb::MknodRequest),
+    Symlink(pb::SymlinkRequest),
+    Link(pb::LinkRequest),
+    Unlink(pb::UnlinkRequest),
+    Rmdir(pb::RmdirRequest),
+    Rename(pb::RenameRequest),
+    SetAttr(pb::SetAttrRequest),
+    SetXattr(pb::SetXattrRequest),
+    RemoveXattr(pb::RemoveXattrRequest),
+}
+
+/// One namespace change not durable yet.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct NsRecord {
+    pub epoch: SessionEpoch,
+    /// The session it was made under.
+    pub session: SessionId,
+    pub commit_seq: u64,
+    pub change: NsChange,
+    /// For a create: the inode and generation it made (the replay makes the same).
+    pub inode: Option<(InodeId, u64)>,
+}
+
+/// A record to replay, in the order the old server committed them.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Replay {
+    Write(InodeId, WriteRecord),
+    Change(NsRecord),
+}
+
+impl Replay {
+    fn order(&self) -> (SessionEpoch, u64) {
+        match self {
+            Replay::Write(_, r) => (r.epoch, r.commit_seq),
+            Replay::Change(r) => (r.epoch, r.commit_seq),
+        }
+    }
+}
+
+/// Every file's records, the namespace changes, and the files whose writes were lost.
 #[derive(Debug, Default)]
 pub(crate) struct Unsynced {
     by_inode: HashMap<InodeId, Vec<WriteRecord>>,
     lost: HashSet<InodeId>,
+    /// In the order they were answered.
+    changes: Vec<NsRecord>,
 }
 
 impl Unsynced {
@@ -84,11 +133,34 @@ impl Unsynced {
         self.by_inode.entry(ino).or_default().push(record);
     }
 
+    /// Keeps the namespace change `record` until it is durable.
+    pub fn record_change(&mut self, record: NsRecord) {
+        self.changes.push(record);
+    }
+
+    /// The newest commit number of the namespace changes of `epoch` (what a sync sent now
+    /// covers).
+    pub fn newest_change(&self, epoch: SessionEpoch) -> Option<u64> {
+        self.changes
+            .iter()
+            .filter(|r| r.epoch == epoch)
+            .map(|r| r.commit_seq)
+            .max()
+    }
+
+    /// A sync of `epoch` (an fsync, a directory's fsync) succeeded after the namespace
+    /// changes up to `upto` were answered: they are durable.
+    pub fn changes_synced(&mut self, epoch: SessionEpoch, upto: u64) {
+        self.changes
+            .retain(|r| r.epoch != epoch || r.commit_seq > upto);
+    }
+
     /// The server of `epoch` says its commits up to `durable_seq` are durable.
     pub fn durable(&mut self, epoch: SessionEpoch, durable_seq: u64) {
         if durable_seq == 0 {
             return;
         }
+        self.changes_synced(epoch, durable_seq);
         self.by_inode.retain(|_, records| {
             records.retain(|r| r.epoch != epoch || r.commit_seq > durable_seq);
             !records.is_empty()
@@ -155,6 +227,40 @@ impl Unsynced {
         // In commit order, file by file: the order the old server applied them.
         all.sort_by_key(|(ino, r)| (r.epoch, r.commit_seq, *ino));
         all
+    }
+
+    /// Every record, write completions and namespace changes, of an epoch other than
+    /// `epoch`, in the order the old server committed them.
+    pub fn to_replay_all(&self, epoch: SessionEpoch) -> Vec<Replay> {
+        let mut all: Vec<Replay> = self
+            .to_replay(epoch)
+            .into_iter()
+            .map(|(ino, r)| Replay::Write(ino, r))
+            .chain(
+                self.changes
+                    .iter()
+                    .filter(|r| r.epoch != epoch)
+                    .cloned()
+                    .map(Replay::Change),
+            )
+            .collect();
+        // Stable: records of one commit keep their order (writes file by file, then changes
+        // as they were answered).
+        all.sort_by_key(Replay::order);
+        all
+    }
+
+    /// The server answered the replay of the namespace change `record` (or refused it: the
+    /// change is lost, which the caller logs): it is forgotten.
+    pub fn change_replayed(&mut self, record: &NsRecord) {
+        if let Some(i) = self.changes.iter().position(|r| r == record) {
+            self.changes.remove(i);
+        }
+    }
+
+    /// Namespace changes kept.
+    pub fn change_count(&self) -> u64 {
+        self.changes.len() as u64
     }
 
     /// The server answered the replay of `record`: it is forgotten, and if it was refused
@@ -284,6 +390,47 @@ mod tests {
         assert!(!u.take_lost(b), "once");
         assert!(!u.pending(b));
         assert!(u.has(a), "the record of the current epoch stays");
+    }
+
+    fn change(epoch: u64, seq: u64) -> NsRecord {
+        NsRecord {
+            epoch: SessionEpoch(epoch),
+            session: SessionId(10 + epoch),
+            commit_seq: seq,
+            change: NsChange::Mkdir(pb::MkdirRequest {
+                name: format!("d{seq}").into_bytes(),
+                ..Default::default()
+            }),
+            inode: Some((InodeId(100 + seq), 1)),
+        }
+    }
+
+    #[test]
+    fn namespace_changes_go_when_durable_and_replay_interleaved_with_writes() {
+        let mut u = Unsynced::default();
+        let a = InodeId(2);
+        u.record_change(change(1, 3));
+        u.record(a, rec(1, 4, 0));
+        u.record_change(change(1, 5));
+        u.record_change(change(1, 6));
+        u.record_change(change(2, 1));
+        assert_eq!(u.newest_change(SessionEpoch(1)), Some(6));
+        let order: Vec<(u64, bool)> = u
+            .to_replay_all(SessionEpoch(2))
+            .iter()
+            .map(|r| match r {
+                Replay::Write(_, w) => (w.commit_seq, true),
+                Replay::Change(c) => (c.commit_seq, false),
+            })
+            .collect();
+        assert_eq!(order, vec![(3, false), (4, true), (5, false), (6, false)]);
+        u.durable(SessionEpoch(1), 5);
+        assert_eq!(u.change_count(), 2, "3 and 5 are durable");
+        u.changes_synced(SessionEpoch(1), 6);
+        assert_eq!(u.change_count(), 1, "epoch 2's change stays");
+        let last = change(2, 1);
+        u.change_replayed(&last);
+        assert_eq!(u.change_count(), 0);
     }
 
     #[test]

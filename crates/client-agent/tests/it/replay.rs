@@ -336,3 +336,154 @@ async fn a_write_acknowledged_before_a_server_kill_is_there_after_fsync() {
 async fn a_lazily_completed_write_is_replayed_to_the_restarted_server() {
     write_survives_server_kill("replay (200 ms)", Duration::from_millis(200)).await;
 }
+
+/// What the namespace workload of [`namespace_changes_survive_a_server_kill`] left: every
+/// name under the test directory with its kind, mode and (for symlinks) target.
+fn tree(root: &Path) -> std::collections::BTreeMap<String, (char, u32, String)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            let (kind, target) = if m.file_type().is_symlink() {
+                ('l', std::fs::read_link(&p).unwrap().display().to_string())
+            } else if m.is_dir() {
+                dirs.push(p.clone());
+                ('d', String::new())
+            } else {
+                ('f', String::new())
+            };
+            out.insert(rel, (kind, m.permissions().mode() & 0o7777, target));
+        }
+    }
+    out
+}
+
+/// Issue 19: namespace changes are answered before they are durable; one acknowledged to an
+/// application survives `kill -9` of the server while its agent lives (the agent replays
+/// them in the restarted server's reclaim window, in order), and the namespace after the
+/// restart is exactly what the application was told, fsck clean. The server is killed right
+/// after the last change, well inside the second in which it makes lazy work durable on its
+/// own, so the agent still holds every change's record and replays it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_changes_survive_a_server_kill() {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (mut mds, luns) = start_mds(dir.path());
+    let agent = Agent::mount(dir.path(), &mds, &luns).await;
+    let root = agent.mount.join("work");
+    let r = root.clone();
+    let expect = timed("the namespace workload", 120, move || {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir(&r).unwrap();
+        for d in 0..4 {
+            let sub = r.join(format!("d{d}"));
+            std::fs::create_dir(&sub).unwrap();
+            for i in 0..60 {
+                let f = sub.join(format!("f{i}"));
+                std::fs::File::create(&f).unwrap();
+                match i % 6 {
+                    0 => std::fs::rename(&f, sub.join(format!("renamed{i}"))).unwrap(),
+                    1 => std::fs::remove_file(&f).unwrap(),
+                    2 => std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600))
+                        .unwrap(),
+                    3 => std::os::unix::fs::symlink(format!("f{i}"), sub.join(format!("s{i}")))
+                        .unwrap(),
+                    4 => std::fs::hard_link(&f, sub.join(format!("h{i}"))).unwrap(),
+                    _ => {}
+                }
+            }
+            // A directory made and removed again, and one moved under another.
+            std::fs::create_dir(sub.join("gone")).unwrap();
+            std::fs::remove_dir(sub.join("gone")).unwrap();
+            std::fs::create_dir(sub.join("moved")).unwrap();
+            std::fs::rename(sub.join("moved"), r.join(format!("moved{d}"))).unwrap();
+        }
+        // A last burst, not looked at before the kill (the look takes longer than the
+        // second after which the server makes lazy work durable on its own): what the
+        // server still holds lazily at the kill, for the agent to replay.
+        let mut expect = tree(&r);
+        let file_mode = expect["d0/f5"].1;
+        let dir_mode = expect["d0"].1;
+        let burst = r.join("burst");
+        std::fs::create_dir(&burst).unwrap();
+        expect.insert("burst".into(), ('d', dir_mode, String::new()));
+        for i in 0..120 {
+            let f = burst.join(format!("b{i}"));
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&f)
+                .unwrap();
+            let name = match i % 3 {
+                0 => {
+                    std::fs::rename(&f, burst.join(format!("c{i}"))).unwrap();
+                    format!("burst/c{i}")
+                }
+                1 => {
+                    std::fs::remove_file(&f).unwrap();
+                    continue;
+                }
+                _ => format!("burst/b{i}"),
+            };
+            expect.insert(name, ('f', file_mode, String::new()));
+        }
+        expect
+    })
+    .await;
+    assert!(
+        expect.len() > 300,
+        "the workload made {} names",
+        expect.len()
+    );
+    mds.kill9_and_restart();
+    agent.wait_new_session(1).await;
+    let r = root.clone();
+    let after = timed("the namespace after the restart", 60, move || tree(&r)).await;
+    let logs = || {
+        format!(
+            "agent log:\n{}\nserver log:\n{}",
+            agent.log_text(),
+            mds.log_text()
+        )
+    };
+    let missing: Vec<_> = expect.keys().filter(|k| !after.contains_key(*k)).collect();
+    let extra: Vec<_> = after.keys().filter(|k| !expect.contains_key(*k)).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "after the restart: missing {missing:?}, extra {extra:?}\n{}",
+        logs()
+    );
+    assert_eq!(after, expect, "kinds, modes or targets differ\n{}", logs());
+    assert!(
+        agent.log_text().contains("namespace changes"),
+        "the agent replayed no namespace change (were they all durable before the kill?)\n{}",
+        logs()
+    );
+    assert!(
+        !agent.log_text().contains("refused the replay"),
+        "a replay was refused\n{}",
+        logs()
+    );
+    // The store the replays left is consistent (the server stopped cleanly: SIGTERM).
+    drop(agent);
+    let pid = rustix::process::Pid::from_raw(i32::try_from(mds.child.id()).unwrap()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let stopped = mds.child.wait().unwrap();
+    assert!(stopped.success(), "sanfs-mds after SIGTERM: {stopped}");
+    drop(mds);
+    let mds_bin =
+        std::path::Path::new(env!("CARGO_BIN_EXE_sanfs-agent")).with_file_name("sanfs-mds");
+    let fsck = Command::new(mds_bin)
+        .args(["fsck", "--config"])
+        .arg(dir.path().join("mds.toml"))
+        .output()
+        .unwrap();
+    assert!(fsck.status.success(), "fsck: {fsck:?}");
+}

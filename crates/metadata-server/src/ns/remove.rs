@@ -47,7 +47,7 @@ pub(super) fn dispose(ctx: &mut Ctx<'_>, unlinked: Vec<InodeId>) -> Result<(), O
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .sessions_of(ino.0);
-        if holders.is_empty() {
+        if holders.is_empty() && !ctx.replaying {
             destroy_inode(ctx, ino)?;
         } else {
             ctx.orphans.insert(ino.0, ())?;

@@ -267,6 +267,8 @@ impl Server {
             }
         }
         if req.reclaim_complete {
+            // Replayed namespace changes are lazy commits: durable before the window may end.
+            self.store.sync().await.map_err(|e| fs_status(&e))?;
             tracing::info!(session = req.session.0, previous, "reclaim complete");
             self.reclaim.complete(previous);
         }
@@ -361,6 +363,8 @@ impl Data for DataService {
                 )
                 .await
                 .map_err(|e| fs_status(&e))?;
+            // What it saw of other sessions' namespace changes is durable first.
+            self.server.barrier(Some(req.handle.session)).await?;
             Ok(grant_reply(id, &req, mapped, LockMode::Shared, cacheable)?.into())
         })
         .await
@@ -394,6 +398,7 @@ impl Data for DataService {
                 )
                 .await
                 .map_err(|e| fs_status(&e))?;
+            self.server.barrier(Some(req.handle.session)).await?;
             Ok(grant_reply(id, &req, mapped, LockMode::Exclusive, layout)?.into())
         })
         .await
@@ -439,6 +444,7 @@ impl Data for DataService {
             if commit_seq > 0 {
                 self.server.record_session(session).await?;
             }
+            self.server.barrier(Some(req.session)).await?;
             Ok(CompleteReply {
                 attr,
                 commit_seq,
@@ -498,6 +504,7 @@ impl Data for DataService {
                 .proxied_read_bytes
                 .fetch_add(data.len() as u64, Ordering::Relaxed);
             crate::activity::add_proxied(false, data.len() as u64);
+            self.server.barrier(Some(req.handle.session)).await?;
             Ok(ReadReply { data, eof }.into())
         })
         .await
@@ -546,6 +553,7 @@ impl Data for DataService {
             crate::activity::add_proxied(true, len);
             let written = ByteRange::new(off, len)
                 .map_err(|e| fs_status(&FsError::Invalid(e.to_string())))?;
+            self.server.barrier(Some(req.handle.session)).await?;
             Ok(WriteReply { written, attr }.into())
         })
         .await
@@ -561,8 +569,8 @@ impl Data for DataService {
             note(Some(req.handle.session.0), Some(req.inode.0));
             self.server
                 .check_handle(&who, &req.handle, req.inode, false)?;
-            // Every metadata change is durable before it is acknowledged except the lazy
-            // Unwritten -> Written conversions of Complete without sync: commit them durably.
+            // The lazy commits (Unwritten -> Written conversions of Complete without sync,
+            // namespace changes made under a session) become durable here, all of them.
             // What the server wrote on the proxied path may sit in the LUNs' write caches:
             // flush them. The agent flushes the LUNs it wrote itself.
             let bs = self.server.store.block_size();

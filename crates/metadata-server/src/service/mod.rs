@@ -32,6 +32,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use sanfs_proto::headers::{CommitNote, ReplayTag};
 use sanfs_proto::model::{MAX_INLINE_DATA, ServerEvent, ServerInfo};
 use sanfs_proto::pb;
 use sanfs_proto::status::{status_from_fs_error, status_from_protocol_error};
@@ -332,6 +333,126 @@ impl Server {
         r.map_err(|e| fs_status(&e))
     }
 
+    /// The session a Namespace request is made under: its `sanfs-session` header
+    /// (`sanfs_proto::headers`), which must name a live session of the caller's identity.
+    /// None: a request without one (a tool, an older agent): its changes are durable when
+    /// answered and its reads wait for other sessions' changes to be durable.
+    pub(crate) fn session_of<T>(
+        &self,
+        who: &NodeIdentity,
+        request: &tonic::Request<T>,
+    ) -> Result<Option<SessionId>, Status> {
+        let session = sanfs_proto::headers::session(request.metadata())
+            .map_err(|e| status_from_protocol_error(&e))?;
+        if let Some(s) = session {
+            self.check_session(who, s)?;
+        }
+        Ok(session)
+    }
+
+    /// Before a read of session `me` is answered: if another session's changes are committed
+    /// and not durable, they are made durable first, so that no session ever sees a change a
+    /// crash could still take back (docs/protocol.md, "Namespace changes before they are
+    /// durable"). Called *after* the read (`Store::foreign_undurable`).
+    pub(crate) async fn barrier(&self, me: Option<SessionId>) -> Result<(), Status> {
+        if self.store.foreign_undurable(me.map_or(0, |s| s.0)) {
+            metrics::counter!("sanfs_namespace_barrier_syncs_total").increment(1);
+            self.store.sync().await.map_err(|e| fs_status(&e))?;
+        }
+        Ok(())
+    }
+
+    /// A namespace change of `session`: answered before it is durable (a lazy commit owned by
+    /// the session, whose agent keeps a record of it until it is: `store::committer::Job`),
+    /// or, without a session, in the next durable commit. Answers the change and its
+    /// `sanfs-commit` note.
+    pub(crate) async fn change<R: Send + 'static>(
+        &self,
+        session: Option<SessionId>,
+        f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
+    ) -> Result<(R, CommitNote), Status> {
+        let Some(session) = session else {
+            let r = self.write(f).await?;
+            return Ok((r, self.commit_note(0)));
+        };
+        // Recorded first (durably, once per session): after a restart the reclaim window
+        // waits for this agent's replay.
+        self.record_session(session.0).await?;
+        self.pending_writes.fetch_add(1, Ordering::Relaxed);
+        let r = self.store.write_owned(session.0, f).await;
+        self.pending_writes.fetch_sub(1, Ordering::Relaxed);
+        let (r, seq) = r.map_err(|e| fs_status(&e))?;
+        Ok((r, self.commit_note(seq)))
+    }
+
+    /// The `sanfs-commit` note of a change in commit `seq` (0 once durable).
+    pub(crate) fn commit_note(&self, seq: u64) -> CommitNote {
+        let durable_seq = self.store.durable_seq();
+        CommitNote {
+            seq: if seq <= durable_seq { 0 } else { seq },
+            durable_seq,
+        }
+    }
+
+    /// A namespace change sent again by the agent of `tag.previous` to this restarted
+    /// server, under its new `session`, in the reclaim window: durable already if its commit
+    /// survived, otherwise applied again (`reclaim::replay_change`) lazily; the window's end
+    /// (`reclaim_complete`) makes every replay durable.
+    pub(crate) async fn replay_change(
+        &self,
+        session: Option<SessionId>,
+        tag: ReplayTag,
+        change: crate::reclaim::NsChange,
+    ) -> Result<CommitNote, Status> {
+        let Some(session) = session else {
+            return Err(status_from_protocol_error(&ProtocolError::MissingField(
+                "sanfs-session (a replay is made under the new session)",
+            )));
+        };
+        if !self.reclaim.authorize(tag.previous.0) {
+            tracing::warn!(
+                session = session.0,
+                previous = tag.previous.0,
+                "replay of a namespace change refused: that session has nothing to reclaim now"
+            );
+            return Err(fs_status(&FsError::Invalid(format!(
+                "replay refused: session {} has nothing to reclaim now (not recorded, done, or the reclaim window is over)",
+                tag.previous.0
+            ))));
+        }
+        if crate::reclaim::change_survived(self.store.survived(), tag.epoch.0, tag.commit_seq) {
+            metrics::counter!("sanfs_namespace_replays_total", "outcome" => "durable").increment(1);
+            return Ok(self.commit_note(0));
+        }
+        self.record_session(session.0).await?;
+        let inode = tag.inode;
+        let what = format!("{change:?}");
+        let done = self
+            .store
+            .write_owned(session.0, move |ctx| {
+                crate::reclaim::replay_change(ctx, &change, inode)
+            })
+            .await;
+        match done {
+            Ok((outcome, seq)) => {
+                let label = if outcome == sanfs_proto::model::ReplayOutcome::Durable {
+                    "durable"
+                } else {
+                    "replayed"
+                };
+                metrics::counter!("sanfs_namespace_replays_total", "outcome" => label).increment(1);
+                tracing::debug!(session = session.0, ?outcome, "replayed a namespace change");
+                Ok(self.commit_note(seq))
+            }
+            Err(e) => {
+                metrics::counter!("sanfs_namespace_replays_total", "outcome" => "refused")
+                    .increment(1);
+                tracing::error!(session = session.0, previous = tag.previous.0, error = %e, change = %what, "replay of a namespace change refused: that change is lost");
+                Err(fs_status(&e))
+            }
+        }
+    }
+
     /// The one ownership check: fails with `StaleSession` unless `session` is live (and not
     /// evicted), and with
     /// `PERMISSION_DENIED` unless `caller` is the identity that opened it.
@@ -383,8 +504,18 @@ impl Server {
         }
         if let Some((file, true)) = released {
             let ino = file.ino;
-            self.write(move |ctx| crate::ns::release_orphan(ctx, InodeId(ino)))
-                .await?;
+            // Only an orphan (no link left) is destroyed at its last close: a file with a
+            // name costs no commit here. (An unlink after this read finds no handle and
+            // destroys the inode itself.)
+            let bs = self.store.block_size();
+            let orphan = self
+                .store
+                .read(|t| crate::ns::Reader::getattr(t, bs, InodeId(ino)))
+                .is_ok_and(|a| a.nlink == 0);
+            if orphan {
+                self.write(move |ctx| crate::ns::release_orphan(ctx, InodeId(ino)))
+                    .await?;
+            }
         }
         Ok(())
     }
@@ -550,6 +681,17 @@ pub(crate) async fn rpc<T>(
     };
     crate::metrics::record_rpc(name, code, started.elapsed());
     r.map(Response::new)
+}
+
+/// [`rpc`] for a change whose reply carries its `sanfs-commit` note.
+pub(crate) async fn rpc_noted<T>(
+    name: &'static str,
+    fut: impl Future<Output = Result<(T, CommitNote), Status>>,
+) -> Result<Response<T>, Status> {
+    let (reply, note) = rpc(name, fut).await?.into_inner();
+    let mut response = Response::new(reply);
+    sanfs_proto::headers::set_commit(response.metadata_mut(), note);
+    Ok(response)
 }
 
 /// Records the request's session and inode on the current `rpc` span.

@@ -1,8 +1,11 @@
 //! The Namespace service: POSIX metadata operations.
 //!
 //! Lookups, attributes, directory listings, symlink targets, xattrs, access checks and statfs
-//! are answered from a snapshot (`Store::read`); every change is one job in a durable group
-//! commit (`Store::write`). Opening without truncation checks permissions on a snapshot and
+//! are answered from a snapshot (`Store::read`), after any other session's changes that are
+//! not durable yet are made durable ([`Server::barrier`]); every change is one job in a group
+//! commit: under a session (`sanfs-session`) answered before it is durable, its agent keeping
+//! it for a replay ([`Server::change`], docs/protocol.md "Namespace changes before they are
+//! durable"), without one once durable. Opening without truncation checks permissions on a snapshot and
 //! registers the handle in memory; with truncation it is a write job. Releasing the last
 //! handle of an unlinked inode destroys it.
 
@@ -17,15 +20,17 @@ use sanfs_proto::model::{
 use sanfs_proto::pb;
 use sanfs_proto::pb::namespace_server::Namespace;
 use sanfs_proto::types::{
-    Attr, FileType, FsError, InodeId, NAME_MAX, OpenHandle, SymlinkTarget, XattrName,
+    Attr, FileType, FsError, InodeId, NAME_MAX, OpenHandle, SessionId, SymlinkTarget, XattrName,
 };
 use tonic::{Request, Response, Status};
 
 use super::identity::{NodeIdentity, caller};
-use super::{Server, accept, convert, fs_status, note, rpc};
+use super::{Server, accept, convert, fs_status, note, rpc, rpc_noted};
 use crate::ns::{self, Reader};
+use crate::reclaim::NsChange;
 use crate::replies::{self, Once, Stored};
 use crate::store::{Ctx, OpError};
+use sanfs_proto::headers::ReplayTag;
 
 /// The Namespace service over the shared server.
 #[derive(Debug, Clone)]
@@ -48,6 +53,49 @@ where
 {
     let id = request_id(request.get_mut().take_request_id()).map_err(Status::from)?;
     Ok((accept(request)?, id))
+}
+
+/// A change's headers: the session it is made under and, for a change an agent sends again
+/// to a restarted server, its replay tag (`sanfs_proto::headers`).
+fn change_headers<T>(
+    server: &Server,
+    request: &Request<T>,
+) -> Result<(Option<SessionId>, Option<ReplayTag>), Status> {
+    let who = caller(request)?;
+    let session = server.session_of(&who, request)?;
+    let replay = sanfs_proto::headers::replay(request.metadata())
+        .map_err(|e| sanfs_proto::status::status_from_protocol_error(&e))?;
+    Ok((session, replay))
+}
+
+/// A non-idempotent namespace change through the reply cache (`$body` over `$ctx` and the
+/// request `$req`): answered before it is durable under a session ([`Server::change`]),
+/// or applied again when it is a replay ([`Server::replay_change`]).
+macro_rules! change_once {
+    ($self:ident, $request:ident, $name:literal, $req_ty:ty, $variant:ident,
+     |$req:ident| $inode:expr, |$ctx:ident| $body:expr) => {
+        rpc_noted($name, async {
+            let (session, replay) = change_headers(&$self.server, &$request)?;
+            let ($req, id): ($req_ty, _) = accept_once($request)?;
+            if let Some(tag) = replay {
+                let commit = $self
+                    .server
+                    .replay_change(session, tag, NsChange::$variant($req))
+                    .await?;
+                return Ok((Default::default(), commit));
+            }
+            $self.server.wait_reclaim().await;
+            note(session.map(|s| s.0), Some($inode));
+            let (reply, commit) = $self
+                .server
+                .change(session, move |$ctx| {
+                    replies::run_once($ctx, id, 0, |$ctx| $body)
+                })
+                .await?;
+            Ok((reply.into_reply(), commit))
+        })
+        .await
+    };
 }
 
 /// The wire requests that carry a `request_id`.
@@ -128,6 +176,7 @@ impl Server {
                 self.release_handle(handle).await?;
                 return Err(e);
             }
+            self.barrier(Some(req.session)).await?;
             if attr.nlink == 0 {
                 // An orphan held open by one more session: recorded, as `ns::remove::dispose`
                 // records the sessions that held it when it became one.
@@ -230,11 +279,13 @@ impl Namespace for NamespaceService {
         request: Request<pb::LookupRequest>,
     ) -> Result<Response<pb::LookupReply>, Status> {
         rpc("Lookup", async {
+            let (session, _) = change_headers(&self.server, &request)?;
             let req: EntryRequest = accept(request)?;
             self.server.wait_reclaim().await;
-            note(None, Some(req.parent.0));
+            note(session.map(|s| s.0), Some(req.parent.0));
             let bs = self.server.store.block_size();
             let mut attr = self.server.read(|t| t.lookup(bs, &req))?;
+            self.server.barrier(session).await?;
             // A size another node holds writes back for: those writes first (the lookup's
             // caller is not known, so its own delegation is recalled too).
             if attr.kind == FileType::Regular && self.server.grants.any_write_delegation() {
@@ -252,7 +303,11 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::GetAttrReply>, Status> {
         rpc("GetAttr", async {
             let who = caller(&request)?;
+            let (header_session, _) = change_headers(&self.server, &request)?;
             let req: GetAttrRequest = accept(request)?;
+            let session = header_session.or(req
+                .session
+                .filter(|s| self.server.check_session(&who, *s).is_ok()));
             self.server.wait_reclaim().await;
             note(req.session.map(|s| s.0), Some(req.inode.0));
             // The caller's own delegation is not recalled: only for a session of the
@@ -271,6 +326,7 @@ impl Namespace for NamespaceService {
             };
             let bs = self.server.store.block_size();
             let attr = self.server.read(|t| t.getattr(bs, req.inode))?;
+            self.server.barrier(session).await?;
             Ok(attr.into())
         })
         .await
@@ -280,21 +336,35 @@ impl Namespace for NamespaceService {
         &self,
         request: Request<pb::SetAttrRequest>,
     ) -> Result<Response<pb::SetAttrReply>, Status> {
-        rpc("SetAttr", async {
+        rpc_noted("SetAttr", async {
+            let (session, replay) = change_headers(&self.server, &request)?;
             let req: SetAttrRequest = accept(request)?;
+            if let Some(tag) = replay {
+                let commit = self
+                    .server
+                    .replay_change(session, tag, NsChange::SetAttr(req))
+                    .await?;
+                return Ok((Default::default(), commit));
+            }
             self.server.wait_reclaim().await;
             note(req.handle.map(|h| h.session.0), Some(req.inode.0));
-            let _guard = match req.changes.size {
-                Some(size) => {
-                    let session = req.handle.map_or(0, |h| h.session.0);
-                    self.server
-                        .size_change_guard(req.inode.0, size, session)
-                        .await?
-                }
-                None => None,
+            let Some(size) = req.changes.size else {
+                // Mode, owner and times: answered before durable under a session.
+                let (attr, commit) = self
+                    .server
+                    .change(session, move |ctx| ns::setattr(ctx, &req))
+                    .await?;
+                return Ok((pb::SetAttrReply::from(attr), commit));
             };
+            // A size change is durable when answered: it changes what grants describe, and
+            // data replays must never meet a truncate of their own session's still to come.
+            let handle_session = req.handle.map_or(0, |h| h.session.0);
+            let _guard = self
+                .server
+                .size_change_guard(req.inode.0, size, handle_session)
+                .await?;
             let attr: Attr = self.server.write(move |ctx| ns::setattr(ctx, &req)).await?;
-            Ok(attr.into())
+            Ok((attr.into(), self.server.commit_note(0)))
         })
         .await
     }
@@ -303,45 +373,75 @@ impl Namespace for NamespaceService {
         &self,
         request: Request<pb::CreateRequest>,
     ) -> Result<Response<pb::CreateReply>, Status> {
-        rpc("Create", async {
+        rpc_noted("Create", async {
             let who = caller(&request)?;
-            let (req, id): (CreateRequest, _) = accept_once(request)?;
+            let (header_session, replay) = change_headers(&self.server, &request)?;
+            let (mut req, id): (CreateRequest, _) = accept_once(request)?;
+            if let Some(tag) = replay {
+                // Made under the new session (the one in the request is the last epoch's).
+                if let Some(s) = header_session {
+                    req.session = s;
+                }
+                let commit = self
+                    .server
+                    .replay_change(header_session, tag, NsChange::Create(req))
+                    .await?;
+                return Ok((Default::default(), commit));
+            }
             self.server.wait_reclaim().await;
             note(Some(req.session.0), Some(req.parent.0));
             let session = req.session;
             self.server.check_session(&who, session)?;
-            // Truncating an existing file changes what grants describe.
-            let existing = if req.flags.truncate && !req.exclusive {
-                let (parent, name) = (req.parent.0, req.name.clone());
-                self.server
-                    .store
-                    .read(|t| t.dirent(InodeId(parent), name.as_bytes()))
-                    .ok()
-                    .flatten()
-                    .map(|(child, _, _)| child)
-            } else {
-                None
+            let truncating = req.flags.truncate && !req.exclusive;
+            // Answered before durable when made under its session's header (an agent that
+            // keeps it for a replay), unless it truncates an existing file: a size change is
+            // durable when answered, as in SetAttr. A lazy try that finds the name taken
+            // changes nothing and comes back here as a durable one.
+            let mut lazy = header_session == Some(session);
+            let (reply, commit) = loop {
+                // Truncating an existing file changes what grants describe.
+                let existing = if truncating {
+                    let (parent, name) = (req.parent.0, req.name.clone());
+                    self.server
+                        .store
+                        .read(|t| t.dirent(InodeId(parent), name.as_bytes()))
+                        .ok()
+                        .flatten()
+                        .map(|(child, _, _)| child)
+                } else {
+                    None
+                };
+                lazy &= existing.is_none();
+                let _guard = match existing {
+                    Some(child) => self.server.size_change_guard(child.0, 0, session.0).await?,
+                    None => None,
+                };
+                let r = req.clone();
+                let check_free = lazy && truncating;
+                let (reply, commit) = self
+                    .server
+                    .change(lazy.then_some(session), move |ctx| {
+                        if check_free && ctx.t.dirent(r.parent, r.name.as_bytes())?.is_some() {
+                            return Ok(None);
+                        }
+                        let once = replies::run_once(ctx, id, session.0, |ctx| {
+                            ns::create(ctx, &r).map(pb::CreateReply::from)
+                        })?;
+                        match once {
+                            Once::Fresh(reply) => Ok(Some(reply)),
+                            Once::Replayed(stored) => create_replayed(ctx, &r, stored).map(Some),
+                        }
+                    })
+                    .await?;
+                match reply {
+                    Some(reply) => break (reply, commit),
+                    None => lazy = false,
+                }
             };
-            let _guard = match existing {
-                Some(child) => self.server.size_change_guard(child.0, 0, session.0).await?,
-                None => None,
-            };
-            let reply = self
-                .server
-                .write(move |ctx| {
-                    let once = replies::run_once(ctx, id, session.0, |ctx| {
-                        ns::create(ctx, &req).map(pb::CreateReply::from)
-                    })?;
-                    match once {
-                        Once::Fresh(reply) => Ok(reply),
-                        Once::Replayed(stored) => create_replayed(ctx, &req, stored),
-                    }
-                })
-                .await?;
             self.server
                 .keep_if_session_lives(session.0, reply.handle)
                 .await?;
-            Ok(reply)
+            Ok((reply, commit))
         })
         .await
     }
@@ -350,140 +450,105 @@ impl Namespace for NamespaceService {
         &self,
         request: Request<pb::MkdirRequest>,
     ) -> Result<Response<pb::MkdirReply>, Status> {
-        rpc("Mkdir", async {
-            let (req, id): (MkdirRequest, _) = accept_once(request)?;
-            self.server.wait_reclaim().await;
-            note(None, Some(req.parent.0));
-            self.server
-                .write(move |ctx| {
-                    replies::run_once(ctx, id, 0, |ctx| {
-                        ns::mkdir(ctx, &req).map(pb::MkdirReply::from)
-                    })
-                })
-                .await
-                .map(Once::into_reply)
-        })
-        .await
+        change_once!(
+            self,
+            request,
+            "Mkdir",
+            MkdirRequest,
+            Mkdir,
+            |req| req.parent.0,
+            |ctx| { ns::mkdir(ctx, &req).map(pb::MkdirReply::from) }
+        )
     }
 
     async fn mknod(
         &self,
         request: Request<pb::MknodRequest>,
     ) -> Result<Response<pb::MknodReply>, Status> {
-        rpc("Mknod", async {
-            let (req, id): (MknodRequest, _) = accept_once(request)?;
-            self.server.wait_reclaim().await;
-            note(None, Some(req.parent.0));
-            self.server
-                .write(move |ctx| {
-                    replies::run_once(ctx, id, 0, |ctx| {
-                        ns::mknod(ctx, &req).map(pb::MknodReply::from)
-                    })
-                })
-                .await
-                .map(Once::into_reply)
-        })
-        .await
+        change_once!(
+            self,
+            request,
+            "Mknod",
+            MknodRequest,
+            Mknod,
+            |req| req.parent.0,
+            |ctx| { ns::mknod(ctx, &req).map(pb::MknodReply::from) }
+        )
     }
 
     async fn unlink(
         &self,
         request: Request<pb::UnlinkRequest>,
     ) -> Result<Response<pb::UnlinkReply>, Status> {
-        rpc("Unlink", async {
-            let (req, id): (EntryRequest, _) = accept_once(request)?;
-            self.server.wait_reclaim().await;
-            note(None, Some(req.parent.0));
-            self.server
-                .write(move |ctx| {
-                    replies::run_once(ctx, id, 0, |ctx| {
-                        ns::unlink(ctx, &req, false).map(|_| pb::UnlinkReply {})
-                    })
-                })
-                .await
-                .map(Once::into_reply)
-        })
-        .await
+        change_once!(
+            self,
+            request,
+            "Unlink",
+            EntryRequest,
+            Unlink,
+            |req| req.parent.0,
+            |ctx| { ns::unlink(ctx, &req, false).map(|_| pb::UnlinkReply {}) }
+        )
     }
 
     async fn rmdir(
         &self,
         request: Request<pb::RmdirRequest>,
     ) -> Result<Response<pb::RmdirReply>, Status> {
-        rpc("Rmdir", async {
-            let (req, id): (EntryRequest, _) = accept_once(request)?;
-            self.server.wait_reclaim().await;
-            note(None, Some(req.parent.0));
-            self.server
-                .write(move |ctx| {
-                    replies::run_once(ctx, id, 0, |ctx| {
-                        ns::unlink(ctx, &req, true).map(|_| pb::RmdirReply {})
-                    })
-                })
-                .await
-                .map(Once::into_reply)
-        })
-        .await
+        change_once!(
+            self,
+            request,
+            "Rmdir",
+            EntryRequest,
+            Rmdir,
+            |req| req.parent.0,
+            |ctx| { ns::unlink(ctx, &req, true).map(|_| pb::RmdirReply {}) }
+        )
     }
 
     async fn rename(
         &self,
         request: Request<pb::RenameRequest>,
     ) -> Result<Response<pb::RenameReply>, Status> {
-        rpc("Rename", async {
-            let (req, id): (RenameRequest, _) = accept_once(request)?;
-            self.server.wait_reclaim().await;
-            note(None, Some(req.old_parent.0));
-            self.server
-                .write(move |ctx| {
-                    replies::run_once(ctx, id, 0, |ctx| {
-                        ns::rename(ctx, &req).map(|_| pb::RenameReply {})
-                    })
-                })
-                .await
-                .map(Once::into_reply)
-        })
-        .await
+        change_once!(
+            self,
+            request,
+            "Rename",
+            RenameRequest,
+            Rename,
+            |req| req.old_parent.0,
+            |ctx| { ns::rename(ctx, &req).map(|_| pb::RenameReply {}) }
+        )
     }
 
     async fn link(
         &self,
         request: Request<pb::LinkRequest>,
     ) -> Result<Response<pb::LinkReply>, Status> {
-        rpc("Link", async {
-            let (req, id): (LinkRequest, _) = accept_once(request)?;
-            self.server.wait_reclaim().await;
-            note(None, Some(req.inode.0));
-            self.server
-                .write(move |ctx| {
-                    replies::run_once(ctx, id, 0, |ctx| {
-                        ns::link(ctx, &req).map(pb::LinkReply::from)
-                    })
-                })
-                .await
-                .map(Once::into_reply)
-        })
-        .await
+        change_once!(
+            self,
+            request,
+            "Link",
+            LinkRequest,
+            Link,
+            |req| req.inode.0,
+            |ctx| { ns::link(ctx, &req).map(pb::LinkReply::from) }
+        )
     }
 
     async fn symlink(
         &self,
         request: Request<pb::SymlinkRequest>,
     ) -> Result<Response<pb::SymlinkReply>, Status> {
-        rpc("Symlink", async {
-            let (req, id): (SymlinkRequest, _) = accept_once(request)?;
-            self.server.wait_reclaim().await;
-            note(None, Some(req.parent.0));
-            self.server
-                .write(move |ctx| {
-                    replies::run_once(ctx, id, 0, |ctx| {
-                        ns::symlink(ctx, &req).map(pb::SymlinkReply::from)
-                    })
-                })
-                .await
-                .map(Once::into_reply)
-        })
-        .await
+        change_once!(
+            self,
+            request,
+            "Symlink",
+            SymlinkRequest,
+            Symlink,
+            |req| req.parent.0,
+            |ctx| { ns::symlink(ctx, &req).map(pb::SymlinkReply::from) }
+        )
     }
 
     async fn readlink(
@@ -491,10 +556,12 @@ impl Namespace for NamespaceService {
         request: Request<pb::ReadlinkRequest>,
     ) -> Result<Response<pb::ReadlinkReply>, Status> {
         rpc("Readlink", async {
+            let (session, _) = change_headers(&self.server, &request)?;
             let req: InodeRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             let bytes = self.server.read(|t| t.readlink(req.inode))?;
+            self.server.barrier(session).await?;
             let target = SymlinkTarget::new(bytes).map_err(|e| corrupt("symlink target", e))?;
             Ok(target.into())
         })
@@ -506,11 +573,13 @@ impl Namespace for NamespaceService {
         request: Request<pb::ReadDirRequest>,
     ) -> Result<Response<pb::ReadDirReply>, Status> {
         rpc("ReadDir", async {
+            let (session, _) = change_headers(&self.server, &request)?;
             let req: ReadDirRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             let bs = self.server.store.block_size();
             let mut reply = self.server.read(|t| t.readdir(bs, &req))?;
+            self.server.barrier(session).await?;
             // Attributes of files another node holds writes back for: those writes first.
             if self.server.grants.any_write_delegation() {
                 let mut settled = false;
@@ -534,10 +603,13 @@ impl Namespace for NamespaceService {
         request: Request<pb::StatFsRequest>,
     ) -> Result<Response<pb::StatFsReply>, Status> {
         rpc("StatFs", async {
+            let (session, _) = change_headers(&self.server, &request)?;
             let req: InodeRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
-            Ok(self.server.statfs(&req)?.into())
+            let st = self.server.statfs(&req)?;
+            self.server.barrier(session).await?;
+            Ok(st.into())
         })
         .await
     }
@@ -547,10 +619,12 @@ impl Namespace for NamespaceService {
         request: Request<pb::GetXattrRequest>,
     ) -> Result<Response<pb::GetXattrReply>, Status> {
         rpc("GetXattr", async {
+            let (session, _) = change_headers(&self.server, &request)?;
             let req: XattrRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             let value = self.server.read(|t| t.getxattr(&req))?;
+            self.server.barrier(session).await?;
             Ok(XattrValue(value).into())
         })
         .await
@@ -560,14 +634,23 @@ impl Namespace for NamespaceService {
         &self,
         request: Request<pb::SetXattrRequest>,
     ) -> Result<Response<pb::SetXattrReply>, Status> {
-        rpc("SetXattr", async {
+        rpc_noted("SetXattr", async {
+            let (session, replay) = change_headers(&self.server, &request)?;
             let req: SetXattrRequest = accept(request)?;
+            if let Some(tag) = replay {
+                let commit = self
+                    .server
+                    .replay_change(session, tag, NsChange::SetXattr(req))
+                    .await?;
+                return Ok((Default::default(), commit));
+            }
             self.server.wait_reclaim().await;
-            note(None, Some(req.inode.0));
-            self.server
-                .write(move |ctx| ns::setxattr(ctx, &req))
+            note(session.map(|s| s.0), Some(req.inode.0));
+            let ((), commit) = self
+                .server
+                .change(session, move |ctx| ns::setxattr(ctx, &req))
                 .await?;
-            Ok(pb::SetXattrReply {})
+            Ok((pb::SetXattrReply {}, commit))
         })
         .await
     }
@@ -577,10 +660,12 @@ impl Namespace for NamespaceService {
         request: Request<pb::ListXattrRequest>,
     ) -> Result<Response<pb::ListXattrReply>, Status> {
         rpc("ListXattr", async {
+            let (session, _) = change_headers(&self.server, &request)?;
             let req: InodeRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             let names = self.server.read(|t| t.listxattr(&req.cred, req.inode))?;
+            self.server.barrier(session).await?;
             let names = names
                 .into_iter()
                 .map(XattrName::new)
@@ -595,14 +680,23 @@ impl Namespace for NamespaceService {
         &self,
         request: Request<pb::RemoveXattrRequest>,
     ) -> Result<Response<pb::RemoveXattrReply>, Status> {
-        rpc("RemoveXattr", async {
+        rpc_noted("RemoveXattr", async {
+            let (session, replay) = change_headers(&self.server, &request)?;
             let req: XattrRequest = accept(request)?;
+            if let Some(tag) = replay {
+                let commit = self
+                    .server
+                    .replay_change(session, tag, NsChange::RemoveXattr(req))
+                    .await?;
+                return Ok((Default::default(), commit));
+            }
             self.server.wait_reclaim().await;
-            note(None, Some(req.inode.0));
-            self.server
-                .write(move |ctx| ns::removexattr(ctx, &req))
+            note(session.map(|s| s.0), Some(req.inode.0));
+            let ((), commit) = self
+                .server
+                .change(session, move |ctx| ns::removexattr(ctx, &req))
                 .await?;
-            Ok(pb::RemoveXattrReply {})
+            Ok((pb::RemoveXattrReply {}, commit))
         })
         .await
     }
@@ -659,11 +753,13 @@ impl Namespace for NamespaceService {
         request: Request<pb::AccessRequest>,
     ) -> Result<Response<pb::AccessReply>, Status> {
         rpc("Access", async {
+            let (session, _) = change_headers(&self.server, &request)?;
             let req: AccessRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             self.server
                 .read(|t| t.access(&req.cred, req.inode, req.mask))?;
+            self.server.barrier(session).await?;
             Ok(pb::AccessReply {})
         })
         .await

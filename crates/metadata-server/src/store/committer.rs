@@ -42,6 +42,14 @@ pub struct Ctx<'t> {
     pub st: &'t mut State,
     pub now: Timestamp,
     pub block_size: u32,
+    /// The inode number and generation the next new inode must have (a replayed create,
+    /// `crate::service::replay`): taken by [`Ctx::new_inode_number`], reset per job.
+    pub forced_inode: Option<(u64, u64)>,
+    /// The job replays a change of the last run (reset per job): an inode whose last link
+    /// goes is kept as an orphan even if nobody holds it open now, since its agent opens its
+    /// files again only after its replays; the recovery after the reclaim window reaps the
+    /// orphans nobody opened again.
+    pub replaying: bool,
 }
 
 /// A job's answer, called with its commit's number once that commit is done (or failed).
@@ -51,9 +59,43 @@ pub(super) type Run = Box<dyn for<'t> FnOnce(&mut Ctx<'t>) -> (Reply, bool) + Se
 /// A queued change. A `lazy` one may be committed without a sync: it becomes durable with the
 /// next durable commit (any non-lazy job, or [`Store::sync`]), and a crash before that loses
 /// it whole (never half of it).
+///
+/// A lazy job with an `owner` (a session: a namespace change its agent keeps a record of
+/// until it is durable, docs/protocol.md "Namespace changes before they are durable") is
+/// committed lazily only while every change not durable yet is that same session's: a batch
+/// with another session's owned change in it, or after one, is made durable. So the changes
+/// a crash can lose are always one session's, which its agent replays in order on the
+/// durable state they were made on; and other sessions never see them before they are
+/// durable ([`Store::foreign_undurable`] tells readers when to sync first). `owner` 0: a
+/// lazy change that belongs to nobody (a write completion).
 pub(super) struct Job {
     pub(super) run: Run,
     pub(super) lazy: bool,
+    pub(super) owner: u64,
+}
+
+/// Whether a batch must be durable: it has a non-lazy job, or owned lazy jobs of more than
+/// one session, or of another session than `undurable_owner` (the session whose owned
+/// changes are committed but not durable; 0: none).
+pub(super) fn batch_durable(batch: &[Job], undurable_owner: u64) -> bool {
+    let mut owner = undurable_owner;
+    for j in batch {
+        if !j.lazy {
+            return true;
+        }
+        if j.owner != 0 {
+            if owner != 0 && owner != j.owner {
+                return true;
+            }
+            owner = j.owner;
+        }
+    }
+    false
+}
+
+/// The session that owns the lazy changes of `batch` (0: none).
+fn batch_owner(batch: &[Job]) -> u64 {
+    batch.iter().map(|j| j.owner).find(|o| *o != 0).unwrap_or(0)
 }
 
 /// Histogram of the time a durable commit takes (its transactions run, then the fsync), in
@@ -75,6 +117,11 @@ pub(super) struct Shared {
     pub(super) commit_seq: AtomicU64,
     /// Every commit of this run up to this number is durable.
     pub(super) durable_seq: AtomicU64,
+    /// The session whose owned lazy changes are committed and not durable yet, and the
+    /// number of its last such commit (see [`Job`]); set *before* that commit is visible to
+    /// readers, so a reader that sees the change also sees the owner.
+    pub(super) undurable_owner: AtomicU64,
+    pub(super) undurable_owner_seq: AtomicU64,
     pub(super) poisoned: AtomicBool,
     pub(super) reason: Mutex<Option<String>>,
     pub(super) poison_notify: tokio::sync::Notify,
@@ -109,6 +156,19 @@ impl Ctx<'_> {
 
     /// A fresh inode number and generation, persisted in this transaction.
     pub fn new_inode_number(&mut self) -> Result<(u64, u64), OpError> {
+        if let Some((ino, generation)) = self.forced_inode.take() {
+            // A replayed create: the number its agent was answered, which must be free.
+            if ino == 0 || self.t.inodes.get(ino)?.is_some() {
+                return Err(OpError::Fs(FsError::Exists));
+            }
+            let next = ino.checked_add(1).ok_or(OpError::Fs(FsError::NoSpace))?;
+            self.st.next_inode = self.st.next_inode.max(next);
+            self.st.generation = self.st.generation.max(generation);
+            self.counters.insert(KEY_NEXT_INODE, self.st.next_inode)?;
+            self.counters.insert(KEY_GENERATION, self.st.generation)?;
+            self.st.usage.inodes.fetch_add(1, Ordering::Relaxed);
+            return Ok((ino, generation));
+        }
         let ino = self.st.next_inode;
         let next = ino.checked_add(1).ok_or(OpError::Fs(FsError::NoSpace))?;
         self.st.next_inode = next;
@@ -183,6 +243,7 @@ pub(super) fn committer_loop(
         let empty_durable = || Job {
             run: Box::new(|_: &mut Ctx<'_>| (Box::new(|_| {}) as Reply, true)),
             lazy: false,
+            owner: 0,
         };
         let mut last = false;
         let first = match received {
@@ -216,10 +277,29 @@ pub(super) fn committer_loop(
             }
             continue;
         }
-        let durable = batch.iter().any(|j| !j.lazy);
+        // Lazy work is made durable within LAZY_SYNC_AFTER also under a steady stream of
+        // lazy jobs (the timeout above fires only when the queue runs dry).
+        let overdue = lazy_since.is_some_and(|t| t.elapsed() >= LAZY_SYNC_AFTER);
+        let durable =
+            overdue || batch_durable(&batch, shared.undurable_owner.load(Ordering::SeqCst));
         seq += 1;
+        if !durable {
+            let owner = batch_owner(&batch);
+            if owner != 0 {
+                shared.undurable_owner_seq.store(seq, Ordering::SeqCst);
+                shared.undurable_owner.store(owner, Ordering::SeqCst);
+            }
+        }
         let started = std::time::Instant::now();
-        let result = run_batch(db, batch, &mut state, clock, block_size, (epoch, seq));
+        let result = run_batch(
+            db,
+            batch,
+            durable,
+            &mut state,
+            clock,
+            block_size,
+            (epoch, seq),
+        );
         state
             .usage
             .free_blocks
@@ -235,6 +315,7 @@ pub(super) fn committer_loop(
                 shared.commit_seq.store(seq, Ordering::SeqCst);
                 if durable {
                     shared.durable_seq.store(seq, Ordering::SeqCst);
+                    shared.undurable_owner.store(0, Ordering::SeqCst);
                     lazy_since = None;
                 } else {
                     lazy_since.get_or_insert_with(std::time::Instant::now);
@@ -262,13 +343,13 @@ type BatchResult = Result<Vec<Reply>, (String, Vec<Reply>)>;
 fn run_batch(
     db: &Database,
     batch: Vec<Job>,
+    durable: bool,
     state: &mut State,
     clock: &Clock,
     block_size: u32,
     (epoch, seq): (u64, u64),
 ) -> BatchResult {
     let mut replies = Vec::with_capacity(batch.len());
-    let durable = batch.iter().any(|j| !j.lazy);
     let txn = match begin(db, durable) {
         Ok(t) => t,
         Err(e) => {
@@ -294,6 +375,8 @@ fn run_batch(
             // A panicking job is a bug; it must not take the committer thread (and with it
             // every later write) down silently: the batch fails and the store stops.
             let run = job.run;
+            ctx.forced_inode = None;
+            ctx.replaying = false;
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&mut ctx))) {
                 Ok((reply, fine)) => {
                     replies.push(reply);
@@ -358,5 +441,37 @@ fn open_ctx<'t>(
         st,
         now,
         block_size,
+        forced_inode: None,
+        replaying: false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(lazy: bool, owner: u64) -> Job {
+        Job {
+            run: Box::new(|_: &mut Ctx<'_>| (Box::new(|_| {}) as Reply, true)),
+            lazy,
+            owner,
+        }
+    }
+
+    #[test]
+    fn owned_lazy_changes_of_two_sessions_never_share_an_undurable_state() {
+        // One session's changes stay lazy, also after its own earlier ones.
+        assert!(!batch_durable(&[job(true, 7), job(true, 7)], 0));
+        assert!(!batch_durable(&[job(true, 7)], 7));
+        // Unowned lazy work (write completions) does not count.
+        assert!(!batch_durable(&[job(true, 0), job(true, 7)], 0));
+        assert!(!batch_durable(&[job(true, 0)], 7));
+        // Two sessions in one batch, or after another's undurable ones: durable.
+        assert!(batch_durable(&[job(true, 7), job(true, 8)], 0));
+        assert!(batch_durable(&[job(true, 8)], 7));
+        // Any durable job makes the batch durable.
+        assert!(batch_durable(&[job(true, 7), job(false, 0)], 0));
+        assert_eq!(batch_owner(&[job(true, 0), job(true, 9)]), 9);
+        assert_eq!(batch_owner(&[job(true, 0)]), 0);
+    }
 }

@@ -249,6 +249,8 @@ impl Store {
         let shared = Arc::new(Shared {
             commit_seq: AtomicU64::new(0),
             durable_seq: AtomicU64::new(0),
+            undurable_owner: AtomicU64::new(0),
+            undurable_owner_seq: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
             reason: Mutex::new(None),
             poison_notify: tokio::sync::Notify::new(),
@@ -492,7 +494,7 @@ impl Store {
 
     fn submit<R: Send + 'static>(
         &self,
-        lazy: bool,
+        (lazy, owner): (bool, u64),
         f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
         done: impl FnOnce(Result<(R, u64), FsError>) + Send + 'static,
     ) {
@@ -519,7 +521,7 @@ impl Store {
                 )
             }
         });
-        let job = Job { run, lazy };
+        let job = Job { run, lazy, owner };
         let sent = self
             .jobs
             .lock()
@@ -541,7 +543,7 @@ impl Store {
         f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
     ) -> Result<R, FsError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.submit(false, f, move |r| {
+        self.submit((false, 0), f, move |r| {
             let _ = tx.send(r.map(|(r, _)| r));
         });
         rx.await.unwrap_or_else(|_| Err(self.shared.poison_error()))
@@ -566,10 +568,38 @@ impl Store {
         f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
     ) -> Result<(R, u64), FsError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.submit(true, f, move |r| {
+        self.submit((true, 0), f, move |r| {
             let _ = tx.send(r);
         });
         rx.await.unwrap_or_else(|_| Err(self.shared.poison_error()))
+    }
+
+    /// [`Store::write_lazy_numbered`] for a namespace change of session `owner`, whose agent
+    /// keeps a record of it until it is durable and replays it after a restart: committed
+    /// lazily only while the changes not durable yet are all that session's (see
+    /// `committer::Job`); answers the change and the number of its commit.
+    pub async fn write_owned<R: Send + 'static>(
+        &self,
+        owner: u64,
+        f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
+    ) -> Result<(R, u64), FsError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.submit((true, owner), f, move |r| {
+            let _ = tx.send(r);
+        });
+        rx.await.unwrap_or_else(|_| Err(self.shared.poison_error()))
+    }
+
+    /// Whether changes of a session other than `me` (0: no session) are committed and not
+    /// durable: what `me` reads must then wait for a [`Store::sync`], so that no session ever
+    /// sees a change that a crash could still take back (its agent may die with the server).
+    /// Check it *after* reading: the owner is set before its commit becomes visible.
+    pub fn foreign_undurable(&self, me: u64) -> bool {
+        let owner = self.shared.undurable_owner.load(Ordering::SeqCst);
+        owner != 0
+            && owner != me
+            && self.shared.undurable_owner_seq.load(Ordering::SeqCst)
+                > self.shared.durable_seq.load(Ordering::SeqCst)
     }
 
     /// Makes every change committed so far durable (fsync).
@@ -583,7 +613,7 @@ impl Store {
         f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
     ) -> Result<R, FsError> {
         let (tx, rx) = mpsc::sync_channel(1);
-        self.submit(false, f, move |r| {
+        self.submit((false, 0), f, move |r| {
             let _ = tx.send(r.map(|(r, _)| r));
         });
         rx.recv()

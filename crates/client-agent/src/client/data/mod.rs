@@ -431,7 +431,10 @@ impl Client {
         inner.settle(ino).await;
         inner.take_write_error(ino)?;
         // What this fsync makes durable: every completion answered before it is sent.
-        let upto = inner.lock_unsynced().newest(ino, view.epoch);
+        let (upto, changes_upto) = {
+            let u = inner.lock_unsynced();
+            (u.newest(ino, view.epoch), u.newest_change(view.epoch))
+        };
         let req = FsyncRequest {
             cred: cred.clone(),
             handle: handle_ref(fh),
@@ -449,8 +452,13 @@ impl Client {
         // A write lost in a server restart while this fsync waited for the new session is its
         // error too (never a 0 for data that is gone).
         inner.take_lost_write(ino)?;
+        // The server's Fsync makes every commit durable: namespace changes too.
+        let mut unsynced = inner.lock_unsynced();
         if let Some(upto) = upto {
-            inner.lock_unsynced().synced(ino, view.epoch, upto);
+            unsynced.synced(ino, view.epoch, upto);
+        }
+        if let Some(upto) = changes_upto {
+            unsynced.changes_synced(view.epoch, upto);
         }
         Ok(())
     }

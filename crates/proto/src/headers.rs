@@ -1,0 +1,222 @@
+//! The request and reply headers (gRPC metadata) of namespace changes acknowledged before
+//! they are durable (docs/protocol.md, "Namespace changes before they are durable"), read
+//! into domain types here, at the boundary, like every message.
+//!
+//! - `sanfs-session: <session>` on a Namespace request: the session it is made under (the
+//!   server checks that the session belongs to the caller's transport identity). A change
+//!   made under a session may be answered before it is durable; a read under a session sees
+//!   that session's own changes without waiting for them to be durable.
+//! - `sanfs-commit: seq=<n>;durable=<d>` on the reply of a change: the number of the commit
+//!   that holds it (0: durable already) and how far this epoch's commits are durable.
+//! - `sanfs-replay: prev=<session>;epoch=<e>;seq=<n>[;ino=<i>;gen=<g>]` on a change the agent
+//!   sends again to a restarted server: made under session `prev` of epoch `e` in its commit
+//!   `n`; a create gives the inode number and generation it was answered.
+
+use tonic::metadata::{MetadataMap, MetadataValue};
+
+use crate::types::{InodeId, ProtocolError, SessionEpoch, SessionId};
+
+/// The header that names the request's session.
+pub const SESSION: &str = "sanfs-session";
+/// The header of a change's commit number on its reply.
+pub const COMMIT: &str = "sanfs-commit";
+/// The header that marks a replayed change.
+pub const REPLAY: &str = "sanfs-replay";
+
+/// What `sanfs-commit` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitNote {
+    /// The commit that holds the change (0: durable already).
+    pub seq: u64,
+    /// Every commit of the server's epoch up to this one is durable.
+    pub durable_seq: u64,
+}
+
+/// What `sanfs-replay` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayTag {
+    /// The session the change was made under (of the last epoch).
+    pub previous: SessionId,
+    /// The server epoch that answered it.
+    pub epoch: SessionEpoch,
+    /// The number of the commit that held it in that epoch.
+    pub commit_seq: u64,
+    /// For a create: the inode number and generation it was answered.
+    pub inode: Option<(InodeId, u64)>,
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> ProtocolError {
+    ProtocolError::InvalidField {
+        field,
+        reason: reason.into(),
+    }
+}
+
+fn text<'m>(m: &'m MetadataMap, name: &'static str) -> Result<Option<&'m str>, ProtocolError> {
+    match m.get(name) {
+        None => Ok(None),
+        Some(v) => v.to_str().map(Some).map_err(|_| invalid(name, "not ASCII")),
+    }
+}
+
+/// `k=v;k=v` into its values, every key known and given once.
+fn fields<const N: usize>(
+    name: &'static str,
+    s: &str,
+    keys: [&str; N],
+) -> Result<[Option<u64>; N], ProtocolError> {
+    let mut out = [None; N];
+    for part in s.split(';') {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| invalid(name, format!("{part:?} is not key=value")))?;
+        let i = keys
+            .iter()
+            .position(|key| *key == k)
+            .ok_or_else(|| invalid(name, format!("unknown key {k:?}")))?;
+        if out[i].is_some() {
+            return Err(invalid(name, format!("{k:?} given twice")));
+        }
+        out[i] = Some(
+            v.parse::<u64>()
+                .map_err(|_| invalid(name, format!("{k}={v:?} is not a number")))?,
+        );
+    }
+    Ok(out)
+}
+
+fn put(m: &mut MetadataMap, name: &'static str, value: String) {
+    // Digits, '=' and ';' only: always a valid header value.
+    if let Ok(v) = MetadataValue::try_from(value) {
+        m.insert(name, v);
+    }
+}
+
+/// The request's `sanfs-session`, if any (never 0).
+pub fn session(m: &MetadataMap) -> Result<Option<SessionId>, ProtocolError> {
+    let Some(s) = text(m, SESSION)? else {
+        return Ok(None);
+    };
+    match s.parse::<u64>() {
+        Ok(0) => Err(invalid(SESSION, "session 0")),
+        Ok(n) => Ok(Some(SessionId(n))),
+        Err(_) => Err(invalid(SESSION, format!("{s:?} is not a number"))),
+    }
+}
+
+/// Sets `sanfs-session`.
+pub fn set_session(m: &mut MetadataMap, session: SessionId) {
+    put(m, SESSION, session.0.to_string());
+}
+
+/// The reply's `sanfs-commit`, if any.
+pub fn commit(m: &MetadataMap) -> Result<Option<CommitNote>, ProtocolError> {
+    let Some(s) = text(m, COMMIT)? else {
+        return Ok(None);
+    };
+    match fields(COMMIT, s, ["seq", "durable"])? {
+        [Some(seq), Some(durable_seq)] => Ok(Some(CommitNote { seq, durable_seq })),
+        _ => Err(invalid(COMMIT, "needs seq and durable")),
+    }
+}
+
+/// Sets `sanfs-commit`.
+pub fn set_commit(m: &mut MetadataMap, note: CommitNote) {
+    put(
+        m,
+        COMMIT,
+        format!("seq={};durable={}", note.seq, note.durable_seq),
+    );
+}
+
+/// The request's `sanfs-replay`, if any.
+pub fn replay(m: &MetadataMap) -> Result<Option<ReplayTag>, ProtocolError> {
+    let Some(s) = text(m, REPLAY)? else {
+        return Ok(None);
+    };
+    let [prev, epoch, seq, ino, generation] =
+        fields(REPLAY, s, ["prev", "epoch", "seq", "ino", "gen"])?;
+    let (Some(prev), Some(epoch), Some(seq)) = (prev, epoch, seq) else {
+        return Err(invalid(REPLAY, "needs prev, epoch and seq"));
+    };
+    if prev == 0 || seq == 0 {
+        return Err(invalid(REPLAY, "session or commit 0"));
+    }
+    let inode = match (ino, generation) {
+        (None, None) => None,
+        (Some(i), Some(g)) => Some((InodeId::new(i).map_err(|e| e.in_field(REPLAY))?, g)),
+        _ => return Err(invalid(REPLAY, "ino and gen go together")),
+    };
+    Ok(Some(ReplayTag {
+        previous: SessionId(prev),
+        epoch: SessionEpoch(epoch),
+        commit_seq: seq,
+        inode,
+    }))
+}
+
+/// Sets `sanfs-replay`.
+pub fn set_replay(m: &mut MetadataMap, tag: &ReplayTag) {
+    let mut s = format!(
+        "prev={};epoch={};seq={}",
+        tag.previous.0, tag.epoch.0, tag.commit_seq
+    );
+    if let Some((ino, generation)) = tag.inode {
+        s.push_str(&format!(";ino={};gen={generation}", ino.0));
+    }
+    put(m, REPLAY, s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip() {
+        let mut m = MetadataMap::new();
+        assert_eq!(session(&m).unwrap(), None);
+        set_session(&mut m, SessionId(42));
+        assert_eq!(session(&m).unwrap(), Some(SessionId(42)));
+        let note = CommitNote {
+            seq: 7,
+            durable_seq: 5,
+        };
+        set_commit(&mut m, note);
+        assert_eq!(commit(&m).unwrap(), Some(note));
+        for inode in [None, Some((InodeId(9), 3))] {
+            let tag = ReplayTag {
+                previous: SessionId(4),
+                epoch: SessionEpoch(2),
+                commit_seq: 11,
+                inode,
+            };
+            set_replay(&mut m, &tag);
+            assert_eq!(replay(&m).unwrap(), Some(tag));
+        }
+    }
+
+    #[test]
+    fn bad_headers_are_refused() {
+        for (name, value) in [
+            (SESSION, "0"),
+            (SESSION, "x"),
+            (COMMIT, "seq=1"),
+            (COMMIT, "seq=1;durable=2;seq=3"),
+            (COMMIT, "seq=1;dur=2"),
+            (REPLAY, "prev=1;epoch=2"),
+            (REPLAY, "prev=0;epoch=2;seq=1"),
+            (REPLAY, "prev=1;epoch=2;seq=1;ino=5"),
+            (REPLAY, "prev=1;epoch=2;seq=1;ino=0;gen=1"),
+            (REPLAY, "prev=1;epoch=2;seq=-1"),
+        ] {
+            let mut m = MetadataMap::new();
+            m.insert(name, value.parse().unwrap());
+            let r = match name {
+                SESSION => session(&m).map(drop),
+                COMMIT => commit(&m).map(drop),
+                _ => replay(&m).map(drop),
+            };
+            assert!(r.is_err(), "{name}: {value} accepted");
+        }
+    }
+}
