@@ -53,6 +53,9 @@ pub struct MountOpts {
     /// `writeback=SIZE` (0: off), `writeback_file=SIZE`, `writeback_age=DURATION`: the
     /// write-back cache of small buffered writes (see [`crate::client::WriteBackConfig`]).
     pub writeback: crate::client::WriteBackConfig,
+    /// `dirsync`: every namespace change durable when it returns (a disk sync at the server
+    /// per change), instead of answered at once and kept by the agent until durable.
+    pub dirsync: bool,
     /// `log=FILE|syslog|stderr`; `None`: stderr in the foreground, chosen when daemonised.
     pub log: Option<LogTarget>,
     /// `log_level=error|warn|info|debug|trace`; `None`: `RUST_LOG`, else `info`.
@@ -87,6 +90,7 @@ impl Default for MountOpts {
             rescan_interval: crate::client::DEFAULT_RESCAN_INTERVAL,
             direct_io_threshold: None,
             writeback: crate::client::WriteBackConfig::default(),
+            dirsync: false,
             log: None,
             log_level: None,
             remount: false,
@@ -259,6 +263,7 @@ pub fn parse_options_sloppy(
                     .with_context(|| format!("writeback_file={v}: bad size (more than 0)"))?;
             }
             "writeback_age" => o.writeback.max_age = duration_option(key, value)?,
+            "dirsync" => o.dirsync = true,
             "read_cache" => {
                 let v = need(key, value)?;
                 o.writeback.read_cache_bytes = parse_size(v)
@@ -420,6 +425,11 @@ mod tests {
         assert_eq!(o.attr_ttl, Duration::ZERO);
         assert_eq!(o.entry_ttl, Duration::from_millis(250));
         assert!(o.allow_other && o.read_only);
+        assert!(
+            !o.dirsync,
+            "namespace changes are answered before durable by default"
+        );
+        assert!(parse_options(&s("dirsync")).unwrap().dirsync);
         assert_eq!(o.engine, EngineKind::Sync);
         assert_eq!(o.devices, ["/dev/loop*", "/srv/luns/*", "/x/y"]);
         let d = parse_options(&[]).unwrap();

@@ -325,6 +325,7 @@ fn mount(
     config.rescan_interval = opts.rescan_interval;
     config.direct_io_threshold = opts.direct_io_threshold;
     config.writeback = opts.writeback;
+    config.dirsync = opts.dirsync;
     config.accept_epoch_regression = opts.accept_epoch_regression;
     config.retry = opts.retry;
     config.require_luns = !opts.allow_proxied_only;

@@ -169,6 +169,11 @@ pub struct ClientConfig {
     /// Small buffered writes held back under write delegations (the mount's write-back
     /// cache, see `writeback`); `total_bytes` 0 turns it off.
     pub writeback: WriteBackConfig,
+    /// Every namespace change durable when it returns (mount option `dirsync`): changes are
+    /// sent without the session header, so the server commits each durably before it
+    /// answers. Off: answered at once, kept until durable and replayed after a server
+    /// restart (docs/protocol.md, "Namespace changes before they are durable").
+    pub dirsync: bool,
     /// Accept a server whose epoch is lower than the highest this agent has seen (a store
     /// restored from an older copy, deliberately). Off: such a server is refused (see
     /// [`Client::status`], `epoch_refused`) and calls fail with EIO until the right server is
@@ -217,6 +222,7 @@ impl ClientConfig {
             read_layout_bytes: DEFAULT_READ_LAYOUT_BYTES,
             write_layout_bytes: DEFAULT_WRITE_LAYOUT_BYTES,
             writeback: WriteBackConfig::default(),
+            dirsync: false,
             accept_epoch_regression: false,
             retry: RetryPolicy::Hard,
             require_luns: false,

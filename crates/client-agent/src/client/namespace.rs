@@ -66,7 +66,7 @@ macro_rules! rpc {
             .inner
             .call_noted($what, |view| {
                 let mut ns = $self.inner.ns();
-                let req = with_session(req.clone(), view);
+                let req = $self.inner.change_request(req.clone(), view);
                 async move { ns.$call(req).await }
             })
             .await?;
@@ -189,7 +189,7 @@ impl Client {
             .inner
             .call_noted("SetAttr reply", |view| {
                 let mut ns = self.inner.ns();
-                let req = with_session(req.clone(), view);
+                let req = self.inner.change_request(req.clone(), view);
                 async move { ns.set_attr(req).await }
             })
             .await?;
@@ -230,7 +230,7 @@ impl Client {
                 req.request_id = pending.wire();
                 sent = Some(req.clone());
                 let mut ns = self.inner.ns();
-                let req = with_session(req, view);
+                let req = self.inner.change_request(req, view);
                 async move { ns.create(req).await }
             })
             .await?;
@@ -444,7 +444,7 @@ impl Client {
             .inner
             .call_noted("SetXattr reply", |view| {
                 let mut ns = self.inner.ns();
-                let req = with_session(req.clone(), view);
+                let req = self.inner.change_request(req.clone(), view);
                 async move { ns.set_xattr(req).await }
             })
             .await?;
@@ -481,7 +481,7 @@ impl Client {
             .inner
             .call_noted("RemoveXattr reply", |view| {
                 let mut ns = self.inner.ns();
-                let req = with_session(req.clone(), view);
+                let req = self.inner.change_request(req.clone(), view);
                 async move { ns.remove_xattr(req).await }
             })
             .await?;
@@ -530,6 +530,16 @@ impl Client {
 }
 
 impl Inner {
+    /// A namespace change's request under `view`: with the session header (answered before
+    /// it is durable), unless the mount asked for `dirsync` (then durable when answered).
+    fn change_request<T>(&self, req: T, view: &SessionView) -> tonic::Request<T> {
+        if self.config.dirsync {
+            tonic::Request::new(req)
+        } else {
+            with_session(req, view)
+        }
+    }
+
     /// A namespace change was answered under `view`: kept as a record while `note` says it
     /// is not durable yet (the server answered before its commit was durable), to replay to
     /// a restarted server.

@@ -76,9 +76,37 @@ impl Mds {
             .filter(|a| !a.is_empty())
             .map(|a| String::from_utf8(a.to_vec()).unwrap())
             .collect();
+        // The replacement is forked *before* the kill, and execs only once told: a fork
+        // while the server is down would, at the child's exec, close the FUSE files this test
+        // process holds open (any of its tests), and such a close (FUSE flush) of a file with
+        // writes not yet durable waits for the server: a deadlock (see restart.rs).
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let mut next = Command::new("sh")
+            .arg("-c")
+            .arg("echo ready && read _go && exec \"$@\" > /dev/null")
+            .arg("sh")
+            .args(&cmdline)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(next.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line, "ready\n", "the shell that starts sanfs-mds again");
         self.child.kill().unwrap(); // SIGKILL
         self.child.wait().unwrap();
-        self.child = spawn_mds(&cmdline, &self.log);
+        std::io::Write::write_all(&mut next.stdin.take().unwrap(), b"go\n").unwrap();
+        self.child = next;
         self.wait_listening();
     }
 
