@@ -43,6 +43,7 @@ use sanfs_proto::types::{
 };
 
 use crate::client::{Client, FileHandle, LockWait, OpenFile, SeekWhat, retrying};
+use crate::stages::{Span, Stage};
 
 /// Largest read or write request the kernel sends (and the readahead limit).
 pub const MAX_IO_BYTES: u32 = 1 << 20;
@@ -221,6 +222,7 @@ fn sync_of(flags: i32) -> Option<bool> {
 /// The caller's credentials: uid and gid of the request, supplementary groups from
 /// `/proc/PID/status` when the process is still there.
 fn credentials(req: &Request) -> Credentials {
+    let _span = Span::cpu(Stage::FuseCredentials);
     let groups = if req.pid() == 0 {
         Vec::new()
     } else {
@@ -821,18 +823,25 @@ impl fuser::Filesystem for SanFs {
                 offset,
                 size.min(MAX_IO_BYTES) as usize,
             ) {
-                reply.data(&buf);
+                let mut span = Span::wall_since(Stage::FuseRead, started);
+                span.set_bytes(buf.len() as u64);
+                reply_data(reply, &buf);
                 metrics::histogram!(FUSE_OP_SECONDS, "op" => "read")
                     .record(started.elapsed().as_secs_f64());
                 return;
             }
         }
+        let started = std::time::Instant::now();
         let cred = credentials(req);
         self.spawn("read", move |st| async move {
+            let mut span = Span::wall_since(Stage::FuseRead, started);
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
-                let mut buf = vec![0u8; size.min(MAX_IO_BYTES) as usize];
+                let mut buf = {
+                    let _copy = Span::cpu(Stage::Copy);
+                    vec![0u8; size.min(MAX_IO_BYTES) as usize]
+                };
                 // Buffered reads go through the read cache (client::writeback), O_DIRECT
                 // ones to the LUNs.
                 let n = if file.direct {
@@ -851,7 +860,10 @@ impl fuser::Filesystem for SanFs {
             }
             .await;
             match r {
-                Ok(buf) => reply.data(&buf),
+                Ok(buf) => {
+                    span.set_bytes(buf.len() as u64);
+                    reply_data(reply, &buf);
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -869,6 +881,7 @@ impl fuser::Filesystem for SanFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let started = std::time::Instant::now();
         let cred = credentials(req);
         // A small buffered write under the file's held write delegation needs no task:
         // held back here, on FUSE's thread (client::writeback).
@@ -877,20 +890,26 @@ impl fuser::Filesystem for SanFs {
             && file.sync.is_none()
             && !file.file.flags().append
         {
-            let started = std::time::Instant::now();
             if let Some(w) = self
                 .state
                 .client
                 .try_write_back_now(&cred, &file.file, offset, data)
             {
-                reply.written(u32::try_from(w.written).unwrap_or(u32::MAX));
+                let mut span = Span::wall_since(Stage::FuseWrite, started);
+                span.set_bytes(w.written);
+                reply_written(reply, w.written);
                 metrics::histogram!(FUSE_OP_SECONDS, "op" => "write")
                     .record(started.elapsed().as_secs_f64());
                 return;
             }
         }
-        let data = data.to_vec();
+        let data = {
+            let mut copy = Span::cpu(Stage::Copy);
+            copy.set_bytes(data.len() as u64);
+            data.to_vec()
+        };
         self.spawn("write", move |st| async move {
+            let mut span = Span::wall_since(Stage::FuseWrite, started);
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
@@ -929,7 +948,10 @@ impl fuser::Filesystem for SanFs {
             }
             .await;
             match r {
-                Ok(w) => reply.written(u32::try_from(w.written).unwrap_or(u32::MAX)),
+                Ok(w) => {
+                    span.set_bytes(w.written);
+                    reply_written(reply, w.written);
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -1471,6 +1493,20 @@ impl fuser::Filesystem for SanFs {
 
 /// Answers a getxattr or listxattr: the length when `size` is 0 (a probe), ERANGE when the
 /// caller's buffer is too small, else the bytes.
+/// Answers a read with `data`, counted as [`Stage::FuseReply`] (the kernel copies the bytes
+/// out of `data` in this write to `/dev/fuse`).
+fn reply_data(reply: ReplyData, data: &[u8]) {
+    let mut span = Span::cpu(Stage::FuseReply);
+    span.set_bytes(data.len() as u64);
+    reply.data(data);
+}
+
+/// Answers a write, counted as [`Stage::FuseReply`].
+fn reply_written(reply: ReplyWrite, written: u64) {
+    let _span = Span::cpu(Stage::FuseReply);
+    reply.written(u32::try_from(written).unwrap_or(u32::MAX));
+}
+
 fn reply_xattr(reply: ReplyXattr, size: u32, value: &[u8]) {
     let len = u32::try_from(value.len()).unwrap_or(u32::MAX);
     if size == 0 {

@@ -46,6 +46,7 @@ use super::unsynced::UNANSWERED;
 use super::{Client, FileHandle, Inner, SessionView, add, bump, unsynced};
 use crate::buf::AlignedBuf;
 use crate::engine::{DeviceOp, IoErr};
+use crate::stages::{Span, Stage};
 use direct::piece_of;
 
 /// What a write did.
@@ -152,11 +153,18 @@ impl Client {
         }
         let (mid, tail) = rest.split_at_mut(usize_of(mid_end - head_end));
         // The device I/O lands in an aligned buffer; one copy to the caller's.
-        let mut abuf = AlignedBuf::zeroed(mid.len());
+        let mut abuf = {
+            let _copy = Span::cpu(Stage::Copy);
+            AlignedBuf::zeroed(mid.len())
+        };
         let n = inner
             .direct_read(&view, cred, fh, ino, head_end, &mut abuf, 0)
             .await?;
-        mid[..n].copy_from_slice(&abuf.as_slice()[..n]);
+        {
+            let mut copy = Span::cpu(Stage::Copy);
+            copy.set_bytes(n as u64);
+            mid[..n].copy_from_slice(&abuf.as_slice()[..n]);
+        }
         done += n;
         if n < mid.len() {
             return Ok(done);
@@ -247,7 +255,11 @@ impl Client {
                         .proxied_write(&view, cred, fh, ino, offset, &data[..h])
                         .await?;
                 }
-                let mut abuf = AlignedBuf::from_slice(&data[h..m]);
+                let mut abuf = {
+                    let mut copy = Span::cpu(Stage::Copy);
+                    copy.set_bytes((m - h) as u64);
+                    AlignedBuf::from_slice(&data[h..m])
+                };
                 attr = inner
                     .direct_write(&view, cred, fh, ino, head_end, &mut abuf)
                     .await?
