@@ -112,6 +112,19 @@ pub struct ThreadCpu {
     pub cpu_s: f64,
 }
 
+/// A thread's name without a numeric suffix (`fuser-1`, `iou-wrk-4242`: the FUSE threads, the
+/// kernel's io_uring workers), so that threads of one kind count together.
+fn group_name(comm: &str) -> String {
+    match comm.rsplit_once('-') {
+        Some((head, tail))
+            if !head.is_empty() && !tail.is_empty() && tail.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            head.to_owned()
+        }
+        _ => comm.to_owned(),
+    }
+}
+
 /// Each thread of `pid` now: id -> (name, CPU).
 fn threads_of(pid: u32) -> BTreeMap<u32, (String, Duration)> {
     let mut out = BTreeMap::new();
@@ -126,7 +139,7 @@ fn threads_of(pid: u32) -> BTreeMap<u32, (String, Duration)> {
             continue;
         };
         let name = match (stat.find('('), stat.rfind(')')) {
-            (Some(a), Some(b)) if a < b => stat[a + 1..b].to_owned(),
+            (Some(a), Some(b)) if a < b => group_name(&stat[a + 1..b]),
             _ => continue,
         };
         if let Some(cpu) = crate::util::stat_cpu(&stat) {
@@ -232,6 +245,15 @@ mod tests {
         assert!(u.cpu_s >= 0.0 && u.cpu_s.is_finite());
         assert_eq!(per_gib(2.0, 0), None);
         assert_eq!(per_gib(2.0, GIB / 2), Some(4.0));
+    }
+
+    #[test]
+    fn thread_names_group_without_numbers() {
+        assert_eq!(group_name("fuser-1"), "fuser");
+        assert_eq!(group_name("iou-wrk-4242"), "iou-wrk");
+        assert_eq!(group_name("tokio-rt-worker"), "tokio-rt-worker");
+        assert_eq!(group_name("-1"), "-1");
+        assert_eq!(group_name("sanfs-uring"), "sanfs-uring");
     }
 
     #[test]

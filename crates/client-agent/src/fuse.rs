@@ -42,6 +42,7 @@ use sanfs_proto::types::{
     XattrMode,
 };
 
+use crate::buf::AlignedBuf;
 use crate::client::{Client, FileHandle, LockWait, OpenFile, SeekWhat, retrying};
 use crate::stages::{Span, Stage};
 
@@ -838,31 +839,34 @@ impl fuser::Filesystem for SanFs {
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
+                let size = size.min(MAX_IO_BYTES) as usize;
+                // O_DIRECT reads go to the LUNs, into the aligned buffer the answer is sent
+                // from (no copy when the whole read goes the direct path); buffered ones
+                // through the read cache (client::writeback).
+                if file.direct {
+                    let (buf, n) = with_handle!(st, cred, file, |h| st
+                        .client
+                        .read_aligned(&cred, &h, ino, offset, aligned_zeroed(size))
+                        .await)?;
+                    return Ok::<_, FsError>(Answer::Aligned(buf, n));
+                }
                 let mut buf = {
                     let _copy = Span::cpu(Stage::Copy);
-                    vec![0u8; size.min(MAX_IO_BYTES) as usize]
+                    vec![0u8; size]
                 };
-                // Buffered reads go through the read cache (client::writeback), O_DIRECT
-                // ones to the LUNs.
-                let n = if file.direct {
-                    with_handle!(st, cred, file, |h| st
-                        .client
-                        .read_into(&cred, &h, ino, offset, &mut buf)
-                        .await)?
-                } else {
-                    with_handle!(st, cred, file, |h| st
-                        .client
-                        .read_cached(&cred, &h, ino, offset, &mut buf)
-                        .await)?
-                };
+                let n = with_handle!(st, cred, file, |h| st
+                    .client
+                    .read_cached(&cred, &h, ino, offset, &mut buf)
+                    .await)?;
                 buf.truncate(n);
-                Ok::<_, FsError>(buf)
+                Ok(Answer::Vec(buf))
             }
             .await;
             match r {
-                Ok(buf) => {
-                    span.set_bytes(buf.len() as u64);
-                    reply_data(reply, &buf);
+                Ok(answer) => {
+                    let data = answer.as_slice();
+                    span.set_bytes(data.len() as u64);
+                    reply_data(reply, data);
                 }
                 Err(e) => reply.error(errno(&e)),
             }
@@ -903,11 +907,14 @@ impl fuser::Filesystem for SanFs {
                 return;
             }
         }
-        let data = {
+        // One copy out of FUSE's request buffer, into an aligned buffer the devices can
+        // write from.
+        let mut buf = {
             let mut copy = Span::cpu(Stage::Copy);
             copy.set_bytes(data.len() as u64);
-            data.to_vec()
+            AlignedBuf::from_slice(data)
         };
+        let len = buf.len();
         self.spawn("write", move |st| async move {
             let mut span = Span::wall_since(Stage::FuseWrite, started);
             let r = async {
@@ -917,7 +924,7 @@ impl fuser::Filesystem for SanFs {
                     // O_APPEND: the server writes at its end of file, atomically with every
                     // other node's writes; one append at a time through this handle.
                     file.file
-                        .append(&st.client, &cred, &data)
+                        .append(&st.client, &cred, buf.as_slice())
                         .await
                         .map(|(_, outcome)| outcome)?
                 } else {
@@ -925,17 +932,24 @@ impl fuser::Filesystem for SanFs {
                     // (client::writeback); otherwise, or when it cannot be, written through.
                     let held = if file.sync.is_none() && !file.direct {
                         st.client
-                            .write_back(&cred, &file.file, offset, &data)
+                            .write_back(&cred, &file.file, offset, buf.as_slice())
                             .await?
                     } else {
                         None
                     };
                     match held {
                         Some(w) => w,
-                        None => with_handle!(st, cred, file, |h| st
-                            .client
-                            .write_at(&cred, &h, ino, offset, &data)
-                            .await)?,
+                        None => with_handle!(st, cred, file, |h| {
+                            if buf.len() == len {
+                                st.client
+                                    .write_at_buf(&cred, &h, ino, offset, &mut buf)
+                                    .await
+                            } else {
+                                // Lost with an engine that stopped: never a retry of fewer
+                                // bytes.
+                                Err(FsError::Io("the write's buffer was lost".to_owned()))
+                            }
+                        })?,
                     }
                 };
                 if let Some(data_only) = file.sync {
@@ -1493,6 +1507,28 @@ impl fuser::Filesystem for SanFs {
 
 /// Answers a getxattr or listxattr: the length when `size` is 0 (a probe), ERANGE when the
 /// caller's buffer is too small, else the bytes.
+/// The bytes a read answers with.
+enum Answer {
+    Vec(Vec<u8>),
+    /// The first `n` bytes.
+    Aligned(AlignedBuf, usize),
+}
+
+impl Answer {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Answer::Vec(v) => v,
+            Answer::Aligned(b, n) => b.as_slice().get(..*n).unwrap_or_default(),
+        }
+    }
+}
+
+/// A zeroed aligned buffer of `len` bytes, counted as [`Stage::Copy`].
+fn aligned_zeroed(len: usize) -> AlignedBuf {
+    let _copy = Span::cpu(Stage::Copy);
+    AlignedBuf::zeroed(len)
+}
+
 /// Answers a read with `data`, counted as [`Stage::FuseReply`] (the kernel copies the bytes
 /// out of `data` in this write to `/dev/fuse`).
 fn reply_data(reply: ReplyData, data: &[u8]) {

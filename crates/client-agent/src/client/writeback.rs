@@ -40,6 +40,7 @@ use super::data::WriteOutcome;
 use super::file::{OpenFile, retrying};
 use super::rpc::Pin;
 use super::{Client, FileHandle, Inner, add, bump};
+use crate::buf::AlignedBuf;
 use crate::stages::{Span, Stage};
 
 /// Write-back limits (mount options `writeback=`, `writeback_file=`, `writeback_age=`).
@@ -751,12 +752,14 @@ impl Client {
         let last = (offset + len - 1) / CHUNK + if sequential { READ_AHEAD_CHUNKS } else { 0 };
         let start = first * CHUNK;
         let span = (last + 1 - first) * CHUNK;
-        let mut tmp = {
+        // An aligned buffer: when the chunks go the direct path the device I/O lands in it
+        // (no bounce buffer and copy in between).
+        let tmp = {
             let _copy = Span::cpu(Stage::Copy);
-            vec![0u8; usize::try_from(span).map_err(|_| FsError::Range)?]
+            AlignedBuf::zeroed(usize::try_from(span).map_err(|_| FsError::Range)?)
         };
-        let n = self.read_into(cred, fh, ino, start, &mut tmp).await?;
-        tmp.truncate(n);
+        let (tmp, n) = self.read_aligned(cred, fh, ino, start, tmp).await?;
+        let tmp = tmp.as_slice().get(..n).unwrap_or_default();
         let at = usize::try_from(offset - start).map_err(|_| FsError::Range)?;
         // Past the end of file: nothing (`at` may lie beyond what was read).
         let copied = tmp.len().saturating_sub(at).min(buf.len());
