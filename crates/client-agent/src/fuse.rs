@@ -42,7 +42,7 @@ use sanfs_proto::types::{
     XattrMode,
 };
 
-use crate::buf::AlignedBuf;
+use crate::buf::{AlignedBuf, BufferPool};
 use crate::client::{Client, FileHandle, LockWait, OpenFile, SeekWhat, retrying};
 use crate::stages::{Span, Stage};
 
@@ -109,7 +109,13 @@ struct State {
     /// The ioctl commands answered ENOTTY so far (each is logged once; at most
     /// [`IOCTLS_REMEMBERED`] are remembered).
     ioctls_seen: Mutex<std::collections::BTreeSet<u32>>,
+    /// Reused aligned buffers for the data of write requests (a fresh 1 MiB allocation
+    /// costs its page faults at every write).
+    write_bufs: BufferPool,
 }
+
+/// Aligned buffers kept for write requests: enough for the requests in flight at once.
+const WRITE_BUFFERS: usize = 16;
 
 /// How many distinct unsupported ioctl commands are remembered (and logged once each).
 const IOCTLS_REMEMBERED: usize = 64;
@@ -261,6 +267,7 @@ impl SanFs {
                 next_fh: AtomicU64::new(1),
                 block_size,
                 ioctls_seen: Mutex::new(std::collections::BTreeSet::new()),
+                write_bufs: BufferPool::new(MAX_IO_BYTES as usize, WRITE_BUFFERS),
             }),
             runtime,
         }
@@ -912,7 +919,20 @@ impl fuser::Filesystem for SanFs {
         let mut buf = {
             let mut copy = Span::cpu(Stage::Copy);
             copy.set_bytes(data.len() as u64);
-            AlignedBuf::from_slice(data)
+            // A pooled buffer when one is free (every byte of it overwritten here), else a
+            // fresh one.
+            let pooled = self
+                .state
+                .write_bufs
+                .try_take()
+                .and_then(|mut b| b.set_len(data.len()).then_some(b));
+            match pooled {
+                Some(mut b) => {
+                    b.as_mut_slice().copy_from_slice(data);
+                    b
+                }
+                None => AlignedBuf::from_slice(data),
+            }
         };
         let len = buf.len();
         self.spawn("write", move |st| async move {
