@@ -900,19 +900,17 @@ impl fuser::Filesystem for SanFs {
             && !file.direct
             && file.sync.is_none()
             && !file.file.flags().append
-        {
-            if let Some(w) = self
+            && let Some(w) = self
                 .state
                 .client
                 .try_write_back_now(&cred, &file.file, offset, data)
-            {
-                let mut span = Span::wall_since(Stage::FuseWrite, started);
-                span.set_bytes(w.written);
-                reply_written(reply, w.written);
-                metrics::histogram!(FUSE_OP_SECONDS, "op" => "write")
-                    .record(started.elapsed().as_secs_f64());
-                return;
-            }
+        {
+            let mut span = Span::wall_since(Stage::FuseWrite, started);
+            span.set_bytes(w.written);
+            reply_written(reply, w.written);
+            metrics::histogram!(FUSE_OP_SECONDS, "op" => "write")
+                .record(started.elapsed().as_secs_f64());
+            return;
         }
         // One copy out of FUSE's request buffer, into an aligned buffer the devices can
         // write from.
