@@ -1592,6 +1592,10 @@ async fn o_direct_io_round_trips_and_is_counted_by_stage() {
     };
     let before = agent_status(&mnt);
     let (after, body) = timed("O_DIRECT writes and reads, then status", 60, move || {
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "a file on the mount, opened as an application opens it: not a LUN"
+        )]
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
