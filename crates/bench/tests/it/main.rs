@@ -70,7 +70,7 @@ fn run_smoke_writes_tables_json_and_plots() {
 /// GiB, and the mount rows (as root) the agent's stage counters and threads.
 fn check_cpu_per_byte(v: &serde_json::Value, stdout: &str, plots: &std::path::Path) {
     assert!(stdout.contains("(CPU seconds per GiB)"), "{stdout}");
-    let cells = v["fig6"]["cells"].as_array().unwrap();
+    let cells = v["fig6"]["cells"].as_array().expect("fig6 cells");
     for c in cells {
         if c["bytes"].as_u64() > Some(0) {
             let cpu = c["cpu_s_per_gib"].as_f64().unwrap_or_else(|| panic!("{c}"));
@@ -103,12 +103,12 @@ fn check_cpu_per_byte(v: &serde_json::Value, stdout: &str, plots: &std::path::Pa
             "{c}"
         );
     }
-    let png = std::fs::read(plots.join("fig6-cpu-read.png")).unwrap();
+    let png = std::fs::read(plots.join("fig6-cpu-read.png")).expect("the CPU plot");
     assert_eq!(&png[1..4], b"PNG");
-    for r in v["latency"]["rows"].as_array().unwrap() {
+    for r in v["latency"]["rows"].as_array().expect("latency rows") {
         assert!(r["cpu_us_per_op"].as_f64().is_some(), "{r}");
     }
-    for r in v["fig10"]["rows"].as_array().unwrap() {
+    for r in v["fig10"]["rows"].as_array().expect("fig10 rows") {
         assert!(r["cpu_s_per_gib"].as_f64().is_some(), "{r}");
     }
     assert!(
