@@ -183,6 +183,16 @@ impl MountPoint {
             MountPoint::Existing(_) => None,
         }
     }
+
+    /// The agent's data-path stage counters now (`sanfs-agent status`, through the mount's
+    /// control socket); `None` if the agent does not answer.
+    pub fn agent_stages(&self) -> Option<Vec<sanfs_client_agent::stages::StageStat>> {
+        use sanfs_client_agent::control;
+        let (entry, _) = control::mount_of(self.path()).ok()?;
+        let socket = control::socket_path(&control::run_dir(), entry.major, entry.minor);
+        let reply = control::ask(&socket, &control::Request::Status).ok()?;
+        Some(reply.status?.agent.stages)
+    }
 }
 
 /// The agent's engine on this node's LUNs of `volume` (found by label, as the agent does):

@@ -27,9 +27,10 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 
+use crate::cpu::CpuMeter;
 use crate::env::{Env, MountPoint};
-use crate::peers::{Ext4, FsTarget, MooseFs, cpu_seconds};
-use crate::util::{GIB, KIB, MIB, mb_per_s, pattern, size_label};
+use crate::peers::{Ext4, FsTarget, MooseFs};
+use crate::util::{KIB, MIB, mb_per_s, pattern, size_label};
 
 /// How much each row does.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -122,20 +123,19 @@ fn timed(
     throughput: bool,
     f: impl FnOnce() -> anyhow::Result<u64>,
 ) -> anyhow::Result<EverydayCell> {
-    let cpu0 = cpu_seconds(&t.pids);
+    let cpu = CpuMeter::start(t.pids.iter().copied());
     let started = Instant::now();
     let bytes = f().with_context(|| format!("{test} on {}", t.name))?;
     let secs = started.elapsed().as_secs_f64().max(1e-9);
-    let cpu_s = (cpu_seconds(&t.pids) - cpu0).max(0.0);
-    let gib = bytes as f64 / GIB as f64;
+    let used = cpu.finish(bytes);
     Ok(EverydayCell {
         test: test.into(),
         target: t.name.clone(),
         bytes,
         secs,
         mb_s: throughput.then(|| mb_per_s(bytes, secs)),
-        cpu_s,
-        cpu_s_per_gib: (throughput && bytes > 0).then(|| cpu_s / gib),
+        cpu_s: used.cpu_s,
+        cpu_s_per_gib: used.cpu_s_per_gib.filter(|_| throughput),
     })
 }
 

@@ -7,6 +7,7 @@
 //! there is one, else each is an agent of its own (the library).
 
 use crate::cluster::BenchCluster;
+use crate::cpu::CpuMeter;
 use crate::env::{Env, MountPoint};
 use crate::fig6::{client_with_threshold, lib_file};
 use crate::util::MIB;
@@ -17,6 +18,9 @@ pub struct ProcRow {
     pub processes: usize,
     pub aggregate_mb_s: f64,
     pub per_process_mb_s: Vec<f64>,
+    /// CPU seconds per GiB read, over the reader processes, the agent and the server.
+    #[serde(default)]
+    pub cpu_s_per_gib: Option<f64>,
 }
 
 /// Figure 10's results.
@@ -73,11 +77,20 @@ pub async fn run_fig10(
                 }
             })
             .collect();
+        // The readers are children of this process, counted once reaped; the agent (the
+        // mount's, or none: each library reader is its own) and the server by their pids.
+        let pids = cluster
+            .server_pid()
+            .into_iter()
+            .chain(mount.and_then(|m| m.agent_pid()));
+        let meter = CpuMeter::start(pids).with_children();
         let (agg, samples) = run_together(args, |_| Ok(()))?;
+        let used = meter.finish(samples.iter().map(|s| s.bytes).sum());
         fig.rows.push(ProcRow {
             processes: p,
             aggregate_mb_s: agg,
             per_process_mb_s: samples.iter().map(|s| s.mb_s).collect(),
+            cpu_s_per_gib: used.cpu_s_per_gib,
         });
         bar.inc(1);
     }
@@ -108,8 +121,8 @@ impl std::fmt::Display for Fig10 {
         )?;
         writeln!(
             f,
-            "{:>9} {:>15} {:>20}",
-            "processes", "aggregate MB/s", "per process MB/s"
+            "{:>9} {:>15} {:>10} {:>20}",
+            "processes", "aggregate MB/s", "CPU s/GiB", "per process MB/s"
         )?;
         for r in &self.rows {
             let per: Vec<String> = r
@@ -119,9 +132,11 @@ impl std::fmt::Display for Fig10 {
                 .collect();
             writeln!(
                 f,
-                "{:>9} {:>15.1} {:>20}",
+                "{:>9} {:>15.1} {:>10} {:>20}",
                 r.processes,
                 r.aggregate_mb_s,
+                r.cpu_s_per_gib
+                    .map_or("-".to_owned(), |c| format!("{c:.2}")),
                 per.join(" ")
             )?;
         }

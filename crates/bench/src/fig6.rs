@@ -14,6 +14,14 @@
 //! - `nfs`: nfs-ganesha exporting ext4 on an equal LUN, through libnfs (see [`crate::nfs`]).
 //!
 //! Each row has its own file; the ratio column is the row's MB/s over `raw`'s at that size.
+//!
+//! Every row also reports the CPU seconds per GiB it moved ([`crate::cpu::CpuMeter`]),
+//! summed over the processes involved: this process (which runs the raw engine, the library
+//! and the libnfs client, and makes the mount's system calls) and, by row, fio; `sanfs-mds`
+//! (direct, mount, proxied); the agent (mount); ganesha (nfs). The mount row also records
+//! the agent's per-stage counters over the row (`sanfs-agent status`, through its control
+//! socket) and its CPU by thread; the raw, direct and proxied rows this process's own stage
+//! counters: the breakdown of where each path spends its time.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -24,7 +32,10 @@ use sanfs_client_agent::client::Client;
 use sanfs_proto::model::OpenFlags;
 use sanfs_proto::types::{Credentials, ROOT_INODE};
 
+use sanfs_client_agent::stages::{self, StageStat};
+
 use crate::cluster::BenchCluster;
+use crate::cpu::{CpuMeter, ThreadCpu, ThreadMeter};
 use crate::env::{Env, raw_engine};
 use crate::io::{LibFile, Op, RawFile, Target, fill, run};
 use crate::nfs::NfsBench;
@@ -43,6 +54,22 @@ pub struct Cell {
     /// MB/s over the `raw` row's at the same size and op.
     pub ratio: Option<f64>,
     pub ops: u64,
+    /// Bytes the row moved.
+    #[serde(default)]
+    pub bytes: u64,
+    /// CPU seconds over the row, summed over the processes involved (see the module
+    /// documentation), and per GiB moved.
+    #[serde(default)]
+    pub cpu_s: Option<f64>,
+    #[serde(default)]
+    pub cpu_s_per_gib: Option<f64>,
+    /// The data path's stages during the row (`sanfs_client_agent::stages`): the agent's for
+    /// the mount row, this process's for the raw, direct and proxied rows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<StageStat>,
+    /// The agent's CPU by thread over the mount row.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agent_threads: Vec<ThreadCpu>,
 }
 
 /// Figure 6's results.
@@ -123,7 +150,7 @@ struct Fio {
 }
 
 impl Fio {
-    fn run(&self, op: Op, size: u64, budget: Budget) -> anyhow::Result<f64> {
+    fn run(&self, op: Op, size: u64, budget: Budget) -> anyhow::Result<crate::io::Sample> {
         let runtime_ms = ((budget.secs * 1000.0) as u64).max(20);
         let engines = ["io_uring", "psync"];
         let mut last = None;
@@ -148,10 +175,19 @@ impl Fio {
                 continue;
             }
             let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("fio's JSON")?;
-            let bw = v["jobs"][0][op.name()]["bw_bytes"]
+            let job = &v["jobs"][0][op.name()];
+            let bw = job["bw_bytes"]
                 .as_f64()
                 .context("fio's JSON has no bw_bytes")?;
-            return Ok(bw / 1e6);
+            let ops = job["total_ios"].as_u64().unwrap_or(0);
+            let bytes = job["io_bytes"].as_u64().unwrap_or(0);
+            let secs = job["runtime"].as_f64().map_or(budget.secs, |ms| ms / 1e3);
+            return Ok(crate::io::Sample {
+                ops,
+                bytes,
+                secs,
+                mb_s: bw / 1e6,
+            });
         }
         anyhow::bail!("fio failed: {}", last.unwrap_or_default().trim())
     }
@@ -289,6 +325,28 @@ pub async fn run_fig6(env: &Env, sizes: &[u64], rows: Rows) -> anyhow::Result<Fi
             let mut raw_mb = None;
             for path in PATHS {
                 bar.set_message(format!("{path} {} {}", op.name(), size_label(size)));
+                // The processes of this row besides this one.
+                let mut pids: Vec<u32> = Vec::new();
+                if matches!(path, "direct" | "mount" | "proxied") {
+                    pids.extend(cluster.server_pid());
+                }
+                if path == "mount" {
+                    pids.extend(mount.as_ref().and_then(|m| m.agent_pid()));
+                }
+                if path == "nfs" {
+                    pids.extend(nfs.as_ref().map_or(Vec::new(), |n| n.pids()));
+                }
+                let agent = mount
+                    .as_ref()
+                    .filter(|_| path == "mount")
+                    .and_then(|m| m.agent_pid());
+                let threads = agent.map(ThreadMeter::start);
+                let stages0 = match path {
+                    "mount" => mount.as_ref().and_then(|m| m.agent_stages()),
+                    "raw" | "direct" | "proxied" => Some(stages::snapshot()),
+                    _ => None,
+                };
+                let meter = CpuMeter::start(pids).with_children();
                 let measured = match path {
                     "raw" => match &raw_t {
                         Some(t) => Some(run(t, op, size, budget).await?),
@@ -296,12 +354,7 @@ pub async fn run_fig6(env: &Env, sizes: &[u64], rows: Rows) -> anyhow::Result<Fi
                     },
                     "fio" => match &fio {
                         Some(f) => match f.run(op, size, budget) {
-                            Ok(mb) => Some(crate::io::Sample {
-                                ops: 0,
-                                bytes: 0,
-                                secs: budget.secs,
-                                mb_s: mb,
-                            }),
+                            Ok(s) => Some(s),
                             Err(e) => {
                                 fig.skipped.push(format!("fio {} {size}: {e:#}", op.name()));
                                 None
@@ -320,8 +373,22 @@ pub async fn run_fig6(env: &Env, sizes: &[u64], rows: Rows) -> anyhow::Result<Fi
                         None => None,
                     },
                 };
+                let Some(s) = measured else {
+                    bar.inc(1);
+                    continue;
+                };
+                let used = meter.finish(s.bytes);
+                let stages = match (path, stages0) {
+                    ("mount", Some(before)) => mount
+                        .as_ref()
+                        .and_then(|m| m.agent_stages())
+                        .map(|after| stages::delta(&after, &before)),
+                    (_, Some(before)) => Some(stages::delta(&stages::snapshot(), &before)),
+                    _ => None,
+                }
+                .map(|v| v.into_iter().filter(|s| s.calls > 0).collect())
+                .unwrap_or_default();
                 bar.inc(1);
-                let Some(s) = measured else { continue };
                 if path == "raw" {
                     raw_mb = Some(s.mb_s);
                 }
@@ -332,6 +399,11 @@ pub async fn run_fig6(env: &Env, sizes: &[u64], rows: Rows) -> anyhow::Result<Fi
                     mb_s: s.mb_s,
                     ratio: raw_mb.map(|r| s.mb_s / r.max(1e-9)),
                     ops: s.ops,
+                    bytes: s.bytes,
+                    cpu_s: Some(used.cpu_s),
+                    cpu_s_per_gib: used.cpu_s_per_gib,
+                    stages,
+                    agent_threads: threads.map(|t| t.finish()).unwrap_or_default(),
                 });
             }
         }
@@ -341,6 +413,83 @@ pub async fn run_fig6(env: &Env, sizes: &[u64], rows: Rows) -> anyhow::Result<Fi
     drop(mount_file);
     drop(mount);
     Ok(fig)
+}
+
+impl Fig6 {
+    /// The sizes whose stage breakdown the table shows: 128 KiB and 1 MiB (else the largest).
+    fn breakdown_sizes(&self) -> Vec<u64> {
+        let v: Vec<u64> = [128 * KIB, MIB]
+            .into_iter()
+            .filter(|s| self.sizes.contains(s))
+            .collect();
+        if v.is_empty() {
+            self.sizes.iter().copied().max().into_iter().collect()
+        } else {
+            v
+        }
+    }
+
+    /// Where the mount row's time and CPU went, per FUSE request, and the agent's CPU by
+    /// thread (the whole of every row is in the JSON).
+    fn fmt_breakdown(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for size in self.breakdown_sizes() {
+            for op in [Op::Read, Op::Write] {
+                let Some(c) = self.get("mount", op, size).filter(|c| !c.stages.is_empty()) else {
+                    continue;
+                };
+                let fuse = if op == Op::Read {
+                    "fuse-read"
+                } else {
+                    "fuse-write"
+                };
+                let requests = c
+                    .stages
+                    .iter()
+                    .find(|s| s.stage == fuse)
+                    .map_or(0, |s| s.calls)
+                    .max(1);
+                writeln!(
+                    f,
+                    "mount {} {}: {} FUSE requests for {} I/Os; per request:",
+                    op.name(),
+                    size_label(size),
+                    requests,
+                    c.ops
+                )?;
+                writeln!(
+                    f,
+                    "  {:<17} {:>9} {:>9} {:>9}",
+                    "stage", "calls", "wall us", "CPU us"
+                )?;
+                let per = |x: u64| x as f64 / requests as f64;
+                for s in &c.stages {
+                    writeln!(
+                        f,
+                        "  {:<17} {:>9.2} {:>9.1} {:>9}",
+                        s.stage,
+                        per(s.calls),
+                        per(s.wall_ns) / 1e3,
+                        if s.cpu_ns > 0 {
+                            format!("{:.1}", per(s.cpu_ns) / 1e3)
+                        } else {
+                            "-".into()
+                        }
+                    )?;
+                }
+                if !c.agent_threads.is_empty() && c.bytes > 0 {
+                    let gib = c.bytes as f64 / crate::util::GIB as f64;
+                    let threads: Vec<String> = c
+                        .agent_threads
+                        .iter()
+                        .filter(|t| t.cpu_s > 0.0)
+                        .map(|t| format!("{} {:.2}", t.name, t.cpu_s / gib))
+                        .collect();
+                    writeln!(f, "  agent CPU s/GiB by thread: {}", threads.join(", "))?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The default sizes: 4 KiB to 8 MiB.
@@ -397,7 +546,24 @@ impl std::fmt::Display for Fig6 {
                 }
                 writeln!(f)?;
             }
+            // CPU seconds per GiB moved, every process of the row.
+            write!(f, "{:<6} {:<5}", op.name(), "size")?;
+            for p in &present {
+                write!(f, " {:>9}", format!("{p} s/G"))?;
+            }
+            writeln!(f, "  (CPU seconds per GiB)")?;
+            for &size in &self.sizes {
+                write!(f, "{:<6} {:<5}", "", size_label(size))?;
+                for p in &present {
+                    match self.get(p, op, size).and_then(|c| c.cpu_s_per_gib) {
+                        Some(cpu) => write!(f, " {cpu:>9.2}")?,
+                        None => write!(f, " {:>9}", "-")?,
+                    }
+                }
+                writeln!(f)?;
+            }
         }
+        self.fmt_breakdown(f)?;
         if let Some((r, w)) = self.nfs_rw_max {
             writeln!(
                 f,

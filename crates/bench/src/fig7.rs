@@ -24,6 +24,11 @@ pub struct StripeRow {
     /// `luns` x the one-LUN sanfs figure.
     pub theory_mb_s: f64,
     pub ratio: f64,
+    /// CPU seconds per GiB of the sanfs reader (with the server) and of the raw reader.
+    #[serde(default)]
+    pub cpu_s_per_gib: Option<f64>,
+    #[serde(default)]
+    pub raw_cpu_s_per_gib: Option<f64>,
 }
 
 /// Figure 7's results.
@@ -87,6 +92,7 @@ pub async fn run_fig7(env: &Env) -> anyhow::Result<Fig7> {
             .map(|p| (p.as_path(), cap_bps, cap_bps))
             .collect();
         let mut measured = [0.0f64; 2];
+        let mut cpu = [None; 2];
         for (k, raw) in [false, true].into_iter().enumerate() {
             let throttle =
                 Throttle::create(&format!("f7n{n}"), &devices).context("blkio throttle")?;
@@ -94,7 +100,12 @@ pub async fn run_fig7(env: &Env) -> anyhow::Result<Fig7> {
             if raw {
                 args.push("--raw".into());
             }
+            let meter =
+                crate::cpu::CpuMeter::start(cluster.server_pid().filter(|_| !raw)).with_children();
             let (mb, samples) = run_together(vec![args], |pid| throttle.add_pid(pid))?;
+            cpu[k] = meter
+                .finish(samples.iter().map(|s| s.bytes).sum())
+                .cpu_s_per_gib;
             drop(throttle);
             measured[k] = if samples.is_empty() { 0.0 } else { mb };
             bar.inc(1);
@@ -107,6 +118,8 @@ pub async fn run_fig7(env: &Env) -> anyhow::Result<Fig7> {
             raw_mb_s: measured[1],
             theory_mb_s: theory,
             ratio: measured[0] / theory.max(1e-9),
+            cpu_s_per_gib: cpu[0],
+            raw_cpu_s_per_gib: cpu[1],
         });
         drop(client);
     }
@@ -125,18 +138,21 @@ impl std::fmt::Display for Fig7 {
         )?;
         writeln!(
             f,
-            "{:>5} {:>10} {:>12} {:>10} {:>7}",
-            "LUNs", "sanfs MB/s", "theory MB/s", "raw MB/s", "ratio"
+            "{:>5} {:>10} {:>12} {:>10} {:>7} {:>10} {:>10}",
+            "LUNs", "sanfs MB/s", "theory MB/s", "raw MB/s", "ratio", "sanfs s/G", "raw s/G"
         )?;
+        let cpu = |c: Option<f64>| c.map_or("-".to_owned(), |c| format!("{c:.2}"));
         for r in &self.rows {
             writeln!(
                 f,
-                "{:>5} {:>10.1} {:>12.1} {:>10.1} {:>6.0}%",
+                "{:>5} {:>10.1} {:>12.1} {:>10.1} {:>6.0}% {:>10} {:>10}",
                 r.luns,
                 r.mb_s,
                 r.theory_mb_s,
                 r.raw_mb_s,
-                r.ratio * 100.0
+                r.ratio * 100.0,
+                cpu(r.cpu_s_per_gib),
+                cpu(r.raw_cpu_s_per_gib)
             )?;
         }
         for s in &self.skipped {

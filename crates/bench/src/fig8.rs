@@ -41,6 +41,9 @@ pub struct MethodRow {
     pub rpcs_per_io: f64,
     /// Agent CPU milliseconds per GiB moved.
     pub cpu_ms_per_gib: f64,
+    /// CPU seconds per GiB of this process and the server together ([`crate::cpu`]).
+    #[serde(default)]
+    pub cpu_s_per_gib: Option<f64>,
     pub mb_s: f64,
 }
 
@@ -115,10 +118,12 @@ pub async fn run_fig8(env: &Env, cluster: &BenchCluster) -> anyhow::Result<Fig8>
                 let budget = Budget::new(0.0, ios, ios);
                 let rpcs0 = data_rpcs(cluster)?;
                 let cpu0 = process_cpu();
+                let meter = crate::cpu::CpuMeter::start(cluster.server_pid());
                 let s = run(target, op, size, budget)
                     .await
                     .with_context(|| format!("method {method}"))?;
                 let cpu = process_cpu().saturating_sub(cpu0);
+                let used = meter.finish(s.bytes);
                 // Returns of the last cached grant may still be on their way: settle.
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 let rpcs = data_rpcs(cluster)? - rpcs0;
@@ -129,6 +134,7 @@ pub async fn run_fig8(env: &Env, cluster: &BenchCluster) -> anyhow::Result<Fig8>
                     ios: s.ops,
                     rpcs_per_io: rpcs / s.ops.max(1) as f64,
                     cpu_ms_per_gib: cpu.as_secs_f64() * 1e3 / (s.bytes as f64 / GIB as f64),
+                    cpu_s_per_gib: used.cpu_s_per_gib,
                     mb_s: s.mb_s,
                 });
                 bar.inc(1);

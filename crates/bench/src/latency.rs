@@ -1,7 +1,9 @@
 //! Round trips of single control messages: a grant (`MapRead` + `Complete`, `MapWrite` +
 //! `Complete`, no device I/O in between) and a proxied `Read` / `Write`, for sizes 4 KiB to
 //! 8 MiB, over plain gRPC as an agent sends them. Shown as median, 90th percentile and
-//! maximum, and the number of round trips slower than 20 ms.
+//! maximum, the number of round trips slower than 20 ms, and the CPU each round trip costs
+//! the caller and the server together (`grant-write` is the grant round trip of issue 20:
+//! MapWrite + Complete, one caller).
 //!
 //! This is the regression row for a stall once seen here: ~40 ms per request on proxied
 //! reads below 1 MiB and on grants of 2 MiB and more. A round trip on loopback takes well
@@ -33,6 +35,9 @@ pub struct LatencyRow {
     pub max_us: f64,
     /// Round trips that took 20 ms or more.
     pub slow: u64,
+    /// CPU microseconds per round trip, this process (the caller) and the server together.
+    #[serde(default)]
+    pub cpu_us_per_op: Option<f64>,
 }
 
 /// The latency table.
@@ -227,6 +232,7 @@ pub async fn run(
             };
             let write = what.ends_with("write");
             let mut lat = Vec::with_capacity(n as usize);
+            let meter = crate::cpu::CpuMeter::start(cluster.server_pid());
             let started = Instant::now();
             for _ in 0..n {
                 let t = Instant::now();
@@ -240,6 +246,7 @@ pub async fn run(
                     break;
                 }
             }
+            let cpu_s = meter.cpu_s();
             let slow = lat.iter().filter(|us| **us >= 20_000.0).count() as u64;
             let count = lat.len() as u64;
             report.rows.push(LatencyRow {
@@ -250,6 +257,7 @@ pub async fn run(
                 p90_us: percentile(&mut lat, 90.0),
                 max_us: percentile(&mut lat, 100.0),
                 slow,
+                cpu_us_per_op: (count > 0).then(|| cpu_s * 1e6 / count as f64),
             });
             bar.inc(1);
             let _ = SessionClient::new(
@@ -275,20 +283,22 @@ impl std::fmt::Display for LatencyReport {
         )?;
         writeln!(
             f,
-            "{:<14} {:>6} {:>6} {:>11} {:>11} {:>11} {:>6}",
-            "round trip", "size", "n", "median us", "p90 us", "max us", ">=20ms"
+            "{:<14} {:>6} {:>6} {:>11} {:>11} {:>11} {:>6} {:>10}",
+            "round trip", "size", "n", "median us", "p90 us", "max us", ">=20ms", "CPU us/op"
         )?;
         for r in &self.rows {
             writeln!(
                 f,
-                "{:<14} {:>6} {:>6} {:>11.0} {:>11.0} {:>11.0} {:>6}",
+                "{:<14} {:>6} {:>6} {:>11.0} {:>11.0} {:>11.0} {:>6} {:>10}",
                 r.what,
                 size_label(r.size),
                 r.n,
                 r.median_us,
                 r.p90_us,
                 r.max_us,
-                r.slow
+                r.slow,
+                r.cpu_us_per_op
+                    .map_or("-".to_owned(), |c| format!("{c:.0}"))
             )?;
         }
         Ok(())

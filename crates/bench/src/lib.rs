@@ -6,6 +6,7 @@
 //!   PNG plots through [`plot`], the issue's goals checked).
 //! - [`cluster`] builds the bench's own test cluster (LUNs, volume, server, FUSE mount) or
 //!   uses an existing one; [`env`] holds the run's settings.
+//! - [`cpu`] measures the CPU seconds per GiB of every throughput row (issue 20).
 //! - [`io`] is the timed sequential I/O loop against raw LUN blocks, the library, a mount;
 //!   [`nfs`] the NFS peer (nfs-ganesha and libnfs); [`worker`] the reader processes.
 //! - The figures: [`fig6`] (throughput vs I/O size), [`threshold`] (the crossover),
@@ -22,6 +23,7 @@
 //! The criterion benchmarks live in `benches/`.
 
 pub mod cluster;
+pub mod cpu;
 pub mod env;
 pub mod everyday;
 pub mod exercise;

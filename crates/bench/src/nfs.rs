@@ -420,6 +420,12 @@ impl NfsBench {
         Ok(bench)
     }
 
+    /// The server's processes (ganesha), for the row's CPU time; the client runs in this
+    /// process.
+    pub fn pids(&self) -> Vec<u32> {
+        self.ganesha.iter().map(|g| g.pid()).collect()
+    }
+
     /// Runs `op` of `size` bytes on the NFS file. Every pass over the file reads it from
     /// the server's disk (its page cache of the file dropped first) or ends with a COMMIT,
     /// as sanfs' passes do.

@@ -35,13 +35,6 @@ pub struct FsTarget {
     pub pids: Vec<u32>,
 }
 
-/// User plus system CPU seconds of the bench process and of `pids` so far.
-pub fn cpu_seconds(pids: &[u32]) -> f64 {
-    let own = crate::util::process_cpu();
-    let others: Duration = pids.iter().filter_map(|p| crate::util::pid_cpu(*p)).sum();
-    (own + others).as_secs_f64()
-}
-
 fn run(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd.output().with_context(|| format!("run {cmd:?}"))?;
     if !out.status.success() {

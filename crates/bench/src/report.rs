@@ -113,6 +113,25 @@ impl Report {
                     }
                 }
             }
+            // Issue 20: the mount's CPU per GiB at most twice the raw engine's.
+            for size in [MIB, 8 * MIB] {
+                for op in [Op::Read, Op::Write] {
+                    let cpu = |p: &str| f.get(p, op, size).and_then(|c| c.cpu_s_per_gib);
+                    if let (Some(m), Some(r)) = (cpu("mount"), cpu("raw")) {
+                        let x = m / r.max(1e-9);
+                        goals.push(Goal {
+                            what: format!(
+                                "mount CPU / raw CPU per GiB, {} {}",
+                                op.name(),
+                                size_label(size)
+                            ),
+                            goal: "<= 2x".into(),
+                            measured: format!("{x:.1}x ({m:.2} vs {r:.2} s/GiB)"),
+                            met: x <= 2.0,
+                        });
+                    }
+                }
+            }
             let large = f.sizes.iter().copied().filter(|s| *s >= MIB).max();
             if let Some(size) = large {
                 for op in [Op::Read, Op::Write] {
@@ -237,6 +256,42 @@ impl Report {
                     } else {
                         s
                     });
+                }
+                // CPU seconds per GiB, every row that has them.
+                let cpu_series: Vec<Series> = crate::fig6::PATHS
+                    .iter()
+                    .filter_map(|path| {
+                        let pts: Vec<(f64, f64)> = f
+                            .cells
+                            .iter()
+                            .filter(|c| c.path == *path && c.op == op)
+                            .filter_map(|c| Some((c.size as f64, c.cpu_s_per_gib?)))
+                            .collect();
+                        (!pts.is_empty()).then(|| {
+                            let s = Series::new(*path, pts);
+                            if matches!(*path, "raw" | "fio" | "nfs") {
+                                s.dashed()
+                            } else {
+                                s
+                            }
+                        })
+                    })
+                    .collect();
+                if !cpu_series.is_empty() {
+                    charts.push((
+                        if op == Op::Read {
+                            "fig6-cpu-read.png"
+                        } else {
+                            "fig6-cpu-write.png"
+                        },
+                        Chart {
+                            title: format!("Figure 6: CPU per GiB, {}", op.name()),
+                            x_label: "I/O size".into(),
+                            y_label: "CPU s per GiB".into(),
+                            x_axis: XAxis::Log2Bytes,
+                            series: cpu_series,
+                        },
+                    ));
                 }
                 charts.push((
                     if op == Op::Read {

@@ -85,7 +85,11 @@ pub fn process_cpu() -> Duration {
 
 /// User plus system CPU time of another process (from `/proc/PID/stat`).
 pub fn pid_cpu(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_cpu(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// User plus system CPU time in a `/proc/PID/stat` (or `/proc/PID/task/TID/stat`) line.
+pub fn stat_cpu(stat: &str) -> Option<Duration> {
     // Fields after the command name (which may hold spaces) start after the last ')'.
     let rest = &stat[stat.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();

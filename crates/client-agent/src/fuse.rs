@@ -42,7 +42,9 @@ use sanfs_proto::types::{
     XattrMode,
 };
 
+use crate::buf::{AlignedBuf, BufferPool};
 use crate::client::{Client, FileHandle, LockWait, OpenFile, SeekWhat, retrying};
+use crate::stages::{Span, Stage};
 
 /// Largest read or write request the kernel sends (and the readahead limit).
 pub const MAX_IO_BYTES: u32 = 1 << 20;
@@ -107,7 +109,13 @@ struct State {
     /// The ioctl commands answered ENOTTY so far (each is logged once; at most
     /// [`IOCTLS_REMEMBERED`] are remembered).
     ioctls_seen: Mutex<std::collections::BTreeSet<u32>>,
+    /// Reused aligned buffers for the data of write requests (a fresh 1 MiB allocation
+    /// costs its page faults at every write).
+    write_bufs: BufferPool,
 }
+
+/// Aligned buffers kept for write requests: enough for the requests in flight at once.
+const WRITE_BUFFERS: usize = 16;
 
 /// How many distinct unsupported ioctl commands are remembered (and logged once each).
 const IOCTLS_REMEMBERED: usize = 64;
@@ -221,6 +229,7 @@ fn sync_of(flags: i32) -> Option<bool> {
 /// The caller's credentials: uid and gid of the request, supplementary groups from
 /// `/proc/PID/status` when the process is still there.
 fn credentials(req: &Request) -> Credentials {
+    let _span = Span::cpu(Stage::FuseCredentials);
     let groups = if req.pid() == 0 {
         Vec::new()
     } else {
@@ -258,6 +267,7 @@ impl SanFs {
                 next_fh: AtomicU64::new(1),
                 block_size,
                 ioctls_seen: Mutex::new(std::collections::BTreeSet::new()),
+                write_bufs: BufferPool::new(MAX_IO_BYTES as usize, WRITE_BUFFERS),
             }),
             runtime,
         }
@@ -821,37 +831,50 @@ impl fuser::Filesystem for SanFs {
                 offset,
                 size.min(MAX_IO_BYTES) as usize,
             ) {
-                reply.data(&buf);
+                let mut span = Span::wall_since(Stage::FuseRead, started);
+                span.set_bytes(buf.len() as u64);
+                reply_data(reply, &buf);
                 metrics::histogram!(FUSE_OP_SECONDS, "op" => "read")
                     .record(started.elapsed().as_secs_f64());
                 return;
             }
         }
+        let started = std::time::Instant::now();
         let cred = credentials(req);
         self.spawn("read", move |st| async move {
+            let mut span = Span::wall_since(Stage::FuseRead, started);
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
-                let mut buf = vec![0u8; size.min(MAX_IO_BYTES) as usize];
-                // Buffered reads go through the read cache (client::writeback), O_DIRECT
-                // ones to the LUNs.
-                let n = if file.direct {
-                    with_handle!(st, cred, file, |h| st
+                let size = size.min(MAX_IO_BYTES) as usize;
+                // O_DIRECT reads go to the LUNs, into the aligned buffer the answer is sent
+                // from (no copy when the whole read goes the direct path); buffered ones
+                // through the read cache (client::writeback).
+                if file.direct {
+                    let (buf, n) = with_handle!(st, cred, file, |h| st
                         .client
-                        .read_into(&cred, &h, ino, offset, &mut buf)
-                        .await)?
-                } else {
-                    with_handle!(st, cred, file, |h| st
-                        .client
-                        .read_cached(&cred, &h, ino, offset, &mut buf)
-                        .await)?
+                        .read_aligned(&cred, &h, ino, offset, aligned_zeroed(size))
+                        .await)?;
+                    return Ok::<_, FsError>(Answer::Aligned(buf, n));
+                }
+                let mut buf = {
+                    let _copy = Span::cpu(Stage::Copy);
+                    vec![0u8; size]
                 };
+                let n = with_handle!(st, cred, file, |h| st
+                    .client
+                    .read_cached(&cred, &h, ino, offset, &mut buf)
+                    .await)?;
                 buf.truncate(n);
-                Ok::<_, FsError>(buf)
+                Ok(Answer::Vec(buf))
             }
             .await;
             match r {
-                Ok(buf) => reply.data(&buf),
+                Ok(answer) => {
+                    let data = answer.as_slice();
+                    span.set_bytes(data.len() as u64);
+                    reply_data(reply, data);
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -869,6 +892,7 @@ impl fuser::Filesystem for SanFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let started = std::time::Instant::now();
         let cred = credentials(req);
         // A small buffered write under the file's held write delegation needs no task:
         // held back here, on FUSE's thread (client::writeback).
@@ -876,21 +900,41 @@ impl fuser::Filesystem for SanFs {
             && !file.direct
             && file.sync.is_none()
             && !file.file.flags().append
-        {
-            let started = std::time::Instant::now();
-            if let Some(w) = self
+            && let Some(w) = self
                 .state
                 .client
                 .try_write_back_now(&cred, &file.file, offset, data)
-            {
-                reply.written(u32::try_from(w.written).unwrap_or(u32::MAX));
-                metrics::histogram!(FUSE_OP_SECONDS, "op" => "write")
-                    .record(started.elapsed().as_secs_f64());
-                return;
-            }
+        {
+            let mut span = Span::wall_since(Stage::FuseWrite, started);
+            span.set_bytes(w.written);
+            reply_written(reply, w.written);
+            metrics::histogram!(FUSE_OP_SECONDS, "op" => "write")
+                .record(started.elapsed().as_secs_f64());
+            return;
         }
-        let data = data.to_vec();
+        // One copy out of FUSE's request buffer, into an aligned buffer the devices can
+        // write from.
+        let mut buf = {
+            let mut copy = Span::cpu(Stage::Copy);
+            copy.set_bytes(data.len() as u64);
+            // A pooled buffer when one is free (every byte of it overwritten here), else a
+            // fresh one.
+            let pooled = self
+                .state
+                .write_bufs
+                .try_take()
+                .and_then(|mut b| b.set_len(data.len()).then_some(b));
+            match pooled {
+                Some(mut b) => {
+                    b.as_mut_slice().copy_from_slice(data);
+                    b
+                }
+                None => AlignedBuf::from_slice(data),
+            }
+        };
+        let len = buf.len();
         self.spawn("write", move |st| async move {
+            let mut span = Span::wall_since(Stage::FuseWrite, started);
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
@@ -898,7 +942,7 @@ impl fuser::Filesystem for SanFs {
                     // O_APPEND: the server writes at its end of file, atomically with every
                     // other node's writes; one append at a time through this handle.
                     file.file
-                        .append(&st.client, &cred, &data)
+                        .append(&st.client, &cred, buf.as_slice())
                         .await
                         .map(|(_, outcome)| outcome)?
                 } else {
@@ -906,17 +950,24 @@ impl fuser::Filesystem for SanFs {
                     // (client::writeback); otherwise, or when it cannot be, written through.
                     let held = if file.sync.is_none() && !file.direct {
                         st.client
-                            .write_back(&cred, &file.file, offset, &data)
+                            .write_back(&cred, &file.file, offset, buf.as_slice())
                             .await?
                     } else {
                         None
                     };
                     match held {
                         Some(w) => w,
-                        None => with_handle!(st, cred, file, |h| st
-                            .client
-                            .write_at(&cred, &h, ino, offset, &data)
-                            .await)?,
+                        None => with_handle!(st, cred, file, |h| {
+                            if buf.len() == len {
+                                st.client
+                                    .write_at_buf(&cred, &h, ino, offset, &mut buf)
+                                    .await
+                            } else {
+                                // Lost with an engine that stopped: never a retry of fewer
+                                // bytes.
+                                Err(FsError::Io("the write's buffer was lost".to_owned()))
+                            }
+                        })?,
                     }
                 };
                 if let Some(data_only) = file.sync {
@@ -929,7 +980,10 @@ impl fuser::Filesystem for SanFs {
             }
             .await;
             match r {
-                Ok(w) => reply.written(u32::try_from(w.written).unwrap_or(u32::MAX)),
+                Ok(w) => {
+                    span.set_bytes(w.written);
+                    reply_written(reply, w.written);
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -1478,6 +1532,42 @@ impl fuser::Filesystem for SanFs {
 
 /// Answers a getxattr or listxattr: the length when `size` is 0 (a probe), ERANGE when the
 /// caller's buffer is too small, else the bytes.
+/// The bytes a read answers with.
+enum Answer {
+    Vec(Vec<u8>),
+    /// The first `n` bytes.
+    Aligned(AlignedBuf, usize),
+}
+
+impl Answer {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Answer::Vec(v) => v,
+            Answer::Aligned(b, n) => b.as_slice().get(..*n).unwrap_or_default(),
+        }
+    }
+}
+
+/// A zeroed aligned buffer of `len` bytes, counted as [`Stage::Copy`].
+fn aligned_zeroed(len: usize) -> AlignedBuf {
+    let _copy = Span::cpu(Stage::Copy);
+    AlignedBuf::zeroed(len)
+}
+
+/// Answers a read with `data`, counted as [`Stage::FuseReply`] (the kernel copies the bytes
+/// out of `data` in this write to `/dev/fuse`).
+fn reply_data(reply: ReplyData, data: &[u8]) {
+    let mut span = Span::cpu(Stage::FuseReply);
+    span.set_bytes(data.len() as u64);
+    reply.data(data);
+}
+
+/// Answers a write, counted as [`Stage::FuseReply`].
+fn reply_written(reply: ReplyWrite, written: u64) {
+    let _span = Span::cpu(Stage::FuseReply);
+    reply.written(u32::try_from(written).unwrap_or(u32::MAX));
+}
+
 fn reply_xattr(reply: ReplyXattr, size: u32, value: &[u8]) {
     let len = u32::try_from(value.len()).unwrap_or(u32::MAX);
     if size == 0 {

@@ -14,7 +14,8 @@
 //! Prometheus endpoint. [`mount_options`] parses a mount's source and `-o` options (for
 //! `sanfs-agent mount`, the `mount.sanfs` helper of [`mount_helper`], fstab and the systemd
 //! examples), [`logging`] sends the agent's log to stderr, a file or syslog, and
-//! [`quickstart`] brings a one-machine sanfs up and down.
+//! [`quickstart`] brings a one-machine sanfs up and down. [`stages`] counts where the data
+//! path spends its time and CPU.
 
 pub mod admin;
 pub mod buf;
@@ -30,3 +31,4 @@ pub mod mount_helper;
 pub mod mount_options;
 pub mod mountinfo;
 pub mod quickstart;
+pub mod stages;

@@ -26,6 +26,8 @@
 //! | `sanfs_agent_read_cache_bytes` | gauge | | file bytes in the read cache now |
 //! | `sanfs_agent_read_cache_total` | counter | `result` | buffered reads answered by the read cache (`hit`) or read and kept (`miss`) |
 //! | `sanfs_agent_fuse_op_seconds` | histogram | `op` | time from a FUSE request's arrival to its answer, by request (`lookup`, `getattr`, `read`, `write`, `create`, ...) |
+//! | `sanfs_agent_stage_calls_total`, `sanfs_agent_stage_bytes_total` | counter | `stage` | calls of a data-path stage and the bytes they moved ([`crate::stages`]) |
+//! | `sanfs_agent_stage_seconds` | gauge (only grows) | `stage`, `clock` | time spent in a stage so far: `wall`, or the thread CPU (`cpu`) of the stages that measure it |
 //!
 //! The recorder is the process's `metrics` recorder ([`install`], once, before the client
 //! connects so that the engine's latency histograms register with it). Counters are kept by
@@ -139,6 +141,18 @@ pub fn render(client: &Client) -> String {
     metrics::gauge!("sanfs_agent_read_cache_bytes").set(w.cached_bytes as f64);
     metrics::counter!("sanfs_agent_read_cache_total", "result" => "hit").absolute(w.cache_hits);
     metrics::counter!("sanfs_agent_read_cache_total", "result" => "miss").absolute(w.cache_misses);
+    for st in &s.stages {
+        let stage = st.stage.clone();
+        metrics::counter!("sanfs_agent_stage_calls_total", "stage" => stage.clone())
+            .absolute(st.calls);
+        metrics::counter!("sanfs_agent_stage_bytes_total", "stage" => stage.clone())
+            .absolute(st.bytes);
+        // Totals that only grow, in seconds (the `metrics` counters hold whole numbers).
+        metrics::gauge!("sanfs_agent_stage_seconds", "stage" => stage.clone(), "clock" => "wall")
+            .set(st.wall_ns as f64 / 1e9);
+        metrics::gauge!("sanfs_agent_stage_seconds", "stage" => stage, "clock" => "cpu")
+            .set(st.cpu_ns as f64 / 1e9);
+    }
     metrics::gauge!("sanfs_agent_lease_valid").set(if s.lease_valid { 1.0 } else { 0.0 });
     metrics::gauge!("sanfs_agent_lease_remaining_seconds")
         .set(Duration::from_millis(s.lease_remaining_ms).as_secs_f64());

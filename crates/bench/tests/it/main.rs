@@ -60,8 +60,61 @@ fn run_smoke_writes_tables_json_and_plots() {
     }
     let png = std::fs::read(plots.join("fig6-read.png")).unwrap();
     assert_eq!(&png[1..4], b"PNG");
+    check_cpu_per_byte(&v, &stdout, &plots);
     check_mount_parts(&v, &plots);
     check_failover(&v);
+}
+
+/// Issue 20: every figure 6 row that moved bytes has its CPU seconds per GiB (in the JSON,
+/// the table and a plot), the latency rows their CPU per round trip, figure 10 its CPU per
+/// GiB, and the mount rows (as root) the agent's stage counters and threads.
+fn check_cpu_per_byte(v: &serde_json::Value, stdout: &str, plots: &std::path::Path) {
+    assert!(stdout.contains("(CPU seconds per GiB)"), "{stdout}");
+    let cells = v["fig6"]["cells"].as_array().expect("fig6 cells");
+    for c in cells {
+        if c["bytes"].as_u64() > Some(0) {
+            let cpu = c["cpu_s_per_gib"].as_f64().unwrap_or_else(|| panic!("{c}"));
+            assert!(cpu.is_finite() && cpu >= 0.0, "{c}");
+        }
+    }
+    // The bench itself does the raw and library rows' work: never free.
+    assert!(
+        cells
+            .iter()
+            .filter(|c| c["path"] == "raw")
+            .all(|c| c["cpu_s"].as_f64() > Some(0.0)),
+        "{cells:?}"
+    );
+    for c in cells.iter().filter(|c| c["path"] == "mount") {
+        let stages = c["stages"].as_array().unwrap_or_else(|| panic!("{c}"));
+        let fuse = if c["op"] == "read" {
+            "fuse-read"
+        } else {
+            "fuse-write"
+        };
+        assert!(
+            stages
+                .iter()
+                .any(|s| s["stage"] == fuse && s["calls"].as_u64() > Some(0)),
+            "{c}"
+        );
+        assert!(
+            c["agent_threads"].as_array().is_some_and(|t| !t.is_empty()),
+            "{c}"
+        );
+    }
+    let png = std::fs::read(plots.join("fig6-cpu-read.png")).expect("the CPU plot");
+    assert_eq!(&png[1..4], b"PNG");
+    for r in v["latency"]["rows"].as_array().expect("latency rows") {
+        assert!(r["cpu_us_per_op"].as_f64().is_some(), "{r}");
+    }
+    for r in v["fig10"]["rows"].as_array().expect("fig10 rows") {
+        assert!(r["cpu_s_per_gib"].as_f64().is_some(), "{r}");
+    }
+    assert!(
+        stdout.contains("CPU us/op") && stdout.contains("CPU s/GiB"),
+        "{stdout}"
+    );
 }
 
 /// The failover rows (as root, with etcd): one kill -9 round and one SIGTERM round, each

@@ -743,6 +743,24 @@ fn format_status(m: &MountStatus) -> String {
         "  read cache {} bytes; hits {}, misses {}",
         w.cached_bytes, w.cache_hits, w.cache_misses
     );
+    let busy: Vec<_> = a.stages.iter().filter(|s| s.calls > 0).collect();
+    if !busy.is_empty() {
+        let _ = writeln!(
+            out,
+            "  stages     (calls, MiB, wall ms, thread CPU ms; see docs/performance.md)"
+        );
+        for s in busy {
+            let _ = writeln!(
+                out,
+                "    {:<17} {:>10} {:>10.1} {:>10.1} {:>10.1}",
+                s.stage,
+                s.calls,
+                s.bytes as f64 / 1_048_576.0,
+                s.wall_ns as f64 / 1e6,
+                s.cpu_ns as f64 / 1e6
+            );
+        }
+    }
     out
 }
 

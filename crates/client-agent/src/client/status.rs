@@ -101,6 +101,10 @@ pub struct AgentStatus {
     /// The write-back cache of small buffered writes.
     #[serde(default)]
     pub write_back: super::WriteBackStats,
+    /// Where the data path spent its time and CPU so far, stage by stage
+    /// ([`crate::stages`]).
+    #[serde(default)]
+    pub stages: Vec<crate::stages::StageStat>,
 }
 
 impl AgentStatus {
@@ -243,6 +247,7 @@ impl Client {
             },
             device_recoveries: stats.device_recoveries,
             write_back: self.write_back_stats(),
+            stages: crate::stages::snapshot(),
         }
     }
 

@@ -16,6 +16,7 @@ pub(crate) fn sub_plan(
     start: u64,
     end: u64,
 ) -> IoPlan {
+    let _span = crate::stages::Span::cpu(crate::stages::Stage::Plan);
     let mut out: Vec<DeviceIo> = Vec::new();
     for io in device_ios {
         let mut dev_cursor = io.phys_off;

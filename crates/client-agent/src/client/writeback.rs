@@ -40,6 +40,8 @@ use super::data::WriteOutcome;
 use super::file::{OpenFile, retrying};
 use super::rpc::Pin;
 use super::{Client, FileHandle, Inner, add, bump};
+use crate::buf::AlignedBuf;
+use crate::stages::{Span, Stage};
 
 /// Write-back limits (mount options `writeback=`, `writeback_file=`, `writeback_age=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -663,8 +665,11 @@ impl Client {
         {
             return None;
         }
+        let mut copy = Span::cpu(Stage::Copy);
         let mut buf = vec![0u8; size];
         let n = f.serve(offset, &mut buf)?;
+        copy.set_bytes(n as u64);
+        drop(copy);
         buf.truncate(n);
         f.last_use = Some(Instant::now());
         f.last_read_end = offset + n as u64;
@@ -702,7 +707,9 @@ impl Client {
                 wb.cached.fetch_sub(freed, Ordering::Relaxed);
             }
             if f.delegation.is_some() && !f.recalling {
+                let mut copy = Span::cpu(Stage::Copy);
                 if let Some(n) = f.serve(offset, buf) {
+                    copy.set_bytes(n as u64);
                     f.last_read_end = offset + n as u64;
                     bump(&wb.counters.cache_hits);
                     return Ok(n);
@@ -745,12 +752,19 @@ impl Client {
         let last = (offset + len - 1) / CHUNK + if sequential { READ_AHEAD_CHUNKS } else { 0 };
         let start = first * CHUNK;
         let span = (last + 1 - first) * CHUNK;
-        let mut tmp = vec![0u8; usize::try_from(span).map_err(|_| FsError::Range)?];
-        let n = self.read_into(cred, fh, ino, start, &mut tmp).await?;
-        tmp.truncate(n);
+        // An aligned buffer: when the chunks go the direct path the device I/O lands in it
+        // (no bounce buffer and copy in between).
+        let tmp = {
+            let _copy = Span::cpu(Stage::Copy);
+            AlignedBuf::zeroed(usize::try_from(span).map_err(|_| FsError::Range)?)
+        };
+        let (tmp, n) = self.read_aligned(cred, fh, ino, start, tmp).await?;
+        let tmp = tmp.as_slice().get(..n).unwrap_or_default();
         let at = usize::try_from(offset - start).map_err(|_| FsError::Range)?;
         // Past the end of file: nothing (`at` may lie beyond what was read).
         let copied = tmp.len().saturating_sub(at).min(buf.len());
+        let mut copy = Span::cpu(Stage::Copy);
+        copy.set_bytes(copied as u64);
         if copied > 0 {
             buf[..copied].copy_from_slice(&tmp[at..at + copied]);
         }
@@ -781,6 +795,7 @@ impl Client {
                 wb.cached.fetch_add(added, Ordering::Relaxed);
             }
         }
+        drop(copy);
         wb.trim_cache();
         Ok(copied)
     }

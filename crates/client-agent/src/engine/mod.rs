@@ -447,11 +447,22 @@ impl Engine {
         buf: AlignedBuf,
         ops: Vec<DeviceOp>,
     ) -> impl Future<Output = Result<Completed, EngineStopped>> + Send + 'static + use<> {
-        let rx = match self {
-            Engine::Uring(e) => e.submit(buf, ops),
-            Engine::Sync(e) => e.submit(buf, ops),
+        use crate::stages::{Span, Stage};
+        let bytes: u64 = ops.iter().map(DeviceOp::len).sum();
+        let started = Instant::now();
+        let rx = {
+            let mut span = Span::cpu(Stage::Submit);
+            span.set_bytes(bytes);
+            match self {
+                Engine::Uring(e) => e.submit(buf, ops),
+                Engine::Sync(e) => e.submit(buf, ops),
+            }
         };
-        async move { rx.await.map_err(|_| EngineStopped) }
+        async move {
+            let mut wait = Span::wall_since(Stage::DeviceWait, started);
+            wait.set_bytes(bytes);
+            rx.await.map_err(|_| EngineStopped)
+        }
     }
 
     /// Whether an earlier failed write or flush poisoned `device`.

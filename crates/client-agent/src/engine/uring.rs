@@ -245,7 +245,9 @@ impl UringWorker {
         let mut wake_buf = Box::new([0u8; 8]);
         let mut wake_armed = false;
         let mut shutdown = false;
+        let mut cpu = crate::stages::ThreadCpu::start();
         loop {
+            cpu.tick(crate::stages::Stage::Engine);
             if !wake_armed && !shutdown {
                 let entry = io_uring::opcode::Read::new(
                     io_uring::types::Fd(self.wake.as_raw_fd()),

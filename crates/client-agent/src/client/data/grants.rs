@@ -177,6 +177,10 @@ impl Inner {
             sync: false,
             layout,
         });
+        let _span = crate::stages::Span::wall(match mode {
+            LockMode::Shared => crate::stages::Stage::MapRead,
+            LockMode::Exclusive => crate::stages::Stage::MapWrite,
+        });
         self.call("grant", Pin::Handle(fh), |_| {
             let mut data = self.data();
             let req = req.clone();
@@ -232,6 +236,7 @@ impl Inner {
             keep_at,
         };
         let req = pb::CompleteRequest::from(req);
+        let span = crate::stages::Span::wall(crate::stages::Stage::Complete);
         let reply: CompleteReply = self
             .call("Complete reply", Pin::Session(view.session), |_| {
                 let mut data = self.data();
@@ -239,6 +244,7 @@ impl Inner {
                 async move { data.complete(req).await }
             })
             .await?;
+        drop(span);
         self.note_completion(view, grant, bytes_done, keep_at, &reply);
         Ok(reply.attr)
     }

@@ -46,7 +46,23 @@ use super::unsynced::UNANSWERED;
 use super::{Client, FileHandle, Inner, SessionView, add, bump, unsynced};
 use crate::buf::AlignedBuf;
 use crate::engine::{DeviceOp, IoErr};
+use crate::stages::{Span, Stage};
 use direct::piece_of;
+
+/// The bytes of a write: borrowed, or an aligned buffer the devices can write from.
+enum WriteData<'a> {
+    Slice(&'a [u8]),
+    Aligned(&'a mut AlignedBuf),
+}
+
+impl WriteData<'_> {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            WriteData::Slice(s) => s,
+            WriteData::Aligned(b) => b.as_slice(),
+        }
+    }
+}
 
 /// What a write did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,11 +168,18 @@ impl Client {
         }
         let (mid, tail) = rest.split_at_mut(usize_of(mid_end - head_end));
         // The device I/O lands in an aligned buffer; one copy to the caller's.
-        let mut abuf = AlignedBuf::zeroed(mid.len());
+        let mut abuf = {
+            let _copy = Span::cpu(Stage::Copy);
+            AlignedBuf::zeroed(mid.len())
+        };
         let n = inner
             .direct_read(&view, cred, fh, ino, head_end, &mut abuf, 0)
             .await?;
-        mid[..n].copy_from_slice(&abuf.as_slice()[..n]);
+        {
+            let mut copy = Span::cpu(Stage::Copy);
+            copy.set_bytes(n as u64);
+            mid[..n].copy_from_slice(&abuf.as_slice()[..n]);
+        }
         done += n;
         if n < mid.len() {
             return Ok(done);
@@ -184,6 +207,22 @@ impl Client {
         self.write_through(cred, fh, ino, offset, data).await
     }
 
+    /// [`Client::write_at`] of the bytes of an aligned buffer: when the whole write goes the
+    /// direct path the devices write from `buf` itself (no copy into a bounce buffer). `buf`
+    /// keeps its bytes, except if the engine stopped under the write (an error).
+    pub async fn write_at_buf(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        buf: &mut AlignedBuf,
+    ) -> Result<WriteOutcome, FsError> {
+        self.write_back_barrier(ino).await;
+        self.write_data(cred, fh, ino, offset, WriteData::Aligned(buf))
+            .await
+    }
+
     /// [`Client::write_at`] without writing held-back bytes first (what write-back itself
     /// uses).
     pub(crate) async fn write_through(
@@ -194,7 +233,19 @@ impl Client {
         offset: u64,
         data: &[u8],
     ) -> Result<WriteOutcome, FsError> {
-        let len = data.len() as u64;
+        self.write_data(cred, fh, ino, offset, WriteData::Slice(data))
+            .await
+    }
+
+    async fn write_data(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        bytes: WriteData<'_>,
+    ) -> Result<WriteOutcome, FsError> {
+        let len = bytes.as_slice().len() as u64;
         let range = ByteRange::new(offset, len)?;
         if len == 0 {
             return Ok(WriteOutcome {
@@ -233,13 +284,20 @@ impl Client {
                 .give_back_own(&view, ino, r, Some(LockMode::Exclusive))
                 .await;
         }
-        match pieces {
-            None => {
+        let whole_direct = pieces.is_some_and(|(h, m)| h == offset && m == offset + len);
+        match (pieces, bytes) {
+            (None, bytes) => {
                 attr = inner
-                    .proxied_write(&view, cred, fh, ino, offset, data)
+                    .proxied_write(&view, cred, fh, ino, offset, bytes.as_slice())
                     .await?;
             }
-            Some((head_end, mid_end)) => {
+            (Some((head_end, _)), WriteData::Aligned(abuf)) if whole_direct => {
+                attr = inner
+                    .direct_write(&view, cred, fh, ino, head_end, abuf)
+                    .await?;
+            }
+            (Some((head_end, mid_end)), bytes) => {
+                let data = bytes.as_slice();
                 let h = usize_of(head_end - offset);
                 let m = usize_of(mid_end - offset);
                 if h > 0 {
@@ -247,7 +305,11 @@ impl Client {
                         .proxied_write(&view, cred, fh, ino, offset, &data[..h])
                         .await?;
                 }
-                let mut abuf = AlignedBuf::from_slice(&data[h..m]);
+                let mut abuf = {
+                    let mut copy = Span::cpu(Stage::Copy);
+                    copy.set_bytes((m - h) as u64);
+                    AlignedBuf::from_slice(&data[h..m])
+                };
                 attr = inner
                     .direct_write(&view, cred, fh, ino, head_end, &mut abuf)
                     .await?

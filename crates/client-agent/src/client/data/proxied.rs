@@ -24,6 +24,8 @@ impl Inner {
             };
             bump(&self.counters.proxied_reads);
             let req = pb::ReadRequest::from(req);
+            let mut span = crate::stages::Span::wall(crate::stages::Stage::Proxied);
+            span.set_bytes(want as u64);
             let reply: ReadReply = self
                 .call("Read reply", Pin::Handle(fh), |_| {
                     let mut data = self.data();
@@ -31,6 +33,7 @@ impl Inner {
                     async move { data.read(req).await }
                 })
                 .await?;
+            drop(span);
             let n = reply.data.len().min(want);
             buf[done..done + n].copy_from_slice(&reply.data[..n]);
             add(&self.counters.proxied_read_bytes, n as u64);
@@ -87,6 +90,8 @@ impl Inner {
         });
         req.request_id = once;
         bump(&self.counters.proxied_writes);
+        let mut span = crate::stages::Span::wall(crate::stages::Stage::Proxied);
+        span.set_bytes(data.len() as u64);
         let reply: WriteReply = self
             .call("Write reply", Pin::Handle(fh), |_| {
                 let mut client = self.data();
