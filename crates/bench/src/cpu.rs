@@ -34,17 +34,7 @@ pub fn per_gib(cpu_s: f64, bytes: u64) -> Option<f64> {
 
 /// CPU time of the children of this process that have been waited for so far.
 pub fn children_cpu() -> Duration {
-    use nix::sys::resource::{UsageWho, getrusage};
-    match getrusage(UsageWho::RUSAGE_CHILDREN) {
-        Ok(u) => {
-            let tv = |t: nix::sys::time::TimeVal| {
-                Duration::from_secs(t.tv_sec().max(0) as u64)
-                    + Duration::from_micros(t.tv_usec().max(0) as u64)
-            };
-            tv(u.user_time()) + tv(u.system_time())
-        }
-        Err(_) => Duration::ZERO,
-    }
+    crate::util::rusage_cpu(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
 }
 
 /// The CPU of a set of processes from the moment it is started.

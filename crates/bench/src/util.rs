@@ -70,8 +70,13 @@ impl Budget {
 
 /// User plus system CPU time of this whole process so far.
 pub fn process_cpu() -> Duration {
-    use nix::sys::resource::{UsageWho, getrusage};
-    match getrusage(UsageWho::RUSAGE_SELF) {
+    rusage_cpu(nix::sys::resource::UsageWho::RUSAGE_SELF)
+}
+
+/// User plus system CPU time of `who` (this process, or its children waited for so far).
+pub fn rusage_cpu(who: nix::sys::resource::UsageWho) -> Duration {
+    use nix::sys::resource::getrusage;
+    match getrusage(who) {
         Ok(u) => {
             let tv = |t: nix::sys::time::TimeVal| {
                 Duration::from_secs(t.tv_sec().max(0) as u64)
