@@ -62,6 +62,12 @@ macro_rules! rpc {
         let pending = $self.inner.requests.begin();
         let mut req = $req;
         req.request_id = pending.wire();
+        rpc!(change_as_is $self, $call, req, $variant, $what, |$value: $out| $inode)
+    }};
+    // A change whose request has no reply-cache id (attributes, xattrs).
+    (change_as_is $self:ident, $call:ident, $req:expr, $variant:ident, $what:literal,
+     |$value:ident: $out:ty| $inode:expr) => {{
+        let req = $req;
         let ($value, view, note): ($out, _, _) = $self
             .inner
             .call_noted($what, |view| {
@@ -185,16 +191,7 @@ impl Client {
                 })
                 .await;
         }
-        let (attr, view, note): (Attr, _, _) = self
-            .inner
-            .call_noted("SetAttr reply", |view| {
-                let mut ns = self.inner.ns();
-                let req = self.inner.change_request(req.clone(), view);
-                async move { ns.set_attr(req).await }
-            })
-            .await?;
-        self.inner
-            .note_change(&view, note, NsChange::SetAttr(req), None);
+        let attr = rpc!(change_as_is self, set_attr, req, SetAttr, "SetAttr reply", |a: Attr| None);
         Ok(attr)
     }
 
@@ -440,16 +437,7 @@ impl Client {
             value: value.to_vec(),
             mode,
         });
-        let (_, view, note): (pb::SetXattrReply, _, _) = self
-            .inner
-            .call_noted("SetXattr reply", |view| {
-                let mut ns = self.inner.ns();
-                let req = self.inner.change_request(req.clone(), view);
-                async move { ns.set_xattr(req).await }
-            })
-            .await?;
-        self.inner
-            .note_change(&view, note, NsChange::SetXattr(req), None);
+        rpc!(change_as_is self, set_xattr, req, SetXattr, "SetXattr reply", |_r: pb::SetXattrReply| None);
         Ok(())
     }
 
@@ -477,16 +465,7 @@ impl Client {
             inode: ino,
             name: XattrName::new(xattr.as_ref().to_vec())?,
         });
-        let (_, view, note): (pb::RemoveXattrReply, _, _) = self
-            .inner
-            .call_noted("RemoveXattr reply", |view| {
-                let mut ns = self.inner.ns();
-                let req = self.inner.change_request(req.clone(), view);
-                async move { ns.remove_xattr(req).await }
-            })
-            .await?;
-        self.inner
-            .note_change(&view, note, NsChange::RemoveXattr(req), None);
+        rpc!(change_as_is self, remove_xattr, req, RemoveXattr, "RemoveXattr reply", |_r: pb::RemoveXattrReply| None);
         Ok(())
     }
 
