@@ -130,6 +130,8 @@ pub struct Server {
     pub(crate) reclaim: Arc<crate::reclaim::Reclaim>,
     /// Per-session and per-RPC counters (ServerStatus, `sanfs-admin top`).
     pub(crate) activity: Arc<crate::activity::Activity>,
+    /// Attribute and entry leases ([`crate::leases`]).
+    pub(crate) leases: crate::leases::Leases,
 }
 
 impl Server {
@@ -224,6 +226,7 @@ impl Server {
             locks_marked: std::sync::atomic::AtomicBool::new(locks_in_use),
             reclaim,
             activity: Arc::default(),
+            leases: crate::leases::Leases::new(Duration::from_millis(params.lease_ttl_ms)),
         }))
     }
 
@@ -449,6 +452,7 @@ impl Server {
             let _ = tx.try_send(Ok(event.into()));
         }
         self.grants.expire_session(session).await;
+        self.leases.expire_session(session);
         self.advisory.release_session(session);
         self.release_session_handles(session).await;
         self.activity.forget_session(session);

@@ -9,20 +9,23 @@
 use std::sync::Arc;
 
 use sanfs_proto::model::{
-    AccessRequest, CreateRequest, EntryRequest, GetAttrRequest, HandleRef, InodeRequest,
-    LinkRequest, MkdirRequest, MknodRequest, OpenReply, OpenRequest, ReadDirRequest, RenameRequest,
+    AccessRequest, CreateRequest, EntryRequest, GetAttrRequest, HandleRef, InodeRequest, Leased,
+    LeasedLookup, LeasedReadDir, LinkRequest, MkdirRequest, MknodRequest, OpenReply, OpenRequest,
+    RenameRequest,
     RequestId, SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames, XattrRequest,
     XattrValue, request_id,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::namespace_server::Namespace;
 use sanfs_proto::types::{
-    Attr, FileType, FsError, InodeId, NAME_MAX, OpenHandle, SymlinkTarget, XattrName,
+    Attr, FileName, FileType, FsError, InodeId, NAME_MAX, OpenHandle, SessionId, SymlinkTarget,
+    XattrName,
 };
 use tonic::{Request, Response, Status};
 
 use super::identity::{NodeIdentity, caller};
 use super::{Server, accept, convert, fs_status, note, rpc};
+use crate::leases::Covered::{self, Attr as A, Entries as E};
 use crate::ns::{self, Reader};
 use crate::replies::{self, Once, Stored};
 use crate::store::{Ctx, OpError};
@@ -113,6 +116,9 @@ impl Server {
             let _guard = self
                 .size_change_guard(req.inode.0, 0, req.session.0)
                 .await?;
+            let _leases = self
+                .recall_leases(&[(req.inode.0, A)], Some(req.session.0))
+                .await;
             let r = req.clone();
             self.write(move |ctx| ns::open(ctx, &r)).await?
         } else {
@@ -174,6 +180,30 @@ impl Server {
         Ok(Some(held))
     }
 
+    /// The session a Lookup or ReadDir asks leases for: only a live one of the caller's.
+    fn lease_session(&self, who: &NodeIdentity, session: Option<SessionId>) -> Option<u64> {
+        session
+            .filter(|s| self.check_session(who, *s).is_ok())
+            .map(|s| s.0)
+    }
+
+    /// What removing or replacing the names `entries` changes: each directory's names and
+    /// attributes, and the attributes of the inodes the names lead to now.
+    fn entry_changes(&self, entries: &[(InodeId, &FileName)]) -> Vec<(u64, Covered)> {
+        let mut changes = Vec::new();
+        for (parent, name) in entries {
+            changes.push((parent.0, E));
+            changes.push((parent.0, A));
+            if let Ok(Some((child, _, _))) = self
+                .store
+                .read(|t| t.dirent(*parent, name.as_bytes()))
+            {
+                changes.push((child.0, A));
+            }
+        }
+        changes
+    }
+
     /// A handle registered for a session that ended meanwhile is released at once.
     async fn keep_if_session_lives(&self, session: u64, handle: u64) -> Result<(), Status> {
         if self.sessions().by_id.contains_key(&session) {
@@ -230,10 +260,14 @@ impl Namespace for NamespaceService {
         request: Request<pb::LookupRequest>,
     ) -> Result<Response<pb::LookupReply>, Status> {
         rpc("Lookup", async {
-            let req: EntryRequest = accept(request)?;
+            let who = caller(&request)?;
+            let leased: LeasedLookup = accept(request)?;
+            let session = self.server.lease_session(&who, leased.session);
+            let req = leased.entry;
             self.server.wait_reclaim().await;
             note(None, Some(req.parent.0));
             let bs = self.server.store.block_size();
+            let since = self.server.leases.mark();
             let mut attr = self.server.read(|t| t.lookup(bs, &req))?;
             // A size another node holds writes back for: those writes first (the lookup's
             // caller is not known, so its own delegation is recalled too).
@@ -241,7 +275,14 @@ impl Namespace for NamespaceService {
                 self.server.grants.settle_delegations(attr.ino.0).await;
                 attr = self.server.read(|t| t.lookup(bs, &req))?;
             }
-            Ok(attr.into())
+            let lease_ms =
+                self.server
+                    .grant_leases(session, &[(req.parent.0, E), (attr.ino.0, A)], since);
+            Ok(Leased {
+                value: attr,
+                lease_ms,
+            }
+            .into())
         })
         .await
     }
@@ -270,8 +311,18 @@ impl Namespace for NamespaceService {
                 inode: req.inode,
             };
             let bs = self.server.store.block_size();
+            let since = self.server.leases.mark();
             let attr = self.server.read(|t| t.getattr(bs, req.inode))?;
-            Ok(attr.into())
+            let lease_ms = self.server.grant_leases(
+                (own != 0).then_some(own),
+                &[(req.inode.0, A)],
+                since,
+            );
+            Ok(Leased {
+                value: attr,
+                lease_ms,
+            }
+            .into())
         })
         .await
     }
@@ -293,6 +344,7 @@ impl Namespace for NamespaceService {
                 }
                 None => None,
             };
+            let _leases = self.server.recall_leases(&[(req.inode.0, A)], None).await;
             let attr: Attr = self.server.write(move |ctx| ns::setattr(ctx, &req)).await?;
             Ok(attr.into())
         })
@@ -326,6 +378,12 @@ impl Namespace for NamespaceService {
                 Some(child) => self.server.size_change_guard(child.0, 0, session.0).await?,
                 None => None,
             };
+            let mut changes = vec![(req.parent.0, E), (req.parent.0, A)];
+            changes.extend(existing.map(|c| (c.0, A)));
+            let _leases = self
+                .server
+                .recall_leases(&changes, Some(session.0))
+                .await;
             let reply = self
                 .server
                 .write(move |ctx| {
@@ -354,6 +412,10 @@ impl Namespace for NamespaceService {
             let (req, id): (MkdirRequest, _) = accept_once(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.parent.0));
+            let _leases = self
+                .server
+                .recall_leases(&[(req.parent.0, E), (req.parent.0, A)], None)
+                .await;
             self.server
                 .write(move |ctx| {
                     replies::run_once(ctx, id, 0, |ctx| {
@@ -374,6 +436,10 @@ impl Namespace for NamespaceService {
             let (req, id): (MknodRequest, _) = accept_once(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.parent.0));
+            let _leases = self
+                .server
+                .recall_leases(&[(req.parent.0, E), (req.parent.0, A)], None)
+                .await;
             self.server
                 .write(move |ctx| {
                     replies::run_once(ctx, id, 0, |ctx| {
@@ -394,6 +460,8 @@ impl Namespace for NamespaceService {
             let (req, id): (EntryRequest, _) = accept_once(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.parent.0));
+            let changes = self.server.entry_changes(&[(req.parent, &req.name)]);
+            let _leases = self.server.recall_leases(&changes, None).await;
             self.server
                 .write(move |ctx| {
                     replies::run_once(ctx, id, 0, |ctx| {
@@ -414,6 +482,8 @@ impl Namespace for NamespaceService {
             let (req, id): (EntryRequest, _) = accept_once(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.parent.0));
+            let changes = self.server.entry_changes(&[(req.parent, &req.name)]);
+            let _leases = self.server.recall_leases(&changes, None).await;
             self.server
                 .write(move |ctx| {
                     replies::run_once(ctx, id, 0, |ctx| {
@@ -434,6 +504,11 @@ impl Namespace for NamespaceService {
             let (req, id): (RenameRequest, _) = accept_once(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.old_parent.0));
+            let changes = self.server.entry_changes(&[
+                (req.old_parent, &req.old_name),
+                (req.new_parent, &req.new_name),
+            ]);
+            let _leases = self.server.recall_leases(&changes, None).await;
             self.server
                 .write(move |ctx| {
                     replies::run_once(ctx, id, 0, |ctx| {
@@ -454,6 +529,13 @@ impl Namespace for NamespaceService {
             let (req, id): (LinkRequest, _) = accept_once(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
+            let _leases = self
+                .server
+                .recall_leases(
+                    &[(req.new_parent.0, E), (req.new_parent.0, A), (req.inode.0, A)],
+                    None,
+                )
+                .await;
             self.server
                 .write(move |ctx| {
                     replies::run_once(ctx, id, 0, |ctx| {
@@ -474,6 +556,10 @@ impl Namespace for NamespaceService {
             let (req, id): (SymlinkRequest, _) = accept_once(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.parent.0));
+            let _leases = self
+                .server
+                .recall_leases(&[(req.parent.0, E), (req.parent.0, A)], None)
+                .await;
             self.server
                 .write(move |ctx| {
                     replies::run_once(ctx, id, 0, |ctx| {
@@ -506,10 +592,14 @@ impl Namespace for NamespaceService {
         request: Request<pb::ReadDirRequest>,
     ) -> Result<Response<pb::ReadDirReply>, Status> {
         rpc("ReadDir", async {
-            let req: ReadDirRequest = accept(request)?;
+            let who = caller(&request)?;
+            let leased: LeasedReadDir = accept(request)?;
+            let session = self.server.lease_session(&who, leased.session);
+            let req = leased.request;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             let bs = self.server.store.block_size();
+            let since = self.server.leases.mark();
             let mut reply = self.server.read(|t| t.readdir(bs, &req))?;
             // Attributes of files another node holds writes back for: those writes first.
             if self.server.grants.any_write_delegation() {
@@ -524,7 +614,20 @@ impl Namespace for NamespaceService {
                     reply = self.server.read(|t| t.readdir(bs, &req))?;
                 }
             }
-            Ok(reply.into())
+            let mut covered = vec![(req.inode.0, E)];
+            covered.extend(
+                reply
+                    .entries
+                    .iter()
+                    .filter(|e| e.attr.is_some())
+                    .map(|e| (e.inode.0, A)),
+            );
+            let lease_ms = self.server.grant_leases(session, &covered, since);
+            Ok(Leased {
+                value: reply,
+                lease_ms,
+            }
+            .into())
         })
         .await
     }
@@ -564,6 +667,7 @@ impl Namespace for NamespaceService {
             let req: SetXattrRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
+            let _leases = self.server.recall_leases(&[(req.inode.0, A)], None).await;
             self.server
                 .write(move |ctx| ns::setxattr(ctx, &req))
                 .await?;
@@ -599,6 +703,7 @@ impl Namespace for NamespaceService {
             let req: XattrRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
+            let _leases = self.server.recall_leases(&[(req.inode.0, A)], None).await;
             self.server
                 .write(move |ctx| ns::removexattr(ctx, &req))
                 .await?;
