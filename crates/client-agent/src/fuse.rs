@@ -42,6 +42,7 @@ use sanfs_proto::types::{
     XattrMode,
 };
 
+use crate::client::leases::WithTtl;
 use crate::client::{Client, FileHandle, LockWait, OpenFile, SeekWhat, retrying};
 
 /// Largest read or write request the kernel sends (and the readahead limit).
@@ -68,8 +69,8 @@ pub struct FsOptions {
 impl Default for FsOptions {
     fn default() -> FsOptions {
         FsOptions {
-            attr_ttl: Duration::from_secs(1),
-            entry_ttl: Duration::from_secs(1),
+            attr_ttl: Duration::ZERO,
+            entry_ttl: Duration::ZERO,
             root: InodeId(1),
         }
     }
@@ -319,9 +320,20 @@ impl State {
     }
 
     fn reply_entry(&self, reply: ReplyEntry, r: Result<Attr, FsError>) {
+        self.reply_entry_leased(reply, r.map(|a| (a, None)));
+    }
+
+    fn reply_attr(&self, reply: ReplyAttr, r: Result<Attr, FsError>) {
+        self.reply_attr_leased(reply, r.map(|a| (a, None)));
+    }
+
+    /// An entry whose attributes may be held under a lease for `ttl` (the name itself is
+    /// always given the mount's entry TTL: the agent answers lookups from its lease cache,
+    /// see `client::leases`).
+    fn reply_entry_leased(&self, reply: ReplyEntry, r: Result<WithTtl<Attr>, FsError>) {
         match r {
-            Ok(a) => reply.entry_with_ttls(
-                &self.options.attr_ttl,
+            Ok((a, ttl)) => reply.entry_with_ttls(
+                &ttl.unwrap_or(self.options.attr_ttl),
                 &self.options.entry_ttl,
                 &self.attr(&a),
                 Generation(a.generation),
@@ -330,11 +342,17 @@ impl State {
         }
     }
 
-    fn reply_attr(&self, reply: ReplyAttr, r: Result<Attr, FsError>) {
+    fn reply_attr_leased(&self, reply: ReplyAttr, r: Result<WithTtl<Attr>, FsError>) {
         match r {
-            Ok(a) => reply.attr(&self.options.attr_ttl, &self.attr(&a)),
+            Ok((a, ttl)) => reply.attr(&ttl.unwrap_or(self.options.attr_ttl), &self.attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    /// This node changes the attributes of `inos` and the names `dirs`: what the lease cache
+    /// holds of them goes (the kernel updates its own copy from the change).
+    fn forget(&self, inos: &[InodeId], dirs: &[(InodeId, &[u8])]) {
+        self.client.leases().forget(inos, dirs);
     }
 
     fn file(&self, fh: fuser::FileHandle) -> Result<Arc<FuseFile>, FsError> {
@@ -485,7 +503,7 @@ async fn do_readdirplus(
     let mut cookie = if offset <= 2 { 0 } else { offset };
     let first = match st
         .client
-        .readdir(cred, ino, cookie, READDIR_BATCH, true)
+        .readdir_leased(cred, ino, cookie, READDIR_BATCH, true)
         .await
     {
         Ok(r) => r,
@@ -537,7 +555,7 @@ async fn do_readdirplus(
         }
         batch = match st
             .client
-            .readdir(cred, ino, cookie, READDIR_BATCH, true)
+            .readdir_leased(cred, ino, cookie, READDIR_BATCH, true)
             .await
         {
             Ok(r) => r,
@@ -569,8 +587,8 @@ impl fuser::Filesystem for SanFs {
         let cred = credentials(req);
         let name = name_bytes(name);
         self.spawn("lookup", move |st| async move {
-            let r = st.client.lookup(&cred, st.ino(parent), name).await;
-            st.reply_entry(reply, r);
+            let r = st.client.lookup_leased(&cred, st.ino(parent), &name).await;
+            st.reply_entry_leased(reply, r);
         });
     }
 
@@ -583,8 +601,8 @@ impl fuser::Filesystem for SanFs {
     ) {
         let cred = credentials(req);
         self.spawn("getattr", move |st| async move {
-            let r = st.client.getattr(&cred, st.ino(ino)).await;
-            st.reply_attr(reply, r);
+            let r = st.client.getattr_leased(&cred, st.ino(ino)).await;
+            st.reply_attr_leased(reply, r);
         });
     }
 
@@ -619,7 +637,9 @@ impl fuser::Filesystem for SanFs {
                     ctime: None,
                 };
                 let file = fh.map(|fh| st.file(fh)).transpose()?;
-                do_setattr(&st, &cred, st.ino(ino), changes, file).await
+                let r = do_setattr(&st, &cred, st.ino(ino), changes, file).await;
+                st.forget(&[st.ino(ino)], &[]);
+                r
             }
             .await;
             st.reply_attr(reply, r);
@@ -655,9 +675,12 @@ impl fuser::Filesystem for SanFs {
                 }
                 Some(kind) => {
                     let perm = mode & !umask & 0o7777;
-                    st.client
-                        .mknod(&cred, st.ino(parent), name, kind, perm, rdev.into())
-                        .await
+                    let r = st
+                        .client
+                        .mknod(&cred, st.ino(parent), &name, kind, perm, rdev.into())
+                        .await;
+                    st.forget(&[], &[(st.ino(parent), &name)]);
+                    r
                 }
             };
             st.reply_entry(reply, r);
@@ -677,7 +700,8 @@ impl fuser::Filesystem for SanFs {
         let name = name_bytes(name);
         self.spawn("mkdir", move |st| async move {
             let perm = mode & !umask & 0o7777;
-            let r = st.client.mkdir(&cred, st.ino(parent), name, perm).await;
+            let r = st.client.mkdir(&cred, st.ino(parent), &name, perm).await;
+            st.forget(&[], &[(st.ino(parent), &name)]);
             st.reply_entry(reply, r);
         });
     }
@@ -686,7 +710,9 @@ impl fuser::Filesystem for SanFs {
         let cred = credentials(req);
         let name = name_bytes(name);
         self.spawn("unlink", move |st| async move {
-            match st.client.unlink(&cred, st.ino(parent), name).await {
+            let r = st.client.unlink(&cred, st.ino(parent), &name).await;
+            st.forget(&[], &[(st.ino(parent), &name)]);
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -697,7 +723,9 @@ impl fuser::Filesystem for SanFs {
         let cred = credentials(req);
         let name = name_bytes(name);
         self.spawn("rmdir", move |st| async move {
-            match st.client.rmdir(&cred, st.ino(parent), name).await {
+            let r = st.client.rmdir(&cred, st.ino(parent), &name).await;
+            st.forget(&[], &[(st.ino(parent), &name)]);
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -716,7 +744,8 @@ impl fuser::Filesystem for SanFs {
         let name = name_bytes(link_name);
         let target = target.as_os_str().as_bytes().to_vec();
         self.spawn("symlink", move |st| async move {
-            let r = st.client.symlink(&cred, st.ino(parent), name, target).await;
+            let r = st.client.symlink(&cred, st.ino(parent), &name, target).await;
+            st.forget(&[], &[(st.ino(parent), &name)]);
             st.reply_entry(reply, r);
         });
     }
@@ -751,12 +780,16 @@ impl fuser::Filesystem for SanFs {
                 .rename(
                     &cred,
                     st.ino(parent),
-                    name,
+                    &name,
                     st.ino(newparent),
-                    newname,
+                    &newname,
                     mode,
                 )
                 .await;
+            st.forget(
+                &[],
+                &[(st.ino(parent), &name), (st.ino(newparent), &newname)],
+            );
             match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -777,8 +810,9 @@ impl fuser::Filesystem for SanFs {
         self.spawn("link", move |st| async move {
             let r = st
                 .client
-                .link(&cred, st.ino(ino), st.ino(newparent), newname)
+                .link(&cred, st.ino(ino), st.ino(newparent), &newname)
                 .await;
+            st.forget(&[st.ino(ino)], &[(st.ino(newparent), &newname)]);
             st.reply_entry(reply, r);
         });
     }
@@ -789,7 +823,11 @@ impl fuser::Filesystem for SanFs {
         let flags = open_flags(raw);
         self.spawn("open", move |st| async move {
             let ino = st.ino(ino);
-            match st.client.open(&cred, ino, flags).await {
+            let opened = st.client.open(&cred, ino, flags).await;
+            if flags.truncate {
+                st.forget(&[ino], &[]);
+            }
+            match opened {
                 Ok((handle, _)) => {
                     let fh = st.insert(ino, flags, raw, handle, &cred);
                     reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO);
@@ -883,6 +921,7 @@ impl fuser::Filesystem for SanFs {
                 .client
                 .try_write_back_now(&cred, &file.file, offset, data)
             {
+                self.state.forget(&[self.state.ino(ino)], &[]);
                 reply.written(u32::try_from(w.written).unwrap_or(u32::MAX));
                 metrics::histogram!(FUSE_OP_SECONDS, "op" => "write")
                     .record(started.elapsed().as_secs_f64());
@@ -928,6 +967,8 @@ impl fuser::Filesystem for SanFs {
                 Ok::<_, FsError>(written)
             }
             .await;
+            // Written (size, mtime) or maybe partly: what the lease cache holds goes.
+            st.forget(&[st.ino(ino)], &[]);
             match r {
                 Ok(w) => reply.written(u32::try_from(w.written).unwrap_or(u32::MAX)),
                 Err(e) => reply.error(errno(&e)),
@@ -1292,11 +1333,12 @@ impl fuser::Filesystem for SanFs {
         let name = name_bytes(name);
         let value = value.to_vec();
         self.spawn("setxattr", move |st| async move {
-            match st
+            let r = st
                 .client
                 .setxattr(&cred, st.ino(ino), name, &value, mode)
-                .await
-            {
+                .await;
+            st.forget(&[st.ino(ino)], &[]);
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -1335,7 +1377,9 @@ impl fuser::Filesystem for SanFs {
         let cred = credentials(req);
         let name = name_bytes(name);
         self.spawn("removexattr", move |st| async move {
-            match st.client.removexattr(&cred, st.ino(ino), name).await {
+            let r = st.client.removexattr(&cred, st.ino(ino), name).await;
+            st.forget(&[st.ino(ino)], &[]);
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -1369,11 +1413,12 @@ impl fuser::Filesystem for SanFs {
         let exclusive = flags & libc::O_EXCL != 0;
         self.spawn("create", move |st| async move {
             let perm = mode & !umask & 0o7777;
-            match st
+            let r = st
                 .client
-                .create(&cred, st.ino(parent), name, perm, exclusive, open)
-                .await
-            {
+                .create(&cred, st.ino(parent), &name, perm, exclusive, open)
+                .await;
+            st.forget(&[], &[(st.ino(parent), &name)]);
+            match r {
                 Ok(c) => {
                     let fh = st.insert(c.attr.ino, open, flags, c.handle, &cred);
                     reply.created(
@@ -1455,10 +1500,12 @@ impl fuser::Filesystem for SanFs {
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
-                with_handle!(st, cred, file, |h| st
+                let r = with_handle!(st, cred, file, |h| st
                     .client
                     .fallocate(&cred, &h, ino, offset, length, mode)
-                    .await)
+                    .await);
+                st.forget(&[ino], &[]);
+                r
             }
             .await;
             match r {

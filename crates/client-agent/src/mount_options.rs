@@ -70,8 +70,8 @@ pub struct MountOpts {
 impl Default for MountOpts {
     fn default() -> MountOpts {
         MountOpts {
-            attr_ttl: Duration::from_secs(1),
-            entry_ttl: Duration::from_secs(1),
+            attr_ttl: Duration::ZERO,
+            entry_ttl: Duration::ZERO,
             allow_other: false,
             allow_proxied_only: false,
             read_only: false,

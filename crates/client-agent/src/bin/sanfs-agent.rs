@@ -415,6 +415,18 @@ fn mount(
             return Err(e).with_context(|| format!("start FUSE at {}", mountpoint.display()));
         }
     };
+    // Lease recalls invalidate the kernel's attributes of an inode (never from a FUSE
+    // thread: the session task calls it; see `client::leases`).
+    let notifier = session.notifier();
+    client
+        .leases()
+        .set_kernel_invalidator(Box::new(move |ino: sanfs_proto::types::InodeId| {
+            let fuse = fuser::INodeNo(sanfs_client_agent::fuse::sanfs_ino(root, ino.0).0);
+            if let Err(e) = notifier.inval_inode(fuse, -1, 0) {
+                // Not known to the kernel (forgotten): nothing cached there.
+                tracing::trace!(ino = ino.0, error = %e, "inval_inode");
+            }
+        }));
     tracing::info!(source, mountpoint = %mountpoint.display(), "mounted");
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let serve = std::thread::Builder::new()
