@@ -737,6 +737,12 @@ fn format_status(m: &MountStatus) -> String {
         "  grants     read {} write {}; reads from cached grants {}, writes in cached layouts {} ({} cached now); recalls {}",
         g.read, g.write, g.cached_reads, g.layout_writes, g.cached_now, g.recalls
     );
+    let l = &a.leases;
+    let _ = writeln!(
+        out,
+        "  leases     stat hits {} misses {}; lookup hits {} misses {}; recalls {}; cached now {} attributes, {} names",
+        l.attr_hits, l.attr_misses, l.entry_hits, l.entry_misses, l.recalls, l.attrs_now, l.names_now
+    );
     let w = &a.write_back;
     let _ = writeln!(
         out,

@@ -358,6 +358,22 @@ impl LeaseCache {
 pub type WithTtl<T> = (T, Option<Duration>);
 
 impl Client {
+    /// The lease cache's counters (status, metrics).
+    pub fn lease_counts(&self) -> super::status::LeaseCounts {
+        let c = &self.inner.leases.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (attrs, names) = self.inner.leases.size();
+        super::status::LeaseCounts {
+            attr_hits: get(&c.attr_hits),
+            attr_misses: get(&c.attr_misses),
+            entry_hits: get(&c.entry_hits),
+            entry_misses: get(&c.entry_misses),
+            recalls: get(&c.recalls),
+            attrs_now: attrs as u64,
+            names_now: names as u64,
+        }
+    }
+
     /// The attribute and entry lease cache of this agent.
     pub fn leases(&self) -> &LeaseCache {
         &self.inner.leases

@@ -598,6 +598,14 @@ impl crate::metrics::Counters for Server {
                 .min(total_blocks)
                 .saturating_mul(block),
             inodes: load(&usage.inodes),
+            leases: crate::metrics::LeaseFigures {
+                attr_granted: load(&self.leases.stats.attr_granted),
+                entry_granted: load(&self.leases.stats.entry_granted),
+                refused: load(&self.leases.stats.refused),
+                recalls: load(&self.leases.stats.recalls),
+                recall_timeouts: load(&self.leases.stats.recall_timeouts),
+                live: self.leases.live(),
+            },
         }
     }
 }
