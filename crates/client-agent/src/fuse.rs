@@ -744,7 +744,10 @@ impl fuser::Filesystem for SanFs {
         let name = name_bytes(link_name);
         let target = target.as_os_str().as_bytes().to_vec();
         self.spawn("symlink", move |st| async move {
-            let r = st.client.symlink(&cred, st.ino(parent), &name, target).await;
+            let r = st
+                .client
+                .symlink(&cred, st.ino(parent), &name, target)
+                .await;
             st.forget(&[], &[(st.ino(parent), &name)]);
             st.reply_entry(reply, r);
         });

@@ -182,9 +182,9 @@ impl Leases {
         let refused = t.changing.contains_key(&ino)
             || t.changed[bucket(ino)] > since
             || (!t.by_ino.contains_key(&ino) && t.by_ino.len() >= MAX_LEASES)
-            || t.by_session.get(&session).is_some_and(|s| {
-                s.len() >= MAX_LEASES_PER_SESSION && !s.contains(&ino)
-            });
+            || t.by_session
+                .get(&session)
+                .is_some_and(|s| s.len() >= MAX_LEASES_PER_SESSION && !s.contains(&ino));
         if refused {
             drop(t);
             self.stats.refused.fetch_add(1, Ordering::Relaxed);
@@ -315,7 +315,10 @@ impl Leases {
                     if *until <= now {
                         t.outstanding.remove(id);
                         self.stats.recall_timeouts.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(recall = id, "a lease recall went unanswered for the lease's term");
+                        tracing::warn!(
+                            recall = id,
+                            "a lease recall went unanswered for the lease's term"
+                        );
                         return false;
                     }
                     true
@@ -390,7 +393,14 @@ impl Server {
             // A holder without a stream cannot hear it: its lease runs out.
             if let Some(tx) = tx {
                 self.leases.stats.recalls.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(session, inode = recall.inode.0, id = recall.id, attr = recall.attr, entries = recall.entries, "lease recall");
+                tracing::debug!(
+                    session,
+                    inode = recall.inode.0,
+                    id = recall.id,
+                    attr = recall.attr,
+                    entries = recall.entries,
+                    "lease recall"
+                );
                 let _ = tx.send(Ok(ServerEvent::LeaseRecall(recall).into())).await;
             }
             waits.push((recall.id, until));
@@ -442,7 +452,10 @@ mod tests {
         // lease on 8 is not (only 8's attributes change).
         assert_eq!(recalls.len(), 1);
         let (session, recall, _) = recalls[0];
-        assert_eq!((session, recall.inode, recall.attr, recall.entries), (2, InodeId(7), true, false));
+        assert_eq!(
+            (session, recall.inode, recall.attr, recall.entries),
+            (2, InodeId(7), true, false)
+        );
         // While the change runs, and for reads begun before it, no lease.
         assert!(!l.grant(3, 7, Covered::Attr, l.mark()));
         drop(change);
@@ -450,9 +463,12 @@ mod tests {
         assert!(l.grant(3, 7, Covered::Attr, l.mark()));
         // Acknowledged: the wait ends at once.
         l.acked(2, recall.id);
-        tokio::time::timeout(Duration::from_secs(1), l.wait(vec![(recall.id, Instant::now() + Duration::from_secs(60))]))
-            .await
-            .expect("an acknowledged recall is not waited for");
+        tokio::time::timeout(
+            Duration::from_secs(1),
+            l.wait(vec![(recall.id, Instant::now() + Duration::from_secs(60))]),
+        )
+        .await
+        .expect("an acknowledged recall is not waited for");
     }
 
     #[tokio::test(start_paused = true)]
@@ -471,7 +487,8 @@ mod tests {
         let (_change, recalls) = l.begin(&[(9, Covered::Attr)], None);
         l.expire_session(4);
         let started = Instant::now();
-        l.wait(recalls.iter().map(|(_, r, u)| (r.id, *u)).collect()).await;
+        l.wait(recalls.iter().map(|(_, r, u)| (r.id, *u)).collect())
+            .await;
         assert!(started.elapsed() < Duration::from_secs(1));
     }
 

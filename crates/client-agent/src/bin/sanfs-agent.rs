@@ -741,7 +741,13 @@ fn format_status(m: &MountStatus) -> String {
     let _ = writeln!(
         out,
         "  leases     stat hits {} misses {}; lookup hits {} misses {}; recalls {}; cached now {} attributes, {} names",
-        l.attr_hits, l.attr_misses, l.entry_hits, l.entry_misses, l.recalls, l.attrs_now, l.names_now
+        l.attr_hits,
+        l.attr_misses,
+        l.entry_hits,
+        l.entry_misses,
+        l.recalls,
+        l.attrs_now,
+        l.names_now
     );
     let w = &a.write_back;
     let _ = writeln!(

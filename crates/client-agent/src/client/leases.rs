@@ -30,8 +30,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use sanfs_proto::model::{
-    EntryRequest, GetAttrRequest, Leased, LeasedLookup, LeasedReadDir, ReadDirReply,
-    ReadDirRequest,
+    EntryRequest, GetAttrRequest, Leased, LeasedLookup, LeasedReadDir, ReadDirReply, ReadDirRequest,
 };
 use sanfs_proto::pb;
 use sanfs_proto::types::{Attr, Credentials, FileName, FsError, InodeId};
@@ -198,7 +197,10 @@ impl LeaseCache {
 
     /// A cached name in `parent`: `Some(Some((attr, ttl)))` for a name and the attributes of
     /// its inode, `Some(None)` for a name known not to exist, `None` when not cached.
-    #[allow(clippy::option_option, reason = "not cached / cached absent / cached present")]
+    #[allow(
+        clippy::option_option,
+        reason = "not cached / cached absent / cached present"
+    )]
     pub fn entry(&self, parent: InodeId, name: &[u8]) -> Option<Option<(Attr, Duration)>> {
         let now = Instant::now();
         let hit = {
@@ -253,7 +255,10 @@ impl LeaseCache {
     /// Keeps the name `name` in `parent` (`None`: known absent) under the directory's entry
     /// lease of `lease_ms` from `sent`. A `lease_ms` of 0 keeps a negative name only under
     /// an entry lease held since before the request was marked.
-    #[allow(clippy::too_many_arguments, reason = "the name, its lease and its request")]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the name, its lease and its request"
+    )]
     pub fn put_entry(
         &self,
         parent: InodeId,
@@ -505,7 +510,9 @@ impl Client {
             let deadline = self.lease_deadline();
             for e in &l.value.entries {
                 if let Some(a) = &e.attr
-                    && cache.put_attr(a, l.lease_ms, sent, deadline, mark).is_some()
+                    && cache
+                        .put_attr(a, l.lease_ms, sent, deadline, mark)
+                        .is_some()
                 {
                     cache.put_entry(
                         ino,
@@ -557,7 +564,10 @@ mod tests {
         let c = LeaseCache::default();
         let mark = c.mark();
         c.recall(InodeId(5), true, false);
-        assert_eq!(c.put_attr(&attr(5), 10_000, Instant::now(), far(), mark), None);
+        assert_eq!(
+            c.put_attr(&attr(5), 10_000, Instant::now(), far(), mark),
+            None
+        );
         assert!(c.attr(InodeId(5)).is_none());
         let mark = c.mark();
         let ttl = c.put_attr(&attr(5), 10_000, Instant::now(), far(), mark);
@@ -603,7 +613,10 @@ mod tests {
         assert_eq!(*gone.lock().unwrap(), vec![InodeId(5)]);
         assert!(c.attr(InodeId(5)).is_none());
         // A reply to a request sent before the new session is not kept.
-        assert_eq!(c.put_attr(&attr(6), 60_000, Instant::now(), far(), mark), None);
+        assert_eq!(
+            c.put_attr(&attr(6), 60_000, Instant::now(), far(), mark),
+            None
+        );
     }
 
     #[test]

@@ -128,7 +128,10 @@ async fn changes_through_one_mount_are_seen_at_once_through_the_other() {
         &stale[..stale.len().min(10)]
     );
     let st = agent_status(&b.path);
-    assert!(counter(&st, "recalls") > 0, "b answered no lease recall: {st}");
+    assert!(
+        counter(&st, "recalls") > 0,
+        "b answered no lease recall: {st}"
+    );
 
     // No change: stats through b are answered under its leases, also past the old 1 s TTL.
     let pb = b.p("d/f0");

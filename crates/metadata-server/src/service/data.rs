@@ -728,7 +728,10 @@ impl Data for DataService {
             let _leases = if req.write {
                 Some(
                     self.server
-                        .recall_leases(&[(req.inode.0, crate::leases::Covered::Attr)], Some(session))
+                        .recall_leases(
+                            &[(req.inode.0, crate::leases::Covered::Attr)],
+                            Some(session),
+                        )
                         .await,
                 )
             } else {

@@ -11,9 +11,8 @@ use std::sync::Arc;
 use sanfs_proto::model::{
     AccessRequest, CreateRequest, EntryRequest, GetAttrRequest, HandleRef, InodeRequest, Leased,
     LeasedLookup, LeasedReadDir, LinkRequest, MkdirRequest, MknodRequest, OpenReply, OpenRequest,
-    RenameRequest,
-    RequestId, SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames, XattrRequest,
-    XattrValue, request_id,
+    RenameRequest, RequestId, SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames,
+    XattrRequest, XattrValue, request_id,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::namespace_server::Namespace;
@@ -194,9 +193,7 @@ impl Server {
         for (parent, name) in entries {
             changes.push((parent.0, E));
             changes.push((parent.0, A));
-            if let Ok(Some((child, _, _))) = self
-                .store
-                .read(|t| t.dirent(*parent, name.as_bytes()))
+            if let Ok(Some((child, _, _))) = self.store.read(|t| t.dirent(*parent, name.as_bytes()))
             {
                 changes.push((child.0, A));
             }
@@ -313,11 +310,9 @@ impl Namespace for NamespaceService {
             let bs = self.server.store.block_size();
             let since = self.server.leases.mark();
             let attr = self.server.read(|t| t.getattr(bs, req.inode))?;
-            let lease_ms = self.server.grant_leases(
-                (own != 0).then_some(own),
-                &[(req.inode.0, A)],
-                since,
-            );
+            let lease_ms =
+                self.server
+                    .grant_leases((own != 0).then_some(own), &[(req.inode.0, A)], since);
             Ok(Leased {
                 value: attr,
                 lease_ms,
@@ -380,10 +375,7 @@ impl Namespace for NamespaceService {
             };
             let mut changes = vec![(req.parent.0, E), (req.parent.0, A)];
             changes.extend(existing.map(|c| (c.0, A)));
-            let _leases = self
-                .server
-                .recall_leases(&changes, Some(session.0))
-                .await;
+            let _leases = self.server.recall_leases(&changes, Some(session.0)).await;
             let reply = self
                 .server
                 .write(move |ctx| {
@@ -532,7 +524,11 @@ impl Namespace for NamespaceService {
             let _leases = self
                 .server
                 .recall_leases(
-                    &[(req.new_parent.0, E), (req.new_parent.0, A), (req.inode.0, A)],
+                    &[
+                        (req.new_parent.0, E),
+                        (req.new_parent.0, A),
+                        (req.inode.0, A),
+                    ],
                     None,
                 )
                 .await;

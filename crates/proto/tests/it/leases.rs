@@ -66,7 +66,10 @@ fn leased_requests_and_replies_round_trip() {
     // The plain conversions ask for and carry no lease.
     assert_eq!(pb::LookupRequest::from(entry()).session, None);
     assert_eq!(pb::ReadDirRequest::from(readdir()).session, None);
-    assert_eq!(pb::GetAttrReply::from(attr(5, FileType::Regular)).lease_ms, 0);
+    assert_eq!(
+        pb::GetAttrReply::from(attr(5, FileType::Regular)).lease_ms,
+        0
+    );
 }
 
 #[test]
@@ -129,9 +132,18 @@ fn bad_leases_are_refused_naming_the_field() {
             entries,
         })),
     };
-    assert_eq!(path_of::<ServerEvent, _>(recall(0, 5, true, false)), "lease_recall.id");
-    assert_eq!(path_of::<ServerEvent, _>(recall(1, 0, true, false)), "lease_recall.inode");
-    assert_eq!(path_of::<ServerEvent, _>(recall(1, 5, false, false)), "lease_recall.attr");
+    assert_eq!(
+        path_of::<ServerEvent, _>(recall(0, 5, true, false)),
+        "lease_recall.id"
+    );
+    assert_eq!(
+        path_of::<ServerEvent, _>(recall(1, 0, true, false)),
+        "lease_recall.inode"
+    );
+    assert_eq!(
+        path_of::<ServerEvent, _>(recall(1, 5, false, false)),
+        "lease_recall.attr"
+    );
     use pb::session_stream_request::Event as C;
     let ack = pb::SessionStreamRequest {
         event: Some(C::LeaseRecallAck(pb::LeaseRecallAck { id: 0 })),
