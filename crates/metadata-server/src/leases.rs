@@ -13,8 +13,8 @@
 //! until that lease's term has run out. The change is marked as in progress while it runs
 //! ([`LeaseChange`], dropped after the write job): no lease on the inode is given meanwhile,
 //! nor one whose attributes were read before the change began (the caller takes
-//! [`Leases::mark`] before it reads; a change begun since refuses the grant), so nothing
-//! read before the change stays cached after it.
+//! [`Leases::mark`] before it reads; a change begun or ended since refuses the grant), so
+//! nothing read before the change stays cached after it.
 //!
 //! **Sizes.** An attribute lease on a file is not given while another session holds a write
 //! grant or write delegation there (its writes change the size behind the server's back until
@@ -124,7 +124,12 @@ pub struct LeaseChange<'a> {
 impl Drop for LeaseChange<'_> {
     fn drop(&mut self) {
         let mut t = self.leases.lock();
+        // Ended now: a read that began while it was in progress (before its write job) may
+        // have seen the old state, so its grant is refused too.
+        t.seq += 1;
+        let seq = t.seq;
         for ino in &self.inos {
+            t.changed[bucket(*ino)] = seq;
             if let Some(n) = t.changing.get_mut(ino) {
                 *n -= 1;
                 if *n == 0 {
@@ -456,10 +461,12 @@ mod tests {
             (session, recall.inode, recall.attr, recall.entries),
             (2, InodeId(7), true, false)
         );
-        // While the change runs, and for reads begun before it, no lease.
-        assert!(!l.grant(3, 7, Covered::Attr, l.mark()));
+        // While the change runs, and for reads begun before it or while it ran, no lease.
+        let during = l.mark();
+        assert!(!l.grant(3, 7, Covered::Attr, during));
         drop(change);
         assert!(!l.grant(3, 7, Covered::Attr, before));
+        assert!(!l.grant(3, 7, Covered::Attr, during));
         assert!(l.grant(3, 7, Covered::Attr, l.mark()));
         // Acknowledged: the wait ends at once.
         l.acked(2, recall.id);
