@@ -584,6 +584,18 @@ impl fuser::Filesystem for SanFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        // Under the leases: answered here, on FUSE's thread (the cache never blocks).
+        let started = std::time::Instant::now();
+        if let Some(r) = self
+            .state
+            .client
+            .cached_lookup(self.state.ino(parent), name.as_bytes())
+        {
+            self.state.reply_entry_leased(reply, r);
+            metrics::histogram!(FUSE_OP_SECONDS, "op" => "lookup")
+                .record(started.elapsed().as_secs_f64());
+            return;
+        }
         let cred = credentials(req);
         let name = name_bytes(name);
         self.spawn("lookup", move |st| async move {
@@ -599,6 +611,13 @@ impl fuser::Filesystem for SanFs {
         _fh: Option<fuser::FileHandle>,
         reply: ReplyAttr,
     ) {
+        let started = std::time::Instant::now();
+        if let Some(r) = self.state.client.cached_attr(self.state.ino(ino)) {
+            self.state.reply_attr_leased(reply, Ok(r));
+            metrics::histogram!(FUSE_OP_SECONDS, "op" => "getattr")
+                .record(started.elapsed().as_secs_f64());
+            return;
+        }
         let cred = credentials(req);
         self.spawn("getattr", move |st| async move {
             let r = st.client.getattr_leased(&cred, st.ino(ino)).await;

@@ -390,8 +390,30 @@ impl Client {
         if s.live { s.deadline } else { Instant::now() }
     }
 
-    /// Lookup under leases: from the cache while its leases hold, else from the server
-    /// (asking for an attribute lease on the inode and an entry lease on `parent`).
+    /// A lookup answered from the cache while its leases hold (`None`: ask the server with
+    /// [`Client::lookup_leased`]). Never blocks: fit for a FUSE thread.
+    pub fn cached_lookup(
+        &self,
+        parent: InodeId,
+        entry: &[u8],
+    ) -> Option<Result<WithTtl<Attr>, FsError>> {
+        Some(match self.inner.leases.entry(parent, entry)? {
+            Some((attr, ttl)) => Ok((attr, Some(ttl))),
+            None => Err(FsError::NotFound),
+        })
+    }
+
+    /// Attributes answered from the cache while their lease holds (`None`: ask the server
+    /// with [`Client::getattr_leased`]). Never blocks: fit for a FUSE thread.
+    pub fn cached_attr(&self, ino: InodeId) -> Option<WithTtl<Attr>> {
+        self.inner
+            .leases
+            .attr(ino)
+            .map(|(attr, ttl)| (attr, Some(ttl)))
+    }
+
+    /// Lookup from the server, asking for an attribute lease on the inode and an entry lease
+    /// on `parent` (see [`Client::cached_lookup`] first).
     pub async fn lookup_leased(
         &self,
         cred: &Credentials,
@@ -399,11 +421,6 @@ impl Client {
         entry: &[u8],
     ) -> Result<WithTtl<Attr>, FsError> {
         let cache = &self.inner.leases;
-        match cache.entry(parent, entry) {
-            Some(Some((attr, ttl))) => return Ok((attr, Some(ttl))),
-            Some(None) => return Err(FsError::NotFound),
-            None => {}
-        }
         let name = FileName::new(entry.to_vec())?;
         let (mark, sent) = (cache.mark(), Instant::now());
         let r: Result<Leased<Attr>, FsError> = self
@@ -447,17 +464,14 @@ impl Client {
         }
     }
 
-    /// GetAttr under leases: from the cache while the attribute lease holds, else from the
-    /// server (asking for one).
+    /// GetAttr from the server, asking for an attribute lease (see [`Client::cached_attr`]
+    /// first).
     pub async fn getattr_leased(
         &self,
         cred: &Credentials,
         ino: InodeId,
     ) -> Result<WithTtl<Attr>, FsError> {
         let cache = &self.inner.leases;
-        if let Some((attr, ttl)) = cache.attr(ino) {
-            return Ok((attr, Some(ttl)));
-        }
         // This agent's writes completed behind them count (size, mtime).
         self.inner.settle(ino).await;
         let (mark, sent) = (cache.mark(), Instant::now());
