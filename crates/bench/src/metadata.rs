@@ -81,6 +81,7 @@ async fn caller(
     let dir_name = format!("caller{index}");
     let dir = ns
         .lookup(pb::LookupRequest {
+            session: None,
             cred: cred(),
             parent: 1,
             name: dir_name.clone().into(),
@@ -123,6 +124,7 @@ async fn caller(
         "stat" => {
             for f in 0..files {
                 ns.lookup(pb::LookupRequest {
+                    session: None,
                     cred: cred(),
                     parent: dir,
                     name: format!("f{f}").into(),
@@ -136,6 +138,7 @@ async fn caller(
             loop {
                 let r = ns
                     .read_dir(pb::ReadDirRequest {
+                        session: None,
                         cred: cred(),
                         inode: dir,
                         cookie,

@@ -43,6 +43,7 @@ use sanfs_proto::types::{
 };
 
 use crate::buf::{AlignedBuf, BufferPool};
+use crate::client::leases::WithTtl;
 use crate::client::{Client, FileHandle, LockWait, OpenFile, SeekWhat, retrying};
 use crate::stages::{Span, Stage};
 
@@ -70,8 +71,8 @@ pub struct FsOptions {
 impl Default for FsOptions {
     fn default() -> FsOptions {
         FsOptions {
-            attr_ttl: Duration::from_secs(1),
-            entry_ttl: Duration::from_secs(1),
+            attr_ttl: Duration::ZERO,
+            entry_ttl: Duration::ZERO,
             root: InodeId(1),
         }
     }
@@ -329,22 +330,46 @@ impl State {
     }
 
     fn reply_entry(&self, reply: ReplyEntry, r: Result<Attr, FsError>) {
+        self.reply_entry_leased(reply, r.map(|a| (a, None)));
+    }
+
+    fn reply_attr(&self, reply: ReplyAttr, r: Result<Attr, FsError>) {
+        self.reply_attr_leased(reply, r.map(|a| (a, None)));
+    }
+
+    /// An entry whose name and attributes may be held under leases for `ttl`. The kernel
+    /// keeps the name that long only where a recall can make it forget names without a lock
+    /// (`LeaseCache::kernel_names`); otherwise it gets the mount's entry TTL and asks the
+    /// agent, which answers from its lease cache (see `client::leases`).
+    fn reply_entry_leased(&self, reply: ReplyEntry, r: Result<WithTtl<Attr>, FsError>) {
         match r {
-            Ok(a) => reply.entry_with_ttls(
-                &self.options.attr_ttl,
-                &self.options.entry_ttl,
-                &self.attr(&a),
-                Generation(a.generation),
-            ),
+            Ok((a, ttl)) => {
+                let entry_ttl = match ttl {
+                    Some(t) if self.client.leases().kernel_names() => t,
+                    _ => self.options.entry_ttl,
+                };
+                reply.entry_with_ttls(
+                    &ttl.unwrap_or(self.options.attr_ttl),
+                    &entry_ttl,
+                    &self.attr(&a),
+                    Generation(a.generation),
+                );
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn reply_attr(&self, reply: ReplyAttr, r: Result<Attr, FsError>) {
+    fn reply_attr_leased(&self, reply: ReplyAttr, r: Result<WithTtl<Attr>, FsError>) {
         match r {
-            Ok(a) => reply.attr(&self.options.attr_ttl, &self.attr(&a)),
+            Ok((a, ttl)) => reply.attr(&ttl.unwrap_or(self.options.attr_ttl), &self.attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    /// This node changes the attributes of `inos` and the names `dirs`: what the lease cache
+    /// holds of them goes (the kernel updates its own copy from the change).
+    fn forget(&self, inos: &[InodeId], dirs: &[(InodeId, &[u8])]) {
+        self.client.leases().forget(inos, dirs);
     }
 
     fn file(&self, fh: fuser::FileHandle) -> Result<Arc<FuseFile>, FsError> {
@@ -495,7 +520,7 @@ async fn do_readdirplus(
     let mut cookie = if offset <= 2 { 0 } else { offset };
     let first = match st
         .client
-        .readdir(cred, ino, cookie, READDIR_BATCH, true)
+        .readdir_leased(cred, ino, cookie, READDIR_BATCH, true)
         .await
     {
         Ok(r) => r,
@@ -547,7 +572,7 @@ async fn do_readdirplus(
         }
         batch = match st
             .client
-            .readdir(cred, ino, cookie, READDIR_BATCH, true)
+            .readdir_leased(cred, ino, cookie, READDIR_BATCH, true)
             .await
         {
             Ok(r) => r,
@@ -576,11 +601,23 @@ impl fuser::Filesystem for SanFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        // Under the leases: answered here, on FUSE's thread (the cache never blocks).
+        let started = std::time::Instant::now();
+        if let Some(r) = self
+            .state
+            .client
+            .cached_lookup(self.state.ino(parent), name.as_bytes())
+        {
+            self.state.reply_entry_leased(reply, r);
+            metrics::histogram!(FUSE_OP_SECONDS, "op" => "lookup")
+                .record(started.elapsed().as_secs_f64());
+            return;
+        }
         let cred = credentials(req);
         let name = name_bytes(name);
         self.spawn("lookup", move |st| async move {
-            let r = st.client.lookup(&cred, st.ino(parent), name).await;
-            st.reply_entry(reply, r);
+            let r = st.client.lookup_leased(&cred, st.ino(parent), &name).await;
+            st.reply_entry_leased(reply, r);
         });
     }
 
@@ -591,10 +628,17 @@ impl fuser::Filesystem for SanFs {
         _fh: Option<fuser::FileHandle>,
         reply: ReplyAttr,
     ) {
+        let started = std::time::Instant::now();
+        if let Some(r) = self.state.client.cached_attr(self.state.ino(ino)) {
+            self.state.reply_attr_leased(reply, Ok(r));
+            metrics::histogram!(FUSE_OP_SECONDS, "op" => "getattr")
+                .record(started.elapsed().as_secs_f64());
+            return;
+        }
         let cred = credentials(req);
         self.spawn("getattr", move |st| async move {
-            let r = st.client.getattr(&cred, st.ino(ino)).await;
-            st.reply_attr(reply, r);
+            let r = st.client.getattr_leased(&cred, st.ino(ino)).await;
+            st.reply_attr_leased(reply, r);
         });
     }
 
@@ -629,7 +673,9 @@ impl fuser::Filesystem for SanFs {
                     ctime: None,
                 };
                 let file = fh.map(|fh| st.file(fh)).transpose()?;
-                do_setattr(&st, &cred, st.ino(ino), changes, file).await
+                let r = do_setattr(&st, &cred, st.ino(ino), changes, file).await;
+                st.forget(&[st.ino(ino)], &[]);
+                r
             }
             .await;
             st.reply_attr(reply, r);
@@ -665,9 +711,12 @@ impl fuser::Filesystem for SanFs {
                 }
                 Some(kind) => {
                     let perm = mode & !umask & 0o7777;
-                    st.client
-                        .mknod(&cred, st.ino(parent), name, kind, perm, rdev.into())
-                        .await
+                    let r = st
+                        .client
+                        .mknod(&cred, st.ino(parent), &name, kind, perm, rdev.into())
+                        .await;
+                    st.forget(&[], &[(st.ino(parent), &name)]);
+                    r
                 }
             };
             st.reply_entry(reply, r);
@@ -687,7 +736,8 @@ impl fuser::Filesystem for SanFs {
         let name = name_bytes(name);
         self.spawn("mkdir", move |st| async move {
             let perm = mode & !umask & 0o7777;
-            let r = st.client.mkdir(&cred, st.ino(parent), name, perm).await;
+            let r = st.client.mkdir(&cred, st.ino(parent), &name, perm).await;
+            st.forget(&[], &[(st.ino(parent), &name)]);
             st.reply_entry(reply, r);
         });
     }
@@ -696,7 +746,9 @@ impl fuser::Filesystem for SanFs {
         let cred = credentials(req);
         let name = name_bytes(name);
         self.spawn("unlink", move |st| async move {
-            match st.client.unlink(&cred, st.ino(parent), name).await {
+            let r = st.client.unlink(&cred, st.ino(parent), &name).await;
+            st.forget(&[], &[(st.ino(parent), &name)]);
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -707,7 +759,9 @@ impl fuser::Filesystem for SanFs {
         let cred = credentials(req);
         let name = name_bytes(name);
         self.spawn("rmdir", move |st| async move {
-            match st.client.rmdir(&cred, st.ino(parent), name).await {
+            let r = st.client.rmdir(&cred, st.ino(parent), &name).await;
+            st.forget(&[], &[(st.ino(parent), &name)]);
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -726,7 +780,11 @@ impl fuser::Filesystem for SanFs {
         let name = name_bytes(link_name);
         let target = target.as_os_str().as_bytes().to_vec();
         self.spawn("symlink", move |st| async move {
-            let r = st.client.symlink(&cred, st.ino(parent), name, target).await;
+            let r = st
+                .client
+                .symlink(&cred, st.ino(parent), &name, target)
+                .await;
+            st.forget(&[], &[(st.ino(parent), &name)]);
             st.reply_entry(reply, r);
         });
     }
@@ -761,12 +819,16 @@ impl fuser::Filesystem for SanFs {
                 .rename(
                     &cred,
                     st.ino(parent),
-                    name,
+                    &name,
                     st.ino(newparent),
-                    newname,
+                    &newname,
                     mode,
                 )
                 .await;
+            st.forget(
+                &[],
+                &[(st.ino(parent), &name), (st.ino(newparent), &newname)],
+            );
             match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -787,8 +849,9 @@ impl fuser::Filesystem for SanFs {
         self.spawn("link", move |st| async move {
             let r = st
                 .client
-                .link(&cred, st.ino(ino), st.ino(newparent), newname)
+                .link(&cred, st.ino(ino), st.ino(newparent), &newname)
                 .await;
+            st.forget(&[st.ino(ino)], &[(st.ino(newparent), &newname)]);
             st.reply_entry(reply, r);
         });
     }
@@ -799,7 +862,11 @@ impl fuser::Filesystem for SanFs {
         let flags = open_flags(raw);
         self.spawn("open", move |st| async move {
             let ino = st.ino(ino);
-            match st.client.open(&cred, ino, flags).await {
+            let opened = st.client.open(&cred, ino, flags).await;
+            if flags.truncate {
+                st.forget(&[ino], &[]);
+            }
+            match opened {
                 Ok((handle, _)) => {
                     let fh = st.insert(ino, flags, raw, handle, &cred);
                     reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO);
@@ -905,6 +972,7 @@ impl fuser::Filesystem for SanFs {
                 .client
                 .try_write_back_now(&cred, &file.file, offset, data)
         {
+            self.state.forget(&[self.state.ino(ino)], &[]);
             let mut span = Span::wall_since(Stage::FuseWrite, started);
             span.set_bytes(w.written);
             reply_written(reply, w.written);
@@ -979,6 +1047,8 @@ impl fuser::Filesystem for SanFs {
                 Ok::<_, FsError>(written)
             }
             .await;
+            // Written (size, mtime) or maybe partly: what the lease cache holds goes.
+            st.forget(&[st.ino(ino)], &[]);
             match r {
                 Ok(w) => {
                     span.set_bytes(w.written);
@@ -1353,11 +1423,12 @@ impl fuser::Filesystem for SanFs {
         let name = name_bytes(name);
         let value = value.to_vec();
         self.spawn("setxattr", move |st| async move {
-            match st
+            let r = st
                 .client
                 .setxattr(&cred, st.ino(ino), name, &value, mode)
-                .await
-            {
+                .await;
+            st.forget(&[st.ino(ino)], &[]);
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -1396,7 +1467,9 @@ impl fuser::Filesystem for SanFs {
         let cred = credentials(req);
         let name = name_bytes(name);
         self.spawn("removexattr", move |st| async move {
-            match st.client.removexattr(&cred, st.ino(ino), name).await {
+            let r = st.client.removexattr(&cred, st.ino(ino), name).await;
+            st.forget(&[st.ino(ino)], &[]);
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -1430,11 +1503,12 @@ impl fuser::Filesystem for SanFs {
         let exclusive = flags & libc::O_EXCL != 0;
         self.spawn("create", move |st| async move {
             let perm = mode & !umask & 0o7777;
-            match st
+            let r = st
                 .client
-                .create(&cred, st.ino(parent), name, perm, exclusive, open)
-                .await
-            {
+                .create(&cred, st.ino(parent), &name, perm, exclusive, open)
+                .await;
+            st.forget(&[], &[(st.ino(parent), &name)]);
+            match r {
                 Ok(c) => {
                     let fh = st.insert(c.attr.ino, open, flags, c.handle, &cred);
                     reply.created(
@@ -1516,10 +1590,12 @@ impl fuser::Filesystem for SanFs {
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
-                with_handle!(st, cred, file, |h| st
+                let r = with_handle!(st, cred, file, |h| st
                     .client
                     .fallocate(&cred, &h, ino, offset, length, mode)
-                    .await)
+                    .await);
+                st.forget(&[ino], &[]);
+                r
             }
             .await;
             match r {
@@ -1662,6 +1738,26 @@ pub fn kernel_mount(
         },
     )?;
     Ok(dev.into())
+}
+
+/// `FUSE_NOTIFY_INC_EPOCH` (Linux 6.16, FUSE 7.44): every name the kernel caches for this
+/// mount is looked up again before its next use. Takes no lock in the kernel, so it may be
+/// sent while a FUSE request of this mount holds a directory's lock. An error (`EINVAL`)
+/// where the kernel does not have it.
+pub fn bump_name_epoch(dev: &std::os::fd::OwnedFd) -> std::io::Result<()> {
+    /// `fuse_notify_code::FUSE_NOTIFY_INC_EPOCH`.
+    const FUSE_NOTIFY_INC_EPOCH: i32 = 8;
+    // A notification is a bare `fuse_out_header`: length, the code in the error field,
+    // unique 0; this one has no body.
+    let mut header = [0u8; 16];
+    header[0..4].copy_from_slice(&16u32.to_ne_bytes());
+    header[4..8].copy_from_slice(&FUSE_NOTIFY_INC_EPOCH.to_ne_bytes());
+    let n = rustix::io::write(dev, &header)?;
+    if n == header.len() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!("short write of {n} bytes")))
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,9 @@
 //! | `sanfs_agent_layout_writes_total` | counter | | writes done inside a cached write layout |
 //! | `sanfs_agent_cached_grants` | gauge | | read grants cached now |
 //! | `sanfs_agent_recalls_total` | counter | | recalls of cached grants answered |
+//! | `sanfs_agent_lease_cache_total` | counter | `kind`, `result` | stats (`attr`) and lookups (`entry`) answered under a lease (`hit`, no RPC) or asked of the server (`miss`) |
+//! | `sanfs_agent_lease_recalls_total` | counter | | attribute and entry lease recalls answered |
+//! | `sanfs_agent_lease_cached` | gauge | `kind` | attributes (`attr`) and names (`entry`) cached under leases now |
 //! | `sanfs_agent_sessions_total`, `sanfs_agent_fences_total` | counter | | sessions opened; sessions lost |
 //! | `sanfs_agent_lease_valid`, `sanfs_agent_lease_remaining_seconds` | gauge | | the lease now |
 //! | `sanfs_agent_missing_luns`, `sanfs_agent_poisoned_luns` | gauge | | LUNs not found here; LUNs poisoned by a failed write |
@@ -126,6 +129,19 @@ pub fn render(client: &Client) -> String {
     metrics::counter!("sanfs_agent_layout_writes_total").absolute(s.grants.layout_writes);
     metrics::gauge!("sanfs_agent_cached_grants").set(s.grants.cached_now as f64);
     metrics::counter!("sanfs_agent_recalls_total").absolute(s.grants.recalls);
+    let l = &s.leases;
+    for (kind, result, v) in [
+        ("attr", "hit", l.attr_hits),
+        ("attr", "miss", l.attr_misses),
+        ("entry", "hit", l.entry_hits),
+        ("entry", "miss", l.entry_misses),
+    ] {
+        metrics::counter!("sanfs_agent_lease_cache_total", "kind" => kind, "result" => result)
+            .absolute(v);
+    }
+    metrics::counter!("sanfs_agent_lease_recalls_total").absolute(l.recalls);
+    metrics::gauge!("sanfs_agent_lease_cached", "kind" => "attr").set(l.attrs_now as f64);
+    metrics::gauge!("sanfs_agent_lease_cached", "kind" => "entry").set(l.names_now as f64);
     metrics::counter!("sanfs_agent_sessions_total").absolute(s.sessions_opened);
     metrics::counter!("sanfs_agent_fences_total").absolute(s.fences);
     metrics::counter!("sanfs_agent_device_recoveries_total").absolute(s.device_recoveries);

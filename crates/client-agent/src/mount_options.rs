@@ -73,8 +73,8 @@ pub struct MountOpts {
 impl Default for MountOpts {
     fn default() -> MountOpts {
         MountOpts {
-            attr_ttl: Duration::from_secs(1),
-            entry_ttl: Duration::from_secs(1),
+            attr_ttl: Duration::ZERO,
+            entry_ttl: Duration::ZERO,
             allow_other: false,
             allow_proxied_only: false,
             read_only: false,
@@ -417,12 +417,12 @@ mod tests {
     #[test]
     fn options_parse() {
         let o = parse_options(&[
-            "attr_ttl=0,entry_ttl=250ms,allow_other".to_owned(),
+            "attr_ttl=2s,entry_ttl=250ms,allow_other".to_owned(),
             "ro,engine=sync,devices=/dev/loop*,/srv/luns/*:/x/y,_netdev,x-systemd.automount"
                 .to_owned(),
         ])
         .unwrap();
-        assert_eq!(o.attr_ttl, Duration::ZERO);
+        assert_eq!(o.attr_ttl, Duration::from_secs(2));
         assert_eq!(o.entry_ttl, Duration::from_millis(250));
         assert!(o.allow_other && o.read_only);
         assert!(
@@ -433,7 +433,8 @@ mod tests {
         assert_eq!(o.engine, EngineKind::Sync);
         assert_eq!(o.devices, ["/dev/loop*", "/srv/luns/*", "/x/y"]);
         let d = parse_options(&[]).unwrap();
-        assert_eq!(d.attr_ttl, Duration::from_secs(1));
+        // Without a lease nothing is cached by default (docs/posix.md "Caching and coherence").
+        assert_eq!((d.attr_ttl, d.entry_ttl), (Duration::ZERO, Duration::ZERO));
         assert!(d.devices.is_empty() && !d.read_only && d.direct_io_threshold.is_none());
         assert!(parse_options(&s("bogus")).is_err());
         assert!(parse_options(&s("attr_ttl=fast")).is_err());

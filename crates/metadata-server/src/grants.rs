@@ -1023,6 +1023,22 @@ impl Grants {
         tracing::warn!(ino, "write grants outlived a GetAttr's wait for them");
     }
 
+    /// Whether a session other than `session` holds a write grant, write layout or write
+    /// delegation on `ino` (its writes change the size until completed or written back).
+    pub fn writer_other_than(&self, ino: u64, session: u64) -> bool {
+        self.written_by_others(session).contains(&ino)
+    }
+
+    /// The inodes on which a session other than `session` holds a write grant, write layout
+    /// or write delegation.
+    pub fn written_by_others(&self, session: u64) -> HashSet<u64> {
+        self.lock_table()
+            .values()
+            .filter(|g| g.mode == LockMode::Exclusive && g.session != session)
+            .map(|g| g.ino)
+            .collect()
+    }
+
     /// Whether any write delegation is held (a quick test before [`Grants::settle_delegations`]
     /// over many inodes).
     pub fn any_write_delegation(&self) -> bool {

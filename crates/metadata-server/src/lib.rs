@@ -45,6 +45,7 @@ pub mod ha;
 pub mod handles;
 pub mod handshake;
 pub mod inspect;
+pub mod leases;
 pub mod locks;
 pub mod metrics;
 pub mod ns;

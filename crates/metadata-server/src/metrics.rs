@@ -15,6 +15,9 @@
 //! | `sanfs_grant_bytes_total` | counter | `op` | bytes those grants covered |
 //! | `sanfs_grants_live` | gauge | | grants out now |
 //! | `sanfs_recalls_total` | counter | | recalls of cached grants sent to holders |
+//! | `sanfs_leases_total` | counter | `kind`, `result` | attribute (`attr`) and entry (`entry`) leases `granted`; leases `refused` (kind `any`) |
+//! | `sanfs_lease_recalls_total` | counter | `result` | lease recalls `sent`, and those that went unanswered for the lease's term (`timeout`) |
+//! | `sanfs_leases_live` | gauge | | (inode, session) lease holds now |
 //! | `sanfs_lock_waits_total` | counter | | requests that waited for a range lock |
 //! | `sanfs_expired_grants_total` | counter | | grants dropped with their session |
 //! | `sanfs_evictions_total` | counter | | sessions evicted (hold limit, `Admin.EvictSession`) |
@@ -76,6 +79,19 @@ pub struct Figures {
     pub free_bytes: u64,
     /// Inodes in use.
     pub inodes: u64,
+    /// Attribute and entry leases ([`crate::leases`]).
+    pub leases: LeaseFigures,
+}
+
+/// Attribute and entry leases given, refused and recalled.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct LeaseFigures {
+    pub attr_granted: u64,
+    pub entry_granted: u64,
+    pub refused: u64,
+    pub recalls: u64,
+    pub recall_timeouts: u64,
+    pub live: usize,
 }
 
 /// The server's own counters, read at each scrape (the service implements it).
@@ -237,6 +253,17 @@ fn publish(f: &Figures) {
     metrics::counter!("sanfs_grant_bytes_total", "op" => "read").absolute(f.granted_read_bytes);
     metrics::counter!("sanfs_grant_bytes_total", "op" => "write").absolute(f.granted_write_bytes);
     metrics::counter!("sanfs_recalls_total").absolute(f.recalls);
+    let l = &f.leases;
+    metrics::counter!("sanfs_leases_total", "kind" => "attr", "result" => "granted")
+        .absolute(l.attr_granted);
+    metrics::counter!("sanfs_leases_total", "kind" => "entry", "result" => "granted")
+        .absolute(l.entry_granted);
+    metrics::counter!("sanfs_leases_total", "kind" => "any", "result" => "refused")
+        .absolute(l.refused);
+    metrics::counter!("sanfs_lease_recalls_total", "result" => "sent").absolute(l.recalls);
+    metrics::counter!("sanfs_lease_recalls_total", "result" => "timeout")
+        .absolute(l.recall_timeouts);
+    metrics::gauge!("sanfs_leases_live").set(l.live as f64);
     metrics::counter!("sanfs_lock_waits_total").absolute(f.lock_waits);
     metrics::counter!("sanfs_expired_grants_total").absolute(f.expired_grants);
     metrics::counter!("sanfs_evictions_total").absolute(f.evictions);
@@ -295,6 +322,15 @@ fn describe_published() {
         "Grants dropped because their session's lease ended."
     );
     describe_counter!("sanfs_evictions_total", "Sessions evicted.");
+    describe_counter!(
+        "sanfs_leases_total",
+        "Attribute and entry leases granted (by kind) and refused."
+    );
+    describe_counter!(
+        "sanfs_lease_recalls_total",
+        "Lease recalls sent to agents, and those unanswered for the lease's term."
+    );
+    describe_gauge!("sanfs_leases_live", "Attribute and entry lease holds now.");
     describe_counter!(
         "sanfs_zeroed_bytes_total",
         Unit::Bytes,

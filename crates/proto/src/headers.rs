@@ -11,6 +11,10 @@
 //! - `sanfs-replay: prev=<session>;epoch=<e>;seq=<n>[;ino=<i>;gen=<g>]` on a change the agent
 //!   sends again to a restarted server: made under session `prev` of epoch `e` in its commit
 //!   `n`; a create gives the inode number and generation it was answered.
+//! - `sanfs-forget: <ino>[,<ino>...]` on the reply of a change made under a session: inodes
+//!   whose attributes the change altered and on which that session holds an attribute lease
+//!   (the server recalls every other holder's lease, never the changer's own: its agent drops
+//!   what it cached of them when the reply arrives). At most [`MAX_FORGET`] inodes.
 
 use tonic::metadata::{MetadataMap, MetadataValue};
 
@@ -22,6 +26,10 @@ pub const SESSION: &str = "sanfs-session";
 pub const COMMIT: &str = "sanfs-commit";
 /// The header that marks a replayed change.
 pub const REPLAY: &str = "sanfs-replay";
+/// The header of the inodes whose cached attributes the changer must drop.
+pub const FORGET: &str = "sanfs-forget";
+/// Inodes one `sanfs-forget` names at most (a change alters the attributes of a few).
+pub const MAX_FORGET: usize = 16;
 
 /// What `sanfs-commit` says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +137,37 @@ pub fn set_commit(m: &mut MetadataMap, note: CommitNote) {
     );
 }
 
+/// The reply's `sanfs-forget` (empty without one).
+pub fn forget(m: &MetadataMap) -> Result<Vec<InodeId>, ProtocolError> {
+    let Some(s) = text(m, FORGET)? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        if out.len() == MAX_FORGET {
+            return Err(invalid(FORGET, format!("more than {MAX_FORGET} inodes")));
+        }
+        match part.parse::<u64>() {
+            Ok(n) if n != 0 => out.push(InodeId(n)),
+            _ => return Err(invalid(FORGET, format!("{part:?} is not an inode number"))),
+        }
+    }
+    Ok(out)
+}
+
+/// Sets `sanfs-forget` (nothing when `inodes` is empty; only the first [`MAX_FORGET`]).
+pub fn set_forget(m: &mut MetadataMap, inodes: &[InodeId]) {
+    if inodes.is_empty() {
+        return;
+    }
+    let list: Vec<String> = inodes
+        .iter()
+        .take(MAX_FORGET)
+        .map(|i| i.0.to_string())
+        .collect();
+    put(m, FORGET, list.join(","));
+}
+
 /// The request's `sanfs-replay`, if any.
 pub fn replay(m: &MetadataMap) -> Result<Option<ReplayTag>, ProtocolError> {
     let Some(s) = text(m, REPLAY)? else {
@@ -193,6 +232,14 @@ mod tests {
             set_replay(&mut m, &tag);
             assert_eq!(replay(&m).unwrap(), Some(tag));
         }
+        assert_eq!(forget(&m).unwrap(), vec![]);
+        set_forget(&mut m, &[]);
+        assert_eq!(m.get(FORGET), None);
+        set_forget(&mut m, &[InodeId(3), InodeId(77)]);
+        assert_eq!(forget(&m).unwrap(), vec![InodeId(3), InodeId(77)]);
+        let many: Vec<InodeId> = (1..40).map(InodeId).collect();
+        set_forget(&mut m, &many);
+        assert_eq!(forget(&m).unwrap(), many[..MAX_FORGET].to_vec());
     }
 
     #[test]
@@ -208,12 +255,18 @@ mod tests {
             (REPLAY, "prev=1;epoch=2;seq=1;ino=5"),
             (REPLAY, "prev=1;epoch=2;seq=1;ino=0;gen=1"),
             (REPLAY, "prev=1;epoch=2;seq=-1"),
+            (FORGET, ""),
+            (FORGET, "0"),
+            (FORGET, "1,,2"),
+            (FORGET, "1;2"),
+            (FORGET, "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17"),
         ] {
             let mut m = MetadataMap::new();
             m.insert(name, value.parse().unwrap());
             let r = match name {
                 SESSION => session(&m).map(drop),
                 COMMIT => commit(&m).map(drop),
+                FORGET => forget(&m).map(drop),
                 _ => replay(&m).map(drop),
             };
             assert!(r.is_err(), "{name}: {value} accepted");

@@ -408,6 +408,23 @@ fn mount(
         opts.allow_other,
     )
     .with_context(|| format!("mount at {}", mountpoint.display()))?;
+    // Names under leases may be kept by the kernel where a recall can make it forget them
+    // without a lock (see `client::leases`).
+    match dev.try_clone() {
+        Ok(epoch) => match sanfs_client_agent::fuse::bump_name_epoch(&epoch) {
+            Ok(()) => client.leases().set_kernel_names_invalidator(Box::new(move || {
+                if let Err(e) = sanfs_client_agent::fuse::bump_name_epoch(&epoch) {
+                    tracing::warn!(error = %e, "FUSE_NOTIFY_INC_EPOCH");
+                }
+            })),
+            Err(e) => tracing::info!(
+                error = %e,
+                "the kernel cannot forget names without a lock (FUSE_NOTIFY_INC_EPOCH): \
+                 every path walk asks the agent"
+            ),
+        },
+        Err(e) => tracing::warn!(error = %e, "dup /dev/fuse"),
+    }
     let acl = fuse_config.acl;
     let session = match fuser::Session::from_fd(fs, dev, acl, fuse_config) {
         Ok(s) => s,
@@ -416,6 +433,18 @@ fn mount(
             return Err(e).with_context(|| format!("start FUSE at {}", mountpoint.display()));
         }
     };
+    // Lease recalls invalidate the kernel's attributes of an inode (never from a FUSE
+    // thread: the session task calls it; see `client::leases`).
+    let notifier = session.notifier();
+    client
+        .leases()
+        .set_kernel_invalidator(Box::new(move |ino: sanfs_proto::types::InodeId| {
+            let fuse = fuser::INodeNo(sanfs_client_agent::fuse::sanfs_ino(root, ino.0).0);
+            if let Err(e) = notifier.inval_inode(fuse, -1, 0) {
+                // Not known to the kernel (forgotten): nothing cached there.
+                tracing::trace!(ino = ino.0, error = %e, "inval_inode");
+            }
+        }));
     tracing::info!(source, mountpoint = %mountpoint.display(), "mounted");
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let serve = std::thread::Builder::new()
@@ -725,6 +754,18 @@ fn format_status(m: &MountStatus) -> String {
         out,
         "  grants     read {} write {}; reads from cached grants {}, writes in cached layouts {} ({} cached now); recalls {}",
         g.read, g.write, g.cached_reads, g.layout_writes, g.cached_now, g.recalls
+    );
+    let l = &a.leases;
+    let _ = writeln!(
+        out,
+        "  leases     stat hits {} misses {}; lookup hits {} misses {}; recalls {}; cached now {} attributes, {} names",
+        l.attr_hits,
+        l.attr_misses,
+        l.entry_hits,
+        l.entry_misses,
+        l.recalls,
+        l.attrs_now,
+        l.names_now
     );
     let w = &a.write_back;
     let _ = writeln!(

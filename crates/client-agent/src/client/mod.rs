@@ -59,6 +59,7 @@ mod cache;
 mod data;
 mod file;
 mod health;
+pub mod leases;
 mod locks;
 mod namespace;
 mod quota;
@@ -397,6 +398,8 @@ pub(crate) struct Inner {
     unsynced: Mutex<unsynced::Unsynced>,
     /// Writes held back under write delegations (see `writeback`).
     writeback: writeback::WriteBack,
+    /// Attributes and names cached under leases (see `leases`).
+    leases: leases::LeaseCache,
 }
 
 /// A connected agent. Dropping it stops its session task (the session then expires at the
@@ -682,6 +685,7 @@ impl Client {
             requests: rpc::RequestIds::new(),
             unsynced: Mutex::new(unsynced::Unsynced::default()),
             writeback: writeback::WriteBack::new(writeback_config),
+            leases: leases::LeaseCache::default(),
             open_handles: Mutex::new(HashMap::new()),
             open_files: Mutex::new(Vec::new()),
         });

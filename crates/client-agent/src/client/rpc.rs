@@ -285,6 +285,12 @@ impl Inner {
     {
         self.call_with(what, Pin::Any, send, |reply, view| {
             let note = headers::commit(reply.metadata()).map_err(|e| malformed(what, e))?;
+            // This node's own attribute leases the change altered: not recalled by the
+            // server, dropped here before the change is answered.
+            let forget = headers::forget(reply.metadata()).map_err(|e| malformed(what, e))?;
+            if !forget.is_empty() {
+                self.leases.forget(&forget, &[]);
+            }
             let value = T::try_from(reply.into_inner()).map_err(|e| malformed(what, e))?;
             Ok((value, view.clone(), note))
         })

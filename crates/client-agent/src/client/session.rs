@@ -113,6 +113,9 @@ async fn attach_and_serve(
             };
         }
     };
+    // Lease recalls sent while no stream was attached were lost: what this agent cached
+    // under leases goes (the kernel's attributes included).
+    inner.leases.clear();
     let ttl_ms = inner.lock_state().lease_ttl_ms;
     let mut ticker = tokio::time::interval(Duration::from_millis((ttl_ms / 3).max(1)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -182,6 +185,23 @@ async fn attach_and_serve(
                             tracing::debug!(ok = sent.is_ok(), "recall acknowledged");
                         });
                     }
+                    Ok(ServerEvent::LeaseRecall(recall)) => {
+                        tracing::debug!(inode = %recall.inode, id = recall.id, attr = recall.attr, entries = recall.entries, "lease recall");
+                        let tx = tx.clone();
+                        let inner = Arc::clone(inner);
+                        tokio::spawn(async move {
+                            // The kernel is told on a thread of its own (a write to /dev/fuse).
+                            let dropped = tokio::task::spawn_blocking({
+                                let inner = Arc::clone(&inner);
+                                move || inner.leases.recall(recall.inode, recall.attr, recall.entries)
+                            })
+                            .await;
+                            if dropped.is_ok() {
+                                let sent = tx.send(ClientEvent::LeaseRecallAck { id: recall.id }.into()).await;
+                                tracing::debug!(ok = sent.is_ok(), "lease recall acknowledged");
+                            }
+                        });
+                    }
                     Ok(ServerEvent::Ended { reason, message }) => {
                         return match reason {
                             SessionEndReason::Replaced => Outcome::StreamBroke(format!("stream replaced: {message}")),
@@ -228,6 +248,7 @@ async fn fence(inner: &Inner, view: &SessionView, why: &str) {
     bump(&inner.counters.fences);
     tracing::warn!(session = %view.session, %why, "session lost: fenced (no device I/O until a new session)");
     let busy = inner.cache.clear();
+    inner.leases.clear();
     loop {
         let idle = inner.device_idle.notified();
         tokio::pin!(idle);
@@ -511,6 +532,7 @@ async fn reopen(inner: &Inner) {
                     s.live = true;
                     generation
                 };
+                inner.leases.clear();
                 bump(&inner.counters.sessions);
                 tracing::info!(session = %reply.session, epoch = %reply.epoch, "new session opened");
                 inner.generation_tx.send_replace(generation);

@@ -68,6 +68,19 @@ pub struct GrantCounts {
     pub recalls: u64,
 }
 
+/// Attributes and names answered from the lease cache (`hit`, no RPC) or asked of the server
+/// (`miss`), lease recalls answered, and what is cached now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseCounts {
+    pub attr_hits: u64,
+    pub attr_misses: u64,
+    pub entry_hits: u64,
+    pub entry_misses: u64,
+    pub recalls: u64,
+    pub attrs_now: u64,
+    pub names_now: u64,
+}
+
 /// Everything `sanfs-agent status` shows about one agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentStatus {
@@ -105,6 +118,9 @@ pub struct AgentStatus {
     /// ([`crate::stages`]).
     #[serde(default)]
     pub stages: Vec<crate::stages::StageStat>,
+    /// Attributes and names cached under leases.
+    #[serde(default)]
+    pub leases: LeaseCounts,
 }
 
 impl AgentStatus {
@@ -248,6 +264,7 @@ impl Client {
             device_recoveries: stats.device_recoveries,
             write_back: self.write_back_stats(),
             stages: crate::stages::snapshot(),
+            leases: self.lease_counts(),
         }
     }
 

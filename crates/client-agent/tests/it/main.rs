@@ -32,6 +32,7 @@ mod failover;
 mod fallocate;
 mod grow;
 mod layouts;
+mod leases;
 mod locks;
 mod lun_recovery;
 mod lvm_import;

@@ -78,14 +78,14 @@ fn agent_command(srv: &Cluster, subdir: &str, path: &Path, name: &str, extra: &s
     cmd
 }
 
-struct Mount {
-    path: PathBuf,
+pub(crate) struct Mount {
+    pub(crate) path: PathBuf,
     child: Option<Child>,
     _dir: tempfile::TempDir,
 }
 
 impl Mount {
-    async fn start(srv: &Cluster, name: &str, extra: &str) -> Mount {
+    pub(crate) async fn start(srv: &Cluster, name: &str, extra: &str) -> Mount {
         Mount::start_at(srv, "", name, extra).await
     }
 
@@ -113,7 +113,7 @@ impl Mount {
         m
     }
 
-    fn p(&self, rel: &str) -> PathBuf {
+    pub(crate) fn p(&self, rel: &str) -> PathBuf {
         self.path.join(rel)
     }
 
@@ -155,7 +155,7 @@ impl Drop for Mount {
     }
 }
 
-fn errno_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+pub(crate) fn errno_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
     r.expect_err("expected an error").raw_os_error().unwrap()
 }
 
@@ -1182,7 +1182,7 @@ async fn allow_other_mount_checks_permissions_for_other_users() {
 /// The agent's status of mount `path`, as JSON, asked over its control socket from this
 /// process (a `sanfs-agent status` child would be a fork and exec, which closes this
 /// process's descriptors of files on the mount in the child: a FUSE flush, a close).
-fn agent_status(path: &Path) -> serde_json::Value {
+pub(crate) fn agent_status(path: &Path) -> serde_json::Value {
     use sanfs_client_agent::control;
     let (entry, _) = control::mount_of(path).unwrap();
     let socket = control::socket_path(&control::run_dir(), entry.major, entry.minor);
@@ -1194,7 +1194,7 @@ fn agent_status(path: &Path) -> serde_json::Value {
 }
 
 /// A seed for a randomized test, printed (`SANFS_SEED` repeats one).
-fn test_seed(what: &str) -> u64 {
+pub(crate) fn test_seed(what: &str) -> u64 {
     let seed = std::env::var("SANFS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -1208,7 +1208,7 @@ fn test_seed(what: &str) -> u64 {
     seed
 }
 
-fn xorshift(x: &mut u64) -> u64 {
+pub(crate) fn xorshift(x: &mut u64) -> u64 {
     *x ^= *x << 13;
     *x ^= *x >> 7;
     *x ^= *x << 17;

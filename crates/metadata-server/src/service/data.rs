@@ -276,7 +276,7 @@ impl Server {
     }
 
     /// Whether the session has a stream attached (and so can be recalled).
-    fn has_stream(&self, session: u64) -> bool {
+    pub(crate) fn has_stream(&self, session: u64) -> bool {
         self.sessions()
             .by_id
             .get(&session)
@@ -384,6 +384,15 @@ impl Data for DataService {
                 .check_handle(&who, &req.handle, req.inode, true)?;
             // A write layout only for a session that can hear its recall.
             let layout = req.layout && self.server.has_stream(req.handle.session.0);
+            // Other sessions' attribute leases go before the grant is out (none is given
+            // while it lives: its writes change the size until completed).
+            let _leases = self
+                .server
+                .recall_leases(
+                    &[(req.inode.0, crate::leases::Covered::Attr)],
+                    Some(req.handle.session.0),
+                )
+                .await;
             let (id, mapped) = self
                 .server
                 .grants
@@ -524,6 +533,13 @@ impl Data for DataService {
             self.server
                 .check_handle(&who, &req.handle, req.inode, true)?;
             let len = req.data.len() as u64;
+            let _leases = self
+                .server
+                .recall_leases(
+                    &[(req.inode.0, crate::leases::Covered::Attr)],
+                    Some(req.handle.session.0),
+                )
+                .await;
             let pos = match req.position {
                 WritePosition::At(off) => Position::At(off),
                 WritePosition::Append => Position::Append(id.map(|id| AppendOnce {
@@ -598,6 +614,15 @@ impl Data for DataService {
             let req: FallocateRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(Some(req.handle.session.0), Some(req.inode.0));
+            self.server
+                .check_handle(&who, &req.handle, req.inode, true)?;
+            let _leases = self
+                .server
+                .recall_leases(
+                    &[(req.inode.0, crate::leases::Covered::Attr)],
+                    Some(req.handle.session.0),
+                )
+                .await;
             let keep_size = match req.mode {
                 FallocateMode::Allocate => false,
                 FallocateMode::AllocateKeepSize => true,
@@ -706,6 +731,20 @@ impl Data for DataService {
             self.server.check_grant_epoch(req.epoch)?;
             self.server
                 .check_handle(&who, &req.handle, req.inode, req.write)?;
+            // Other sessions' attribute leases go first (a write delegation's holder answers
+            // for the size; none is given while it lives).
+            let _leases = if req.write {
+                Some(
+                    self.server
+                        .recall_leases(
+                            &[(req.inode.0, crate::leases::Covered::Attr)],
+                            Some(session),
+                        )
+                        .await,
+                )
+            } else {
+                None
+            };
             // Only to a session that can hear the recall, and not to one being evicted.
             let delegation =
                 if self.server.has_stream(session) && !self.server.grants.is_fenced(session) {

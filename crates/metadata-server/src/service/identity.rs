@@ -305,6 +305,18 @@ pub trait WithCred {
     fn cred_mut(&mut self) -> &mut Credentials;
 }
 
+impl WithCred for sanfs_proto::model::LeasedLookup {
+    fn cred_mut(&mut self) -> &mut Credentials {
+        &mut self.entry.cred
+    }
+}
+
+impl WithCred for sanfs_proto::model::LeasedReadDir {
+    fn cred_mut(&mut self) -> &mut Credentials {
+        &mut self.request.cred
+    }
+}
+
 macro_rules! with_cred {
     ($($t:ident),* $(,)?) => {
         $(impl WithCred for sanfs_proto::model::$t {

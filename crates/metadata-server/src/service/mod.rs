@@ -131,6 +131,8 @@ pub struct Server {
     pub(crate) reclaim: Arc<crate::reclaim::Reclaim>,
     /// Per-session and per-RPC counters (ServerStatus, `sanfs-admin top`).
     pub(crate) activity: Arc<crate::activity::Activity>,
+    /// Attribute and entry leases ([`crate::leases`]).
+    pub(crate) leases: crate::leases::Leases,
 }
 
 impl Server {
@@ -225,6 +227,7 @@ impl Server {
             locks_marked: std::sync::atomic::AtomicBool::new(locks_in_use),
             reclaim,
             activity: Arc::default(),
+            leases: crate::leases::Leases::new(Duration::from_millis(params.lease_ttl_ms)),
         }))
     }
 
@@ -580,6 +583,7 @@ impl Server {
             let _ = tx.try_send(Ok(event.into()));
         }
         self.grants.expire_session(session).await;
+        self.leases.expire_session(session);
         self.advisory.release_session(session);
         self.release_session_handles(session).await;
         self.activity.forget_session(session);
@@ -683,14 +687,33 @@ pub(crate) async fn rpc<T>(
     r.map(Response::new)
 }
 
-/// [`rpc`] for a change whose reply carries its `sanfs-commit` note.
-pub(crate) async fn rpc_noted<T>(
+/// What the reply of a change says beside its message: its `sanfs-commit` note, and the
+/// changer's own attribute leases it altered (`sanfs-forget`).
+#[derive(Debug)]
+pub(crate) struct Noted {
+    pub commit: CommitNote,
+    pub forget: Vec<InodeId>,
+}
+
+impl From<CommitNote> for Noted {
+    fn from(commit: CommitNote) -> Noted {
+        Noted {
+            commit,
+            forget: Vec::new(),
+        }
+    }
+}
+
+/// [`rpc`] for a change whose reply carries its `sanfs-commit` note (and `sanfs-forget`).
+pub(crate) async fn rpc_noted<T, N: Into<Noted>>(
     name: &'static str,
-    fut: impl Future<Output = Result<(T, CommitNote), Status>>,
+    fut: impl Future<Output = Result<(T, N), Status>>,
 ) -> Result<Response<T>, Status> {
-    let (reply, note) = rpc(name, fut).await?.into_inner();
+    let (reply, noted) = rpc(name, fut).await?.into_inner();
+    let noted: Noted = noted.into();
     let mut response = Response::new(reply);
-    sanfs_proto::headers::set_commit(response.metadata_mut(), note);
+    sanfs_proto::headers::set_commit(response.metadata_mut(), noted.commit);
+    sanfs_proto::headers::set_forget(response.metadata_mut(), &noted.forget);
     Ok(response)
 }
 
@@ -736,6 +759,14 @@ impl crate::metrics::Counters for Server {
                 .min(total_blocks)
                 .saturating_mul(block),
             inodes: load(&usage.inodes),
+            leases: crate::metrics::LeaseFigures {
+                attr_granted: load(&self.leases.stats.attr_granted),
+                entry_granted: load(&self.leases.stats.entry_granted),
+                refused: load(&self.leases.stats.refused),
+                recalls: load(&self.leases.stats.recalls),
+                recall_timeouts: load(&self.leases.stats.recall_timeouts),
+                live: self.leases.live(),
+            },
         }
     }
 }

@@ -12,20 +12,23 @@
 use std::sync::Arc;
 
 use sanfs_proto::model::{
-    AccessRequest, CreateRequest, EntryRequest, GetAttrRequest, HandleRef, InodeRequest,
-    LinkRequest, MkdirRequest, MknodRequest, OpenReply, OpenRequest, ReadDirRequest, RenameRequest,
-    RequestId, SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames, XattrRequest,
-    XattrValue, request_id,
+    AccessRequest, CreateRequest, EntryRequest, GetAttrRequest, HandleRef, InodeRequest, Leased,
+    LeasedLookup, LeasedReadDir, LinkRequest, MkdirRequest, MknodRequest, OpenReply, OpenRequest,
+    RenameRequest, RequestId, SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames,
+    XattrRequest, XattrValue, request_id,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::namespace_server::Namespace;
 use sanfs_proto::types::{
-    Attr, FileType, FsError, InodeId, NAME_MAX, OpenHandle, SessionId, SymlinkTarget, XattrName,
+    Attr, FileName, FileType, FsError, InodeId, NAME_MAX, OpenHandle, SessionId, SymlinkTarget,
+    XattrName,
 };
 use tonic::{Request, Response, Status};
 
 use super::identity::{NodeIdentity, caller};
-use super::{Server, accept, convert, fs_status, note, rpc, rpc_noted};
+use super::{Noted, Server, accept, convert, fs_status, note, rpc, rpc_noted};
+use crate::leases::Covered::{self, Attr as A, Entries as E};
+use crate::leases::LeaseChange;
 use crate::ns::{self, Reader};
 use crate::reclaim::NsChange;
 use crate::replies::{self, Once, Stored};
@@ -73,7 +76,7 @@ fn change_headers<T>(
 /// or applied again when it is a replay ([`Server::replay_change`]).
 macro_rules! change_once {
     ($self:ident, $request:ident, $name:literal, $req_ty:ty, $variant:ident,
-     |$req:ident| $inode:expr, |$ctx:ident| $body:expr) => {
+     |$req:ident| $inode:expr, leases: $leases:expr, |$ctx:ident| $body:expr) => {
         rpc_noted($name, async {
             let (session, replay) = change_headers(&$self.server, &$request)?;
             let ($req, id): ($req_ty, _) = accept_once($request)?;
@@ -82,20 +85,33 @@ macro_rules! change_once {
                     .server
                     .replay_change(session, tag, NsChange::$variant($req))
                     .await?;
-                return Ok((Default::default(), commit));
+                return Ok((Default::default(), Noted::from(commit)));
             }
             $self.server.wait_reclaim().await;
             note(session.map(|s| s.0), Some($inode));
+            let changes: Vec<(u64, Covered)> = $leases;
+            let leases = $self
+                .server
+                .recall_leases(&changes, session.map(|s| s.0))
+                .await;
             let (reply, commit) = $self
                 .server
                 .change(session, move |$ctx| {
                     replies::run_once($ctx, id, 0, |$ctx| $body)
                 })
                 .await?;
-            Ok((reply.into_reply(), commit))
+            Ok((reply.into_reply(), noted(commit, &leases)))
         })
         .await
     };
+}
+
+/// A change's reply notes: its commit, and the changer's own attribute leases it altered.
+fn noted(commit: sanfs_proto::headers::CommitNote, leases: &LeaseChange<'_>) -> Noted {
+    Noted {
+        commit,
+        forget: leases.own().to_vec(),
+    }
 }
 
 /// The wire requests that carry a `request_id`.
@@ -161,6 +177,9 @@ impl Server {
             let _guard = self
                 .size_change_guard(req.inode.0, 0, req.session.0)
                 .await?;
+            let _leases = self
+                .recall_leases(&[(req.inode.0, A)], Some(req.session.0))
+                .await;
             let r = req.clone();
             self.write(move |ctx| ns::open(ctx, &r)).await?
         } else {
@@ -223,6 +242,28 @@ impl Server {
         Ok(Some(held))
     }
 
+    /// The session a Lookup or ReadDir asks leases for: only a live one of the caller's.
+    fn lease_session(&self, who: &NodeIdentity, session: Option<SessionId>) -> Option<u64> {
+        session
+            .filter(|s| self.check_session(who, *s).is_ok())
+            .map(|s| s.0)
+    }
+
+    /// What removing or replacing the names `entries` changes: each directory's names and
+    /// attributes, and the attributes of the inodes the names lead to now.
+    fn entry_changes(&self, entries: &[(InodeId, &FileName)]) -> Vec<(u64, Covered)> {
+        let mut changes = Vec::new();
+        for (parent, name) in entries {
+            changes.push((parent.0, E));
+            changes.push((parent.0, A));
+            if let Ok(Some((child, _, _))) = self.store.read(|t| t.dirent(*parent, name.as_bytes()))
+            {
+                changes.push((child.0, A));
+            }
+        }
+        changes
+    }
+
     /// A handle registered for a session that ended meanwhile is released at once.
     async fn keep_if_session_lives(&self, session: u64, handle: u64) -> Result<(), Status> {
         if self.sessions().by_id.contains_key(&session) {
@@ -280,10 +321,14 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::LookupReply>, Status> {
         rpc("Lookup", async {
             let (session, _) = change_headers(&self.server, &request)?;
-            let req: EntryRequest = accept(request)?;
+            let who = caller(&request)?;
+            let leased: LeasedLookup = accept(request)?;
+            let lease_session = self.server.lease_session(&who, leased.session);
+            let req = leased.entry;
             self.server.wait_reclaim().await;
             note(session.map(|s| s.0), Some(req.parent.0));
             let bs = self.server.store.block_size();
+            let since = self.server.leases.mark();
             let mut attr = self.server.read(|t| t.lookup(bs, &req))?;
             self.server.barrier(session).await?;
             // A size another node holds writes back for: those writes first (the lookup's
@@ -292,7 +337,14 @@ impl Namespace for NamespaceService {
                 self.server.grants.settle_delegations(attr.ino.0).await;
                 attr = self.server.read(|t| t.lookup(bs, &req))?;
             }
-            Ok(attr.into())
+            let lease_ms =
+                self.server
+                    .grant_leases(lease_session, &[(req.parent.0, E), (attr.ino.0, A)], since);
+            Ok(Leased {
+                value: attr,
+                lease_ms,
+            }
+            .into())
         })
         .await
     }
@@ -325,9 +377,17 @@ impl Namespace for NamespaceService {
                 inode: req.inode,
             };
             let bs = self.server.store.block_size();
+            let since = self.server.leases.mark();
             let attr = self.server.read(|t| t.getattr(bs, req.inode))?;
             self.server.barrier(session).await?;
-            Ok(attr.into())
+            let lease_ms =
+                self.server
+                    .grant_leases((own != 0).then_some(own), &[(req.inode.0, A)], since);
+            Ok(Leased {
+                value: attr,
+                lease_ms,
+            }
+            .into())
         })
         .await
     }
@@ -344,17 +404,21 @@ impl Namespace for NamespaceService {
                     .server
                     .replay_change(session, tag, NsChange::SetAttr(req))
                     .await?;
-                return Ok((Default::default(), commit));
+                return Ok((Default::default(), Noted::from(commit)));
             }
             self.server.wait_reclaim().await;
             note(req.handle.map(|h| h.session.0), Some(req.inode.0));
             let Some(size) = req.changes.size else {
                 // Mode, owner and times: answered before durable under a session.
+                let leases = self
+                    .server
+                    .recall_leases(&[(req.inode.0, A)], session.map(|s| s.0))
+                    .await;
                 let (attr, commit) = self
                     .server
                     .change(session, move |ctx| ns::setattr(ctx, &req))
                     .await?;
-                return Ok((pb::SetAttrReply::from(attr), commit));
+                return Ok((pb::SetAttrReply::from(attr), noted(commit, &leases)));
             };
             // A size change is durable when answered: it changes what grants describe, and
             // data replays must never meet a truncate of their own session's still to come.
@@ -363,8 +427,12 @@ impl Namespace for NamespaceService {
                 .server
                 .size_change_guard(req.inode.0, size, handle_session)
                 .await?;
+            let leases = self
+                .server
+                .recall_leases(&[(req.inode.0, A)], session.map(|s| s.0))
+                .await;
             let attr: Attr = self.server.write(move |ctx| ns::setattr(ctx, &req)).await?;
-            Ok((attr.into(), self.server.commit_note(0)))
+            Ok((attr.into(), noted(self.server.commit_note(0), &leases)))
         })
         .await
     }
@@ -386,7 +454,7 @@ impl Namespace for NamespaceService {
                     .server
                     .replay_change(header_session, tag, NsChange::Create(req))
                     .await?;
-                return Ok((Default::default(), commit));
+                return Ok((Default::default(), Noted::from(commit)));
             }
             self.server.wait_reclaim().await;
             note(Some(req.session.0), Some(req.parent.0));
@@ -416,6 +484,9 @@ impl Namespace for NamespaceService {
                     Some(child) => self.server.size_change_guard(child.0, 0, session.0).await?,
                     None => None,
                 };
+                let mut changes = vec![(req.parent.0, E), (req.parent.0, A)];
+                changes.extend(existing.map(|c| (c.0, A)));
+                let leases = self.server.recall_leases(&changes, Some(session.0)).await;
                 let r = req.clone();
                 let check_free = lazy && truncating;
                 let (reply, commit) = self
@@ -434,7 +505,7 @@ impl Namespace for NamespaceService {
                     })
                     .await?;
                 match reply {
-                    Some(reply) => break (reply, commit),
+                    Some(reply) => break (reply, noted(commit, &leases)),
                     None => lazy = false,
                 }
             };
@@ -457,6 +528,7 @@ impl Namespace for NamespaceService {
             MkdirRequest,
             Mkdir,
             |req| req.parent.0,
+            leases: vec![(req.parent.0, E), (req.parent.0, A)],
             |ctx| { ns::mkdir(ctx, &req).map(pb::MkdirReply::from) }
         )
     }
@@ -472,6 +544,7 @@ impl Namespace for NamespaceService {
             MknodRequest,
             Mknod,
             |req| req.parent.0,
+            leases: vec![(req.parent.0, E), (req.parent.0, A)],
             |ctx| { ns::mknod(ctx, &req).map(pb::MknodReply::from) }
         )
     }
@@ -487,6 +560,7 @@ impl Namespace for NamespaceService {
             EntryRequest,
             Unlink,
             |req| req.parent.0,
+            leases: self.server.entry_changes(&[(req.parent, &req.name)]),
             |ctx| { ns::unlink(ctx, &req, false).map(|_| pb::UnlinkReply {}) }
         )
     }
@@ -502,6 +576,7 @@ impl Namespace for NamespaceService {
             EntryRequest,
             Rmdir,
             |req| req.parent.0,
+            leases: self.server.entry_changes(&[(req.parent, &req.name)]),
             |ctx| { ns::unlink(ctx, &req, true).map(|_| pb::RmdirReply {}) }
         )
     }
@@ -517,6 +592,7 @@ impl Namespace for NamespaceService {
             RenameRequest,
             Rename,
             |req| req.old_parent.0,
+            leases: self.server.entry_changes(&[(req.old_parent, &req.old_name), (req.new_parent, &req.new_name)]),
             |ctx| { ns::rename(ctx, &req).map(|_| pb::RenameReply {}) }
         )
     }
@@ -532,6 +608,7 @@ impl Namespace for NamespaceService {
             LinkRequest,
             Link,
             |req| req.inode.0,
+            leases: vec![(req.new_parent.0, E), (req.new_parent.0, A), (req.inode.0, A)],
             |ctx| { ns::link(ctx, &req).map(pb::LinkReply::from) }
         )
     }
@@ -547,6 +624,7 @@ impl Namespace for NamespaceService {
             SymlinkRequest,
             Symlink,
             |req| req.parent.0,
+            leases: vec![(req.parent.0, E), (req.parent.0, A)],
             |ctx| { ns::symlink(ctx, &req).map(pb::SymlinkReply::from) }
         )
     }
@@ -574,10 +652,14 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::ReadDirReply>, Status> {
         rpc("ReadDir", async {
             let (session, _) = change_headers(&self.server, &request)?;
-            let req: ReadDirRequest = accept(request)?;
+            let who = caller(&request)?;
+            let leased: LeasedReadDir = accept(request)?;
+            let lease_session = self.server.lease_session(&who, leased.session);
+            let req = leased.request;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             let bs = self.server.store.block_size();
+            let since = self.server.leases.mark();
             let mut reply = self.server.read(|t| t.readdir(bs, &req))?;
             self.server.barrier(session).await?;
             // Attributes of files another node holds writes back for: those writes first.
@@ -593,7 +675,20 @@ impl Namespace for NamespaceService {
                     reply = self.server.read(|t| t.readdir(bs, &req))?;
                 }
             }
-            Ok(reply.into())
+            let mut covered = vec![(req.inode.0, E)];
+            covered.extend(
+                reply
+                    .entries
+                    .iter()
+                    .filter(|e| e.attr.is_some())
+                    .map(|e| (e.inode.0, A)),
+            );
+            let lease_ms = self.server.grant_leases(lease_session, &covered, since);
+            Ok(Leased {
+                value: reply,
+                lease_ms,
+            }
+            .into())
         })
         .await
     }
@@ -642,15 +737,19 @@ impl Namespace for NamespaceService {
                     .server
                     .replay_change(session, tag, NsChange::SetXattr(req))
                     .await?;
-                return Ok((Default::default(), commit));
+                return Ok((Default::default(), Noted::from(commit)));
             }
             self.server.wait_reclaim().await;
             note(session.map(|s| s.0), Some(req.inode.0));
+            let leases = self
+                .server
+                .recall_leases(&[(req.inode.0, A)], session.map(|s| s.0))
+                .await;
             let ((), commit) = self
                 .server
                 .change(session, move |ctx| ns::setxattr(ctx, &req))
                 .await?;
-            Ok((pb::SetXattrReply {}, commit))
+            Ok((pb::SetXattrReply {}, noted(commit, &leases)))
         })
         .await
     }
@@ -688,15 +787,19 @@ impl Namespace for NamespaceService {
                     .server
                     .replay_change(session, tag, NsChange::RemoveXattr(req))
                     .await?;
-                return Ok((Default::default(), commit));
+                return Ok((Default::default(), Noted::from(commit)));
             }
             self.server.wait_reclaim().await;
             note(session.map(|s| s.0), Some(req.inode.0));
+            let leases = self
+                .server
+                .recall_leases(&[(req.inode.0, A)], session.map(|s| s.0))
+                .await;
             let ((), commit) = self
                 .server
                 .change(session, move |ctx| ns::removexattr(ctx, &req))
                 .await?;
-            Ok((pb::RemoveXattrReply {}, commit))
+            Ok((pb::RemoveXattrReply {}, noted(commit, &leases)))
         })
         .await
     }

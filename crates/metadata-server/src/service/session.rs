@@ -237,6 +237,10 @@ impl Server {
                         _ => break,
                     }
                 }
+                Ok(ClientEvent::LeaseRecallAck { id }) => {
+                    self.leases.acked(session, id);
+                    Ok(None)
+                }
                 Ok(
                     ClientEvent::RecallAck { grant_ids } | ClientEvent::GrantReturn { grant_ids },
                 ) => {

@@ -243,6 +243,7 @@ async fn worker(mut c: Clients, session: u64, model: Model, prefix: String, seed
 async fn check(c: &mut Clients, session: u64, name: &str, expect: &Expect) {
     let found =
         c.ns.lookup(pb::LookupRequest {
+            session: None,
             cred: root(),
             parent: ROOT,
             name: name.into(),

@@ -573,6 +573,7 @@ async fn assert_all_present(addr: SocketAddr, acked: &[String]) {
     for name in acked {
         let found =
             c.ns.lookup(pb::LookupRequest {
+                session: None,
                 cred: root(),
                 parent: ROOT,
                 name: name.as_bytes().to_vec(),
@@ -709,6 +710,7 @@ async fn a_leader_paused_past_its_lease_writes_nothing_when_it_runs_again() {
     for round in 0..rounds {
         let found =
             c.ns.lookup(pb::LookupRequest {
+                session: None,
                 cred: root(),
                 parent: ROOT,
                 name: format!("{PENDING}-{round}").into_bytes(),

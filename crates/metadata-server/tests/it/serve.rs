@@ -61,6 +61,7 @@ async fn getattr(c: &mut Clients, inode: u64) -> Result<pb::Attr, tonic::Status>
 
 async fn lookup(c: &mut Clients, parent: u64, name: &str) -> Result<pb::Attr, tonic::Status> {
     c.ns.lookup(pb::LookupRequest {
+        session: None,
         cred: root(),
         parent,
         name: name.into(),
@@ -76,6 +77,7 @@ async fn list(c: &mut Clients, dir: u64, page: u32) -> Vec<(String, u64)> {
     loop {
         let r =
             c.ns.read_dir(pb::ReadDirRequest {
+                session: None,
                 cred: root(),
                 inode: dir,
                 cookie,
@@ -499,6 +501,7 @@ async fn unknown_inode_or_session_is_refused() {
     );
     let e =
         c.ns.read_dir(pb::ReadDirRequest {
+            session: None,
             cred: root(),
             inode: 424_242,
             cookie: 0,

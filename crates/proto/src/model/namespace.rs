@@ -142,9 +142,11 @@ macro_rules! attr_reply {
             }
         }
 
+        // Lookup and GetAttr replies also carry a lease term (0 here: see [`Leased`]).
+        #[allow(clippy::needless_update, reason = "one macro for replies with and without lease_ms")]
         impl From<Attr> for pb::$pb {
             fn from(a: Attr) -> Self {
-                pb::$pb { attr: Some(a.into()) }
+                pb::$pb { attr: Some(a.into()), ..Default::default() }
             }
         }
     )*};
@@ -566,6 +568,129 @@ impl From<SymlinkTarget> for pb::ReadlinkReply {
     }
 }
 
+/// The longest lease term a reply may carry, milliseconds (one hour).
+pub const MAX_LEASE_MS: u64 = 3_600_000;
+
+fn lease_ms(ms: u64) -> Result<u64, ProtocolError> {
+    if ms > MAX_LEASE_MS {
+        return Err(invalid(
+            "lease_ms",
+            format!("{ms} is more than {MAX_LEASE_MS}"),
+        ));
+    }
+    Ok(ms)
+}
+
+/// A reply and the term of the leases it hands out (Lookup, GetAttr, ReadDir): milliseconds
+/// from when the request was sent, at most [`MAX_LEASE_MS`]; 0: no lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leased<T> {
+    pub value: T,
+    pub lease_ms: u64,
+}
+
+macro_rules! leased_attr_reply {
+    ($($pb:ident),*) => {$(
+        impl TryFrom<pb::$pb> for Leased<Attr> {
+            type Error = ProtocolError;
+
+            fn try_from(p: pb::$pb) -> Result<Self, ProtocolError> {
+                Ok(Leased {
+                    value: attr(p.attr)?,
+                    lease_ms: lease_ms(p.lease_ms)?,
+                })
+            }
+        }
+
+        impl From<Leased<Attr>> for pb::$pb {
+            fn from(l: Leased<Attr>) -> Self {
+                pb::$pb {
+                    attr: Some(l.value.into()),
+                    lease_ms: l.lease_ms,
+                }
+            }
+        }
+    )*};
+}
+leased_attr_reply!(LookupReply, GetAttrReply);
+
+impl TryFrom<pb::ReadDirReply> for Leased<ReadDirReply> {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ReadDirReply) -> Result<Self, ProtocolError> {
+        let lease = lease_ms(p.lease_ms)?;
+        Ok(Leased {
+            value: ReadDirReply::try_from(p)?,
+            lease_ms: lease,
+        })
+    }
+}
+
+impl From<Leased<ReadDirReply>> for pb::ReadDirReply {
+    fn from(l: Leased<ReadDirReply>) -> Self {
+        pb::ReadDirReply {
+            lease_ms: l.lease_ms,
+            ..l.value.into()
+        }
+    }
+}
+
+/// Lookup asking for leases: the entry and the caller's session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeasedLookup {
+    pub entry: EntryRequest,
+    pub session: Option<SessionId>,
+}
+
+impl TryFrom<pb::LookupRequest> for LeasedLookup {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::LookupRequest) -> Result<Self, ProtocolError> {
+        let session = p.session.map(session_id).transpose()?;
+        Ok(LeasedLookup {
+            entry: EntryRequest::try_from(p)?,
+            session,
+        })
+    }
+}
+
+impl From<LeasedLookup> for pb::LookupRequest {
+    fn from(l: LeasedLookup) -> Self {
+        pb::LookupRequest {
+            session: l.session.map(|s| s.0),
+            ..l.entry.into()
+        }
+    }
+}
+
+/// ReadDir asking for leases: the request and the caller's session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeasedReadDir {
+    pub request: ReadDirRequest,
+    pub session: Option<SessionId>,
+}
+
+impl TryFrom<pb::ReadDirRequest> for LeasedReadDir {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ReadDirRequest) -> Result<Self, ProtocolError> {
+        let session = p.session.map(session_id).transpose()?;
+        Ok(LeasedReadDir {
+            request: ReadDirRequest::try_from(p)?,
+            session,
+        })
+    }
+}
+
+impl From<LeasedReadDir> for pb::ReadDirRequest {
+    fn from(l: LeasedReadDir) -> Self {
+        pb::ReadDirRequest {
+            session: l.session.map(|s| s.0),
+            ..l.request.into()
+        }
+    }
+}
+
 /// ReadDir: one page of a directory listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadDirRequest {
@@ -613,6 +738,7 @@ impl From<ReadDirRequest> for pb::ReadDirRequest {
             cookie: r.cookie,
             max_entries: r.max_entries,
             plus: r.plus,
+            session: None,
         }
     }
 }
@@ -709,6 +835,7 @@ impl From<ReadDirReply> for pb::ReadDirReply {
             entries: to_pb(r.entries),
             eof: r.eof,
             parent: r.parent.0,
+            lease_ms: 0,
         }
     }
 }

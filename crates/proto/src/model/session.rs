@@ -227,6 +227,10 @@ pub enum ClientEvent {
     GrantReturn {
         grant_ids: Vec<GrantId>,
     },
+    /// The agent dropped what it cached under the leases of LeaseRecall `id`.
+    LeaseRecallAck {
+        id: u64,
+    },
 }
 
 impl TryFrom<pb::SessionStreamRequest> for ClientEvent {
@@ -243,6 +247,12 @@ impl TryFrom<pb::SessionStreamRequest> for ClientEvent {
             Event::GrantReturn(r) => ClientEvent::GrantReturn {
                 grant_ids: grant_ids(r.grant_ids, "grant_ids").at("grant_return")?,
             },
+            Event::LeaseRecallAck(a) => {
+                if a.id == 0 {
+                    return Err(ProtocolError::MissingField("id").in_field("lease_recall_ack"));
+                }
+                ClientEvent::LeaseRecallAck { id: a.id }
+            }
         })
     }
 }
@@ -261,6 +271,9 @@ impl From<ClientEvent> for pb::SessionStreamRequest {
                 ClientEvent::GrantReturn { grant_ids } => Event::GrantReturn(pb::GrantReturn {
                     grant_ids: ids(grant_ids),
                 }),
+                ClientEvent::LeaseRecallAck { id } => {
+                    Event::LeaseRecallAck(pb::LeaseRecallAck { id })
+                }
             }),
         }
     }
@@ -332,6 +345,48 @@ impl From<Recall> for pb::Recall {
     }
 }
 
+/// A recall of attribute and entry leases on one inode (docs/protocol.md "Leases").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseRecall {
+    /// At least 1.
+    pub id: u64,
+    pub inode: InodeId,
+    /// The inode's attributes.
+    pub attr: bool,
+    /// The names in directory `inode`, negative ones included.
+    pub entries: bool,
+}
+
+impl TryFrom<pb::LeaseRecall> for LeaseRecall {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::LeaseRecall) -> Result<Self, ProtocolError> {
+        if p.id == 0 {
+            return Err(ProtocolError::MissingField("id"));
+        }
+        if !p.attr && !p.entries {
+            return Err(invalid("attr", "neither attr nor entries is recalled"));
+        }
+        Ok(LeaseRecall {
+            id: p.id,
+            inode: inode(p.inode, "inode")?,
+            attr: p.attr,
+            entries: p.entries,
+        })
+    }
+}
+
+impl From<LeaseRecall> for pb::LeaseRecall {
+    fn from(r: LeaseRecall) -> Self {
+        pb::LeaseRecall {
+            id: r.id,
+            inode: r.inode.0,
+            attr: r.attr,
+            entries: r.entries,
+        }
+    }
+}
+
 /// Why the server ends a session (or its stream).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionEndReason {
@@ -357,6 +412,7 @@ pub enum ServerEvent {
         reason: SessionEndReason,
         message: String,
     },
+    LeaseRecall(LeaseRecall),
 }
 
 impl TryFrom<pb::SessionStreamReply> for ServerEvent {
@@ -378,6 +434,9 @@ impl TryFrom<pb::SessionStreamReply> for ServerEvent {
                 }
             }
             Event::Recall(r) => ServerEvent::Recall(Recall::try_from(r).at("recall")?),
+            Event::LeaseRecall(r) => {
+                ServerEvent::LeaseRecall(LeaseRecall::try_from(r).at("lease_recall")?)
+            }
             Event::Ended(e) => {
                 let reason =
                     match enum_field::<pb::SessionEndReason>(e.reason, "reason").at("ended")? {
@@ -416,6 +475,7 @@ impl From<ServerEvent> for pb::SessionStreamReply {
                     durable_seq,
                 }),
                 ServerEvent::Recall(r) => Event::Recall(r.into()),
+                ServerEvent::LeaseRecall(r) => Event::LeaseRecall(r.into()),
                 ServerEvent::Ended { reason, message } => {
                     let reason = match reason {
                         SessionEndReason::Expired => pb::SessionEndReason::Expired,

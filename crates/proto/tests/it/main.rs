@@ -7,6 +7,7 @@ mod exposition;
 mod fixtures;
 mod fuzz;
 mod grant_model;
+mod leases;
 mod loopback;
 mod reject;
 mod roundtrip;

@@ -1,0 +1,681 @@
+//! The agent's side of attribute and entry leases (docs/protocol.md "Attribute and entry
+//! leases"; docs/posix.md "Caching and coherence").
+//!
+//! Lookup, GetAttr and ReadDir ask for leases for the current session; a reply's `lease_ms`
+//! says for how long (from the request's send time) the server recalls them before another
+//! change. Under them this cache keeps:
+//! - **attributes** per inode (the kernel gets them with a TTL up to the lease's end, and a
+//!   recall invalidates the kernel's copy with `Notifier::inval_inode` before it is acked);
+//! - **names** per directory under its entry lease, negative ones included. Where the kernel
+//!   can forget every name it caches without taking a lock (`FUSE_NOTIFY_INC_EPOCH`, Linux
+//!   6.16 and later: [`LeaseCache::set_kernel_names_invalidator`]), a name found under its
+//!   leases is given to the kernel with a TTL up to the leases' end, and a recall of a
+//!   directory's names bumps the kernel's epoch before it is acked: every cached name is then
+//!   looked up again, from here. Otherwise the kernel is given entry TTL 0 and every path walk
+//!   asks the agent, which answers from here. Never `inval_entry`: it takes the directory's
+//!   lock, and a FUSE request of this node in that directory may hold it while it waits for
+//!   the server, which waits for this recall.
+//!
+//! **Races.** A reply may arrive after the recall of what it grants (the recall travels on the
+//! session stream, the reply on its own call). Every request takes [`LeaseCache::mark`]
+//! before it is sent; a recall, an own change or a new session since then (per inode, hashed
+//! into buckets) makes the reply's lease unusable here.
+//!
+//! **Bounded.** At most [`MAX_ATTRS`] attributes and [`MAX_NAMES`] names: past that, expired
+//! ones are pruned and, if still full, nothing more is kept (the reply is used without a
+//! lease). What the agent drops needs no return: the server's hold ends with its term.
+//!
+//! Nothing outlives the session: terms are capped at the session lease's deadline, and a new
+//! session (or a lost one) clears everything, the kernel's attributes included.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use sanfs_proto::model::{
+    EntryRequest, GetAttrRequest, Leased, LeasedLookup, LeasedReadDir, ReadDirReply, ReadDirRequest,
+};
+use sanfs_proto::pb;
+use sanfs_proto::types::{Attr, Credentials, FileName, FsError, InodeId};
+
+use super::Client;
+use super::rpc::Pin;
+
+/// Attributes kept at most.
+pub const MAX_ATTRS: usize = 262_144;
+/// Names (positive and negative) kept at most.
+pub const MAX_NAMES: usize = 262_144;
+const BUCKETS: usize = 4096;
+
+fn bucket(ino: InodeId) -> usize {
+    (ino.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize % BUCKETS
+}
+
+/// Invalidates the kernel's cached attributes of an inode (set by the FUSE layer).
+pub type KernelInvalidator = Box<dyn Fn(InodeId) + Send + Sync>;
+/// Makes the kernel look every name up again (set by the FUSE layer when it can).
+pub type KernelNamesInvalidator = Box<dyn Fn() + Send + Sync>;
+
+/// Counters (status and metrics).
+#[derive(Debug, Default)]
+pub struct LeaseCounters {
+    pub attr_hits: AtomicU64,
+    pub attr_misses: AtomicU64,
+    pub entry_hits: AtomicU64,
+    pub entry_misses: AtomicU64,
+    pub recalls: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Dir {
+    until: Instant,
+    names: HashMap<Vec<u8>, Option<InodeId>>,
+}
+
+#[derive(Debug)]
+struct State {
+    seq: u64,
+    /// Marks below this are of an earlier session.
+    floor: u64,
+    /// Per bucket: the `seq` of the last recall or own change there.
+    touched: Vec<u64>,
+    attrs: HashMap<InodeId, (Attr, Instant)>,
+    dirs: HashMap<InodeId, Dir>,
+    names: usize,
+}
+
+impl State {
+    fn usable(&self, mark: u64, ino: InodeId) -> bool {
+        mark >= self.floor && self.touched[bucket(ino)] <= mark
+    }
+
+    fn touch(&mut self, ino: InodeId) {
+        self.seq += 1;
+        let seq = self.seq;
+        self.touched[bucket(ino)] = seq;
+    }
+
+    fn drop_dir(&mut self, dir: InodeId) {
+        if let Some(d) = self.dirs.remove(&dir) {
+            self.names -= d.names.len();
+        }
+    }
+
+    fn prune(&mut self, now: Instant) {
+        self.attrs.retain(|_, (_, until)| *until > now);
+        let mut gone = 0;
+        self.dirs.retain(|_, d| {
+            let keep = d.until > now;
+            if !keep {
+                gone += d.names.len();
+            }
+            keep
+        });
+        self.names -= gone;
+    }
+}
+
+/// Attributes and names cached under leases.
+pub struct LeaseCache {
+    state: Mutex<State>,
+    kernel: OnceLock<KernelInvalidator>,
+    kernel_names: OnceLock<KernelNamesInvalidator>,
+    pub counters: LeaseCounters,
+}
+
+impl std::fmt::Debug for LeaseCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.lock();
+        f.debug_struct("LeaseCache")
+            .field("attrs", &s.attrs.len())
+            .field("names", &s.names)
+            .finish()
+    }
+}
+
+impl Default for LeaseCache {
+    fn default() -> Self {
+        LeaseCache {
+            state: Mutex::new(State {
+                seq: 0,
+                floor: 0,
+                touched: vec![0; BUCKETS],
+                attrs: HashMap::new(),
+                dirs: HashMap::new(),
+                names: 0,
+            }),
+            kernel: OnceLock::new(),
+            kernel_names: OnceLock::new(),
+            counters: LeaseCounters::default(),
+        }
+    }
+}
+
+/// When a lease granted for `lease_ms` on a request sent at `sent` ends, capped at the
+/// session's `deadline`; `None` when it has ended already or there is none.
+fn lease_end(sent: Instant, lease_ms: u64, deadline: Instant) -> Option<Instant> {
+    if lease_ms == 0 {
+        return None;
+    }
+    let end = (sent + Duration::from_millis(lease_ms)).min(deadline);
+    (end > Instant::now()).then_some(end)
+}
+
+impl LeaseCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets how the kernel's attributes are invalidated (once, by the FUSE layer).
+    pub fn set_kernel_invalidator(&self, f: KernelInvalidator) {
+        let _ = self.kernel.set(f);
+    }
+
+    /// Sets how the kernel forgets every name it caches, without a lock (once, by the FUSE
+    /// layer, when the kernel has it): names under leases may then be cached by the kernel.
+    pub fn set_kernel_names_invalidator(&self, f: KernelNamesInvalidator) {
+        let _ = self.kernel_names.set(f);
+    }
+
+    /// Whether the kernel may cache names under their leases (see
+    /// [`LeaseCache::set_kernel_names_invalidator`]).
+    pub fn kernel_names(&self) -> bool {
+        self.kernel_names.get().is_some()
+    }
+
+    fn invalidate_kernel_names(&self) {
+        if let Some(k) = self.kernel_names.get() {
+            k();
+        }
+    }
+
+    fn invalidate_kernel(&self, inos: &[InodeId]) {
+        if let Some(k) = self.kernel.get() {
+            for ino in inos {
+                k(*ino);
+            }
+        }
+    }
+
+    /// Taken before a request that may hand out leases is sent.
+    pub fn mark(&self) -> u64 {
+        self.lock().seq
+    }
+
+    /// Cached attributes of `ino` and how long they stay valid.
+    pub fn attr(&self, ino: InodeId) -> Option<(Attr, Duration)> {
+        let now = Instant::now();
+        let hit = self
+            .lock()
+            .attrs
+            .get(&ino)
+            .filter(|(_, until)| *until > now)
+            .map(|(a, until)| (a.clone(), *until - now));
+        let c = if hit.is_some() {
+            &self.counters.attr_hits
+        } else {
+            &self.counters.attr_misses
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        hit
+    }
+
+    /// A cached name in `parent`: `Some(Some((attr, ttl)))` for a name and the attributes of
+    /// its inode, `Some(None)` for a name known not to exist, `None` when not cached.
+    #[allow(
+        clippy::option_option,
+        reason = "not cached / cached absent / cached present"
+    )]
+    pub fn entry(&self, parent: InodeId, name: &[u8]) -> Option<Option<(Attr, Duration)>> {
+        let now = Instant::now();
+        let hit = {
+            let s = self.lock();
+            s.dirs
+                .get(&parent)
+                .filter(|d| d.until > now)
+                .and_then(|d| d.names.get(name).map(|n| (*n, d.until)))
+                .and_then(|(n, dir_until)| match n {
+                    None => Some(None),
+                    Some(ino) => s
+                        .attrs
+                        .get(&ino)
+                        .filter(|(_, until)| *until > now)
+                        .map(|(a, until)| Some((a.clone(), (*until).min(dir_until) - now))),
+                })
+        };
+        let c = if hit.is_some() {
+            &self.counters.entry_hits
+        } else {
+            &self.counters.entry_misses
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        hit
+    }
+
+    /// Keeps `attr` under a lease of `lease_ms` from `sent` (request marked `mark`); answers
+    /// the TTL the kernel may keep it for, `None` without a usable lease.
+    pub fn put_attr(
+        &self,
+        attr: &Attr,
+        lease_ms: u64,
+        sent: Instant,
+        deadline: Instant,
+        mark: u64,
+    ) -> Option<Duration> {
+        let end = lease_end(sent, lease_ms, deadline)?;
+        let mut s = self.lock();
+        if !s.usable(mark, attr.ino) {
+            return None;
+        }
+        if s.attrs.len() >= MAX_ATTRS && !s.attrs.contains_key(&attr.ino) {
+            s.prune(Instant::now());
+            if s.attrs.len() >= MAX_ATTRS {
+                return None;
+            }
+        }
+        s.attrs.insert(attr.ino, (attr.clone(), end));
+        Some(end.saturating_duration_since(Instant::now()))
+    }
+
+    /// Keeps the name `name` in `parent` (`None`: known absent) under the directory's entry
+    /// lease of `lease_ms` from `sent`. A `lease_ms` of 0 keeps a negative name only under
+    /// an entry lease held since before the request was marked.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the name, its lease and its request"
+    )]
+    pub fn put_entry(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        ino: Option<InodeId>,
+        lease_ms: u64,
+        sent: Instant,
+        deadline: Instant,
+        mark: u64,
+    ) -> bool {
+        let now = Instant::now();
+        let mut s = self.lock();
+        if !s.usable(mark, parent) {
+            return false;
+        }
+        let end = lease_end(sent, lease_ms, deadline);
+        if s.names >= MAX_NAMES {
+            s.prune(now);
+            if s.names >= MAX_NAMES {
+                return false;
+            }
+        }
+        let held = s.dirs.get(&parent).is_some_and(|d| d.until > now);
+        let Some(until) = end.or(held.then_some(now)) else {
+            return false;
+        };
+        let dir = s.dirs.entry(parent).or_insert(Dir {
+            until,
+            names: HashMap::new(),
+        });
+        dir.until = dir.until.max(until);
+        if dir.names.insert(name.to_vec(), ino).is_none() {
+            s.names += 1;
+        }
+        true
+    }
+
+    /// A recall of the server: forgets the attributes of `ino` (the kernel's too) and/or the
+    /// names in directory `ino`. Call it before acknowledging, never on a FUSE thread.
+    pub fn recall(&self, ino: InodeId, attr: bool, entries: bool) {
+        self.counters.recalls.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut s = self.lock();
+            s.touch(ino);
+            if attr {
+                s.attrs.remove(&ino);
+            }
+            if entries {
+                s.drop_dir(ino);
+            }
+        }
+        if entries {
+            self.invalidate_kernel_names();
+        }
+        if attr {
+            self.invalidate_kernel(&[ino]);
+        }
+    }
+
+    /// This agent changes `inos` (attributes) and the names in `dirs`: what it cached there
+    /// goes (the kernel updates its own copy from the change's reply).
+    pub fn forget(&self, inos: &[InodeId], dirs: &[(InodeId, &[u8])]) {
+        let mut s = self.lock();
+        for ino in inos {
+            s.touch(*ino);
+            s.attrs.remove(ino);
+        }
+        for (dir, name) in dirs {
+            s.touch(*dir);
+            s.attrs.remove(dir);
+            // The name's inode changes too (link count, ctime).
+            let child = s.dirs.get_mut(dir).and_then(|d| d.names.remove(*name));
+            if let Some(child) = child {
+                s.names -= 1;
+                if let Some(ino) = child {
+                    s.touch(ino);
+                    s.attrs.remove(&ino);
+                }
+            }
+        }
+    }
+
+    /// The session ended or was replaced: nothing cached under its leases is valid any more,
+    /// the kernel's attributes included.
+    pub fn clear(&self) {
+        let inos: Vec<InodeId> = {
+            let mut s = self.lock();
+            s.seq += 1;
+            s.floor = s.seq;
+            s.dirs.clear();
+            s.names = 0;
+            s.attrs.drain().map(|(ino, _)| ino).collect()
+        };
+        self.invalidate_kernel_names();
+        self.invalidate_kernel(&inos);
+    }
+
+    /// (attributes, names) kept now.
+    pub fn size(&self) -> (usize, usize) {
+        let s = self.lock();
+        (s.attrs.len(), s.names)
+    }
+}
+
+/// An attribute or entry answered with how long the kernel may keep it (`None`: no lease,
+/// the mount's TTL without one applies).
+pub type WithTtl<T> = (T, Option<Duration>);
+
+impl Client {
+    /// The lease cache's counters (status, metrics).
+    pub fn lease_counts(&self) -> super::status::LeaseCounts {
+        let c = &self.inner.leases.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (attrs, names) = self.inner.leases.size();
+        super::status::LeaseCounts {
+            attr_hits: get(&c.attr_hits),
+            attr_misses: get(&c.attr_misses),
+            entry_hits: get(&c.entry_hits),
+            entry_misses: get(&c.entry_misses),
+            recalls: get(&c.recalls),
+            attrs_now: attrs as u64,
+            names_now: names as u64,
+        }
+    }
+
+    /// The attribute and entry lease cache of this agent.
+    pub fn leases(&self) -> &LeaseCache {
+        &self.inner.leases
+    }
+
+    /// When the session's lease ends (agent rule), or now when it is not live.
+    fn lease_deadline(&self) -> Instant {
+        let s = self.inner.lock_state();
+        if s.live { s.deadline } else { Instant::now() }
+    }
+
+    /// A lookup answered from the cache while its leases hold (`None`: ask the server with
+    /// [`Client::lookup_leased`]). Never blocks: fit for a FUSE thread.
+    pub fn cached_lookup(
+        &self,
+        parent: InodeId,
+        entry: &[u8],
+    ) -> Option<Result<WithTtl<Attr>, FsError>> {
+        Some(match self.inner.leases.entry(parent, entry)? {
+            Some((attr, ttl)) => Ok((attr, Some(ttl))),
+            None => Err(FsError::NotFound),
+        })
+    }
+
+    /// Attributes answered from the cache while their lease holds (`None`: ask the server
+    /// with [`Client::getattr_leased`]). Never blocks: fit for a FUSE thread.
+    pub fn cached_attr(&self, ino: InodeId) -> Option<WithTtl<Attr>> {
+        self.inner
+            .leases
+            .attr(ino)
+            .map(|(attr, ttl)| (attr, Some(ttl)))
+    }
+
+    /// Lookup from the server, asking for an attribute lease on the inode and an entry lease
+    /// on `parent` (see [`Client::cached_lookup`] first).
+    pub async fn lookup_leased(
+        &self,
+        cred: &Credentials,
+        parent: InodeId,
+        entry: &[u8],
+    ) -> Result<WithTtl<Attr>, FsError> {
+        let cache = &self.inner.leases;
+        let name = FileName::new(entry.to_vec())?;
+        let (mark, sent) = (cache.mark(), Instant::now());
+        let r: Result<Leased<Attr>, FsError> = self
+            .inner
+            .call("Lookup reply", Pin::Any, |view| {
+                let req = pb::LookupRequest::from(LeasedLookup {
+                    entry: EntryRequest {
+                        cred: cred.clone(),
+                        parent,
+                        name: name.clone(),
+                    },
+                    session: Some(view.session),
+                });
+                let mut ns = self.inner.ns();
+                async move { ns.lookup(req).await }
+            })
+            .await;
+        let deadline = self.lease_deadline();
+        match r {
+            Ok(l) => {
+                // The TTL the kernel gets covers the name too: both must be kept.
+                let ttl = cache
+                    .put_attr(&l.value, l.lease_ms, sent, deadline, mark)
+                    .filter(|_| {
+                        cache.put_entry(
+                            parent,
+                            entry,
+                            Some(l.value.ino),
+                            l.lease_ms,
+                            sent,
+                            deadline,
+                            mark,
+                        )
+                    });
+                Ok((l.value, ttl))
+            }
+            Err(FsError::NotFound) => {
+                // Absent: kept only under an entry lease held since before the request.
+                cache.put_entry(parent, entry, None, 0, sent, deadline, mark);
+                Err(FsError::NotFound)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// GetAttr from the server, asking for an attribute lease (see [`Client::cached_attr`]
+    /// first).
+    pub async fn getattr_leased(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+    ) -> Result<WithTtl<Attr>, FsError> {
+        let cache = &self.inner.leases;
+        // This agent's writes completed behind them count (size, mtime).
+        self.inner.settle(ino).await;
+        let (mark, sent) = (cache.mark(), Instant::now());
+        let l: Leased<Attr> = self
+            .inner
+            .call("GetAttr reply", Pin::Any, |view| {
+                let req = pb::GetAttrRequest::from(GetAttrRequest {
+                    cred: cred.clone(),
+                    inode: ino,
+                    session: Some(view.session),
+                });
+                let mut ns = self.inner.ns();
+                async move { ns.get_attr(req).await }
+            })
+            .await?;
+        let ttl = cache.put_attr(&l.value, l.lease_ms, sent, self.lease_deadline(), mark);
+        Ok((l.value, ttl))
+    }
+
+    /// ReadDir asking for leases: with `plus`, the entries and their attributes go into the
+    /// cache (later lookups of them are answered here).
+    pub async fn readdir_leased(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+        cookie: u64,
+        max_entries: u32,
+        plus: bool,
+    ) -> Result<ReadDirReply, FsError> {
+        let cache = &self.inner.leases;
+        let (mark, sent) = (cache.mark(), Instant::now());
+        let l: Leased<ReadDirReply> = self
+            .inner
+            .call("ReadDir reply", Pin::Any, |view| {
+                let req = pb::ReadDirRequest::from(LeasedReadDir {
+                    request: ReadDirRequest {
+                        cred: cred.clone(),
+                        inode: ino,
+                        cookie,
+                        max_entries: max_entries.clamp(1, sanfs_proto::model::MAX_READDIR_ENTRIES),
+                        plus,
+                    },
+                    session: plus.then_some(view.session),
+                });
+                let mut ns = self.inner.ns();
+                async move { ns.read_dir(req).await }
+            })
+            .await?;
+        if plus && l.lease_ms > 0 {
+            let deadline = self.lease_deadline();
+            for e in &l.value.entries {
+                if let Some(a) = &e.attr
+                    && cache
+                        .put_attr(a, l.lease_ms, sent, deadline, mark)
+                        .is_some()
+                {
+                    cache.put_entry(
+                        ino,
+                        e.name.as_bytes(),
+                        Some(e.inode),
+                        l.lease_ms,
+                        sent,
+                        deadline,
+                        mark,
+                    );
+                }
+            }
+        }
+        Ok(l.value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sanfs_proto::types::{FileType, Timestamp};
+
+    fn attr(ino: u64) -> Attr {
+        let t = Timestamp { sec: 0, nsec: 0 };
+        Attr {
+            ino: InodeId(ino),
+            kind: FileType::Regular,
+            perm: 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            allocated: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            btime: t,
+            rdev: 0,
+            generation: 0,
+        }
+    }
+
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(3600)
+    }
+
+    #[test]
+    fn a_recall_before_the_reply_makes_its_lease_unusable() {
+        let c = LeaseCache::default();
+        let mark = c.mark();
+        c.recall(InodeId(5), true, false);
+        assert_eq!(
+            c.put_attr(&attr(5), 10_000, Instant::now(), far(), mark),
+            None
+        );
+        assert!(c.attr(InodeId(5)).is_none());
+        let mark = c.mark();
+        let ttl = c.put_attr(&attr(5), 10_000, Instant::now(), far(), mark);
+        assert!(ttl.is_some_and(|t| t > Duration::from_secs(9)));
+        assert!(c.attr(InodeId(5)).is_some());
+        c.recall(InodeId(5), true, false);
+        assert!(c.attr(InodeId(5)).is_none());
+    }
+
+    #[test]
+    fn names_live_under_the_directory_lease_and_go_with_its_recall() {
+        let c = LeaseCache::default();
+        let (dir, sent) = (InodeId(2), Instant::now());
+        let mark = c.mark();
+        c.put_attr(&attr(9), 10_000, sent, far(), mark);
+        c.put_entry(dir, b"a", Some(InodeId(9)), 10_000, sent, far(), mark);
+        // A negative name needs an entry lease held since before its request.
+        let mark = c.mark();
+        c.put_entry(dir, b"gone", None, 0, sent, far(), mark);
+        assert!(matches!(c.entry(dir, b"a"), Some(Some((a, _))) if a.ino == InodeId(9)));
+        assert_eq!(c.entry(dir, b"gone"), Some(None));
+        assert_eq!(c.entry(dir, b"other"), None);
+        c.recall(dir, false, true);
+        assert_eq!(c.entry(dir, b"a"), None);
+        assert_eq!(c.entry(dir, b"gone"), None);
+        // No lease on the directory: no negative name.
+        c.put_entry(dir, b"gone", None, 0, sent, far(), c.mark());
+        assert_eq!(c.entry(dir, b"gone"), None);
+        assert_eq!(c.size().1, 0);
+    }
+
+    #[test]
+    fn terms_end_at_the_session_deadline_and_a_new_session_clears_everything() {
+        let c = LeaseCache::default();
+        let soon = Instant::now() + Duration::from_secs(2);
+        let mark = c.mark();
+        let ttl = c.put_attr(&attr(5), 60_000, Instant::now(), soon, mark);
+        assert!(ttl.is_some_and(|t| t <= Duration::from_secs(2)));
+        let gone = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let g = gone.clone();
+        c.set_kernel_invalidator(Box::new(move |ino| g.lock().unwrap().push(ino)));
+        c.clear();
+        assert_eq!(*gone.lock().unwrap(), vec![InodeId(5)]);
+        assert!(c.attr(InodeId(5)).is_none());
+        // A reply to a request sent before the new session is not kept.
+        assert_eq!(
+            c.put_attr(&attr(6), 60_000, Instant::now(), far(), mark),
+            None
+        );
+    }
+
+    #[test]
+    fn own_changes_forget_the_name_and_its_inode() {
+        let c = LeaseCache::default();
+        let (dir, sent, mark) = (InodeId(2), Instant::now(), c.mark());
+        c.put_attr(&attr(9), 10_000, sent, far(), mark);
+        c.put_attr(&attr(2), 10_000, sent, far(), mark);
+        c.put_entry(dir, b"a", Some(InodeId(9)), 10_000, sent, far(), mark);
+        c.forget(&[], &[(dir, b"a")]);
+        assert_eq!(c.entry(dir, b"a"), None);
+        assert!(c.attr(InodeId(9)).is_none());
+        assert!(c.attr(InodeId(2)).is_none());
+    }
+}

@@ -1,0 +1,161 @@
+//! Attribute and entry leases through two real mounts (issue 19): every change made through
+//! one mount (chmod, truncate, a write that grows the file, rename, unlink and create again,
+//! create of a name the other node just found absent) is seen by the very next stat or lookup
+//! through the other, which held the file's attributes and the directory's names under leases
+//! before the change; and stats with no change in between are answered under the leases
+//! without asking the server, also after the old fixed 1 s TTL would have run out.
+//! `SANFS_LEASE_CHANGES` sets the number of changes (1,000 by default: the acceptance figure).
+
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::time::Duration;
+
+use crate::cluster;
+use crate::mount::{Mount, agent_status, can_mount, errno_of, test_seed, timed, xorshift};
+
+fn counter(status: &serde_json::Value, name: &str) -> u64 {
+    status["agent"]["leases"][name].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_through_one_mount_are_seen_at_once_through_the_other() {
+    if !can_mount() {
+        return;
+    }
+    let changes: u64 = std::env::var("SANFS_LEASE_CHANGES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000);
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "lease-a", "").await;
+    let b = Mount::start(&srv, "lease-b", "").await;
+    let (ra, rb) = (a.path.clone(), b.path.clone());
+    let seed = test_seed("leases");
+    let stale = timed("changes through a, stats through b", 900, move || {
+        std::fs::create_dir(ra.join("d")).unwrap();
+        for i in 0..8 {
+            std::fs::write(ra.join(format!("d/f{i}")), b"x").unwrap();
+        }
+        let mut stale: Vec<String> = Vec::new();
+        let mut note = |what: String| {
+            if stale.len() < 20 {
+                eprintln!("stale: {what}");
+            }
+            stale.push(what);
+        };
+        let mut x = seed | 1;
+        for n in 0..changes {
+            let i = xorshift(&mut x) % 8;
+            let (fa, fb) = (ra.join(format!("d/f{i}")), rb.join(format!("d/f{i}")));
+            // b holds the file's attributes and the directory's names now.
+            let before = std::fs::metadata(&fb).unwrap();
+            match n % 5 {
+                0 => {
+                    let mode = 0o400 | (xorshift(&mut x) % 0o400) as u32;
+                    std::fs::set_permissions(&fa, std::fs::Permissions::from_mode(mode)).unwrap();
+                    let seen = std::fs::metadata(&fb).unwrap().mode() & 0o7777;
+                    if seen != mode {
+                        note(format!("{n}: chmod {mode:o}, b sees {seen:o}"));
+                    }
+                }
+                1 => {
+                    let size = xorshift(&mut x) % 200_000;
+                    let f = std::fs::OpenOptions::new().write(true).open(&fa).unwrap();
+                    f.set_len(size).unwrap();
+                    drop(f);
+                    let seen = std::fs::metadata(&fb).unwrap().len();
+                    if seen != size {
+                        note(format!("{n}: truncate to {size}, b sees {seen}"));
+                    }
+                }
+                2 => {
+                    let f = std::fs::OpenOptions::new().write(true).open(&fa).unwrap();
+                    let end = f.metadata().unwrap().len();
+                    let grow = 1 + xorshift(&mut x) % 70_000;
+                    f.write_all_at(&vec![7u8; grow as usize], end).unwrap();
+                    drop(f);
+                    let seen = std::fs::metadata(&fb).unwrap().len();
+                    if seen != end + grow {
+                        note(format!("{n}: write to {}, b sees {seen}", end + grow));
+                    }
+                }
+                3 => {
+                    let (ra2, rb2) = (ra.join(format!("d/r{i}")), rb.join(format!("d/r{i}")));
+                    std::fs::rename(&fa, &ra2).unwrap();
+                    match std::fs::metadata(&rb2) {
+                        Ok(m) if m.ino() == before.ino() => {}
+                        other => note(format!("{n}: rename, b sees the new name as {other:?}")),
+                    }
+                    if std::fs::metadata(&fb).is_ok() {
+                        note(format!("{n}: rename, b still sees the old name"));
+                    }
+                    std::fs::rename(&ra2, &fa).unwrap();
+                    if std::fs::metadata(&fb).map(|m| m.ino()).ok() != Some(before.ino()) {
+                        note(format!("{n}: rename back, b does not see the name"));
+                    }
+                }
+                _ => {
+                    std::fs::remove_file(&fa).unwrap();
+                    if std::fs::metadata(&fb).is_ok() {
+                        note(format!("{n}: unlink, b still sees the name"));
+                    }
+                    std::fs::write(&fa, b"again").unwrap();
+                    let ino = std::fs::metadata(&fa).unwrap().ino();
+                    let seen = std::fs::metadata(&fb).map(|m| (m.ino(), m.len())).ok();
+                    if seen != Some((ino, 5)) {
+                        note(format!("{n}: create again as {ino}, b sees {seen:?}"));
+                    }
+                }
+            }
+            // A name b found absent (a negative entry under its lease), then created by a.
+            if n % 10 == 0 {
+                let name = format!("d/n{n}");
+                if errno_of(std::fs::metadata(rb.join(&name))) != libc::ENOENT {
+                    note(format!("{n}: {name} exists before it was created"));
+                }
+                std::fs::write(ra.join(&name), b"new").unwrap();
+                if std::fs::metadata(rb.join(&name)).map(|m| m.len()).ok() != Some(3) {
+                    note(format!("{n}: b does not see {name} created by a"));
+                }
+            }
+        }
+        stale
+    })
+    .await;
+    assert!(
+        stale.is_empty(),
+        "{} of {changes} changes stale through the other mount: {:?}",
+        stale.len(),
+        &stale[..stale.len().min(10)]
+    );
+    let st = agent_status(&b.path);
+    assert!(
+        counter(&st, "recalls") > 0,
+        "b answered no lease recall: {st}"
+    );
+
+    // No change: stats through b are answered under its leases, also past the old 1 s TTL.
+    let pb = b.p("d/f0");
+    let p2 = pb.clone();
+    timed("warm stat", 60, move || std::fs::metadata(&p2).unwrap()).await;
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let before = agent_status(&b.path);
+    let p2 = pb.clone();
+    timed("stats after 2 s", 60, move || {
+        for _ in 0..100 {
+            std::fs::metadata(&p2).unwrap();
+        }
+    })
+    .await;
+    let after = agent_status(&b.path);
+    for miss in ["attr_misses", "entry_misses"] {
+        assert_eq!(
+            counter(&after, miss),
+            counter(&before, miss),
+            "{miss}: a stat after 2 s asked the server: {before} then {after}"
+        );
+    }
+    assert!(counter(&after, "entry_hits") >= counter(&before, "entry_hits") + 100);
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
