@@ -407,6 +407,7 @@ impl Client {
             recalls: get(&c.recalls),
             attrs_now: attrs as u64,
             names_now: names as u64,
+            kernel_names: self.inner.leases.kernel_names(),
         }
     }
 

@@ -79,6 +79,10 @@ pub struct LeaseCounts {
     pub recalls: u64,
     pub attrs_now: u64,
     pub names_now: u64,
+    /// The kernel keeps names under their leases (it can forget them without a lock); then
+    /// most lookups never reach the agent.
+    #[serde(default)]
+    pub kernel_names: bool,
 }
 
 /// Everything `sanfs-agent status` shows about one agent.

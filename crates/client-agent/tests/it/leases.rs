@@ -154,7 +154,10 @@ async fn changes_through_one_mount_are_seen_at_once_through_the_other() {
             "{miss}: a stat after 2 s asked the server: {before} then {after}"
         );
     }
-    assert!(counter(&after, "entry_hits") >= counter(&before, "entry_hits") + 100);
+    // Answered by the kernel (names under leases) or by the agent's cache.
+    if !after["agent"]["leases"]["kernel_names"].as_bool().unwrap() {
+        assert!(counter(&after, "entry_hits") >= counter(&before, "entry_hits") + 100);
+    }
     drop(a);
     drop(b);
     srv.stop().await;
