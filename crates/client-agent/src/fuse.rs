@@ -1507,12 +1507,18 @@ impl fuser::Filesystem for SanFs {
                 .client
                 .create(&cred, st.ino(parent), &name, perm, exclusive, open)
                 .await;
-            st.forget(&[], &[(st.ino(parent), &name)]);
+            // (The client dropped what its cache held of the name before it asked.)
             match r {
                 Ok(c) => {
                     let fh = st.insert(c.attr.ino, open, flags, c.handle, &cred);
+                    // Name and attributes under the leases given with the reply, where the
+                    // kernel can be made to forget names (one TTL for both here).
+                    let ttl = match c.ttl {
+                        Some(t) if st.client.leases().kernel_names() => t,
+                        _ => st.options.entry_ttl,
+                    };
                     reply.created(
-                        &st.options.entry_ttl,
+                        &ttl,
                         &st.attr(&c.attr),
                         Generation(c.attr.generation),
                         fh,

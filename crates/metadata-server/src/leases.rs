@@ -132,21 +132,37 @@ impl LeaseChange<'_> {
     }
 }
 
-impl Drop for LeaseChange<'_> {
-    fn drop(&mut self) {
+impl LeaseChange<'_> {
+    /// Ends the change now (its write job is done) and answers a mark ([`Leases::mark`]) as
+    /// of its end: a lease on what the change made, granted with it, is refused if another
+    /// change began there since.
+    pub fn end(mut self) -> u64 {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> u64 {
         let mut t = self.leases.lock();
         // Ended now: a read that began while it was in progress (before its write job) may
         // have seen the old state, so its grant is refused too.
         t.seq += 1;
         let seq = t.seq;
-        for ino in &self.inos {
-            t.changed[bucket(*ino)] = seq;
-            if let Some(n) = t.changing.get_mut(ino) {
+        for ino in std::mem::take(&mut self.inos) {
+            t.changed[bucket(ino)] = seq;
+            if let Some(n) = t.changing.get_mut(&ino) {
                 *n -= 1;
                 if *n == 0 {
-                    t.changing.remove(ino);
+                    t.changing.remove(&ino);
                 }
             }
+        }
+        seq
+    }
+}
+
+impl Drop for LeaseChange<'_> {
+    fn drop(&mut self) {
+        if !self.inos.is_empty() {
+            self.finish();
         }
     }
 }

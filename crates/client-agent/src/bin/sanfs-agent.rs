@@ -412,11 +412,13 @@ fn mount(
     // without a lock (see `client::leases`).
     match dev.try_clone() {
         Ok(epoch) => match sanfs_client_agent::fuse::bump_name_epoch(&epoch) {
-            Ok(()) => client.leases().set_kernel_names_invalidator(Box::new(move || {
-                if let Err(e) = sanfs_client_agent::fuse::bump_name_epoch(&epoch) {
-                    tracing::warn!(error = %e, "FUSE_NOTIFY_INC_EPOCH");
-                }
-            })),
+            Ok(()) => client
+                .leases()
+                .set_kernel_names_invalidator(Box::new(move || {
+                    if let Err(e) = sanfs_client_agent::fuse::bump_name_epoch(&epoch) {
+                        tracing::warn!(error = %e, "FUSE_NOTIFY_INC_EPOCH");
+                    }
+                })),
             Err(e) => tracing::info!(
                 error = %e,
                 "the kernel cannot forget names without a lock (FUSE_NOTIFY_INC_EPOCH): \

@@ -417,7 +417,7 @@ impl Client {
     }
 
     /// When the session's lease ends (agent rule), or now when it is not live.
-    fn lease_deadline(&self) -> Instant {
+    pub(super) fn lease_deadline(&self) -> Instant {
         let s = self.inner.lock_state();
         if s.live { s.deadline } else { Instant::now() }
     }

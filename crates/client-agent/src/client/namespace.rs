@@ -29,6 +29,9 @@ pub struct Created {
     pub attr: Attr,
     /// False: the file existed and was opened.
     pub created: bool,
+    /// How long the kernel may keep the name and attributes (held under leases given with
+    /// the reply); `None` without.
+    pub ttl: Option<std::time::Duration>,
 }
 
 fn name(bytes: impl AsRef<[u8]>) -> Result<FileName, FsError> {
@@ -211,6 +214,12 @@ impl Client {
         // The same id on every try: a retry after a lost reply gets the first try's answer.
         let pending = self.inner.requests.begin();
         let mut sent = None;
+        // This node's change: what its cache holds of the name and the parent goes first
+        // (the server recalls only the other nodes' leases), then the reply's leases are
+        // kept unless a recall came meanwhile.
+        let cache = &self.inner.leases;
+        cache.forget(&[], &[(parent, name.as_bytes())]);
+        let (mark, sent_at) = (cache.mark(), std::time::Instant::now());
         let (r, view, note): (CreateReply, _, _) = self
             .inner
             .call_noted("Create reply", |view| {
@@ -240,10 +249,25 @@ impl Client {
             handle: r.handle,
         };
         self.inner.note_open(&handle, r.attr.ino);
+        let deadline = self.lease_deadline();
+        let ttl = cache
+            .put_attr(&r.attr, r.lease_ms, sent_at, deadline, mark)
+            .filter(|_| {
+                cache.put_entry(
+                    parent,
+                    name.as_bytes(),
+                    Some(r.attr.ino),
+                    r.lease_ms,
+                    sent_at,
+                    deadline,
+                    mark,
+                )
+            });
         Ok(Created {
             handle,
             attr: r.attr,
             created: r.created,
+            ttl,
         })
     }
 

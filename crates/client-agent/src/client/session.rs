@@ -61,6 +61,9 @@ pub(super) async fn run(inner: Arc<Inner>, mut lost_rx: mpsc::UnboundedReceiver<
             seq = 0;
         }
         let outcome = attach_and_serve(&inner, &view, &mut seq, &mut lost_rx).await;
+        // Recalls cannot reach this agent until a stream is attached again (and a server
+        // that went away forgot its leases): what it cached under them goes now.
+        inner.leases.clear();
         match outcome {
             Outcome::StreamBroke(why) if inner.lease_valid(view.generation) => {
                 tracing::warn!(session = %view.session, %why, "session stream broke: attaching again");

@@ -226,6 +226,7 @@ pub fn create(ctx: &mut Ctx<'_>, r: &CreateRequest) -> Result<CreateReply, OpErr
         attr: rec.attr(ino, ctx.block_size),
         handle: sanfs_proto::types::OpenHandle(handle),
         created,
+        lease_ms: 0,
     })
 }
 

@@ -337,9 +337,11 @@ impl Namespace for NamespaceService {
                 self.server.grants.settle_delegations(attr.ino.0).await;
                 attr = self.server.read(|t| t.lookup(bs, &req))?;
             }
-            let lease_ms =
-                self.server
-                    .grant_leases(lease_session, &[(req.parent.0, E), (attr.ino.0, A)], since);
+            let lease_ms = self.server.grant_leases(
+                lease_session,
+                &[(req.parent.0, E), (attr.ino.0, A)],
+                since,
+            );
             Ok(Leased {
                 value: attr,
                 lease_ms,
@@ -466,7 +468,7 @@ impl Namespace for NamespaceService {
             // durable when answered, as in SetAttr. A lazy try that finds the name taken
             // changes nothing and comes back here as a durable one.
             let mut lazy = header_session == Some(session);
-            let (reply, commit) = loop {
+            let (mut reply, commit, since) = loop {
                 // Truncating an existing file changes what grants describe.
                 let existing = if truncating {
                     let (parent, name) = (req.parent.0, req.name.clone());
@@ -505,13 +507,27 @@ impl Namespace for NamespaceService {
                     })
                     .await?;
                 match reply {
-                    Some(reply) => break (reply, noted(commit, &leases)),
+                    Some(reply) => {
+                        let noted = noted(commit, &leases);
+                        break (reply, noted, leases.end());
+                    }
                     None => lazy = false,
                 }
             };
             self.server
                 .keep_if_session_lives(session.0, reply.handle)
                 .await?;
+            // The new file's attributes and the parent's names, leased to the creator (an
+            // agent that names its session: it caches them).
+            if header_session == Some(session)
+                && let Some(ino) = reply.attr.as_ref().map(|a| a.ino)
+            {
+                reply.lease_ms = self.server.grant_leases(
+                    Some(session.0),
+                    &[(req.parent.0, E), (ino, A)],
+                    since,
+                );
+            }
             Ok((reply, commit))
         })
         .await

@@ -327,6 +327,9 @@ pub struct CreateReply {
     pub handle: OpenHandle,
     /// False when an existing file was opened (no `exclusive`).
     pub created: bool,
+    /// The term of the leases given with the reply (the file's attributes, the parent's
+    /// names), 0 for none.
+    pub lease_ms: u64,
 }
 
 impl TryFrom<pb::CreateReply> for CreateReply {
@@ -341,6 +344,7 @@ impl TryFrom<pb::CreateReply> for CreateReply {
             attr,
             handle: handle(p.handle)?,
             created: p.created,
+            lease_ms: p.lease_ms,
         })
     }
 }
@@ -351,6 +355,7 @@ impl From<CreateReply> for pb::CreateReply {
             attr: Some(r.attr.into()),
             handle: r.handle.0,
             created: r.created,
+            lease_ms: r.lease_ms,
         }
     }
 }

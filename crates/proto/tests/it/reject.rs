@@ -167,6 +167,7 @@ fn create_open_and_flags() {
             attr: attr(5, FileType::Regular),
             handle: OpenHandle(1),
             created: true,
+            lease_ms: 0,
         },
         cases![pb::CreateReply;
             "handle" => |p| p.handle = 0,

@@ -206,6 +206,7 @@ fn create_open_release_access() {
         attr: attr(43, FileType::Regular),
         handle: OpenHandle(1),
         created: false,
+        lease_ms: 10_000,
     });
     round_trip::<_, pb::OpenRequest>(OpenRequest {
         cred: cred(),
