@@ -359,6 +359,44 @@ impl State {
         }
     }
 
+    /// A lookup's answer: a name under leases as [`State::reply_entry_leased`]; a name known
+    /// absent under the directory's entry lease is a negative entry the kernel keeps (where
+    /// it can be made to forget names), so that repeated lookups of it stay in the kernel.
+    fn reply_lookup(
+        &self,
+        reply: ReplyEntry,
+        parent: InodeId,
+        name: &[u8],
+        r: Result<WithTtl<Attr>, FsError>,
+    ) {
+        if matches!(r, Err(FsError::NotFound))
+            && self.client.leases().kernel_names()
+            && let Some(ttl) = self.client.leases().negative_ttl(parent, name)
+        {
+            // Node id 0: "no such name", kept for the TTL.
+            let none = FileAttr {
+                ino: INodeNo(0),
+                size: 0,
+                blocks: 0,
+                atime: std::time::UNIX_EPOCH,
+                mtime: std::time::UNIX_EPOCH,
+                ctime: std::time::UNIX_EPOCH,
+                crtime: std::time::UNIX_EPOCH,
+                kind: fuser::FileType::RegularFile,
+                perm: 0,
+                nlink: 0,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                blksize: PREFERRED_IO_SIZE.max(self.block_size),
+                flags: 0,
+            };
+            reply.entry_with_ttls(&Duration::ZERO, &ttl, &none, Generation(0));
+            return;
+        }
+        self.reply_entry_leased(reply, r);
+    }
+
     fn reply_attr_leased(&self, reply: ReplyAttr, r: Result<WithTtl<Attr>, FsError>) {
         match r {
             Ok((a, ttl)) => reply.attr(&ttl.unwrap_or(self.options.attr_ttl), &self.attr(&a)),
@@ -608,7 +646,8 @@ impl fuser::Filesystem for SanFs {
             .client
             .cached_lookup(self.state.ino(parent), name.as_bytes())
         {
-            self.state.reply_entry_leased(reply, r);
+            self.state
+                .reply_lookup(reply, self.state.ino(parent), name.as_bytes(), r);
             metrics::histogram!(FUSE_OP_SECONDS, "op" => "lookup")
                 .record(started.elapsed().as_secs_f64());
             return;
@@ -617,7 +656,7 @@ impl fuser::Filesystem for SanFs {
         let name = name_bytes(name);
         self.spawn("lookup", move |st| async move {
             let r = st.client.lookup_leased(&cred, st.ino(parent), &name).await;
-            st.reply_entry_leased(reply, r);
+            st.reply_lookup(reply, st.ino(parent), &name, r);
         });
     }
 

@@ -70,6 +70,9 @@ pub struct LeaseCounters {
 #[derive(Debug)]
 struct Dir {
     until: Instant,
+    /// The cache's `seq` when this hold began: a name found absent is kept only by a request
+    /// marked after it (sent while the lease was held, so a change would have recalled it).
+    since: u64,
     names: HashMap<Vec<u8>, Option<InodeId>>,
 }
 
@@ -253,6 +256,17 @@ impl LeaseCache {
         hit
     }
 
+    /// How long `name` stays known absent in `parent` (`None`: not cached as absent under
+    /// the directory's entry lease).
+    pub fn negative_ttl(&self, parent: InodeId, name: &[u8]) -> Option<Duration> {
+        let now = Instant::now();
+        self.lock()
+            .dirs
+            .get(&parent)
+            .filter(|d| d.until > now && d.names.get(name) == Some(&None))
+            .map(|d| d.until - now)
+    }
+
     /// Keeps `attr` under a lease of `lease_ms` from `sent` (request marked `mark`); answers
     /// the TTL the kernel may keep it for, `None` without a usable lease.
     pub fn put_attr(
@@ -307,14 +321,35 @@ impl LeaseCache {
                 return false;
             }
         }
-        let held = s.dirs.get(&parent).is_some_and(|d| d.until > now);
-        let Some(until) = end.or(held.then_some(now)) else {
+        let held_since = s
+            .dirs
+            .get(&parent)
+            .filter(|d| d.until > now)
+            .map(|d| d.since);
+        let until = match end {
+            Some(end) => end,
+            // No lease of its own (a name found absent): only under a hold older than the
+            // request.
+            None if held_since.is_some_and(|since| since <= mark) => now,
+            None => return false,
+        };
+        if held_since.is_none() {
+            // A new hold: none before, or one that ran out (what it kept may be stale now:
+            // no recall reached this agent after its end).
+            s.seq += 1;
+            let since = s.seq;
+            let fresh = Dir {
+                until,
+                since,
+                names: HashMap::new(),
+            };
+            if let Some(old) = s.dirs.insert(parent, fresh) {
+                s.names -= old.names.len();
+            }
+        }
+        let Some(dir) = s.dirs.get_mut(&parent) else {
             return false;
         };
-        let dir = s.dirs.entry(parent).or_insert(Dir {
-            until,
-            names: HashMap::new(),
-        });
         dir.until = dir.until.max(until);
         if dir.names.insert(name.to_vec(), ino).is_none() {
             s.names += 1;
@@ -645,6 +680,39 @@ mod tests {
         c.put_entry(dir, b"gone", None, 0, sent, far(), c.mark());
         assert_eq!(c.entry(dir, b"gone"), None);
         assert_eq!(c.size().1, 0);
+    }
+
+    #[test]
+    fn a_hold_newer_than_the_request_keeps_no_absent_name_and_a_lapsed_hold_nothing() {
+        let c = LeaseCache::default();
+        let dir = InodeId(2);
+        // A lookup of "x" sent before the directory's hold began: its "absent" may predate a
+        // change that no recall could have told this agent about.
+        let early = c.mark();
+        let mark = c.mark();
+        c.put_attr(&attr(9), 10_000, Instant::now(), far(), mark);
+        c.put_entry(dir, b"a", Some(InodeId(9)), 50, Instant::now(), far(), mark);
+        assert!(!c.put_entry(dir, b"x", None, 0, Instant::now(), far(), early));
+        assert_eq!(c.entry(dir, b"x"), None);
+        assert_eq!(c.negative_ttl(dir, b"x"), None);
+        assert!(c.put_entry(dir, b"y", None, 0, Instant::now(), far(), c.mark()));
+        assert!(c.negative_ttl(dir, b"y").is_some());
+        // The hold runs out; a new one must not bring back what the old one kept.
+        std::thread::sleep(Duration::from_millis(80));
+        let mark = c.mark();
+        c.put_entry(
+            dir,
+            b"b",
+            Some(InodeId(9)),
+            10_000,
+            Instant::now(),
+            far(),
+            mark,
+        );
+        assert_eq!(c.entry(dir, b"a"), None);
+        assert_eq!(c.negative_ttl(dir, b"y"), None);
+        assert!(matches!(c.entry(dir, b"b"), Some(Some(_))));
+        assert_eq!(c.size().1, 1);
     }
 
     #[test]
