@@ -38,6 +38,7 @@ mod lvm_import;
 mod missing_lun;
 mod mount;
 mod mount_sanfs;
+mod ns_crash;
 mod quickstart;
 mod replay;
 mod restart;
