@@ -870,6 +870,7 @@ async fn namespace_workload_on_two_mounts_survives_server_kills() {
         })
         .collect();
     let mut pauses = Vec::new();
+    let mut observed = 0;
     let quiet = [
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicBool::new(false)),
@@ -969,6 +970,7 @@ async fn namespace_workload_on_two_mounts_survives_server_kills() {
             replayed_records(&b.log_text()),
         );
         for w in &mut workers {
+            observed += w.observations.len();
             w.observations.clear();
         }
     }
@@ -999,7 +1001,7 @@ async fn namespace_workload_on_two_mounts_survives_server_kills() {
         );
     }
     eprintln!(
-        "ns_crash: seed {seed}: {rounds} server kills, {} operations {counts:?}, 0 errors, 0 mismatches; records replayed: mount a {ra}, mount b {rb}; kill to both sessions back: median {} ms, max {} ms; longest operation {} ms; {} s",
+        "ns_crash: seed {seed}: {rounds} server kills, {} operations {counts:?}, 0 errors, 0 mismatches, {observed} looks through the other mount still true; records replayed: mount a {ra}, mount b {rb}; kill to both sessions back: median {} ms, max {} ms; longest operation {} ms; {} s",
         workers.iter().map(|w| w.ops).sum::<u64>(),
         pauses[pauses.len() / 2].as_millis(),
         pauses[pauses.len() - 1].as_millis(),
