@@ -1155,7 +1155,7 @@ async fn an_agent_killed_with_unsynced_changes_loses_only_those() {
         );
     };
     eprintln!(
-        "ns_crash agent kill: seed {seed}: A and the server killed {} operations after A's directory fsync (the last fsync after {first} of them); {k} of them survived, {} lost (a suffix); all of B's {} operations there",
+        "ns_crash agent kill: seed {seed}: A and the server killed {} operations after A's directory fsync (fsyncs among them: the last after {first}); {k} of them survived, {} lost (a suffix); all of B's {} operations there",
         tail,
         tail - k,
         wb.ops
