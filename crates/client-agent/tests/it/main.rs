@@ -8,8 +8,9 @@
 //! (`deploy`), the CSI driver (`csi`), and the acceptance tests of the data path on a multi-node test cluster
 //! (`san`: network namespaces, loop-device LUNs, real agent processes): `e2e`, `coherence`,
 //! `agent_crash`, `striping`, `missing_lun`; a mount of several server addresses that follows
-//! the one that answers (`failover`). Tests that need root (loop devices, namespaces,
-//! FUSE) say that they were skipped and pass without it, or fail under `SANFS_REQUIRE_ROOT=1`
+//! the one that answers (`failover`); kill -9 of the server under a real mount (`replay`, and
+//! issue 19's crash acceptance of namespace changes on two mounts, `ns_crash`). Tests that
+//! need root (loop devices, namespaces, FUSE) say that they were skipped and pass without it, or fail under `SANFS_REQUIRE_ROOT=1`
 //! (CI; `sanfs_testcluster::skip_unless`); the `san` ones run on loopback with plain files
 //! instead where they can.
 
@@ -39,6 +40,7 @@ mod lvm_import;
 mod missing_lun;
 mod mount;
 mod mount_sanfs;
+mod ns_crash;
 mod quickstart;
 mod replay;
 mod restart;

@@ -22,9 +22,9 @@ const KIB: usize = 1024;
 const TTL_MS: u64 = 2000;
 
 /// A real `sanfs-mds serve` process; SIGKILLed when dropped.
-struct Mds {
-    child: Child,
-    addr: SocketAddr,
+pub(crate) struct Mds {
+    pub(crate) child: Child,
+    pub(crate) addr: SocketAddr,
     log: PathBuf,
 }
 
@@ -69,7 +69,7 @@ impl Mds {
 
     /// `kill -9`, then the same command line again (read from /proc, as an operator's
     /// supervisor would restart it).
-    fn kill9_and_restart(&mut self) {
+    pub(crate) fn kill9_and_restart(&mut self) {
         let cmdline: Vec<String> = std::fs::read(format!("/proc/{}/cmdline", self.child.id()))
             .unwrap()
             .split(|b| *b == 0)
@@ -110,8 +110,30 @@ impl Mds {
         self.wait_listening();
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Stops the server with SIGTERM (it must exit 0), then runs `sanfs-mds fsck` on the
+    /// store of `dir` (as [`start_mds`] made it) and asserts it is clean.
+    pub(crate) fn stop_and_fsck(mut self, dir: &Path) {
+        let pid = rustix::process::Pid::from_raw(i32::try_from(self.child.id()).unwrap()).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let stopped = self.child.wait().unwrap();
+        assert!(
+            stopped.success(),
+            "sanfs-mds after SIGTERM: {stopped}; log:\n{}",
+            self.log_text()
+        );
+        drop(self);
+        let mds_bin =
+            std::path::Path::new(env!("CARGO_BIN_EXE_sanfs-agent")).with_file_name("sanfs-mds");
+        let fsck = Command::new(mds_bin)
+            .args(["fsck", "--config"])
+            .arg(dir.join("mds.toml"))
+            .output()
+            .unwrap();
+        assert!(fsck.status.success(), "fsck: {fsck:?}");
     }
 }
 
@@ -123,7 +145,7 @@ impl Drop for Mds {
 }
 
 /// Four file LUNs, a formatted volume and store, a server on a free loopback port.
-fn start_mds(dir: &Path) -> (Mds, Vec<PathBuf>) {
+pub(crate) fn start_mds(dir: &Path) -> (Mds, Vec<PathBuf>) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -172,30 +194,48 @@ fn start_mds(dir: &Path) -> (Mds, Vec<PathBuf>) {
 }
 
 /// A real `sanfs-agent mount --foreground`; unmounted and killed when dropped.
-struct Agent {
+pub(crate) struct Agent {
     child: Child,
-    mount: PathBuf,
+    pub(crate) mount: PathBuf,
     log: PathBuf,
 }
 
 impl Agent {
     async fn mount(dir: &Path, mds: &Mds, luns: &[PathBuf]) -> Agent {
-        let mount = dir.join("mnt");
+        Agent::mount_as(dir, "mnt", "h2-replay", "", mds, luns).await
+    }
+
+    /// A mount at `dir/mount_name` (its log `dir/mount_name.log`) with `client_name` and the
+    /// `extra` options (`a=b,c=d`, or empty).
+    pub(crate) async fn mount_as(
+        dir: &Path,
+        mount_name: &str,
+        client_name: &str,
+        extra: &str,
+        mds: &Mds,
+        luns: &[PathBuf],
+    ) -> Agent {
+        let mount = dir.join(mount_name);
         std::fs::create_dir(&mount).unwrap();
         let devices: Vec<String> = luns
             .iter()
             .map(|p| p.to_string_lossy().into_owned())
             .collect();
-        let log = dir.join("agent.log");
+        let log = if mount_name == "mnt" {
+            dir.join("agent.log")
+        } else {
+            dir.join(format!("{mount_name}.log"))
+        };
+        let mut opts = format!("devices={},client_name={client_name}", devices.join(":"));
+        if !extra.is_empty() {
+            opts = format!("{opts},{extra}");
+        }
         let child = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
             .arg("mount")
             .arg(mds.addr.to_string())
             .arg(&mount)
             .arg("-o")
-            .arg(format!(
-                "devices={},client_name=h2-replay",
-                devices.join(":")
-            ))
+            .arg(opts)
             .arg("--foreground")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -214,15 +254,25 @@ impl Agent {
         agent
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `kill -9` of the agent (nothing of it runs after this returns), then the dead mount
+    /// detached.
+    pub(crate) fn kill9(&mut self) {
+        self.child.kill().unwrap(); // SIGKILL
+        self.child.wait().unwrap();
+        if is_mounted(&self.mount) {
+            let _ = rustix::mount::unmount(&self.mount, rustix::mount::UnmountFlags::DETACH);
+        }
     }
 
     /// Waits until the agent has opened its `n`th session since it started (the first is
     /// its mount's): the restart was noticed and the reclaim done. Until the agent makes calls
     /// wait for a new session themselves (issue 15's second item), a call made while the
     /// session is being re-established answers ESTALE.
-    async fn wait_new_session(&self, n: usize) {
+    pub(crate) async fn wait_new_session(&self, n: usize) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.log_text().matches("new session opened").count() < n {
             assert!(
@@ -242,7 +292,9 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        self.signal(rustix::process::Signal::CONT);
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.signal(rustix::process::Signal::CONT);
+        }
         if is_mounted(&self.mount) {
             let _ = rustix::mount::unmount(&self.mount, rustix::mount::UnmountFlags::empty());
         }
@@ -273,7 +325,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 }
 
 /// close(2) of `file`, its result (dropping a `File` ignores it).
-fn close(file: std::fs::File) -> std::io::Result<()> {
+pub(crate) fn close(file: std::fs::File) -> std::io::Result<()> {
     let fd = file.into_raw_fd();
     // SAFETY: `fd` was just taken out of its `File`, so nothing else owns or closes it.
     if unsafe { libc::close(fd) } == 0 {
@@ -501,17 +553,5 @@ async fn namespace_changes_survive_a_server_kill() {
     );
     // The store the replays left is consistent (the server stopped cleanly: SIGTERM).
     drop(agent);
-    let pid = rustix::process::Pid::from_raw(i32::try_from(mds.child.id()).unwrap()).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    let stopped = mds.child.wait().unwrap();
-    assert!(stopped.success(), "sanfs-mds after SIGTERM: {stopped}");
-    drop(mds);
-    let mds_bin =
-        std::path::Path::new(env!("CARGO_BIN_EXE_sanfs-agent")).with_file_name("sanfs-mds");
-    let fsck = Command::new(mds_bin)
-        .args(["fsck", "--config"])
-        .arg(dir.path().join("mds.toml"))
-        .output()
-        .unwrap();
-    assert!(fsck.status.success(), "fsck: {fsck:?}");
+    mds.stop_and_fsck(dir.path());
 }
