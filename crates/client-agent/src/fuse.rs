@@ -754,7 +754,6 @@ impl fuser::Filesystem for SanFs {
                         .client
                         .mknod(&cred, st.ino(parent), &name, kind, perm, rdev.into())
                         .await;
-                    st.forget(&[], &[(st.ino(parent), &name)]);
                     r
                 }
             };
@@ -776,7 +775,6 @@ impl fuser::Filesystem for SanFs {
         self.spawn("mkdir", move |st| async move {
             let perm = mode & !umask & 0o7777;
             let r = st.client.mkdir(&cred, st.ino(parent), &name, perm).await;
-            st.forget(&[], &[(st.ino(parent), &name)]);
             st.reply_entry(reply, r);
         });
     }
@@ -786,7 +784,6 @@ impl fuser::Filesystem for SanFs {
         let name = name_bytes(name);
         self.spawn("unlink", move |st| async move {
             let r = st.client.unlink(&cred, st.ino(parent), &name).await;
-            st.forget(&[], &[(st.ino(parent), &name)]);
             match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -799,7 +796,6 @@ impl fuser::Filesystem for SanFs {
         let name = name_bytes(name);
         self.spawn("rmdir", move |st| async move {
             let r = st.client.rmdir(&cred, st.ino(parent), &name).await;
-            st.forget(&[], &[(st.ino(parent), &name)]);
             match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -823,7 +819,6 @@ impl fuser::Filesystem for SanFs {
                 .client
                 .symlink(&cred, st.ino(parent), &name, target)
                 .await;
-            st.forget(&[], &[(st.ino(parent), &name)]);
             st.reply_entry(reply, r);
         });
     }
@@ -864,10 +859,6 @@ impl fuser::Filesystem for SanFs {
                     mode,
                 )
                 .await;
-            st.forget(
-                &[],
-                &[(st.ino(parent), &name), (st.ino(newparent), &newname)],
-            );
             match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -890,7 +881,6 @@ impl fuser::Filesystem for SanFs {
                 .client
                 .link(&cred, st.ino(ino), st.ino(newparent), &newname)
                 .await;
-            st.forget(&[st.ino(ino)], &[(st.ino(newparent), &newname)]);
             st.reply_entry(reply, r);
         });
     }

@@ -15,6 +15,9 @@
 //!   whose attributes the change altered and on which that session holds an attribute lease
 //!   (the server recalls every other holder's lease, never the changer's own: its agent drops
 //!   what it cached of them when the reply arrives). At most [`MAX_FORGET`] inodes.
+//! - `sanfs-dirs-bin: <ChangedDirs, protobuf>` on the reply of a change made under a session:
+//!   the directories it altered as they are after it, and the changer's attribute leases on
+//!   them ([`crate::model::ChangedDirs`]), so that its agent needs no `GetAttr` of them.
 
 use tonic::metadata::{MetadataMap, MetadataValue};
 
@@ -30,6 +33,8 @@ pub const REPLAY: &str = "sanfs-replay";
 pub const FORGET: &str = "sanfs-forget";
 /// Inodes one `sanfs-forget` names at most (a change alters the attributes of a few).
 pub const MAX_FORGET: usize = 16;
+/// The header of the directories a change altered (binary: its name ends in `-bin`).
+pub const DIRS: &str = "sanfs-dirs-bin";
 
 /// What `sanfs-commit` says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,6 +173,23 @@ pub fn set_forget(m: &mut MetadataMap, inodes: &[InodeId]) {
     put(m, FORGET, list.join(","));
 }
 
+/// The reply's `sanfs-dirs-bin`, if any.
+pub fn dirs(m: &MetadataMap) -> Result<Option<crate::model::ChangedDirs>, ProtocolError> {
+    let Some(v) = m.get_bin(DIRS) else {
+        return Ok(None);
+    };
+    let bytes = v.to_bytes().map_err(|_| invalid(DIRS, "not base64"))?;
+    let p = <crate::pb::ChangedDirs as prost::Message>::decode(bytes.as_ref())
+        .map_err(|e| invalid(DIRS, format!("not a ChangedDirs: {e}")))?;
+    crate::model::ChangedDirs::try_from(p).map(Some)
+}
+
+/// Sets `sanfs-dirs-bin`.
+pub fn set_dirs(m: &mut MetadataMap, dirs: crate::model::ChangedDirs) {
+    let bytes = prost::Message::encode_to_vec(&crate::pb::ChangedDirs::from(dirs));
+    m.insert_bin(DIRS, tonic::metadata::MetadataValue::from_bytes(&bytes));
+}
+
 /// The request's `sanfs-replay`, if any.
 pub fn replay(m: &MetadataMap) -> Result<Option<ReplayTag>, ProtocolError> {
     let Some(s) = text(m, REPLAY)? else {
@@ -240,6 +262,61 @@ mod tests {
         let many: Vec<InodeId> = (1..40).map(InodeId).collect();
         set_forget(&mut m, &many);
         assert_eq!(forget(&m).unwrap(), many[..MAX_FORGET].to_vec());
+        assert_eq!(dirs(&m).unwrap(), None);
+        let changed = crate::model::ChangedDirs {
+            attrs: vec![dir_attr(1), dir_attr(7)],
+            lease_ms: 10_000,
+        };
+        set_dirs(&mut m, changed.clone());
+        assert_eq!(dirs(&m).unwrap(), Some(changed));
+    }
+
+    fn dir_attr(ino: u64) -> crate::types::Attr {
+        let t = crate::types::Timestamp { sec: 1, nsec: 2 };
+        crate::types::Attr {
+            ino: InodeId(ino),
+            kind: crate::types::FileType::Directory,
+            perm: 0o755,
+            nlink: 2,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            allocated: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            btime: t,
+            rdev: 0,
+            generation: 1,
+        }
+    }
+
+    #[test]
+    fn bad_dirs_headers_are_refused() {
+        let mut m = MetadataMap::new();
+        m.insert_bin(
+            DIRS,
+            tonic::metadata::MetadataValue::from_bytes(b"\xff\x01junk"),
+        );
+        assert!(dirs(&m).is_err());
+        // Three directories, or a file among them.
+        let mut file = dir_attr(3);
+        file.kind = crate::types::FileType::Regular;
+        for attrs in [
+            vec![dir_attr(1), dir_attr(2), dir_attr(3)],
+            vec![dir_attr(1), file],
+        ] {
+            let p = crate::pb::ChangedDirs {
+                attrs: attrs.into_iter().map(Into::into).collect(),
+                lease_ms: 1,
+            };
+            let mut m = MetadataMap::new();
+            m.insert_bin(
+                DIRS,
+                tonic::metadata::MetadataValue::from_bytes(&prost::Message::encode_to_vec(&p)),
+            );
+            assert!(dirs(&m).is_err());
+        }
     }
 
     #[test]

@@ -34,7 +34,8 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use sanfs_proto::model::{
-    EntryRequest, GetAttrRequest, Leased, LeasedLookup, LeasedReadDir, ReadDirReply, ReadDirRequest,
+    ChangedDirs, EntryRequest, GetAttrRequest, Leased, LeasedLookup, LeasedReadDir, ReadDirReply,
+    ReadDirRequest,
 };
 use sanfs_proto::pb;
 use sanfs_proto::types::{Attr, Credentials, FileName, FsError, InodeId};
@@ -83,9 +84,14 @@ struct State {
     floor: u64,
     /// Per bucket: the `seq` of the last recall or own change there.
     touched: Vec<u64>,
+    /// Per bucket: the `seq` of the last recall there (own changes not counted).
+    recalled: Vec<u64>,
     attrs: HashMap<InodeId, (Attr, Instant)>,
     dirs: HashMap<InodeId, Dir>,
     names: usize,
+    /// Own changes in progress per directory, and the number of the last one begun there.
+    own: HashMap<InodeId, (usize, u64)>,
+    own_next: u64,
 }
 
 impl State {
@@ -97,6 +103,60 @@ impl State {
         self.seq += 1;
         let seq = self.seq;
         self.touched[bucket(ino)] = seq;
+    }
+
+    /// This agent changes `inos` (attributes) and the names in `dirs`: what is cached there
+    /// goes.
+    fn forget(&mut self, inos: &[InodeId], dirs: &[(InodeId, &[u8])]) {
+        for ino in inos {
+            self.touch(*ino);
+            self.attrs.remove(ino);
+        }
+        for (dir, name) in dirs {
+            self.touch(*dir);
+            self.attrs.remove(dir);
+            // The name's inode changes too (link count, ctime).
+            let child = self.dirs.get_mut(dir).and_then(|d| d.names.remove(*name));
+            if let Some(child) = child {
+                self.names -= 1;
+                if let Some(ino) = child {
+                    self.touch(ino);
+                    self.attrs.remove(&ino);
+                }
+            }
+        }
+    }
+
+    /// Keeps `name` in `parent` (`None`: absent) under the directory's hold until `until`
+    /// (checked by the caller).
+    fn hold_name(
+        &mut self,
+        parent: InodeId,
+        name: &[u8],
+        ino: Option<InodeId>,
+        until: Instant,
+        now: Instant,
+    ) {
+        if !self.dirs.get(&parent).is_some_and(|d| d.until > now) {
+            // A new hold: none before, or one that ran out (what it kept may be stale now:
+            // no recall reached this agent after its end).
+            self.seq += 1;
+            let since = self.seq;
+            let fresh = Dir {
+                until,
+                since,
+                names: HashMap::new(),
+            };
+            if let Some(old) = self.dirs.insert(parent, fresh) {
+                self.names -= old.names.len();
+            }
+        }
+        if let Some(dir) = self.dirs.get_mut(&parent) {
+            dir.until = dir.until.max(until);
+            if dir.names.insert(name.to_vec(), ino).is_none() {
+                self.names += 1;
+            }
+        }
     }
 
     fn drop_dir(&mut self, dir: InodeId) {
@@ -144,9 +204,12 @@ impl Default for LeaseCache {
                 seq: 0,
                 floor: 0,
                 touched: vec![0; BUCKETS],
+                recalled: vec![0; BUCKETS],
                 attrs: HashMap::new(),
                 dirs: HashMap::new(),
                 names: 0,
+                own: HashMap::new(),
+                own_next: 0,
             }),
             kernel: OnceLock::new(),
             kernel_names: OnceLock::new(),
@@ -333,27 +396,7 @@ impl LeaseCache {
             None if held_since.is_some_and(|since| since <= mark) => now,
             None => return false,
         };
-        if held_since.is_none() {
-            // A new hold: none before, or one that ran out (what it kept may be stale now:
-            // no recall reached this agent after its end).
-            s.seq += 1;
-            let since = s.seq;
-            let fresh = Dir {
-                until,
-                since,
-                names: HashMap::new(),
-            };
-            if let Some(old) = s.dirs.insert(parent, fresh) {
-                s.names -= old.names.len();
-            }
-        }
-        let Some(dir) = s.dirs.get_mut(&parent) else {
-            return false;
-        };
-        dir.until = dir.until.max(until);
-        if dir.names.insert(name.to_vec(), ino).is_none() {
-            s.names += 1;
-        }
+        s.hold_name(parent, name, ino, until, now);
         true
     }
 
@@ -364,6 +407,8 @@ impl LeaseCache {
         {
             let mut s = self.lock();
             s.touch(ino);
+            let seq = s.seq;
+            s.recalled[bucket(ino)] = seq;
             if attr {
                 s.attrs.remove(&ino);
             }
@@ -382,23 +427,35 @@ impl LeaseCache {
     /// This agent changes `inos` (attributes) and the names in `dirs`: what it cached there
     /// goes (the kernel updates its own copy from the change's reply).
     pub fn forget(&self, inos: &[InodeId], dirs: &[(InodeId, &[u8])]) {
+        self.lock().forget(inos, dirs);
+    }
+
+    /// Begins a namespace change of this agent to the names `names` (and the attributes of
+    /// `inos`): what the cache holds of them and of their directories goes, and the change
+    /// is noted in progress on each directory until [`OwnChange::end`].
+    pub fn begin_own(&self, inos: &[InodeId], names: &[(InodeId, &[u8])]) -> OwnChange<'_> {
         let mut s = self.lock();
-        for ino in inos {
-            s.touch(*ino);
-            s.attrs.remove(ino);
-        }
-        for (dir, name) in dirs {
-            s.touch(*dir);
-            s.attrs.remove(dir);
-            // The name's inode changes too (link count, ctime).
-            let child = s.dirs.get_mut(dir).and_then(|d| d.names.remove(*name));
-            if let Some(child) = child {
-                s.names -= 1;
-                if let Some(ino) = child {
-                    s.touch(ino);
-                    s.attrs.remove(&ino);
-                }
+        s.forget(inos, names);
+        let mut dirs: Vec<(InodeId, u64)> = Vec::new();
+        for (dir, _) in names {
+            if dirs.iter().any(|(d, _)| d == dir) {
+                continue;
             }
+            s.own_next += 1;
+            let n = s.own_next;
+            let e = s.own.entry(*dir).or_insert((0, 0));
+            e.0 += 1;
+            e.1 = n;
+            dirs.push((*dir, n));
+        }
+        OwnChange {
+            cache: self,
+            inos: inos.to_vec(),
+            names: names.iter().map(|(d, n)| (*d, n.to_vec())).collect(),
+            dirs,
+            mark: s.seq,
+            sent: Instant::now(),
+            ended: false,
         }
     }
 
@@ -421,6 +478,104 @@ impl LeaseCache {
     pub fn size(&self) -> (usize, usize) {
         let s = self.lock();
         (s.attrs.len(), s.names)
+    }
+}
+
+/// A namespace change of this agent in progress ([`LeaseCache::begin_own`]).
+#[must_use = "end it with the change's reply"]
+#[derive(Debug)]
+pub struct OwnChange<'a> {
+    cache: &'a LeaseCache,
+    inos: Vec<InodeId>,
+    names: Vec<(InodeId, Vec<u8>)>,
+    /// Each directory and the number of this change there.
+    dirs: Vec<(InodeId, u64)>,
+    mark: u64,
+    sent: Instant,
+    ended: bool,
+}
+
+impl OwnChange<'_> {
+    /// The change is answered (or failed: `changed` is `None`). What the cache holds of its
+    /// names goes again (a reply of this agent's own that was read before the change may
+    /// have come meanwhile), and the directories the server says it altered are kept under
+    /// the leases given with them, unless a recall came there since the change began or
+    /// another change of this agent ran there meanwhile (its reply may be newer).
+    pub fn end(mut self, changed: Option<&ChangedDirs>, deadline: Instant) {
+        self.finish(changed, None, deadline);
+    }
+
+    /// [`OwnChange::end`] of a create: `made` is the file it made or opened (the first
+    /// name of the change) and the term of the leases on it and its directory's names given
+    /// with the reply; kept under the same rules. Answers how long the kernel may keep them.
+    pub fn end_made(
+        mut self,
+        changed: Option<&ChangedDirs>,
+        made: (&Attr, u64),
+        deadline: Instant,
+    ) -> Option<Duration> {
+        self.finish(changed, Some(made), deadline)
+    }
+
+    fn finish(
+        &mut self,
+        changed: Option<&ChangedDirs>,
+        made: Option<(&Attr, u64)>,
+        deadline: Instant,
+    ) -> Option<Duration> {
+        self.ended = true;
+        let names: Vec<(InodeId, &[u8])> =
+            self.names.iter().map(|(d, n)| (*d, n.as_slice())).collect();
+        let now = Instant::now();
+        let mut s = self.cache.lock();
+        s.forget(&self.inos, &names);
+        let quiet =
+            |s: &State, ino: InodeId| self.mark >= s.floor && s.recalled[bucket(ino)] <= self.mark;
+        let alone = |s: &State, dir: InodeId, n: u64| {
+            s.own
+                .get(&dir)
+                .is_some_and(|(busy, last)| *busy == 1 && *last == n)
+        };
+        let mut ttl = None;
+        if let (Some((attr, lease_ms)), Some((dir, name)), Some((_, n))) =
+            (made, self.names.first(), self.dirs.first())
+            && alone(&s, *dir, *n)
+            && quiet(&s, *dir)
+            && quiet(&s, attr.ino)
+            && let Some(end) = lease_end(self.sent, lease_ms, deadline)
+            && s.attrs.len() < MAX_ATTRS
+            && s.names < MAX_NAMES
+        {
+            s.attrs.insert(attr.ino, (attr.clone(), end));
+            s.hold_name(*dir, name, Some(attr.ino), end, now);
+            ttl = Some(end.saturating_duration_since(now));
+        }
+        for (dir, n) in &self.dirs {
+            if alone(&s, *dir, *n)
+                && quiet(&s, *dir)
+                && let Some(changed) = changed
+                && let Some(attr) = changed.attrs.iter().find(|a| a.ino == *dir)
+                && let Some(end) = lease_end(self.sent, changed.lease_ms, deadline)
+                && (s.attrs.len() < MAX_ATTRS || s.attrs.contains_key(dir))
+            {
+                s.attrs.insert(*dir, (attr.clone(), end));
+            }
+            if let Some(e) = s.own.get_mut(dir) {
+                e.0 -= 1;
+                if e.0 == 0 {
+                    s.own.remove(dir);
+                }
+            }
+        }
+        ttl
+    }
+}
+
+impl Drop for OwnChange<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.finish(None, None, Instant::now());
+        }
     }
 }
 
@@ -713,6 +868,64 @@ mod tests {
         assert_eq!(c.negative_ttl(dir, b"y"), None);
         assert!(matches!(c.entry(dir, b"b"), Some(Some(_))));
         assert_eq!(c.size().1, 1);
+    }
+
+    fn dir(ino: u64) -> Attr {
+        Attr {
+            kind: FileType::Directory,
+            ..attr(ino)
+        }
+    }
+
+    #[test]
+    fn an_own_change_keeps_its_directory_unless_a_recall_or_another_change_came() {
+        let c = LeaseCache::default();
+        let d = InodeId(2);
+        let changed = ChangedDirs {
+            attrs: vec![dir(2)],
+            lease_ms: 10_000,
+        };
+        // Alone: the directory's new attributes are kept, the name is forgotten.
+        let mark = c.mark();
+        c.put_attr(&attr(9), 10_000, Instant::now(), far(), mark);
+        c.put_entry(
+            d,
+            b"a",
+            Some(InodeId(9)),
+            10_000,
+            Instant::now(),
+            far(),
+            mark,
+        );
+        let own = c.begin_own(&[], &[(d, b"a".as_slice())]);
+        assert!(
+            c.attr(InodeId(9)).is_none(),
+            "the name's inode goes at the start"
+        );
+        own.end(Some(&changed), far());
+        assert!(c.attr(d).is_some());
+        assert_eq!(c.entry(d, b"a"), None);
+        // A recall of the directory during the change: nothing kept.
+        let own = c.begin_own(&[], &[(d, b"b".as_slice())]);
+        assert!(c.attr(d).is_none());
+        c.recall(d, true, false);
+        own.end(Some(&changed), far());
+        assert!(c.attr(d).is_none());
+        // Two changes of this agent at once in one directory: neither reply is kept (either
+        // may be the older one).
+        let first = c.begin_own(&[], &[(d, b"c".as_slice())]);
+        let second = c.begin_own(&[], &[(d, b"e".as_slice())]);
+        second.end(Some(&changed), far());
+        assert!(c.attr(d).is_none());
+        first.end(Some(&changed), far());
+        assert!(c.attr(d).is_none());
+        // A failed change (dropped) ends it too: the next one alone is kept again.
+        drop(c.begin_own(&[], &[(d, b"f".as_slice())]));
+        let made = c.begin_own(&[], &[(d, b"g".as_slice())]);
+        let ttl = made.end_made(Some(&changed), (&attr(11), 10_000), far());
+        assert!(ttl.is_some());
+        assert!(c.attr(d).is_some());
+        assert!(matches!(c.entry(d, b"g"), Some(Some((a, _))) if a.ino == InodeId(11)));
     }
 
     #[test]

@@ -61,17 +61,20 @@ fn with_session<T>(req: T, view: &SessionView) -> tonic::Request<T> {
 /// the reply `$value`).
 macro_rules! rpc {
     (change $self:ident, $call:ident, $req:expr, $variant:ident, $what:literal,
-     |$value:ident: $out:ty| $inode:expr) => {{
+     own($inos:expr, $names:expr), |$value:ident: $out:ty| $inode:expr) => {{
         let pending = $self.inner.requests.begin();
         let mut req = $req;
         req.request_id = pending.wire();
-        rpc!(change_as_is $self, $call, req, $variant, $what, |$value: $out| $inode)
+        rpc!(change_as_is $self, $call, req, $variant, $what, own($inos, $names),
+             |$value: $out| $inode)
     }};
     // A change whose request has no reply-cache id (attributes, xattrs).
     (change_as_is $self:ident, $call:ident, $req:expr, $variant:ident, $what:literal,
-     |$value:ident: $out:ty| $inode:expr) => {{
+     own($inos:expr, $names:expr), |$value:ident: $out:ty| $inode:expr) => {{
         let req = $req;
-        let ($value, view, note): ($out, _, _) = $self
+        // What the lease cache holds of the names and inodes changed goes, before and after.
+        let own = $self.inner.leases.begin_own($inos, $names);
+        let ($value, view, note, dirs): ($out, _, _, _) = $self
             .inner
             .call_noted($what, |view| {
                 let mut ns = $self.inner.ns();
@@ -79,6 +82,7 @@ macro_rules! rpc {
                 async move { ns.$call(req).await }
             })
             .await?;
+        own.end(dirs.as_ref(), $self.lease_deadline());
         let inode = $inode;
         $self
             .inner
@@ -194,7 +198,8 @@ impl Client {
                 })
                 .await;
         }
-        let attr = rpc!(change_as_is self, set_attr, req, SetAttr, "SetAttr reply", |a: Attr| None);
+        let attr = rpc!(change_as_is self, set_attr, req, SetAttr, "SetAttr reply",
+            own(&[ino], &[]), |a: Attr| None);
         Ok(attr)
     }
 
@@ -214,13 +219,14 @@ impl Client {
         // The same id on every try: a retry after a lost reply gets the first try's answer.
         let pending = self.inner.requests.begin();
         let mut sent = None;
-        // This node's change: what its cache holds of the name and the parent goes first
-        // (the server recalls only the other nodes' leases), then the reply's leases are
-        // kept unless a recall came meanwhile.
-        let cache = &self.inner.leases;
-        cache.forget(&[], &[(parent, name.as_bytes())]);
-        let (mark, sent_at) = (cache.mark(), std::time::Instant::now());
-        let (r, view, note): (CreateReply, _, _) = self
+        // This node's change: what its cache holds of the name and the parent goes (the
+        // server recalls only the other nodes' leases); the reply's leases are kept unless a
+        // recall came meanwhile.
+        let own = self
+            .inner
+            .leases
+            .begin_own(&[], &[(parent, name.as_bytes())]);
+        let (r, view, note, dirs): (CreateReply, _, _, _) = self
             .inner
             .call_noted("Create reply", |view| {
                 session = Some(view.session);
@@ -249,20 +255,7 @@ impl Client {
             handle: r.handle,
         };
         self.inner.note_open(&handle, r.attr.ino);
-        let deadline = self.lease_deadline();
-        let ttl = cache
-            .put_attr(&r.attr, r.lease_ms, sent_at, deadline, mark)
-            .filter(|_| {
-                cache.put_entry(
-                    parent,
-                    name.as_bytes(),
-                    Some(r.attr.ino),
-                    r.lease_ms,
-                    sent_at,
-                    deadline,
-                    mark,
-                )
-            });
+        let ttl = own.end_made(dirs.as_ref(), (&r.attr, r.lease_ms), self.lease_deadline());
         Ok(Created {
             handle,
             attr: r.attr,
@@ -278,13 +271,15 @@ impl Client {
         entry: impl AsRef<[u8]>,
         perm: u32,
     ) -> Result<Attr, FsError> {
+        let entry = name(entry)?;
         let req = pb::MkdirRequest::from(MkdirRequest {
             cred: cred.clone(),
             parent,
-            name: name(entry)?,
+            name: entry.clone(),
             perm,
         });
-        let attr = rpc!(change self, mkdir, req, Mkdir, "Mkdir reply", |a: Attr| made(&a));
+        let attr = rpc!(change self, mkdir, req, Mkdir, "Mkdir reply",
+            own(&[], &[(parent, entry.as_bytes())]), |a: Attr| made(&a));
         Ok(attr)
     }
 
@@ -297,15 +292,17 @@ impl Client {
         perm: u32,
         rdev: u64,
     ) -> Result<Attr, FsError> {
+        let entry = name(entry)?;
         let req = pb::MknodRequest::from(MknodRequest {
             cred: cred.clone(),
             parent,
-            name: name(entry)?,
+            name: entry.clone(),
             kind,
             perm,
             rdev,
         });
-        let attr = rpc!(change self, mknod, req, Mknod, "Mknod reply", |a: Attr| made(&a));
+        let attr = rpc!(change self, mknod, req, Mknod, "Mknod reply",
+            own(&[], &[(parent, entry.as_bytes())]), |a: Attr| made(&a));
         Ok(attr)
     }
 
@@ -315,12 +312,14 @@ impl Client {
         parent: InodeId,
         entry: impl AsRef<[u8]>,
     ) -> Result<(), FsError> {
+        let entry = name(entry)?;
         let req = pb::UnlinkRequest::from(EntryRequest {
             cred: cred.clone(),
             parent,
-            name: name(entry)?,
+            name: entry.clone(),
         });
-        rpc!(change self, unlink, req, Unlink, "Unlink reply", |_r: pb::UnlinkReply| None);
+        rpc!(change self, unlink, req, Unlink, "Unlink reply",
+            own(&[], &[(parent, entry.as_bytes())]), |_r: pb::UnlinkReply| None);
         Ok(())
     }
 
@@ -330,12 +329,14 @@ impl Client {
         parent: InodeId,
         entry: impl AsRef<[u8]>,
     ) -> Result<(), FsError> {
+        let entry = name(entry)?;
         let req = pb::RmdirRequest::from(EntryRequest {
             cred: cred.clone(),
             parent,
-            name: name(entry)?,
+            name: entry.clone(),
         });
-        rpc!(change self, rmdir, req, Rmdir, "Rmdir reply", |_r: pb::RmdirReply| None);
+        rpc!(change self, rmdir, req, Rmdir, "Rmdir reply",
+            own(&[], &[(parent, entry.as_bytes())]), |_r: pb::RmdirReply| None);
         Ok(())
     }
 
@@ -348,15 +349,21 @@ impl Client {
         new_name: impl AsRef<[u8]>,
         mode: RenameMode,
     ) -> Result<(), FsError> {
+        let (old_name, new_name) = (name(old_name)?, name(new_name)?);
         let req = pb::RenameRequest::from(RenameRequest {
             cred: cred.clone(),
             old_parent,
-            old_name: name(old_name)?,
+            old_name: old_name.clone(),
             new_parent,
-            new_name: name(new_name)?,
+            new_name: new_name.clone(),
             mode,
         });
-        rpc!(change self, rename, req, Rename, "Rename reply", |_r: pb::RenameReply| None);
+        let names = [
+            (old_parent, old_name.as_bytes()),
+            (new_parent, new_name.as_bytes()),
+        ];
+        rpc!(change self, rename, req, Rename, "Rename reply", own(&[], &names),
+            |_r: pb::RenameReply| None);
         Ok(())
     }
 
@@ -368,13 +375,15 @@ impl Client {
         new_parent: InodeId,
         new_name: impl AsRef<[u8]>,
     ) -> Result<Attr, FsError> {
+        let new_name = name(new_name)?;
         let req = pb::LinkRequest::from(LinkRequest {
             cred: cred.clone(),
             inode: ino,
             new_parent,
-            new_name: name(new_name)?,
+            new_name: new_name.clone(),
         });
-        let attr = rpc!(change self, link, req, Link, "Link reply", |_a: Attr| None);
+        let attr = rpc!(change self, link, req, Link, "Link reply",
+            own(&[ino], &[(new_parent, new_name.as_bytes())]), |_a: Attr| None);
         Ok(attr)
     }
 
@@ -385,13 +394,15 @@ impl Client {
         entry: impl AsRef<[u8]>,
         target: impl AsRef<[u8]>,
     ) -> Result<Attr, FsError> {
+        let entry = name(entry)?;
         let req = pb::SymlinkRequest::from(SymlinkRequest {
             cred: cred.clone(),
             parent,
-            name: name(entry)?,
+            name: entry.clone(),
             target: SymlinkTarget::new(target.as_ref().to_vec())?,
         });
-        let attr = rpc!(change self, symlink, req, Symlink, "Symlink reply", |a: Attr| made(&a));
+        let attr = rpc!(change self, symlink, req, Symlink, "Symlink reply",
+            own(&[], &[(parent, entry.as_bytes())]), |a: Attr| made(&a));
         Ok(attr)
     }
 
@@ -461,7 +472,8 @@ impl Client {
             value: value.to_vec(),
             mode,
         });
-        rpc!(change_as_is self, set_xattr, req, SetXattr, "SetXattr reply", |_r: pb::SetXattrReply| None);
+        rpc!(change_as_is self, set_xattr, req, SetXattr, "SetXattr reply",
+            own(&[ino], &[]), |_r: pb::SetXattrReply| None);
         Ok(())
     }
 
@@ -489,7 +501,8 @@ impl Client {
             inode: ino,
             name: XattrName::new(xattr.as_ref().to_vec())?,
         });
-        rpc!(change_as_is self, remove_xattr, req, RemoveXattr, "RemoveXattr reply", |_r: pb::RemoveXattrReply| None);
+        rpc!(change_as_is self, remove_xattr, req, RemoveXattr, "RemoveXattr reply",
+            own(&[ino], &[]), |_r: pb::RemoveXattrReply| None);
         Ok(())
     }
 

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sanfs_proto::headers::{self, CommitNote};
-use sanfs_proto::model::RequestId;
+use sanfs_proto::model::{ChangedDirs, RequestId};
 use sanfs_proto::pb;
 use sanfs_proto::status::{fs_error_from_status, is_server_error};
 use sanfs_proto::types::{FsError, SessionId};
@@ -276,7 +276,7 @@ impl Inner {
         &self,
         what: &'static str,
         send: F,
-    ) -> Result<(T, SessionView, Option<CommitNote>), FsError>
+    ) -> Result<(T, SessionView, Option<CommitNote>, Option<ChangedDirs>), FsError>
     where
         F: FnMut(&SessionView) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
@@ -291,8 +291,9 @@ impl Inner {
             if !forget.is_empty() {
                 self.leases.forget(&forget, &[]);
             }
+            let dirs = headers::dirs(reply.metadata()).map_err(|e| malformed(what, e))?;
             let value = T::try_from(reply.into_inner()).map_err(|e| malformed(what, e))?;
-            Ok((value, view.clone(), note))
+            Ok((value, view.clone(), note, dirs))
         })
         .await
     }

@@ -693,6 +693,7 @@ pub(crate) async fn rpc<T>(
 pub(crate) struct Noted {
     pub commit: CommitNote,
     pub forget: Vec<InodeId>,
+    pub dirs: Option<sanfs_proto::model::ChangedDirs>,
 }
 
 impl From<CommitNote> for Noted {
@@ -700,6 +701,7 @@ impl From<CommitNote> for Noted {
         Noted {
             commit,
             forget: Vec::new(),
+            dirs: None,
         }
     }
 }
@@ -714,6 +716,9 @@ pub(crate) async fn rpc_noted<T, N: Into<Noted>>(
     let mut response = Response::new(reply);
     sanfs_proto::headers::set_commit(response.metadata_mut(), noted.commit);
     sanfs_proto::headers::set_forget(response.metadata_mut(), &noted.forget);
+    if let Some(dirs) = noted.dirs {
+        sanfs_proto::headers::set_dirs(response.metadata_mut(), dirs);
+    }
     Ok(response)
 }
 

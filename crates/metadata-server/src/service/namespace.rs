@@ -100,7 +100,8 @@ macro_rules! change_once {
                     replies::run_once($ctx, id, 0, |$ctx| $body)
                 })
                 .await?;
-            Ok((reply.into_reply(), noted(commit, &leases)))
+            let (noted, _) = $self.server.change_noted(session, commit, leases, &changes);
+            Ok((reply.into_reply(), noted))
         })
         .await
     };
@@ -111,6 +112,61 @@ fn noted(commit: sanfs_proto::headers::CommitNote, leases: &LeaseChange<'_>) -> 
     Noted {
         commit,
         forget: leases.own().to_vec(),
+        dirs: None,
+    }
+}
+
+impl Server {
+    /// The reply notes of a change made under `session` to `changes` (its lease change
+    /// ends here): its commit, the changer's own attribute leases it altered, and the
+    /// directories whose names it changed as they are now, with attribute leases on them for
+    /// the changer (so that its agent needs no GetAttr of them). Also answers the mark as of
+    /// the change's end, for other leases given with the reply.
+    fn change_noted(
+        &self,
+        session: Option<SessionId>,
+        commit: sanfs_proto::headers::CommitNote,
+        leases: LeaseChange<'_>,
+        changes: &[(u64, Covered)],
+    ) -> (Noted, u64) {
+        let forget = leases.own().to_vec();
+        let since = leases.end();
+        let dirs = session.and_then(|s| self.changed_dirs(s, changes, since));
+        (
+            Noted {
+                commit,
+                forget,
+                dirs,
+            },
+            since,
+        )
+    }
+
+    fn changed_dirs(
+        &self,
+        session: SessionId,
+        changes: &[(u64, Covered)],
+        since: u64,
+    ) -> Option<sanfs_proto::model::ChangedDirs> {
+        let mut inos: Vec<u64> = Vec::new();
+        for (ino, covered) in changes {
+            if *covered == E && !inos.contains(ino) {
+                inos.push(*ino);
+            }
+        }
+        let bs = self.store.block_size();
+        let attrs: Vec<Attr> = inos
+            .iter()
+            .take(sanfs_proto::model::MAX_CHANGED_DIRS)
+            .filter_map(|ino| self.read(|t| t.getattr(bs, InodeId(*ino))).ok())
+            .filter(|a| a.kind == FileType::Directory)
+            .collect();
+        if attrs.is_empty() {
+            return None;
+        }
+        let what: Vec<(u64, Covered)> = attrs.iter().map(|a| (a.ino.0, A)).collect();
+        let lease_ms = self.grant_leases(Some(session.0), &what, since);
+        Some(sanfs_proto::model::ChangedDirs { attrs, lease_ms })
     }
 }
 
@@ -508,8 +564,13 @@ impl Namespace for NamespaceService {
                     .await?;
                 match reply {
                     Some(reply) => {
-                        let noted = noted(commit, &leases);
-                        break (reply, noted, leases.end());
+                        let (noted, since) = self.server.change_noted(
+                            lazy.then_some(session),
+                            commit,
+                            leases,
+                            &changes,
+                        );
+                        break (reply, noted, since);
                     }
                     None => lazy = false,
                 }

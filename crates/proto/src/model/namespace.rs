@@ -344,7 +344,7 @@ impl TryFrom<pb::CreateReply> for CreateReply {
             attr,
             handle: handle(p.handle)?,
             created: p.created,
-            lease_ms: p.lease_ms,
+            lease_ms: lease_ms(p.lease_ms)?,
         })
     }
 }
@@ -584,6 +584,51 @@ fn lease_ms(ms: u64) -> Result<u64, ProtocolError> {
         ));
     }
     Ok(ms)
+}
+
+/// The directories a namespace change altered (at most [`MAX_CHANGED_DIRS`]), as they are
+/// after it, and the term of the changer's attribute leases on them (0: none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangedDirs {
+    pub attrs: Vec<Attr>,
+    pub lease_ms: u64,
+}
+
+/// Directories one change alters at most (a rename: two parents).
+pub const MAX_CHANGED_DIRS: usize = 2;
+
+impl TryFrom<pb::ChangedDirs> for ChangedDirs {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ChangedDirs) -> Result<Self, ProtocolError> {
+        if p.attrs.len() > MAX_CHANGED_DIRS {
+            return Err(invalid(
+                "attrs",
+                format!("{} directories, at most {MAX_CHANGED_DIRS}", p.attrs.len()),
+            ));
+        }
+        let attrs = p
+            .attrs
+            .into_iter()
+            .map(|a| attr(Some(a)))
+            .collect::<Result<Vec<_>, _>>()?;
+        if attrs.iter().any(|a| a.kind != FileType::Directory) {
+            return Err(invalid("attrs", "not a directory"));
+        }
+        Ok(ChangedDirs {
+            attrs,
+            lease_ms: lease_ms(p.lease_ms)?,
+        })
+    }
+}
+
+impl From<ChangedDirs> for pb::ChangedDirs {
+    fn from(c: ChangedDirs) -> Self {
+        pb::ChangedDirs {
+            attrs: c.attrs.into_iter().map(Into::into).collect(),
+            lease_ms: c.lease_ms,
+        }
+    }
 }
 
 /// A reply and the term of the leases it hands out (Lookup, GetAttr, ReadDir): milliseconds
