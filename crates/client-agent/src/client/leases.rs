@@ -75,6 +75,10 @@ struct Dir {
     /// marked after it (sent while the lease was held, so a change would have recalled it).
     since: u64,
     names: HashMap<Vec<u8>, Option<InodeId>>,
+    /// Every name of the directory is in `names`: one that is not there is absent (a
+    /// directory this agent made, while it holds its entry lease and every change of its
+    /// own there put the names it added).
+    complete: bool,
 }
 
 #[derive(Debug)]
@@ -146,6 +150,7 @@ impl State {
                 until,
                 since,
                 names: HashMap::new(),
+                complete: false,
             };
             if let Some(old) = self.dirs.insert(parent, fresh) {
                 self.names -= old.names.len();
@@ -300,7 +305,11 @@ impl LeaseCache {
             s.dirs
                 .get(&parent)
                 .filter(|d| d.until > now)
-                .and_then(|d| d.names.get(name).map(|n| (*n, d.until)))
+                .and_then(|d| match d.names.get(name) {
+                    Some(n) => Some((*n, d.until)),
+                    None if d.complete => Some((None, d.until)),
+                    None => None,
+                })
                 .and_then(|(n, dir_until)| match n {
                     None => Some(None),
                     Some(ino) => s
@@ -326,7 +335,13 @@ impl LeaseCache {
         self.lock()
             .dirs
             .get(&parent)
-            .filter(|d| d.until > now && d.names.get(name) == Some(&None))
+            .filter(|d| {
+                d.until > now
+                    && match d.names.get(name) {
+                        Some(n) => n.is_none(),
+                        None => d.complete,
+                    }
+            })
             .map(|d| d.until - now)
     }
 
@@ -430,14 +445,22 @@ impl LeaseCache {
         self.lock().forget(inos, dirs);
     }
 
-    /// Begins a namespace change of this agent to the names `names` (and the attributes of
-    /// `inos`): what the cache holds of them and of their directories goes, and the change
-    /// is noted in progress on each directory until [`OwnChange::end`].
-    pub fn begin_own(&self, inos: &[InodeId], names: &[(InodeId, &[u8])]) -> OwnChange<'_> {
+    /// Begins a namespace change of this agent that removes the names `removed` and adds
+    /// the names `added` (and changes the attributes of `inos`): what the cache holds of
+    /// them and of their directories goes, and the change is noted in progress on each
+    /// directory until [`OwnChange::end`]. The first added name is the one a create or mkdir
+    /// makes.
+    pub fn begin_own(
+        &self,
+        inos: &[InodeId],
+        removed: &[(InodeId, &[u8])],
+        added: &[(InodeId, &[u8])],
+    ) -> OwnChange<'_> {
         let mut s = self.lock();
-        s.forget(inos, names);
+        let names: Vec<(InodeId, &[u8])> = added.iter().chain(removed).copied().collect();
+        s.forget(inos, &names);
         let mut dirs: Vec<(InodeId, u64)> = Vec::new();
-        for (dir, _) in names {
+        for (dir, _) in &names {
             if dirs.iter().any(|(d, _)| d == dir) {
                 continue;
             }
@@ -452,6 +475,7 @@ impl LeaseCache {
             cache: self,
             inos: inos.to_vec(),
             names: names.iter().map(|(d, n)| (*d, n.to_vec())).collect(),
+            added: added.len(),
             dirs,
             mark: s.seq,
             sent: Instant::now(),
@@ -487,7 +511,9 @@ impl LeaseCache {
 pub struct OwnChange<'a> {
     cache: &'a LeaseCache,
     inos: Vec<InodeId>,
+    /// The names added (the first `added`), then those removed.
     names: Vec<(InodeId, Vec<u8>)>,
+    added: usize,
     /// Each directory and the number of this change there.
     dirs: Vec<(InodeId, u64)>,
     mark: u64,
@@ -506,21 +532,28 @@ impl OwnChange<'_> {
     }
 
     /// [`OwnChange::end`] of a create: `made` is the file it made or opened (the first
-    /// name of the change) and the term of the leases on it and its directory's names given
-    /// with the reply; kept under the same rules. Answers how long the kernel may keep them.
+    /// added name) and the term of the leases on it and its directory's names given with
+    /// the reply; kept under the same rules. Answers how long the kernel may keep them.
     pub fn end_made(
         mut self,
         changed: Option<&ChangedDirs>,
         made: (&Attr, u64),
         deadline: Instant,
     ) -> Option<Duration> {
-        self.finish(changed, Some(made), deadline)
+        self.finish(changed, Some(Made::File(made.0, made.1)), deadline)
+    }
+
+    /// [`OwnChange::end`] of a mkdir that made `dir`: with the leases the reply gave on it
+    /// (its attributes and its names), it is kept as a directory whose every name is known:
+    /// none yet.
+    pub fn end_mkdir(mut self, changed: Option<&ChangedDirs>, dir: &Attr, deadline: Instant) {
+        self.finish(changed, Some(Made::Dir(dir)), deadline);
     }
 
     fn finish(
         &mut self,
         changed: Option<&ChangedDirs>,
-        made: Option<(&Attr, u64)>,
+        made: Option<Made<'_>>,
         deadline: Instant,
     ) -> Option<Duration> {
         self.ended = true;
@@ -529,6 +562,16 @@ impl OwnChange<'_> {
         let now = Instant::now();
         let mut s = self.cache.lock();
         s.forget(&self.inos, &names);
+        // Whether the first added name's directory knew every name (kept if it is put).
+        let was_complete = names[..self.added]
+            .first()
+            .is_some_and(|(dir, _)| s.dirs.get(dir).is_some_and(|d| d.until > now && d.complete));
+        // A name this change added is not known until put back below.
+        for (dir, _) in &names[..self.added] {
+            if let Some(d) = s.dirs.get_mut(dir) {
+                d.complete = false;
+            }
+        }
         let quiet =
             |s: &State, ino: InodeId| self.mark >= s.floor && s.recalled[bucket(ino)] <= self.mark;
         let alone = |s: &State, dir: InodeId, n: u64| {
@@ -536,19 +579,58 @@ impl OwnChange<'_> {
                 .get(&dir)
                 .is_some_and(|(busy, last)| *busy == 1 && *last == n)
         };
+        let first = match (self.added, self.names.first(), self.dirs.first()) {
+            (1.., Some((dir, name)), Some((_, n))) => Some((
+                *dir,
+                name.as_slice(),
+                alone(&s, *dir, *n) && quiet(&s, *dir),
+            )),
+            _ => None,
+        };
         let mut ttl = None;
-        if let (Some((attr, lease_ms)), Some((dir, name)), Some((_, n))) =
-            (made, self.names.first(), self.dirs.first())
-            && alone(&s, *dir, *n)
-            && quiet(&s, *dir)
-            && quiet(&s, attr.ino)
-            && let Some(end) = lease_end(self.sent, lease_ms, deadline)
-            && s.attrs.len() < MAX_ATTRS
-            && s.names < MAX_NAMES
-        {
-            s.attrs.insert(attr.ino, (attr.clone(), end));
-            s.hold_name(*dir, name, Some(attr.ino), end, now);
-            ttl = Some(end.saturating_duration_since(now));
+        match (made, first) {
+            (Some(Made::File(attr, lease_ms)), Some((dir, name, true)))
+                if quiet(&s, attr.ino) && s.attrs.len() < MAX_ATTRS && s.names < MAX_NAMES =>
+            {
+                // The create's leases cover the file and the directory's names.
+                if let Some(end) = lease_end(self.sent, lease_ms, deadline) {
+                    s.attrs.insert(attr.ino, (attr.clone(), end));
+                    s.hold_name(dir, name, Some(attr.ino), end, now);
+                    if let Some(d) = s.dirs.get_mut(&dir) {
+                        d.complete = was_complete;
+                    }
+                    ttl = Some(end.saturating_duration_since(now));
+                }
+            }
+            (Some(Made::Dir(attr)), Some((parent, name, true)))
+                if quiet(&s, attr.ino) && s.attrs.len() < MAX_ATTRS =>
+            {
+                let leased = changed
+                    .filter(|c| c.attrs.iter().any(|a| a.ino == attr.ino))
+                    .and_then(|c| lease_end(self.sent, c.lease_ms, deadline));
+                if let Some(end) = leased {
+                    s.attrs.insert(attr.ino, (attr.clone(), end));
+                    s.seq += 1;
+                    let since = s.seq;
+                    let empty = Dir {
+                        until: end,
+                        since,
+                        names: HashMap::new(),
+                        complete: true,
+                    };
+                    if let Some(old) = s.dirs.insert(attr.ino, empty) {
+                        s.names -= old.names.len();
+                    }
+                    // Its name, where the parent's names are held already.
+                    if s.names < MAX_NAMES && s.dirs.get(&parent).is_some_and(|d| d.until > now) {
+                        s.hold_name(parent, name, Some(attr.ino), now, now);
+                        if let Some(d) = s.dirs.get_mut(&parent) {
+                            d.complete = was_complete;
+                        }
+                    }
+                }
+            }
+            _ => {}
         }
         for (dir, n) in &self.dirs {
             if alone(&s, *dir, *n)
@@ -569,6 +651,14 @@ impl OwnChange<'_> {
         }
         ttl
     }
+}
+
+/// What a create or mkdir made ([`OwnChange::end_made`], [`OwnChange::end_mkdir`]).
+enum Made<'a> {
+    /// A file and the term of the create's leases.
+    File(&'a Attr, u64),
+    /// A directory (its leases come with the changed directories).
+    Dir(&'a Attr),
 }
 
 impl Drop for OwnChange<'_> {
@@ -897,7 +987,7 @@ mod tests {
             far(),
             mark,
         );
-        let own = c.begin_own(&[], &[(d, b"a".as_slice())]);
+        let own = c.begin_own(&[], &[(d, b"a".as_slice())], &[]);
         assert!(
             c.attr(InodeId(9)).is_none(),
             "the name's inode goes at the start"
@@ -906,26 +996,87 @@ mod tests {
         assert!(c.attr(d).is_some());
         assert_eq!(c.entry(d, b"a"), None);
         // A recall of the directory during the change: nothing kept.
-        let own = c.begin_own(&[], &[(d, b"b".as_slice())]);
+        let own = c.begin_own(&[], &[], &[(d, b"b".as_slice())]);
         assert!(c.attr(d).is_none());
         c.recall(d, true, false);
         own.end(Some(&changed), far());
         assert!(c.attr(d).is_none());
         // Two changes of this agent at once in one directory: neither reply is kept (either
         // may be the older one).
-        let first = c.begin_own(&[], &[(d, b"c".as_slice())]);
-        let second = c.begin_own(&[], &[(d, b"e".as_slice())]);
+        let first = c.begin_own(&[], &[], &[(d, b"c".as_slice())]);
+        let second = c.begin_own(&[], &[], &[(d, b"e".as_slice())]);
         second.end(Some(&changed), far());
         assert!(c.attr(d).is_none());
         first.end(Some(&changed), far());
         assert!(c.attr(d).is_none());
         // A failed change (dropped) ends it too: the next one alone is kept again.
-        drop(c.begin_own(&[], &[(d, b"f".as_slice())]));
-        let made = c.begin_own(&[], &[(d, b"g".as_slice())]);
+        drop(c.begin_own(&[], &[], &[(d, b"f".as_slice())]));
+        let made = c.begin_own(&[], &[], &[(d, b"g".as_slice())]);
         let ttl = made.end_made(Some(&changed), (&attr(11), 10_000), far());
         assert!(ttl.is_some());
         assert!(c.attr(d).is_some());
         assert!(matches!(c.entry(d, b"g"), Some(Some((a, _))) if a.ino == InodeId(11)));
+    }
+
+    #[test]
+    fn a_directory_this_agent_made_knows_every_name_until_it_adds_one_it_cannot_put() {
+        let c = LeaseCache::default();
+        let (parent, new) = (InodeId(2), InodeId(20));
+        let changed = ChangedDirs {
+            attrs: vec![dir(2), dir(20)],
+            lease_ms: 10_000,
+        };
+        c.begin_own(&[], &[], &[(parent, b"d".as_slice())])
+            .end_mkdir(Some(&changed), &dir(20), far());
+        // Empty and complete: any name is absent, without asking.
+        assert_eq!(c.entry(new, b"x"), Some(None));
+        assert!(c.negative_ttl(new, b"x").is_some());
+        // A create there keeps it complete (the name is put); an unlink too (now absent).
+        let in_new = ChangedDirs {
+            attrs: vec![dir(20)],
+            lease_ms: 10_000,
+        };
+        c.begin_own(&[], &[], &[(new, b"f".as_slice())]).end_made(
+            Some(&in_new),
+            (&attr(30), 10_000),
+            far(),
+        );
+        assert!(matches!(c.entry(new, b"f"), Some(Some((a, _))) if a.ino == InodeId(30)));
+        assert_eq!(c.entry(new, b"y"), Some(None));
+        c.begin_own(&[], &[(new, b"f".as_slice())], &[])
+            .end(Some(&in_new), far());
+        assert_eq!(c.entry(new, b"f"), Some(None));
+        // A symlink (a name added and not put): no longer complete.
+        c.begin_own(&[], &[], &[(new, b"s".as_slice())])
+            .end(Some(&in_new), far());
+        assert_eq!(c.entry(new, b"s"), None);
+        assert_eq!(c.entry(new, b"y"), None);
+        // A failed create (dropped) in a complete directory also ends it.
+        c.begin_own(&[], &[], &[(parent, b"e".as_slice())])
+            .end_mkdir(
+                Some(&ChangedDirs {
+                    attrs: vec![dir(2), dir(21)],
+                    lease_ms: 10_000,
+                }),
+                &dir(21),
+                far(),
+            );
+        assert_eq!(c.entry(InodeId(21), b"z"), Some(None));
+        drop(c.begin_own(&[], &[], &[(InodeId(21), b"z".as_slice())]));
+        assert_eq!(c.entry(InodeId(21), b"z"), None);
+        // A recall of its names ends it.
+        c.begin_own(&[], &[], &[(parent, b"g".as_slice())])
+            .end_mkdir(
+                Some(&ChangedDirs {
+                    attrs: vec![dir(2), dir(22)],
+                    lease_ms: 10_000,
+                }),
+                &dir(22),
+                far(),
+            );
+        assert_eq!(c.entry(InodeId(22), b"q"), Some(None));
+        c.recall(InodeId(22), false, true);
+        assert_eq!(c.entry(InodeId(22), b"q"), None);
     }
 
     #[test]

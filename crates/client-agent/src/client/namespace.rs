@@ -61,20 +61,27 @@ fn with_session<T>(req: T, view: &SessionView) -> tonic::Request<T> {
 /// the reply `$value`).
 macro_rules! rpc {
     (change $self:ident, $call:ident, $req:expr, $variant:ident, $what:literal,
-     own($inos:expr, $names:expr), |$value:ident: $out:ty| $inode:expr) => {{
+     own($inos:expr, $removed:expr, $added:expr), |$value:ident: $out:ty| $inode:expr) => {{
         let pending = $self.inner.requests.begin();
         let mut req = $req;
         req.request_id = pending.wire();
-        rpc!(change_as_is $self, $call, req, $variant, $what, own($inos, $names),
+        rpc!(change_as_is $self, $call, req, $variant, $what, own($inos, $removed, $added),
              |$value: $out| $inode)
     }};
     // A change whose request has no reply-cache id (attributes, xattrs).
     (change_as_is $self:ident, $call:ident, $req:expr, $variant:ident, $what:literal,
-     own($inos:expr, $names:expr), |$value:ident: $out:ty| $inode:expr) => {{
+     own($inos:expr, $removed:expr, $added:expr), |$value:ident: $out:ty| $inode:expr) => {{
+        rpc!(change_as_is $self, $call, $req, $variant, $what, own($inos, $removed, $added),
+             |$value: $out| $inode, |own, dirs| own.end(dirs.as_ref(), $self.lease_deadline()))
+    }};
+    // `$end`: how the lease cache's own change ends with the reply's changed directories.
+    (change_as_is $self:ident, $call:ident, $req:expr, $variant:ident, $what:literal,
+     own($inos:expr, $removed:expr, $added:expr), |$value:ident: $out:ty| $inode:expr,
+     |$own:ident, $dirs:ident| $end:expr) => {{
         let req = $req;
         // What the lease cache holds of the names and inodes changed goes, before and after.
-        let own = $self.inner.leases.begin_own($inos, $names);
-        let ($value, view, note, dirs): ($out, _, _, _) = $self
+        let $own = $self.inner.leases.begin_own($inos, $removed, $added);
+        let ($value, view, note, $dirs): ($out, _, _, _) = $self
             .inner
             .call_noted($what, |view| {
                 let mut ns = $self.inner.ns();
@@ -82,7 +89,7 @@ macro_rules! rpc {
                 async move { ns.$call(req).await }
             })
             .await?;
-        own.end(dirs.as_ref(), $self.lease_deadline());
+        $end;
         let inode = $inode;
         $self
             .inner
@@ -199,7 +206,7 @@ impl Client {
                 .await;
         }
         let attr = rpc!(change_as_is self, set_attr, req, SetAttr, "SetAttr reply",
-            own(&[ino], &[]), |a: Attr| None);
+            own(&[ino], &[], &[]), |a: Attr| None);
         Ok(attr)
     }
 
@@ -225,7 +232,7 @@ impl Client {
         let own = self
             .inner
             .leases
-            .begin_own(&[], &[(parent, name.as_bytes())]);
+            .begin_own(&[], &[], &[(parent, name.as_bytes())]);
         let (r, view, note, dirs): (CreateReply, _, _, _) = self
             .inner
             .call_noted("Create reply", |view| {
@@ -278,8 +285,12 @@ impl Client {
             name: entry.clone(),
             perm,
         });
-        let attr = rpc!(change self, mkdir, req, Mkdir, "Mkdir reply",
-            own(&[], &[(parent, entry.as_bytes())]), |a: Attr| made(&a));
+        let pending = self.inner.requests.begin();
+        let mut req = req;
+        req.request_id = pending.wire();
+        let attr = rpc!(change_as_is self, mkdir, req, Mkdir, "Mkdir reply",
+            own(&[], &[], &[(parent, entry.as_bytes())]), |a: Attr| made(&a),
+            |own, dirs| own.end_mkdir(dirs.as_ref(), &a, self.lease_deadline()));
         Ok(attr)
     }
 
@@ -302,7 +313,7 @@ impl Client {
             rdev,
         });
         let attr = rpc!(change self, mknod, req, Mknod, "Mknod reply",
-            own(&[], &[(parent, entry.as_bytes())]), |a: Attr| made(&a));
+            own(&[], &[], &[(parent, entry.as_bytes())]), |a: Attr| made(&a));
         Ok(attr)
     }
 
@@ -319,7 +330,7 @@ impl Client {
             name: entry.clone(),
         });
         rpc!(change self, unlink, req, Unlink, "Unlink reply",
-            own(&[], &[(parent, entry.as_bytes())]), |_r: pb::UnlinkReply| None);
+            own(&[], &[(parent, entry.as_bytes())], &[]), |_r: pb::UnlinkReply| None);
         Ok(())
     }
 
@@ -336,7 +347,7 @@ impl Client {
             name: entry.clone(),
         });
         rpc!(change self, rmdir, req, Rmdir, "Rmdir reply",
-            own(&[], &[(parent, entry.as_bytes())]), |_r: pb::RmdirReply| None);
+            own(&[], &[(parent, entry.as_bytes())], &[]), |_r: pb::RmdirReply| None);
         Ok(())
     }
 
@@ -358,11 +369,8 @@ impl Client {
             new_name: new_name.clone(),
             mode,
         });
-        let names = [
-            (old_parent, old_name.as_bytes()),
-            (new_parent, new_name.as_bytes()),
-        ];
-        rpc!(change self, rename, req, Rename, "Rename reply", own(&[], &names),
+        rpc!(change self, rename, req, Rename, "Rename reply",
+            own(&[], &[(old_parent, old_name.as_bytes())], &[(new_parent, new_name.as_bytes())]),
             |_r: pb::RenameReply| None);
         Ok(())
     }
@@ -383,7 +391,7 @@ impl Client {
             new_name: new_name.clone(),
         });
         let attr = rpc!(change self, link, req, Link, "Link reply",
-            own(&[ino], &[(new_parent, new_name.as_bytes())]), |_a: Attr| None);
+            own(&[ino], &[], &[(new_parent, new_name.as_bytes())]), |_a: Attr| None);
         Ok(attr)
     }
 
@@ -402,7 +410,7 @@ impl Client {
             target: SymlinkTarget::new(target.as_ref().to_vec())?,
         });
         let attr = rpc!(change self, symlink, req, Symlink, "Symlink reply",
-            own(&[], &[(parent, entry.as_bytes())]), |a: Attr| made(&a));
+            own(&[], &[], &[(parent, entry.as_bytes())]), |a: Attr| made(&a));
         Ok(attr)
     }
 
@@ -473,7 +481,7 @@ impl Client {
             mode,
         });
         rpc!(change_as_is self, set_xattr, req, SetXattr, "SetXattr reply",
-            own(&[ino], &[]), |_r: pb::SetXattrReply| None);
+            own(&[ino], &[], &[]), |_r: pb::SetXattrReply| None);
         Ok(())
     }
 
@@ -502,7 +510,7 @@ impl Client {
             name: XattrName::new(xattr.as_ref().to_vec())?,
         });
         rpc!(change_as_is self, remove_xattr, req, RemoveXattr, "RemoveXattr reply",
-            own(&[ino], &[]), |_r: pb::RemoveXattrReply| None);
+            own(&[ino], &[], &[]), |_r: pb::RemoveXattrReply| None);
         Ok(())
     }
 

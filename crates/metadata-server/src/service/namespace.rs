@@ -100,8 +100,12 @@ macro_rules! change_once {
                     replies::run_once($ctx, id, 0, |$ctx| $body)
                 })
                 .await?;
-            let (noted, _) = $self.server.change_noted(session, commit, leases, &changes);
-            Ok((reply.into_reply(), noted))
+            let reply = reply.into_reply();
+            let made = MadeDir::made_dir(&reply);
+            let (noted, _) = $self
+                .server
+                .change_noted(session, commit, leases, &changes, made);
+            Ok((reply, noted))
         })
         .await
     };
@@ -116,22 +120,44 @@ fn noted(commit: sanfs_proto::headers::CommitNote, leases: &LeaseChange<'_>) -> 
     }
 }
 
+/// The directory a change's reply says it made (Mkdir), if any.
+trait MadeDir {
+    fn made_dir(&self) -> Option<u64> {
+        None
+    }
+}
+
+impl MadeDir for pb::MkdirReply {
+    fn made_dir(&self) -> Option<u64> {
+        self.attr.as_ref().map(|a| a.ino)
+    }
+}
+
+impl MadeDir for pb::MknodReply {}
+impl MadeDir for pb::UnlinkReply {}
+impl MadeDir for pb::RmdirReply {}
+impl MadeDir for pb::RenameReply {}
+impl MadeDir for pb::LinkReply {}
+impl MadeDir for pb::SymlinkReply {}
+
 impl Server {
     /// The reply notes of a change made under `session` to `changes` (its lease change
     /// ends here): its commit, the changer's own attribute leases it altered, and the
     /// directories whose names it changed as they are now, with attribute leases on them for
-    /// the changer (so that its agent needs no GetAttr of them). Also answers the mark as of
-    /// the change's end, for other leases given with the reply.
+    /// the changer (so that its agent needs no GetAttr of them); a directory it `made` comes
+    /// too, with an entry lease as well (it is empty: its maker knows every name in it).
+    /// Also answers the mark as of the change's end, for other leases given with the reply.
     fn change_noted(
         &self,
         session: Option<SessionId>,
         commit: sanfs_proto::headers::CommitNote,
         leases: LeaseChange<'_>,
         changes: &[(u64, Covered)],
+        made: Option<u64>,
     ) -> (Noted, u64) {
         let forget = leases.own().to_vec();
         let since = leases.end();
-        let dirs = session.and_then(|s| self.changed_dirs(s, changes, since));
+        let dirs = session.and_then(|s| self.changed_dirs(s, changes, made, since));
         (
             Noted {
                 commit,
@@ -146,6 +172,7 @@ impl Server {
         &self,
         session: SessionId,
         changes: &[(u64, Covered)],
+        made: Option<u64>,
         since: u64,
     ) -> Option<sanfs_proto::model::ChangedDirs> {
         let mut inos: Vec<u64> = Vec::new();
@@ -154,6 +181,7 @@ impl Server {
                 inos.push(*ino);
             }
         }
+        inos.extend(made);
         let bs = self.store.block_size();
         let attrs: Vec<Attr> = inos
             .iter()
@@ -164,7 +192,11 @@ impl Server {
         if attrs.is_empty() {
             return None;
         }
-        let what: Vec<(u64, Covered)> = attrs.iter().map(|a| (a.ino.0, A)).collect();
+        let mut what: Vec<(u64, Covered)> = attrs.iter().map(|a| (a.ino.0, A)).collect();
+        what.extend(
+            made.filter(|m| attrs.iter().any(|a| a.ino.0 == *m))
+                .map(|m| (m, E)),
+        );
         let lease_ms = self.grant_leases(Some(session.0), &what, since);
         Some(sanfs_proto::model::ChangedDirs { attrs, lease_ms })
     }
@@ -569,6 +601,7 @@ impl Namespace for NamespaceService {
                             commit,
                             leases,
                             &changes,
+                            None,
                         );
                         break (reply, noted, since);
                     }
