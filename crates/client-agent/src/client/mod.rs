@@ -389,6 +389,8 @@ pub(crate) struct Inner {
     behind: Mutex<HashMap<InodeId, Behind>>,
     /// Wakes those waiting for a file's completions in flight.
     behind_idle: Notify,
+    /// Write-behind completions queued per write layout, one round trip per batch.
+    completion_batches: Mutex<data::batch::Batcher>,
     /// Whether calls are waiting for the server (see `rpc`).
     outage: rpc::Outage,
     /// Reply-cache ids of non-idempotent calls (see `rpc`).
@@ -678,6 +680,7 @@ impl Client {
             write_ends: Mutex::new(HashMap::new()),
             behind: Mutex::new(HashMap::new()),
             behind_idle: Notify::new(),
+            completion_batches: Mutex::new(data::batch::Batcher::default()),
             outage: rpc::Outage::default(),
             requests: rpc::RequestIds::new(),
             unsynced: Mutex::new(unsynced::Unsynced::default()),
