@@ -251,6 +251,8 @@ pub struct ClientStats {
     pub cached_reads: u64,
     /// Writes done inside a cached write layout (no MapWrite).
     pub layout_writes: u64,
+    /// `Complete` calls sent (a batch of write-behind completions is one).
+    pub completions: u64,
     /// Proxied Read / Write calls.
     pub proxied_reads: u64,
     pub proxied_writes: u64,
@@ -288,6 +290,7 @@ struct Counters {
     map_writes: AtomicU64,
     cached_reads: AtomicU64,
     layout_writes: AtomicU64,
+    completions: AtomicU64,
     proxied_reads: AtomicU64,
     proxied_writes: AtomicU64,
     sessions: AtomicU64,
@@ -781,6 +784,7 @@ impl Client {
             map_writes: get(&c.map_writes),
             cached_reads: get(&c.cached_reads),
             layout_writes: get(&c.layout_writes),
+            completions: get(&c.completions),
             proxied_reads: get(&c.proxied_reads),
             proxied_writes: get(&c.proxied_writes),
             sessions: get(&c.sessions),
