@@ -910,6 +910,8 @@ impl Inner {
     /// Waits until no write completion of `ino` is in flight: what this agent reads, stats,
     /// truncates or syncs next sees its own writes completed.
     pub(crate) async fn settle(&self, ino: InodeId) {
+        // Batched completions waiting for company go now.
+        self.cache.hurry();
         loop {
             let idle = self.behind_idle.notified();
             tokio::pin!(idle);

@@ -142,9 +142,13 @@ mod tests {
             "another gid: read afresh"
         );
         assert_eq!(
-            c.groups(me(), 5, 7, t0 + Duration::from_millis(500) + GROUPS_TTL, || {
-                read(4)
-            }),
+            c.groups(
+                me(),
+                5,
+                7,
+                t0 + Duration::from_millis(500) + GROUPS_TTL,
+                || { read(4) }
+            ),
             vec![4],
             "past the TTL: read afresh"
         );

@@ -156,6 +156,7 @@ async fn a_layout_goes_back_with_the_last_handle_and_its_blocks_past_eof_are_fre
 /// Issue 20: write-behind completions of one layout are batched. While a completion of the
 /// layout is held (the `pause_completions` hook: one in flight), the writes after it queue,
 /// and once it is answered one `Complete` completes all of them (contiguous: one range).
+/// (The first batch may take more than the first write: its sender waits a moment for more.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_queued_behind_one_in_flight_go_in_one_round_trip() {
     let srv = cluster::start(10_000).await;
@@ -179,10 +180,10 @@ async fn completions_queued_behind_one_in_flight_go_in_one_round_trip() {
     a.pause_completions(false);
     a.fsync(&root(), &ha, ino, false).await.unwrap();
     let s = a.stats();
-    assert_eq!(
-        s.completions - before.completions,
-        2,
-        "the first write's completion, then one for the 15 queued behind it: {s:?}"
+    assert!(
+        (1..=2).contains(&(s.completions - before.completions)),
+        "the first batch (the first write and those that joined it), then one for all \
+         queued behind it: {s:?}"
     );
     // Every byte and the size, on another node.
     let hb = open(&b, ino).await;
@@ -229,10 +230,9 @@ async fn a_batch_lost_in_a_server_restart_is_replayed_whole() {
         .await
         .unwrap();
     let s = a.stats();
-    assert_eq!(
-        s.completions - before.completions,
-        2,
-        "the first write's completion and one batch of the 7 behind it: {s:?}"
+    assert!(
+        (1..=2).contains(&(s.completions - before.completions)),
+        "the first batch and one for all queued behind it: {s:?}"
     );
     f.fsync(&a, &root(), false)
         .await

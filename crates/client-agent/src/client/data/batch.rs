@@ -4,9 +4,11 @@
 //! sequential writer pays one completion round trip per batch, not one per write.
 //!
 //! The queue is plain bookkeeping (no I/O, no clock): each layout has at most one sender,
-//! which takes batches with [`Batcher::next`] until the queue is empty. A part waits only
-//! while an earlier batch of its layout is in flight; a batch holds at most
-//! [`MAX_BATCH_PARTS`] parts and [`MAX_BATCH_BYTES`] bytes (the rest goes in the next one).
+//! which takes batches with [`Batcher::next`] until the queue is empty. Before it takes a
+//! batch the sender waits up to [`LINGER`] for more parts, unless the batch is full or
+//! someone waits for the layout or the file; so a part waits at most that, plus an earlier
+//! batch of its layout in flight. A batch holds at most [`MAX_BATCH_PARTS`] parts and
+//! [`MAX_BATCH_BYTES`] bytes (the rest goes in the next one).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -17,6 +19,11 @@ pub(crate) const MAX_BATCH_PARTS: usize = 64;
 
 /// The most bytes (the sum of its parts) one batch completes; a single larger part goes alone.
 pub(crate) const MAX_BATCH_BYTES: u64 = 64 << 20;
+
+/// How long a layout's sender waits, with no completion of the layout in flight, for more
+/// parts to join a batch that is not full, unless someone waits for the layout or the file
+/// (a recall, an fsync, a read, a stat, a close: [`super::super::cache::GrantCache::hurry`]).
+pub(crate) const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// A layout's queue key: the session generation it was granted under and its grant id.
 pub(crate) type LayoutKey = (u64, GrantId);
@@ -81,6 +88,14 @@ impl Batcher {
         Some(Batch { parts })
     }
 
+    /// Whether `key`'s queue holds a full batch (its sender need not wait for more).
+    pub(crate) fn full(&self, key: LayoutKey) -> bool {
+        self.queues.get(&key).is_some_and(|q| {
+            q.parts.len() >= MAX_BATCH_PARTS
+                || q.parts.iter().map(ByteRange::len).sum::<u64>() >= MAX_BATCH_BYTES
+        })
+    }
+
     /// Parts queued (not yet taken by a sender) for `key`.
     #[cfg(test)]
     pub(crate) fn queued(&self, key: LayoutKey) -> usize {
@@ -107,8 +122,7 @@ impl Batch {
             {
                 let end = last.range.end().max(p.end());
                 // Both ends are valid ranges' ends, so the merged range is valid too.
-                if let Ok(merged) = ByteRange::new(last.range.offset(), end - last.range.offset())
-                {
+                if let Ok(merged) = ByteRange::new(last.range.offset(), end - last.range.offset()) {
                     last.range = merged;
                     last.parts.push(p);
                     continue;
@@ -256,7 +270,10 @@ mod tests {
         }
         while sender {
             match b.next(A) {
-                Some(batch) => batch.runs().into_iter().for_each(|x| answered.extend(x.parts)),
+                Some(batch) => batch
+                    .runs()
+                    .into_iter()
+                    .for_each(|x| answered.extend(x.parts)),
                 None => sender = false,
             }
         }

@@ -83,9 +83,9 @@ impl Inner {
     /// the file wait for its completions first ([`Inner::settle`]); a failed completion is
     /// the error of the file's next write, fsync or close, as a failed writeback is.
     ///
-    /// Batched (see `batch`): while a completion of the layout is in flight, the part
-    /// queues, and the layout's one sender completes every queued part in its next round
-    /// trip (contiguous parts as one range) as soon as the one in flight is answered.
+    /// Batched (see `batch`): the layout's one sender completes every queued part in one
+    /// round trip (contiguous parts as one range), after waiting up to `batch::LINGER` for
+    /// more and for the one in flight to be answered.
     pub(super) fn complete_behind(
         self: &Arc<Self>,
         view: &SessionView,
@@ -95,13 +95,31 @@ impl Inner {
     ) {
         self.begin_pending(ino);
         let key = (view.generation, layout.grant_id);
-        if !self.lock_batches().push(key, part) {
+        let (started, full) = {
+            let mut batches = self.lock_batches();
+            (batches.push(key, part), batches.full(key))
+        };
+        if !started {
+            if full {
+                self.cache.hurry();
+            }
             return; // the layout's sender takes it with its next batch
         }
         let inner = Arc::clone(self);
         let view = view.clone();
         tokio::spawn(async move {
             loop {
+                // A moment for more parts to join, unless the batch is full or someone
+                // waits (a recall, an fsync, this file's read, stat or close).
+                let hurried = inner.cache.hurried();
+                tokio::pin!(hurried);
+                hurried.as_mut().enable();
+                if !inner.lock_batches().full(key) {
+                    tokio::select! {
+                        () = tokio::time::sleep(batch::LINGER) => {}
+                        () = hurried => {}
+                    }
+                }
                 let next = inner.lock_batches().next(key);
                 let Some(batch) = next else {
                     break;
