@@ -171,6 +171,22 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_is_full_at_the_part_or_byte_bound() {
+        let mut b = Batcher::default();
+        assert!(!b.full(A), "no queue");
+        for i in 0..MAX_BATCH_PARTS as u64 - 1 {
+            b.push(A, r(i * 4096, 4096));
+        }
+        assert!(!b.full(A));
+        b.push(A, r(1 << 30, 4096));
+        assert!(b.full(A), "{MAX_BATCH_PARTS} parts");
+        b.push(B, r(0, MAX_BATCH_BYTES - 1));
+        assert!(!b.full(B));
+        b.push(B, r(MAX_BATCH_BYTES, 1));
+        assert!(b.full(B), "{MAX_BATCH_BYTES} bytes");
+    }
+
+    #[test]
     fn runs_merge_contiguous_and_overlapping_parts_and_keep_gaps_apart() {
         let batch = Batch {
             parts: vec![
