@@ -16,7 +16,8 @@
 //!   be reused, is never served from an old entry);
 //! - it lives [`GROUPS_TTL`]: a `setgroups` shows at the latest that much later (and at once
 //!   for every request other than read and write);
-//! - a pid without a pidfd (not a process's main thread, or an old kernel) is not cached.
+//! - FUSE names the calling thread: the pidfd is the thread's (`PIDFD_THREAD`, Linux 6.9);
+//!   on older kernels only a main thread has one, and a pid without a pidfd is not cached.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -96,9 +97,16 @@ impl GroupsCache {
     }
 }
 
+/// A pidfd of the thread `pid` (FUSE names the calling thread), or of the process when the
+/// kernel has no thread pidfds (before Linux 6.9; then only a main thread has one).
 fn pidfd_of(pid: u32) -> Option<OwnedFd> {
-    let pid = rustix::process::Pid::from_raw(i32::try_from(pid).ok()?)?;
-    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+    use rustix::process::{Pid, PidfdFlags, pidfd_open};
+    let pid = Pid::from_raw(i32::try_from(pid).ok()?)?;
+    // PIDFD_THREAD is O_EXCL (linux/pidfd.h); its pidfd polls readable when the thread exits.
+    let thread = PidfdFlags::from_bits_retain(libc::O_EXCL as u32);
+    pidfd_open(pid, thread)
+        .or_else(|_| pidfd_open(pid, PidfdFlags::empty()))
+        .ok()
 }
 
 /// Whether the process of `pidfd` has not exited (a pidfd polls readable once it has).
@@ -153,6 +161,44 @@ mod tests {
             "past the TTL: read afresh"
         );
         assert_eq!(reads.get(), 3);
+    }
+
+    #[test]
+    fn a_threads_groups_are_cached_by_its_thread_id() {
+        // What FUSE hands over for a multi-threaded caller: the calling thread's id.
+        let tid: u32 = std::thread::spawn(|| {
+            let link = std::fs::read_link("/proc/thread-self").unwrap();
+            link.file_name().unwrap().to_str().unwrap().parse().unwrap()
+        })
+        .join()
+        .unwrap();
+        // That thread is gone: never cached.
+        let c = GroupsCache::default();
+        let t0 = Instant::now();
+        assert_eq!(c.groups(tid, 0, 0, t0, || vec![1]), vec![1]);
+        assert_eq!(c.groups(tid, 0, 0, t0, || vec![2]), vec![2]);
+        // A living thread that is not the main one: cached where the kernel has thread
+        // pidfds (Linux 6.9 and later).
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let link = std::fs::read_link("/proc/thread-self").unwrap();
+            let tid: u32 = link.file_name().unwrap().to_str().unwrap().parse().unwrap();
+            tx.send(tid).unwrap();
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        assert_eq!(c.groups(tid, 0, 0, t0, || vec![3]), vec![3]);
+        let thread_pidfds = pidfd_of(tid).is_some();
+        let again = c.groups(tid, 0, 0, t0, || vec![4]);
+        assert_eq!(again, if thread_pidfds { vec![3] } else { vec![4] });
+        done_tx.send(()).unwrap();
+        t.join().unwrap();
+        assert_eq!(
+            c.groups(tid, 0, 0, t0, || vec![5]),
+            vec![5],
+            "the thread exited: its entry is not used"
+        );
     }
 
     #[test]
