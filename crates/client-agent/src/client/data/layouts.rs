@@ -159,6 +159,28 @@ impl Inner {
                     run.parts.iter().map(ByteRange::len).sum(),
                 );
             }
+            let error = match r {
+                Ok(_) => None,
+                // The session was lost with the completion in flight: its data is on the
+                // LUNs, and whether the server applied it is unknown. Kept as a record (one
+                // for the run: every part of it): a restarted server gets it replayed, a
+                // living one (fenced or evicted session) makes it a lost write (EIO at the
+                // file's next write, fsync or close). Recorded before the layout's uses end:
+                // a fence waits for them, and the new session's replay must find it.
+                Err(e) if crate::client::is_stale(&e) => {
+                    if let Some(record) = self.write_record(
+                        view,
+                        layout,
+                        run.range.offset(),
+                        run.range.len(),
+                        UNANSWERED,
+                    ) {
+                        self.lock_unsynced().record(ino, record);
+                    }
+                    None
+                }
+                Err(e) => Some(refused_write(e)),
+            };
             let mut evicted = Vec::new();
             let mut return_it = false;
             for _ in &run.parts {
@@ -184,27 +206,6 @@ impl Inner {
                     });
                 }
             }
-            let error = match r {
-                Ok(_) => None,
-                // The session was lost with the completion in flight: its data is on the
-                // LUNs, and whether the server applied it is unknown. Kept as a record (one
-                // for the run: every part of it): a restarted server gets it replayed, a
-                // living one (fenced or evicted session) makes it a lost write (EIO at the
-                // file's next write, fsync or close).
-                Err(e) if crate::client::is_stale(&e) => {
-                    if let Some(record) = self.write_record(
-                        view,
-                        layout,
-                        run.range.offset(),
-                        run.range.len(),
-                        UNANSWERED,
-                    ) {
-                        self.lock_unsynced().record(ino, record);
-                    }
-                    None
-                }
-                Err(e) => Some(refused_write(e)),
-            };
             for _ in &run.parts {
                 self.end_pending(ino, error.clone());
             }
