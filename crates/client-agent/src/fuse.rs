@@ -18,7 +18,9 @@
 //! re-opened once with the same flags (without `O_TRUNC`) and the call retried.
 //!
 //! **Credentials** are the request's uid and gid plus the caller's supplementary groups from
-//! `/proc/PID/status`; the server checks permissions (no `default_permissions`).
+//! `/proc/PID/status`; the server checks permissions (no `default_permissions`). Reads and
+//! writes, authorized by their open handle, use a caller's groups read up to a second before
+//! (`groups`: never another process's).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -131,7 +133,11 @@ const PREFERRED_IO_SIZE: u32 = 1 << 20;
 pub struct SanFs {
     state: Arc<State>,
     runtime: tokio::runtime::Handle,
+    /// Callers' groups for reads and writes (see `groups`).
+    groups: groups::GroupsCache,
 }
+
+mod groups;
 
 fn errno(e: &FsError) -> Errno {
     let n = e.errno();
@@ -231,25 +237,29 @@ fn sync_of(flags: i32) -> Option<bool> {
 /// `/proc/PID/status` when the process is still there.
 fn credentials(req: &Request) -> Credentials {
     let _span = Span::cpu(Stage::FuseCredentials);
-    let groups = if req.pid() == 0 {
-        Vec::new()
-    } else {
-        std::fs::read_to_string(format!("/proc/{}/status", req.pid()))
-            .ok()
-            .and_then(|s| {
-                s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
-                    g.split_whitespace()
-                        .filter_map(|n| n.parse().ok())
-                        .collect()
-                })
-            })
-            .unwrap_or_default()
-    };
     Credentials {
         uid: req.uid(),
         gid: req.gid(),
-        groups,
+        groups: read_groups(req.pid()),
     }
+}
+
+/// The supplementary groups of process `pid` from `/proc/PID/status` (none for pid 0, the
+/// kernel, or a process that is gone).
+fn read_groups(pid: u32) -> Vec<u32> {
+    if pid == 0 {
+        return Vec::new();
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
+                g.split_whitespace()
+                    .filter_map(|n| n.parse().ok())
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
 }
 
 fn name_bytes(name: &OsStr) -> Vec<u8> {
@@ -271,7 +281,24 @@ impl SanFs {
                 write_bufs: BufferPool::new(MAX_IO_BYTES as usize, WRITE_BUFFERS),
             }),
             runtime,
+            groups: groups::GroupsCache::default(),
         }
+    }
+
+    /// [`credentials`] for a read or write on an open handle: the caller's groups as read
+    /// up to [`groups::GROUPS_TTL`] before for the same process (see `groups`).
+    fn data_credentials(&self, req: &Request) -> Credentials {
+        let _span = Span::cpu(Stage::FuseCredentials);
+        let (pid, uid, gid) = (req.pid(), req.uid(), req.gid());
+        let groups = if pid == 0 {
+            Vec::new()
+        } else {
+            self.groups
+                .groups(pid, uid, gid, std::time::Instant::now(), || {
+                    read_groups(pid)
+                })
+        };
+        Credentials { uid, gid, groups }
     }
 
     /// Runs `f` on the runtime as a task of its own; the time until it has answered goes to
@@ -936,7 +963,7 @@ impl fuser::Filesystem for SanFs {
             }
         }
         let started = std::time::Instant::now();
-        let cred = credentials(req);
+        let cred = self.data_credentials(req);
         self.spawn("read", move |st| async move {
             let mut span = Span::wall_since(Stage::FuseRead, started);
             let r = async {
@@ -989,7 +1016,7 @@ impl fuser::Filesystem for SanFs {
         reply: ReplyWrite,
     ) {
         let started = std::time::Instant::now();
-        let cred = credentials(req);
+        let cred = self.data_credentials(req);
         // A small buffered write under the file's held write delegation needs no task:
         // held back here, on FUSE's thread (client::writeback).
         if let Ok(file) = self.state.file(fh)

@@ -49,6 +49,9 @@ struct Table {
 pub(crate) struct GrantCache {
     table: Mutex<Table>,
     idle: Notify,
+    /// Someone waits for grants to be idle (or for a file's completions): the senders of
+    /// batched write completions stop lingering ([`GrantCache::hurried`]).
+    hurry: Notify,
     max_grants: usize,
 }
 
@@ -68,6 +71,7 @@ impl GrantCache {
         GrantCache {
             table: Mutex::new(Table::default()),
             idle: Notify::new(),
+            hurry: Notify::new(),
             max_grants: max_grants.max(1),
         }
     }
@@ -265,8 +269,19 @@ impl GrantCache {
         ids
     }
 
+    /// Tells the senders of batched write completions that someone waits for them.
+    pub(crate) fn hurry(&self) {
+        self.hurry.notify_waiters();
+    }
+
+    /// Resolves at the next [`GrantCache::hurry`] (or [`GrantCache::wait_idle`]).
+    pub(crate) fn hurried(&self) -> tokio::sync::futures::Notified<'_> {
+        self.hurry.notified()
+    }
+
     /// Waits until none of `ids` has I/O in flight (they have left the table).
     pub(crate) async fn wait_idle(&self, ids: &[GrantId]) {
+        self.hurry();
         loop {
             let notified = self.idle.notified();
             tokio::pin!(notified);

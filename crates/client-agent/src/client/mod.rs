@@ -252,6 +252,8 @@ pub struct ClientStats {
     pub cached_reads: u64,
     /// Writes done inside a cached write layout (no MapWrite).
     pub layout_writes: u64,
+    /// `Complete` calls sent (a batch of write-behind completions is one).
+    pub completions: u64,
     /// Proxied Read / Write calls.
     pub proxied_reads: u64,
     pub proxied_writes: u64,
@@ -289,6 +291,7 @@ struct Counters {
     map_writes: AtomicU64,
     cached_reads: AtomicU64,
     layout_writes: AtomicU64,
+    completions: AtomicU64,
     proxied_reads: AtomicU64,
     proxied_writes: AtomicU64,
     sessions: AtomicU64,
@@ -390,6 +393,8 @@ pub(crate) struct Inner {
     behind: Mutex<HashMap<InodeId, Behind>>,
     /// Wakes those waiting for a file's completions in flight.
     behind_idle: Notify,
+    /// Write-behind completions queued per write layout, one round trip per batch.
+    completion_batches: Mutex<data::batch::Batcher>,
     /// Whether calls are waiting for the server (see `rpc`).
     outage: rpc::Outage,
     /// Reply-cache ids of non-idempotent calls (see `rpc`).
@@ -681,6 +686,7 @@ impl Client {
             write_ends: Mutex::new(HashMap::new()),
             behind: Mutex::new(HashMap::new()),
             behind_idle: Notify::new(),
+            completion_batches: Mutex::new(data::batch::Batcher::default()),
             outage: rpc::Outage::default(),
             requests: rpc::RequestIds::new(),
             unsynced: Mutex::new(unsynced::Unsynced::default()),
@@ -782,6 +788,7 @@ impl Client {
             map_writes: get(&c.map_writes),
             cached_reads: get(&c.cached_reads),
             layout_writes: get(&c.layout_writes),
+            completions: get(&c.completions),
             proxied_reads: get(&c.proxied_reads),
             proxied_writes: get(&c.proxied_writes),
             sessions: get(&c.sessions),
@@ -907,6 +914,8 @@ impl Inner {
     /// Waits until no write completion of `ino` is in flight: what this agent reads, stats,
     /// truncates or syncs next sees its own writes completed.
     pub(crate) async fn settle(&self, ino: InodeId) {
+        // Batched completions waiting for company go now.
+        self.cache.hurry();
         loop {
             let idle = self.behind_idle.notified();
             tokio::pin!(idle);

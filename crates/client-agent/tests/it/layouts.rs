@@ -153,6 +153,98 @@ async fn a_layout_goes_back_with_the_last_handle_and_its_blocks_past_eof_are_fre
     srv.stop().await;
 }
 
+/// Issue 20: write-behind completions of one layout are batched. While a completion of the
+/// layout is held (the `pause_completions` hook: one in flight), the writes after it queue,
+/// and once it is answered one `Complete` completes all of them (contiguous: one range).
+/// (The first batch may take more than the first write: its sender waits a moment for more.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_queued_behind_one_in_flight_go_in_one_round_trip() {
+    let srv = cluster::start(10_000).await;
+    let a = srv.client("a").await;
+    let b = srv.client("b").await;
+    let (ino, ha) = create(&a, "batched").await;
+    let mut rng = Rng::new(20);
+    let mut model = Model::default();
+    let before = a.stats();
+    a.pause_completions(true);
+    for i in 0..16u64 {
+        let data = rng.bytes(64 * KIB as usize);
+        a.write_at(&root(), &ha, ino, i * 64 * KIB, &data)
+            .await
+            .expect("a write inside a layout returns before its completion");
+        model.write(i * 64 * KIB, &data);
+    }
+    let s = a.stats();
+    assert_eq!(s.map_writes - before.map_writes, 1, "one layout: {s:?}");
+    assert_eq!(s.completions, before.completions, "all held: {s:?}");
+    a.pause_completions(false);
+    a.fsync(&root(), &ha, ino, false).await.unwrap();
+    let s = a.stats();
+    assert!(
+        (1..=2).contains(&(s.completions - before.completions)),
+        "the first batch (the first write and those that joined it), then one for all \
+         queued behind it: {s:?}"
+    );
+    // Every byte and the size, on another node.
+    let hb = open(&b, ino).await;
+    assert_eq!(b.getattr(&root(), ino).await.unwrap().size, MIB);
+    let got = b.read_at(&root(), &hb, ino, 0, 2 * MIB).await.unwrap();
+    assert_bytes(&got, &model.0, "B reads the batched writes");
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    srv.stop().await;
+}
+
+/// Issue 20: a batch of write-behind completions lost with its session (the server
+/// restarted while they were held) becomes records, every part of it, which the agent
+/// replays to the restarted server: fsync succeeds and every byte is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_lost_in_a_server_restart_is_replayed_whole() {
+    let mut srv = cluster::start(2_000).await;
+    let a = srv.client("a").await;
+    let (ino, ha) = create(&a, "batch-replay").await;
+    a.fsync(&root(), &ha, ino, false).await.unwrap();
+    a.release(&ha).await.unwrap();
+    let rw = sanfs_proto::model::OpenFlags {
+        read: true,
+        write: true,
+        append: false,
+        truncate: false,
+    };
+    let f = a.open_file(&root(), ino, rw).await.unwrap();
+    let mut rng = Rng::new(25);
+    let mut model = Model::default();
+    let before = a.stats();
+    a.pause_completions(true);
+    for i in 0..8u64 {
+        let data = rng.bytes(64 * KIB as usize);
+        f.write_at(&a, &root(), i * 64 * KIB, &data).await.unwrap();
+        model.write(i * 64 * KIB, &data);
+    }
+    let (old, _) = a.session();
+    srv.restart().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The held completions meet the restarted server: refused as stale, kept as records.
+    a.pause_completions(false);
+    a.wait_for_new_session(old, Duration::from_secs(15))
+        .await
+        .unwrap();
+    let s = a.stats();
+    assert!(
+        (1..=2).contains(&(s.completions - before.completions)),
+        "the first batch and one for all queued behind it: {s:?}"
+    );
+    f.fsync(&a, &root(), false)
+        .await
+        .expect("the replayed writes are durable: fsync succeeds");
+    assert_eq!(a.getattr(&root(), ino).await.unwrap().size, 512 * KIB);
+    let got = f.read_at(&a, &root(), 0, MIB).await.unwrap();
+    assert_bytes(&got, &model.0, "every part of the lost batch was replayed");
+    f.release(&a).await.unwrap();
+    a.close().await.unwrap();
+    srv.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seeded_interleaving_of_sequential_writers_and_readers_matches_a_model() {
     let seed = std::env::var("SANFS_LAYOUT_SEED")

@@ -236,6 +236,7 @@ impl Inner {
             keep_at,
         };
         let req = pb::CompleteRequest::from(req);
+        bump(&self.counters.completions);
         let span = crate::stages::Span::wall(crate::stages::Stage::Complete);
         let reply: CompleteReply = self
             .call("Complete reply", Pin::Session(view.session), |_| {

@@ -82,6 +82,10 @@ impl Inner {
     /// nodes see every written byte. This agent's own reads, stats, truncates and fsyncs of
     /// the file wait for its completions first ([`Inner::settle`]); a failed completion is
     /// the error of the file's next write, fsync or close, as a failed writeback is.
+    ///
+    /// Batched (see `batch`): the layout's one sender completes every queued part in one
+    /// round trip (contiguous parts as one range), after waiting up to `batch::LINGER` for
+    /// more and for the one in flight to be answered.
     pub(super) fn complete_behind(
         self: &Arc<Self>,
         view: &SessionView,
@@ -90,38 +94,128 @@ impl Inner {
         part: ByteRange,
     ) {
         self.begin_pending(ino);
+        let key = (view.generation, layout.grant_id);
+        let (started, full) = {
+            let mut batches = self.lock_batches();
+            (batches.push(key, part), batches.full(key))
+        };
+        if !started {
+            if full {
+                self.cache.hurry();
+            }
+            return; // the layout's sender takes it with its next batch
+        }
         let inner = Arc::clone(self);
         let view = view.clone();
         tokio::spawn(async move {
-            let r = inner
-                .complete_at(
-                    &view,
-                    &layout,
-                    IoOutcome::Ok,
-                    part.len(),
-                    Some(part.offset()),
-                )
-                .await;
-            if r.is_ok() {
-                add(&inner.counters.direct_write_bytes, part.len());
-            }
-            inner.end_layout_use(&view, &layout, r.is_ok()).await;
-            match r {
-                // The session was lost with the completion in flight: its data is on the
-                // LUNs, and whether the server applied it is unknown. Kept as a record: a
-                // restarted server gets it replayed, a living one (fenced or evicted session)
-                // makes it a lost write (EIO at the file's next write, fsync or close).
-                Err(e) if crate::client::is_stale(&e) => {
-                    if let Some(record) =
-                        inner.write_record(&view, &layout, part.offset(), part.len(), UNANSWERED)
-                    {
-                        inner.lock_unsynced().record(ino, record);
+            loop {
+                // A moment for more parts to join, unless the batch is full or someone
+                // waits (a recall, an fsync, this file's read, stat or close).
+                let hurried = inner.cache.hurried();
+                tokio::pin!(hurried);
+                hurried.as_mut().enable();
+                if !inner.lock_batches().full(key) {
+                    tokio::select! {
+                        () = tokio::time::sleep(batch::LINGER) => {}
+                        () = hurried => {}
                     }
-                    inner.end_pending(ino, None);
                 }
-                r => inner.end_pending(ino, r.err().map(refused_write)),
+                let next = inner.lock_batches().next(key);
+                let Some(batch) = next else {
+                    break;
+                };
+                inner.complete_batch(&view, &layout, ino, batch).await;
             }
         });
+    }
+
+    /// Completes one batch of a layout's parts, one `Complete{keep}` per run of contiguous
+    /// parts, and answers every part: its use of the layout ends (the layout is given back
+    /// after a failure), and its completion is no longer pending (with the run's error, if
+    /// any). Never waits for the layout to be idle: later parts still queued hold it in use
+    /// until this sender completes them.
+    async fn complete_batch(
+        self: &Arc<Self>,
+        view: &SessionView,
+        layout: &Arc<Grant>,
+        ino: InodeId,
+        batch: batch::Batch,
+    ) {
+        let mut given_back = false;
+        for run in batch.runs() {
+            let r = self
+                .complete_at(
+                    view,
+                    layout,
+                    IoOutcome::Ok,
+                    run.range.len(),
+                    Some(run.range.offset()),
+                )
+                .await;
+            let ok = r.is_ok();
+            if ok {
+                add(
+                    &self.counters.direct_write_bytes,
+                    run.parts.iter().map(ByteRange::len).sum(),
+                );
+            }
+            let error = match r {
+                Ok(_) => None,
+                // The session was lost with the completion in flight: its data is on the
+                // LUNs, and whether the server applied it is unknown. Kept as a record (one
+                // for the run: every part of it): a restarted server gets it replayed, a
+                // living one (fenced or evicted session) makes it a lost write (EIO at the
+                // file's next write, fsync or close). Recorded before the layout's uses end:
+                // a fence waits for them, and the new session's replay must find it.
+                Err(e) if crate::client::is_stale(&e) => {
+                    if let Some(record) = self.write_record(
+                        view,
+                        layout,
+                        run.range.offset(),
+                        run.range.len(),
+                        UNANSWERED,
+                    ) {
+                        self.lock_unsynced().record(ino, record);
+                    }
+                    None
+                }
+                Err(e) => Some(refused_write(e)),
+            };
+            let mut evicted = Vec::new();
+            let mut return_it = false;
+            for _ in &run.parts {
+                let (after, ev) = self.cache.release(layout.grant_id, ok);
+                evicted.extend(ev);
+                return_it |= after == AfterIo::Return;
+            }
+            self.return_in_background(view, evicted);
+            if return_it {
+                self.return_in_background(view, vec![layout.grant_id]);
+            } else if !ok && !given_back {
+                // Not handed out again from now on; returned once its last user is done.
+                given_back = true;
+                let own = self
+                    .cache
+                    .take_overlapping(ino, layout.range, Some(LockMode::Exclusive));
+                if !own.is_empty() {
+                    let inner = Arc::clone(self);
+                    let view = view.clone();
+                    tokio::spawn(async move {
+                        inner.cache.wait_idle(&own).await;
+                        inner.return_grants(&view, own).await;
+                    });
+                }
+            }
+            for _ in &run.parts {
+                self.end_pending(ino, error.clone());
+            }
+        }
+    }
+
+    fn lock_batches(&self) -> std::sync::MutexGuard<'_, batch::Batcher> {
+        self.completion_batches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// The end of one write's use of a cached write layout: kept after a success, given back

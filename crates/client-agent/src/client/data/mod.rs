@@ -21,6 +21,7 @@
 //! writer first gives back its own cached grants overlapping the range it writes (truncates,
 //! fallocates), so that its write grant never waits for a recall of its own layouts.
 
+pub(super) mod batch;
 mod direct;
 mod grants;
 mod layouts;
