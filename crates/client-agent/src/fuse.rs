@@ -618,11 +618,21 @@ async fn do_readdirplus(
             let Some(a) = &e.attr else {
                 return Err((reply, FsError::Io("ReadDir plus without attributes".into())));
             };
+            // Under the leases the listing gave (name and attributes as cached, unchanged
+            // since), the kernel keeps them as a lookup's.
+            let leased = if st.client.leases().kernel_names() {
+                match st.client.cached_lookup(ino, e.name.as_bytes()) {
+                    Some(Ok((cached, Some(t)))) if cached == *a => Some(t),
+                    _ => None,
+                }
+            } else {
+                None
+            };
             if reply.add(
                 st.fuse_ino(e.inode),
                 e.cookie,
                 OsStr::from_bytes(e.name.as_bytes()),
-                &ttl,
+                &leased.unwrap_or(ttl),
                 &st.attr(a),
                 Generation(a.generation),
             ) {
