@@ -787,11 +787,9 @@ impl fuser::Filesystem for SanFs {
                 }
                 Some(kind) => {
                     let perm = mode & !umask & 0o7777;
-                    let r = st
-                        .client
+                    st.client
                         .mknod(&cred, st.ino(parent), &name, kind, perm, rdev.into())
-                        .await;
-                    r
+                        .await
                 }
             };
             st.reply_entry(reply, r);

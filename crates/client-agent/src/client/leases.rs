@@ -141,7 +141,7 @@ impl State {
         until: Instant,
         now: Instant,
     ) {
-        if !self.dirs.get(&parent).is_some_and(|d| d.until > now) {
+        if self.dirs.get(&parent).is_none_or(|d| d.until <= now) {
             // A new hold: none before, or one that ran out (what it kept may be stale now:
             // no recall reached this agent after its end).
             self.seq += 1;
