@@ -452,6 +452,14 @@ impl Server {
         change
     }
 
+    /// Before a data call of `caller` that moves the size or mtime of `ino` (a write grant or
+    /// layout, a proxied write, fallocate, a write delegation): every other session's
+    /// attribute lease on it goes ([`Server::recall_leases`]).
+    pub(crate) async fn recall_attr_leases(&self, ino: u64, caller: u64) -> LeaseChange<'_> {
+        self.recall_leases(&[(ino, Covered::Attr)], Some(caller))
+            .await
+    }
+
     /// Gives `session` (checked: it must be live and the caller's) leases on `what` when it
     /// can hear their recall: answers the term in milliseconds, 0 when any was refused.
     pub(crate) fn grant_leases(

@@ -388,10 +388,7 @@ impl Data for DataService {
             // while it lives: its writes change the size until completed).
             let _leases = self
                 .server
-                .recall_leases(
-                    &[(req.inode.0, crate::leases::Covered::Attr)],
-                    Some(req.handle.session.0),
-                )
+                .recall_attr_leases(req.inode.0, req.handle.session.0)
                 .await;
             let (id, mapped) = self
                 .server
@@ -535,10 +532,7 @@ impl Data for DataService {
             let len = req.data.len() as u64;
             let _leases = self
                 .server
-                .recall_leases(
-                    &[(req.inode.0, crate::leases::Covered::Attr)],
-                    Some(req.handle.session.0),
-                )
+                .recall_attr_leases(req.inode.0, req.handle.session.0)
                 .await;
             let pos = match req.position {
                 WritePosition::At(off) => Position::At(off),
@@ -618,10 +612,7 @@ impl Data for DataService {
                 .check_handle(&who, &req.handle, req.inode, true)?;
             let _leases = self
                 .server
-                .recall_leases(
-                    &[(req.inode.0, crate::leases::Covered::Attr)],
-                    Some(req.handle.session.0),
-                )
+                .recall_attr_leases(req.inode.0, req.handle.session.0)
                 .await;
             let keep_size = match req.mode {
                 FallocateMode::Allocate => false,
@@ -734,14 +725,7 @@ impl Data for DataService {
             // Other sessions' attribute leases go first (a write delegation's holder answers
             // for the size; none is given while it lives).
             let _leases = if req.write {
-                Some(
-                    self.server
-                        .recall_leases(
-                            &[(req.inode.0, crate::leases::Covered::Attr)],
-                            Some(session),
-                        )
-                        .await,
-                )
+                Some(self.server.recall_attr_leases(req.inode.0, session).await)
             } else {
                 None
             };
