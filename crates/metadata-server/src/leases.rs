@@ -7,7 +7,7 @@
 //! time on the agent's side, and are kept here in a table of holders.
 //!
 //! **Recall.** Before a change to what a lease covers (the handlers call
-//! [`Server::recall_leases`] before their write job), the server sends a `LeaseRecall` to every
+//! `Server::recall_leases` (service/leases.rs) before their write job), the server sends a `LeaseRecall` to every
 //! holder on its session stream, takes the holders out of the table, and waits until each has
 //! acknowledged (its agent dropped the cached attributes or names, the kernel's included) or
 //! until that lease's term has run out. The change is marked as in progress while it runs
@@ -32,11 +32,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sanfs_proto::model::{LeaseRecall, ServerEvent};
+use sanfs_proto::model::LeaseRecall;
 use sanfs_proto::types::InodeId;
 use tokio::time::Instant;
-
-use crate::service::Server;
 
 /// Inodes one session may hold leases on at once.
 pub const MAX_LEASES_PER_SESSION: usize = 65_536;
@@ -112,7 +110,7 @@ pub struct Leases {
     pub stats: LeaseStats,
 }
 
-/// A change in progress on some inodes ([`Server::recall_leases`]): while it lives, no lease
+/// A change in progress on some inodes (`Server::recall_leases` (service/leases.rs)): while it lives, no lease
 /// is given there. Dropped after the change's write job.
 #[must_use = "the change is over when this is dropped"]
 #[derive(Debug)]
@@ -241,7 +239,7 @@ impl Leases {
     /// Begins a change to `changes`: marks them changing, takes the leases of every session
     /// but `except` there out of the table, and answers the recalls to send (session, recall,
     /// until when the lease would have lasted).
-    fn begin(
+    pub(crate) fn begin(
         &self,
         changes: &[(u64, Covered)],
         except: Option<u64>,
@@ -343,7 +341,7 @@ impl Leases {
 
     /// Waits until each of `waits` (recall id, the lease's end) is acknowledged or its
     /// lease has run out.
-    async fn wait(&self, mut waits: Vec<(u64, Instant)>) {
+    pub(crate) async fn wait(&self, mut waits: Vec<(u64, Instant)>) {
         loop {
             let acked = self.acked.notified();
             tokio::pin!(acked);
@@ -409,81 +407,6 @@ fn prune(t: &mut Table, now: Instant) {
         !holders.is_empty()
     });
     by_session.retain(|_, s| !s.is_empty());
-}
-
-impl Server {
-    /// Before a change to `changes` (attributes of an inode, names of a directory) made on
-    /// behalf of `except` (a session whose own leases stay; `None`: every holder's go):
-    /// recalls the leases of every other holder and waits for their acknowledgement or the
-    /// end of their term. The answer marks the change in progress: keep it until the change's
-    /// write job is done.
-    pub(crate) async fn recall_leases(
-        &self,
-        changes: &[(u64, Covered)],
-        except: Option<u64>,
-    ) -> LeaseChange<'_> {
-        let (change, recalls) = self.leases.begin(changes, except);
-        if recalls.is_empty() {
-            return change;
-        }
-        let mut waits = Vec::with_capacity(recalls.len());
-        for (session, recall, until) in recalls {
-            let tx = self
-                .sessions()
-                .by_id
-                .get(&session)
-                .and_then(|s| s.stream.as_ref().map(|(_, tx, _)| tx.clone()));
-            // A holder without a stream cannot hear it: its lease runs out.
-            if let Some(tx) = tx {
-                self.leases.stats.recalls.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(
-                    session,
-                    inode = recall.inode.0,
-                    id = recall.id,
-                    attr = recall.attr,
-                    entries = recall.entries,
-                    "lease recall"
-                );
-                let _ = tx.send(Ok(ServerEvent::LeaseRecall(recall).into())).await;
-            }
-            waits.push((recall.id, until));
-        }
-        self.leases.wait(waits).await;
-        change
-    }
-
-    /// Before a data call of `caller` that moves the size or mtime of `ino` (a write grant or
-    /// layout, a proxied write, fallocate, a write delegation): every other session's
-    /// attribute lease on it goes ([`Server::recall_leases`]).
-    pub(crate) async fn recall_attr_leases(&self, ino: u64, caller: u64) -> LeaseChange<'_> {
-        self.recall_leases(&[(ino, Covered::Attr)], Some(caller))
-            .await
-    }
-
-    /// Gives `session` (checked: it must be live and the caller's) leases on `what` when it
-    /// can hear their recall: answers the term in milliseconds, 0 when any was refused.
-    pub(crate) fn grant_leases(
-        &self,
-        session: Option<u64>,
-        what: &[(u64, Covered)],
-        since: u64,
-    ) -> u64 {
-        let Some(session) = session.filter(|s| self.has_stream(*s)) else {
-            return 0;
-        };
-        let mut all = true;
-        let written = self.grants.written_by_others(session);
-        for &(ino, covered) in what {
-            // Sizes: no attribute lease while another session writes the file under a grant.
-            if covered == Covered::Attr && written.contains(&ino) {
-                self.leases.stats.refused.fetch_add(1, Ordering::Relaxed);
-                all = false;
-                continue;
-            }
-            all &= self.leases.grant(session, ino, covered, since);
-        }
-        if all { self.leases.term_ms() } else { 0 }
-    }
 }
 
 #[cfg(test)]

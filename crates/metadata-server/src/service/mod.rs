@@ -23,6 +23,7 @@
 pub mod admin;
 pub mod data;
 pub mod identity;
+mod leases;
 pub mod locks;
 pub mod namespace;
 pub mod session;

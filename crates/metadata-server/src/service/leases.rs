@@ -1,0 +1,84 @@
+//! The Server's side of attribute and entry leases (the table is crate::leases): recalls
+//! before changes, grants with replies.
+
+use std::sync::atomic::Ordering;
+
+use sanfs_proto::model::ServerEvent;
+
+use super::Server;
+use crate::leases::{Covered, LeaseChange};
+
+impl Server {
+    /// Before a change to `changes` (attributes of an inode, names of a directory) made on
+    /// behalf of `except` (a session whose own leases stay; `None`: every holder's go):
+    /// recalls the leases of every other holder and waits for their acknowledgement or the
+    /// end of their term. The answer marks the change in progress: keep it until the change's
+    /// write job is done.
+    pub(crate) async fn recall_leases(
+        &self,
+        changes: &[(u64, Covered)],
+        except: Option<u64>,
+    ) -> LeaseChange<'_> {
+        let (change, recalls) = self.leases.begin(changes, except);
+        if recalls.is_empty() {
+            return change;
+        }
+        let mut waits = Vec::with_capacity(recalls.len());
+        for (session, recall, until) in recalls {
+            let tx = self
+                .sessions()
+                .by_id
+                .get(&session)
+                .and_then(|s| s.stream.as_ref().map(|(_, tx, _)| tx.clone()));
+            // A holder without a stream cannot hear it: its lease runs out.
+            if let Some(tx) = tx {
+                self.leases.stats.recalls.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    session,
+                    inode = recall.inode.0,
+                    id = recall.id,
+                    attr = recall.attr,
+                    entries = recall.entries,
+                    "lease recall"
+                );
+                let _ = tx.send(Ok(ServerEvent::LeaseRecall(recall).into())).await;
+            }
+            waits.push((recall.id, until));
+        }
+        self.leases.wait(waits).await;
+        change
+    }
+
+    /// Before a data call of `caller` that moves the size or mtime of `ino` (a write grant or
+    /// layout, a proxied write, fallocate, a write delegation): every other session's
+    /// attribute lease on it goes ([`Server::recall_leases`]).
+    pub(crate) async fn recall_attr_leases(&self, ino: u64, caller: u64) -> LeaseChange<'_> {
+        self.recall_leases(&[(ino, Covered::Attr)], Some(caller))
+            .await
+    }
+
+    /// Gives `session` (checked: it must be live and the caller's) leases on `what` when it
+    /// can hear their recall: answers the term in milliseconds, 0 when any was refused.
+    pub(crate) fn grant_leases(
+        &self,
+        session: Option<u64>,
+        what: &[(u64, Covered)],
+        since: u64,
+    ) -> u64 {
+        let Some(session) = session.filter(|s| self.has_stream(*s)) else {
+            return 0;
+        };
+        let mut all = true;
+        let written = self.grants.written_by_others(session);
+        for &(ino, covered) in what {
+            // Sizes: no attribute lease while another session writes the file under a grant.
+            if covered == Covered::Attr && written.contains(&ino) {
+                self.leases.stats.refused.fetch_add(1, Ordering::Relaxed);
+                all = false;
+                continue;
+            }
+            all &= self.leases.grant(session, ino, covered, since);
+        }
+        if all { self.leases.term_ms() } else { 0 }
+    }
+}
