@@ -246,6 +246,12 @@ impl Inner {
             })
             .await?;
         drop(span);
+        // A write's completion moved the size and mtime (also for a write held back earlier
+        // and written back now): what the lease cache holds of them goes (the server recalls
+        // only the other nodes' leases).
+        if grant.mode == LockMode::Exclusive {
+            self.leases.forget(&[grant.inode], &[]);
+        }
         self.note_completion(view, grant, bytes_done, keep_at, &reply);
         Ok(reply.attr)
     }
