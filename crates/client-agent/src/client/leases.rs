@@ -709,6 +709,16 @@ impl Client {
         parent: InodeId,
         entry: &[u8],
     ) -> Option<Result<WithTtl<Attr>, FsError>> {
+        // A name the server would refuse (too long, `/`, NUL, `.`, `..`) is never answered
+        // here (a directory known complete would say "absent"): the server's error stands.
+        if entry.is_empty()
+            || entry.len() > sanfs_proto::types::NAME_MAX
+            || entry.iter().any(|&b| b == b'/' || b == 0)
+            || entry == b"."
+            || entry == b".."
+        {
+            return None;
+        }
         Some(match self.inner.leases.entry(parent, entry)? {
             Some((attr, ttl)) => Ok((attr, Some(ttl))),
             None => Err(FsError::NotFound),
