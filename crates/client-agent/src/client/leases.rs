@@ -720,6 +720,9 @@ impl Client {
             return None;
         }
         Some(match self.inner.leases.entry(parent, entry)? {
+            // This node's own writes of the file complete behind them: the server's size
+            // and mtime wait for them (see `lookup_leased`).
+            Some((attr, _)) if self.inner.completing(attr.ino) => return None,
             Some((attr, ttl)) => Ok((attr, Some(ttl))),
             None => Err(FsError::NotFound),
         })
@@ -728,6 +731,11 @@ impl Client {
     /// Attributes answered from the cache while their lease holds (`None`: ask the server
     /// with [`Client::getattr_leased`]). Never blocks: fit for a FUSE thread.
     pub fn cached_attr(&self, ino: InodeId) -> Option<WithTtl<Attr>> {
+        // The lease was taken before this node's own writes whose completions are still on
+        // their way: their size and mtime are not in it (the completion forgets it).
+        if self.inner.completing(ino) {
+            return None;
+        }
         self.inner
             .leases
             .attr(ino)
@@ -762,6 +770,21 @@ impl Client {
             .await;
         let deadline = self.lease_deadline();
         match r {
+            Ok(l) if self.inner.completing(l.value.ino) => {
+                // This node's own writes of the file complete behind them: the size and
+                // mtime answered may not show them. Asked again once they are completed.
+                let (attr, ttl) = self.getattr_leased(cred, l.value.ino).await?;
+                let named = cache.put_entry(
+                    parent,
+                    entry,
+                    Some(l.value.ino),
+                    l.lease_ms,
+                    sent,
+                    deadline,
+                    mark,
+                );
+                Ok((attr, ttl.filter(|_| named)))
+            }
             Ok(l) => {
                 // The TTL the kernel gets covers the name too: both must be kept.
                 let ttl = cache
@@ -827,7 +850,7 @@ impl Client {
     ) -> Result<ReadDirReply, FsError> {
         let cache = &self.inner.leases;
         let (mark, sent) = (cache.mark(), Instant::now());
-        let l: Leased<ReadDirReply> = self
+        let mut l: Leased<ReadDirReply> = self
             .inner
             .call("ReadDir reply", Pin::Any, |view| {
                 let req = pb::ReadDirRequest::from(LeasedReadDir {
@@ -844,6 +867,15 @@ impl Client {
                 async move { ns.read_dir(req).await }
             })
             .await?;
+        for e in &mut l.value.entries {
+            if let Some(a) = e.attr.as_mut()
+                && self.inner.completing(e.inode)
+            {
+                // This node's own writes of the file complete behind them (see
+                // `lookup_leased`): its attributes are asked again once they are.
+                *a = self.getattr_leased(cred, e.inode).await?.0;
+            }
+        }
         if plus && l.lease_ms > 0 {
             let deadline = self.lease_deadline();
             for e in &l.value.entries {

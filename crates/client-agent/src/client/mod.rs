@@ -911,6 +911,14 @@ impl Inner {
         self.behind_idle.notify_waiters();
     }
 
+    /// Whether write completions of `ino` are in flight: what the server says of its size
+    /// and mtime may not show this agent's own writes yet.
+    pub(crate) fn completing(&self, ino: InodeId) -> bool {
+        self.lock_behind()
+            .get(&ino)
+            .is_some_and(|b| b.in_flight > 0)
+    }
+
     /// Waits until no write completion of `ino` is in flight: what this agent reads, stats,
     /// truncates or syncs next sees its own writes completed.
     pub(crate) async fn settle(&self, ino: InodeId) {
