@@ -42,6 +42,10 @@ use crate::ns::Reader;
 use crate::proxy::{DataPath, SizeOf};
 use sanfs_proto::types::{InodeId, SessionEpoch, SessionId};
 
+/// How many times a write grant takes its lock again when other nodes' truncates keep
+/// moving the end of file below the span it locked ([`Grants::map_write`]).
+const MAP_WRITE_TRIES: usize = 16;
+
 /// What a recall asks a session to give back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recall {
@@ -445,47 +449,78 @@ impl Grants {
         }
         let len = len.min(data::MAX_GRANT_BYTES);
         let end = offset.checked_add(len).ok_or(FsError::FileTooBig)?;
-        let size = store.read(|t| t.getattr_size(ino.0))?;
-        // An extension past a mid-block end of file also locks (and zeroes) that block's tail.
-        let lo = if offset > size && !size.is_multiple_of(bs) {
-            size / bs * bs
-        } else {
-            offset
-        };
-        let id = self.dp.next_id();
-        let state = GrantState {
-            session: session.0,
-            epoch: epoch.0,
-            ino: ino.0,
-            offset,
-            len: 0,
-            mode: LockMode::Exclusive,
-            cacheable: layout,
-            writer_is_root,
-            delegation: false,
-            pending: layout.then_some(false),
-        };
-        if layout {
-            self.lock_table().insert(id, state.clone());
-        }
-        if let Err(e) = self
-            .take_lock(
-                id,
-                ino.0,
-                Span::new(lo, end - lo),
-                LockMode::Exclusive,
-                session.0,
-            )
-            .await
-        {
+        let mut size = store.read(|t| t.getattr_size(ino.0))?;
+        let mut tries = 0;
+        let (id, state) = loop {
+            // An extension past a mid-block end of file also locks (and zeroes) that block's
+            // tail.
+            let lo = if offset > size && !size.is_multiple_of(bs) {
+                size / bs * bs
+            } else {
+                offset
+            };
+            let id = self.dp.next_id();
+            let state = GrantState {
+                session: session.0,
+                epoch: epoch.0,
+                ino: ino.0,
+                offset,
+                len: 0,
+                mode: LockMode::Exclusive,
+                cacheable: layout,
+                writer_is_root,
+                delegation: false,
+                pending: layout.then_some(false),
+            };
+            if layout {
+                self.lock_table().insert(id, state.clone());
+            }
+            if let Err(e) = self
+                .take_lock(
+                    id,
+                    ino.0,
+                    Span::new(lo, end - lo),
+                    LockMode::Exclusive,
+                    session.0,
+                )
+                .await
+            {
+                self.lock_table().remove(&id);
+                return Err(e);
+            }
+            if layout && !self.lock_table().contains_key(&id) {
+                // The session ended while the lock was awaited.
+                self.release_lock(ino.0, id);
+                return Err(FsError::StaleSession);
+            }
+            // The holders the lock waited for completed their writes first: the end of file
+            // may have moved. The tail zeroed below is the one past the end as it is now
+            // (past the size read before, it would wipe bytes written meanwhile).
+            let now = match store.read(|t| t.getattr_size(ino.0)) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.lock_table().remove(&id);
+                    self.release_lock(ino.0, id);
+                    return Err(e);
+                }
+            };
+            let tail_locked = offset <= now || now.is_multiple_of(bs) || now / bs * bs >= lo;
+            if tail_locked {
+                size = now;
+                break (id, state);
+            }
+            // It shrank (a truncate) below the locked span: again, from its new end.
             self.lock_table().remove(&id);
-            return Err(e);
-        }
-        if layout && !self.lock_table().contains_key(&id) {
-            // The session ended while the lock was awaited.
             self.release_lock(ino.0, id);
-            return Err(FsError::StaleSession);
-        }
+            tries += 1;
+            if tries >= MAP_WRITE_TRIES {
+                return Err(FsError::Io(format!(
+                    "inode {}: its end of file kept moving under other nodes' truncates",
+                    ino.0
+                )));
+            }
+            size = now;
+        };
         let result = async {
             if offset > size {
                 self.dp.zero_eof_tail(ino.0, size).await?;

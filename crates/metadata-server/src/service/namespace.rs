@@ -140,6 +140,10 @@ impl MadeDir for pb::RenameReply {}
 impl MadeDir for pb::LinkReply {}
 impl MadeDir for pb::SymlinkReply {}
 
+/// How many times a size change takes its lock again when other truncates keep shrinking
+/// the file below the span it locked ([`Server::size_change_guard`]).
+const SIZE_GUARD_TRIES: usize = 16;
+
 impl Server {
     /// The reply notes of a change made under `session` to `changes` (its lease change
     /// ends here): its commit, the changer's own attribute leases it altered, and the
@@ -310,24 +314,42 @@ impl Server {
         session: u64,
     ) -> Result<Option<crate::proxy::Held>, Status> {
         use crate::proxy::SizeOf;
-        let Ok(old) = self.store.read(|t| t.getattr_size(ino)) else {
+        let Ok(mut old) = self.store.read(|t| t.getattr_size(ino)) else {
             return Ok(None);
         };
         let bs = u64::from(self.store.block_size());
-        let from = old.min(new_size) / bs * bs;
-        let held = self
-            .grants
-            .exclusive(ino, crate::locks::Span::new(from, u64::MAX - from), session)
-            .await
-            .map_err(|e| fs_status(&e))?;
-        if new_size > old {
-            self.grants
-                .data_path()
-                .zero_eof_tail(ino, old)
+        for _ in 0..SIZE_GUARD_TRIES {
+            let from = old.min(new_size) / bs * bs;
+            let held = self
+                .grants
+                .exclusive(ino, crate::locks::Span::new(from, u64::MAX - from), session)
                 .await
                 .map_err(|e| fs_status(&e))?;
+            // The holders the lock recalled completed their writes first: the size may
+            // have moved meanwhile. The tail zeroed is the one past the end as it is now
+            // (zeroing past the size read before would wipe bytes written during the
+            // recall: the exerciser caught it).
+            let Ok(now) = self.store.read(|t| t.getattr_size(ino)) else {
+                return Ok(None);
+            };
+            if now.min(new_size) / bs * bs < from {
+                // It shrank below the locked span: again, with the span from there.
+                drop(held);
+                old = now;
+                continue;
+            }
+            if new_size > now {
+                self.grants
+                    .data_path()
+                    .zero_eof_tail(ino, now)
+                    .await
+                    .map_err(|e| fs_status(&e))?;
+            }
+            return Ok(Some(held));
         }
-        Ok(Some(held))
+        Err(fs_status(&FsError::Io(format!(
+            "inode {ino}: its size kept changing under other nodes' truncates"
+        ))))
     }
 
     /// The session a Lookup or ReadDir asks leases for: only a live one of the caller's.
