@@ -458,6 +458,14 @@ impl LeaseCache {
     ) -> OwnChange<'_> {
         let mut s = self.lock();
         let names: Vec<(InodeId, &[u8])> = added.iter().chain(removed).copied().collect();
+        // The inode the first removed name held, as cached now (a rename moves it).
+        let now = Instant::now();
+        let moved = removed.first().and_then(|(dir, name)| {
+            s.dirs
+                .get(dir)
+                .filter(|d| d.until > now)
+                .and_then(|d| d.names.get(*name).copied().flatten())
+        });
         s.forget(inos, &names);
         let mut dirs: Vec<(InodeId, u64)> = Vec::new();
         for (dir, _) in &names {
@@ -476,6 +484,7 @@ impl LeaseCache {
             inos: inos.to_vec(),
             names: names.iter().map(|(d, n)| (*d, n.to_vec())).collect(),
             added: added.len(),
+            moved,
             dirs,
             mark: s.seq,
             sent: Instant::now(),
@@ -514,6 +523,8 @@ pub struct OwnChange<'a> {
     /// The names added (the first `added`), then those removed.
     names: Vec<(InodeId, Vec<u8>)>,
     added: usize,
+    /// The inode of the first removed name, where the cache knew it when the change began.
+    moved: Option<InodeId>,
     /// Each directory and the number of this change there.
     dirs: Vec<(InodeId, u64)>,
     mark: u64,
@@ -548,6 +559,15 @@ impl OwnChange<'_> {
     /// none yet.
     pub fn end_mkdir(mut self, changed: Option<&ChangedDirs>, dir: &Attr, deadline: Instant) {
         self.finish(changed, Some(Made::Dir(dir)), deadline);
+    }
+
+    /// [`OwnChange::end`] of a rename that moved the first removed name to the first added
+    /// one (not an exchange): the new name is put with the inode the old one held, where the
+    /// cache knew it, so that a directory known complete stays so (a later lookup of a name
+    /// absent there needs no round trip).
+    pub fn end_moved(mut self, changed: Option<&ChangedDirs>, deadline: Instant) {
+        let made = self.moved.map(Made::Moved);
+        self.finish(changed, made, deadline);
     }
 
     fn finish(
@@ -630,6 +650,15 @@ impl OwnChange<'_> {
                     }
                 }
             }
+            (Some(Made::Moved(ino)), Some((dir, name, true)))
+                if s.names < MAX_NAMES && s.dirs.get(&dir).is_some_and(|d| d.until > now) =>
+            {
+                // Under the directory's hold as it is (its term unchanged).
+                s.hold_name(dir, name, Some(ino), now, now);
+                if let Some(d) = s.dirs.get_mut(&dir) {
+                    d.complete = was_complete;
+                }
+            }
             _ => {}
         }
         for (dir, n) in &self.dirs {
@@ -659,6 +688,8 @@ enum Made<'a> {
     File(&'a Attr, u64),
     /// A directory (its leases come with the changed directories).
     Dir(&'a Attr),
+    /// A name moved (renamed) with the inode it held.
+    Moved(InodeId),
 }
 
 impl Drop for OwnChange<'_> {
@@ -1058,6 +1089,77 @@ mod tests {
         assert!(ttl.is_some());
         assert!(c.attr(d).is_some());
         assert!(matches!(c.entry(d, b"g"), Some(Some((a, _))) if a.ino == InodeId(11)));
+    }
+
+    #[test]
+    fn a_rename_in_a_complete_directory_puts_the_new_name_and_keeps_it_complete() {
+        let c = LeaseCache::default();
+        let (parent, new) = (InodeId(2), InodeId(20));
+        c.begin_own(&[], &[], &[(parent, b"d".as_slice())])
+            .end_mkdir(
+                Some(&ChangedDirs {
+                    attrs: vec![dir(2), dir(20)],
+                    lease_ms: 10_000,
+                }),
+                &dir(20),
+                far(),
+            );
+        let in_new = ChangedDirs {
+            attrs: vec![dir(20)],
+            lease_ms: 10_000,
+        };
+        for (name, ino) in [(b"f", 30), (b"h", 31)] {
+            let _ = c.begin_own(&[], &[], &[(new, name.as_slice())]).end_made(
+                Some(&in_new),
+                (&attr(ino), 10_000),
+                far(),
+            );
+        }
+        // f -> g: g is f's inode, f is absent, and any other name still known absent.
+        c.begin_own(&[], &[(new, b"f".as_slice())], &[(new, b"g".as_slice())])
+            .end_moved(Some(&in_new), far());
+        // The moved inode's attributes changed (ctime): asked again, then found under g.
+        assert_eq!(c.entry(new, b"g"), None);
+        let _ = c.put_attr(&attr(30), 10_000, Instant::now(), far(), c.mark());
+        assert!(matches!(c.entry(new, b"g"), Some(Some((a, _))) if a.ino == InodeId(30)));
+        assert_eq!(c.entry(new, b"f"), Some(None));
+        assert_eq!(c.entry(new, b"y"), Some(None));
+        // Onto an existing name: the moved inode replaces it.
+        c.begin_own(&[], &[(new, b"g".as_slice())], &[(new, b"h".as_slice())])
+            .end_moved(Some(&in_new), far());
+        let _ = c.put_attr(&attr(30), 10_000, Instant::now(), far(), c.mark());
+        assert!(matches!(c.entry(new, b"h"), Some(Some((a, _))) if a.ino == InodeId(30)));
+        assert_eq!(c.entry(new, b"y"), Some(None));
+        // A recall of the directory's names while the rename is in flight: nothing is put.
+        let own = c.begin_own(&[], &[(new, b"h".as_slice())], &[(new, b"k".as_slice())]);
+        c.recall(new, false, true);
+        own.end_moved(Some(&in_new), far());
+        assert_eq!(c.entry(new, b"k"), None);
+        assert_eq!(c.entry(new, b"y"), None);
+    }
+
+    #[test]
+    fn a_rename_of_a_name_the_cache_did_not_know_ends_completeness() {
+        let c = LeaseCache::default();
+        let (parent, new) = (InodeId(2), InodeId(20));
+        c.begin_own(&[], &[], &[(parent, b"d".as_slice())])
+            .end_mkdir(
+                Some(&ChangedDirs {
+                    attrs: vec![dir(2), dir(20)],
+                    lease_ms: 10_000,
+                }),
+                &dir(20),
+                far(),
+            );
+        // From another directory whose names are not held: the inode is not known.
+        c.begin_own(
+            &[],
+            &[(InodeId(3), b"x".as_slice())],
+            &[(new, b"g".as_slice())],
+        )
+        .end_moved(None, far());
+        assert_eq!(c.entry(new, b"g"), None);
+        assert_eq!(c.entry(new, b"y"), None);
     }
 
     #[test]

@@ -68,6 +68,16 @@ macro_rules! rpc {
         rpc!(change_as_is $self, $call, req, $variant, $what, own($inos, $removed, $added),
              |$value: $out| $inode)
     }};
+    // `$end`: how the lease cache's own change ends (see below).
+    (change $self:ident, $call:ident, $req:expr, $variant:ident, $what:literal,
+     own($inos:expr, $removed:expr, $added:expr), |$value:ident: $out:ty| $inode:expr,
+     |$own:ident, $dirs:ident| $end:expr) => {{
+        let pending = $self.inner.requests.begin();
+        let mut req = $req;
+        req.request_id = pending.wire();
+        rpc!(change_as_is $self, $call, req, $variant, $what, own($inos, $removed, $added),
+             |$value: $out| $inode, |$own, $dirs| $end)
+    }};
     // A change whose request has no reply-cache id (attributes, xattrs).
     (change_as_is $self:ident, $call:ident, $req:expr, $variant:ident, $what:literal,
      own($inos:expr, $removed:expr, $added:expr), |$value:ident: $out:ty| $inode:expr) => {{
@@ -369,9 +379,15 @@ impl Client {
             new_name: new_name.clone(),
             mode,
         });
+        let exchange = mode == RenameMode::Exchange;
         rpc!(change self, rename, req, Rename, "Rename reply",
-            own(&[], &[(old_parent, old_name.as_bytes())], &[(new_parent, new_name.as_bytes())]),
-            |_r: pb::RenameReply| None);
+        own(&[], &[(old_parent, old_name.as_bytes())], &[(new_parent, new_name.as_bytes())]),
+        |_r: pb::RenameReply| None,
+        |own, dirs| if exchange {
+            own.end(dirs.as_ref(), self.lease_deadline())
+        } else {
+            own.end_moved(dirs.as_ref(), self.lease_deadline())
+        });
         Ok(())
     }
 
