@@ -1091,19 +1091,21 @@ mod tests {
         assert!(matches!(c.entry(d, b"g"), Some(Some((a, _))) if a.ino == InodeId(11)));
     }
 
+    /// A cache holding directory 20, made by this agent as `d` in 2: known empty.
+    fn made_dir() -> (LeaseCache, InodeId) {
+        let c = LeaseCache::default();
+        let changed = ChangedDirs {
+            attrs: vec![dir(2), dir(20)],
+            lease_ms: 10_000,
+        };
+        c.begin_own(&[], &[], &[(InodeId(2), b"d".as_slice())])
+            .end_mkdir(Some(&changed), &dir(20), far());
+        (c, InodeId(20))
+    }
+
     #[test]
     fn a_rename_in_a_complete_directory_puts_the_new_name_and_keeps_it_complete() {
-        let c = LeaseCache::default();
-        let (parent, new) = (InodeId(2), InodeId(20));
-        c.begin_own(&[], &[], &[(parent, b"d".as_slice())])
-            .end_mkdir(
-                Some(&ChangedDirs {
-                    attrs: vec![dir(2), dir(20)],
-                    lease_ms: 10_000,
-                }),
-                &dir(20),
-                far(),
-            );
+        let (c, new) = made_dir();
         let in_new = ChangedDirs {
             attrs: vec![dir(20)],
             lease_ms: 10_000,
@@ -1140,17 +1142,7 @@ mod tests {
 
     #[test]
     fn a_rename_of_a_name_the_cache_did_not_know_ends_completeness() {
-        let c = LeaseCache::default();
-        let (parent, new) = (InodeId(2), InodeId(20));
-        c.begin_own(&[], &[], &[(parent, b"d".as_slice())])
-            .end_mkdir(
-                Some(&ChangedDirs {
-                    attrs: vec![dir(2), dir(20)],
-                    lease_ms: 10_000,
-                }),
-                &dir(20),
-                far(),
-            );
+        let (c, new) = made_dir();
         // From another directory whose names are not held: the inode is not known.
         c.begin_own(
             &[],
