@@ -164,6 +164,37 @@ impl State {
         }
     }
 
+    /// Puts `name` -> `ino` that this agent's own change added in `dir` (held until `until`,
+    /// see [`State::hold_name`]); the directory is complete again if it was before.
+    fn put_own_name(
+        &mut self,
+        dir: InodeId,
+        name: &[u8],
+        ino: InodeId,
+        until: Instant,
+        now: Instant,
+        was_complete: bool,
+    ) {
+        self.hold_name(dir, name, Some(ino), until, now);
+        if let Some(d) = self.dirs.get_mut(&dir) {
+            d.complete = was_complete;
+        }
+    }
+
+    /// Holds `dir`, just made by this agent, until `until`: empty, every name known.
+    fn hold_empty_dir(&mut self, dir: InodeId, until: Instant) {
+        self.seq += 1;
+        let empty = Dir {
+            until,
+            since: self.seq,
+            names: HashMap::new(),
+            complete: true,
+        };
+        if let Some(old) = self.dirs.insert(dir, empty) {
+            self.names -= old.names.len();
+        }
+    }
+
     fn drop_dir(&mut self, dir: InodeId) {
         if let Some(d) = self.dirs.remove(&dir) {
             self.names -= d.names.len();
@@ -615,10 +646,7 @@ impl OwnChange<'_> {
                 // The create's leases cover the file and the directory's names.
                 if let Some(end) = lease_end(self.sent, lease_ms, deadline) {
                     s.attrs.insert(attr.ino, (attr.clone(), end));
-                    s.hold_name(dir, name, Some(attr.ino), end, now);
-                    if let Some(d) = s.dirs.get_mut(&dir) {
-                        d.complete = was_complete;
-                    }
+                    s.put_own_name(dir, name, attr.ino, end, now, was_complete);
                     ttl = Some(end.saturating_duration_since(now));
                 }
             }
@@ -630,23 +658,10 @@ impl OwnChange<'_> {
                     .and_then(|c| lease_end(self.sent, c.lease_ms, deadline));
                 if let Some(end) = leased {
                     s.attrs.insert(attr.ino, (attr.clone(), end));
-                    s.seq += 1;
-                    let since = s.seq;
-                    let empty = Dir {
-                        until: end,
-                        since,
-                        names: HashMap::new(),
-                        complete: true,
-                    };
-                    if let Some(old) = s.dirs.insert(attr.ino, empty) {
-                        s.names -= old.names.len();
-                    }
+                    s.hold_empty_dir(attr.ino, end);
                     // Its name, where the parent's names are held already.
                     if s.names < MAX_NAMES && s.dirs.get(&parent).is_some_and(|d| d.until > now) {
-                        s.hold_name(parent, name, Some(attr.ino), now, now);
-                        if let Some(d) = s.dirs.get_mut(&parent) {
-                            d.complete = was_complete;
-                        }
+                        s.put_own_name(parent, name, attr.ino, now, now, was_complete);
                     }
                 }
             }
@@ -654,10 +669,7 @@ impl OwnChange<'_> {
                 if s.names < MAX_NAMES && s.dirs.get(&dir).is_some_and(|d| d.until > now) =>
             {
                 // Under the directory's hold as it is (its term unchanged).
-                s.hold_name(dir, name, Some(ino), now, now);
-                if let Some(d) = s.dirs.get_mut(&dir) {
-                    d.complete = was_complete;
-                }
+                s.put_own_name(dir, name, ino, now, now, was_complete);
             }
             _ => {}
         }
