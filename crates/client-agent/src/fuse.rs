@@ -1501,6 +1501,19 @@ impl fuser::Filesystem for SanFs {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let cred = credentials(req);
+        // Under the inode's attribute lease: answered here, on FUSE's thread (`ls -l` asks
+        // for an ACL of every file).
+        if let Some(r) = self
+            .state
+            .client
+            .cached_xattr(&cred, self.state.ino(ino), name.as_bytes())
+        {
+            match r {
+                Ok(v) => reply_xattr(reply, size, &v),
+                Err(e) => reply.error(errno(&e)),
+            }
+            return;
+        }
         let name = name_bytes(name);
         self.spawn("getxattr", move |st| async move {
             match st.client.getxattr(&cred, st.ino(ino), name).await {

@@ -9,7 +9,7 @@
 //! | `sanfs_agent_layout_writes_total` | counter | | writes done inside a cached write layout |
 //! | `sanfs_agent_cached_grants` | gauge | | read grants cached now |
 //! | `sanfs_agent_recalls_total` | counter | | recalls of cached grants answered |
-//! | `sanfs_agent_lease_cache_total` | counter | `kind`, `result` | stats (`attr`) and lookups (`entry`) answered under a lease (`hit`, no RPC) or asked of the server (`miss`) |
+//! | `sanfs_agent_lease_cache_total` | counter | `kind`, `result` | stats (`attr`), lookups (`entry`) and extended attribute reads (`xattr`) answered under a lease (`hit`, no RPC) or asked of the server (`miss`) |
 //! | `sanfs_agent_lease_recalls_total` | counter | | attribute and entry lease recalls answered |
 //! | `sanfs_agent_lease_cached` | gauge | `kind` | attributes (`attr`) and names (`entry`) cached under leases now |
 //! | `sanfs_agent_sessions_total`, `sanfs_agent_fences_total` | counter | | sessions opened; sessions lost |
@@ -135,6 +135,8 @@ pub fn render(client: &Client) -> String {
         ("attr", "miss", l.attr_misses),
         ("entry", "hit", l.entry_hits),
         ("entry", "miss", l.entry_misses),
+        ("xattr", "hit", l.xattr_hits),
+        ("xattr", "miss", l.xattr_misses),
     ] {
         metrics::counter!("sanfs_agent_lease_cache_total", "kind" => kind, "result" => result)
             .absolute(v);

@@ -53,6 +53,14 @@ fn bucket(ino: InodeId) -> usize {
     (ino.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize % BUCKETS
 }
 
+/// An extended attribute of an inode as one caller asked it: (inode, caller key, name).
+type XattrKey = (InodeId, u64, Vec<u8>);
+
+/// Extended attributes (values or absences) cached at most; past it the cache starts over.
+const MAX_XATTRS: usize = 65_536;
+/// The longest extended attribute value cached (ACLs, capabilities and labels are short).
+const MAX_XATTR_CACHED: usize = 4_096;
+
 /// Invalidates the kernel's cached attributes of an inode (set by the FUSE layer).
 pub type KernelInvalidator = Box<dyn Fn(InodeId) + Send + Sync>;
 /// Makes the kernel look every name up again (set by the FUSE layer when it can).
@@ -65,6 +73,8 @@ pub struct LeaseCounters {
     pub attr_misses: AtomicU64,
     pub entry_hits: AtomicU64,
     pub entry_misses: AtomicU64,
+    pub xattr_hits: AtomicU64,
+    pub xattr_misses: AtomicU64,
     pub recalls: AtomicU64,
 }
 
@@ -93,6 +103,10 @@ struct State {
     attrs: HashMap<InodeId, (Attr, Instant)>,
     dirs: HashMap<InodeId, Dir>,
     names: usize,
+    /// Extended attributes answered by the server (a value, or none by that name), per
+    /// inode, caller and name, with the mark of the request: good while the inode's
+    /// attribute lease holds and nothing touched it since (see [`LeaseCache::xattr`]).
+    xattrs: HashMap<XattrKey, (Option<Vec<u8>>, u64)>,
     /// Own changes in progress per directory, and the number of the last one begun there.
     own: HashMap<InodeId, (usize, u64)>,
     own_next: u64,
@@ -203,6 +217,8 @@ impl State {
 
     fn prune(&mut self, now: Instant) {
         self.attrs.retain(|_, (_, until)| *until > now);
+        let attrs = &self.attrs;
+        self.xattrs.retain(|(ino, _, _), _| attrs.contains_key(ino));
         let mut gone = 0;
         self.dirs.retain(|_, d| {
             let keep = d.until > now;
@@ -244,6 +260,7 @@ impl Default for LeaseCache {
                 attrs: HashMap::new(),
                 dirs: HashMap::new(),
                 names: 0,
+                xattrs: HashMap::new(),
                 own: HashMap::new(),
                 own_next: 0,
             }),
@@ -446,6 +463,62 @@ impl LeaseCache {
         true
     }
 
+    /// An extended attribute of `ino` as `caller` (a key of the caller's credentials) was
+    /// answered it before: `Some(None)` for none by that name. Only while the inode's
+    /// attribute lease holds (a `SetXattr` or `RemoveXattr` of another node recalls it) and
+    /// nothing of this agent's own touched the inode since it was asked.
+    #[allow(
+        clippy::option_option,
+        reason = "not cached / cached absent / cached value"
+    )]
+    pub fn xattr(&self, ino: InodeId, caller: u64, name: &[u8]) -> Option<Option<Vec<u8>>> {
+        let now = Instant::now();
+        let hit = {
+            let s = self.lock();
+            s.xattrs
+                .get(&(ino, caller, name.to_vec()))
+                .filter(|(_, mark)| {
+                    s.attrs.get(&ino).is_some_and(|(_, until)| *until > now) && s.usable(*mark, ino)
+                })
+                .map(|(value, _)| value.clone())
+        };
+        let c = if hit.is_some() {
+            &self.counters.xattr_hits
+        } else {
+            &self.counters.xattr_misses
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        hit
+    }
+
+    /// Keeps the server's answer for an extended attribute (see [`LeaseCache::xattr`]),
+    /// asked at `mark`: only while the inode's attributes are held under a lease and nothing
+    /// touched it since the request.
+    pub fn put_xattr(
+        &self,
+        ino: InodeId,
+        caller: u64,
+        name: &[u8],
+        value: Option<&[u8]>,
+        mark: u64,
+    ) {
+        if value.is_some_and(|v| v.len() > MAX_XATTR_CACHED) {
+            return;
+        }
+        let now = Instant::now();
+        let mut s = self.lock();
+        if !s.usable(mark, ino) || s.attrs.get(&ino).is_none_or(|(_, until)| *until <= now) {
+            return;
+        }
+        if s.xattrs.len() >= MAX_XATTRS {
+            s.xattrs.clear();
+        }
+        s.xattrs.insert(
+            (ino, caller, name.to_vec()),
+            (value.map(<[u8]>::to_vec), mark),
+        );
+    }
+
     /// A recall of the server: forgets the attributes of `ino` (the kernel's too) and/or the
     /// names in directory `ino`. Call it before acknowledging, never on a FUSE thread.
     pub fn recall(&self, ino: InodeId, attr: bool, entries: bool) {
@@ -532,6 +605,7 @@ impl LeaseCache {
             s.floor = s.seq;
             s.dirs.clear();
             s.names = 0;
+            s.xattrs.clear();
             s.attrs.drain().map(|(ino, _)| ino).collect()
         };
         self.invalidate_kernel_names();
@@ -727,6 +801,8 @@ impl Client {
             attr_misses: get(&c.attr_misses),
             entry_hits: get(&c.entry_hits),
             entry_misses: get(&c.entry_misses),
+            xattr_hits: get(&c.xattr_hits),
+            xattr_misses: get(&c.xattr_misses),
             recalls: get(&c.recalls),
             attrs_now: attrs as u64,
             names_now: names as u64,
@@ -783,6 +859,18 @@ impl Client {
             .leases
             .attr(ino)
             .map(|(attr, ttl)| (attr, Some(ttl)))
+    }
+
+    /// An extended attribute answered from the cache (`None`: ask the server with
+    /// [`Client::getxattr`], which keeps its answer). Never blocks: fit for a FUSE thread.
+    pub fn cached_xattr(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+        name: &[u8],
+    ) -> Option<Result<Vec<u8>, FsError>> {
+        let v = self.inner.leases.xattr(ino, caller_key(cred), name)?;
+        Some(v.ok_or(FsError::NoAttr))
     }
 
     /// Lookup from the server, asking for an attribute lease on the inode and an entry lease
@@ -941,6 +1029,17 @@ impl Client {
         }
         Ok(l.value)
     }
+}
+
+/// Who asks, as a key of the extended attribute cache: answers depend on the caller (a
+/// `trusted.` name, a file it may not read), so one caller's are never another's.
+pub(super) fn caller_key(cred: &Credentials) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    cred.uid.hash(&mut h);
+    cred.gid.hash(&mut h);
+    cred.groups.hash(&mut h);
+    h.finish()
 }
 
 #[cfg(test)]

@@ -472,13 +472,29 @@ impl Client {
         ino: InodeId,
         xattr: impl AsRef<[u8]>,
     ) -> Result<Vec<u8>, FsError> {
+        let name = xattr.as_ref();
+        if let Some(r) = self.cached_xattr(cred, ino, name) {
+            return r;
+        }
         let req = pb::GetXattrRequest::from(XattrRequest {
             cred: cred.clone(),
             inode: ino,
-            name: XattrName::new(xattr.as_ref().to_vec())?,
+            name: XattrName::new(name.to_vec())?,
         });
-        let v: XattrValue = rpc!(self, get_xattr, req, XattrValue, "GetXattr reply")?;
-        Ok(v.0)
+        let cache = &self.inner.leases;
+        let mark = cache.mark();
+        let key = super::leases::caller_key(cred);
+        match rpc!(self, get_xattr, req, XattrValue, "GetXattr reply") {
+            Ok(v) => {
+                cache.put_xattr(ino, key, name, Some(&v.0), mark);
+                Ok(v.0)
+            }
+            Err(FsError::NoAttr) => {
+                cache.put_xattr(ino, key, name, None, mark);
+                Err(FsError::NoAttr)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     pub async fn setxattr(

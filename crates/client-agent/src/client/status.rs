@@ -76,6 +76,11 @@ pub struct LeaseCounts {
     pub attr_misses: u64,
     pub entry_hits: u64,
     pub entry_misses: u64,
+    /// Extended attribute reads answered under attribute leases, and asked of the server.
+    #[serde(default)]
+    pub xattr_hits: u64,
+    #[serde(default)]
+    pub xattr_misses: u64,
     pub recalls: u64,
     pub attrs_now: u64,
     pub names_now: u64,

@@ -241,3 +241,104 @@ async fn own_writes_are_seen_by_the_next_stat_of_the_same_mount() {
     drop(b);
     srv.stop().await;
 }
+
+fn cpath(p: &std::path::Path) -> std::ffi::CString {
+    std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str())).unwrap()
+}
+
+/// getxattr(2): the value, or the errno.
+fn get(p: &std::path::Path, name: &str) -> Result<Vec<u8>, i32> {
+    let (path, name) = (cpath(p), std::ffi::CString::new(name).unwrap());
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: both strings are NUL-terminated and outlive the call; the buffer is writable
+    // for its length.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+fn xset(p: &std::path::Path, name: &str, value: &[u8]) {
+    let (path, name) = (cpath(p), std::ffi::CString::new(name).unwrap());
+    // SAFETY: both strings are NUL-terminated and outlive the call; the value is readable
+    // for its length.
+    let r = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
+}
+
+fn xremove(p: &std::path::Path, name: &str) {
+    let (path, name) = (cpath(p), std::ffi::CString::new(name).unwrap());
+    // SAFETY: both strings are NUL-terminated and outlive the call.
+    let r = unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) };
+    assert_eq!(r, 0, "removexattr: {}", std::io::Error::last_os_error());
+}
+
+/// Extended attributes under the attribute lease: `ls -l` asks every file for an ACL, which
+/// the agent answers from its cache while it holds the file's attributes (here: a name that
+/// is not there, asked twice, the second time without the server); and a `setxattr` or
+/// `removexattr` through either mount is seen by the very next `getxattr` through both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extended_attributes_are_cached_under_the_lease_and_exact_across_mounts() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "xattr-a", "").await;
+    let b = Mount::start(&srv, "xattr-b", "").await;
+    let (pa, pb) = (a.p("f"), b.p("f"));
+    std::fs::write(&pa, b"x").unwrap();
+    std::fs::metadata(&pb).unwrap();
+    let before = agent_status(&b.path);
+    assert_eq!(get(&pb, "user.none"), Err(libc::ENODATA));
+    assert_eq!(get(&pb, "user.none"), Err(libc::ENODATA));
+    let after = agent_status(&b.path);
+    assert!(
+        counter(&after, "xattr_hits") > counter(&before, "xattr_hits"),
+        "the second read asked the server: {before} then {after}"
+    );
+    let mut stale = Vec::new();
+    for n in 0..50u32 {
+        let (writer, reader) = if n % 2 == 0 { (&pa, &pb) } else { (&pb, &pa) };
+        // Both hold the answer before the change.
+        let _ = get(reader, "user.v");
+        let _ = get(writer, "user.v");
+        let value = format!("v{n}").into_bytes();
+        if n % 5 == 4 {
+            xremove(writer, "user.v");
+            for (who, p) in [("writer", writer), ("reader", reader)] {
+                if get(p, "user.v") != Err(libc::ENODATA) {
+                    stale.push(format!("{n}: removed, the {who} still sees it"));
+                }
+            }
+        } else {
+            xset(writer, "user.v", &value);
+            for (who, p) in [("writer", writer), ("reader", reader)] {
+                let seen = get(p, "user.v");
+                if seen.as_deref() != Ok(value.as_slice()) {
+                    stale.push(format!("{n}: set, the {who} sees {seen:?}"));
+                }
+            }
+        }
+    }
+    assert!(stale.is_empty(), "{stale:?}");
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
