@@ -594,9 +594,13 @@ async fn do_readdirplus(
     if offset <= 1 {
         // The kernel takes no lookup reference on `.` and `..`; their attributes are the
         // directory's own (the `..` entry's inode number is what matters).
-        let dir = match st.client.getattr(cred, ino).await {
-            Ok(a) => a,
-            Err(e) => return Err((reply, e)),
+        // Under its attribute lease, from the cache.
+        let dir = match st.client.cached_attr(ino) {
+            Some((a, _)) => a,
+            None => match st.client.getattr_leased(cred, ino).await {
+                Ok((a, _)) => a,
+                Err(e) => return Err((reply, e)),
+            },
         };
         let dot = st.attr(&dir);
         if offset == 0 && reply.add(dot.ino, 1, ".", &Duration::ZERO, &dot, Generation(0)) {
