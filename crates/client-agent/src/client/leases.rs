@@ -271,6 +271,13 @@ impl Default for LeaseCache {
     }
 }
 
+/// Counts `hit` as a hit or a miss of the cache; answers it.
+fn counted<T>(hit: Option<T>, hits: &AtomicU64, misses: &AtomicU64) -> Option<T> {
+    let c = if hit.is_some() { hits } else { misses };
+    c.fetch_add(1, Ordering::Relaxed);
+    hit
+}
+
 /// When a lease granted for `lease_ms` on a request sent at `sent` ends, capped at the
 /// session's `deadline`; `None` when it has ended already or there is none.
 fn lease_end(sent: Instant, lease_ms: u64, deadline: Instant) -> Option<Instant> {
@@ -331,13 +338,7 @@ impl LeaseCache {
             .get(&ino)
             .filter(|(_, until)| *until > now)
             .map(|(a, until)| (a.clone(), *until - now));
-        let c = if hit.is_some() {
-            &self.counters.attr_hits
-        } else {
-            &self.counters.attr_misses
-        };
-        c.fetch_add(1, Ordering::Relaxed);
-        hit
+        counted(hit, &self.counters.attr_hits, &self.counters.attr_misses)
     }
 
     /// A cached name in `parent`: `Some(Some((attr, ttl)))` for a name and the attributes of
@@ -367,13 +368,7 @@ impl LeaseCache {
                         .map(|(a, until)| Some((a.clone(), (*until).min(dir_until) - now))),
                 })
         };
-        let c = if hit.is_some() {
-            &self.counters.entry_hits
-        } else {
-            &self.counters.entry_misses
-        };
-        c.fetch_add(1, Ordering::Relaxed);
-        hit
+        counted(hit, &self.counters.entry_hits, &self.counters.entry_misses)
     }
 
     /// How long `name` stays known absent in `parent` (`None`: not cached as absent under
@@ -482,13 +477,7 @@ impl LeaseCache {
                 })
                 .map(|(value, _)| value.clone())
         };
-        let c = if hit.is_some() {
-            &self.counters.xattr_hits
-        } else {
-            &self.counters.xattr_misses
-        };
-        c.fetch_add(1, Ordering::Relaxed);
-        hit
+        counted(hit, &self.counters.xattr_hits, &self.counters.xattr_misses)
     }
 
     /// Keeps the server's answer for an extended attribute (see [`LeaseCache::xattr`]),
