@@ -890,37 +890,20 @@ impl Client {
             .await;
         let deadline = self.lease_deadline();
         match r {
-            Ok(l) if self.inner.completing(l.value.ino) => {
-                // This node's own writes of the file complete behind them: the size and
-                // mtime answered may not show them. Asked again once they are completed.
-                let (attr, ttl) = self.getattr_leased(cred, l.value.ino).await?;
-                let named = cache.put_entry(
-                    parent,
-                    entry,
-                    Some(l.value.ino),
-                    l.lease_ms,
-                    sent,
-                    deadline,
-                    mark,
-                );
-                Ok((attr, ttl.filter(|_| named)))
-            }
             Ok(l) => {
+                let ino = l.value.ino;
+                let (attr, ttl) = if self.inner.completing(ino) {
+                    // This node's own writes of the file complete behind them: the size and
+                    // mtime answered may not show them. Asked again once they are completed.
+                    self.getattr_leased(cred, ino).await?
+                } else {
+                    let ttl = cache.put_attr(&l.value, l.lease_ms, sent, deadline, mark);
+                    (l.value, ttl)
+                };
                 // The TTL the kernel gets covers the name too: both must be kept.
-                let ttl = cache
-                    .put_attr(&l.value, l.lease_ms, sent, deadline, mark)
-                    .filter(|_| {
-                        cache.put_entry(
-                            parent,
-                            entry,
-                            Some(l.value.ino),
-                            l.lease_ms,
-                            sent,
-                            deadline,
-                            mark,
-                        )
-                    });
-                Ok((l.value, ttl))
+                let named = ttl.is_some()
+                    && cache.put_entry(parent, entry, Some(ino), l.lease_ms, sent, deadline, mark);
+                Ok((attr, ttl.filter(|_| named)))
             }
             Err(FsError::NotFound) => {
                 // Absent: kept only under an entry lease held since before the request.

@@ -62,11 +62,8 @@ fn with_session<T>(req: T, view: &SessionView) -> tonic::Request<T> {
 macro_rules! rpc {
     (change $self:ident, $call:ident, $req:expr, $variant:ident, $what:literal,
      own($inos:expr, $removed:expr, $added:expr), |$value:ident: $out:ty| $inode:expr) => {{
-        let pending = $self.inner.requests.begin();
-        let mut req = $req;
-        req.request_id = pending.wire();
-        rpc!(change_as_is $self, $call, req, $variant, $what, own($inos, $removed, $added),
-             |$value: $out| $inode)
+        rpc!(change $self, $call, $req, $variant, $what, own($inos, $removed, $added),
+             |$value: $out| $inode, |own, dirs| own.end(dirs.as_ref(), $self.lease_deadline()))
     }};
     // `$end`: how the lease cache's own change ends (see below).
     (change $self:ident, $call:ident, $req:expr, $variant:ident, $what:literal,
