@@ -847,6 +847,73 @@ impl Grants {
             .0)
     }
 
+    /// [`Grants::complete_part`] of several parts `(offset, length)` of one write layout in
+    /// one transaction, answering also the number of the lazy commit that holds the
+    /// conversion (0: durable already). Every part must lie inside the grant (checked before
+    /// anything changes); the attributes answered are the file's after the last part.
+    pub async fn complete_parts_numbered(
+        &self,
+        session: u64,
+        epoch: u64,
+        id: u64,
+        parts: &[(u64, u64)],
+        sync: bool,
+    ) -> Result<(Attr, u64), GrantError> {
+        let g = {
+            let table = self.lock_table();
+            let g = table.get(&id).ok_or(GrantError::Unknown(id))?;
+            g.owned_by(id, session, epoch)?;
+            if self.is_fenced(session) {
+                return Err(GrantError::Fenced { grant: id, session });
+            }
+            if g.mode != LockMode::Exclusive || !g.cacheable || g.delegation {
+                return Err(GrantError::Fs(FsError::Invalid(format!(
+                    "grant {id} is not a write layout: complete it without keep"
+                ))));
+            }
+            for &(at, len) in parts {
+                let inside =
+                    at >= g.offset && at.checked_add(len).is_some_and(|e| e <= g.offset + g.len);
+                if !inside {
+                    return Err(GrantError::Fs(FsError::Invalid(format!(
+                        "{at}+{len} is not inside write layout {id} ({}+{})",
+                        g.offset, g.len
+                    ))));
+                }
+            }
+            g.clone()
+        };
+        let store = self.dp.store.clone();
+        let written = parts.iter().any(|&(_, len)| len > 0);
+        if sync && written {
+            let devices = self.dp.devices.clone();
+            tokio::task::spawn_blocking(move || devices.flush_all())
+                .await
+                .map_err(|e| FsError::Io(format!("flush task: {e}")))??;
+        }
+        let (ino, root) = (g.ino, g.writer_is_root);
+        let parts = parts.to_vec();
+        let job = move |ctx: &mut crate::store::Ctx<'_>| {
+            let mut attr = None;
+            for &(at, len) in &parts {
+                attr = Some(data::complete_write(ctx, InodeId(ino), at, len, root)?);
+            }
+            match attr {
+                Some(a) => Ok(a),
+                None => Ok(ctx
+                    .t
+                    .inode(InodeId(ino))?
+                    .attr(InodeId(ino), ctx.block_size)),
+            }
+        };
+        let done = if sync || !written {
+            (store.write(job).await?, 0)
+        } else {
+            store.write_lazy_numbered(job).await?
+        };
+        Ok(done)
+    }
+
     /// [`Grants::complete_part`], answering also the number of the lazy commit that holds
     /// the conversion (0: durable already).
     #[allow(
@@ -862,47 +929,8 @@ impl Grants {
         bytes_done: u64,
         sync: bool,
     ) -> Result<(Attr, u64), GrantError> {
-        let g = {
-            let table = self.lock_table();
-            let g = table.get(&id).ok_or(GrantError::Unknown(id))?;
-            g.owned_by(id, session, epoch)?;
-            if self.is_fenced(session) {
-                return Err(GrantError::Fenced { grant: id, session });
-            }
-            if g.mode != LockMode::Exclusive || !g.cacheable || g.delegation {
-                return Err(GrantError::Fs(FsError::Invalid(format!(
-                    "grant {id} is not a write layout: complete it without keep"
-                ))));
-            }
-            let inside = at >= g.offset
-                && at
-                    .checked_add(bytes_done)
-                    .is_some_and(|e| e <= g.offset + g.len);
-            if !inside {
-                return Err(GrantError::Fs(FsError::Invalid(format!(
-                    "{at}+{bytes_done} is not inside write layout {id} ({}+{})",
-                    g.offset, g.len
-                ))));
-            }
-            g.clone()
-        };
-        let store = self.dp.store.clone();
-        if sync && bytes_done > 0 {
-            let devices = self.dp.devices.clone();
-            tokio::task::spawn_blocking(move || devices.flush_all())
-                .await
-                .map_err(|e| FsError::Io(format!("flush task: {e}")))??;
-        }
-        let (ino, root) = (g.ino, g.writer_is_root);
-        let job = move |ctx: &mut crate::store::Ctx<'_>| {
-            data::complete_write(ctx, InodeId(ino), at, bytes_done, root)
-        };
-        let done = if sync || bytes_done == 0 {
-            (store.write(job).await?, 0)
-        } else {
-            store.write_lazy_numbered(job).await?
-        };
-        Ok(done)
+        self.complete_parts_numbered(session, epoch, id, &[(at, bytes_done)], sync)
+            .await
     }
 
     /// Gives back cached grants, read grants and write layouts (or abandons any grant without

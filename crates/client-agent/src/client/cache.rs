@@ -134,6 +134,20 @@ impl GrantCache {
         Some(Arc::clone(&e.grant))
     }
 
+    /// Whether a cached, unrecalled write layout of `generation` on `inode` covers `range`
+    /// (a write there would find it with [`GrantCache::take`]).
+    pub(crate) fn covers_write(&self, inode: InodeId, range: ByteRange, generation: u64) -> bool {
+        self.lock().entries.values().any(|e| {
+            e.cached
+                && !e.recalled
+                && e.generation == generation
+                && e.grant.mode == LockMode::Exclusive
+                && e.grant.inode == inode
+                && e.grant.range.offset() <= range.offset()
+                && range.end() <= e.grant.range.end()
+        })
+    }
+
     /// The end of one user's I/O on a grant. With `keep`, the grant's first user asks to keep
     /// it cached. Returns what became of it, and the grants evicted to make room (to return).
     pub(crate) fn release(&self, id: GrantId, keep: bool) -> (AfterIo, Vec<GrantId>) {

@@ -32,9 +32,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use sanfs_proto::model::{DelegateReply, DelegateRequest};
 use sanfs_proto::pb;
-use sanfs_proto::types::{Attr, Credentials, FsError, GrantId, InodeId};
+use sanfs_proto::types::{Attr, ByteRange, Credentials, FsError, GrantId, InodeId};
 
 use super::data::WriteOutcome;
 use super::file::{OpenFile, retrying};
@@ -169,6 +170,28 @@ pub(crate) struct WriteBackCounters {
     pub refusals: AtomicU64,
     pub cache_hits: AtomicU64,
     pub cache_misses: AtomicU64,
+}
+
+/// How many held-back extents of one file a write-back writes at once.
+const WRITE_BACK_PARALLEL: usize = 32;
+
+/// Held-back extents (sorted by offset, disjoint) cut into windows that one write layout can
+/// cover: each window spans at most `max_span` bytes from its first extent's start to its
+/// last one's end (an extent longer than that is a window of its own).
+fn write_back_windows(extents: Vec<(u64, Vec<u8>)>, max_span: u64) -> Vec<Vec<(u64, Vec<u8>)>> {
+    let mut windows: Vec<Vec<(u64, Vec<u8>)>> = Vec::new();
+    let mut start = 0u64;
+    for (off, data) in extents {
+        let end = off + data.len() as u64;
+        match windows.last_mut() {
+            Some(w) if end - start <= max_span => w.push((off, data)),
+            _ => {
+                start = off;
+                windows.push(vec![(off, data)]);
+            }
+        }
+    }
+    windows
 }
 
 /// Puts `data` at `off` into `map`; returns how many bytes the map grew by.
@@ -862,14 +885,48 @@ impl Client {
         tracing::debug!(%ino, extents = dirty.len(), "writing back held-back bytes");
         self.inner.begin_pending(ino);
         let mut failed = None;
-        for (off, data) in dirty {
-            let r = retrying!(file, self, &cred, |fh| self
-                .write_through(&cred, &fh, ino, off, &data)
-                .await);
+        let block = u64::from(self.inner.volume().block_size()).max(1);
+        // Whole-block extents first, window by window: several in a window share one write
+        // layout over it and are written directly, a few at a time (disjoint, so in any
+        // order), their completions batched; then the others, one by one.
+        let (whole, partial): (Vec<_>, Vec<_>) = dirty.into_iter().partition(|(off, data)| {
+            off.is_multiple_of(block) && (data.len() as u64).is_multiple_of(block)
+        });
+        let write_one = |off: u64, data: Vec<u8>| {
+            let (file, cred) = (&file, &cred);
+            async move {
+                let r = retrying!(file, self, cred, |fh| self
+                    .write_through(cred, &fh, ino, off, &data)
+                    .await);
+                (off, data.len() as u64, r)
+            }
+        };
+        let mut outcomes = Vec::new();
+        for window in write_back_windows(whole, self.server_info().max_grant_bytes) {
+            if window.len() >= 2
+                && let (Some(first), Some(last)) = (window.first(), window.last())
+                && let Ok(span) = ByteRange::new(first.0, last.0 + last.1.len() as u64 - first.0)
+            {
+                let fh = file.current();
+                self.inner
+                    .layout_for_write_back(&cred, &fh, ino, span)
+                    .await;
+            }
+            let done: Vec<_> = futures_util::stream::iter(window)
+                .map(|(off, data)| write_one(off, data))
+                .buffer_unordered(WRITE_BACK_PARALLEL)
+                .collect()
+                .await;
+            outcomes.extend(done);
+        }
+        for (off, data) in partial {
+            outcomes.push(write_one(off, data).await);
+        }
+        for (off, len, r) in outcomes {
             match r {
-                Ok(_) => add(&wb.counters.flushed_bytes, data.len() as u64),
+                Ok(_) => add(&wb.counters.flushed_bytes, len),
                 Err(e) => {
-                    tracing::warn!(%ino, offset = off, len = data.len(), error = %e, "writing back held-back bytes failed: the file's next fsync or close answers it");
+                    tracing::warn!(%ino, offset = off, len, error = %e, "writing back held-back bytes failed: the file's next fsync or close answers it");
                     failed.get_or_insert(e);
                 }
             }
@@ -1021,6 +1078,37 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn write_back_windows_cover_at_most_one_layout_each() {
+        let e = |off: u64, len: usize| (off, vec![0u8; len]);
+        let spans = |w: &[Vec<(u64, Vec<u8>)>]| -> Vec<Vec<u64>> {
+            w.iter()
+                .map(|w| w.iter().map(|(o, _)| *o).collect())
+                .collect()
+        };
+        assert!(write_back_windows(Vec::new(), 1 << 20).is_empty());
+        // Scattered blocks within 1 MiB: one window; the next past it starts another.
+        let w = write_back_windows(
+            vec![
+                e(0, 4096),
+                e(512 << 10, 4096),
+                e((1 << 20) - 4096, 4096),
+                e(1 << 20, 4096),
+            ],
+            1 << 20,
+        );
+        assert_eq!(
+            spans(&w),
+            vec![vec![0, 512 << 10, (1 << 20) - 4096], vec![1 << 20]]
+        );
+        // An extent longer than a window is a window of its own.
+        let w = write_back_windows(
+            vec![e(0, 4096), e(8192, 3 << 20), e(4 << 20, 4096)],
+            1 << 20,
+        );
+        assert_eq!(spans(&w), vec![vec![0], vec![8192], vec![4 << 20]]);
+    }
 
     fn flat(map: &BTreeMap<u64, Vec<u8>>, len: usize) -> Vec<Option<u8>> {
         let mut out = vec![None; len];

@@ -317,6 +317,69 @@ async fn a_seeded_interleaving_of_sequential_writers_and_readers_matches_a_model
     srv.stop().await;
 }
 
+/// Issue 18: the write-back of many small scattered blocks (random 4 KiB writes held back
+/// under the file's delegation) takes one write layout over them, writes each block
+/// directly inside it and completes them in a few calls of many parts (one proxied write
+/// per block before); another node then reads every byte and the size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_back_of_scattered_blocks_goes_direct_under_one_layout() {
+    let seed = std::env::var("SANFS_LAYOUT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand_seed);
+    println!("scattered write-back seed {seed} (SANFS_LAYOUT_SEED={seed} to repeat)");
+    let srv = cluster::start(10_000).await;
+    let a = srv.client("a").await;
+    let b = srv.client("b").await;
+    let (ino, ha) = create(&a, "scattered").await;
+    let mut rng = Rng::new(seed);
+    let mut model = Model::default();
+    // The file laid out and durable first; its layout goes with its last handle.
+    let base = rng.bytes((4 * MIB) as usize);
+    a.write_at(&root(), &ha, ino, 0, &base).await.unwrap();
+    model.write(0, &base);
+    a.fsync(&root(), &ha, ino, false).await.unwrap();
+    a.release(&ha).await.unwrap();
+    let f = std::sync::Arc::new(a.open_file(&root(), ino, cluster::rw()).await.unwrap());
+    let before = a.stats();
+    let mut held = 0;
+    for _ in 0..256 {
+        let at = rng.below(4 * MIB / 4096) * 4096;
+        let data = rng.bytes(4096);
+        match a.write_back(&root(), &f, at, &data).await.unwrap() {
+            Some(_) => held += 1,
+            None => {
+                f.write_at(&a, &root(), at, &data).await.unwrap();
+            }
+        }
+        model.write(at, &data);
+    }
+    assert!(held >= 250, "small writes are held back: {held} of 256");
+    f.fsync(&a, &root(), false).await.unwrap();
+    let s = a.stats();
+    assert_eq!(
+        s.proxied_writes, before.proxied_writes,
+        "no block went through the server: {s:?}"
+    );
+    assert!(
+        s.map_writes - before.map_writes <= 2,
+        "one layout for the write-back: {s:?}"
+    );
+    assert!(
+        s.completions - before.completions <= 16,
+        "completions of many parts each: {s:?}"
+    );
+    // Every byte and the size, on another node.
+    let hb = open(&b, ino).await;
+    assert_eq!(b.getattr(&root(), ino).await.unwrap().size, 4 * MIB);
+    let got = b.read_at(&root(), &hb, ino, 0, 8 * MIB).await.unwrap();
+    assert_bytes(&got, &model.0, "B reads the written-back blocks");
+    f.release(&a).await.unwrap();
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    srv.stop().await;
+}
+
 async fn free(c: &Client, ino: sanfs_proto::types::InodeId) -> u64 {
     c.statfs(&root(), ino).await.unwrap().free_blocks
 }

@@ -436,8 +436,11 @@ impl Data for DataService {
             let (session, epoch, id) = (req.session.0, req.epoch.0, req.grant_id.0);
             let (attr, commit_seq) = match req.keep_at {
                 Some(at) => {
+                    let parts: Vec<(u64, u64)> = std::iter::once((at, req.bytes_done))
+                        .chain(req.more.iter().map(|p| (p.offset(), p.len())))
+                        .collect();
                     grants
-                        .complete_part_numbered(session, epoch, id, at, req.bytes_done, req.sync)
+                        .complete_parts_numbered(session, epoch, id, &parts, req.sync)
                         .await
                 }
                 None => {

@@ -315,6 +315,7 @@ impl Server {
             max_inline_bytes: u32::try_from(MAX_INLINE_DATA).unwrap_or(u32::MAX),
             server_version: SERVER_VERSION.to_owned(),
             restores: self.store.restores(),
+            multi_part_complete: true,
         }
     }
 

@@ -659,6 +659,76 @@ async fn a_write_layout_completes_part_by_part_keeps_its_lock_and_frees_its_tail
     );
 }
 
+/// The Written blocks of `ino`, as sorted (first file block, block count) runs.
+fn written_blocks(store: &Store, ino: u64) -> Vec<(u64, u64)> {
+    let ext = store
+        .read(|t| {
+            use sanfs_mds::ns::Reader;
+            t.extent_list(InodeId(ino))
+        })
+        .unwrap();
+    let mut runs: Vec<(u64, u64)> = ext
+        .iter()
+        .filter(|e| e.state == sanfs_blockmap::extent::ExtentState::Written)
+        .map(|e| (e.file_block, e.len_blocks))
+        .collect();
+    runs.sort_unstable();
+    runs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scattered_parts_of_a_write_layout_complete_in_one_call_or_not_at_all() {
+    let c = cluster();
+    let ino = create(&c.dp, "scattered");
+    let epoch = c.dp.store.boot_epoch();
+    let store = Arc::clone(&c.dp.store);
+    let g = grants(c.dp);
+    let (tx, _recalls) = mpsc::unbounded_channel();
+    g.attach(1, tx);
+    let (id, m) = g
+        .map_write(
+            SessionId(1),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            0,
+            4 * MIB,
+            true,
+            true,
+        )
+        .await
+        .unwrap();
+    device_write(&c.luns, &m.plan, &vec![9u8; (4 * MIB) as usize]);
+    // A part past the layout's end, after two good ones: refused whole, nothing converted.
+    let bad = [(MIB, 4096), (2 * MIB, 4096), (4 * MIB - 4096, 8192)];
+    assert!(
+        g.complete_parts_numbered(1, epoch, id, &bad, false)
+            .await
+            .is_err()
+    );
+    assert_eq!(written_blocks(&store, ino), vec![]);
+    let attr = store
+        .read(|t| {
+            use sanfs_mds::ns::Reader;
+            t.getattr(4096, InodeId(ino))
+        })
+        .unwrap();
+    assert_eq!(attr.size, 0, "a refused completion changes nothing");
+    // Three scattered parts, out of order, in one call: exactly their blocks become Written
+    // (the rest stays Unwritten: zeros), and the size is the farthest part's end.
+    let parts = [(3 * MIB, 8192), (MIB, 4096), (2 * MIB + 4096, 4096)];
+    let (attr, _) = g
+        .complete_parts_numbered(1, epoch, id, &parts, false)
+        .await
+        .unwrap();
+    assert_eq!(attr.size, 3 * MIB + 8192);
+    let bs = 4096;
+    assert_eq!(
+        written_blocks(&store, ino),
+        vec![(MIB / bs, 1), ((2 * MIB + 4096) / bs, 1), (3 * MIB / bs, 2)]
+    );
+    assert_eq!(g.live(), 1, "the layout stays");
+}
+
 fn c_free(g: &Grants) -> u64 {
     g.data_path()
         .store

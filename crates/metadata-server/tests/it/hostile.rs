@@ -374,6 +374,7 @@ async fn sessions_handles_and_grants_of_another_node_are_refused() {
                 sync: false,
                 keep: false,
                 offset: 0,
+                more: vec![],
             })
             .await
             .map(drop),
@@ -453,6 +454,7 @@ async fn sessions_handles_and_grants_of_another_node_are_refused() {
             sync: false,
             keep: false,
             offset: 0,
+            more: vec![],
         })
         .await
         .unwrap();

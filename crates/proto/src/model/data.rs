@@ -347,7 +347,13 @@ pub struct CompleteRequest {
     /// `[offset, offset + bytes_done)` and keeps the grant; `None` completes the grant's prefix
     /// of `bytes_done` bytes and ends it.
     pub keep_at: Option<u64>,
+    /// With `keep_at`: further parts of the layout completed in the same transaction (each
+    /// non-empty; at most [`MAX_COMPLETE_PARTS`] parts in all). Empty without `keep_at`.
+    pub more: Vec<ByteRange>,
 }
+
+/// The most parts one `Complete` of a write layout carries (`keep_at` and `more` together).
+pub const MAX_COMPLETE_PARTS: usize = 1024;
 
 impl TryFrom<pb::CompleteRequest> for CompleteRequest {
     type Error = ProtocolError;
@@ -387,6 +393,24 @@ impl TryFrom<pb::CompleteRequest> for CompleteRequest {
         } else {
             None
         };
+        if keep_at.is_none() && !p.more.is_empty() {
+            return Err(invalid("more", "set without keep"));
+        }
+        if p.more.len() >= MAX_COMPLETE_PARTS {
+            return Err(invalid(
+                "more",
+                format!("{} parts: at most {}", p.more.len(), MAX_COMPLETE_PARTS - 1),
+            ));
+        }
+        let more = p
+            .more
+            .into_iter()
+            .map(|part| match ByteRange::new(part.offset, part.length) {
+                Ok(r) if !r.is_empty() => Ok(r),
+                Ok(_) => Err(invalid("more", "a part of length 0")),
+                Err(e) => Err(invalid("more", e.to_string())),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(CompleteRequest {
             session: session_id(p.session)?,
             epoch: epoch(p.epoch)?,
@@ -395,6 +419,7 @@ impl TryFrom<pb::CompleteRequest> for CompleteRequest {
             bytes_done: p.bytes_done,
             sync: p.sync,
             keep_at,
+            more,
         })
     }
 }
@@ -415,6 +440,14 @@ impl From<CompleteRequest> for pb::CompleteRequest {
             sync: r.sync,
             keep: r.keep_at.is_some(),
             offset: r.keep_at.unwrap_or(0),
+            more: r
+                .more
+                .iter()
+                .map(|p| pb::CompletedPart {
+                    offset: p.offset(),
+                    length: p.len(),
+                })
+                .collect(),
         }
     }
 }

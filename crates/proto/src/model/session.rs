@@ -64,6 +64,9 @@ pub struct ServerInfo {
     pub server_version: String,
     /// Restores of the metadata store from a backup (0: never restored).
     pub restores: u64,
+    /// The server completes several parts of a write layout in one `Complete`
+    /// ([`super::data::CompleteRequest::more`]).
+    pub multi_part_complete: bool,
 }
 
 /// A block size field: a power of two from 512 to 65536 (as the volume's).
@@ -106,6 +109,7 @@ impl TryFrom<pb::ServerInfo> for ServerInfo {
             max_inline_bytes: p.max_inline_bytes,
             server_version: text(p.server_version, "server_version", false)?,
             restores: p.restores,
+            multi_part_complete: p.multi_part_complete,
         })
     }
 }
@@ -120,6 +124,7 @@ impl From<ServerInfo> for pb::ServerInfo {
             max_inline_bytes: s.max_inline_bytes,
             server_version: s.server_version,
             restores: s.restores,
+            multi_part_complete: s.multi_part_complete,
         }
     }
 }

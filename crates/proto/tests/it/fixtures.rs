@@ -93,6 +93,7 @@ pub fn server_info() -> ServerInfo {
         max_inline_bytes: 8 << 20,
         server_version: "sanfs-mds 0.1.0".into(),
         restores: 2,
+        multi_part_complete: true,
     }
 }
 

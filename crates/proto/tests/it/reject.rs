@@ -478,6 +478,7 @@ fn complete() -> CompleteRequest {
         bytes_done: 0,
         sync: false,
         keep_at: None,
+        more: vec![],
     }
 }
 
@@ -500,6 +501,13 @@ fn completions() {
             "bytes_done" => |p| p.bytes_done = u64::MAX,
             "offset" => |p| p.offset = 4096,
             "offset" => |p| { p.keep = true; p.offset = u64::MAX - 10; },
+            "more" => |p| p.more.push(pb::CompletedPart { offset: 0, length: 4096 }),
+            "more" => |p| { p.keep = true; p.more.push(pb::CompletedPart { offset: 4096, length: 0 }); },
+            "more" => |p| { p.keep = true; p.more.push(pb::CompletedPart { offset: u64::MAX - 10, length: 4096 }); },
+            "more" => |p| {
+                p.keep = true;
+                p.more = vec![pb::CompletedPart { offset: 0, length: 4096 }; MAX_COMPLETE_PARTS];
+            },
         ],
     );
     check::<ReturnGrantRequest, pb::ReturnGrantRequest>(

@@ -417,6 +417,7 @@ fn completions_and_returns() {
         bytes_done: 8 * KIB,
         sync: false,
         keep_at: None,
+        more: vec![],
     });
     round_trip::<_, pb::CompleteRequest>(CompleteRequest {
         session: SessionId(5),
@@ -426,6 +427,20 @@ fn completions_and_returns() {
         bytes_done: 64 * KIB,
         sync: false,
         keep_at: Some(MIB),
+        more: vec![],
+    });
+    round_trip::<_, pb::CompleteRequest>(CompleteRequest {
+        session: SessionId(5),
+        epoch: SessionEpoch(3),
+        grant_id: GrantId(78),
+        outcome: IoOutcome::Ok,
+        bytes_done: 4 * KIB,
+        sync: false,
+        keep_at: Some(MIB),
+        more: vec![
+            ByteRange::new(3 * MIB, 4 * KIB).unwrap(),
+            ByteRange::new(2 * MIB, 12 * KIB).unwrap(),
+        ],
     });
     round_trip::<_, pb::CompleteRequest>(CompleteRequest {
         session: SessionId(5),
@@ -448,6 +463,7 @@ fn completions_and_returns() {
         bytes_done: 0,
         sync: true,
         keep_at: None,
+        more: vec![],
     });
     round_trip::<_, pb::ReturnGrantRequest>(ReturnGrantRequest {
         session: SessionId(5),

@@ -220,12 +220,52 @@ impl Inner {
         bytes_done: u64,
         keep_at: Option<u64>,
     ) -> Result<Attr, FsError> {
+        self.complete_req(view, grant, outcome, bytes_done, keep_at, Vec::new())
+            .await
+    }
+
+    /// A write layout's partial completion of every range of `parts` (at least one) in one
+    /// call: the server completes them in one transaction (`CompleteRequest.more`; only
+    /// sent to a server that says it can).
+    pub(super) async fn complete_parts(
+        &self,
+        view: &SessionView,
+        layout: &Grant,
+        parts: &[ByteRange],
+    ) -> Result<Attr, FsError> {
+        let (first, more) = parts
+            .split_first()
+            .ok_or_else(|| FsError::Io("a completion of no parts".to_owned()))?;
+        self.complete_req(
+            view,
+            layout,
+            IoOutcome::Ok,
+            first.len(),
+            Some(first.offset()),
+            more.to_vec(),
+        )
+        .await
+    }
+
+    async fn complete_req(
+        &self,
+        view: &SessionView,
+        grant: &Grant,
+        outcome: IoOutcome,
+        bytes_done: u64,
+        keep_at: Option<u64>,
+        more: Vec<ByteRange>,
+    ) -> Result<Attr, FsError> {
         while self
             .completions_paused
             .load(std::sync::atomic::Ordering::SeqCst)
         {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
+        let parts: Vec<(u64, u64)> =
+            std::iter::once((keep_at.unwrap_or(grant.range.offset()), bytes_done))
+                .chain(more.iter().map(|p| (p.offset(), p.len())))
+                .collect();
         let req = CompleteRequest {
             session: view.session,
             epoch: view.epoch,
@@ -234,6 +274,7 @@ impl Inner {
             bytes_done,
             sync: false,
             keep_at,
+            more,
         };
         let req = pb::CompleteRequest::from(req);
         bump(&self.counters.completions);
@@ -252,26 +293,27 @@ impl Inner {
         if grant.mode == LockMode::Exclusive {
             self.leases.forget(&[grant.inode], &[]);
         }
-        self.note_completion(view, grant, bytes_done, keep_at, &reply);
+        self.note_completion(view, grant, &parts, &reply);
         Ok(reply.attr)
     }
 
-    /// Keeps a record of a lazily committed write completion until it is durable (see
-    /// `unsynced`), and forgets the records the reply says are durable now.
+    /// Keeps a record of each part `(offset, length)` of a lazily committed write
+    /// completion until it is durable (see `unsynced`), and forgets the records the reply
+    /// says are durable now.
     pub(super) fn note_completion(
         &self,
         view: &SessionView,
         grant: &Grant,
-        bytes_done: u64,
-        keep_at: Option<u64>,
+        parts: &[(u64, u64)],
         reply: &CompleteReply,
     ) {
-        let at = keep_at.unwrap_or(grant.range.offset());
-        let record = (reply.commit_seq > 0 && bytes_done > 0)
-            .then(|| self.write_record(view, grant, at, bytes_done, reply.commit_seq))
-            .flatten();
+        let records: Vec<_> = parts
+            .iter()
+            .filter(|&&(_, len)| reply.commit_seq > 0 && len > 0)
+            .filter_map(|&(at, len)| self.write_record(view, grant, at, len, reply.commit_seq))
+            .collect();
         let mut unsynced = self.lock_unsynced();
-        if let Some(record) = record {
+        for record in records {
             unsynced.record(grant.inode, record);
         }
         unsynced.durable(view.epoch, reply.durable_seq);

@@ -129,11 +129,13 @@ impl Inner {
         });
     }
 
-    /// Completes one batch of a layout's parts, one `Complete{keep}` per run of contiguous
-    /// parts, and answers every part: its use of the layout ends (the layout is given back
-    /// after a failure), and its completion is no longer pending (with the run's error, if
-    /// any). Never waits for the layout to be idle: later parts still queued hold it in use
-    /// until this sender completes them.
+    /// Completes one batch of a layout's parts, and answers every part: its use of the
+    /// layout ends (the layout is given back after a failure), and its completion is no
+    /// longer pending (with its call's error, if any). Runs of contiguous parts go as one
+    /// range each, all in one `Complete{keep}` where the server completes several parts in
+    /// one call (`ServerInfo.multi_part_complete`), else one call per run. Never waits for
+    /// the layout to be idle: later parts still queued hold it in use until this sender
+    /// completes them.
     async fn complete_batch(
         self: &Arc<Self>,
         view: &SessionView,
@@ -141,41 +143,39 @@ impl Inner {
         ino: InodeId,
         batch: batch::Batch,
     ) {
+        let runs = batch.runs();
+        let calls: Vec<&[batch::Run]> = if view.server.multi_part_complete {
+            runs.chunks(MAX_COMPLETE_PARTS).collect()
+        } else {
+            runs.chunks(1).collect()
+        };
         let mut given_back = false;
-        for run in batch.runs() {
-            let r = self
-                .complete_at(
-                    view,
-                    layout,
-                    IoOutcome::Ok,
-                    run.range.len(),
-                    Some(run.range.offset()),
-                )
-                .await;
+        for call in calls {
+            let ranges: Vec<ByteRange> = call.iter().map(|r| r.range).collect();
+            let r = self.complete_parts(view, layout, &ranges).await;
             let ok = r.is_ok();
+            let parts = || call.iter().flat_map(|run| &run.parts);
             if ok {
                 add(
                     &self.counters.direct_write_bytes,
-                    run.parts.iter().map(ByteRange::len).sum(),
+                    parts().map(ByteRange::len).sum(),
                 );
             }
             let error = match r {
                 Ok(_) => None,
                 // The session was lost with the completion in flight: its data is on the
-                // LUNs, and whether the server applied it is unknown. Kept as a record (one
-                // for the run: every part of it): a restarted server gets it replayed, a
-                // living one (fenced or evicted session) makes it a lost write (EIO at the
+                // LUNs, and whether the server applied it is unknown. Kept as records (one
+                // per run: every part of it): a restarted server gets them replayed, a
+                // living one (fenced or evicted session) makes them a lost write (EIO at the
                 // file's next write, fsync or close). Recorded before the layout's uses end:
-                // a fence waits for them, and the new session's replay must find it.
+                // a fence waits for them, and the new session's replay must find them.
                 Err(e) if crate::client::is_stale(&e) => {
-                    if let Some(record) = self.write_record(
-                        view,
-                        layout,
-                        run.range.offset(),
-                        run.range.len(),
-                        UNANSWERED,
-                    ) {
-                        self.lock_unsynced().record(ino, record);
+                    for range in &ranges {
+                        if let Some(record) =
+                            self.write_record(view, layout, range.offset(), range.len(), UNANSWERED)
+                        {
+                            self.lock_unsynced().record(ino, record);
+                        }
                     }
                     None
                 }
@@ -183,7 +183,7 @@ impl Inner {
             };
             let mut evicted = Vec::new();
             let mut return_it = false;
-            for _ in &run.parts {
+            for _ in parts() {
                 let (after, ev) = self.cache.release(layout.grant_id, ok);
                 evicted.extend(ev);
                 return_it |= after == AfterIo::Return;
@@ -206,7 +206,7 @@ impl Inner {
                     });
                 }
             }
-            for _ in &run.parts {
+            for _ in parts() {
                 self.end_pending(ino, error.clone());
             }
         }
@@ -275,7 +275,59 @@ impl Inner {
 
     /// Whether writes ask for write layouts (not with method A, whose point is one grant per
     /// stripe unit).
-    pub(super) fn write_layouts_on(&self) -> bool {
+    /// Before a write-back of several whole-block extents of `ino` inside `span`: one write
+    /// layout over the span, cached, so that each extent goes direct inside it and their
+    /// completions go in batches (else each small extent is a proxied write of its own).
+    /// Best effort: without it (layouts off, no room, a LUN not usable here, a recall) the
+    /// writes go their usual way.
+    pub(crate) async fn layout_for_write_back(
+        self: &Arc<Self>,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        span: ByteRange,
+    ) {
+        if !self.write_layouts_on() || span.is_empty() {
+            return;
+        }
+        let Ok(view) = self.live_view_for(Some(fh), "Map").await else {
+            return;
+        };
+        if self.cache.covers_write(ino, span, view.generation) {
+            return;
+        }
+        // This agent's own older layouts there would block the new one.
+        self.give_back_own(&view, ino, span, Some(LockMode::Exclusive))
+            .await;
+        let grant = match self
+            .map(&view, cred, fh, ino, span, LockMode::Exclusive, true)
+            .await
+        {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::debug!(%ino, error = %e, "no write layout for a write-back: extent by extent");
+                return;
+            }
+        };
+        let usable = self.check_grant(&view, &grant, ino, span, LockMode::Exclusive);
+        if !grant.cacheable || !matches!(usable, Ok(true)) {
+            let _ = self.complete(&view, &grant, IoOutcome::Ok, 0).await;
+            return;
+        }
+        let id = grant.grant_id;
+        if !self.cache.enter(Arc::new(grant), view.generation) {
+            return; // recalled already: the recall's acknowledgement covers it
+        }
+        // Entered with one user (this call): none uses it yet; it stays cached for the
+        // extents' writes.
+        let (after, evicted) = self.cache.release(id, true);
+        self.return_in_background(&view, evicted);
+        if after == AfterIo::Return {
+            self.return_in_background(&view, vec![id]);
+        }
+    }
+
+    pub(crate) fn write_layouts_on(&self) -> bool {
         self.config.write_layout_bytes > 0 && !self.config.grant_per_stripe_unit
     }
 

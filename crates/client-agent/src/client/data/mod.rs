@@ -32,8 +32,8 @@ use std::sync::Arc;
 use sanfs_blockmap::plan::IoPlan;
 use sanfs_proto::model::{
     CompleteReply, CompleteRequest, ExtentError, FallocateMode, FallocateRequest, FsyncRequest,
-    Grant, HandleRef, IoOutcome, LockMode, MAX_GRANTS_PER_MESSAGE, MapRequest, ReadReply,
-    ReadRequest, ReturnGrantRequest, WritePosition, WriteReply, WriteRequest,
+    Grant, HandleRef, IoOutcome, LockMode, MAX_COMPLETE_PARTS, MAX_GRANTS_PER_MESSAGE, MapRequest,
+    ReadReply, ReadRequest, ReturnGrantRequest, WritePosition, WriteReply, WriteRequest,
 };
 use sanfs_proto::pb;
 use sanfs_proto::types::{
@@ -268,7 +268,19 @@ impl Client {
             .await;
         let block = u64::from(view.server.block_size);
         let mut attr = None;
-        let pieces = split(offset, len, block, inner.threshold(&view));
+        // Whole blocks inside a cached write layout go direct whatever their size (the
+        // layout's own round trips are paid already); elsewhere only from the threshold on.
+        let in_layout = inner.write_layouts_on()
+            && split(offset, len, block, block).is_some_and(|(h, m)| {
+                ByteRange::new(h, m - h)
+                    .is_ok_and(|mid| inner.cache.covers_write(ino, mid, view.generation))
+            });
+        let threshold = if in_layout {
+            block
+        } else {
+            inner.threshold(&view)
+        };
+        let pieces = split(offset, len, block, threshold);
         let proxied: [Option<ByteRange>; 2] = match pieces {
             None => [Some(range), None],
             Some((h, m)) => [
