@@ -1469,10 +1469,17 @@ async fn cached_reads_see_another_nodes_write_at_once() {
                 std::thread::sleep(Duration::from_millis(1100));
             }
         }
+        // Most reads that reach A's agent at all (the kernel's page cache answers many
+        // before it, how many depends on the kernel) are answered from its cache, not by
+        // the server.
         let st = agent_status(&mnt_a);
         let wb = &st["agent"]["write_back"];
+        let (hits, misses) = (
+            wb["cache_hits"].as_u64().unwrap(),
+            wb["cache_misses"].as_u64().unwrap(),
+        );
         assert!(
-            wb["cache_hits"].as_u64().unwrap() > 1000,
+            hits >= 200 && misses * 10 < hits,
             "reads were answered from the cache: {wb}"
         );
     })
