@@ -18,7 +18,8 @@
 //! re-opened once with the same flags (without `O_TRUNC`) and the call retried.
 //!
 //! **Credentials** are the request's uid and gid plus the caller's supplementary groups from
-//! `/proc/PID/status`; the server checks permissions (no `default_permissions`). Reads and
+//! `/proc/PID/status`; the kernel checks permissions (`default_permissions`) and the server
+//! again at every call (an open of a directory under its attribute lease: the agent). Reads and
 //! writes, authorized by their open handle, use a caller's groups read up to a second before
 //! (`groups`: never another process's).
 

@@ -137,6 +137,8 @@ pub fn render(client: &Client) -> String {
         ("entry", "miss", l.entry_misses),
         ("xattr", "hit", l.xattr_hits),
         ("xattr", "miss", l.xattr_misses),
+        ("access", "hit", l.access_hits),
+        ("access", "miss", l.access_misses),
     ] {
         metrics::counter!("sanfs_agent_lease_cache_total", "kind" => kind, "result" => result)
             .absolute(v);

@@ -371,7 +371,40 @@ pub struct Attr {
     pub generation: u64,
 }
 
+/// Whether `cred` may access a file with permission bits `perm`, owned by `uid`:`gid`, for
+/// `mask` (read 4, write 2, search/execute 1): the owner's, the group's or the others' bits;
+/// root passes all but execute of a non-directory without any execute bit. The one rule of
+/// the server's checks and of the agent's answers under an attribute lease.
+pub fn mode_permits(
+    cred: &Credentials,
+    (uid, gid, perm): (u32, u32, u32),
+    is_dir: bool,
+    mask: u32,
+) -> bool {
+    if cred.is_root() {
+        return mask & 1 == 0 || is_dir || perm & 0o111 != 0;
+    }
+    let bits = if cred.uid == uid {
+        perm >> 6
+    } else if cred.in_group(gid) {
+        perm >> 3
+    } else {
+        perm
+    } & 7;
+    bits & mask == mask
+}
+
 impl Attr {
+    /// Whether `cred` may access this file for `mask` ([`mode_permits`]).
+    pub fn permits(&self, cred: &Credentials, mask: u32) -> bool {
+        mode_permits(
+            cred,
+            (self.uid, self.gid, self.perm),
+            self.kind == FileType::Directory,
+            mask,
+        )
+    }
+
     /// `st_mode`: type bits and permission bits.
     pub fn mode(&self) -> u32 {
         self.kind.mode_bits() | self.perm

@@ -768,13 +768,15 @@ fn format_status(m: &MountStatus) -> String {
     let l = &a.leases;
     let _ = writeln!(
         out,
-        "  leases     stat hits {} misses {}; lookup hits {} misses {}; xattr hits {} misses {}; recalls {}; cached now {} attributes, {} names",
+        "  leases     stat hits {} misses {}; lookup hits {} misses {}; xattr hits {} misses {}; access hits {} misses {}; recalls {}; cached now {} attributes, {} names",
         l.attr_hits,
         l.attr_misses,
         l.entry_hits,
         l.entry_misses,
         l.xattr_hits,
         l.xattr_misses,
+        l.access_hits,
+        l.access_misses,
         l.recalls,
         l.attrs_now,
         l.names_now

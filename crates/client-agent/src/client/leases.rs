@@ -75,6 +75,8 @@ pub struct LeaseCounters {
     pub entry_misses: AtomicU64,
     pub xattr_hits: AtomicU64,
     pub xattr_misses: AtomicU64,
+    pub access_hits: AtomicU64,
+    pub access_misses: AtomicU64,
     pub recalls: AtomicU64,
 }
 
@@ -792,6 +794,8 @@ impl Client {
             entry_misses: get(&c.entry_misses),
             xattr_hits: get(&c.xattr_hits),
             xattr_misses: get(&c.xattr_misses),
+            access_hits: get(&c.access_hits),
+            access_misses: get(&c.access_misses),
             recalls: get(&c.recalls),
             attrs_now: attrs as u64,
             names_now: names as u64,
@@ -848,6 +852,26 @@ impl Client {
             .leases
             .attr(ino)
             .map(|(attr, ttl)| (attr, Some(ttl)))
+    }
+
+    /// A permission check (an open of a directory) answered under the inode's attribute
+    /// lease, where its mode and owners are exact: the server's own rule on them, which the
+    /// server applies again at every call the access is for. `None`: ask the server.
+    pub(crate) fn leased_access(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+        mask: u32,
+    ) -> Option<Result<(), FsError>> {
+        let answer = self.cached_attr(ino).map(|(attr, _)| {
+            if attr.permits(cred, mask & 7) {
+                Ok(())
+            } else {
+                Err(FsError::Access)
+            }
+        });
+        let c = &self.inner.leases.counters;
+        counted(answer, &c.access_hits, &c.access_misses)
     }
 
     /// An extended attribute answered from the cache (`None`: ask the server with

@@ -573,6 +573,9 @@ impl Client {
 
     /// POSIX access check: `mask` of R 4, W 2, X 1, or 0 (exists).
     pub async fn access(&self, cred: &Credentials, ino: InodeId, mask: u32) -> Result<(), FsError> {
+        if let Some(answer) = self.leased_access(cred, ino, mask) {
+            return answer;
+        }
         let req = pb::AccessRequest::from(AccessRequest {
             cred: cred.clone(),
             inode: ino,

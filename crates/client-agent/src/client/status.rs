@@ -81,6 +81,12 @@ pub struct LeaseCounts {
     pub xattr_hits: u64,
     #[serde(default)]
     pub xattr_misses: u64,
+    /// Permission checks (directory opens) answered under attribute leases, and asked of
+    /// the server.
+    #[serde(default)]
+    pub access_hits: u64,
+    #[serde(default)]
+    pub access_misses: u64,
     pub recalls: u64,
     pub attrs_now: u64,
     pub names_now: u64,

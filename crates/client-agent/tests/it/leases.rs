@@ -10,7 +10,9 @@ use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::time::Duration;
 
 use crate::cluster;
-use crate::mount::{Mount, agent_status, can_mount, errno_of, test_seed, timed, xorshift};
+use crate::mount::{
+    Mount, agent_status, as_uid_1000, can_mount, errno_of, test_seed, timed, xorshift,
+};
 
 fn counter(status: &serde_json::Value, name: &str) -> u64 {
     status["agent"]["leases"][name].as_u64().unwrap()
@@ -338,6 +340,58 @@ async fn extended_attributes_are_cached_under_the_lease_and_exact_across_mounts(
         }
     }
     assert!(stale.is_empty(), "{stale:?}");
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
+
+/// Opening a directory is answered under its attribute lease (no `Access` round trip), and
+/// exactly: a chmod through the other mount decides the very next open by another user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_a_directory_is_checked_under_the_lease_and_exact_across_mounts() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "opendir-a", "allow_other").await;
+    let b = Mount::start(&srv, "opendir-b", "allow_other").await;
+    // uid 1000 must reach the mount points: the temp dirs above them are 0700.
+    for m in [&a, &b] {
+        std::fs::set_permissions(
+            m.path.parent().unwrap(),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+    }
+    let (da, db, mb) = (a.p("d"), b.p("d"), b.path.clone());
+    timed("directory opens under leases", 300, move || {
+        std::fs::create_dir(&da).unwrap();
+        std::fs::write(da.join("f"), b"x").unwrap();
+        std::fs::metadata(&db).unwrap();
+        let before = agent_status(&mb);
+        for _ in 0..20 {
+            // An open of the directory alone (no listing, which uses the cache too).
+            drop(std::fs::File::open(&db).unwrap());
+        }
+        let after = agent_status(&mb);
+        assert!(
+            counter(&after, "access_hits") >= counter(&before, "access_hits") + 20
+                && counter(&after, "access_misses") == counter(&before, "access_misses"),
+            "each open was answered under the lease: {before} then {after}"
+        );
+        let mut wrong = Vec::new();
+        for n in 0..20u32 {
+            let open = n % 2 == 1;
+            let mode = if open { 0o755 } else { 0o700 };
+            std::fs::set_permissions(&da, std::fs::Permissions::from_mode(mode)).unwrap();
+            let (st, out) = as_uid_1000(&["ls", db.to_str().unwrap()]);
+            if st.success() != open || (open && out != b"f\n") {
+                wrong.push(format!("{n}: mode {mode:o}, uid 1000's ls: {st} {out:?}"));
+            }
+        }
+        assert!(wrong.is_empty(), "{wrong:?}");
+    })
+    .await;
     drop(a);
     drop(b);
     srv.stop().await;

@@ -1077,7 +1077,7 @@ async fn sparse_files_seek_data_and_holes_and_shared_mmap_writes_reach_other_nod
 
 /// Runs `argv` as uid/gid 1000 with no supplementary groups (`setpriv`), under a 10 s
 /// `timeout`; returns its exit status and standard output.
-fn as_uid_1000(argv: &[&str]) -> (std::process::ExitStatus, Vec<u8>) {
+pub(crate) fn as_uid_1000(argv: &[&str]) -> (std::process::ExitStatus, Vec<u8>) {
     let out = Command::new("setpriv")
         .args([
             "--reuid=1000",

@@ -66,17 +66,7 @@ fn err<T>(e: FsError) -> Result<T, OpError> {
 
 /// Whether `cred` may access `rec` for `mask` (a combination of read 4, write 2, exec 1).
 pub fn permits(cred: &Credentials, rec: &InodeRec, mask: u32) -> bool {
-    if cred.is_root() {
-        return mask & MAY_EXEC == 0 || rec.is_dir() || rec.perm & 0o111 != 0;
-    }
-    let bits = if cred.uid == rec.uid {
-        rec.perm >> 6
-    } else if cred.in_group(rec.gid) {
-        rec.perm >> 3
-    } else {
-        rec.perm
-    } & 7;
-    bits & mask == mask
+    sanfs_proto::types::mode_permits(cred, (rec.uid, rec.gid, rec.perm), rec.is_dir(), mask)
 }
 
 fn check(cred: &Credentials, rec: &InodeRec, mask: u32) -> Result<(), OpError> {
