@@ -273,11 +273,48 @@ impl FileState {
         freed
     }
 
+    /// Puts a held-back write into the cached chunks it lies in, so that they keep holding
+    /// what the file holds (a read they answer needs no write-back first); the chunk at the
+    /// end of file goes (the write may move the end). A read of chunks under way does not
+    /// keep what it read (it may have read the LUNs before this write). Returns the bytes
+    /// freed.
+    fn patch_cache(&mut self, off: u64, data: &[u8]) -> u64 {
+        self.cache_gen += 1;
+        if self.chunks.is_empty() || data.is_empty() {
+            return 0;
+        }
+        let short: Vec<u64> = self
+            .chunks
+            .iter()
+            .filter(|(_, c)| (c.len() as u64) < CHUNK)
+            .map(|(i, _)| *i)
+            .collect();
+        let mut freed = 0;
+        for i in short {
+            if let Some(c) = self.chunks.remove(&i) {
+                freed += c.len() as u64;
+            }
+        }
+        self.cached_bytes = self.cached_bytes.saturating_sub(freed);
+        let end = off + data.len() as u64;
+        for i in off / CHUNK..=(end - 1) / CHUNK {
+            if let Some(chunk) = self.chunks.get_mut(&i) {
+                let start = i * CHUNK;
+                let (from, to) = (off.max(start), end.min(start + CHUNK));
+                let at = |x: u64| usize::try_from(x).unwrap_or(usize::MAX);
+                let (dst, src, n) = (at(from - start), at(from - off), at(to - from));
+                Arc::make_mut(chunk)[dst..dst + n].copy_from_slice(&data[src..src + n]);
+            }
+        }
+        freed
+    }
+
     /// Copies `[off, off + buf.len())` from the cached chunks: `Some(n)` when every byte is
     /// there or the end of file comes first (n bytes), `None` when a chunk is missing.
     /// Holds back `data` at `offset`, written as `cred` through `file`; returns by how many
     /// bytes the held-back set grew (the caller adds them to the agent's total).
     fn hold(&mut self, file: &Arc<OpenFile>, cred: &Credentials, offset: u64, data: &[u8]) -> u64 {
+        self.patch_cache(offset, data);
         let grew = insert(&mut self.dirty, offset, data);
         self.dirty_bytes += grew;
         self.dirty_since.get_or_insert_with(Instant::now);
@@ -598,7 +635,10 @@ impl Client {
             {
                 return Ok(None);
             }
+            let cached = f.cached_bytes;
             let grew = f.hold(file, cred, offset, data);
+            wb.cached
+                .fetch_sub(cached - f.cached_bytes, Ordering::Relaxed);
             let total = wb.total.fetch_add(grew, Ordering::Relaxed) + grew;
             // At the file's limit a write-back starts beside the writer, once; at twice the
             // limit, or the agent's, the writer waits for one.
@@ -658,7 +698,10 @@ impl Client {
             {
                 return None;
             }
+            let cached = f.cached_bytes;
             let grew = f.hold(file, cred, offset, data);
+            wb.cached
+                .fetch_sub(cached - f.cached_bytes, Ordering::Relaxed);
             wb.total.fetch_add(grew, Ordering::Relaxed);
         }
         bump(&wb.counters.held_writes);
@@ -681,11 +724,9 @@ impl Client {
         let generation = self.inner.lock_state().view.generation;
         let mut files = wb.files();
         let f = files.get_mut(&ino)?;
-        if !f.dirty.is_empty()
-            || f.flushing > 0
-            || f.recalling
-            || f.delegation.is_none_or(|d| d.generation != generation)
-        {
+        // Held-back writes are in the cached chunks (`FileState::patch_cache`): what they
+        // answer is the file's content, written back or not.
+        if f.recalling || f.delegation.is_none_or(|d| d.generation != generation) {
             return None;
         }
         let mut copy = Span::cpu(Stage::Copy);
@@ -716,9 +757,9 @@ impl Client {
         if wb.config.read_cache_bytes == 0 || buf.is_empty() {
             return self.read_into(cred, fh, ino, offset, buf).await;
         }
-        // What this node held back is read from the LUNs once written (and then dropped
-        // from the cache: `wrote`).
-        self.write_back_barrier(ino).await;
+        // The cached chunks hold this node's held-back writes too (`FileState::patch_cache`):
+        // a read they answer needs no write-back. What this node held back is read from the
+        // LUNs only once written (below, on a miss).
         let generation = self.inner.lock_state().view.generation;
         let want = {
             let mut files = wb.files();
@@ -760,6 +801,8 @@ impl Client {
                 f.quiet_until = Some(Instant::now() + REFUSAL_BACKOFF);
             }
         }
+        // A miss reads the LUNs: what this node held back goes there first.
+        self.write_back_barrier(ino).await;
         let usable = wb
             .files()
             .get(&ino)
@@ -1078,6 +1121,29 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn held_back_writes_patch_the_cached_chunks_and_drop_the_one_at_the_end_of_file() {
+        let mut f = FileState::default();
+        let c = CHUNK as usize;
+        f.chunks.insert(0, Arc::new(vec![1u8; c]));
+        f.chunks.insert(1, Arc::new(vec![2u8; c]));
+        f.chunks.insert(3, Arc::new(vec![4u8; 100])); // the end of file
+        f.cached_bytes = 2 * CHUNK + 100;
+        let gen0 = f.cache_gen;
+        // Across chunks 0 and 1, and into chunk 2, which is not cached.
+        let freed = f.patch_cache(CHUNK - 10, &vec![9u8; c + 20]);
+        assert_eq!(freed, 100, "the chunk at the end of file goes");
+        assert_eq!(f.cached_bytes, 2 * CHUNK);
+        assert!(f.cache_gen > gen0, "reads under way keep nothing");
+        assert!(!f.chunks.contains_key(&3) && !f.chunks.contains_key(&2));
+        let mut buf = vec![0u8; 2 * c];
+        assert_eq!(f.serve(0, &mut buf), Some(2 * c));
+        let want: Vec<u8> = (0..2 * c)
+            .map(|i| if i >= c - 10 { 9 } else { 1 })
+            .collect();
+        assert_eq!(buf, want);
+    }
 
     #[test]
     fn write_back_windows_cover_at_most_one_layout_each() {

@@ -380,6 +380,78 @@ async fn a_write_back_of_scattered_blocks_goes_direct_under_one_layout() {
     srv.stop().await;
 }
 
+/// Issue 18: a rewrite in place (read a chunk, change it, write it back, on to the next:
+/// bonnie++'s rewrite) reads the node's own held-back writes from its read cache, which they
+/// are put into, instead of writing everything held back before every read; every read
+/// sees the bytes written before it, and another node reads the result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewrite_in_place_reads_its_held_back_writes_from_the_cache() {
+    const CHUNK: u64 = 8 * KIB;
+    let srv = cluster::start(10_000).await;
+    let a = srv.client("a").await;
+    let b = srv.client("b").await;
+    let (ino, ha) = create(&a, "rewrite").await;
+    let mut rng = Rng::new(31);
+    let mut model = Model::default();
+    let base = rng.bytes(MIB as usize);
+    a.write_at(&root(), &ha, ino, 0, &base).await.unwrap();
+    model.write(0, &base);
+    a.fsync(&root(), &ha, ino, false).await.unwrap();
+    a.release(&ha).await.unwrap();
+    let f = std::sync::Arc::new(a.open_file(&root(), ino, cluster::rw()).await.unwrap());
+    let fh = f.current();
+    let before = a.write_back_stats();
+    for k in 0..MIB / CHUNK {
+        let at = k * CHUNK;
+        let mut buf = vec![0u8; CHUNK as usize];
+        let n = a
+            .read_cached(&root(), &fh, ino, at, &mut buf)
+            .await
+            .unwrap();
+        assert_bytes(
+            &buf[..n],
+            model.read(at, CHUNK),
+            "the chunk before its rewrite",
+        );
+        buf[0] = buf[0].wrapping_add(1);
+        buf[100] ^= 0x5a;
+        if a.write_back(&root(), &f, at, &buf).await.unwrap().is_none() {
+            f.write_at(&a, &root(), at, &buf).await.unwrap();
+        }
+        model.write(at, &buf);
+        // The rewritten bytes at once, and across the chunk's edge.
+        let mut again = vec![0u8; (CHUNK + 512) as usize];
+        let from = at + CHUNK / 2;
+        let n = a
+            .read_cached(&root(), &fh, ino, from, &mut again)
+            .await
+            .unwrap();
+        assert_bytes(
+            &again[..n],
+            model.read(from, CHUNK + 512),
+            "after the rewrite",
+        );
+    }
+    let after = a.write_back_stats();
+    assert!(
+        after.held_writes - before.held_writes >= 120,
+        "the rewrites were held back: {before:?} then {after:?}"
+    );
+    assert!(
+        after.flushes - before.flushes <= 16,
+        "write-backs only where reads missed the cache, not before every read: {before:?} \
+         then {after:?}"
+    );
+    f.fsync(&a, &root(), false).await.unwrap();
+    let hb = open(&b, ino).await;
+    let got = b.read_at(&root(), &hb, ino, 0, 2 * MIB).await.unwrap();
+    assert_bytes(&got, &model.0, "B reads the rewritten file");
+    f.release(&a).await.unwrap();
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    srv.stop().await;
+}
+
 async fn free(c: &Client, ino: sanfs_proto::types::InodeId) -> u64 {
     c.statfs(&root(), ino).await.unwrap().free_blocks
 }
