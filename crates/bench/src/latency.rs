@@ -98,6 +98,7 @@ async fn raw_agent(
                 append: false,
                 truncate: false,
             }),
+            delegate: false,
             request_id: None,
         })
         .await?

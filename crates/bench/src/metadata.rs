@@ -109,6 +109,7 @@ async fn caller(
                             append: false,
                             truncate: false,
                         }),
+                        delegate: false,
                         request_id: None,
                     })
                     .await?

@@ -252,6 +252,7 @@ impl Client {
                     perm,
                     exclusive,
                     flags,
+                    delegate: self.delegate_on_create(&flags),
                 });
                 req.request_id = pending.wire();
                 sent = Some(req.clone());
@@ -269,6 +270,9 @@ impl Client {
             handle: r.handle,
         };
         self.inner.note_open(&handle, r.attr.ino);
+        if let Some(id) = r.delegation {
+            self.adopt_created_delegation(r.attr.ino, id, view.generation);
+        }
         let ttl = own.end_made(dirs.as_ref(), (&r.attr, r.lease_ms), self.lease_deadline());
         Ok(Created {
             handle,

@@ -906,6 +906,29 @@ impl Client {
         }
     }
 
+    /// Whether a create should ask for the new file's write delegation with it (write-back
+    /// on, the file opened for writing).
+    pub(crate) fn delegate_on_create(&self, flags: &sanfs_proto::model::OpenFlags) -> bool {
+        self.inner.writeback.enabled() && flags.write
+    }
+
+    /// The write delegation the server gave with the creation of `ino` (`CreateReply`),
+    /// under session generation `generation`: held as if asked for by the file's first
+    /// buffered write (which then needs no `Delegate` call).
+    pub(crate) fn adopt_created_delegation(&self, ino: InodeId, id: GrantId, generation: u64) {
+        let wb = &self.inner.writeback;
+        let mut files = wb.files();
+        let f = files.entry(ino).or_default();
+        let held = Held {
+            id,
+            generation,
+            write: true,
+        };
+        if f.delegation.is_none() && !f.asking && !f.recalling && wb.adopt(f, held) {
+            bump(&wb.counters.delegations);
+        }
+    }
+
     /// Writes every held-back byte of `ino` (one write-back of a file at a time: this waits
     /// for one in progress). A failed write is the file's error, reported by its next
     /// fsync or close (and returned here).

@@ -452,6 +452,56 @@ async fn a_rewrite_in_place_reads_its_held_back_writes_from_the_cache() {
     srv.stop().await;
 }
 
+/// Issue 19 item 3: a file created for writing comes with its write delegation, so its
+/// first buffered write is held back at once (no `Delegate` call of its own); an existing
+/// file opened by a create gets none; another node's read recalls it and sees the bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_created_for_writing_comes_with_its_write_delegation() {
+    use sanfs_proto::types::ROOT_INODE;
+    let srv = cluster::start(10_000).await;
+    let a = srv.client("a").await;
+    let b = srv.client("b").await;
+    let before = a.write_back_stats();
+    let r = a
+        .create(&root(), ROOT_INODE, "born", 0o644, true, cluster::rw())
+        .await
+        .unwrap();
+    let ino = r.attr.ino;
+    let made = a.write_back_stats();
+    assert_eq!(
+        made.delegations,
+        before.delegations + 1,
+        "the delegation came with the create: {made:?}"
+    );
+    let f = std::sync::Arc::new(sanfs_client_agent::client::OpenFile::new(
+        ino,
+        cluster::rw(),
+        r.handle,
+        &root(),
+    ));
+    let held = a.write_back(&root(), &f, 0, b"hello").await.unwrap();
+    assert!(held.is_some(), "the first write is held back");
+    let wrote = a.write_back_stats();
+    assert_eq!(wrote.delegations, made.delegations, "none asked again: {wrote:?}");
+    assert_eq!(wrote.held_writes, made.held_writes + 1);
+    // The file exists now: opened by a create, it comes without one.
+    let again = a
+        .create(&root(), ROOT_INODE, "born", 0o644, false, cluster::rw())
+        .await
+        .unwrap();
+    assert!(!again.created);
+    assert_eq!(a.write_back_stats().delegations, wrote.delegations);
+    // Another node's read recalls it: the held-back bytes are written first.
+    let hb = open(&b, ino).await;
+    let got = b.read_at(&root(), &hb, ino, 0, 100).await.unwrap();
+    assert_eq!(got, b"hello");
+    a.release(&again.handle).await.unwrap();
+    f.release(&a).await.unwrap();
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    srv.stop().await;
+}
+
 async fn free(c: &Client, ino: sanfs_proto::types::InodeId) -> u64 {
     c.statfs(&root(), ino).await.unwrap().free_blocks
 }

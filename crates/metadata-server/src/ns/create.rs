@@ -227,6 +227,7 @@ pub fn create(ctx: &mut Ctx<'_>, r: &CreateRequest) -> Result<CreateReply, OpErr
         handle: sanfs_proto::types::OpenHandle(handle),
         created,
         lease_ms: 0,
+        delegation: None,
     })
 }
 

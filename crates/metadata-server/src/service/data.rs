@@ -185,6 +185,29 @@ impl Server {
 }
 
 impl Server {
+    /// A delegation of `ino` to `session` (epoch `epoch`), or `None`. Other sessions'
+    /// attribute leases go first for a write delegation (its holder answers for the size;
+    /// none is given while it lives). Only to a session that can hear the recall, and not to
+    /// one being evicted.
+    pub(crate) async fn delegate_to(
+        &self,
+        session: u64,
+        epoch: u64,
+        ino: u64,
+        write: bool,
+    ) -> Option<u64> {
+        let _leases = if write {
+            Some(self.recall_attr_leases(ino, session).await)
+        } else {
+            None
+        };
+        if self.has_stream(session) && !self.grants.is_fenced(session) {
+            self.grants.delegate(session, epoch, ino, write)
+        } else {
+            None
+        }
+    }
+
     /// A grant must name this start's epoch: anything older is from before a restart.
     fn check_grant_epoch(&self, epoch: SessionEpoch) -> Result<(), Status> {
         if epoch == self.epoch {
@@ -725,22 +748,10 @@ impl Data for DataService {
             self.server.check_grant_epoch(req.epoch)?;
             self.server
                 .check_handle(&who, &req.handle, req.inode, req.write)?;
-            // Other sessions' attribute leases go first (a write delegation's holder answers
-            // for the size; none is given while it lives).
-            let _leases = if req.write {
-                Some(self.server.recall_attr_leases(req.inode.0, session).await)
-            } else {
-                None
-            };
-            // Only to a session that can hear the recall, and not to one being evicted.
-            let delegation =
-                if self.server.has_stream(session) && !self.server.grants.is_fenced(session) {
-                    self.server
-                        .grants
-                        .delegate(session, req.epoch.0, req.inode.0, req.write)
-                } else {
-                    None
-                };
+            let delegation = self
+                .server
+                .delegate_to(session, req.epoch.0, req.inode.0, req.write)
+                .await;
             tracing::debug!(
                 session,
                 inode = req.inode.0,

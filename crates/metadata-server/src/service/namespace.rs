@@ -644,6 +644,19 @@ impl Namespace for NamespaceService {
                     since,
                 );
             }
+            // The new file's write delegation, asked for with it (saves the Delegate call of
+            // its first buffered write). Not for a file that was there already.
+            if req.delegate
+                && reply.created
+                && req.flags.write
+                && let Some(ino) = reply.attr.as_ref().map(|a| a.ino)
+            {
+                reply.delegation = self
+                    .server
+                    .delegate_to(session.0, self.server.epoch.0, ino, true)
+                    .await
+                    .unwrap_or(0);
+            }
             Ok((reply, commit))
         })
         .await

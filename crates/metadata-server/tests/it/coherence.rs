@@ -56,6 +56,7 @@ pub fn create_in(store: &Store, n: &str) -> u64 {
             ns::create(
                 ctx,
                 &CreateRequest {
+                    delegate: false,
                     cred: Credentials::root(),
                     session: SessionId(1),
                     parent: InodeId(ROOT),

@@ -192,6 +192,7 @@ pub(crate) fn apply(store: &Store, op: &Op) -> Result<(), FsError> {
             truncate,
         } => store.write_blocking(move |ctx| {
             let r = CreateRequest {
+                delegate: false,
                 cred: cred(),
                 session: SessionId(1),
                 parent: InodeId(parent),

@@ -172,6 +172,7 @@ async fn worker(mut c: Clients, session: u64, model: Model, prefix: String, seed
             .insert(name.clone(), Expect::Uncertain);
         let Ok(r) =
             c.ns.create(pb::CreateRequest {
+                delegate: false,
                 cred: root(),
                 session,
                 parent: ROOT,
@@ -366,6 +367,7 @@ async fn kill_9_during_a_mixed_workload_loses_nothing_acknowledged() {
         // A write grant left out when the server dies.
         let g =
             c.ns.create(pb::CreateRequest {
+                delegate: false,
                 cred: root(),
                 session,
                 parent: ROOT,

@@ -113,6 +113,7 @@ impl Node {
             .c
             .ns
             .create(pb::CreateRequest {
+                delegate: false,
                 request_id: None,
                 cred: root(),
                 session: self.session,

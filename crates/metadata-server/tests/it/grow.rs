@@ -24,6 +24,7 @@ fn create(store: &Store, n: &'static str) -> InodeId {
             ns::create(
                 ctx,
                 &CreateRequest {
+                    delegate: false,
                     cred: Credentials::root(),
                     session: SessionId(1),
                     parent: InodeId(ROOT),

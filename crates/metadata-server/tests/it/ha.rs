@@ -464,6 +464,7 @@ async fn connect(addr: SocketAddr) -> Result<(Clients, u64), Failure> {
 
 async fn create(c: &mut Clients, session: u64, name: &str) -> Result<(), Failure> {
     let created = c.ns.create(pb::CreateRequest {
+        delegate: false,
         cred: root(),
         session,
         parent: ROOT,
@@ -748,6 +749,7 @@ async fn pause_round(pair: &mut Pair, client: &Client, a: usize, pending_name: &
     let name = pending_name.as_bytes().to_vec();
     let pending = tokio::spawn(async move {
         let sent = to_a.ns.create(pb::CreateRequest {
+            delegate: false,
             cred: root(),
             session: a_session,
             parent: ROOT,

@@ -292,6 +292,7 @@ async fn sessions_handles_and_grants_of_another_node_are_refused() {
     // Node A writes a file through the proxied path and holds a write grant.
     let created =
         a.ns.create(pb::CreateRequest {
+            delegate: false,
             request_id: None,
             cred: root(),
             session: sa,
@@ -582,6 +583,7 @@ async fn root_squash_makes_root_nobody() {
     let created = admin
         .ns
         .create(pb::CreateRequest {
+            delegate: false,
             request_id: None,
             cred: root(),
             session: sa,
@@ -677,6 +679,7 @@ async fn root_squash_makes_root_nobody() {
     let made = squashed
         .ns
         .create(pb::CreateRequest {
+            delegate: false,
             request_id: None,
             cred: root(),
             session: ss,

@@ -54,6 +54,7 @@ async fn heartbeat(s: &Stream, seq: u64) {
 async fn create(c: &mut Clients, session: u64, name: &str) -> (u64, u64) {
     let r =
         c.ns.create(pb::CreateRequest {
+            delegate: false,
             cred: root(),
             session,
             parent: 1,

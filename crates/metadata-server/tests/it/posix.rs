@@ -359,6 +359,7 @@ impl World {
                     ns::create(
                         ctx,
                         &CreateRequest {
+                            delegate: false,
                             cred: c,
                             session: SessionId(1),
                             parent,

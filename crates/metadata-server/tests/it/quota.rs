@@ -36,6 +36,7 @@ async fn create(
     name: &str,
 ) -> Result<(u64, u64), tonic::Status> {
     c.ns.create(pb::CreateRequest {
+        delegate: false,
         cred: root(),
         session,
         parent,

@@ -233,6 +233,7 @@ fn lost_namespace_changes_are_replayed_in_order_with_their_inode_numbers() {
     let durable = store.durable_seq();
     let session = 7u64;
     let create = CreateRequest {
+        delegate: false,
         cred: root.clone(),
         session: SessionId(session),
         parent: d,
@@ -464,6 +465,7 @@ fn replaying_every_kind_of_change_onto_a_fresh_store_rebuilds_the_same_names() {
         perm: 0o755,
     };
     let cr = |n: &str| CreateRequest {
+        delegate: false,
         cred: Credentials::root(),
         session: SessionId(3),
         parent: InodeId(1),

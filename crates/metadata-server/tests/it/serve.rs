@@ -34,6 +34,7 @@ async fn mkdir(c: &mut Clients, parent: u64, name: &str) -> pb::Attr {
 async fn create(c: &mut Clients, session: u64, parent: u64, name: &str) -> (pb::Attr, u64) {
     let r =
         c.ns.create(pb::CreateRequest {
+            delegate: false,
             cred: root(),
             session,
             parent,
@@ -412,6 +413,7 @@ async fn bad_input_is_invalid_argument_and_changes_nothing() {
     }
     let long =
         c.ns.create(pb::CreateRequest {
+            delegate: false,
             cred: root(),
             session,
             parent: ROOT,
@@ -518,6 +520,7 @@ async fn unknown_inode_or_session_is_refused() {
     // A session that was never opened cannot own handles.
     let stale =
         c.ns.create(pb::CreateRequest {
+            delegate: false,
             cred: root(),
             session: 77,
             parent: ROOT,

@@ -32,6 +32,7 @@ fn mkdir_create_lookup_readdir_survive_reopen() {
                 ns::create(
                     ctx,
                     &CreateRequest {
+                        delegate: false,
                         cred: Credentials::root(),
                         session: SessionId(1),
                         parent: d.ino,
@@ -117,6 +118,7 @@ fn map_write_then_complete_converts_exactly_the_done_prefix() {
             ns::create(
                 ctx,
                 &CreateRequest {
+                    delegate: false,
                     cred: Credentials::root(),
                     session: SessionId(1),
                     parent: InodeId(ROOT),
@@ -190,6 +192,7 @@ fn preallocation_stops_at_the_largest_file_size_and_fsck_checks_it() {
             ns::create(
                 ctx,
                 &CreateRequest {
+                    delegate: false,
                     cred: Credentials::root(),
                     session: SessionId(1),
                     parent: InodeId(ROOT),

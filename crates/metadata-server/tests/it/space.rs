@@ -55,6 +55,7 @@ fn every_way_out_frees_and_uncharges_exactly_what_it_unmaps() {
                 ns::create(
                     ctx,
                     &CreateRequest {
+                        delegate: false,
                         cred: Credentials::root(),
                         session: SessionId(1),
                         parent: dir,

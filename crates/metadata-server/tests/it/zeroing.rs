@@ -34,6 +34,7 @@ async fn a_completion_without_device_io_exposes_zeros_not_a_deleted_files_bytes(
     let mut c = srv.clients().await;
     let (session, epoch) = c.open_session().await;
     let create = |name: &str| pb::CreateRequest {
+        delegate: false,
         request_id: None,
         cred: root(),
         session,
@@ -257,6 +258,7 @@ async fn blocks_noted_for_zeroing_when_the_server_stopped_are_zeroed_at_the_next
     let (session, epoch) = c.open_session().await;
     let r =
         c.ns.create(pb::CreateRequest {
+            delegate: false,
             request_id: None,
             cred: root(),
             session,

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::pb;
 use crate::types::{
-    Attr, Credentials, FileName, FileType, InodeId, NAME_MAX, OpenHandle, ProtocolError,
+    Attr, Credentials, FileName, FileType, GrantId, InodeId, NAME_MAX, OpenHandle, ProtocolError,
     RenameMode, SessionId, SetAttr, SymlinkTarget, XATTR_SIZE_MAX, XattrMode, XattrName,
 };
 
@@ -287,6 +287,8 @@ pub struct CreateRequest {
     pub perm: u32,
     pub exclusive: bool,
     pub flags: OpenFlags,
+    /// Ask for the new file's write delegation with the reply.
+    pub delegate: bool,
 }
 
 impl TryFrom<pb::CreateRequest> for CreateRequest {
@@ -301,6 +303,7 @@ impl TryFrom<pb::CreateRequest> for CreateRequest {
             perm: perm(p.perm, "perm")?,
             exclusive: p.exclusive,
             flags: required_msg(p.flags, "flags")?,
+            delegate: p.delegate,
         })
     }
 }
@@ -315,6 +318,7 @@ impl From<CreateRequest> for pb::CreateRequest {
             perm: r.perm,
             exclusive: r.exclusive,
             flags: Some(r.flags.into()),
+            delegate: r.delegate,
             request_id: None,
         }
     }
@@ -330,6 +334,8 @@ pub struct CreateReply {
     /// The term of the leases given with the reply (the file's attributes, the parent's
     /// names), 0 for none.
     pub lease_ms: u64,
+    /// The new file's write delegation (asked for with `CreateRequest::delegate`).
+    pub delegation: Option<GrantId>,
 }
 
 impl TryFrom<pb::CreateReply> for CreateReply {
@@ -345,6 +351,7 @@ impl TryFrom<pb::CreateReply> for CreateReply {
             handle: handle(p.handle)?,
             created: p.created,
             lease_ms: lease_ms(p.lease_ms)?,
+            delegation: (p.delegation != 0).then_some(GrantId(p.delegation)),
         })
     }
 }
@@ -356,6 +363,7 @@ impl From<CreateReply> for pb::CreateReply {
             handle: r.handle.0,
             created: r.created,
             lease_ms: r.lease_ms,
+            delegation: r.delegation.map_or(0, |g| g.0),
         }
     }
 }

@@ -150,6 +150,7 @@ fn create_open_and_flags() {
         perm: 0o644,
         exclusive: true,
         flags,
+        delegate: true,
     };
     check::<CreateRequest, pb::CreateRequest>(
         create,
@@ -168,6 +169,7 @@ fn create_open_and_flags() {
             handle: OpenHandle(1),
             created: true,
             lease_ms: 0,
+            delegation: None,
         },
         cases![pb::CreateReply;
             "handle" => |p| p.handle = 0,

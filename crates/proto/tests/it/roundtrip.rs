@@ -201,12 +201,21 @@ fn create_open_release_access() {
         perm: 0o644,
         exclusive: true,
         flags,
+        delegate: true,
     });
     round_trip::<_, pb::CreateReply>(CreateReply {
         attr: attr(43, FileType::Regular),
         handle: OpenHandle(1),
         created: false,
         lease_ms: 10_000,
+        delegation: None,
+    });
+    round_trip::<_, pb::CreateReply>(CreateReply {
+        attr: attr(44, FileType::Regular),
+        handle: OpenHandle(2),
+        created: true,
+        lease_ms: 10_000,
+        delegation: Some(GrantId(17)),
     });
     round_trip::<_, pb::OpenRequest>(OpenRequest {
         cred: cred(),
