@@ -175,21 +175,31 @@ pub(crate) struct WriteBackCounters {
 /// How many held-back extents of one file a write-back writes at once.
 const WRITE_BACK_PARALLEL: usize = 32;
 
+/// The widest gap between two held-back extents that one write layout spans. A layout
+/// allocates what it covers (holes too, as Unwritten blocks inside the file), so a layout
+/// over sparse writes to a sparse file would take space the writes never use: at most this
+/// much per extent.
+const WRITE_BACK_MAX_GAP: u64 = 64 << 10;
+
 /// Held-back extents (sorted by offset, disjoint) cut into windows that one write layout can
 /// cover: each window spans at most `max_span` bytes from its first extent's start to its
-/// last one's end (an extent longer than that is a window of its own).
+/// last one's end (an extent longer than that is a window of its own), with gaps of at most
+/// [`WRITE_BACK_MAX_GAP`] between its extents.
 fn write_back_windows(extents: Vec<(u64, Vec<u8>)>, max_span: u64) -> Vec<Vec<(u64, Vec<u8>)>> {
     let mut windows: Vec<Vec<(u64, Vec<u8>)>> = Vec::new();
-    let mut start = 0u64;
+    let (mut start, mut last_end) = (0u64, 0u64);
     for (off, data) in extents {
         let end = off + data.len() as u64;
         match windows.last_mut() {
-            Some(w) if end - start <= max_span => w.push((off, data)),
+            Some(w) if end - start <= max_span && off - last_end <= WRITE_BACK_MAX_GAP => {
+                w.push((off, data));
+            }
             _ => {
                 start = off;
                 windows.push(vec![(off, data)]);
             }
         }
+        last_end = end;
     }
     windows
 }
@@ -1177,20 +1187,25 @@ mod tests {
                 .collect()
         };
         assert!(write_back_windows(Vec::new(), 1 << 20).is_empty());
-        // Scattered blocks within 1 MiB: one window; the next past it starts another.
+        // Blocks within 256 KiB with gaps up to 64 KiB: one window; past 256 KiB another.
+        let k = |n: u64| n << 10;
         let w = write_back_windows(
             vec![
                 e(0, 4096),
-                e(512 << 10, 4096),
-                e((1 << 20) - 4096, 4096),
-                e(1 << 20, 4096),
+                e(k(68), 4096),
+                e(k(132), 4096),
+                e(k(196), 4096),
+                e(k(256), 4096),
             ],
-            1 << 20,
+            k(256),
         );
         assert_eq!(
             spans(&w),
-            vec![vec![0, 512 << 10, (1 << 20) - 4096], vec![1 << 20]]
+            vec![vec![0, k(68), k(132), k(196)], vec![k(256)]]
         );
+        // A gap wider than WRITE_BACK_MAX_GAP starts a window.
+        let w = write_back_windows(vec![e(0, 4096), e(k(69), 4096), e(k(74), 4096)], 1 << 30);
+        assert_eq!(spans(&w), vec![vec![0], vec![k(69), k(74)]]);
         // An extent longer than a window is a window of its own.
         let w = write_back_windows(
             vec![e(0, 4096), e(8192, 3 << 20), e(4 << 20, 4096)],
