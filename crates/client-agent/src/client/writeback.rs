@@ -178,8 +178,13 @@ const WRITE_BACK_PARALLEL: usize = 32;
 /// The widest gap between two held-back extents that one write layout spans. A layout
 /// allocates what it covers (holes too, as Unwritten blocks inside the file), so a layout
 /// over sparse writes to a sparse file would take space the writes never use: at most this
-/// much per extent.
-const WRITE_BACK_MAX_GAP: u64 = 64 << 10;
+/// much per extent, and see [`WRITE_BACK_MIN_DENSITY`].
+const WRITE_BACK_MAX_GAP: u64 = 1 << 20;
+
+/// A write-back takes a layout over a window only where the held-back bytes are at least
+/// 1/this of the window's span (a sparse file's holes in it take at most this many times
+/// the bytes written).
+const WRITE_BACK_MIN_DENSITY: u64 = 16;
 
 /// Held-back extents (sorted by offset, disjoint) cut into windows that one write layout can
 /// cover: each window spans at most `max_span` bytes from its first extent's start to its
@@ -979,9 +984,11 @@ impl Client {
         };
         let mut outcomes = Vec::new();
         for window in write_back_windows(whole, self.server_info().max_grant_bytes) {
+            let bytes: u64 = window.iter().map(|(_, d)| d.len() as u64).sum();
             if window.len() >= 2
                 && let (Some(first), Some(last)) = (window.first(), window.last())
                 && let Ok(span) = ByteRange::new(first.0, last.0 + last.1.len() as u64 - first.0)
+                && bytes.saturating_mul(WRITE_BACK_MIN_DENSITY) >= span.len()
             {
                 let fh = file.current();
                 self.inner
@@ -1187,31 +1194,34 @@ mod tests {
                 .collect()
         };
         assert!(write_back_windows(Vec::new(), 1 << 20).is_empty());
-        // Blocks within 256 KiB with gaps up to 64 KiB: one window; past 256 KiB another.
-        let k = |n: u64| n << 10;
+        // Blocks within 4 MiB with gaps up to 1 MiB: one window; past 4 MiB another.
+        let m = |n: u64| n << 20;
         let w = write_back_windows(
             vec![
                 e(0, 4096),
-                e(k(68), 4096),
-                e(k(132), 4096),
-                e(k(196), 4096),
-                e(k(256), 4096),
+                e(m(1) + 4096, 4096),
+                e(m(2), 4096),
+                e(m(3), 4096),
+                e(m(4), 4096),
             ],
-            k(256),
+            m(4),
         );
         assert_eq!(
             spans(&w),
-            vec![vec![0, k(68), k(132), k(196)], vec![k(256)]]
+            vec![vec![0, m(1) + 4096, m(2), m(3)], vec![m(4)]]
         );
         // A gap wider than WRITE_BACK_MAX_GAP starts a window.
-        let w = write_back_windows(vec![e(0, 4096), e(k(69), 4096), e(k(74), 4096)], 1 << 30);
-        assert_eq!(spans(&w), vec![vec![0], vec![k(69), k(74)]]);
+        let w = write_back_windows(vec![e(0, 4096), e(m(1) + 8192, 4096)], 1 << 30);
+        assert_eq!(spans(&w), vec![vec![0], vec![m(1) + 8192]]);
         // An extent longer than a window is a window of its own.
         let w = write_back_windows(
-            vec![e(0, 4096), e(8192, 3 << 20), e(4 << 20, 4096)],
+            vec![e(0, 4096), e(8192, 3 << 20), e(3 << 20 | 1 << 19, 4096)],
             1 << 20,
         );
-        assert_eq!(spans(&w), vec![vec![0], vec![8192], vec![4 << 20]]);
+        assert_eq!(
+            spans(&w),
+            vec![vec![0], vec![8192], vec![3 << 20 | 1 << 19]]
+        );
     }
 
     fn flat(map: &BTreeMap<u64, Vec<u8>>, len: usize) -> Vec<Option<u8>> {

@@ -381,6 +381,39 @@ async fn a_write_back_of_scattered_blocks_goes_direct_under_one_layout() {
     srv.stop().await;
 }
 
+/// A write-back of a few blocks far apart in a sparse file takes no layout over them: a
+/// layout allocates the holes it covers, and the file must not grow on the volume by more
+/// than what was written to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_back_of_sparse_blocks_allocates_only_them() {
+    let srv = cluster::start(10_000).await;
+    let a = srv.client("a").await;
+    let (ino, ha) = create(&a, "sparse").await;
+    a.release(&ha).await.unwrap();
+    let f = std::sync::Arc::new(a.open_file(&root(), ino, cluster::rw()).await.unwrap());
+    let before = a.stats();
+    for i in 0..8u64 {
+        let held = a
+            .write_back(&root(), &f, i * 512 * KIB, &[7u8; 4096])
+            .await
+            .unwrap();
+        assert!(held.is_some(), "held back");
+    }
+    f.fsync(&a, &root(), false).await.unwrap();
+    let s = a.stats();
+    assert_eq!(s.map_writes, before.map_writes, "no layout: {s:?}");
+    let attr = a.getattr(&root(), ino).await.unwrap();
+    assert_eq!(attr.size, 7 * 512 * KIB + 4096);
+    assert!(
+        attr.allocated <= 8 * 64 * KIB,
+        "the holes stay holes: {} bytes allocated",
+        attr.allocated
+    );
+    f.release(&a).await.unwrap();
+    a.close().await.unwrap();
+    srv.stop().await;
+}
+
 /// Issue 18: a rewrite in place (read a chunk, change it, write it back, on to the next:
 /// bonnie++'s rewrite) reads the node's own held-back writes from its read cache, which they
 /// are put into, instead of writing everything held back before every read; every read
