@@ -842,7 +842,7 @@ impl Grants {
         sync: bool,
     ) -> Result<Attr, GrantError> {
         Ok(self
-            .complete_part_numbered(session, epoch, id, at, bytes_done, sync)
+            .complete_parts_numbered(session, epoch, id, &[(at, bytes_done)], sync)
             .await?
             .0)
     }
@@ -912,25 +912,6 @@ impl Grants {
             store.write_lazy_numbered(job).await?
         };
         Ok(done)
-    }
-
-    /// [`Grants::complete_part`], answering also the number of the lazy commit that holds
-    /// the conversion (0: durable already).
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "the grant's identity and the completed part"
-    )]
-    pub async fn complete_part_numbered(
-        &self,
-        session: u64,
-        epoch: u64,
-        id: u64,
-        at: u64,
-        bytes_done: u64,
-        sync: bool,
-    ) -> Result<(Attr, u64), GrantError> {
-        self.complete_parts_numbered(session, epoch, id, &[(at, bytes_done)], sync)
-            .await
     }
 
     /// Gives back cached grants, read grants and write layouts (or abandons any grant without
