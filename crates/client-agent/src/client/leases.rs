@@ -38,7 +38,7 @@ use sanfs_proto::model::{
     ReadDirRequest,
 };
 use sanfs_proto::pb;
-use sanfs_proto::types::{Attr, Credentials, FileName, FsError, InodeId};
+use sanfs_proto::types::{Attr, Credentials, FileName, FileType, FsError, InodeId};
 
 use super::Client;
 use super::rpc::Pin;
@@ -838,6 +838,16 @@ impl Client {
             Some((attr, ttl)) => Ok((attr, Some(ttl))),
             None => Err(FsError::NotFound),
         })
+    }
+
+    /// The file's size as this node's reads must see it, where it is known exactly without
+    /// asking: its size under the attribute lease (no other node changes it while the lease
+    /// lives: a write grant or delegation recalls it first; none while this node's own
+    /// completions are on their way), grown by what this node holds back. `None`: unknown.
+    /// Never blocks: fit for a FUSE thread.
+    pub fn leased_size(&self, ino: InodeId) -> Option<u64> {
+        let (attr, _) = self.cached_attr(ino)?;
+        (attr.kind == FileType::Regular).then(|| self.buffered_attr(attr).size)
     }
 
     /// Attributes answered from the cache while their lease holds (`None`: ask the server

@@ -539,6 +539,54 @@ async fn a_file_created_for_writing_comes_with_its_write_delegation() {
     srv.stop().await;
 }
 
+/// Under a file's attribute lease its size is exact, so a node reads a small file in one
+/// proxied round trip (not a grant for the whole request) and answers a read at the end of
+/// file without asking; when another node makes the file longer, the lease is recalled
+/// first and the next read sees the new bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_of_a_small_file_under_its_lease_stop_at_its_exact_size() {
+    let srv = cluster::start(10_000).await;
+    let a = srv.client("a").await;
+    let b = srv.client("b").await;
+    let (ino, ha) = create(&a, "small").await;
+    let data = Rng::new(41).bytes(30_000);
+    a.write_at(&root(), &ha, ino, 0, &data).await.unwrap();
+    a.fsync(&root(), &ha, ino, false).await.unwrap();
+    let hb = open(&b, ino).await;
+    let (attr, ttl) = b.getattr_leased(&root(), ino).await.unwrap();
+    assert_eq!(attr.size, 30_000);
+    assert!(ttl.is_some(), "B holds the attribute lease");
+    let before = b.stats();
+    let got = b.read_at(&root(), &hb, ino, 0, 128 * KIB).await.unwrap();
+    assert_bytes(&got, &data, "B reads the small file");
+    let after = b.stats();
+    assert_eq!(after.map_reads, before.map_reads, "no grant: {after:?}");
+    assert_eq!(after.proxied_reads, before.proxied_reads + 1, "{after:?}");
+    let tail = b
+        .read_at(&root(), &hb, ino, 30_000, 128 * KIB)
+        .await
+        .unwrap();
+    assert!(tail.is_empty());
+    assert_eq!(
+        b.stats().proxied_reads,
+        after.proxied_reads,
+        "the end of file, not asked"
+    );
+    // A makes it longer: B's next read from the old end sees the new bytes.
+    let more = Rng::new(42).bytes(5_000);
+    a.write_at(&root(), &ha, ino, 30_000, &more).await.unwrap();
+    let tail = b
+        .read_at(&root(), &hb, ino, 30_000, 128 * KIB)
+        .await
+        .unwrap();
+    assert_bytes(&tail, &more, "B reads A's new bytes past the old end");
+    a.release(&ha).await.unwrap();
+    b.release(&hb).await.unwrap();
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    srv.stop().await;
+}
+
 async fn free(c: &Client, ino: sanfs_proto::types::InodeId) -> u64 {
     c.statfs(&root(), ino).await.unwrap().free_blocks
 }

@@ -142,6 +142,17 @@ impl Client {
         }
         // What this node held back is read from the LUNs once written.
         self.write_back_barrier(ino).await;
+        // Under the file's attribute lease its size is exact: a read at or past it is
+        // answered here, and one across it asks only up to it (a small file's read goes the
+        // proxied way, one round trip, not a grant for the whole request).
+        let (buf, len) = match self.leased_size(ino) {
+            Some(size) if offset >= size => return Ok(0),
+            Some(size) if size - offset < len => {
+                let n = size - offset;
+                (&mut buf[..usize_of(n)], n)
+            }
+            _ => (buf, len),
+        };
         let inner = &self.inner;
         let view = inner.live_view_for(Some(fh), "Read").await?;
         // This agent's own write layouts there would block the read: give them back (after
@@ -416,8 +427,14 @@ impl Client {
         let inner = &self.inner;
         let view = inner.live_view_for(Some(fh), "Read").await?;
         let block = u64::from(view.server.block_size);
-        match split(offset, len, block, inner.threshold(&view)) {
-            Some((h, m)) if len > 0 && h == offset && m == offset + len => {
+        // What the read can return under the file's attribute lease (its exact size): a
+        // small file is read the proxied way (see `read_into`).
+        let want = match self.leased_size(ino) {
+            Some(size) => len.min(round_up(size.saturating_sub(offset), block)),
+            None => len,
+        };
+        match split(offset, want, block, inner.threshold(&view)) {
+            Some((h, m)) if want > 0 && h == offset && m == offset + want => {
                 let range = ByteRange::new(offset, len)?;
                 inner.settle(ino).await;
                 inner
@@ -430,7 +447,13 @@ impl Client {
             }
             _ => {
                 let n = self
-                    .read_into(cred, fh, ino, offset, buf.as_mut_slice())
+                    .read_into(
+                        cred,
+                        fh,
+                        ino,
+                        offset,
+                        &mut buf.as_mut_slice()[..usize_of(want)],
+                    )
                     .await?;
                 Ok((buf, n))
             }
