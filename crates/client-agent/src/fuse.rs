@@ -956,17 +956,6 @@ impl fuser::Filesystem for SanFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        // A read at or past the end of file, whose size the attribute lease makes exact
-        // (the last read of every `cat`), needs no task either.
-        if self
-            .state
-            .client
-            .leased_size(self.state.ino(ino))
-            .is_some_and(|size| offset >= size)
-        {
-            reply.data(&[]);
-            return;
-        }
         // A buffered read the read cache answers needs no task (the common case of a
         // sequential reader under a delegation): answered here, on FUSE's thread.
         if let Ok(file) = self.state.file(fh)
@@ -985,6 +974,17 @@ impl fuser::Filesystem for SanFs {
                     .record(started.elapsed().as_secs_f64());
                 return;
             }
+        }
+        // A read at or past the end of file, whose size the attribute lease makes exact
+        // (the last read of every `cat`), needs no task either.
+        if self
+            .state
+            .client
+            .leased_size(self.state.ino(ino))
+            .is_some_and(|size| offset >= size)
+        {
+            reply.data(&[]);
+            return;
         }
         let started = std::time::Instant::now();
         let cred = self.data_credentials(req);

@@ -531,9 +531,6 @@ fn mount(
     Ok(())
 }
 
-/// Binds this mount's control socket (named by the mount's device number, read from
-/// mountinfo, so that no request to the mount itself is needed) and serves it. A failure is
-/// logged, not fatal: the mount works without `status` and `bmap`.
 /// The agent's async workers: one per core, from 2 to 4. More workers than cores only add
 /// wake-ups and switches to each request's path (a lone process's creates and unlinks went
 /// 15-25% faster with 2 workers than with 4 on a 2-core machine); more than 4 do not help
@@ -542,6 +539,9 @@ fn runtime_workers() -> usize {
     std::thread::available_parallelism().map_or(4, |n| n.get().clamp(2, 4))
 }
 
+/// Binds this mount's control socket (named by the mount's device number, read from
+/// mountinfo, so that no request to the mount itself is needed) and serves it. A failure is
+/// logged, not fatal: the mount works without `status` and `bmap`.
 fn start_control(runtime: &tokio::runtime::Runtime, ctx: ControlContext) -> Option<PathBuf> {
     let found =
         control::fuse_mounts().map(|m| m.into_iter().rfind(|e| e.mount_point == ctx.mount_point));

@@ -209,6 +209,17 @@ fn write_back_windows(extents: Vec<(u64, Vec<u8>)>, max_span: u64) -> Vec<Vec<(u
     windows
 }
 
+/// The span a write-back window's layout covers: from its first extent's start to its last
+/// one's end, where the window has two extents or more and held-back bytes at least
+/// 1/[`WRITE_BACK_MIN_DENSITY`] of the span; else `None` (its extents go their usual way).
+fn layout_span(window: &[(u64, Vec<u8>)]) -> Option<ByteRange> {
+    let (first, last) = (window.first()?, window.last()?);
+    let span = ByteRange::new(first.0, last.0 + last.1.len() as u64 - first.0).ok()?;
+    let bytes: u64 = window.iter().map(|(_, d)| d.len() as u64).sum();
+    (window.len() >= 2 && bytes.saturating_mul(WRITE_BACK_MIN_DENSITY) >= span.len())
+        .then_some(span)
+}
+
 /// Puts `data` at `off` into `map`; returns how many bytes the map grew by.
 fn insert(map: &mut BTreeMap<u64, Vec<u8>>, off: u64, data: &[u8]) -> u64 {
     let end = off + data.len() as u64;
@@ -324,12 +335,17 @@ impl FileState {
         freed
     }
 
-    /// Copies `[off, off + buf.len())` from the cached chunks: `Some(n)` when every byte is
-    /// there or the end of file comes first (n bytes), `None` when a chunk is missing.
-    /// Holds back `data` at `offset`, written as `cred` through `file`; returns by how many
-    /// bytes the held-back set grew (the caller adds them to the agent's total).
-    fn hold(&mut self, file: &Arc<OpenFile>, cred: &Credentials, offset: u64, data: &[u8]) -> u64 {
-        self.patch_cache(offset, data);
+    /// Holds back `data` at `offset`, written as `cred` through `file` (and puts it in the
+    /// cached chunks); returns by how many bytes the held-back set grew and how many cached
+    /// bytes went ([`WriteBack::hold`] counts both in the agent's totals).
+    fn hold(
+        &mut self,
+        file: &Arc<OpenFile>,
+        cred: &Credentials,
+        offset: u64,
+        data: &[u8],
+    ) -> (u64, u64) {
+        let freed = self.patch_cache(offset, data);
         let grew = insert(&mut self.dirty, offset, data);
         self.dirty_bytes += grew;
         self.dirty_since.get_or_insert_with(Instant::now);
@@ -341,9 +357,11 @@ impl FileState {
             self.writer = Some((file.clone(), cred.clone()));
         }
         self.end = self.end.max(offset + data.len() as u64);
-        grew
+        (grew, freed)
     }
 
+    /// Copies `[off, off + buf.len())` from the cached chunks: `Some(n)` when every byte is
+    /// there or the end of file comes first (n bytes), `None` when a chunk is missing.
     fn serve(&self, off: u64, buf: &mut [u8]) -> Option<usize> {
         let mut done = 0usize;
         while done < buf.len() {
@@ -375,6 +393,20 @@ impl WriteBack {
             cached: AtomicU64::new(0),
             counters: WriteBackCounters::default(),
         }
+    }
+
+    /// [`FileState::hold`] of file `f`, counted in the agent's held-back and cached totals;
+    /// returns the agent's held-back bytes now.
+    fn hold(
+        &self,
+        f: &mut FileState,
+        (file, cred): (&Arc<OpenFile>, &Credentials),
+        offset: u64,
+        data: &[u8],
+    ) -> u64 {
+        let (grew, freed) = f.hold(file, cred, offset, data);
+        self.cached.fetch_sub(freed, Ordering::Relaxed);
+        self.total.fetch_add(grew, Ordering::Relaxed) + grew
     }
 
     fn files(&self) -> MutexGuard<'_, HashMap<InodeId, FileState>> {
@@ -650,11 +682,7 @@ impl Client {
             {
                 return Ok(None);
             }
-            let cached = f.cached_bytes;
-            let grew = f.hold(file, cred, offset, data);
-            wb.cached
-                .fetch_sub(cached - f.cached_bytes, Ordering::Relaxed);
-            let total = wb.total.fetch_add(grew, Ordering::Relaxed) + grew;
+            let total = wb.hold(f, (file, cred), offset, data);
             // At the file's limit a write-back starts beside the writer, once; at twice the
             // limit, or the agent's, the writer waits for one.
             let start = f.dirty_bytes >= wb.config.file_bytes
@@ -713,11 +741,7 @@ impl Client {
             {
                 return None;
             }
-            let cached = f.cached_bytes;
-            let grew = f.hold(file, cred, offset, data);
-            wb.cached
-                .fetch_sub(cached - f.cached_bytes, Ordering::Relaxed);
-            wb.total.fetch_add(grew, Ordering::Relaxed);
+            wb.hold(f, (file, cred), offset, data);
         }
         bump(&wb.counters.held_writes);
         Some(WriteOutcome {
@@ -984,12 +1008,7 @@ impl Client {
         };
         let mut outcomes = Vec::new();
         for window in write_back_windows(whole, self.server_info().max_grant_bytes) {
-            let bytes: u64 = window.iter().map(|(_, d)| d.len() as u64).sum();
-            if window.len() >= 2
-                && let (Some(first), Some(last)) = (window.first(), window.last())
-                && let Ok(span) = ByteRange::new(first.0, last.0 + last.1.len() as u64 - first.0)
-                && bytes.saturating_mul(WRITE_BACK_MIN_DENSITY) >= span.len()
-            {
+            if let Some(span) = layout_span(&window) {
                 let fh = file.current();
                 self.inner
                     .layout_for_write_back(&cred, &fh, ino, span)

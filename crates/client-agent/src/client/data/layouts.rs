@@ -273,8 +273,6 @@ impl Inner {
         )
     }
 
-    /// Whether writes ask for write layouts (not with method A, whose point is one grant per
-    /// stripe unit).
     /// Before a write-back of several whole-block extents of `ino` inside `span`: one write
     /// layout over the span, cached, so that each extent goes direct inside it and their
     /// completions go in batches (else each small extent is a proxied write of its own).
@@ -327,6 +325,8 @@ impl Inner {
         }
     }
 
+    /// Whether writes ask for write layouts (not with method A, whose point is one grant per
+    /// stripe unit).
     pub(crate) fn write_layouts_on(&self) -> bool {
         self.config.write_layout_bytes > 0 && !self.config.grant_per_stripe_unit
     }

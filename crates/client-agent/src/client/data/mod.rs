@@ -279,19 +279,15 @@ impl Client {
             .await;
         let block = u64::from(view.server.block_size);
         let mut attr = None;
-        // Whole blocks inside a cached write layout go direct whatever their size (the
-        // layout's own round trips are paid already); elsewhere only from the threshold on.
-        let in_layout = inner.write_layouts_on()
-            && split(offset, len, block, block).is_some_and(|(h, m)| {
-                ByteRange::new(h, m - h)
-                    .is_ok_and(|mid| inner.cache.covers_write(ino, mid, view.generation))
-            });
-        let threshold = if in_layout {
-            block
-        } else {
-            inner.threshold(&view)
-        };
-        let pieces = split(offset, len, block, threshold);
+        // Whole blocks go direct from the threshold on, and inside a cached write layout
+        // whatever their size (the layout's own round trips are paid already).
+        let pieces = split(offset, len, block, inner.threshold(&view)).or_else(|| {
+            split(offset, len, block, block).filter(|&(h, m)| {
+                inner.write_layouts_on()
+                    && ByteRange::new(h, m - h)
+                        .is_ok_and(|mid| inner.cache.covers_write(ino, mid, view.generation))
+            })
+        });
         let proxied: [Option<ByteRange>; 2] = match pieces {
             None => [Some(range), None],
             Some((h, m)) => [
