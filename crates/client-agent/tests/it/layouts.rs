@@ -381,6 +381,66 @@ async fn a_write_back_of_scattered_blocks_goes_direct_under_one_layout() {
     srv.stop().await;
 }
 
+/// The worst moment for a write-back under one layout: its scattered blocks are on the
+/// LUNs, their one many-part completion is held, and the server restarts. The completion is
+/// refused as stale and kept as one record per range, which the agent replays to the new
+/// server: fsync succeeds (never a false success: every byte is there afterwards).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scattered_write_back_lost_in_a_server_restart_is_replayed_whole() {
+    let mut srv = cluster::start(2_000).await;
+    let a = srv.client("a").await;
+    let (ino, ha) = create(&a, "scattered-replay").await;
+    let mut rng = Rng::new(51);
+    let mut model = Model::default();
+    a.release(&ha).await.unwrap();
+    let f = std::sync::Arc::new(a.open_file(&root(), ino, cluster::rw()).await.unwrap());
+    // Every other block of an empty file's first MiB: scattered ranges, one window, on
+    // blocks the layout hands out Unwritten (a lost conversion would read as zeros).
+    for i in 0..128u64 {
+        let data = rng.bytes(4096);
+        let held = a.write_back(&root(), &f, i * 8192, &data).await.unwrap();
+        assert!(held.is_some(), "held back");
+        model.write(i * 8192, &data);
+    }
+    let before = a.stats();
+    a.pause_completions(true);
+    let cred = root();
+    let flush = f.fsync(&a, &cred, false);
+    let restart = async {
+        // The blocks go to the LUNs under the layout; their completion waits.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while a.stats().layout_writes - before.layout_writes < 128 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the write-back stalled: {:?}",
+                a.stats()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let (old, _) = a.session();
+        srv.restart().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        a.pause_completions(false);
+        a.wait_for_new_session(old, Duration::from_secs(15))
+            .await
+            .unwrap();
+    };
+    let (flushed, ()) = tokio::join!(flush, restart);
+    flushed.expect("the replayed write-back is durable: fsync succeeds");
+    let after = a.stats();
+    assert!(
+        after.sessions > before.sessions && after.direct_write_bytes == before.direct_write_bytes,
+        "the completion was lost with the old session (its bytes replayed, not completed): \
+         {before:?} then {after:?}"
+    );
+    f.fsync(&a, &root(), false).await.unwrap();
+    let got = f.read_at(&a, &root(), 0, 4 * MIB).await.unwrap();
+    assert_bytes(&got, &model.0, "every scattered block was replayed");
+    f.release(&a).await.unwrap();
+    a.close().await.unwrap();
+    srv.stop().await;
+}
+
 /// A write-back of a few blocks far apart in a sparse file takes no layout over them: a
 /// layout allocates the holes it covers, and the file must not grow on the volume by more
 /// than what was written to it.
