@@ -1106,7 +1106,11 @@ impl fuser::Filesystem for SanFs {
                     match held {
                         Some(w) => w,
                         None => with_handle!(st, cred, file, |h| {
-                            if buf.len() == len {
+                            if buf.len() == len && file.sync.is_none() && !file.direct {
+                                st.client
+                                    .write_buffered_buf(&cred, &file.file, &h, offset, &mut buf)
+                                    .await
+                            } else if buf.len() == len {
                                 st.client
                                     .write_at_buf(&cred, &h, ino, offset, &mut buf)
                                     .await

@@ -136,6 +136,13 @@ struct FileState {
 
 /// How many bytes of one file may be held back before a write waits for a write-back: the
 /// configured limit, twice it while a write-back started beside the writer is under way.
+/// Whether `f`'s write delegation of session `generation` is held, with no recall under way.
+fn delegated(f: &FileState, generation: u64) -> bool {
+    !f.recalling
+        && f.delegation
+            .is_some_and(|d| d.generation == generation && d.write)
+}
+
 fn file_limit(f: &FileState, limit: u64) -> u64 {
     if f.flush_started || f.flushing > 0 {
         limit.saturating_mul(2)
@@ -409,6 +416,18 @@ impl WriteBack {
         self.total.fetch_add(grew, Ordering::Relaxed) + grew
     }
 
+    /// After a hold that left the agent with `total` held-back bytes: `(the file's, total,
+    /// whether a write-back starts beside the writer)`. At the file's limit one starts, once.
+    fn limits_after_hold(&self, f: &mut FileState, total: u64) -> (u64, u64, bool) {
+        let limit = self.config.file_bytes;
+        let start = f.dirty_bytes >= limit
+            && f.dirty_bytes < limit.saturating_mul(2)
+            && total < self.config.total_bytes
+            && !f.flush_started;
+        f.flush_started |= start;
+        (f.dirty_bytes, total, start)
+    }
+
     fn files(&self) -> MutexGuard<'_, HashMap<InodeId, FileState>> {
         self.files.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -478,6 +497,18 @@ impl WriteBack {
         self.files()
             .get(&ino)
             .is_some_and(|f| f.dirty_bytes > 0 || f.flushing > 0)
+    }
+
+    /// Whether bytes of `[off, end)` may be held back on this node: a held-back extent
+    /// overlaps it, or a write-back is under way (its extents are not known here).
+    fn unsettled_over(&self, ino: InodeId, off: u64, end: u64) -> bool {
+        self.files().get(&ino).is_some_and(|f| {
+            f.flushing > 0
+                || f.dirty
+                    .range(..end)
+                    .next_back()
+                    .is_some_and(|(s, v)| s + v.len() as u64 > off)
+        })
     }
 
     fn flusher(&self, ino: InodeId) -> Arc<tokio::sync::Mutex<()>> {
@@ -639,18 +670,45 @@ impl Client {
             return Ok(None);
         }
         let ino = file.ino();
+        if !self.held_write_delegation(file).await {
+            return Ok(None);
+        }
+        let generation = self.inner.lock_state().view.generation;
+        let (file_dirty, total, started) = {
+            let mut files = wb.files();
+            let f = files.entry(ino).or_default();
+            // Checked again under the lock: a recall may have come meanwhile.
+            if !delegated(f, generation) {
+                return Ok(None);
+            }
+            let total = wb.hold(f, (file, cred), offset, data);
+            wb.limits_after_hold(f, total)
+        };
+        bump(&wb.counters.held_writes);
+        self.after_hold(ino, file_dirty, total, started).await;
+        Ok(Some(WriteOutcome {
+            written: len,
+            attr: None,
+        }))
+    }
+
+    /// Whether this session holds `file`'s write delegation, asked for here when there is
+    /// none (and no refusal is fresh) and taken when granted.
+    async fn held_write_delegation(&self, file: &Arc<OpenFile>) -> bool {
+        let wb = &self.inner.writeback;
+        let ino = file.ino();
         let generation = self.inner.lock_state().view.generation;
         let want = {
             let mut files = wb.files();
             let f = files.entry(ino).or_default();
             if f.recalling || f.asking {
-                return Ok(None);
+                return false;
             }
             match f.delegation {
                 Some(d) if d.generation == generation && d.write => false,
                 _ => {
                     if f.quiet_until.is_some_and(|t| Instant::now() < t) {
-                        return Ok(None);
+                        return false;
                     }
                     f.delegation = None;
                     f.asking = true;
@@ -669,46 +727,136 @@ impl Client {
             };
             if !taken {
                 f.quiet_until = Some(Instant::now() + REFUSAL_BACKOFF);
-                return Ok(None);
+                return false;
             }
         }
-        let (file_dirty, total, started) = {
-            let mut files = wb.files();
-            let f = files.entry(ino).or_default();
-            // Checked again under the lock: a recall may have come meanwhile.
-            if f.recalling
-                || f.delegation
-                    .is_none_or(|d| d.generation != generation || !d.write)
-            {
-                return Ok(None);
-            }
-            let total = wb.hold(f, (file, cred), offset, data);
-            // At the file's limit a write-back starts beside the writer, once; at twice the
-            // limit, or the agent's, the writer waits for one.
-            let start = f.dirty_bytes >= wb.config.file_bytes
-                && f.dirty_bytes < wb.config.file_bytes.saturating_mul(2)
-                && total < wb.config.total_bytes
-                && !f.flush_started;
-            f.flush_started |= start;
-            (f.dirty_bytes, total, start)
-        };
-        bump(&wb.counters.held_writes);
+        true
+    }
+
+    /// After a hold that left the file with `file_dirty` held-back bytes and the agent with
+    /// `total`: the write-back that `started` runs beside the writer; past twice the file's
+    /// limit or the agent's, the writer waits for one.
+    async fn after_hold(&self, ino: InodeId, file_dirty: u64, total: u64, started: bool) {
+        let config = &self.inner.writeback.config;
         if started {
             let client = Client::borrowed(Arc::clone(&self.inner));
             tokio::spawn(async move {
                 // A failure is the file's next write's, fsync's or close's error.
                 let _ = client.flush_file(ino).await;
             });
-        } else if file_dirty >= wb.config.file_bytes.saturating_mul(2)
-            || total >= wb.config.total_bytes
-        {
+        } else if file_dirty >= config.file_bytes.saturating_mul(2) || total >= config.total_bytes {
             // A failure is the file's next write's, fsync's or close's error.
             let _ = self.flush_file(ino).await;
         }
-        Ok(Some(WriteOutcome {
+    }
+
+    /// A buffered write too long to hold back ([`WriteBackConfig::max_write`]) whose first or
+    /// last block is partial, under the file's write delegation: its whole blocks are written
+    /// through (directly, from `buf` itself when the write starts on a block) and the partial
+    /// blocks at its edges are held back where a cached write layout has allocated them
+    /// (written through otherwise), to be written with what comes next to them. A
+    /// writer whose buffer is not page aligned has each large write split by the kernel into
+    /// a long piece and a short one (a piece holds at most 256 pages): before, each edge was a
+    /// proxied write. Otherwise (no delegation, no edges, a middle too short to go direct),
+    /// [`Client::write_at_buf`].
+    pub async fn write_buffered_buf(
+        &self,
+        cred: &Credentials,
+        file: &Arc<OpenFile>,
+        fh: &FileHandle,
+        offset: u64,
+        buf: &mut AlignedBuf,
+    ) -> Result<WriteOutcome, FsError> {
+        let ino = file.ino();
+        let len = buf.len() as u64;
+        let end = offset + len;
+        let wb = &self.inner.writeback;
+        let (block, threshold) = {
+            let state = self.inner.lock_state();
+            (
+                u64::from(state.view.server.block_size).max(1),
+                self.inner.threshold(&state.view),
+            )
+        };
+        let head_end = offset.next_multiple_of(block);
+        let tail_start = end / block * block;
+        let edges = head_end != offset || tail_start != end;
+        if !wb.enabled()
+            || len < wb.config.max_write
+            || !edges
+            || tail_start <= head_end
+            || tail_start - head_end < threshold
+            || !self.held_write_delegation(file).await
+        {
+            return self.write_at_buf(cred, fh, ino, offset, buf).await;
+        }
+        // Held-back bytes inside the write go first (the write is newer); others stay.
+        if wb.unsettled_over(ino, offset, end) {
+            let _ = self.flush_file(ino).await;
+        }
+        let at = |pos: u64| usize::try_from(pos - offset).unwrap_or(usize::MAX);
+        let head = buf.as_slice()[..at(head_end)].to_vec();
+        let tail = buf.as_slice()[at(tail_start)..].to_vec();
+        let outcome = if head.is_empty() {
+            // The middle starts the buffer: written from it, shortened to the middle (and
+            // whole again after, for a retry; a buffer the engine lost stays short).
+            buf.set_len(at(tail_start));
+            let written = self.write_through_buf(cred, fh, ino, head_end, buf).await;
+            buf.set_len(usize::try_from(len).unwrap_or(usize::MAX));
+            written?
+        } else {
+            let mut middle = {
+                let mut copy = Span::cpu(Stage::Copy);
+                copy.set_bytes(tail_start - head_end);
+                AlignedBuf::from_slice(&buf.as_slice()[at(head_end)..at(tail_start)])
+            };
+            self.write_through_buf(cred, fh, ino, head_end, &mut middle)
+                .await?
+        };
+        let generation = self.inner.lock_state().view.generation;
+        // An edge is held back only on blocks a cached write layout has allocated already
+        // (the writer's layout ahead): there its write-back cannot fail for want of space
+        // or quota, which a long write reports itself (ENOSPC, EDQUOT), not its close.
+        let (mut hold, mut through) = (Vec::new(), Vec::new());
+        for (off, data) in [(offset, head), (tail_start, tail)] {
+            if data.is_empty() {
+                continue;
+            }
+            let blocks = ByteRange::new(off / block * block, block)?;
+            if self.inner.cache.covers_write(ino, blocks, generation) {
+                hold.push((off, data));
+            } else {
+                through.push((off, data));
+            }
+        }
+        let held = (!hold.is_empty())
+            .then(|| {
+                let mut files = wb.files();
+                let f = files.entry(ino).or_default();
+                // A recall may have come while the middle was written: then the edges go now.
+                delegated(f, generation).then(|| {
+                    let mut total = 0;
+                    for (off, data) in &hold {
+                        total = wb.hold(f, (file, cred), *off, data);
+                    }
+                    wb.limits_after_hold(f, total)
+                })
+            })
+            .flatten();
+        match held {
+            Some((file_dirty, total, started)) => {
+                bump(&wb.counters.held_writes);
+                self.after_hold(ino, file_dirty, total, started).await;
+            }
+            None => through.append(&mut hold),
+        }
+        for (off, data) in through {
+            self.write_through(cred, fh, ino, off, &data).await?;
+        }
+        Ok(WriteOutcome {
             written: len,
-            attr: None,
-        }))
+            attr: outcome.attr,
+        })
     }
 
     /// [`Client::write_back`] of a write that needs no waiting: the file's write delegation
@@ -732,10 +880,8 @@ impl Client {
         {
             let mut files = wb.files();
             let f = files.get_mut(&ino)?;
-            if f.recalling
-                || f.asking
-                || f.delegation
-                    .is_none_or(|d| d.generation != generation || !d.write)
+            if f.asking
+                || !delegated(f, generation)
                 || f.dirty_bytes + len >= file_limit(f, wb.config.file_bytes)
                 || wb.total.load(Ordering::Relaxed) + len >= wb.config.total_bytes
             {

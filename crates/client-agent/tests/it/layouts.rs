@@ -647,6 +647,103 @@ async fn reads_of_a_small_file_under_its_lease_stop_at_its_exact_size() {
     srv.stop().await;
 }
 
+/// Issue 18: a long buffered write with partial blocks at its edges writes its whole
+/// blocks directly and holds the edges back under the file's write delegation, where they
+/// meet their neighbours (the kernel's split of a write from an unaligned buffer: 1 MiB - 16
+/// bytes, then 16). No byte goes through the server; another node's read recalls the
+/// delegation and sees every byte, the held-back edges included; a write that starts inside
+/// a block holds its head back too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_partial_edges_of_long_writes_are_held_back_and_meet_their_neighbours() {
+    use sanfs_client_agent::buf::AlignedBuf;
+    use sanfs_proto::types::ROOT_INODE;
+    let srv = cluster::start(10_000).await;
+    let a = srv.client("a").await;
+    let b = srv.client("b").await;
+    let r = a
+        .create(&root(), ROOT_INODE, "edges", 0o644, true, cluster::rw())
+        .await
+        .unwrap();
+    let ino = r.attr.ino;
+    let f = std::sync::Arc::new(sanfs_client_agent::client::OpenFile::new(
+        ino,
+        cluster::rw(),
+        r.handle,
+        &root(),
+    ));
+    let mut rng = Rng::new(61);
+    let mut model = Model::default();
+    let before = a.stats();
+    let held_before = a.write_back_stats().held_writes;
+    for i in 0..8u64 {
+        let data = rng.bytes(MIB as usize);
+        let (long, short) = data.split_at((MIB - 16) as usize);
+        let mut buf = AlignedBuf::from_slice(long);
+        a.write_buffered_buf(&root(), &f, &f.current(), i * MIB, &mut buf)
+            .await
+            .unwrap();
+        assert_eq!(buf.len(), long.len(), "the caller's buffer is whole again");
+        let held = a
+            .write_back(&root(), &f, i * MIB + MIB - 16, short)
+            .await
+            .unwrap();
+        assert!(held.is_some(), "the short piece is held back");
+        model.write(i * MIB, &data);
+    }
+    let wb = a.write_back_stats();
+    assert_eq!(wb.held_writes - held_before, 16, "{wb:?}");
+    assert_eq!(
+        wb.dirty_bytes,
+        8 * 4096,
+        "one block per MiB held back: {wb:?}"
+    );
+    // They go out as whole blocks, directly, inside the writer's layout.
+    f.fsync(&a, &root(), false).await.unwrap();
+    let s = a.stats();
+    assert_eq!(s.proxied_writes, before.proxied_writes, "{s:?}");
+    assert!(s.map_writes - before.map_writes <= 2, "{s:?}");
+    // A rewrite starting inside a block, in the layout: its head and its tail are held back.
+    let data = rng.bytes((MIB + 300) as usize);
+    let mut buf = AlignedBuf::from_slice(&data);
+    a.write_buffered_buf(&root(), &f, &f.current(), 2 * MIB + 100, &mut buf)
+        .await
+        .unwrap();
+    model.write(2 * MIB + 100, &data);
+    let s = a.stats();
+    assert_eq!(
+        s.proxied_writes, before.proxied_writes,
+        "nothing yet: {s:?}"
+    );
+    let wb = a.write_back_stats();
+    assert_eq!(wb.held_writes - held_before, 16 + 1, "{wb:?}");
+    assert_eq!(wb.dirty_bytes, (4096 - 100) + 400, "{wb:?}");
+    // Away from the layout (not sequential: a layout of its own middle only), the edges
+    // lie on blocks nothing allocated yet: written through at once, so that running out
+    // of space or quota is this write's error, not the close's.
+    let data = rng.bytes((MIB + 300) as usize);
+    let mut buf = AlignedBuf::from_slice(&data);
+    a.write_buffered_buf(&root(), &f, &f.current(), 20 * MIB + 100, &mut buf)
+        .await
+        .unwrap();
+    model.write(20 * MIB + 100, &data);
+    let s = a.stats();
+    assert_eq!(s.proxied_writes, before.proxied_writes + 2, "{s:?}");
+    assert_eq!(a.write_back_stats().held_writes, wb.held_writes);
+    // B reads before any fsync: the recall writes the edges first.
+    let hb = open(&b, ino).await;
+    assert_eq!(b.getattr(&root(), ino).await.unwrap().size, 21 * MIB + 400);
+    let got = b.read_at(&root(), &hb, ino, 0, 22 * MIB).await.unwrap();
+    assert_bytes(&got, &model.0, "B reads every byte, the edges too");
+    // The rewrite's two partial blocks went through the server, nothing else.
+    let s = a.stats();
+    assert!(s.proxied_writes - before.proxied_writes <= 4, "{s:?}");
+    f.release(&a).await.unwrap();
+    b.release(&hb).await.unwrap();
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    srv.stop().await;
+}
+
 async fn free(c: &Client, ino: sanfs_proto::types::InodeId) -> u64 {
     c.statfs(&root(), ino).await.unwrap().free_blocks
 }

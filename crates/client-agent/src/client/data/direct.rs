@@ -253,7 +253,8 @@ impl Inner {
                 pos = want.end();
                 continue;
             }
-            let sequential = layouts && self.is_sequential(ino, pos);
+            let sequential =
+                layouts && self.is_sequential(ino, pos, u64::from(view.server.block_size));
             let ask = if sequential {
                 self.write_layout_range(view, want)?
             } else {

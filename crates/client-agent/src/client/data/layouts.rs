@@ -345,9 +345,15 @@ impl Inner {
     }
 
     /// Whether a write at `pos` continues this agent's last direct write to `ino` (or starts
-    /// the file): a sequential writer, worth a layout ahead.
-    pub(super) fn is_sequential(&self, ino: InodeId, pos: u64) -> bool {
-        pos == 0 || self.lock_write_ends().get(&ino).is_some_and(|e| *e == pos)
+    /// the file): a sequential writer, worth a layout ahead. A gap of at most one block
+    /// still continues it: the partial blocks a long write's edges leave held back
+    /// (`Client::write_buffered_buf`) come between its direct writes.
+    pub(super) fn is_sequential(&self, ino: InodeId, pos: u64, block: u64) -> bool {
+        pos == 0
+            || self
+                .lock_write_ends()
+                .get(&ino)
+                .is_some_and(|e| *e <= pos && pos - *e <= block)
     }
 
     pub(super) fn note_write_end(&self, ino: InodeId, end: u64) {

@@ -231,6 +231,18 @@ impl Client {
         buf: &mut AlignedBuf,
     ) -> Result<WriteOutcome, FsError> {
         self.write_back_barrier(ino).await;
+        self.write_through_buf(cred, fh, ino, offset, buf).await
+    }
+
+    /// [`Client::write_at_buf`] without writing held-back bytes first.
+    pub(crate) async fn write_through_buf(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        buf: &mut AlignedBuf,
+    ) -> Result<WriteOutcome, FsError> {
         self.write_data(cred, fh, ino, offset, WriteData::Aligned(buf))
             .await
     }
@@ -616,7 +628,7 @@ impl Client {
 
 impl Inner {
     /// The direct-I/O threshold: this client's override, else the server's.
-    fn threshold(&self, view: &SessionView) -> u64 {
+    pub(in crate::client) fn threshold(&self, view: &SessionView) -> u64 {
         self.config
             .direct_io_threshold
             .unwrap_or(view.server.direct_io_threshold)
