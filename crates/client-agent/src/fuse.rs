@@ -962,7 +962,7 @@ impl fuser::Filesystem for SanFs {
             && !file.direct
         {
             let started = std::time::Instant::now();
-            if let Some(buf) = self.state.client.try_read_cached_now(
+            if let Some((buf, ahead)) = self.state.client.try_read_cached_now(
                 self.state.ino(ino),
                 offset,
                 size.min(MAX_IO_BYTES) as usize,
@@ -972,6 +972,13 @@ impl fuser::Filesystem for SanFs {
                 reply_data(reply, &buf);
                 metrics::histogram!(FUSE_OP_SECONDS, "op" => "read")
                     .record(started.elapsed().as_secs_f64());
+                // The sequential reader's next chunks, read in the background.
+                if let Some(ahead) = ahead {
+                    let (cred, fh) = (self.data_credentials(req), file.file.current());
+                    let client = Arc::clone(&self.state.client);
+                    self.runtime
+                        .spawn(async move { client.read_ahead(&cred, &fh, ahead).await });
+                }
                 return;
             }
         }

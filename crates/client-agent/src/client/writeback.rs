@@ -91,8 +91,39 @@ struct Held {
 /// The read cache's unit: file bytes `[i * CHUNK, (i + 1) * CHUNK)`.
 const CHUNK: u64 = 128 << 10;
 
-/// Chunks read ahead of a sequential reader.
-const READ_AHEAD_CHUNKS: u64 = 7;
+/// How far ahead of a sequential reader the read cache is filled, in the background: four
+/// of its reads, at least [`READ_AHEAD_MIN`] and at most [`READ_AHEAD_MAX`]. A read-ahead
+/// starts when less than half of that is cached ahead of the reader.
+const READ_AHEAD_READS: u64 = 4;
+const READ_AHEAD_MIN: u64 = 1 << 20;
+const READ_AHEAD_MAX: u64 = 8 << 20;
+
+/// A read-ahead under way: chunks `[first, end)`; `done` closes when its chunks are kept
+/// (or it ended without them).
+struct Ahead {
+    first: u64,
+    end: u64,
+    done: tokio::sync::watch::Receiver<()>,
+}
+
+impl Ahead {
+    fn running(&self) -> bool {
+        self.done.has_changed().is_ok()
+    }
+}
+
+/// A read-ahead to run ([`Client::read_ahead`]): chunks `[first, first + count)` of `ino`,
+/// kept only if no cached chunk of the file was dropped (`drop_gen`) and no write-back took
+/// held-back bytes (`flush_gen`) since it was planned. Dropping it ends it.
+#[derive(Debug)]
+pub struct ReadAhead {
+    ino: InodeId,
+    first: u64,
+    count: u64,
+    drop_gen: u64,
+    flush_gen: u64,
+    _done: tokio::sync::watch::Sender<()>,
+}
 
 /// One file's write-back state.
 #[derive(Default)]
@@ -132,10 +163,44 @@ struct FileState {
     /// Where the last read ended (a read from there is sequential: read ahead).
     last_read_end: u64,
     last_use: Option<Instant>,
+    /// The read-ahead under way, if any.
+    ahead: Option<Ahead>,
+    /// Bumped when cached chunks are dropped as stale (not when held-back writes are put
+    /// into them), and when a write-back takes held-back bytes: a read-ahead that saw
+    /// neither keeps what it read, with the held-back bytes put in ([`Client::read_ahead`]).
+    drop_gen: u64,
+    flush_gen: u64,
 }
 
-/// How many bytes of one file may be held back before a write waits for a write-back: the
-/// configured limit, twice it while a write-back started beside the writer is under way.
+/// Copies `data` at file offset `off` into the cached `chunks` it overlaps (whole chunks
+/// only: the caller dropped the short one at the end of file).
+fn copy_into_chunks(chunks: &mut BTreeMap<u64, Arc<Vec<u8>>>, off: u64, data: &[u8]) {
+    if data.is_empty() {
+        return;
+    }
+    let end = off + data.len() as u64;
+    for i in off / CHUNK..=(end - 1) / CHUNK {
+        if let Some(chunk) = chunks.get_mut(&i) {
+            let start = i * CHUNK;
+            let (from, to) = (off.max(start), end.min(start + CHUNK));
+            let at = |x: u64| usize::try_from(x).unwrap_or(usize::MAX);
+            let (dst, src, n) = (at(from - start), at(from - off), at(to - from));
+            if let Some(dst) = Arc::make_mut(chunk).get_mut(dst..dst + n) {
+                dst.copy_from_slice(&data[src..src + n]);
+            }
+        }
+    }
+}
+
+/// Adds a signed change to an agent-wide byte count.
+fn add_signed(total: &AtomicU64, delta: i64) {
+    if delta >= 0 {
+        total.fetch_add(delta.unsigned_abs(), Ordering::Relaxed);
+    } else {
+        total.fetch_sub(delta.unsigned_abs(), Ordering::Relaxed);
+    }
+}
+
 /// Whether `f`'s write delegation of session `generation` is held, with no recall under way.
 fn delegated(f: &FileState, generation: u64) -> bool {
     !f.recalling
@@ -143,6 +208,8 @@ fn delegated(f: &FileState, generation: u64) -> bool {
             .is_some_and(|d| d.generation == generation && d.write)
 }
 
+/// How many bytes of one file may be held back before a write waits for a write-back: the
+/// configured limit, twice it while a write-back started beside the writer is under way.
 fn file_limit(f: &FileState, limit: u64) -> u64 {
     if f.flush_started || f.flushing > 0 {
         limit.saturating_mul(2)
@@ -177,6 +244,7 @@ pub(crate) struct WriteBackCounters {
     pub refusals: AtomicU64,
     pub cache_hits: AtomicU64,
     pub cache_misses: AtomicU64,
+    pub read_aheads: AtomicU64,
 }
 
 /// How many held-back extents of one file a write-back writes at once.
@@ -282,6 +350,7 @@ impl FileState {
     fn drop_cache(&mut self) -> u64 {
         self.chunks.clear();
         self.cache_gen += 1;
+        self.drop_gen += 1;
         std::mem::take(&mut self.cached_bytes)
     }
 
@@ -302,6 +371,7 @@ impl FileState {
             }
         }
         self.cache_gen += 1;
+        self.drop_gen += 1;
         self.cached_bytes = self.cached_bytes.saturating_sub(freed);
         freed
     }
@@ -329,15 +399,37 @@ impl FileState {
             }
         }
         self.cached_bytes = self.cached_bytes.saturating_sub(freed);
-        let end = off + data.len() as u64;
-        for i in off / CHUNK..=(end - 1) / CHUNK {
-            if let Some(chunk) = self.chunks.get_mut(&i) {
-                let start = i * CHUNK;
-                let (from, to) = (off.max(start), end.min(start + CHUNK));
-                let at = |x: u64| usize::try_from(x).unwrap_or(usize::MAX);
-                let (dst, src, n) = (at(from - start), at(from - off), at(to - from));
-                Arc::make_mut(chunk)[dst..dst + n].copy_from_slice(&data[src..src + n]);
+        copy_into_chunks(&mut self.chunks, off, data);
+        freed
+    }
+
+    /// Puts the held-back bytes of `[start, end)` into the cached chunks they lie in (what a
+    /// read-ahead read from the LUNs lacks them); with bytes held back, the chunk at the end
+    /// of file goes, as in [`FileState::patch_cache`]. Returns the bytes freed.
+    fn put_held(&mut self, start: u64, end: u64) -> u64 {
+        if self.dirty.is_empty() {
+            return 0;
+        }
+        let short: Vec<u64> = self
+            .chunks
+            .iter()
+            .filter(|(_, c)| (c.len() as u64) < CHUNK)
+            .map(|(i, _)| *i)
+            .collect();
+        let mut freed = 0;
+        for i in short {
+            if let Some(c) = self.chunks.remove(&i) {
+                freed += c.len() as u64;
             }
+        }
+        self.cached_bytes = self.cached_bytes.saturating_sub(freed);
+        let from = self
+            .dirty
+            .range(..start)
+            .next_back()
+            .map_or(start, |(off, _)| *off);
+        for (off, data) in self.dirty.range(from..end) {
+            copy_into_chunks(&mut self.chunks, *off, data);
         }
         freed
     }
@@ -365,6 +457,75 @@ impl FileState {
         }
         self.end = self.end.max(offset + data.len() as u64);
         (grew, freed)
+    }
+
+    /// After a sequential read of `len` bytes ending at `end`: the read-ahead now due (the
+    /// chunks missing in the window ahead of the reader), marked as under way. `None` while
+    /// one is under way, while a write-back is (its bytes may or may not be on the LUNs when
+    /// they are read), when the end of file is cached, or when at least half the window ahead
+    /// is cached. (Held-back bytes are put into the chunks when they are kept.)
+    fn read_ahead_due(&mut self, ino: InodeId, end: u64, len: u64) -> Option<ReadAhead> {
+        if self.ahead.as_ref().is_some_and(Ahead::running) || self.flushing > 0 {
+            return None;
+        }
+        let window = len
+            .saturating_mul(READ_AHEAD_READS)
+            .clamp(READ_AHEAD_MIN, READ_AHEAD_MAX);
+        let mut first = end / CHUNK;
+        while let Some(c) = self.chunks.get(&first) {
+            if (c.len() as u64) < CHUNK {
+                return None;
+            }
+            first += 1;
+        }
+        if first * CHUNK >= end + window / 2 {
+            return None;
+        }
+        let last = (end + window).div_ceil(CHUNK).max(first + 1);
+        let (tx, rx) = tokio::sync::watch::channel(());
+        self.ahead = Some(Ahead {
+            first,
+            end: last,
+            done: rx,
+        });
+        Some(ReadAhead {
+            ino,
+            first,
+            count: last - first,
+            drop_gen: self.drop_gen,
+            flush_gen: self.flush_gen,
+            _done: tx,
+        })
+    }
+
+    /// The read-ahead under way that covers chunks `[first, last]`: what to wait for.
+    fn ahead_covering(&self, first: u64, last: u64) -> Option<tokio::sync::watch::Receiver<()>> {
+        self.ahead
+            .as_ref()
+            .filter(|a| a.running() && a.first <= first && last < a.end)
+            .map(|a| a.done.clone())
+    }
+
+    /// Keeps the chunks read from chunk `first` on (`data`: the bytes read, of `span`
+    /// asked; fewer at the end of file); returns the bytes it added to the cache.
+    fn keep_chunks(&mut self, first: u64, data: &[u8], span: u64) -> i64 {
+        let mut added = 0i64;
+        for (k, piece) in data.chunks(CHUNK as usize).enumerate() {
+            let old = self
+                .chunks
+                .insert(first + k as u64, Arc::new(piece.to_vec()));
+            added += piece.len() as i64 - old.map_or(0, |o| o.len() as i64);
+        }
+        let n = data.len() as u64;
+        if n < span && n.is_multiple_of(CHUNK) {
+            // The end of file on a chunk boundary: an empty chunk there answers reads past
+            // it (a shorter last chunk does that otherwise).
+            if let Some(old) = self.chunks.insert(first + n / CHUNK, Arc::new(Vec::new())) {
+                added -= old.len() as i64;
+            }
+        }
+        self.cached_bytes = self.cached_bytes.saturating_add_signed(added);
+        added
     }
 
     /// Copies `[off, off + buf.len())` from the cached chunks: `Some(n)` when every byte is
@@ -480,6 +641,7 @@ impl WriteBack {
         f.dirty_bytes = 0;
         f.dirty_since = None;
         f.flushing += 1;
+        f.flush_gen += 1;
         f.flush_started = false;
         Some((dirty, file, cred))
     }
@@ -604,9 +766,8 @@ impl WriteBack {
     /// This node wrote `[off, off + len)` of `ino` (through, not held back): cached chunks
     /// there are stale.
     pub(crate) fn wrote(&self, ino: InodeId, off: u64, len: u64) {
-        if let Some(f) = self.files().get_mut(&ino)
-            && !f.chunks.is_empty()
-        {
+        // Also with nothing cached: a read of the LUNs under way must not keep what it read.
+        if let Some(f) = self.files().get_mut(&ino) {
             let freed = f.drop_range(off, len);
             self.cached.fetch_sub(freed, Ordering::Relaxed);
         }
@@ -901,7 +1062,12 @@ impl Client {
     /// Runs on the caller's thread; `None` leaves the read to [`Client::read_cached`].
     /// The buffer (`size` bytes at most, fewer at end of file) is made only once the file
     /// qualifies, so a read the cache cannot answer costs no allocation here.
-    pub fn try_read_cached_now(&self, ino: InodeId, offset: u64, size: usize) -> Option<Vec<u8>> {
+    pub fn try_read_cached_now(
+        &self,
+        ino: InodeId,
+        offset: u64,
+        size: usize,
+    ) -> Option<(Vec<u8>, Option<ReadAhead>)> {
         let wb = &self.inner.writeback;
         if wb.config.read_cache_bytes == 0 || size == 0 {
             return None;
@@ -921,9 +1087,13 @@ impl Client {
         drop(copy);
         buf.truncate(n);
         f.last_use = Some(Instant::now());
+        let sequential = offset == f.last_read_end;
         f.last_read_end = offset + n as u64;
         bump(&wb.counters.cache_hits);
-        Some(buf)
+        let next = sequential
+            .then(|| f.read_ahead_due(ino, offset + n as u64, size as u64))
+            .flatten();
+        Some((buf, next))
     }
 
     /// A read through the mount's read cache: served from the file's cached chunks while
@@ -986,6 +1156,35 @@ impl Client {
                 f.quiet_until = Some(Instant::now() + REFUSAL_BACKOFF);
             }
         }
+        let len = buf.len() as u64;
+        let (first, last) = (offset / CHUNK, (offset + len - 1) / CHUNK);
+        // A read-ahead under way that brings these chunks: waited for, then served (before
+        // any write-back, which would make it drop what it read).
+        let ahead = wb
+            .files()
+            .get(&ino)
+            .and_then(|f| f.ahead_covering(first, last));
+        if let Some(mut done) = ahead {
+            let _ = done.changed().await;
+            let mut files = wb.files();
+            if let Some(f) = files.get_mut(&ino)
+                && f.delegation.is_some_and(|d| d.generation == generation)
+                && !f.recalling
+                && let Some(n) = f.serve(offset, buf)
+            {
+                let sequential = offset == f.last_read_end;
+                f.last_read_end = offset + n as u64;
+                bump(&wb.counters.cache_hits);
+                let next = sequential
+                    .then(|| f.read_ahead_due(ino, offset + n as u64, len))
+                    .flatten();
+                drop(files);
+                if let Some(next) = next {
+                    self.spawn_read_ahead(cred, fh, next);
+                }
+                return Ok(n);
+            }
+        }
         // A miss reads the LUNs: what this node held back goes there first.
         self.write_back_barrier(ino).await;
         let usable = wb
@@ -997,10 +1196,8 @@ impl Client {
             return self.read_into(cred, fh, ino, offset, buf).await;
         };
         bump(&wb.counters.cache_misses);
-        // Whole chunks around the read, and ahead of a sequential reader.
-        let len = buf.len() as u64;
-        let first = offset / CHUNK;
-        let last = (offset + len - 1) / CHUNK + if sequential { READ_AHEAD_CHUNKS } else { 0 };
+        // The whole chunks the read lies in (a sequential reader's next ones come from the
+        // read-ahead started below).
         let start = first * CHUNK;
         let span = (last + 1 - first) * CHUNK;
         // An aligned buffer: when the chunks go the direct path the device I/O lands in it
@@ -1019,36 +1216,74 @@ impl Client {
         if copied > 0 {
             buf[..copied].copy_from_slice(&tmp[at..at + copied]);
         }
-        {
+        let next = {
             let mut files = wb.files();
-            if let Some(f) = files.get_mut(&ino)
-                && f.cache_gen == cache_gen
+            match files.get_mut(&ino) {
+                Some(f)
+                    if f.cache_gen == cache_gen
+                        && !f.recalling
+                        && f.delegation.is_some_and(|d| d.generation == generation) =>
+                {
+                    let added = f.keep_chunks(first, tmp, span);
+                    add_signed(&wb.cached, added);
+                    f.last_read_end = offset + copied as u64;
+                    sequential
+                        .then(|| f.read_ahead_due(ino, offset + copied as u64, len))
+                        .flatten()
+                }
+                _ => None,
+            }
+        };
+        drop(copy);
+        wb.trim_cache();
+        if let Some(next) = next {
+            self.spawn_read_ahead(cred, fh, next);
+        }
+        Ok(copied)
+    }
+
+    /// Runs a read-ahead ([`FileState::read_ahead_due`]) beside the reader.
+    fn spawn_read_ahead(&self, cred: &Credentials, fh: &FileHandle, ra: ReadAhead) {
+        let client = Client::borrowed(Arc::clone(&self.inner));
+        let (cred, fh) = (cred.clone(), *fh);
+        tokio::spawn(async move { client.read_ahead(&cred, &fh, ra).await });
+    }
+
+    /// Reads the chunks of a read-ahead and keeps them in the read cache, if nothing made
+    /// the file's cache stale meanwhile (a write, a recall: `cache_gen`). A failure keeps
+    /// nothing: the reader reads for itself.
+    pub async fn read_ahead(&self, cred: &Credentials, fh: &FileHandle, ra: ReadAhead) {
+        let wb = &self.inner.writeback;
+        let generation = self.inner.lock_state().view.generation;
+        let (start, span) = (ra.first * CHUNK, ra.count * CHUNK);
+        let Ok(len) = usize::try_from(span) else {
+            return;
+        };
+        bump(&wb.counters.read_aheads);
+        let read = self
+            .read_aligned_as_is(cred, fh, ra.ino, start, AlignedBuf::zeroed(len))
+            .await;
+        if let Ok((tmp, n)) = read {
+            let mut files = wb.files();
+            if let Some(f) = files.get_mut(&ra.ino)
+                && f.drop_gen == ra.drop_gen
+                && f.flush_gen == ra.flush_gen
+                && f.flushing == 0
                 && !f.recalling
                 && f.delegation.is_some_and(|d| d.generation == generation)
             {
-                let mut added = 0u64;
-                for (k, piece) in tmp.chunks(CHUNK as usize).enumerate() {
-                    let i = first + k as u64;
-                    let old = f.chunks.insert(i, Arc::new(piece.to_vec()));
-                    added += piece.len() as u64;
-                    if let Some(old) = old {
-                        added -= old.len() as u64;
-                    }
-                }
-                if (n as u64) < span && (n as u64).is_multiple_of(CHUNK) {
-                    // The end of file on a chunk boundary: an empty chunk there answers
-                    // reads past it (a shorter last chunk does that otherwise).
-                    f.chunks
-                        .insert(first + n as u64 / CHUNK, Arc::new(Vec::new()));
-                }
-                f.cached_bytes += added;
-                f.last_read_end = offset + copied as u64;
-                wb.cached.fetch_add(added, Ordering::Relaxed);
+                // The LUNs held every byte not held back here when the read-ahead was
+                // planned (no write-back under way) and no write-back took any since: the
+                // held-back bytes, put in, make the chunks the file's content.
+                let got = tmp.as_slice().get(..n).unwrap_or_default();
+                let added = f.keep_chunks(ra.first, got, span);
+                let freed = f.put_held(start, start + span);
+                add_signed(&wb.cached, added - i64::try_from(freed).unwrap_or(i64::MAX));
             }
         }
-        drop(copy);
+        // `ra` ends here (its `done` closes): readers waiting for it look again.
+        drop(ra);
         wb.trim_cache();
-        Ok(copied)
     }
 
     /// Asks the server for a delegation on `ino` (write: exclusive) under handle `fh`.
@@ -1256,6 +1491,7 @@ impl Client {
             cached_bytes: wb.cached.load(Ordering::Relaxed),
             cache_hits: get(&wb.counters.cache_hits),
             cache_misses: get(&wb.counters.cache_misses),
+            read_aheads: get(&wb.counters.read_aheads),
         }
     }
 }
@@ -1282,6 +1518,9 @@ pub struct WriteBackStats {
     pub cache_hits: u64,
     #[serde(default)]
     pub cache_misses: u64,
+    /// Read-aheads run for sequential readers (chunks read in the background).
+    #[serde(default)]
+    pub read_aheads: u64,
 }
 
 /// The background write-back: every half second, the files that are due
@@ -1347,6 +1586,91 @@ mod tests {
         let want: Vec<u8> = (0..2 * c)
             .map(|i| if i >= c - 10 { 9 } else { 1 })
             .collect();
+        assert_eq!(buf, want);
+    }
+
+    #[test]
+    fn a_read_ahead_fills_the_window_ahead_of_a_sequential_reader_once() {
+        let mut f = FileState::default();
+        let ino = InodeId(9);
+        // A 4 KiB reader at 0: 1 MiB ahead (the least window), from the first chunk.
+        let ra = f.read_ahead_due(ino, 4096, 4096).expect("due");
+        assert_eq!(
+            (ra.first, ra.count),
+            (0, (4096 + READ_AHEAD_MIN).div_ceil(CHUNK))
+        );
+        // One at a time.
+        assert!(f.read_ahead_due(ino, 8192, 4096).is_none());
+        assert!(f.ahead_covering(0, 3).is_some());
+        assert!(f.ahead_covering(0, ra.count).is_none(), "past its end");
+        let got: Vec<u8> = (0..ra.count * CHUNK).map(|i| (i % 251) as u8).collect();
+        let added = f.keep_chunks(ra.first, &got, ra.count * CHUNK);
+        assert_eq!(added, (ra.count * CHUNK) as i64);
+        drop(ra);
+        assert!(
+            f.ahead_covering(0, 3).is_none(),
+            "ended: nothing to wait for"
+        );
+        // More than half the window is cached ahead: nothing due.
+        assert!(f.read_ahead_due(ino, 8192, 4096).is_none());
+        // Near its end: the next window, from the first chunk not cached.
+        let ra = f.read_ahead_due(ino, 7 * CHUNK, 4096).expect("due");
+        assert_eq!(ra.first, 9);
+        // A 1 MiB reader reads 4 MiB ahead, an 8 MiB one at most 8 MiB.
+        let mut g = FileState::default();
+        assert_eq!(
+            g.read_ahead_due(ino, 1 << 20, 1 << 20).unwrap().count,
+            (4 << 20) / CHUNK
+        );
+        let mut h = FileState::default();
+        assert_eq!(
+            h.read_ahead_due(ino, 0, 8 << 20).unwrap().count,
+            READ_AHEAD_MAX / CHUNK
+        );
+        // The end of file cached: nothing to read ahead; a write-back under way: none either.
+        let mut e = FileState::default();
+        e.chunks.insert(0, Arc::new(vec![0u8; 100]));
+        assert!(e.read_ahead_due(ino, 50, 50).is_none());
+        let mut w = FileState {
+            flushing: 1,
+            ..FileState::default()
+        };
+        assert!(w.read_ahead_due(ino, 0, 4096).is_none());
+    }
+
+    #[test]
+    fn a_read_ahead_puts_the_held_back_bytes_into_what_it_read() {
+        let mut f = FileState::default();
+        let c = CHUNK as usize;
+        let cred = Credentials::root();
+        let flags = sanfs_proto::model::OpenFlags {
+            read: true,
+            write: true,
+            append: false,
+            truncate: false,
+        };
+        let handle = FileHandle {
+            session: sanfs_proto::types::SessionId(1),
+            handle: sanfs_proto::types::OpenHandle(1),
+        };
+        let file = Arc::new(OpenFile::new(InodeId(3), flags, handle, &cred));
+        // Held back while the read-ahead read the LUNs (which hold zeros there).
+        f.hold(&file, &cred, 10, &[7u8; 20]);
+        f.hold(&file, &cred, CHUNK - 5, &[8u8; 10]);
+        f.hold(&file, &cred, 5 * CHUNK, &[9u8; 4]); // past what the read-ahead read
+        let read = vec![0u8; c + 300]; // the file ends 300 bytes into chunk 1
+        f.keep_chunks(0, &read, 2 * CHUNK);
+        let freed = f.put_held(0, 2 * CHUNK);
+        assert_eq!(
+            freed, 300,
+            "the chunk at the end of file goes: the writes may move it"
+        );
+        assert!(!f.chunks.contains_key(&1));
+        let mut buf = vec![0xFFu8; c];
+        assert_eq!(f.serve(0, &mut buf), Some(c));
+        let mut want = vec![0u8; c];
+        want[10..30].fill(7);
+        want[c - 5..].fill(8);
         assert_eq!(buf, want);
     }
 

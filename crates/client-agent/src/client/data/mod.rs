@@ -278,8 +278,16 @@ impl Client {
             });
         }
         // What this node's read cache holds there is stale from now on (also if the write
-        // fails part way).
+        // fails part way); and again when the write has landed, however it ends: a read of
+        // the LUNs that began meanwhile may have read the older bytes, and must not keep them.
+        struct Landed<'a>(&'a crate::client::writeback::WriteBack, InodeId, u64, u64);
+        impl Drop for Landed<'_> {
+            fn drop(&mut self) {
+                self.0.wrote(self.1, self.2, self.3);
+            }
+        }
         self.inner.writeback.wrote(ino, offset, len);
+        let _landed = Landed(&self.inner.writeback, ino, offset, len);
         let inner = &self.inner;
         let view = inner.live_view_for(Some(fh), "Write").await?;
         // A write that completed behind an earlier one failed: say so now (as writeback).
@@ -425,13 +433,26 @@ impl Client {
         fh: &FileHandle,
         ino: InodeId,
         offset: u64,
+        buf: AlignedBuf,
+    ) -> Result<(AlignedBuf, usize), FsError> {
+        // What this node held back (an O_DIRECT reader beside a buffered writer) is read from
+        // the LUNs once written.
+        self.write_back_barrier(ino).await;
+        self.read_aligned_as_is(cred, fh, ino, offset, buf).await
+    }
+
+    /// [`Client::read_aligned`] of what the LUNs hold, without writing held-back bytes
+    /// first (a read-ahead, which puts them into what it read).
+    pub(crate) async fn read_aligned_as_is(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
         mut buf: AlignedBuf,
     ) -> Result<(AlignedBuf, usize), FsError> {
         let len = buf.len() as u64;
         ByteRange::new(offset, len)?;
-        // What this node held back (an O_DIRECT reader beside a buffered writer) is read from
-        // the LUNs once written.
-        self.write_back_barrier(ino).await;
         let inner = &self.inner;
         let view = inner.live_view_for(Some(fh), "Read").await?;
         let block = u64::from(view.server.block_size);
