@@ -161,6 +161,7 @@ pub fn render(client: &Client) -> String {
     metrics::gauge!("sanfs_agent_read_cache_bytes").set(w.cached_bytes as f64);
     metrics::counter!("sanfs_agent_read_cache_total", "result" => "hit").absolute(w.cache_hits);
     metrics::counter!("sanfs_agent_read_cache_total", "result" => "miss").absolute(w.cache_misses);
+    metrics::counter!("sanfs_agent_read_aheads_total").absolute(w.read_aheads);
     for st in &s.stages {
         let stage = st.stage.clone();
         metrics::counter!("sanfs_agent_stage_calls_total", "stage" => stage.clone())

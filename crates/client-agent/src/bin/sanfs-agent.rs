@@ -795,8 +795,8 @@ fn format_status(m: &MountStatus) -> String {
     );
     let _ = writeln!(
         out,
-        "  read cache {} bytes; hits {}, misses {}",
-        w.cached_bytes, w.cache_hits, w.cache_misses
+        "  read cache {} bytes; hits {}, misses {}, read-aheads {}",
+        w.cached_bytes, w.cache_hits, w.cache_misses, w.read_aheads
     );
     let busy: Vec<_> = a.stages.iter().filter(|s| s.calls > 0).collect();
     if !busy.is_empty() {
