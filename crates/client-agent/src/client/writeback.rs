@@ -91,12 +91,19 @@ struct Held {
 /// The read cache's unit: file bytes `[i * CHUNK, (i + 1) * CHUNK)`.
 const CHUNK: u64 = 128 << 10;
 
-/// How far ahead of a sequential reader the read cache is filled, in the background: four
+/// How far ahead of a sequential reader the read cache is filled, in the background: eight
 /// of its reads, at least [`READ_AHEAD_MIN`] and at most [`READ_AHEAD_MAX`]. A read-ahead
-/// starts when less than half of that is cached ahead of the reader.
-const READ_AHEAD_READS: u64 = 4;
-const READ_AHEAD_MIN: u64 = 1 << 20;
-const READ_AHEAD_MAX: u64 = 8 << 20;
+/// starts when less than half of that is cached ahead of the reader. (With 1 MiB at least,
+/// a reader of 8 KiB caught up with each read-ahead of 512 KiB and waited for it: half the
+/// speed of reading 1 MiB at each miss.)
+const READ_AHEAD_READS: u64 = 8;
+const READ_AHEAD_MIN: u64 = 4 << 20;
+const READ_AHEAD_MAX: u64 = 16 << 20;
+
+/// Reads shorter than this are read ahead of in the reader's own read instead, at a miss
+/// ([`READ_AHEAD_MIN`] more): the reader waits for it, but on two cores a read-ahead beside
+/// a reader of 4-8 KiB took the CPU its reads needed (its cache hits ran 40% slower).
+const READ_AHEAD_BACKGROUND: u64 = 64 << 10;
 
 /// A read-ahead under way: chunks `[first, end)`; `done` closes when its chunks are kept
 /// (or it ended without them).
@@ -190,6 +197,14 @@ fn copy_into_chunks(chunks: &mut BTreeMap<u64, Arc<Vec<u8>>>, off: u64, data: &[
             }
         }
     }
+}
+
+/// The bytes read for the cache, cut into chunks (before the table's lock is taken: a
+/// read-ahead's megabytes are not copied under it).
+fn chunked(data: &[u8]) -> Vec<Arc<Vec<u8>>> {
+    data.chunks(CHUNK as usize)
+        .map(|piece| Arc::new(piece.to_vec()))
+        .collect()
 }
 
 /// Adds a signed change to an agent-wide byte count.
@@ -465,7 +480,10 @@ impl FileState {
     /// they are read), when the end of file is cached, or when at least half the window ahead
     /// is cached. (Held-back bytes are put into the chunks when they are kept.)
     fn read_ahead_due(&mut self, ino: InodeId, end: u64, len: u64) -> Option<ReadAhead> {
-        if self.ahead.as_ref().is_some_and(Ahead::running) || self.flushing > 0 {
+        if len < READ_AHEAD_BACKGROUND
+            || self.ahead.as_ref().is_some_and(Ahead::running)
+            || self.flushing > 0
+        {
             return None;
         }
         let window = len
@@ -506,17 +524,18 @@ impl FileState {
             .map(|a| a.done.clone())
     }
 
-    /// Keeps the chunks read from chunk `first` on (`data`: the bytes read, of `span`
-    /// asked; fewer at the end of file); returns the bytes it added to the cache.
-    fn keep_chunks(&mut self, first: u64, data: &[u8], span: u64) -> i64 {
+    /// Keeps the chunks read from chunk `first` on (`pieces`, from [`chunked`]: the bytes
+    /// read, of `span` asked; fewer at the end of file); returns the bytes it added to the
+    /// cache.
+    fn keep_chunks(&mut self, first: u64, pieces: Vec<Arc<Vec<u8>>>, span: u64) -> i64 {
         let mut added = 0i64;
-        for (k, piece) in data.chunks(CHUNK as usize).enumerate() {
-            let old = self
-                .chunks
-                .insert(first + k as u64, Arc::new(piece.to_vec()));
-            added += piece.len() as i64 - old.map_or(0, |o| o.len() as i64);
+        let mut n = 0u64;
+        for (k, piece) in pieces.into_iter().enumerate() {
+            n += piece.len() as u64;
+            added += piece.len() as i64;
+            let old = self.chunks.insert(first + k as u64, piece);
+            added -= old.map_or(0, |o| o.len() as i64);
         }
-        let n = data.len() as u64;
         if n < span && n.is_multiple_of(CHUNK) {
             // The end of file on a chunk boundary: an empty chunk there answers reads past
             // it (a shorter last chunk does that otherwise).
@@ -1196,8 +1215,13 @@ impl Client {
             return self.read_into(cred, fh, ino, offset, buf).await;
         };
         bump(&wb.counters.cache_misses);
-        // The whole chunks the read lies in (a sequential reader's next ones come from the
-        // read-ahead started below).
+        // The whole chunks the read lies in; a sequential reader's next ones come from the
+        // read-ahead started below, or for a short reader with this read.
+        let last = if sequential && len < READ_AHEAD_BACKGROUND {
+            last + READ_AHEAD_MIN / CHUNK
+        } else {
+            last
+        };
         let start = first * CHUNK;
         let span = (last + 1 - first) * CHUNK;
         // An aligned buffer: when the chunks go the direct path the device I/O lands in it
@@ -1216,6 +1240,7 @@ impl Client {
         if copied > 0 {
             buf[..copied].copy_from_slice(&tmp[at..at + copied]);
         }
+        let pieces = chunked(tmp);
         let next = {
             let mut files = wb.files();
             match files.get_mut(&ino) {
@@ -1224,7 +1249,7 @@ impl Client {
                         && !f.recalling
                         && f.delegation.is_some_and(|d| d.generation == generation) =>
                 {
-                    let added = f.keep_chunks(first, tmp, span);
+                    let added = f.keep_chunks(first, pieces, span);
                     add_signed(&wb.cached, added);
                     f.last_read_end = offset + copied as u64;
                     sequential
@@ -1264,6 +1289,8 @@ impl Client {
             .read_aligned_as_is(cred, fh, ra.ino, start, AlignedBuf::zeroed(len))
             .await;
         if let Ok((tmp, n)) = read {
+            let pieces = chunked(tmp.as_slice().get(..n).unwrap_or_default());
+            drop(tmp);
             let mut files = wb.files();
             if let Some(f) = files.get_mut(&ra.ino)
                 && f.drop_gen == ra.drop_gen
@@ -1275,8 +1302,7 @@ impl Client {
                 // The LUNs held every byte not held back here when the read-ahead was
                 // planned (no write-back under way) and no write-back took any since: the
                 // held-back bytes, put in, make the chunks the file's content.
-                let got = tmp.as_slice().get(..n).unwrap_or_default();
-                let added = f.keep_chunks(ra.first, got, span);
+                let added = f.keep_chunks(ra.first, pieces, span);
                 let freed = f.put_held(start, start + span);
                 add_signed(&wb.cached, added - i64::try_from(freed).unwrap_or(i64::MAX));
             }
@@ -1589,22 +1615,29 @@ mod tests {
         assert_eq!(buf, want);
     }
 
+    /// Where the cached chunks from the file's start end.
+    fn ra_end(f: &FileState) -> u64 {
+        (0..).take_while(|i| f.chunks.contains_key(i)).count() as u64 * CHUNK
+    }
+
     #[test]
     fn a_read_ahead_fills_the_window_ahead_of_a_sequential_reader_once() {
         let mut f = FileState::default();
         let ino = InodeId(9);
-        // A 4 KiB reader at 0: 1 MiB ahead (the least window), from the first chunk.
-        let ra = f.read_ahead_due(ino, 4096, 4096).expect("due");
+        // A 4 KiB reader is read ahead of in its own reads, at a miss.
+        assert!(f.read_ahead_due(ino, 4096, 4096).is_none());
+        // A 64 KiB reader at 0: 4 MiB ahead (the least window), from the first chunk.
+        let ra = f.read_ahead_due(ino, 65536, 65536).expect("due");
         assert_eq!(
             (ra.first, ra.count),
-            (0, (4096 + READ_AHEAD_MIN).div_ceil(CHUNK))
+            (0, (65536 + READ_AHEAD_MIN).div_ceil(CHUNK))
         );
         // One at a time.
-        assert!(f.read_ahead_due(ino, 8192, 4096).is_none());
+        assert!(f.read_ahead_due(ino, 131072, 65536).is_none());
         assert!(f.ahead_covering(0, 3).is_some());
         assert!(f.ahead_covering(0, ra.count).is_none(), "past its end");
         let got: Vec<u8> = (0..ra.count * CHUNK).map(|i| (i % 251) as u8).collect();
-        let added = f.keep_chunks(ra.first, &got, ra.count * CHUNK);
+        let added = f.keep_chunks(ra.first, chunked(&got), ra.count * CHUNK);
         assert_eq!(added, (ra.count * CHUNK) as i64);
         drop(ra);
         assert!(
@@ -1612,15 +1645,16 @@ mod tests {
             "ended: nothing to wait for"
         );
         // More than half the window is cached ahead: nothing due.
-        assert!(f.read_ahead_due(ino, 8192, 4096).is_none());
+        assert!(f.read_ahead_due(ino, 131072, 65536).is_none());
         // Near its end: the next window, from the first chunk not cached.
-        let ra = f.read_ahead_due(ino, 7 * CHUNK, 4096).expect("due");
-        assert_eq!(ra.first, 9);
-        // A 1 MiB reader reads 4 MiB ahead, an 8 MiB one at most 8 MiB.
+        let cached = ra_end(&f);
+        let ra = f.read_ahead_due(ino, cached - CHUNK, 65536).expect("due");
+        assert_eq!(ra.first * CHUNK, cached);
+        // A 1 MiB reader reads 8 MiB ahead, an 8 MiB one at most 16 MiB.
         let mut g = FileState::default();
         assert_eq!(
             g.read_ahead_due(ino, 1 << 20, 1 << 20).unwrap().count,
-            (4 << 20) / CHUNK
+            (8 << 20) / CHUNK
         );
         let mut h = FileState::default();
         assert_eq!(
@@ -1630,12 +1664,12 @@ mod tests {
         // The end of file cached: nothing to read ahead; a write-back under way: none either.
         let mut e = FileState::default();
         e.chunks.insert(0, Arc::new(vec![0u8; 100]));
-        assert!(e.read_ahead_due(ino, 50, 50).is_none());
+        assert!(e.read_ahead_due(ino, 50, 65536).is_none());
         let mut w = FileState {
             flushing: 1,
             ..FileState::default()
         };
-        assert!(w.read_ahead_due(ino, 0, 4096).is_none());
+        assert!(w.read_ahead_due(ino, 0, 65536).is_none());
     }
 
     #[test]
@@ -1659,7 +1693,7 @@ mod tests {
         f.hold(&file, &cred, CHUNK - 5, &[8u8; 10]);
         f.hold(&file, &cred, 5 * CHUNK, &[9u8; 4]); // past what the read-ahead read
         let read = vec![0u8; c + 300]; // the file ends 300 bytes into chunk 1
-        f.keep_chunks(0, &read, 2 * CHUNK);
+        f.keep_chunks(0, chunked(&read), 2 * CHUNK);
         let freed = f.put_held(0, 2 * CHUNK);
         assert_eq!(
             freed, 300,
