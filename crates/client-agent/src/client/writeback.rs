@@ -401,6 +401,14 @@ impl FileState {
         if self.chunks.is_empty() || data.is_empty() {
             return 0;
         }
+        let freed = self.drop_short_chunks();
+        copy_into_chunks(&mut self.chunks, off, data);
+        freed
+    }
+
+    /// Drops the chunk at the end of file (shorter than a chunk, or empty): a write may move
+    /// the end. Returns the bytes freed.
+    fn drop_short_chunks(&mut self) -> u64 {
         let short: Vec<u64> = self
             .chunks
             .iter()
@@ -414,7 +422,6 @@ impl FileState {
             }
         }
         self.cached_bytes = self.cached_bytes.saturating_sub(freed);
-        copy_into_chunks(&mut self.chunks, off, data);
         freed
     }
 
@@ -425,19 +432,7 @@ impl FileState {
         if self.dirty.is_empty() {
             return 0;
         }
-        let short: Vec<u64> = self
-            .chunks
-            .iter()
-            .filter(|(_, c)| (c.len() as u64) < CHUNK)
-            .map(|(i, _)| *i)
-            .collect();
-        let mut freed = 0;
-        for i in short {
-            if let Some(c) = self.chunks.remove(&i) {
-                freed += c.len() as u64;
-            }
-        }
-        self.cached_bytes = self.cached_bytes.saturating_sub(freed);
+        let freed = self.drop_short_chunks();
         let from = self
             .dirty
             .range(..start)

@@ -280,14 +280,14 @@ impl Client {
         // What this node's read cache holds there is stale from now on (also if the write
         // fails part way); and again when the write has landed, however it ends: a read of
         // the LUNs that began meanwhile may have read the older bytes, and must not keep them.
-        struct Landed<'a>(&'a crate::client::writeback::WriteBack, InodeId, u64, u64);
-        impl Drop for Landed<'_> {
+        struct Landed<F: FnMut()>(F);
+        impl<F: FnMut()> Drop for Landed<F> {
             fn drop(&mut self) {
-                self.0.wrote(self.1, self.2, self.3);
+                (self.0)();
             }
         }
         self.inner.writeback.wrote(ino, offset, len);
-        let _landed = Landed(&self.inner.writeback, ino, offset, len);
+        let _landed = Landed(|| self.inner.writeback.wrote(ino, offset, len));
         let inner = &self.inner;
         let view = inner.live_view_for(Some(fh), "Write").await?;
         // A write that completed behind an earlier one failed: say so now (as writeback).
