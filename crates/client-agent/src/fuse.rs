@@ -974,10 +974,12 @@ impl fuser::Filesystem for SanFs {
                     .record(started.elapsed().as_secs_f64());
                 // The sequential reader's next chunks, read in the background.
                 if let Some(ahead) = ahead {
-                    let (cred, fh) = (self.data_credentials(req), file.file.current());
-                    let client = Arc::clone(&self.state.client);
-                    self.runtime
-                        .spawn(async move { client.read_ahead(&cred, &fh, ahead).await });
+                    let _runtime = self.runtime.enter();
+                    self.state.client.spawn_read_ahead(
+                        &self.data_credentials(req),
+                        &file.file.current(),
+                        ahead,
+                    );
                 }
                 return;
             }

@@ -216,6 +216,12 @@ fn add_signed(total: &AtomicU64, delta: i64) {
     }
 }
 
+/// Whether `f`'s read cache may be used: a delegation of session `generation` is held, with
+/// no recall under way.
+fn caching(f: &FileState, generation: u64) -> bool {
+    !f.recalling && f.delegation.is_some_and(|d| d.generation == generation)
+}
+
 /// Whether `f`'s write delegation of session `generation` is held, with no recall under way.
 fn delegated(f: &FileState, generation: u64) -> bool {
     !f.recalling
@@ -509,6 +515,16 @@ impl FileState {
             flush_gen: self.flush_gen,
             _done: tx,
         })
+    }
+
+    /// A read of `len` bytes at `offset` got `n` from the cache or the LUNs: where the
+    /// reader is now, and the read-ahead due if it reads sequentially.
+    fn read_done(&mut self, ino: InodeId, offset: u64, n: usize, len: u64) -> Option<ReadAhead> {
+        let sequential = offset == self.last_read_end;
+        self.last_read_end = offset + n as u64;
+        sequential
+            .then(|| self.read_ahead_due(ino, self.last_read_end, len))
+            .flatten()
     }
 
     /// The read-ahead under way that covers chunks `[first, last]`: what to wait for.
@@ -1091,7 +1107,7 @@ impl Client {
         let f = files.get_mut(&ino)?;
         // Held-back writes are in the cached chunks (`FileState::patch_cache`): what they
         // answer is the file's content, written back or not.
-        if f.recalling || f.delegation.is_none_or(|d| d.generation != generation) {
+        if !caching(f, generation) {
             return None;
         }
         let mut copy = Span::cpu(Stage::Copy);
@@ -1101,12 +1117,8 @@ impl Client {
         drop(copy);
         buf.truncate(n);
         f.last_use = Some(Instant::now());
-        let sequential = offset == f.last_read_end;
-        f.last_read_end = offset + n as u64;
         bump(&wb.counters.cache_hits);
-        let next = sequential
-            .then(|| f.read_ahead_due(ino, offset + n as u64, size as u64))
-            .flatten();
+        let next = f.read_done(ino, offset, n, size as u64);
         Some((buf, next))
     }
 
@@ -1130,7 +1142,8 @@ impl Client {
         // a read they answer needs no write-back. What this node held back is read from the
         // LUNs only once written (below, on a miss).
         let generation = self.inner.lock_state().view.generation;
-        let want = {
+        let len = buf.len() as u64;
+        let (want, hit) = {
             let mut files = wb.files();
             let f = files.entry(ino).or_default();
             f.last_use = Some(Instant::now());
@@ -1141,21 +1154,26 @@ impl Client {
             }
             if f.delegation.is_some() && !f.recalling {
                 let mut copy = Span::cpu(Stage::Copy);
-                if let Some(n) = f.serve(offset, buf) {
+                let hit = f.serve(offset, buf).map(|n| {
                     copy.set_bytes(n as u64);
-                    f.last_read_end = offset + n as u64;
                     bump(&wb.counters.cache_hits);
-                    return Ok(n);
-                }
-                false
+                    (n, f.read_done(ino, offset, n, len))
+                });
+                (false, hit)
             } else {
                 f.reads = f.reads.saturating_add(1);
                 let quiet = f.quiet_until.is_some_and(|t| Instant::now() < t);
                 let want = f.reads >= 2 && !f.recalling && !f.asking && !quiet;
                 f.asking |= want;
-                want
+                (want, None)
             }
         };
+        if let Some((n, next)) = hit {
+            if let Some(next) = next {
+                self.spawn_read_ahead(cred, fh, next);
+            }
+            return Ok(n);
+        }
         if want {
             let got = self.ask_delegation(fh, ino, false).await;
             let mut files = wb.files();
@@ -1170,7 +1188,6 @@ impl Client {
                 f.quiet_until = Some(Instant::now() + REFUSAL_BACKOFF);
             }
         }
-        let len = buf.len() as u64;
         let (first, last) = (offset / CHUNK, (offset + len - 1) / CHUNK);
         // A read-ahead under way that brings these chunks: waited for, then served (before
         // any write-back, which would make it drop what it read).
@@ -1182,16 +1199,11 @@ impl Client {
             let _ = done.changed().await;
             let mut files = wb.files();
             if let Some(f) = files.get_mut(&ino)
-                && f.delegation.is_some_and(|d| d.generation == generation)
-                && !f.recalling
+                && caching(f, generation)
                 && let Some(n) = f.serve(offset, buf)
             {
-                let sequential = offset == f.last_read_end;
-                f.last_read_end = offset + n as u64;
                 bump(&wb.counters.cache_hits);
-                let next = sequential
-                    .then(|| f.read_ahead_due(ino, offset + n as u64, len))
-                    .flatten();
+                let next = f.read_done(ino, offset, n, len);
                 drop(files);
                 if let Some(next) = next {
                     self.spawn_read_ahead(cred, fh, next);
@@ -1239,17 +1251,10 @@ impl Client {
         let next = {
             let mut files = wb.files();
             match files.get_mut(&ino) {
-                Some(f)
-                    if f.cache_gen == cache_gen
-                        && !f.recalling
-                        && f.delegation.is_some_and(|d| d.generation == generation) =>
-                {
+                Some(f) if f.cache_gen == cache_gen && caching(f, generation) => {
                     let added = f.keep_chunks(first, pieces, span);
                     add_signed(&wb.cached, added);
-                    f.last_read_end = offset + copied as u64;
-                    sequential
-                        .then(|| f.read_ahead_due(ino, offset + copied as u64, len))
-                        .flatten()
+                    f.read_done(ino, offset, copied, len)
                 }
                 _ => None,
             }
@@ -1262,17 +1267,18 @@ impl Client {
         Ok(copied)
     }
 
-    /// Runs a read-ahead ([`FileState::read_ahead_due`]) beside the reader.
-    fn spawn_read_ahead(&self, cred: &Credentials, fh: &FileHandle, ra: ReadAhead) {
+    /// Runs a read-ahead ([`FileState::read_ahead_due`]) beside the reader (on the current
+    /// tokio runtime).
+    pub fn spawn_read_ahead(&self, cred: &Credentials, fh: &FileHandle, ra: ReadAhead) {
         let client = Client::borrowed(Arc::clone(&self.inner));
         let (cred, fh) = (cred.clone(), *fh);
         tokio::spawn(async move { client.read_ahead(&cred, &fh, ra).await });
     }
 
     /// Reads the chunks of a read-ahead and keeps them in the read cache, if nothing made
-    /// the file's cache stale meanwhile (a write, a recall: `cache_gen`). A failure keeps
-    /// nothing: the reader reads for itself.
-    pub async fn read_ahead(&self, cred: &Credentials, fh: &FileHandle, ra: ReadAhead) {
+    /// the file's cache stale meanwhile (a dropped chunk: a write, a recall; a write-back:
+    /// `drop_gen`, `flush_gen`). A failure keeps nothing: the reader reads for itself.
+    async fn read_ahead(&self, cred: &Credentials, fh: &FileHandle, ra: ReadAhead) {
         let wb = &self.inner.writeback;
         let generation = self.inner.lock_state().view.generation;
         let (start, span) = (ra.first * CHUNK, ra.count * CHUNK);
@@ -1291,8 +1297,7 @@ impl Client {
                 && f.drop_gen == ra.drop_gen
                 && f.flush_gen == ra.flush_gen
                 && f.flushing == 0
-                && !f.recalling
-                && f.delegation.is_some_and(|d| d.generation == generation)
+                && caching(f, generation)
             {
                 // The LUNs held every byte not held back here when the read-ahead was
                 // planned (no write-back under way) and no write-back took any since: the

@@ -556,23 +556,13 @@ async fn a_file_created_for_writing_comes_with_its_write_delegation() {
     let a = srv.client("a").await;
     let b = srv.client("b").await;
     let before = a.write_back_stats();
-    let r = a
-        .create(&root(), ROOT_INODE, "born", 0o644, true, cluster::rw())
-        .await
-        .unwrap();
-    let ino = r.attr.ino;
+    let (ino, f) = create_for_writing(&a, "born").await;
     let made = a.write_back_stats();
     assert_eq!(
         made.delegations,
         before.delegations + 1,
         "the delegation came with the create: {made:?}"
     );
-    let f = std::sync::Arc::new(sanfs_client_agent::client::OpenFile::new(
-        ino,
-        cluster::rw(),
-        r.handle,
-        &root(),
-    ));
     let held = a.write_back(&root(), &f, 0, b"hello").await.unwrap();
     assert!(held.is_some(), "the first write is held back");
     let wrote = a.write_back_stats();
@@ -656,21 +646,10 @@ async fn reads_of_a_small_file_under_its_lease_stop_at_its_exact_size() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_partial_edges_of_long_writes_are_held_back_and_meet_their_neighbours() {
     use sanfs_client_agent::buf::AlignedBuf;
-    use sanfs_proto::types::ROOT_INODE;
     let srv = cluster::start(10_000).await;
     let a = srv.client("a").await;
     let b = srv.client("b").await;
-    let r = a
-        .create(&root(), ROOT_INODE, "edges", 0o644, true, cluster::rw())
-        .await
-        .unwrap();
-    let ino = r.attr.ino;
-    let f = std::sync::Arc::new(sanfs_client_agent::client::OpenFile::new(
-        ino,
-        cluster::rw(),
-        r.handle,
-        &root(),
-    ));
+    let (ino, f) = create_for_writing(&a, "edges").await;
     let mut rng = Rng::new(61);
     let mut model = Model::default();
     let before = a.stats();
@@ -742,6 +721,29 @@ async fn the_partial_edges_of_long_writes_are_held_back_and_meet_their_neighbour
     a.close().await.unwrap();
     b.close().await.unwrap();
     srv.stop().await;
+}
+
+/// A new file in the root created for writing (with its write delegation), as an open file.
+async fn create_for_writing(
+    c: &Client,
+    name: &str,
+) -> (
+    sanfs_proto::types::InodeId,
+    std::sync::Arc<sanfs_client_agent::client::OpenFile>,
+) {
+    let r = c
+        .create(
+            &root(),
+            sanfs_proto::types::ROOT_INODE,
+            name,
+            0o644,
+            true,
+            cluster::rw(),
+        )
+        .await
+        .unwrap();
+    let f = sanfs_client_agent::client::OpenFile::new(r.attr.ino, cluster::rw(), r.handle, &root());
+    (r.attr.ino, std::sync::Arc::new(f))
 }
 
 async fn free(c: &Client, ino: sanfs_proto::types::InodeId) -> u64 {

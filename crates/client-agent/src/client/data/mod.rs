@@ -442,7 +442,8 @@ impl Client {
     }
 
     /// [`Client::read_aligned`] of what the LUNs hold, without writing held-back bytes
-    /// first (a read-ahead, which puts them into what it read).
+    /// first (a read-ahead, which puts them into what it read). A read the proxied way (a
+    /// short one at the end of file) still writes them first (`read_into`).
     pub(crate) async fn read_aligned_as_is(
         &self,
         cred: &Credentials,
