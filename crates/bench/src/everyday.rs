@@ -330,6 +330,17 @@ fn on_target(
             || read_seq(&f, size, written),
         )?);
         drop(f);
+        // As `cat`, `cp` or a compiler reads it: a new open for reading only (on sanfs the
+        // kernel's page cache serves it; a read-write handle reads through the agent).
+        let f = File::open(&path).with_context(|| format!("open {}", path.display()))?;
+        drop_cache(&f)?;
+        out.push(timed(
+            t,
+            &format!("read-only read {}", size_label(size)),
+            true,
+            || read_seq(&f, size, written),
+        )?);
+        drop(f);
         std::fs::remove_file(&path)?;
     }
     // Random writes inside one file, written whole first (untimed).

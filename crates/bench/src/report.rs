@@ -422,12 +422,12 @@ impl Report {
         {
             let mut series = Vec::new();
             for t in &e.targets {
-                for op in ["write", "read"] {
+                for op in ["seq write", "seq read", "read-only read"] {
                     let pts: Vec<(f64, f64)> = p
                         .seq_sizes
                         .iter()
                         .filter_map(|&size| {
-                            let c = e.get(&format!("seq {op} {}", size_label(size)), t)?;
+                            let c = e.get(&format!("{op} {}", size_label(size)), t)?;
                             Some((size as f64, c.mb_s?))
                         })
                         .collect();

@@ -9,9 +9,12 @@
 //! numbers (FUSE's root is always 1), which keeps the mapping a bijection with no table.
 //! Nothing per inode is kept here, so `forget` has nothing to do.
 //!
-//! **File data** never enters the kernel's page cache: every open answers `FOPEN_DIRECT_IO`
-//! (paper 4.4), requests are up to 1 MiB, and reads and writes go straight to
-//! [`Client::read_into`] / [`Client::write_at`] (which route direct or proxied).
+//! **File data** enters the kernel's page cache only for files opened for reading only,
+//! without `O_DIRECT`, and stays coherent there (`pages`: the kernel checks the attributes
+//! before each read and drops the pages at a new size or mtime; attributes are valid only
+//! under this node's lease). Every other open answers `FOPEN_DIRECT_IO` (paper 4.4):
+//! requests are up to 1 MiB, and reads and writes go to the client library (its write-back
+//! and read caches under delegations, then direct or proxied).
 //!
 //! **Handles.** A FUSE file handle names an [`OpenFile`] here: the inode, the open flags and
 //! the current [`FileHandle`]. A handle of a replaced session answers ESTALE; the file is then
@@ -69,6 +72,8 @@ pub struct FsOptions {
     pub entry_ttl: Duration,
     /// The sanfs inode shown as the mount's root (the root directory or a sub-directory).
     pub root: InodeId,
+    /// Files opened for reading only may use the kernel's page cache (`page_cache=`).
+    pub page_cache: bool,
 }
 
 impl Default for FsOptions {
@@ -77,6 +82,7 @@ impl Default for FsOptions {
             attr_ttl: Duration::ZERO,
             entry_ttl: Duration::ZERO,
             root: InodeId(1),
+            page_cache: true,
         }
     }
 }
@@ -101,6 +107,8 @@ struct FuseFile {
     sync: Option<bool>,
     /// Opened with `O_DIRECT`: its writes are never held back.
     direct: bool,
+    /// Opened in the kernel's cached mode (`pages`).
+    cached: bool,
 }
 
 struct State {
@@ -116,6 +124,8 @@ struct State {
     /// Reused aligned buffers for the data of write requests (a fresh 1 MiB allocation
     /// costs its page faults at every write).
     write_bufs: BufferPool,
+    /// File data in the kernel's page cache.
+    pages: pages::KernelPages,
 }
 
 /// Aligned buffers kept for write requests: enough for the requests in flight at once.
@@ -139,6 +149,25 @@ pub struct SanFs {
 }
 
 mod groups;
+mod pages;
+
+pub use pages::{PAGE_INVALIDATIONS, PageInvalidator};
+
+/// Where the mount's way to drop the kernel's cached pages is put once the FUSE session
+/// exists (its notifier): until then, and without it, every open is in direct mode.
+pub struct PageCacheSlot(Arc<State>);
+
+impl PageCacheSlot {
+    /// Sets how pages are dropped (once; false if already set).
+    pub fn install(&self, f: PageInvalidator) -> bool {
+        self.0.pages.set_invalidator(f)
+    }
+
+    /// The agent's own invalidations of cached pages so far.
+    pub fn invalidations(&self) -> u64 {
+        self.0.pages.invalidations()
+    }
+}
 
 fn errno(e: &FsError) -> Errno {
     let n = e.errno();
@@ -271,6 +300,10 @@ impl SanFs {
     /// A file system over `client`; requests run on `runtime`.
     pub fn new(client: Arc<Client>, options: FsOptions, runtime: tokio::runtime::Handle) -> SanFs {
         let block_size = client.server_info().block_size;
+        let pages = pages::KernelPages::default();
+        if !options.page_cache {
+            pages.switch_off();
+        }
         SanFs {
             state: Arc::new(State {
                 client,
@@ -280,10 +313,16 @@ impl SanFs {
                 block_size,
                 ioctls_seen: Mutex::new(std::collections::BTreeSet::new()),
                 write_bufs: BufferPool::new(MAX_IO_BYTES as usize, WRITE_BUFFERS),
+                pages,
             }),
             runtime,
             groups: groups::GroupsCache::default(),
         }
+    }
+
+    /// Where the way to drop cached pages goes once the FUSE session runs.
+    pub fn page_cache_slot(&self) -> PageCacheSlot {
+        PageCacheSlot(Arc::clone(&self.state))
     }
 
     /// [`credentials`] for a read or write on an open handle: the caller's groups as read
@@ -376,10 +415,11 @@ impl State {
                     Some(t) if self.client.leases().kernel_names() => t,
                     _ => self.options.entry_ttl,
                 };
+                let fa = self.attr(&a);
                 reply.entry_with_ttls(
-                    &ttl.unwrap_or(self.options.attr_ttl),
+                    &self.attr_ttl(&fa, ttl.unwrap_or(self.options.attr_ttl)),
                     &entry_ttl,
-                    &self.attr(&a),
+                    &fa,
                     Generation(a.generation),
                 );
             }
@@ -427,8 +467,66 @@ impl State {
 
     fn reply_attr_leased(&self, reply: ReplyAttr, r: Result<WithTtl<Attr>, FsError>) {
         match r {
-            Ok((a, ttl)) => reply.attr(&ttl.unwrap_or(self.options.attr_ttl), &self.attr(&a)),
+            Ok((a, ttl)) => {
+                let fa = self.attr(&a);
+                reply.attr(
+                    &self.attr_ttl(&fa, ttl.unwrap_or(self.options.attr_ttl)),
+                    &fa,
+                );
+            }
             Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// How long the kernel may hold attributes `a`: `ttl`, or 0 when they carry a change of
+    /// the file's data the kernel would not see by itself (its next read then asks, and
+    /// [`State::answer_getattr`] drops the pages first).
+    fn attr_ttl(&self, a: &FileAttr, ttl: Duration) -> Duration {
+        if self.pages.stale(self.ino(a.ino), &pages::Seen::of(a)) {
+            Duration::ZERO
+        } else {
+            ttl
+        }
+    }
+
+    /// A `GETATTR`'s answer (before every read of a file in cached mode whose attributes
+    /// expired): a change the kernel would not see by itself drops the file's pages first.
+    async fn answer_getattr(
+        self: &Arc<State>,
+        reply: ReplyAttr,
+        r: Result<WithTtl<Attr>, FsError>,
+    ) {
+        match r {
+            Ok((a, ttl)) => {
+                let fa = self.attr(&a);
+                let now = pages::Seen::of(&fa);
+                if self.pages.stale(a.ino, &now) {
+                    self.drop_pages(a.ino, 0, 0).await;
+                }
+                self.pages.seen(a.ino, now);
+                reply.attr(&ttl.unwrap_or(self.options.attr_ttl), &fa);
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// Drops the kernel's cached pages of `ino` in `[offset, offset + len)` (len 0: to the
+    /// end), off the runtime's threads (it waits for reads in flight on those pages).
+    async fn drop_pages(self: &Arc<State>, ino: InodeId, offset: u64, len: u64) {
+        let st = Arc::clone(self);
+        if let Err(e) =
+            tokio::task::spawn_blocking(move || st.pages.invalidate(ino, offset, len)).await
+        {
+            tracing::warn!(ino = %ino, error = %e, "dropping cached pages failed");
+        }
+    }
+
+    /// After this node changed the data of `ino` in `[offset, offset + len)` (len 0: to the
+    /// end): the kernel's pages of it go, where it may hold any, before the change is
+    /// answered.
+    async fn changed_data(self: &Arc<State>, ino: InodeId, offset: u64, len: u64) {
+        if self.pages.holds(ino) {
+            self.drop_pages(ino, offset, len).await;
         }
     }
 
@@ -455,6 +553,18 @@ impl State {
         handle: FileHandle,
         cred: &Credentials,
     ) -> fuser::FileHandle {
+        self.insert_file(ino, flags, raw_flags, handle, cred, false)
+    }
+
+    fn insert_file(
+        &self,
+        ino: InodeId,
+        flags: OpenFlags,
+        raw_flags: i32,
+        handle: FileHandle,
+        cred: &Credentials,
+        cached: bool,
+    ) -> fuser::FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let open = Arc::new(OpenFile::new(ino, flags, handle, cred));
         self.client.track_open_file(&open);
@@ -462,6 +572,7 @@ impl State {
             file: open,
             sync: sync_of(raw_flags),
             direct: raw_flags & libc::O_DIRECT != 0,
+            cached,
         });
         self.files
             .lock()
@@ -633,12 +744,13 @@ async fn do_readdirplus(
             } else {
                 None
             };
+            let fa = st.attr(a);
             if reply.add(
                 st.fuse_ino(e.inode),
                 e.cookie,
                 OsStr::from_bytes(e.name.as_bytes()),
-                &leased.unwrap_or(ttl),
-                &st.attr(a),
+                &st.attr_ttl(&fa, leased.unwrap_or(ttl)),
+                &fa,
                 Generation(a.generation),
             ) {
                 reply.ok();
@@ -675,8 +787,15 @@ impl fuser::Filesystem for SanFs {
             // Shared mmap of a direct-I/O file (kernel 6.6+): its pages go through the page
             // cache while mapped, written back through this file system; reads and writes keep
             // bypassing it.
-            | fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
-        let _ = config.add_capabilities(wanted & config.capabilities());
+            | fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
+            // Files in cached mode: the kernel checks the attributes before each read and
+            // drops the pages at a new size or mtime (`pages`).
+            | fuser::InitFlags::FUSE_AUTO_INVAL_DATA;
+        let granted = wanted & config.capabilities();
+        let _ = config.add_capabilities(granted);
+        self.state
+            .pages
+            .set_auto_inval(granted.contains(fuser::InitFlags::FUSE_AUTO_INVAL_DATA));
         Ok(())
     }
 
@@ -710,16 +829,30 @@ impl fuser::Filesystem for SanFs {
         reply: ReplyAttr,
     ) {
         let started = std::time::Instant::now();
-        if let Some(r) = self.state.client.cached_attr(self.state.ino(ino)) {
-            self.state.reply_attr_leased(reply, Ok(r));
+        let cached = self.state.client.cached_attr(self.state.ino(ino));
+        if let Some(r) = &cached
+            && !self.state.pages.stale(
+                self.state.ino(ino),
+                &pages::Seen::of(&self.state.attr(&r.0)),
+            )
+        {
+            let fa = self.state.attr(&r.0);
+            self.state
+                .pages
+                .seen(self.state.ino(ino), pages::Seen::of(&fa));
+            reply.attr(&r.1.unwrap_or(self.state.options.attr_ttl), &fa);
             metrics::histogram!(FUSE_OP_SECONDS, "op" => "getattr")
                 .record(started.elapsed().as_secs_f64());
             return;
         }
         let cred = credentials(req);
         self.spawn("getattr", move |st| async move {
-            let r = st.client.getattr_leased(&cred, st.ino(ino)).await;
-            st.reply_attr_leased(reply, r);
+            // (A change the kernel would not see drops its pages, off FUSE's thread.)
+            let r = match cached {
+                Some(r) => Ok(r),
+                None => st.client.getattr_leased(&cred, st.ino(ino)).await,
+            };
+            st.answer_getattr(reply, r).await;
         });
     }
 
@@ -936,9 +1069,22 @@ impl fuser::Filesystem for SanFs {
                 st.forget(&[ino], &[]);
             }
             match opened {
-                Ok((handle, _)) => {
-                    let fh = st.insert(ino, flags, raw, handle, &cred);
-                    reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO);
+                Ok((handle, attr)) => {
+                    // For reading only, without O_DIRECT: the kernel's page cache (`pages`).
+                    let cached = raw & libc::O_ACCMODE == libc::O_RDONLY
+                        && raw & libc::O_DIRECT == 0
+                        && !flags.truncate
+                        && attr.kind == FileType::Regular
+                        && st.pages.usable();
+                    let fh = st.insert_file(ino, flags, raw, handle, &cred, cached);
+                    let open = if !cached {
+                        FopenFlags::FOPEN_DIRECT_IO
+                    } else if st.pages.open(ino, pages::Seen::of(&st.attr(&attr))) {
+                        FopenFlags::FOPEN_KEEP_CACHE
+                    } else {
+                        FopenFlags::empty()
+                    };
+                    reply.opened(fh, open);
                 }
                 Err(e) => reply.error(errno(&e)),
             }
@@ -1056,6 +1202,7 @@ impl fuser::Filesystem for SanFs {
             && !file.direct
             && file.sync.is_none()
             && !file.file.flags().append
+            && !self.state.pages.holds(self.state.ino(ino))
             && let Some(w) = self
                 .state
                 .client
@@ -1098,10 +1245,9 @@ impl fuser::Filesystem for SanFs {
                 let written = if file.file.flags().append {
                     // O_APPEND: the server writes at its end of file, atomically with every
                     // other node's writes; one append at a time through this handle.
-                    file.file
-                        .append(&st.client, &cred, buf.as_slice())
-                        .await
-                        .map(|(_, outcome)| outcome)?
+                    let (at, outcome) = file.file.append(&st.client, &cred, buf.as_slice()).await?;
+                    st.changed_data(ino, at, outcome.written).await;
+                    outcome
                 } else {
                     // A small buffered write is held back under the file's write delegation
                     // (client::writeback); otherwise, or when it cannot be, written through.
@@ -1131,6 +1277,9 @@ impl fuser::Filesystem for SanFs {
                         })?,
                     }
                 };
+                if !file.file.flags().append {
+                    st.changed_data(ino, offset, written.written).await;
+                }
                 if let Some(data_only) = file.sync {
                     with_handle!(st, cred, file, |h| st
                         .client
@@ -1140,8 +1289,12 @@ impl fuser::Filesystem for SanFs {
                 Ok::<_, FsError>(written)
             }
             .await;
-            // Written (size, mtime) or maybe partly: what the lease cache holds goes.
+            // Written (size, mtime) or maybe partly: what the lease cache holds goes, and
+            // after a failure whatever the kernel may have cached of the file.
             st.forget(&[st.ino(ino)], &[]);
+            if r.is_err() {
+                st.changed_data(st.ino(ino), 0, 0).await;
+            }
             match r {
                 Ok(w) => {
                     span.set_bytes(w.written);
@@ -1355,6 +1508,9 @@ impl fuser::Filesystem for SanFs {
             .remove(&fh.0);
         reply.ok();
         if let Some(file) = file {
+            if file.cached {
+                self.state.pages.release(file.file.ino());
+            }
             let cred = credentials(req);
             self.spawn("release", move |st| async move {
                 // flock's locks belong to the open file and go with its last descriptor.
@@ -1707,6 +1863,7 @@ impl fuser::Filesystem for SanFs {
                     .fallocate(&cred, &h, ino, offset, length, mode)
                     .await);
                 st.forget(&[ino], &[]);
+                st.changed_data(ino, offset, length).await;
                 r
             }
             .await;

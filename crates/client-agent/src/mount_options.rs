@@ -56,6 +56,9 @@ pub struct MountOpts {
     /// `dirsync`: every namespace change durable when it returns (a disk sync at the server
     /// per change), instead of answered at once and kept by the agent until durable.
     pub dirsync: bool,
+    /// `page_cache=on|off`: files opened for reading only use the kernel's page cache
+    /// (coherent: docs/posix.md "Caching and coherence").
+    pub page_cache: bool,
     /// `log=FILE|syslog|stderr`; `None`: stderr in the foreground, chosen when daemonised.
     pub log: Option<LogTarget>,
     /// `log_level=error|warn|info|debug|trace`; `None`: `RUST_LOG`, else `info`.
@@ -91,6 +94,7 @@ impl Default for MountOpts {
             direct_io_threshold: None,
             writeback: crate::client::WriteBackConfig::default(),
             dirsync: false,
+            page_cache: true,
             log: None,
             log_level: None,
             remount: false,
@@ -214,6 +218,13 @@ pub fn parse_options_sloppy(
             "allow_proxied_only" => o.allow_proxied_only = true,
             "ro" => o.read_only = true,
             "rw" => o.read_only = false,
+            "page_cache" => {
+                o.page_cache = match need(key, value)? {
+                    "on" => true,
+                    "off" => false,
+                    v => bail!("page_cache={v}: on or off"),
+                }
+            }
             "remount" => o.remount = true,
             "accept_epoch_regression" => o.accept_epoch_regression = true,
             "engine" => {

@@ -367,9 +367,11 @@ fn mount(
             attr_ttl: opts.attr_ttl,
             entry_ttl: opts.entry_ttl,
             root,
+            page_cache: opts.page_cache,
         },
         runtime.handle().clone(),
     );
+    let page_cache = fs.page_cache_slot();
     let mut fuse_config = Config::default();
     fuse_config.mount_options = vec![
         MountOption::FSName(format!("{server}:{subdir}")),
@@ -438,6 +440,20 @@ fn mount(
     // Lease recalls invalidate the kernel's attributes of an inode (never from a FUSE
     // thread: the session task calls it; see `client::leases`).
     let notifier = session.notifier();
+    // The kernel's cached pages of files opened for reading only are dropped through the
+    // same notifier (never from a FUSE thread: see `fuse::pages`).
+    let pages_notifier = session.notifier();
+    page_cache.install(Box::new(
+        move |ino: sanfs_proto::types::InodeId, offset: u64, len: u64| {
+            let fuse = fuser::INodeNo(sanfs_client_agent::fuse::sanfs_ino(root, ino.0).0);
+            let offset = i64::try_from(offset).unwrap_or(i64::MAX);
+            let len = i64::try_from(len).unwrap_or(0);
+            if let Err(e) = pages_notifier.inval_inode(fuse, offset, len) {
+                // Not known to the kernel (forgotten): nothing cached there.
+                tracing::trace!(ino = ino.0, error = %e, "inval_inode (pages)");
+            }
+        },
+    ));
     client
         .leases()
         .set_kernel_invalidator(Box::new(move |ino: sanfs_proto::types::InodeId| {
@@ -556,6 +572,7 @@ fn start_control(runtime: &tokio::runtime::Runtime, ctx: ControlContext) -> Opti
             return None;
         }
     };
+    widen_read_ahead(entry.major, entry.minor);
     let dir = control::run_dir();
     let _guard = runtime.enter();
     match control::bind(&dir, entry.major, entry.minor) {
@@ -568,6 +585,18 @@ fn start_control(runtime: &tokio::runtime::Runtime, ctx: ControlContext) -> Opti
             tracing::warn!(error = %format!("{e:#}"), "no control socket");
             None
         }
+    }
+}
+
+/// The kernel reads ahead of a file in the page cache by the mount's `read_ahead_kb`, 128 KiB
+/// by default (FUSE takes the smaller of it and the 1 MiB the agent allows): 1 MiB makes a
+/// sequential reader's requests as large as FUSE carries (a quarter of the requests for the
+/// same bytes). Needs root; otherwise the default stays.
+fn widen_read_ahead(major: u32, minor: u32) {
+    let knob = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    let kib = sanfs_client_agent::fuse::MAX_IO_BYTES / 1024;
+    if let Err(e) = std::fs::write(&knob, kib.to_string()) {
+        tracing::info!(knob, error = %e, "read-ahead of cached files stays the kernel's default");
     }
 }
 

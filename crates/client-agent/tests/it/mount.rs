@@ -1740,7 +1740,13 @@ async fn a_sequential_reader_is_read_ahead_of_and_still_sees_another_nodes_write
             use std::os::unix::fs::FileExt;
             let mut model = crate::support::pattern(LEN, 21);
             std::fs::write(&pb, &model).unwrap();
-            let r = std::fs::File::open(&pa).unwrap();
+            // Open for writing too: a file opened for reading only is read through the
+            // kernel's page cache, which reads ahead by itself; this is about the agent's.
+            let r = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&pa)
+                .unwrap();
             let read_all = |r: &std::fs::File, model: &[u8], pass: &str, mid: Option<&dyn Fn()>| {
                 let mut buf = vec![0u8; READ];
                 for (i, want) in model.chunks(READ).enumerate() {
@@ -1777,6 +1783,121 @@ async fn a_sequential_reader_is_read_ahead_of_and_still_sees_another_nodes_write
             model[at..at + patch.len()].copy_from_slice(&patch);
             let write = || w.write_all_at(&patch, at as u64).unwrap();
             read_all(&r, &model, "second pass", Some(&write));
+        },
+    )
+    .await;
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
+
+/// Issue 18: a file opened for reading only is read through the kernel's page cache (a second
+/// read of it asks the agent nothing), and the cached pages never outlive a change: another
+/// node's write in place, the same write with the old mtime set back (size and mtime as
+/// before: only the ctime tells), a truncate, and this node's own write through another
+/// handle (held back under its delegation, the mtime not moved yet) are each what the
+/// reader's next `read(2)` through the handle it kept open sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_read_through_the_page_cache_sees_every_change_of_any_node() {
+    if !can_mount() {
+        return;
+    }
+    const LEN: usize = 4 << 20;
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "pages-reader", "").await;
+    let b = Mount::start(&srv, "pages-writer", "").await;
+    let (pa, pb, mnt_a) = (a.p("f"), b.p("f"), a.path.clone());
+    timed(
+        "a cached reader and changes from both nodes",
+        240,
+        move || {
+            use std::os::unix::fs::FileExt;
+            let mut model = crate::support::pattern(LEN, 33);
+            std::fs::write(&pb, &model).unwrap();
+            let r = std::fs::File::open(&pa).unwrap();
+            let check = |model: &[u8], what: &str| {
+                let mut got = vec![0u8; model.len() + 4096];
+                let mut n = 0;
+                loop {
+                    let k = r.read_at(&mut got[n..], n as u64).unwrap();
+                    if k == 0 {
+                        break;
+                    }
+                    n += k;
+                }
+                assert_eq!(n, model.len(), "{what}: the size");
+                if let Some(at) = got[..n].iter().zip(model).position(|(x, y)| x != y) {
+                    panic!("{what}: a stale byte at {at}");
+                }
+            };
+            let fuse_reads = || {
+                agent_status(&mnt_a)["agent"]["stages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|s| s["stage"] == "fuse-read")
+                    .map_or(0, |s| s["calls"].as_u64().unwrap())
+            };
+            check(&model, "first read");
+            let before = fuse_reads();
+            check(&model, "second read");
+            assert_eq!(
+                fuse_reads(),
+                before,
+                "the second read came from the page cache"
+            );
+
+            // Another node writes in place (size unchanged).
+            let w = std::fs::OpenOptions::new().write(true).open(&pb).unwrap();
+            let at = LEN / 3 + 123;
+            let patch = vec![0x5Au8; 10_000];
+            w.write_all_at(&patch, at as u64).unwrap();
+            model[at..at + patch.len()].copy_from_slice(&patch);
+            check(&model, "after another node's write");
+
+            // The same again, then the mtime it had set back: size and mtime as the reader
+            // last saw them.
+            let mtime = std::fs::metadata(&pb).unwrap().modified().unwrap();
+            check(&model, "once more");
+            let patch = vec![0xC3u8; 5000];
+            let at = 2 * LEN / 3 + 7;
+            w.write_all_at(&patch, at as u64).unwrap();
+            w.sync_all().unwrap();
+            w.set_times(std::fs::FileTimes::new().set_modified(mtime))
+                .unwrap();
+            model[at..at + patch.len()].copy_from_slice(&patch);
+            assert_eq!(std::fs::metadata(&pb).unwrap().modified().unwrap(), mtime);
+            check(&model, "after a write whose mtime was set back");
+
+            // This node's own small write through another handle (held back).
+            let own = std::fs::OpenOptions::new().write(true).open(&pa).unwrap();
+            let patch = vec![0x11u8; 300];
+            let at = 4096 * 5 + 50;
+            own.write_all_at(&patch, at as u64).unwrap();
+            model[at..at + patch.len()].copy_from_slice(&patch);
+            check(&model, "after this node's own write");
+            drop(own);
+
+            // Another node truncates.
+            w.set_len((LEN / 2) as u64).unwrap();
+            model.truncate(LEN / 2);
+            check(&model, "after another node's truncate");
+
+            // A new open of the unchanged file keeps what is cached.
+            drop(r);
+            let r2 = std::fs::File::open(&pa).unwrap();
+            let mut buf = vec![0u8; LEN / 2];
+            r2.read_exact_at(&mut buf, 0).unwrap();
+            assert!(buf == model, "a new open reads the file");
+            let before = fuse_reads();
+            let r3 = std::fs::File::open(&pa).unwrap();
+            r3.read_exact_at(&mut buf, 0).unwrap();
+            assert!(buf == model);
+            assert_eq!(
+                fuse_reads(),
+                before,
+                "an open of an unchanged file keeps its pages"
+            );
         },
     )
     .await;
