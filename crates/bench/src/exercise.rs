@@ -377,6 +377,8 @@ struct Handle {
     file: File,
     ino: Ino,
     append: bool,
+    /// Opened `O_RDONLY` (on sanfs: through the kernel's page cache); never written through.
+    read_only: bool,
     /// The name it was opened by (for the log).
     slot: usize,
 }
@@ -463,6 +465,7 @@ enum Op {
         excl: bool,
         trunc: bool,
         append: bool,
+        read_only: bool,
     },
     Close(usize),
     Write {
@@ -578,8 +581,9 @@ impl<'a> Exerciser<'a> {
                 excl,
                 trunc,
                 append,
+                read_only,
             } => {
-                let mut f = String::from("O_RDWR");
+                let mut f = String::from(if *read_only { "O_RDONLY" } else { "O_RDWR" });
                 for (on, name) in [
                     (*creat, "|O_CREAT"),
                     (*excl, "|O_EXCL"),
@@ -657,11 +661,15 @@ impl<'a> Exerciser<'a> {
         self.align(l, true).min(MAX_IO)
     }
 
-    /// A target for a data operation: a handle or a name.
-    fn via(&mut self) -> Option<Via> {
-        if !self.handles.is_empty() && self.rng.chance(2, 3) {
+    /// A target for a data operation: a handle (one open for writing when the operation
+    /// writes) or a name.
+    fn via(&mut self, write: bool) -> Option<Via> {
+        let usable: Vec<usize> = (0..self.handles.len())
+            .filter(|&h| !write || !self.handles[h].read_only)
+            .collect();
+        if !usable.is_empty() && self.rng.chance(2, 3) {
             return Some(Via::Handle(
-                self.rng.below(self.handles.len() as u64) as usize
+                usable[self.rng.below(usable.len() as u64) as usize],
             ));
         }
         let slot = self.existing_slot()?;
@@ -689,30 +697,33 @@ impl<'a> Exerciser<'a> {
                     let slot = self.rng.below(files as u64) as usize;
                     let exists = self.model.names.contains_key(&slot);
                     let creat = !exists || self.rng.chance(1, 2);
+                    // A third for reading only (a reader's open: the page cache on sanfs).
+                    let read_only = self.rng.chance(1, 3);
                     Some(Op::Open {
                         mount: self.rng.below(2) as usize,
                         slot,
                         creat,
                         excl: creat && self.rng.chance(1, 5),
-                        trunc: self.rng.chance(1, 8),
-                        append: self.rng.chance(1, 5),
+                        trunc: !read_only && self.rng.chance(1, 8),
+                        append: !read_only && self.rng.chance(1, 5),
+                        read_only,
                     })
                 }
                 8..=11 => (!self.handles.is_empty())
                     .then(|| Op::Close(self.rng.below(self.handles.len() as u64) as usize)),
-                12..=36 => self.via().map(|via| {
+                12..=36 => self.via(true).map(|via| {
                     let size = self.size_of(via);
                     let off = self.offset(size, max).min(max - 1);
                     let len = self.length().min(max - off).max(1);
                     Op::Write { via, off, len }
                 }),
-                37..=61 => self.via().map(|via| {
+                37..=61 => self.via(false).map(|via| {
                     let size = self.size_of(via);
                     let off = self.offset(size, max + 64 * KIB);
                     let len = self.length();
                     Op::Read { via, off, len }
                 }),
-                62..=67 => self.via().map(|via| {
+                62..=67 => self.via(true).map(|via| {
                     let size = self.size_of(via);
                     let new = match self.rng.below(4) {
                         0 => 0,
@@ -722,7 +733,7 @@ impl<'a> Exerciser<'a> {
                     let size = self.align(new, false);
                     Op::Truncate { via, size }
                 }),
-                68..=75 => self.via().map(|via| {
+                68..=75 => self.via(true).map(|via| {
                     let size = self.size_of(via);
                     let mode = match self.rng.below(5) {
                         0 => FallocMode::Default,
@@ -770,24 +781,26 @@ impl<'a> Exerciser<'a> {
         }
     }
 
-    /// Opens the name of a `Via::Path` for one operation.
-    fn open_path(&self, mount: usize, slot: usize) -> std::io::Result<File> {
+    /// Opens the name of a `Via::Path` for one operation: for reading only when it only
+    /// reads, as a reader (`cat`, `cp`) would.
+    fn open_path(&self, mount: usize, slot: usize, write: bool) -> std::io::Result<File> {
         OpenOptions::new()
             .read(true)
-            .write(true)
+            .write(write)
             .open(self.path(mount, slot))
     }
 
-    /// Runs `f` on the file of `via`.
+    /// Runs `f` on the file of `via` (a name is opened for writing when `write`).
     fn with_file<T>(
         &self,
         via: Via,
+        write: bool,
         f: impl FnOnce(&File) -> std::io::Result<T>,
     ) -> std::io::Result<T> {
         match via {
             Via::Handle(h) => f(&self.handles[h].file),
             Via::Path(m, s) => {
-                let file = self.open_path(m, s)?;
+                let file = self.open_path(m, s, write)?;
                 f(&file)
             }
         }
@@ -808,12 +821,21 @@ impl<'a> Exerciser<'a> {
                 excl,
                 trunc,
                 append,
+                read_only,
             } => {
                 let exists = self.model.names.contains_key(&slot);
                 let mut o = OpenOptions::new();
-                o.read(true).write(true);
+                o.read(true).write(!read_only);
                 let mut flags = 0;
-                if creat && excl {
+                if read_only {
+                    // (std's create needs write access: the flags themselves.)
+                    if creat {
+                        flags |= libc::O_CREAT;
+                    }
+                    if creat && excl {
+                        flags |= libc::O_EXCL;
+                    }
+                } else if creat && excl {
                     o.create_new(true);
                 } else if creat {
                     o.create(true);
@@ -857,6 +879,7 @@ impl<'a> Exerciser<'a> {
                             file,
                             ino,
                             append,
+                            read_only,
                             slot,
                         });
                         self.model.collect(&self.handles);
@@ -880,7 +903,7 @@ impl<'a> Exerciser<'a> {
             Op::Write { via, off, len } => {
                 let data = write_data(self.seed, index, len as usize);
                 let append = matches!(via, Via::Handle(h) if self.handles[h].append);
-                self.with_file(via, |f| f.write_all_at(&data, off))
+                self.with_file(via, true, |f| f.write_all_at(&data, off))
                     .map_err(|e| unexpected("pwrite", e))?;
                 self.bytes_written += len;
                 let ino = self.ino_of(via);
@@ -901,7 +924,7 @@ impl<'a> Exerciser<'a> {
             Op::Read { via, off, len } => {
                 let mut got = vec![0u8; len as usize];
                 let n = self
-                    .with_file(via, |f| {
+                    .with_file(via, false, |f| {
                         let mut done = 0usize;
                         // Bounded: every round reads at least one byte or stops.
                         while done < got.len() {
@@ -924,7 +947,7 @@ impl<'a> Exerciser<'a> {
                 Ok(format!("ok {n} bytes"))
             }
             Op::Truncate { via, size } => {
-                self.with_file(via, |f| f.set_len(size))
+                self.with_file(via, true, |f| f.set_len(size))
                     .map_err(|e| unexpected("truncate", e))?;
                 let ino = self.ino_of(via);
                 let buf = self
@@ -941,7 +964,7 @@ impl<'a> Exerciser<'a> {
                 off,
                 len,
             } => {
-                self.with_file(via, |f| {
+                self.with_file(via, true, |f| {
                     rustix::fs::fallocate(f, mode.flags(), off, len).map_err(std::io::Error::from)
                 })
                 .map_err(|e| unexpected("fallocate", e))?;

@@ -69,7 +69,8 @@ enum Command {
         /// poisoned by a failed write again after this), rescan=30s (read the volume again
         /// and look for missing LUNs this often), log=FILE|syslog|stderr,
         /// log_level=LEVEL, writeback=SIZE (write-back cache of small buffered writes; 0:
-        /// off), writeback_file=SIZE, writeback_age=DURATION, read_cache=SIZE (0: off);
+        /// off), writeback_file=SIZE, writeback_age=DURATION, read_cache=SIZE (0: off),
+        /// page_cache=on|off (files opened for reading only in the kernel's page cache);
         /// mount(8)'s generic ones (_netdev, defaults, x-*, ...) are ignored.
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,

@@ -1435,7 +1435,14 @@ async fn cached_reads_see_another_nodes_write_at_once() {
         use std::os::unix::fs::FileExt;
         let mut model: Vec<u8> = (0..LEN).map(|i| (i % 253) as u8).collect();
         std::fs::write(&pb, &model).unwrap();
-        let r = std::fs::File::open(&pa).unwrap();
+        // Opened for writing too: this is about the agent's cache (a file opened for reading
+        // only goes through the kernel's page cache:
+        // `a_file_read_through_the_page_cache_sees_every_change_of_any_node`).
+        let r = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&pa)
+            .unwrap();
         let w = std::fs::OpenOptions::new().write(true).open(&pb).unwrap();
         for round in 0..20u8 {
             // A: many small reads, sequential and random.
