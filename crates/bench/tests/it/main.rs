@@ -164,8 +164,9 @@ fn check_mount_parts(v: &serde_json::Value, plots: &std::path::Path) {
     let cells = v["everyday"]["cells"].as_array().expect("everyday cells");
     for t in &want {
         let of_t: Vec<_> = cells.iter().filter(|c| c["target"] == *t).collect();
-        // 4 sizes x 2, 2 random, 3 bonnie, 2 tree, 5 everyday-table rows.
-        assert_eq!(of_t.len(), 20, "{t}: {of_t:?}");
+        // 4 sizes x 3 (write, read, read-only read), 2 random, 3 bonnie, 2 tree, 5
+        // everyday-table rows.
+        assert_eq!(of_t.len(), 24, "{t}: {of_t:?}");
         for c in of_t {
             if let Some(mb) = c["mb_s"].as_f64() {
                 assert!(mb > 0.0 && c["bytes"].as_u64() > Some(0), "{c}");
