@@ -545,18 +545,8 @@ impl State {
             .ok_or_else(|| FsError::Invalid(format!("unknown file handle {}", fh.0)))
     }
 
+    /// A new FUSE handle for an open file (`cached`: in the kernel's cached mode).
     fn insert(
-        &self,
-        ino: InodeId,
-        flags: OpenFlags,
-        raw_flags: i32,
-        handle: FileHandle,
-        cred: &Credentials,
-    ) -> fuser::FileHandle {
-        self.insert_file(ino, flags, raw_flags, handle, cred, false)
-    }
-
-    fn insert_file(
         &self,
         ino: InodeId,
         flags: OpenFlags,
@@ -1076,7 +1066,7 @@ impl fuser::Filesystem for SanFs {
                         && !flags.truncate
                         && attr.kind == FileType::Regular
                         && st.pages.usable();
-                    let fh = st.insert_file(ino, flags, raw, handle, &cred, cached);
+                    let fh = st.insert(ino, flags, raw, handle, &cred, cached);
                     let open = if !cached {
                         FopenFlags::FOPEN_DIRECT_IO
                     } else if st.pages.open(ino, pages::Seen::of(&st.attr(&attr))) {
@@ -1772,7 +1762,7 @@ impl fuser::Filesystem for SanFs {
             // (The client dropped what its cache held of the name before it asked.)
             match r {
                 Ok(c) => {
-                    let fh = st.insert(c.attr.ino, open, flags, c.handle, &cred);
+                    let fh = st.insert(c.attr.ino, open, flags, c.handle, &cred, false);
                     // Name and attributes under the leases given with the reply, where the
                     // kernel can be made to forget names (one TTL for both here).
                     let ttl = match c.ttl {

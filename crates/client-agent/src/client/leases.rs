@@ -53,6 +53,16 @@ fn bucket(ino: InodeId) -> usize {
     (ino.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize % BUCKETS
 }
 
+/// Whether the server answers "no such attribute" for `name` on a file that has none: a
+/// well-formed name in the `user.`, `trusted.` or `security.` namespace (`system.*` is
+/// EOPNOTSUPP; a malformed name is refused).
+fn plain_xattr_name(name: &[u8]) -> bool {
+    sanfs_proto::types::XattrName::new(name.to_vec()).is_ok()
+        && [&b"user."[..], b"trusted.", b"security."]
+            .iter()
+            .any(|p| name.len() > p.len() && name.starts_with(p))
+}
+
 /// An extended attribute of an inode as one caller asked it: (inode, caller key, name).
 type XattrKey = (InodeId, u64, Vec<u8>);
 
@@ -109,6 +119,11 @@ struct State {
     /// inode, caller and name, with the mark of the request: good while the inode's
     /// attribute lease holds and nothing touched it since (see [`LeaseCache::xattr`]).
     xattrs: HashMap<XattrKey, (Option<Vec<u8>>, u64)>,
+    /// Files this agent created, with the mark of the create and the end of its leases:
+    /// they have no extended attribute while no recall came there (another node's
+    /// `SetXattr` recalls the attribute lease) and this agent set none (see
+    /// [`LeaseCache::xattr`]). Own writes and attribute changes do not end it.
+    bare: HashMap<InodeId, (u64, Instant)>,
     /// Own changes in progress per directory, and the number of the last one begun there.
     own: HashMap<InodeId, (usize, u64)>,
     own_next: u64,
@@ -263,6 +278,7 @@ impl Default for LeaseCache {
                 dirs: HashMap::new(),
                 names: 0,
                 xattrs: HashMap::new(),
+                bare: HashMap::new(),
                 own: HashMap::new(),
                 own_next: 0,
             }),
@@ -478,8 +494,22 @@ impl LeaseCache {
                     s.attrs.get(&ino).is_some_and(|(_, until)| *until > now) && s.usable(*mark, ino)
                 })
                 .map(|(value, _)| value.clone())
+                .or_else(|| {
+                    // A file made here and given none since: absent, by any name the server
+                    // answers "no such attribute" for (not `system.*`: EOPNOTSUPP).
+                    let bare = s.bare.get(&ino).is_some_and(|(mark, until)| {
+                        *until > now && *mark >= s.floor && s.recalled[bucket(ino)] <= *mark
+                    });
+                    (bare && plain_xattr_name(name)).then_some(None)
+                })
         };
         counted(hit, &self.counters.xattr_hits, &self.counters.xattr_misses)
+    }
+
+    /// This agent sets or removes an extended attribute of `ino`: it is no longer known to
+    /// have none.
+    pub fn forget_bare(&self, ino: InodeId) {
+        self.lock().bare.remove(&ino);
     }
 
     /// Keeps the server's answer for an extended attribute (see [`LeaseCache::xattr`]),
@@ -597,6 +627,7 @@ impl LeaseCache {
             s.dirs.clear();
             s.names = 0;
             s.xattrs.clear();
+            s.bare.clear();
             s.attrs.drain().map(|(ino, _)| ino).collect()
         };
         self.invalidate_kernel_names();
@@ -641,13 +672,15 @@ impl OwnChange<'_> {
     /// [`OwnChange::end`] of a create: `made` is the file it made or opened (the first
     /// added name) and the term of the leases on it and its directory's names given with
     /// the reply; kept under the same rules. Answers how long the kernel may keep them.
+    /// `created`: the call made the file (it has no extended attribute yet).
     pub fn end_made(
         mut self,
         changed: Option<&ChangedDirs>,
         made: (&Attr, u64),
+        created: bool,
         deadline: Instant,
     ) -> Option<Duration> {
-        self.finish(changed, Some(Made::File(made.0, made.1)), deadline)
+        self.finish(changed, Some(Made::File(made.0, made.1, created)), deadline)
     }
 
     /// [`OwnChange::end`] of a mkdir that made `dir`: with the leases the reply gave on it
@@ -705,7 +738,7 @@ impl OwnChange<'_> {
         };
         let mut ttl = None;
         match (made, first) {
-            (Some(Made::File(attr, lease_ms)), Some((dir, name, true)))
+            (Some(Made::File(attr, lease_ms, created)), Some((dir, name, true)))
                 if quiet(&s, attr.ino) && s.attrs.len() < MAX_ATTRS && s.names < MAX_NAMES =>
             {
                 // The create's leases cover the file and the directory's names.
@@ -713,6 +746,14 @@ impl OwnChange<'_> {
                     s.attrs.insert(attr.ino, (attr.clone(), end));
                     s.put_own_name(dir, name, attr.ino, end, now, was_complete);
                     ttl = Some(end.saturating_duration_since(now));
+                    if created {
+                        if s.bare.len() >= MAX_XATTRS {
+                            s.bare.retain(|_, (_, until)| *until > now);
+                        }
+                        if s.bare.len() < MAX_XATTRS {
+                            s.bare.insert(attr.ino, (self.mark, end));
+                        }
+                    }
                 }
             }
             (Some(Made::Dir(attr)), Some((parent, name, true)))
@@ -761,8 +802,8 @@ impl OwnChange<'_> {
 
 /// What a create or mkdir made ([`OwnChange::end_made`], [`OwnChange::end_mkdir`]).
 enum Made<'a> {
-    /// A file and the term of the create's leases.
-    File(&'a Attr, u64),
+    /// A file, the term of the create's leases, and whether the call made it.
+    File(&'a Attr, u64, bool),
     /// A directory (its leases come with the changed directories).
     Dir(&'a Attr),
     /// A name moved (renamed) with the inode it held.
@@ -1202,10 +1243,62 @@ mod tests {
         // A failed change (dropped) ends it too: the next one alone is kept again.
         drop(c.begin_own(&[], &[], &[(d, b"f".as_slice())]));
         let made = c.begin_own(&[], &[], &[(d, b"g".as_slice())]);
-        let ttl = made.end_made(Some(&changed), (&attr(11), 10_000), far());
+        let ttl = made.end_made(Some(&changed), (&attr(11), 10_000), true, far());
         assert!(ttl.is_some());
         assert!(c.attr(d).is_some());
         assert!(matches!(c.entry(d, b"g"), Some(Some((a, _))) if a.ino == InodeId(11)));
+    }
+
+    #[test]
+    fn a_file_made_here_has_no_extended_attribute_until_one_is_set_or_a_recall_comes() {
+        let c = LeaseCache::default();
+        let d = InodeId(2);
+        let changed = ChangedDirs {
+            attrs: vec![dir(2)],
+            lease_ms: 10_000,
+        };
+        let f = InodeId(11);
+        let _ = c.begin_own(&[], &[], &[(d, b"f".as_slice())]).end_made(
+            Some(&changed),
+            (&attr(11), 10_000),
+            true,
+            far(),
+        );
+        assert_eq!(c.xattr(f, 0, b"security.capability"), Some(None));
+        assert_eq!(c.xattr(f, 7, b"user.x"), Some(None), "any caller");
+        assert_eq!(
+            c.xattr(f, 0, b"system.posix_acl_access"),
+            None,
+            "EOPNOTSUPP there"
+        );
+        assert_eq!(c.xattr(f, 0, b"user."), None, "not a name the server takes");
+        // Its own writes and attribute changes do not end it.
+        c.forget(&[f], &[]);
+        let _ = c.begin_own(&[f], &[], &[]);
+        assert_eq!(c.xattr(f, 0, b"user.x"), Some(None));
+        // Its own setxattr does.
+        c.forget_bare(f);
+        assert_eq!(c.xattr(f, 0, b"user.x"), None);
+        // A recall (another node's setxattr) does.
+        let g = InodeId(12);
+        let _ = c.begin_own(&[], &[], &[(d, b"g".as_slice())]).end_made(
+            Some(&changed),
+            (&attr(12), 10_000),
+            true,
+            far(),
+        );
+        assert_eq!(c.xattr(g, 0, b"user.x"), Some(None));
+        c.recall(g, true, false);
+        assert_eq!(c.xattr(g, 0, b"user.x"), None);
+        // A file that was there already (O_CREAT without O_EXCL) may have some.
+        let h = InodeId(13);
+        let _ = c.begin_own(&[], &[], &[(d, b"h".as_slice())]).end_made(
+            Some(&changed),
+            (&attr(13), 10_000),
+            false,
+            far(),
+        );
+        assert_eq!(c.xattr(h, 0, b"user.x"), None);
     }
 
     /// A cache holding directory 20, made by this agent as `d` in 2: known empty.
@@ -1231,6 +1324,7 @@ mod tests {
             let _ = c.begin_own(&[], &[], &[(new, name.as_slice())]).end_made(
                 Some(&in_new),
                 (&attr(ino), 10_000),
+                true,
                 far(),
             );
         }
@@ -1292,6 +1386,7 @@ mod tests {
         c.begin_own(&[], &[], &[(new, b"f".as_slice())]).end_made(
             Some(&in_new),
             (&attr(30), 10_000),
+            true,
             far(),
         );
         assert!(matches!(c.entry(new, b"f"), Some(Some((a, _))) if a.ino == InodeId(30)));

@@ -273,7 +273,12 @@ impl Client {
         if let Some(id) = r.delegation {
             self.adopt_created_delegation(r.attr.ino, id, view.generation);
         }
-        let ttl = own.end_made(dirs.as_ref(), (&r.attr, r.lease_ms), self.lease_deadline());
+        let ttl = own.end_made(
+            dirs.as_ref(),
+            (&r.attr, r.lease_ms),
+            r.created,
+            self.lease_deadline(),
+        );
         Ok(Created {
             handle,
             attr: r.attr,
@@ -513,6 +518,7 @@ impl Client {
             value: value.to_vec(),
             mode,
         });
+        self.inner.leases.forget_bare(ino);
         rpc!(change_as_is self, set_xattr, req, SetXattr, "SetXattr reply",
             own(&[ino], &[], &[]), |_r: pb::SetXattrReply| None);
         Ok(())
@@ -542,6 +548,7 @@ impl Client {
             inode: ino,
             name: XattrName::new(xattr.as_ref().to_vec())?,
         });
+        self.inner.leases.forget_bare(ino);
         rpc!(change_as_is self, remove_xattr, req, RemoveXattr, "RemoveXattr reply",
             own(&[ino], &[], &[]), |_r: pb::RemoveXattrReply| None);
         Ok(())

@@ -306,6 +306,19 @@ async fn extended_attributes_are_cached_under_the_lease_and_exact_across_mounts(
     let b = Mount::start(&srv, "xattr-b", "").await;
     let (pa, pb) = (a.p("f"), b.p("f"));
     std::fs::write(&pa, b"x").unwrap();
+    // The node that made the file knows it has none, without asking (what the kernel asks
+    // at every chown and `ls -l` of a new file), even after writing and changing it.
+    std::fs::write(&pa, b"xy").unwrap();
+    std::fs::set_permissions(&pa, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let made = agent_status(&a.path);
+    assert_eq!(get(&pa, "security.capability"), Err(libc::ENODATA));
+    assert_eq!(get(&pa, "user.none"), Err(libc::ENODATA));
+    let made_after = agent_status(&a.path);
+    assert_eq!(
+        counter(&made_after, "xattr_misses"),
+        counter(&made, "xattr_misses"),
+        "the maker asked the server: {made} then {made_after}"
+    );
     std::fs::metadata(&pb).unwrap();
     let before = agent_status(&b.path);
     assert_eq!(get(&pb, "user.none"), Err(libc::ENODATA));
