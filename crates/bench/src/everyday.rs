@@ -322,24 +322,19 @@ fn on_target(
         })?;
         let written = w.bytes;
         out.push(w);
-        drop_cache(&f)?;
-        out.push(timed(
-            t,
-            &format!("seq read {}", size_label(size)),
-            true,
-            || read_seq(&f, size, written),
-        )?);
+        // Read cold through the writer's handle, then as `cat`, `cp` or a compiler reads it:
+        // a new open for reading only (on sanfs the kernel's page cache serves that one; a
+        // read-write handle reads through the agent).
+        let read_cold = |f: &File, row: &str| {
+            drop_cache(f)?;
+            timed(t, &format!("{row} {}", size_label(size)), true, || {
+                read_seq(f, size, written)
+            })
+        };
+        out.push(read_cold(&f, "seq read")?);
         drop(f);
-        // As `cat`, `cp` or a compiler reads it: a new open for reading only (on sanfs the
-        // kernel's page cache serves it; a read-write handle reads through the agent).
         let f = File::open(&path).with_context(|| format!("open {}", path.display()))?;
-        drop_cache(&f)?;
-        out.push(timed(
-            t,
-            &format!("read-only read {}", size_label(size)),
-            true,
-            || read_seq(&f, size, written),
-        )?);
+        out.push(read_cold(&f, "read-only read")?);
         drop(f);
         std::fs::remove_file(&path)?;
     }

@@ -162,11 +162,6 @@ impl PageCacheSlot {
     pub fn install(&self, f: PageInvalidator) -> bool {
         self.0.pages.set_invalidator(f)
     }
-
-    /// The agent's own invalidations of cached pages so far.
-    pub fn invalidations(&self) -> u64 {
-        self.0.pages.invalidations()
-    }
 }
 
 fn errno(e: &FsError) -> Errno {
@@ -479,8 +474,8 @@ impl State {
     }
 
     /// How long the kernel may hold attributes `a`: `ttl`, or 0 when they carry a change of
-    /// the file's data the kernel would not see by itself (its next read then asks, and
-    /// [`State::answer_getattr`] drops the pages first).
+    /// the file's data the kernel would not see by itself (its next read then asks, and its
+    /// `GETATTR` drops the pages first: [`State::getattr_view`]).
     fn attr_ttl(&self, a: &FileAttr, ttl: Duration) -> Duration {
         if self.pages.stale(self.ino(a.ino), &pages::Seen::of(a)) {
             Duration::ZERO
@@ -489,25 +484,19 @@ impl State {
         }
     }
 
-    /// A `GETATTR`'s answer (before every read of a file in cached mode whose attributes
-    /// expired): a change the kernel would not see by itself drops the file's pages first.
-    async fn answer_getattr(
-        self: &Arc<State>,
-        reply: ReplyAttr,
-        r: Result<WithTtl<Attr>, FsError>,
-    ) {
-        match r {
-            Ok((a, ttl)) => {
-                let fa = self.attr(&a);
-                let now = pages::Seen::of(&fa);
-                if self.pages.stale(a.ino, &now) {
-                    self.drop_pages(a.ino, 0, 0).await;
-                }
-                self.pages.seen(a.ino, now);
-                reply.attr(&ttl.unwrap_or(self.options.attr_ttl), &fa);
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
+    /// Attributes `a` as a `GETATTR` gives them to the kernel (asked before every read of a
+    /// file in cached mode whose attributes expired), and whether they carry a change it
+    /// would not see by itself: then its pages must go first ([`State::drop_pages`]).
+    fn getattr_view(&self, a: &Attr) -> (FileAttr, bool) {
+        let fa = self.attr(a);
+        let stale = self.pages.stale(a.ino, &pages::Seen::of(&fa));
+        (fa, stale)
+    }
+
+    /// Answers a `GETATTR` with `fa` (of `ino`), which the kernel then holds for `ttl`.
+    fn reply_getattr(&self, reply: ReplyAttr, ino: InodeId, fa: &FileAttr, ttl: Option<Duration>) {
+        self.pages.seen(ino, pages::Seen::of(fa));
+        reply.attr(&ttl.unwrap_or(self.options.attr_ttl), fa);
     }
 
     /// Drops the kernel's cached pages of `ino` in `[offset, offset + len)` (len 0: to the
@@ -820,20 +809,14 @@ impl fuser::Filesystem for SanFs {
     ) {
         let started = std::time::Instant::now();
         let cached = self.state.client.cached_attr(self.state.ino(ino));
-        if let Some(r) = &cached
-            && !self.state.pages.stale(
-                self.state.ino(ino),
-                &pages::Seen::of(&self.state.attr(&r.0)),
-            )
-        {
-            let fa = self.state.attr(&r.0);
-            self.state
-                .pages
-                .seen(self.state.ino(ino), pages::Seen::of(&fa));
-            reply.attr(&r.1.unwrap_or(self.state.options.attr_ttl), &fa);
-            metrics::histogram!(FUSE_OP_SECONDS, "op" => "getattr")
-                .record(started.elapsed().as_secs_f64());
-            return;
+        if let Some((a, ttl)) = &cached {
+            let (fa, stale) = self.state.getattr_view(a);
+            if !stale {
+                self.state.reply_getattr(reply, a.ino, &fa, *ttl);
+                metrics::histogram!(FUSE_OP_SECONDS, "op" => "getattr")
+                    .record(started.elapsed().as_secs_f64());
+                return;
+            }
         }
         let cred = credentials(req);
         self.spawn("getattr", move |st| async move {
@@ -842,7 +825,16 @@ impl fuser::Filesystem for SanFs {
                 Some(r) => Ok(r),
                 None => st.client.getattr_leased(&cred, st.ino(ino)).await,
             };
-            st.answer_getattr(reply, r).await;
+            match r {
+                Ok((a, ttl)) => {
+                    let (fa, stale) = st.getattr_view(&a);
+                    if stale {
+                        st.drop_pages(a.ino, 0, 0).await;
+                    }
+                    st.reply_getattr(reply, a.ino, &fa, ttl);
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
         });
     }
 

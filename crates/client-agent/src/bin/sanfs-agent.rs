@@ -438,32 +438,30 @@ fn mount(
             return Err(e).with_context(|| format!("start FUSE at {}", mountpoint.display()));
         }
     };
-    // Lease recalls invalidate the kernel's attributes of an inode (never from a FUSE
-    // thread: the session task calls it; see `client::leases`).
+    // The kernel's cached attributes (a lease recall) and pages (`fuse::pages`) of an inode
+    // are invalidated through the session's notifier, never from a FUSE thread. `offset`
+    // -1: the attributes only; `len` 0: to the end of the file.
     let notifier = session.notifier();
-    // The kernel's cached pages of files opened for reading only are dropped through the
-    // same notifier (never from a FUSE thread: see `fuse::pages`).
-    let pages_notifier = session.notifier();
-    page_cache.install(Box::new(
-        move |ino: sanfs_proto::types::InodeId, offset: u64, len: u64| {
+    let inval = Arc::new(
+        move |ino: sanfs_proto::types::InodeId, offset: i64, len: i64| {
             let fuse = fuser::INodeNo(sanfs_client_agent::fuse::sanfs_ino(root, ino.0).0);
-            let offset = i64::try_from(offset).unwrap_or(i64::MAX);
-            let len = i64::try_from(len).unwrap_or(0);
-            if let Err(e) = pages_notifier.inval_inode(fuse, offset, len) {
+            if let Err(e) = notifier.inval_inode(fuse, offset, len) {
                 // Not known to the kernel (forgotten): nothing cached there.
-                tracing::trace!(ino = ino.0, error = %e, "inval_inode (pages)");
+                tracing::trace!(ino = ino.0, offset, error = %e, "inval_inode");
             }
         },
-    ));
+    );
+    let pages = Arc::clone(&inval);
+    page_cache.install(Box::new(move |ino, offset: u64, len: u64| {
+        pages(
+            ino,
+            i64::try_from(offset).unwrap_or(i64::MAX),
+            i64::try_from(len).unwrap_or(0),
+        );
+    }));
     client
         .leases()
-        .set_kernel_invalidator(Box::new(move |ino: sanfs_proto::types::InodeId| {
-            let fuse = fuser::INodeNo(sanfs_client_agent::fuse::sanfs_ino(root, ino.0).0);
-            if let Err(e) = notifier.inval_inode(fuse, -1, 0) {
-                // Not known to the kernel (forgotten): nothing cached there.
-                tracing::trace!(ino = ino.0, error = %e, "inval_inode");
-            }
-        }));
+        .set_kernel_invalidator(Box::new(move |ino| inval(ino, -1, 0)));
     tracing::info!(source, mountpoint = %mountpoint.display(), "mounted");
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let serve = std::thread::Builder::new()

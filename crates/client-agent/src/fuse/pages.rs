@@ -34,7 +34,7 @@
 //! the agent's session), every open keeps `FOPEN_DIRECT_IO`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::SystemTime;
 
@@ -88,7 +88,6 @@ pub(super) struct KernelPages {
     auto_inval: AtomicBool,
     /// Switched off by the mount (`page_cache=off`).
     off: AtomicBool,
-    invalidations: AtomicU64,
 }
 
 impl KernelPages {
@@ -171,14 +170,9 @@ impl KernelPages {
     /// Blocking: waits for reads in flight on those pages.
     pub(super) fn invalidate(&self, ino: InodeId, offset: u64, len: u64) {
         if let Some(f) = self.invalidate.get() {
-            self.invalidations.fetch_add(1, Ordering::Relaxed);
             metrics::counter!(PAGE_INVALIDATIONS).increment(1);
             f(ino, offset, len);
         }
-    }
-
-    pub(super) fn invalidations(&self) -> u64 {
-        self.invalidations.load(Ordering::Relaxed)
     }
 }
 

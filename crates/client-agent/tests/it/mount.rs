@@ -1182,6 +1182,19 @@ async fn allow_other_mount_checks_permissions_for_other_users() {
 /// The agent's status of mount `path`, as JSON, asked over its control socket from this
 /// process (a `sanfs-agent status` child would be a fork and exec, which closes this
 /// process's descriptors of files on the mount in the child: a FUSE flush, a close).
+/// A field (`calls`, `bytes`, `wall_ns`, `cpu_ns`) of one of the agent's stages in an
+/// [`agent_status`].
+fn stage(st: &serde_json::Value, name: &str, field: &str) -> u64 {
+    st["agent"]["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == name)
+        .unwrap_or_else(|| panic!("no stage {name} in {st}"))[field]
+        .as_u64()
+        .unwrap()
+}
+
 pub(crate) fn agent_status(path: &Path) -> serde_json::Value {
     use sanfs_client_agent::control;
     let (entry, _) = control::mount_of(path).unwrap();
@@ -1594,16 +1607,6 @@ async fn o_direct_io_round_trips_and_is_counted_by_stage() {
     let m = Mount::start(&srv, "h24-stages", &format!("metrics=127.0.0.1:{port}")).await;
     let path = m.p("direct");
     let mnt = m.p("");
-    let stage = |st: &serde_json::Value, name: &str, field: &str| -> u64 {
-        st["agent"]["stages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["stage"] == name)
-            .unwrap_or_else(|| panic!("no stage {name} in {st}"))[field]
-            .as_u64()
-            .unwrap()
-    };
     let before = agent_status(&mnt);
     let (after, body) = timed("O_DIRECT writes and reads, then status", 60, move || {
         #[allow(
@@ -1837,14 +1840,7 @@ async fn a_file_read_through_the_page_cache_sees_every_change_of_any_node() {
                     panic!("{what}: a stale byte at {at}");
                 }
             };
-            let fuse_reads = || {
-                agent_status(&mnt_a)["agent"]["stages"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .find(|s| s["stage"] == "fuse-read")
-                    .map_or(0, |s| s["calls"].as_u64().unwrap())
-            };
+            let fuse_reads = || stage(&agent_status(&mnt_a), "fuse-read", "calls");
             check(&model, "first read");
             let before = fuse_reads();
             check(&model, "second read");
