@@ -1171,13 +1171,17 @@ impl fuser::Filesystem for SanFs {
         fh: fuser::FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: fuser::OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let started = std::time::Instant::now();
         let cred = self.data_credentials(req);
+        // Written back from the kernel's own pages (a shared mapping's dirty pages): they hold
+        // these bytes already and stay under writeback until this is answered, so they are
+        // not dropped (that would wait for this very answer: a deadlock).
+        let from_pages = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         // A small buffered write under the file's held write delegation needs no task:
         // held back here, on FUSE's thread (client::writeback).
         if let Ok(file) = self.state.file(fh)
@@ -1259,7 +1263,7 @@ impl fuser::Filesystem for SanFs {
                         })?,
                     }
                 };
-                if !file.file.flags().append {
+                if !file.file.flags().append && !from_pages {
                     st.changed_data(ino, offset, written.written).await;
                 }
                 if let Some(data_only) = file.sync {
@@ -1274,7 +1278,7 @@ impl fuser::Filesystem for SanFs {
             // Written (size, mtime) or maybe partly: what the lease cache holds goes, and
             // after a failure whatever the kernel may have cached of the file.
             st.forget(&[st.ino(ino)], &[]);
-            if r.is_err() {
+            if r.is_err() && !from_pages {
                 st.changed_data(st.ino(ino), 0, 0).await;
             }
             match r {

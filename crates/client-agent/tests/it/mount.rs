@@ -33,6 +33,35 @@ fn is_mounted(path: &Path) -> bool {
     })
 }
 
+/// Aborts the FUSE connection of the mount at `path` (`/sys/fs/fuse/connections/N/abort`,
+/// N its device's minor number from `/proc/self/mountinfo`; fusectl mounted when it is not):
+/// every request waiting on it fails at once.
+fn abort_fuse_connection(path: &Path) {
+    let want = path.to_string_lossy();
+    let Some(minor) = std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()
+        .and_then(|m| {
+            m.lines().find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.get(4) == Some(&want.as_ref()))
+                    .then(|| f.get(2)?.split(':').nth(1).map(str::to_owned))
+                    .flatten()
+            })
+        })
+    else {
+        return;
+    };
+    let conns = Path::new("/sys/fs/fuse/connections");
+    if !conns.join(&minor).exists() {
+        let _ = Command::new("mount")
+            .args(["-t", "fusectl", "none"])
+            .arg(conns)
+            .status();
+    }
+    eprintln!("aborting the FUSE connection {minor} of {}", path.display());
+    let _ = std::fs::write(conns.join(&minor).join("abort"), "1");
+}
+
 /// Runs blocking file-system work on a thread of its own; panics if it takes longer than
 /// `secs` (the thread is left behind, unblocked when the guard takes the mount down).
 pub(crate) async fn timed<T: Send + 'static>(
@@ -144,10 +173,15 @@ impl Drop for Mount {
             let _ = rustix::mount::unmount(&self.path, rustix::mount::UnmountFlags::empty());
         }
         if self.wait_exit(10).is_none()
-            && let Some(mut c) = self.child.take()
+            && let Some(c) = self.child.as_mut()
         {
             let _ = c.kill();
-            let _ = c.wait();
+            // An agent thread stuck in the kernel (a FUSE deadlock: the bug a test found)
+            // keeps the process from exiting: the connection is aborted, which frees it.
+            if self.wait_exit(10).is_none() {
+                abort_fuse_connection(&self.path);
+                let _ = self.wait_exit(30);
+            }
         }
         if is_mounted(&self.path) {
             let _ = rustix::mount::unmount(&self.path, rustix::mount::UnmountFlags::DETACH);
@@ -1795,6 +1829,75 @@ async fn a_sequential_reader_is_read_ahead_of_and_still_sees_another_nodes_write
             read_all(&r, &model, "second pass", Some(&write));
         },
     )
+    .await;
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
+
+/// A file whose pages the kernel holds (read through a handle opened for reading only) and
+/// that is then written through a shared mapping: the mapping's dirty pages are written back
+/// through FUSE while they are under writeback, and the agent must answer those writes
+/// without dropping the very pages they come from (that waited for its own answer: `msync`
+/// hung for good, found by an fsx-style run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_mapping_of_a_file_in_the_page_cache_is_written_back() {
+    if !can_mount() {
+        return;
+    }
+    const LEN: usize = 64 * 1024;
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "pages-mmap", "").await;
+    let b = Mount::start(&srv, "pages-mmap-other", "").await;
+    let (pa, pb) = (a.p("f"), b.p("f"));
+    timed("msync of a mapping over cached pages", 60, move || {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::FileExt;
+        let mut model = crate::support::pattern(LEN, 5);
+        std::fs::write(&pa, &model).unwrap();
+        // Read for reading only: the kernel keeps the pages (and the agent knows it may).
+        let r = std::fs::File::open(&pa).unwrap();
+        let mut got = vec![0u8; LEN];
+        r.read_exact_at(&mut got, 0).unwrap();
+        assert!(got == model);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&pa)
+            .unwrap();
+        // SAFETY: a fresh shared mapping of `LEN` bytes of an open file of that size; nothing
+        // else maps it in this process, and it is unmapped below before `f` closes.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        // SAFETY: `map` is a live mapping of `LEN` writable bytes.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(map.cast::<u8>(), LEN) };
+        for (round, at) in [(0u8, 100usize), (1, 20_000), (2, LEN - 10)] {
+            bytes[at..at + 10].fill(0xE0 + round);
+            model[at..at + 10].fill(0xE0 + round);
+            // SAFETY: the same live mapping.
+            assert_eq!(unsafe { libc::msync(map, LEN, libc::MS_SYNC) }, 0);
+        }
+        // SAFETY: the same live mapping, unmapped once.
+        assert_eq!(unsafe { libc::munmap(map, LEN) }, 0);
+        r.read_exact_at(&mut got, 0).unwrap();
+        assert!(got == model, "the cached handle reads the mapping's bytes");
+        drop(f);
+        let mut other = vec![0u8; LEN];
+        std::fs::File::open(&pb)
+            .unwrap()
+            .read_exact_at(&mut other, 0)
+            .unwrap();
+        assert!(other == model, "another node reads the mapping's bytes");
+    })
     .await;
     drop(a);
     drop(b);
