@@ -4,12 +4,18 @@
 //! 2 processes on (its spread was within 2.6%).
 //!
 //! The processes read through the FUSE mount (one agent for all of them, as on one node) when
-//! there is one, else each is an agent of its own (the library).
+//! there is one, else each is an agent of its own (the library). On the mount they open
+//! their files with `O_DIRECT`: every read goes to the LUNs (a buffered file opened for
+//! reading only would be re-read from the kernel's page cache).
+
+use anyhow::Context;
+use sanfs_testcluster::Throttle;
 
 use crate::cluster::BenchCluster;
 use crate::cpu::CpuMeter;
 use crate::env::{Env, MountPoint};
 use crate::fig6::{client_with_threshold, lib_file};
+use crate::io::Sample;
 use crate::util::MIB;
 use crate::worker::{lib_args, run_together};
 
@@ -32,6 +38,15 @@ pub struct Fig10 {
     pub rows: Vec<ProcRow>,
     /// (max - min) / mean of the aggregates from 2 processes on.
     pub spread_2_up: Option<f64>,
+    /// The cap of every LUN in the capped pass, bytes/s (`None`: it did not run).
+    #[serde(default)]
+    pub cap_bps: Option<u64>,
+    /// The same processes with every LUN capped (the paper's setting: the LUNs the limit).
+    #[serde(default)]
+    pub capped_rows: Vec<ProcRow>,
+    /// [`Fig10::spread_2_up`] of the capped pass.
+    #[serde(default)]
+    pub capped_spread_2_up: Option<f64>,
     pub skipped: Vec<String>,
 }
 
@@ -51,15 +66,14 @@ pub async fn run_fig10(
         ..Fig10::default()
     };
     let client = client_with_threshold(cluster, "bench-fig10", None).await?;
-    let bar = env.bar(max as u64 + counts.len() as u64, "fig10");
+    let bar = env.bar(max as u64 + 2 * counts.len() as u64, "fig10");
     bar.set_message("writing the files");
     for i in 0..max {
         lib_file(&client, &format!("fig10-{i}"), len, true).await?;
         bar.inc(1);
     }
-    for &p in &counts {
-        bar.set_message(format!("{p} processes"));
-        let args: Vec<Vec<String>> = (0..p)
+    let args = |p: usize| -> Vec<Vec<String>> {
+        (0..p)
             .map(|i| {
                 let name = format!("fig10-{i}");
                 match mount {
@@ -76,39 +90,132 @@ pub async fn run_fig10(
                     None => lib_args(cluster, &name, len, io_size, secs),
                 }
             })
-            .collect();
-        // The readers are children of this process, counted once reaped; the agent (the
-        // mount's, or none: each library reader is its own) and the server by their pids.
+            .collect()
+    };
+    // The readers are children of this process, counted once reaped; the agent (the mount's,
+    // or none: each library reader is its own) and the server by their pids.
+    let meter = || {
         let pids = cluster
             .server_pid()
             .into_iter()
             .chain(mount.and_then(|m| m.agent_pid()));
-        let meter = CpuMeter::start(pids).with_children();
-        let (agg, samples) = run_together(args, |_| Ok(()))?;
-        let used = meter.finish(samples.iter().map(|s| s.bytes).sum());
-        fig.rows.push(ProcRow {
-            processes: p,
-            aggregate_mb_s: agg,
-            per_process_mb_s: samples.iter().map(|s| s.mb_s).collect(),
-            cpu_s_per_gib: used.cpu_s_per_gib,
-        });
+        CpuMeter::start(pids).with_children()
+    };
+    for &p in &counts {
+        bar.set_message(format!("{p} processes"));
+        let m = meter();
+        let (agg, samples) = run_together(args(p), |_| Ok(()))?;
+        fig.rows.push(row(p, agg, &samples, m));
         bar.inc(1);
     }
+    fig.spread_2_up = spread(&fig.rows);
+    // The paper's setting: the LUNs are the limit. Every LUN capped with the blkio throttle
+    // (as figure 7), the I/O issuers in its cgroup: the mount's agent, or each library reader.
+    match capped_unavailable(cluster, mount) {
+        Some(why) => fig.skipped.push(format!("LUN-capped pass: {why}")),
+        None => {
+            let cap_bps = CAP_BPS;
+            fig.cap_bps = Some(cap_bps);
+            let devices: Vec<_> = cluster
+                .lun_paths
+                .iter()
+                .map(|p| (p.as_path(), cap_bps, cap_bps))
+                .collect();
+            for &p in &counts {
+                bar.set_message(format!("{p} processes, LUNs capped"));
+                let throttle = Throttle::create("f10", &devices).context("blkio throttle")?;
+                if let Some(agent) = mount.and_then(|m| m.agent_pid()) {
+                    throttle.add_pid(agent)?;
+                }
+                let m = meter();
+                let (agg, samples) = run_together(args(p), |pid| {
+                    if mount.is_some() {
+                        Ok(())
+                    } else {
+                        throttle.add_pid(pid)
+                    }
+                })?;
+                drop(throttle);
+                fig.capped_rows.push(row(p, agg, &samples, m));
+                bar.inc(1);
+            }
+            fig.capped_spread_2_up = spread(&fig.capped_rows);
+        }
+    }
     bar.finish_and_clear();
-    let from2: Vec<f64> = fig
-        .rows
+    Ok(fig)
+}
+
+/// The cap of every LUN in the capped pass, bytes/s (figure 7's).
+const CAP_BPS: u64 = 80_000_000;
+
+/// Why the LUN-capped pass cannot run here (`None`: it can).
+fn capped_unavailable(cluster: &BenchCluster, mount: Option<&MountPoint>) -> Option<String> {
+    if !sanfs_testcluster::is_root() {
+        return Some("needs root (blkio throttles)".into());
+    }
+    if !std::path::Path::new("/sys/fs/cgroup/blkio/blkio.throttle.read_bps_device").exists() {
+        return Some("no cgroup v1 blkio throttle on this machine".into());
+    }
+    if cluster.lun_paths.is_empty() {
+        return Some("the LUNs are not known (an existing cluster)".into());
+    }
+    if mount.is_some_and(|m| m.agent_pid().is_none()) {
+        return Some("the mount's agent is not this bench's own".into());
+    }
+    None
+}
+
+fn row(processes: usize, agg: f64, samples: &[Sample], meter: CpuMeter) -> ProcRow {
+    let used = meter.finish(samples.iter().map(|s| s.bytes).sum());
+    ProcRow {
+        processes,
+        aggregate_mb_s: agg,
+        per_process_mb_s: samples.iter().map(|s| s.mb_s).collect(),
+        cpu_s_per_gib: used.cpu_s_per_gib,
+    }
+}
+
+/// (max - min) / mean of the aggregates from 2 processes on.
+fn spread(rows: &[ProcRow]) -> Option<f64> {
+    let from2: Vec<f64> = rows
         .iter()
         .filter(|r| r.processes >= 2)
         .map(|r| r.aggregate_mb_s)
         .collect();
-    if from2.len() >= 2 {
-        let mean = from2.iter().sum::<f64>() / from2.len() as f64;
-        let (lo, hi) = from2
-            .iter()
-            .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
-        fig.spread_2_up = Some((hi - lo) / mean.max(1e-9));
+    if from2.len() < 2 {
+        return None;
     }
-    Ok(fig)
+    let mean = from2.iter().sum::<f64>() / from2.len() as f64;
+    let (lo, hi) = from2
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+    Some((hi - lo) / mean.max(1e-9))
+}
+
+fn write_rows(f: &mut std::fmt::Formatter<'_>, rows: &[ProcRow]) -> std::fmt::Result {
+    writeln!(
+        f,
+        "{:>9} {:>15} {:>10} {:>20}",
+        "processes", "aggregate MB/s", "CPU s/GiB", "per process MB/s"
+    )?;
+    for r in rows {
+        let per: Vec<String> = r
+            .per_process_mb_s
+            .iter()
+            .map(|m| format!("{m:.0}"))
+            .collect();
+        writeln!(
+            f,
+            "{:>9} {:>15.1} {:>10} {:>20}",
+            r.processes,
+            r.aggregate_mb_s,
+            r.cpu_s_per_gib
+                .map_or("-".to_owned(), |c| format!("{c:.2}")),
+            per.join(" ")
+        )?;
+    }
+    Ok(())
 }
 
 impl std::fmt::Display for Fig10 {
@@ -119,33 +226,28 @@ impl std::fmt::Display for Fig10 {
             self.io_size / MIB,
             self.via
         )?;
-        writeln!(
-            f,
-            "{:>9} {:>15} {:>10} {:>20}",
-            "processes", "aggregate MB/s", "CPU s/GiB", "per process MB/s"
-        )?;
-        for r in &self.rows {
-            let per: Vec<String> = r
-                .per_process_mb_s
-                .iter()
-                .map(|m| format!("{m:.0}"))
-                .collect();
-            writeln!(
-                f,
-                "{:>9} {:>15.1} {:>10} {:>20}",
-                r.processes,
-                r.aggregate_mb_s,
-                r.cpu_s_per_gib
-                    .map_or("-".to_owned(), |c| format!("{c:.2}")),
-                per.join(" ")
-            )?;
-        }
+        write_rows(f, &self.rows)?;
         if let Some(s) = self.spread_2_up {
             writeln!(
                 f,
                 "spread of the aggregate, 2 processes and up: {:.1}%",
                 s * 100.0
             )?;
+        }
+        if let Some(cap) = self.cap_bps {
+            writeln!(
+                f,
+                "The same with every LUN capped at {} MB/s (blkio; the paper's setting: the LUNs are the limit)",
+                cap / 1_000_000
+            )?;
+            write_rows(f, &self.capped_rows)?;
+            if let Some(s) = self.capped_spread_2_up {
+                writeln!(
+                    f,
+                    "spread of the aggregate, LUNs capped, 2 processes and up: {:.1}%",
+                    s * 100.0
+                )?;
+            }
         }
         for s in &self.skipped {
             writeln!(f, "skipped: {s}")?;

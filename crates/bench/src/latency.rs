@@ -1,6 +1,6 @@
-//! Round trips of single control messages: a grant (`MapRead` + `Complete`, `MapWrite` +
-//! `Complete`, no device I/O in between) and a proxied `Read` / `Write`, for sizes 4 KiB to
-//! 8 MiB, over plain gRPC as an agent sends them. Shown as median, 90th percentile and
+//! Round trips of single control messages: a `GetAttr` (the floor of every round trip), a
+//! grant (`MapRead` + `Complete`, `MapWrite` + `Complete`, no device I/O in between) and a
+//! proxied `Read` / `Write`, for sizes 4 KiB to 8 MiB, over plain gRPC as an agent sends them. Shown as median, 90th percentile and
 //! maximum, the number of round trips slower than 20 ms, and the CPU each round trip costs
 //! the caller and the server together (`grant-write` is the grant round trip of issue 20:
 //! MapWrite + Complete, one caller).
@@ -26,7 +26,8 @@ use crate::util::{percentile, size_label};
 /// One kind of round trip at one size.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LatencyRow {
-    /// `grant-read`, `grant-write`, `proxied-read`, `proxied-write`.
+    /// `getattr` (the floor: one read-only RPC), `grant-read`, `grant-write`, `proxied-read`,
+    /// `proxied-write`.
     pub what: &'static str,
     pub size: u64,
     pub n: u64,
@@ -57,6 +58,7 @@ fn cred() -> Option<pb::Credentials> {
 /// A raw agent: a session (no stream: its read grants are not cacheable) and a handle on a
 /// file of `len` bytes.
 struct RawAgent {
+    ch: Channel,
     data: DataClient<Channel>,
     session: u64,
     epoch: u64,
@@ -105,6 +107,7 @@ async fn raw_agent(
         .into_inner();
     let ino = created.attr.context("create without attributes")?.ino;
     let mut agent = RawAgent {
+        ch: ch.clone(),
         data: DataClient::new(ch)
             .max_decoding_message_size(MAX_MESSAGE_SIZE)
             .max_encoding_message_size(MAX_MESSAGE_SIZE),
@@ -174,6 +177,18 @@ impl RawAgent {
         Ok(())
     }
 
+    /// A `GetAttr`: the floor of every round trip (one read-only RPC, no store write).
+    async fn getattr(&mut self) -> anyhow::Result<()> {
+        NamespaceClient::new(self.ch.clone())
+            .get_attr(pb::GetAttrRequest {
+                cred: cred(),
+                inode: self.ino,
+                session: None,
+            })
+            .await?;
+        Ok(())
+    }
+
     async fn proxied(&mut self, write: bool, len: u64) -> anyhow::Result<()> {
         if write {
             self.data
@@ -215,11 +230,21 @@ pub async fn run(
 ) -> anyhow::Result<LatencyReport> {
     let max = sizes.iter().copied().max().unwrap_or(1 << 20);
     let mut report = LatencyReport::default();
-    for (k, what) in ["grant-read", "grant-write", "proxied-read", "proxied-write"]
-        .into_iter()
-        .enumerate()
+    for (k, what) in [
+        "getattr",
+        "grant-read",
+        "grant-write",
+        "proxied-read",
+        "proxied-write",
+    ]
+    .into_iter()
+    .enumerate()
     {
         for (i, &size) in sizes.iter().enumerate() {
+            // A GetAttr has no size: once.
+            if what == "getattr" && i > 0 {
+                continue;
+            }
             // A session of its own per size: these sessions send no heartbeats, and each
             // size takes at most 5 s of the 10 s lease.
             let mut agent = raw_agent(cluster, &format!("latency-{k}"), max, i == 0).await?;
@@ -237,7 +262,9 @@ pub async fn run(
             let started = Instant::now();
             for _ in 0..n {
                 let t = Instant::now();
-                if proxied {
+                if what == "getattr" {
+                    agent.getattr().await?;
+                } else if proxied {
                     agent.proxied(write, size).await?;
                 } else {
                     agent.grant(write, size).await?;

@@ -195,13 +195,26 @@ impl Report {
                 }
             }
         }
-        if let Some(s) = self.fig10.as_ref().and_then(|f| f.spread_2_up) {
-            goals.push(Goal {
-                what: "process spread, 2..8 processes".into(),
-                goal: "<= 3%".into(),
-                measured: pct(s),
-                met: s <= 0.03,
-            });
+        // The paper's figure is LUN-bound: its goal is checked on the pass with every LUN
+        // capped where it ran; the uncapped pass (bound by this machine's CPUs) is reported.
+        if let Some(f) = &self.fig10 {
+            if let Some(s) = f.capped_spread_2_up {
+                goals.push(Goal {
+                    what: "process spread, 2..8 processes, LUNs capped".into(),
+                    goal: "<= 3%".into(),
+                    measured: pct(s),
+                    met: s <= 0.03,
+                });
+            }
+            if let Some(s) = f.spread_2_up {
+                let capped = f.capped_spread_2_up.is_some();
+                goals.push(Goal {
+                    what: "process spread, 2..8 processes, LUNs uncapped".into(),
+                    goal: if capped { "reported" } else { "<= 3%" }.into(),
+                    measured: pct(s),
+                    met: capped || s <= 0.03,
+                });
+            }
         }
         if let Some(t) = &self.threshold {
             goals.push(Goal {

@@ -8,6 +8,7 @@
 //! its time, and prints its [`Sample`] as one JSON line.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
@@ -64,8 +65,15 @@ pub async fn worker_main(a: WorkerArgs) -> anyhow::Result<()> {
     line(&mut stdin, "go")?;
     let target = match (&a.path, &a.server, &a.file) {
         (Some(path), _, _) => {
+            // O_DIRECT: the figure is about sharing the LUNs; opened for reading only and
+            // buffered, the file would be re-read from the kernel's page cache.
+            #[allow(
+                clippy::disallowed_methods,
+                reason = "a file on the mount, opened as an application opens it: not a LUN"
+            )]
             let f = std::fs::OpenOptions::new()
                 .read(true)
+                .custom_flags(libc::O_DIRECT)
                 .open(path)
                 .with_context(|| format!("open {}", path.display()))?;
             Target::Path(Arc::new(f), a.len)

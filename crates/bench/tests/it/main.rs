@@ -111,6 +111,22 @@ fn check_cpu_per_byte(v: &serde_json::Value, stdout: &str, plots: &std::path::Pa
     for r in v["fig10"]["rows"].as_array().expect("fig10 rows") {
         assert!(r["cpu_s_per_gib"].as_f64().is_some(), "{r}");
     }
+    // The floor of a round trip, once.
+    let floor = v["latency"]["rows"]
+        .as_array()
+        .expect("latency rows")
+        .iter()
+        .filter(|r| r["what"] == "getattr")
+        .count();
+    assert_eq!(floor, 1, "{}", v["latency"]);
+    // Figure 10 in the paper's setting (every LUN capped) wherever blkio throttles exist.
+    if sanfs_testcluster::is_root()
+        && std::path::Path::new("/sys/fs/cgroup/blkio/blkio.throttle.read_bps_device").exists()
+    {
+        let capped = v["fig10"]["capped_rows"].as_array().expect("capped rows");
+        assert!(!capped.is_empty(), "{}", v["fig10"]);
+        assert!(stdout.contains("every LUN capped"), "{stdout}");
+    }
     assert!(
         stdout.contains("CPU us/op") && stdout.contains("CPU s/GiB"),
         "{stdout}"
