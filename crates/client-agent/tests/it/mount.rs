@@ -1128,6 +1128,121 @@ pub(crate) fn as_uid_1000(argv: &[&str]) -> (std::process::ExitStatus, Vec<u8>) 
     (out.status, out.stdout)
 }
 
+/// The mount leaves clearing setuid/setgid and file capabilities to the server
+/// (`FUSE_HANDLE_KILLPRIV_V2`: the kernel sends a chown or truncate as it is, without asking
+/// for the attributes first), which must do what the kernel would: a truncate or write by
+/// another user than root clears setuid, and setgid where the group may execute; root's
+/// keeps them; a chown clears them, also root's; a chown or truncate removes
+/// `security.capability`. Each seen through this node and another node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setuid_setgid_and_file_capabilities_go_as_the_kernel_drops_them() {
+    use std::os::unix::fs::PermissionsExt;
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let m = Mount::start(&srv, "killpriv", "allow_other").await;
+    let other = Mount::start(&srv, "killpriv-other", "").await;
+    // uid 1000 must reach the mount point: the temp dir above it is 0700.
+    std::fs::set_permissions(
+        m.path.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let (f, g) = (m.p("f"), other.p("f"));
+    timed("setuid, setgid and capabilities", 120, move || {
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+        let set = |m: u32| {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(m)).unwrap();
+            assert_eq!(mode(&f), m);
+        };
+        let both = |want: u32, what: &str| {
+            assert_eq!(mode(&f), want, "{what}: this node");
+            assert_eq!(mode(&g), want, "{what}: another node");
+        };
+        std::fs::write(&f, b"0123456789abcdef").unwrap();
+        std::os::unix::fs::chown(&f, Some(1000), Some(1000)).unwrap();
+        set(0o6775);
+        // uid 1000 truncates its file: both bits go (the group may execute).
+        let (st, _) = as_uid_1000(&["truncate", "-s", "10", f.to_str().unwrap()]);
+        assert!(st.success(), "uid 1000 truncates its file");
+        both(0o775, "a truncate by uid 1000");
+        // Without group execute, setgid stays (it marks locking, not privilege).
+        set(0o6764);
+        let (st, _) = as_uid_1000(&["truncate", "-s", "8", f.to_str().unwrap()]);
+        assert!(st.success());
+        both(
+            0o2764,
+            "a truncate by uid 1000 of a file the group cannot execute",
+        );
+        // A write by uid 1000.
+        set(0o6775);
+        let script = format!("printf x >> {}", f.display());
+        let (st, _) = as_uid_1000(&["sh", "-c", &script]);
+        assert!(st.success(), "uid 1000 appends to its file");
+        both(0o775, "a write by uid 1000");
+        set(0o6775);
+        // Root's truncate keeps both.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&f)
+            .unwrap()
+            .set_len(4)
+            .unwrap();
+        both(0o6775, "a truncate by root");
+        // A chown clears them, root's too.
+        std::os::unix::fs::chown(&f, Some(1000), Some(1000)).unwrap();
+        both(0o775, "a chown");
+        // File capabilities (a version 2 `vfs_cap_data`: CAP_NET_RAW permitted and
+        // effective) go at a chown, and at a truncate.
+        let cap: [u8; 20] = {
+            let mut c = [0u8; 20];
+            c[..4].copy_from_slice(&0x0200_0001u32.to_le_bytes());
+            c[4..8].copy_from_slice(&(1u32 << 13).to_le_bytes());
+            c
+        };
+        let has_cap = |p: &Path| {
+            let mut buf = [0u8; 64];
+            match rustix::fs::getxattr(p, "security.capability", &mut buf[..]) {
+                Ok(n) => Some(buf[..n].to_vec()),
+                Err(rustix::io::Errno::NODATA) => None,
+                Err(e) => panic!("getxattr {}: {e}", p.display()),
+            }
+        };
+        for (k, change) in ["chown", "truncate"].into_iter().enumerate() {
+            rustix::fs::setxattr(
+                &f,
+                "security.capability",
+                &cap,
+                rustix::fs::XattrFlags::empty(),
+            )
+            .unwrap();
+            assert_eq!(has_cap(&f).as_deref(), Some(&cap[..]), "{change}: set");
+            assert_eq!(
+                has_cap(&g).as_deref(),
+                Some(&cap[..]),
+                "{change}: seen elsewhere"
+            );
+            if k == 0 {
+                std::os::unix::fs::chown(&f, Some(0), Some(0)).unwrap();
+            } else {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&f)
+                    .unwrap()
+                    .set_len(2)
+                    .unwrap();
+            }
+            assert_eq!(has_cap(&f), None, "after a {change}: this node");
+            assert_eq!(has_cap(&g), None, "after a {change}: another node");
+        }
+    })
+    .await;
+    drop(m);
+    drop(other);
+    srv.stop().await;
+}
+
 /// Issue 16 item 5: on an `allow_other` mount every access is permission-checked, also
 /// through dentries the kernel has cached for root and for objects the kernel serves itself.
 /// uid 1000 cannot read a 0644 file inside root's 0700 directory while root keeps using that

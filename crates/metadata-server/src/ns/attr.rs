@@ -32,6 +32,25 @@ pub fn truncate(
     Ok(())
 }
 
+/// Clears setuid, and setgid where the group may execute (otherwise setgid marks mandatory
+/// locking, not privilege): what a chown, or a truncate or write by a caller without
+/// CAP_FSETID, does to a file.
+fn kill_suid_sgid(rec: &mut InodeRec) {
+    rec.perm &= !S_ISUID;
+    if rec.perm & 0o010 != 0 {
+        rec.perm &= !S_ISGID;
+    }
+}
+
+/// Removes the file capabilities (`security.capability`) of `ino`, as the kernel does at a
+/// chown or truncate of a file.
+fn kill_capability(ctx: &mut Ctx<'_>, ino: InodeId) -> Result<(), OpError> {
+    ctx.t
+        .xattrs
+        .remove((ino.0, b"security.capability".as_slice()))?;
+    Ok(())
+}
+
 pub fn setattr(ctx: &mut Ctx<'_>, r: &SetAttrRequest) -> Result<Attr, OpError> {
     let ino = r.inode;
     let cred = &r.cred;
@@ -110,14 +129,19 @@ pub fn setattr(ctx: &mut Ctx<'_>, r: &SetAttrRequest) -> Result<Attr, OpError> {
             rec.gid = gid;
         }
         if !rec.is_dir() {
-            rec.perm &= !S_ISUID;
-            if rec.perm & 0o010 != 0 {
-                rec.perm &= !S_ISGID;
-            }
+            kill_suid_sgid(&mut rec);
+            kill_capability(ctx, ino)?;
         }
     }
     if let Some(size) = c.size {
         truncate(ctx, ino, &mut rec, size)?;
+        // As the kernel does for a truncate (the mount leaves it to the file system,
+        // `FUSE_HANDLE_KILLPRIV_V2`): setuid/setgid go unless the caller is root (CAP_FSETID),
+        // file capabilities go in any case.
+        if !cred.is_root() {
+            kill_suid_sgid(&mut rec);
+        }
+        kill_capability(ctx, ino)?;
     }
     let at = |t: TimeSet| match t {
         TimeSet::Now => now,
