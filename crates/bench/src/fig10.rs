@@ -151,11 +151,8 @@ const CAP_BPS: u64 = 80_000_000;
 
 /// Why the LUN-capped pass cannot run here (`None`: it can).
 fn capped_unavailable(cluster: &BenchCluster, mount: Option<&MountPoint>) -> Option<String> {
-    if !sanfs_testcluster::is_root() {
-        return Some("needs root (blkio throttles)".into());
-    }
-    if !std::path::Path::new("/sys/fs/cgroup/blkio/blkio.throttle.read_bps_device").exists() {
-        return Some("no cgroup v1 blkio throttle on this machine".into());
+    if let Some(why) = crate::fig7::throttle_unavailable() {
+        return Some(why);
     }
     if cluster.lun_paths.is_empty() {
         return Some("the LUNs are not known (an existing cluster)".into());

@@ -49,6 +49,12 @@ pub fn unavailable(env: &Env) -> Option<String> {
             "builds volumes of 1 to 8 LUNs of its own (not with an existing cluster)".into(),
         );
     }
+    throttle_unavailable()
+}
+
+/// Why per-LUN caps with the blkio throttle cannot be set here, if they cannot (figures 7
+/// and 10).
+pub fn throttle_unavailable() -> Option<String> {
     if !sanfs_testcluster::is_root() {
         return Some("needs root (loop devices and blkio throttles)".into());
     }
