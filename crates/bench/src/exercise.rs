@@ -478,6 +478,18 @@ enum Op {
         off: u64,
         len: u64,
     },
+    /// Stores into a shared mapping of `[off, off + len)` (inside the file), then `msync`.
+    MapWrite {
+        via: Via,
+        off: u64,
+        len: u64,
+    },
+    /// Loads from a shared mapping of `[off, off + len)` (inside the file).
+    MapRead {
+        via: Via,
+        off: u64,
+        len: u64,
+    },
     Truncate {
         via: Via,
         size: u64,
@@ -512,6 +524,8 @@ impl Op {
             Op::Close(_) => "close",
             Op::Write { .. } => "write",
             Op::Read { .. } => "read",
+            Op::MapWrite { .. } => "mmap write",
+            Op::MapRead { .. } => "mmap read",
             Op::Truncate { .. } => "truncate",
             Op::Fallocate { .. } => "fallocate",
             Op::Rename { .. } => "rename",
@@ -603,6 +617,15 @@ impl<'a> Exerciser<'a> {
             Op::Read { via, off, len } => {
                 format!("pread {} off={off} len={len}", self.via_desc(*via))
             }
+            Op::MapWrite { via, off, len } => {
+                format!(
+                    "mmap write+msync {} off={off} len={len}",
+                    self.via_desc(*via)
+                )
+            }
+            Op::MapRead { via, off, len } => {
+                format!("mmap read {} off={off} len={len}", self.via_desc(*via))
+            }
             Op::Truncate { via, size } => format!("truncate {} size={size}", self.via_desc(*via)),
             Op::Fallocate {
                 via,
@@ -654,6 +677,17 @@ impl<'a> Exerciser<'a> {
         } else {
             v / unit * unit
         }
+    }
+
+    /// A range inside a file of `size` bytes (`None` for an empty file).
+    fn inside(&mut self, size: u64) -> Option<(u64, u64)> {
+        if size == 0 {
+            return None;
+        }
+        let raw = self.rng.below(size);
+        let off = self.align(raw, false);
+        let len = self.length().min(size - off).max(1);
+        Some((off, len))
     }
 
     fn length(&mut self) -> u64 {
@@ -711,17 +745,26 @@ impl<'a> Exerciser<'a> {
                 }
                 8..=11 => (!self.handles.is_empty())
                     .then(|| Op::Close(self.rng.below(self.handles.len() as u64) as usize)),
-                12..=36 => self.via(true).map(|via| {
+                12..=32 => self.via(true).map(|via| {
                     let size = self.size_of(via);
                     let off = self.offset(size, max).min(max - 1);
                     let len = self.length().min(max - off).max(1);
                     Op::Write { via, off, len }
                 }),
-                37..=61 => self.via(false).map(|via| {
+                // A mapping inside the file (past its end a load or store faults).
+                33..=36 => self.via(true).and_then(|via| {
+                    let (off, len) = self.inside(self.size_of(via))?;
+                    Some(Op::MapWrite { via, off, len })
+                }),
+                37..=57 => self.via(false).map(|via| {
                     let size = self.size_of(via);
                     let off = self.offset(size, max + 64 * KIB);
                     let len = self.length();
                     Op::Read { via, off, len }
+                }),
+                58..=61 => self.via(false).and_then(|via| {
+                    let (off, len) = self.inside(self.size_of(via))?;
+                    Some(Op::MapRead { via, off, len })
                 }),
                 62..=67 => self.via(true).map(|via| {
                     let size = self.size_of(via);
@@ -946,6 +989,37 @@ impl<'a> Exerciser<'a> {
                 check_bytes(off, want, &got, model.len() as u64)?;
                 Ok(format!("ok {n} bytes"))
             }
+            Op::MapWrite { via, off, len } => {
+                let data = write_data(self.seed, index, len as usize);
+                self.with_file(via, true, |f| {
+                    let mut map = SharedMap::new(f, off, len, true)?;
+                    map.bytes_mut().copy_from_slice(&data);
+                    map.sync()
+                })
+                .map_err(|e| unexpected("mmap write", e))?;
+                self.bytes_written += len;
+                let ino = self.ino_of(via);
+                let buf = self
+                    .model
+                    .inodes
+                    .get_mut(&ino)
+                    .expect("inode of a live name");
+                buf[off as usize..(off + len) as usize].copy_from_slice(&data);
+                Ok("ok".into())
+            }
+            Op::MapRead { via, off, len } => {
+                let got = self
+                    .with_file(via, false, |f| {
+                        let map = SharedMap::new(f, off, len, false)?;
+                        Ok(map.bytes().to_vec())
+                    })
+                    .map_err(|e| unexpected("mmap read", e))?;
+                self.bytes_read += len;
+                let model = &self.model.inodes[&self.ino_of(via)];
+                let want = &model[off as usize..(off + len) as usize];
+                check_bytes(off, want, &got, model.len() as u64)?;
+                Ok(format!("ok {len} bytes"))
+            }
             Op::Truncate { via, size } => {
                 self.with_file(via, true, |f| f.set_len(size))
                     .map_err(|e| unexpected("truncate", e))?;
@@ -1059,6 +1133,90 @@ impl<'a> Exerciser<'a> {
 }
 
 /// Compares a read's bytes with the model's; describes the first differing range.
+/// A shared mapping of `[off, off + len)` of an open file (the mapping starts at the page
+/// below `off`), unmapped on drop.
+struct SharedMap {
+    base: *mut libc::c_void,
+    map_len: usize,
+    at: usize,
+    len: usize,
+}
+
+impl SharedMap {
+    /// Maps the range after an `fstat`, as a program learns the size before it maps: the
+    /// kernel faults at a page past the size it holds (SIGBUS), and the `fstat` gives it the
+    /// size another node may have changed. A size short of the range is an error here.
+    fn new(f: &File, off: u64, len: u64, write: bool) -> std::io::Result<SharedMap> {
+        let size = f.metadata()?.len();
+        if size < off + len {
+            return Err(std::io::Error::other(format!(
+                "fstat says {size} bytes: the mapping {off}+{len} would fault"
+            )));
+        }
+        let page = 4096u64;
+        let start = off / page * page;
+        let at = usize::try_from(off - start).map_err(std::io::Error::other)?;
+        let len = usize::try_from(len).map_err(std::io::Error::other)?;
+        let map_len = at + len;
+        let prot = if write {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        let start = libc::off_t::try_from(start).map_err(std::io::Error::other)?;
+        // SAFETY: a fresh shared mapping of an open file (the fd lives through the call);
+        // the result is checked, and the mapping is unmapped once, in `drop`.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                prot,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(f),
+                start,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(SharedMap {
+            base,
+            map_len,
+            at,
+            len,
+        })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `base` maps `map_len >= at + len` bytes for the life of `self`; the
+        // exerciser keeps the range inside the file, so no page of it is past the end.
+        unsafe { std::slice::from_raw_parts(self.base.cast::<u8>().add(self.at), self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, mapped writable (`new` with `write`), borrowed mutably once.
+        unsafe { std::slice::from_raw_parts_mut(self.base.cast::<u8>().add(self.at), self.len) }
+    }
+
+    /// `msync(MS_SYNC)`: the stores reach the file system before it returns.
+    fn sync(&self) -> std::io::Result<()> {
+        // SAFETY: the live mapping of `map_len` bytes at `base`.
+        if unsafe { libc::msync(self.base, self.map_len, libc::MS_SYNC) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe {
+            libc::munmap(self.base, self.map_len);
+        }
+    }
+}
+
 fn check_bytes(off: u64, want: &[u8], got: &[u8], model_size: u64) -> Result<(), Mismatch> {
     let common = want.len().min(got.len());
     let first = (0..common).find(|&i| want[i] != got[i]);

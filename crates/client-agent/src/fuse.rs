@@ -1187,12 +1187,15 @@ impl fuser::Filesystem for SanFs {
         // these bytes already and stay under writeback until this is answered, so they are
         // not dropped (that would wait for this very answer: a deadlock).
         let from_pages = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        // Such a write goes where its pages are, also when the handle the kernel writes them
+        // back through was opened with O_APPEND (any writable handle of the file serves).
+        let appends = move |file: &FuseFile| file.file.flags().append && !from_pages;
         // A small buffered write under the file's held write delegation needs no task:
         // held back here, on FUSE's thread (client::writeback).
         if let Ok(file) = self.state.file(fh)
             && !file.direct
             && file.sync.is_none()
-            && !file.file.flags().append
+            && !appends(&file)
             && !self.state.pages.holds(self.state.ino(ino))
             && let Some(w) = self
                 .state
@@ -1233,7 +1236,7 @@ impl fuser::Filesystem for SanFs {
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
-                let written = if file.file.flags().append {
+                let written = if appends(&file) {
                     // O_APPEND: the server writes at its end of file, atomically with every
                     // other node's writes; one append at a time through this handle.
                     let (at, outcome) = file.file.append(&st.client, &cred, buf.as_slice()).await?;

@@ -1950,6 +1950,76 @@ async fn a_sequential_reader_is_read_ahead_of_and_still_sees_another_nodes_write
     srv.stop().await;
 }
 
+/// The kernel writes a shared mapping's dirty pages back through the handle the mapping was
+/// made with, also one opened with O_APPEND: those writes go where the pages are (they were
+/// appended, each page landing at the end of file: found by the exerciser's mapped writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_mapping_made_through_an_append_handle_is_written_back_in_place() {
+    if !can_mount() {
+        return;
+    }
+    const LEN: usize = 64 * 1024;
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "mmap-append", "").await;
+    let b = Mount::start(&srv, "mmap-append-other", "").await;
+    let (pa, pb) = (a.p("f"), b.p("f"));
+    timed(
+        "msync of a mapping made through an O_APPEND handle",
+        60,
+        move || {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::fs::FileExt;
+            let mut model = crate::support::pattern(LEN, 9);
+            std::fs::write(&pa, &model).unwrap();
+            // The kernel writes back through the handle a writable mapping was made with: one
+            // opened with O_APPEND (for reading too, as a mapping needs).
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .append(true)
+                .open(&pa)
+                .unwrap();
+            // SAFETY: a fresh shared mapping of `LEN` bytes of an open file of that size; nothing
+            // else maps it in this process, and it is unmapped below before `f` closes.
+            let map = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    LEN,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    f.as_raw_fd(),
+                    0,
+                )
+            };
+            assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+            // SAFETY: `map` is a live mapping of `LEN` writable bytes.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(map.cast::<u8>(), LEN) };
+            bytes[5000..5010].fill(0xAB);
+            model[5000..5010].fill(0xAB);
+            // SAFETY: the same live mapping, synced then unmapped once.
+            unsafe {
+                assert_eq!(libc::msync(map, LEN, libc::MS_SYNC), 0);
+                assert_eq!(libc::munmap(map, LEN), 0);
+            }
+            drop(f);
+            for (p, node) in [(&pa, "this node"), (&pb, "another node")] {
+                let got = std::fs::read(p).unwrap();
+                assert_eq!(got.len(), LEN, "{node}: the size");
+                assert!(got == model, "{node}: the mapping's bytes in place");
+            }
+            let mut one = [0u8; 10];
+            std::fs::File::open(&pb)
+                .unwrap()
+                .read_exact_at(&mut one, 5000)
+                .unwrap();
+            assert_eq!(one, [0xAB; 10]);
+        },
+    )
+    .await;
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
+
 /// A file whose pages the kernel holds (read through a handle opened for reading only) and
 /// that is then written through a shared mapping: the mapping's dirty pages are written back
 /// through FUSE while they are under writeback, and the agent must answer those writes
