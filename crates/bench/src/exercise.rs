@@ -7,7 +7,8 @@
 //! `O_CREAT`, `O_EXCL`, `O_TRUNC`, `O_APPEND`), pread/pwrite of 1 B to 4 MiB at aligned and
 //! unaligned offsets (so the direct path, the proxied path and the unaligned edges all run),
 //! truncate up and down, fallocate (default, `KEEP_SIZE`, `PUNCH_HOLE`, `ZERO_RANGE`), rename
-//! (also over an existing file), unlink and recreate, fsync, stat and fstat, close. An
+//! (also over an existing file), unlink and recreate, fsync, stat and fstat, close, and
+//! shared mappings inside the file (stores then `msync`, and loads; after an `fstat`). An
 //! in-memory model holds every file's bytes and size (and the files still open after their
 //! last name went). Every read, stat and error is checked against the model; the first
 //! mismatch stops the run with the seed, the op index, the last operations and the differing
@@ -19,7 +20,8 @@
 //! mount renamed or unlinked it. Those are the documented, allowed staleness of cached
 //! attributes, not data incoherence, and the model would flag them; strict TTLs make every
 //! `stat` and lookup ask the server, so the model's single order of operations is what both
-//! mounts must see. File data itself is never cached (FOPEN_DIRECT_IO), whatever the TTL.
+//! mounts must see. A third of the handles, and every read by name, are opened for reading
+//! only: read through the kernel's page cache, checked against the same model.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
