@@ -1181,6 +1181,20 @@ async fn setuid_setgid_and_file_capabilities_go_as_the_kernel_drops_them() {
         let (st, _) = as_uid_1000(&["sh", "-c", &script]);
         assert!(st.success(), "uid 1000 appends to its file");
         both(0o775, "a write by uid 1000");
+        // A small write in place (held back under the file's delegation, written at close).
+        set(0o6775);
+        let of = format!("of={}", f.display());
+        let (st, _) = as_uid_1000(&[
+            "dd",
+            "if=/dev/zero",
+            &of,
+            "bs=3",
+            "count=1",
+            "seek=1",
+            "conv=notrunc",
+        ]);
+        assert!(st.success(), "uid 1000 writes in place");
+        both(0o775, "a write in place by uid 1000");
         set(0o6775);
         // Root's truncate keeps both.
         std::fs::OpenOptions::new()
