@@ -719,6 +719,15 @@ impl<'a> Exerciser<'a> {
         }
     }
 
+    /// The model's bytes of the file of `via`.
+    fn model_bytes(&mut self, via: Via) -> &mut Vec<u8> {
+        let ino = self.ino_of(via);
+        self.model
+            .inodes
+            .get_mut(&ino)
+            .expect("inode of a live name")
+    }
+
     fn size_of(&self, via: Via) -> u64 {
         self.model.inodes[&self.ino_of(via)].len() as u64
     }
@@ -951,12 +960,7 @@ impl<'a> Exerciser<'a> {
                 self.with_file(via, true, |f| f.write_all_at(&data, off))
                     .map_err(|e| unexpected("pwrite", e))?;
                 self.bytes_written += len;
-                let ino = self.ino_of(via);
-                let buf = self
-                    .model
-                    .inodes
-                    .get_mut(&ino)
-                    .expect("inode of a live name");
+                let buf = self.model_bytes(via);
                 // pwrite on an O_APPEND file appends (Linux), whatever the offset.
                 let at = if append { buf.len() } else { off as usize };
                 let end = at + len as usize;
@@ -1000,12 +1004,7 @@ impl<'a> Exerciser<'a> {
                 })
                 .map_err(|e| unexpected("mmap write", e))?;
                 self.bytes_written += len;
-                let ino = self.ino_of(via);
-                let buf = self
-                    .model
-                    .inodes
-                    .get_mut(&ino)
-                    .expect("inode of a live name");
+                let buf = self.model_bytes(via);
                 buf[off as usize..(off + len) as usize].copy_from_slice(&data);
                 Ok("ok".into())
             }
@@ -1025,12 +1024,7 @@ impl<'a> Exerciser<'a> {
             Op::Truncate { via, size } => {
                 self.with_file(via, true, |f| f.set_len(size))
                     .map_err(|e| unexpected("truncate", e))?;
-                let ino = self.ino_of(via);
-                let buf = self
-                    .model
-                    .inodes
-                    .get_mut(&ino)
-                    .expect("inode of a live name");
+                let buf = self.model_bytes(via);
                 buf.resize(size as usize, 0);
                 Ok("ok".into())
             }
@@ -1044,12 +1038,7 @@ impl<'a> Exerciser<'a> {
                     rustix::fs::fallocate(f, mode.flags(), off, len).map_err(std::io::Error::from)
                 })
                 .map_err(|e| unexpected("fallocate", e))?;
-                let ino = self.ino_of(via);
-                let buf = self
-                    .model
-                    .inodes
-                    .get_mut(&ino)
-                    .expect("inode of a live name");
+                let buf = self.model_bytes(via);
                 mode.apply(buf, off, len);
                 Ok(format!("ok size {}", buf.len()))
             }

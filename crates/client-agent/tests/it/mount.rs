@@ -62,6 +62,60 @@ fn abort_fuse_connection(path: &Path) {
     let _ = std::fs::write(conns.join(&minor).join("abort"), "1");
 }
 
+/// A shared writable mapping of the first `len` bytes of an open file (which must be that
+/// long), unmapped on drop.
+struct SharedMapping {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+impl SharedMapping {
+    fn new(f: &std::fs::File, len: usize) -> SharedMapping {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh shared mapping of an open file (the fd lives through the call); the
+        // result is checked, and unmapped once, in `drop`.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(
+            base,
+            libc::MAP_FAILED,
+            "{}",
+            std::io::Error::last_os_error()
+        );
+        SharedMapping { base, len }
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: `base` maps `len` writable bytes for the life of `self`, borrowed mutably
+        // once; the caller mapped no more than the file holds.
+        unsafe { std::slice::from_raw_parts_mut(self.base.cast::<u8>(), self.len) }
+    }
+
+    /// `msync(MS_SYNC)`: the stores reach the file system before it returns.
+    fn sync(&self) {
+        // SAFETY: the live mapping of `len` bytes at `base`.
+        let r = unsafe { libc::msync(self.base, self.len, libc::MS_SYNC) };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    }
+}
+
+impl Drop for SharedMapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe {
+            libc::munmap(self.base, self.len);
+        }
+    }
+}
+
 /// Runs blocking file-system work on a thread of its own; panics if it takes longer than
 /// `secs` (the thread is left behind, unblocked when the guard takes the mount down).
 pub(crate) async fn timed<T: Send + 'static>(
@@ -1073,32 +1127,14 @@ async fn sparse_files_seek_data_and_holes_and_shared_mmap_writes_reach_other_nod
 
         // A shared writable mapping: the bytes written into it reach the LUNs at msync, and
         // another node reads them.
-        let len = 8192usize;
-        // SAFETY: a fresh shared mapping of `len` bytes of an open file; nothing else maps it
-        // in this process, and it is unmapped below before `f` closes.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
-        // SAFETY: `map` is a live mapping of `len` writable bytes.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(map.cast::<u8>(), len) };
+        let mut map = SharedMapping::new(&f, 8192);
         assert!(
-            bytes.iter().all(|b| *b == 0xab),
+            map.bytes().iter().all(|b| *b == 0xab),
             "the mapping shows the file"
         );
-        bytes[100..105].copy_from_slice(b"mmap!");
-        // SAFETY: the same live mapping; msync then munmap it once.
-        unsafe {
-            assert_eq!(libc::msync(map, len, libc::MS_SYNC), 0);
-            assert_eq!(libc::munmap(map, len), 0);
-        }
+        map.bytes()[100..105].copy_from_slice(b"mmap!");
+        map.sync();
+        drop(map);
         let mut got = [0u8; 5];
         std::fs::File::open(&p2)
             .unwrap()
@@ -1981,7 +2017,6 @@ async fn a_shared_mapping_made_through_an_append_handle_is_written_back_in_place
         "msync of a mapping made through an O_APPEND handle",
         60,
         move || {
-            use std::os::fd::AsRawFd;
             use std::os::unix::fs::FileExt;
             let mut model = crate::support::pattern(LEN, 9);
             std::fs::write(&pa, &model).unwrap();
@@ -1992,28 +2027,11 @@ async fn a_shared_mapping_made_through_an_append_handle_is_written_back_in_place
                 .append(true)
                 .open(&pa)
                 .unwrap();
-            // SAFETY: a fresh shared mapping of `LEN` bytes of an open file of that size; nothing
-            // else maps it in this process, and it is unmapped below before `f` closes.
-            let map = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    LEN,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    f.as_raw_fd(),
-                    0,
-                )
-            };
-            assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
-            // SAFETY: `map` is a live mapping of `LEN` writable bytes.
-            let bytes = unsafe { std::slice::from_raw_parts_mut(map.cast::<u8>(), LEN) };
-            bytes[5000..5010].fill(0xAB);
+            let mut map = SharedMapping::new(&f, LEN);
+            map.bytes()[5000..5010].fill(0xAB);
             model[5000..5010].fill(0xAB);
-            // SAFETY: the same live mapping, synced then unmapped once.
-            unsafe {
-                assert_eq!(libc::msync(map, LEN, libc::MS_SYNC), 0);
-                assert_eq!(libc::munmap(map, LEN), 0);
-            }
+            map.sync();
+            drop(map);
             drop(f);
             for (p, node) in [(&pa, "this node"), (&pb, "another node")] {
                 let got = std::fs::read(p).unwrap();
@@ -2050,7 +2068,6 @@ async fn a_shared_mapping_of_a_file_in_the_page_cache_is_written_back() {
     let b = Mount::start(&srv, "pages-mmap-other", "").await;
     let (pa, pb) = (a.p("f"), b.p("f"));
     timed("msync of a mapping over cached pages", 60, move || {
-        use std::os::fd::AsRawFd;
         use std::os::unix::fs::FileExt;
         let mut model = crate::support::pattern(LEN, 5);
         std::fs::write(&pa, &model).unwrap();
@@ -2064,29 +2081,13 @@ async fn a_shared_mapping_of_a_file_in_the_page_cache_is_written_back() {
             .write(true)
             .open(&pa)
             .unwrap();
-        // SAFETY: a fresh shared mapping of `LEN` bytes of an open file of that size; nothing
-        // else maps it in this process, and it is unmapped below before `f` closes.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
-        // SAFETY: `map` is a live mapping of `LEN` writable bytes.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(map.cast::<u8>(), LEN) };
+        let mut map = SharedMapping::new(&f, LEN);
         for (round, at) in [(0u8, 100usize), (1, 20_000), (2, LEN - 10)] {
-            bytes[at..at + 10].fill(0xE0 + round);
+            map.bytes()[at..at + 10].fill(0xE0 + round);
             model[at..at + 10].fill(0xE0 + round);
-            // SAFETY: the same live mapping.
-            assert_eq!(unsafe { libc::msync(map, LEN, libc::MS_SYNC) }, 0);
+            map.sync();
         }
-        // SAFETY: the same live mapping, unmapped once.
-        assert_eq!(unsafe { libc::munmap(map, LEN) }, 0);
+        drop(map);
         r.read_exact_at(&mut got, 0).unwrap();
         assert!(got == model, "the cached handle reads the mapping's bytes");
         drop(f);
