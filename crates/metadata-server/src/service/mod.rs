@@ -564,13 +564,29 @@ impl Server {
 
     /// Ends a session: removes it, tells its stream why, releases its handles.
     pub(crate) async fn end_session(&self, session: u64, reason: Option<ServerEvent>) -> bool {
-        let state = self.sessions().by_id.remove(&session);
+        let (state, stopping) = {
+            let mut s = self.sessions();
+            (s.by_id.remove(&session), s.stopping)
+        };
         let Some(state) = state else {
             return false;
         };
+        // A stopping server (a clean stop, a rolling restart: its agents close their sessions
+        // as they fence) leaves a session that holds files unlinked while open to the next
+        // server: its record stays, so the next reclaim window waits for its agent, and its
+        // handles are not released, so the files live until that agent opens them again
+        // (`crate::recovery`). Releasing them here destroyed such a file under its holder.
+        let handing_over = stopping && self.holds_orphan(session);
+        if handing_over {
+            tracing::info!(
+                session,
+                "the server stops: a session holding files unlinked while open is left to the next server"
+            );
+        }
         // Its agent has nothing to reclaim from this session any more (lazily: a crash
         // before the next durable commit only makes the next start wait for it in vain).
         if state.recorded
+            && !handing_over
             && let Err(e) = self
                 .store
                 .write_lazy(move |ctx| {
@@ -587,9 +603,38 @@ impl Server {
         self.grants.expire_session(session).await;
         self.leases.expire_session(session);
         self.advisory.release_session(session);
-        self.release_session_handles(session).await;
+        if !handing_over {
+            self.release_session_handles(session).await;
+        }
         self.activity.forget_session(session);
         true
+    }
+
+    /// Whether `session` holds a handle on a file unlinked while open (an orphan).
+    fn holds_orphan(&self, session: u64) -> bool {
+        let inos: Vec<u64> = self
+            .store
+            .handles()
+            .by_handle
+            .values()
+            .filter(|f| f.session == session)
+            .map(|f| f.ino)
+            .collect();
+        if inos.is_empty() {
+            return false;
+        }
+        self.store
+            .snapshot(|r| {
+                let orphans = r.open_table(crate::store::ORPHANS)?;
+                for ino in inos {
+                    if orphans.get(ino)?.is_some() {
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            })
+            // Unknown: kept, as an orphan's holder would be.
+            .unwrap_or(true)
     }
 }
 
