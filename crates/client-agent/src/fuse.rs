@@ -1051,7 +1051,12 @@ impl fuser::Filesystem for SanFs {
         let flags = open_flags(raw);
         self.spawn("open", move |st| async move {
             let ino = st.ino(ino);
-            let opened = st.client.open(&cred, ino, flags).await;
+            // A buffered reader of a small file gets its bytes with the open.
+            let opened = if raw & libc::O_DIRECT == 0 {
+                st.client.open_reading(&cred, ino, flags).await
+            } else {
+                st.client.open(&cred, ino, flags).await
+            };
             if flags.truncate {
                 st.forget(&[ino], &[]);
             }
@@ -1090,11 +1095,25 @@ impl fuser::Filesystem for SanFs {
         reply: ReplyData,
     ) {
         // A buffered read the read cache answers needs no task (the common case of a
-        // sequential reader under a delegation): answered here, on FUSE's thread.
+        // sequential reader under a delegation): answered here, on FUSE's thread. So is one
+        // of a small file whose bytes came with its open.
         if let Ok(file) = self.state.file(fh)
             && !file.direct
         {
             let started = std::time::Instant::now();
+            let sino = self.state.ino(ino);
+            if let Some(buf) =
+                self.state
+                    .client
+                    .small_file_read(sino, offset, size.min(MAX_IO_BYTES) as usize)
+            {
+                let mut span = Span::wall_since(Stage::FuseRead, started);
+                span.set_bytes(buf.len() as u64);
+                reply_data(reply, &buf);
+                metrics::histogram!(FUSE_OP_SECONDS, "op" => "read")
+                    .record(started.elapsed().as_secs_f64());
+                return;
+            }
             if let Some((buf, ahead)) = self.state.client.try_read_cached_now(
                 self.state.ino(ino),
                 offset,

@@ -56,5 +56,6 @@ pub mod recovery;
 pub mod replies;
 pub mod serve;
 pub mod service;
+pub mod smallfiles;
 pub mod space;
 pub mod store;

@@ -122,7 +122,9 @@ impl InodeLocks {
     }
 
     /// Grants, in order, every waiter that no held lock and no earlier waiter blocks.
-    fn wake_ready(&mut self) {
+    /// Returns whether one of them is exclusive.
+    fn wake_ready(&mut self) -> bool {
+        let mut exclusive = false;
         let mut still = VecDeque::with_capacity(self.waiting.len());
         while let Some(w) = self.waiting.pop_front() {
             let held = &self.held;
@@ -134,11 +136,13 @@ impl InodeLocks {
             if blocked {
                 still.push_back(w);
             } else if w.wake.send(()).is_ok() {
+                exclusive |= w.lock.mode == LockMode::Exclusive;
                 self.held.push(w.lock);
             }
             // A waiter whose receiver is gone timed out or was cancelled: drop it.
         }
         self.waiting = still;
+        exclusive
     }
 }
 
@@ -151,10 +155,15 @@ pub enum LockError {
     DuplicateId(LockId),
 }
 
+/// Called with an inode as an exclusive lock on it is granted, before its holder can write:
+/// what is cached of the file's bytes goes (`crate::smallfiles`).
+pub type OnExclusive = Box<dyn Fn(u64) + Send + Sync>;
+
 /// All byte-range locks of the server.
 #[derive(Default, Clone)]
 pub struct RangeLocks {
     inner: Arc<Mutex<HashMap<u64, InodeLocks>>>,
+    on_exclusive: Arc<std::sync::OnceLock<OnExclusive>>,
 }
 
 impl std::fmt::Debug for RangeLocks {
@@ -181,6 +190,20 @@ impl RangeLocks {
 
     pub fn new() -> RangeLocks {
         RangeLocks::default()
+    }
+
+    /// Sets what is called as an exclusive lock is granted ([`OnExclusive`]); only the
+    /// first call takes effect.
+    pub fn set_on_exclusive(&self, f: OnExclusive) -> bool {
+        self.on_exclusive.set(f).is_ok()
+    }
+
+    /// An exclusive lock on `ino` was just granted (called under the table's lock, so its
+    /// holder has not run yet).
+    fn granted_exclusive(&self, ino: u64) {
+        if let Some(f) = self.on_exclusive.get() {
+            f(ino);
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<u64, InodeLocks>> {
@@ -223,6 +246,9 @@ impl RangeLocks {
             && !locks.blocked(&lock)
             && !locks.waiting.iter().any(|w| w.lock.conflicts(&lock));
         if taken {
+            if mode == LockMode::Exclusive {
+                self.granted_exclusive(ino);
+            }
             locks.held.push(lock);
         } else if locks.held.is_empty() && locks.waiting.is_empty() {
             all.remove(&ino);
@@ -261,6 +287,9 @@ impl RangeLocks {
                 owner,
             };
             if !locks.blocked(&lock) {
+                if mode == LockMode::Exclusive {
+                    self.granted_exclusive(ino);
+                }
                 locks.held.push(lock);
                 return Ok(false);
             }
@@ -314,7 +343,9 @@ impl RangeLocks {
                     }
                     locks.waiting.retain(|w| w.lock.id != id);
                     // Our withdrawal may unblock later waiters.
-                    locks.wake_ready();
+                    if locks.wake_ready() {
+                        self.granted_exclusive(ino);
+                    }
                     if locks.held.is_empty() && locks.waiting.is_empty() {
                         all.remove(&ino);
                     }
@@ -333,7 +364,9 @@ impl RangeLocks {
         let before = locks.held.len();
         locks.held.retain(|l| l.id != id);
         let found = locks.held.len() != before;
-        locks.wake_ready();
+        if locks.wake_ready() {
+            self.granted_exclusive(ino);
+        }
         if locks.held.is_empty() && locks.waiting.is_empty() {
             all.remove(&ino);
         }
@@ -387,6 +420,43 @@ mod tests {
     use super::*;
 
     const T: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn every_exclusive_grant_is_announced_before_its_holder_runs() {
+        let l = RangeLocks::new();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = Arc::clone(&seen);
+        assert!(l.set_on_exclusive(Box::new(move |ino| {
+            s.lock().unwrap_or_else(|p| p.into_inner()).push(ino);
+        })));
+        let got = || seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // Shared locks are not announced; an exclusive one taken at once is.
+        l.acquire(1, 1, Span::new(0, 10), LockMode::Shared, T, |_| {})
+            .await
+            .expect("shared");
+        assert!(got().is_empty());
+        l.acquire(2, 2, Span::new(0, 10), LockMode::Exclusive, T, |_| {})
+            .await
+            .expect("exclusive");
+        assert_eq!(got(), vec![2]);
+        // One that waited: announced when granted (at the release in its way), not before.
+        let l2 = l.clone();
+        let waiter = tokio::spawn(async move {
+            l2.acquire(1, 3, Span::new(5, 10), LockMode::Exclusive, T, |_| {})
+                .await
+        });
+        while l.waiting() == 0 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(got(), vec![2]);
+        assert!(l.release(1, 1));
+        assert_eq!(got(), vec![2, 1], "announced as the release granted it");
+        waiter.await.expect("join").expect("granted");
+        // A write delegation too.
+        assert!(l.try_delegate(9, 4, LockMode::Exclusive, 5));
+        assert!(l.try_delegate(8, 5, LockMode::Shared, 5));
+        assert_eq!(got(), vec![2, 1, 9]);
+    }
 
     #[tokio::test]
     async fn disjoint_ranges_do_not_wait() {

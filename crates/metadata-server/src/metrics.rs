@@ -23,6 +23,7 @@
 //! | `sanfs_evictions_total` | counter | | sessions evicted (hold limit, `Admin.EvictSession`) |
 //! | `sanfs_zeroed_bytes_total` | counter | | bytes zeroed on the LUNs before they were granted Unwritten |
 //! | `sanfs_proxied_bytes_total` | counter | `op` | bytes read and written through the server |
+//! | `sanfs_open_small_files_total` | counter | | opens answered with the whole of a small file (`OpenRequest.read_small`) |
 //! | `sanfs_tls_handshakes_refused_total` | counter | | connections closed before their TLS handshake completed ([`crate::handshake`]) |
 //! | `sanfs_auth_refused_total` | counter | `code` | callers refused by the authenticator (`service::identity`) |
 //! | `sanfs_insecure_requests_total` | counter | | plaintext calls accepted because of `insecure` |
@@ -198,6 +199,10 @@ fn describe_recorded() {
     describe_counter!(
         "sanfs_foreign_session_refused_total",
         "Calls naming a session of another identity, refused."
+    );
+    describe_counter!(
+        crate::service::OPEN_SMALL_FILES,
+        "Opens answered with the whole of a small file (OpenRequest.read_small)."
     );
 }
 

@@ -19,12 +19,13 @@ use std::time::Duration;
 use sanfs_blockmap::plan::IoPlan;
 use sanfs_proto::model::{RequestId, WriteReply};
 use sanfs_proto::pb;
-use sanfs_proto::types::{Attr, ByteRange, FsError, InodeId};
+use sanfs_proto::types::{Attr, ByteRange, FileType, FsError, InodeId};
 
 use crate::data::{self, Mapped};
 use crate::datadev::DataDevices;
 use crate::locks::{LockMode, RangeLocks, Span};
 use crate::replies;
+use crate::smallfiles::{SMALL_FILE_MAX, SmallFiles};
 use crate::store::{OpError, Store};
 
 /// Where a proxied write goes.
@@ -58,6 +59,9 @@ pub struct DataPath {
     /// Recalls the cached read grants among the locks a proxied request waits for (set by
     /// the grant table, which owns the recall channels).
     recaller: std::sync::OnceLock<Recaller>,
+    /// Whole small files the proxied path wrote or read (forgotten as an exclusive lock on
+    /// one is granted).
+    pub small: Arc<SmallFiles>,
 }
 
 /// What [`DataPath::set_recaller`] takes: called with the ids of the locks in the way.
@@ -97,9 +101,14 @@ fn join_error(e: tokio::task::JoinError) -> FsError {
 
 impl DataPath {
     pub fn new(store: Arc<Store>, devices: Arc<DataDevices>, lock_timeout: Duration) -> DataPath {
+        let locks = RangeLocks::new();
+        let small = Arc::new(SmallFiles::default());
+        let forget = Arc::clone(&small);
+        locks.set_on_exclusive(Box::new(move |ino| forget.forget(ino)));
         DataPath {
             store,
-            locks: RangeLocks::new(),
+            locks,
+            small,
             devices,
             lock_timeout,
             next_lock: AtomicU64::new(1),
@@ -301,6 +310,13 @@ impl DataPath {
             .lock(ino, Span::new(a, b - a), LockMode::Shared, owner)
             .await?;
         let bsz = self.store.block_size();
+        // A small file kept whole in memory answers without a device read.
+        if let Some(attr) = self.small_file_attr(ino)
+            && let Some(data) = self.small.read(&attr, off, len)
+        {
+            let eof = off.saturating_add(data.len() as u64) >= attr.size;
+            return Ok((data, eof));
+        }
         let vol = self.store.volume_cell();
         let Mapped {
             plan,
@@ -317,7 +333,35 @@ impl DataPath {
         let stop = end.min(file_size);
         let from = usize::try_from(off - a).map_err(|_| FsError::Range)?;
         let to = usize::try_from(stop - a).map_err(|_| FsError::Range)?;
+        // The whole of a small file, read under a shared lock of all of it (no writer
+        // there): kept, with the attributes it has now.
+        if off == 0
+            && stop >= file_size
+            && let Some(attr) = self.small_file_attr(ino)
+            && attr.size == file_size
+        {
+            self.small.put(&attr, buf[..to].to_vec());
+        }
         Ok((buf[from..to].to_vec(), stop >= file_size))
+    }
+
+    /// The attributes of `ino` when it is a small regular file (at most [`SMALL_FILE_MAX`]
+    /// bytes, not empty): the key of [`SmallFiles`].
+    fn small_file_attr(&self, ino: u64) -> Option<Attr> {
+        let bs = self.store.block_size();
+        self.store
+            .read(|t| {
+                use crate::store::ReaderInodes;
+                Ok(t.inode_rec(InodeId(ino))?.attr(InodeId(ino), bs))
+            })
+            .ok()
+            .filter(|a| a.size > 0 && a.size <= SMALL_FILE_MAX && a.kind == FileType::Regular)
+    }
+
+    /// A small file's bytes kept in memory, if `attr` (read now) is what they were kept
+    /// with; no lock needed (see `crate::smallfiles`).
+    pub fn small_file(&self, attr: &Attr) -> Option<Vec<u8>> {
+        self.small.read(attr, 0, attr.size)
     }
 
     /// A proxied write of `bytes` at `pos`. Returns the offset written and the new attributes.
@@ -396,6 +440,12 @@ impl DataPath {
         let from = usize::try_from(off - a).map_err(|_| FsError::Range)?;
         buf[from..from + bytes.len()].copy_from_slice(&bytes);
         drop(bytes);
+        // A write of a whole small file (from its start to at least its old end): kept once
+        // written, under this write's exclusive lock.
+        let whole = (off == 0 && end >= size && end <= SMALL_FILE_MAX)
+            .then(|| usize::try_from(end).ok())
+            .flatten()
+            .map(|n| buf[..n].to_vec());
         // Allocate and plan the whole blocks. Lazily: the server writes these blocks itself,
         // so no other party depends on the allocation, and a crash before the next durable
         // commit frees the blocks again with nothing pointing at them (their new contents are
@@ -437,6 +487,11 @@ impl DataPath {
                 Ok(attr)
             })
             .await?;
+        if let Some(whole) = whole
+            && whole.len() as u64 == attr.size
+        {
+            self.small.put(&attr, whole);
+        }
         Ok((off, attr))
     }
 }

@@ -6,6 +6,9 @@
 //! change. Under them this cache keeps:
 //! - **attributes** per inode (the kernel gets them with a TTL up to the lease's end, and a
 //!   recall invalidates the kernel's copy with `Notifier::inval_inode` before it is acked);
+//! - **the whole bytes of small files** given with an open (`OpenRequest::read_small`), under
+//!   the attribute lease held when the open was sent and only until its end
+//!   ([`LeaseCache::content`]; docs/posix.md "Small files with their open");
 //! - **names** per directory under its entry lease, negative ones included. Where the kernel
 //!   can forget every name it caches without taking a lock (`FUSE_NOTIFY_INC_EPOCH`, Linux
 //!   6.16 and later: [`LeaseCache::set_kernel_names_invalidator`]), a name found under its
@@ -71,6 +74,13 @@ const MAX_XATTRS: usize = 65_536;
 /// The longest extended attribute value cached (ACLs, capabilities and labels are short).
 const MAX_XATTR_CACHED: usize = 4_096;
 
+/// The largest file whose whole bytes an open asks for ([`LeaseCache::content`]): the
+/// server's default `direct_io_threshold` (a longer one's reads go the direct path).
+pub const SMALL_FILE_MAX: u64 = 64 << 10;
+/// Bytes of small files kept at most; past it, those whose lease ended go, and if still full
+/// nothing more is kept.
+const MAX_CONTENT_BYTES: usize = 64 << 20;
+
 /// Invalidates the kernel's cached attributes of an inode (set by the FUSE layer).
 pub type KernelInvalidator = Box<dyn Fn(InodeId) + Send + Sync>;
 /// Makes the kernel look every name up again (set by the FUSE layer when it can).
@@ -87,6 +97,9 @@ pub struct LeaseCounters {
     pub xattr_misses: AtomicU64,
     pub access_hits: AtomicU64,
     pub access_misses: AtomicU64,
+    /// Reads answered from a small file's bytes given with its open, and opens that got them.
+    pub content_hits: AtomicU64,
+    pub content_opens: AtomicU64,
     pub recalls: AtomicU64,
 }
 
@@ -103,6 +116,26 @@ struct Dir {
     complete: bool,
 }
 
+/// What this node's attribute lease says of a file as a small one
+/// ([`LeaseCache::small_file`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SmallHint {
+    /// No lease held: unknown.
+    Unknown,
+    /// Small, under a lease that ends then.
+    Small(Instant),
+    /// Not a small regular file.
+    NotSmall,
+}
+
+/// A small file's bytes, given with an open ([`LeaseCache::content`]).
+#[derive(Debug)]
+struct Content {
+    data: Vec<u8>,
+    mark: u64,
+    until: Instant,
+}
+
 #[derive(Debug)]
 struct State {
     seq: u64,
@@ -116,9 +149,14 @@ struct State {
     dirs: HashMap<InodeId, Dir>,
     names: usize,
     /// Extended attributes answered by the server (a value, or none by that name), per
-    /// inode, caller and name, with the mark of the request: good while the inode's
-    /// attribute lease holds and nothing touched it since (see [`LeaseCache::xattr`]).
-    xattrs: HashMap<XattrKey, (Option<Vec<u8>>, u64)>,
+    /// inode, caller and name, with the mark of the request and the end of the attribute
+    /// lease held when it was asked: good while that lease holds and nothing touched the
+    /// inode since (see [`LeaseCache::xattr`]).
+    xattrs: HashMap<XattrKey, (Option<Vec<u8>>, u64, Instant)>,
+    /// Whole small files given with their opens, per inode, with the mark of the request and
+    /// the end of the attribute lease held when it was sent (see [`LeaseCache::content`]).
+    contents: HashMap<InodeId, Content>,
+    content_bytes: usize,
     /// Files this agent created, with the mark of the create and the end of its leases:
     /// they have no extended attribute while no recall came there (another node's
     /// `SetXattr` recalls the attribute lease) and this agent set none (see
@@ -146,6 +184,7 @@ impl State {
         for ino in inos {
             self.touch(*ino);
             self.attrs.remove(ino);
+            self.drop_content(*ino);
         }
         for (dir, name) in dirs {
             self.touch(*dir);
@@ -157,6 +196,7 @@ impl State {
                 if let Some(ino) = child {
                     self.touch(ino);
                     self.attrs.remove(&ino);
+                    self.drop_content(ino);
                 }
             }
         }
@@ -226,6 +266,33 @@ impl State {
         }
     }
 
+    fn drop_content(&mut self, ino: InodeId) {
+        if let Some(c) = self.contents.remove(&ino) {
+            self.content_bytes -= c.data.len();
+        }
+    }
+
+    /// The bytes of `ino` kept from its open, while they are good: the lease held when the
+    /// open was sent still holds and nothing touched the inode since it was marked.
+    fn content(&self, ino: InodeId, now: Instant) -> Option<&[u8]> {
+        self.contents
+            .get(&ino)
+            .filter(|c| c.until > now && self.usable(c.mark, ino))
+            .map(|c| c.data.as_slice())
+    }
+
+    fn prune_contents(&mut self, now: Instant) {
+        let mut freed = 0;
+        self.contents.retain(|_, c| {
+            let keep = c.until > now;
+            if !keep {
+                freed += c.data.len();
+            }
+            keep
+        });
+        self.content_bytes -= freed;
+    }
+
     fn drop_dir(&mut self, dir: InodeId) {
         if let Some(d) = self.dirs.remove(&dir) {
             self.names -= d.names.len();
@@ -234,8 +301,8 @@ impl State {
 
     fn prune(&mut self, now: Instant) {
         self.attrs.retain(|_, (_, until)| *until > now);
-        let attrs = &self.attrs;
-        self.xattrs.retain(|(ino, _, _), _| attrs.contains_key(ino));
+        self.xattrs.retain(|_, (_, _, until)| *until > now);
+        self.prune_contents(now);
         let mut gone = 0;
         self.dirs.retain(|_, d| {
             let keep = d.until > now;
@@ -278,6 +345,8 @@ impl Default for LeaseCache {
                 dirs: HashMap::new(),
                 names: 0,
                 xattrs: HashMap::new(),
+                contents: HashMap::new(),
+                content_bytes: 0,
                 bare: HashMap::new(),
                 own: HashMap::new(),
                 own_next: 0,
@@ -490,10 +559,8 @@ impl LeaseCache {
             let s = self.lock();
             s.xattrs
                 .get(&(ino, caller, name.to_vec()))
-                .filter(|(_, mark)| {
-                    s.attrs.get(&ino).is_some_and(|(_, until)| *until > now) && s.usable(*mark, ino)
-                })
-                .map(|(value, _)| value.clone())
+                .filter(|(_, mark, until)| *until > now && s.usable(*mark, ino))
+                .map(|(value, _, _)| value.clone())
                 .or_else(|| {
                     // A file made here and given none since: absent, by any name the server
                     // answers "no such attribute" for (not `system.*`: EOPNOTSUPP).
@@ -504,6 +571,73 @@ impl LeaseCache {
                 })
         };
         counted(hit, &self.counters.xattr_hits, &self.counters.xattr_misses)
+    }
+
+    /// What the attribute lease held on `ino` now says of it as a small file (at most
+    /// [`SMALL_FILE_MAX`] bytes, regular, not empty): an open for reading asks for the bytes
+    /// of one that is, or of one no lease speaks of ([`LeaseCache::put_content`]).
+    pub fn small_file(&self, ino: InodeId) -> SmallHint {
+        let now = Instant::now();
+        match self
+            .lock()
+            .attrs
+            .get(&ino)
+            .filter(|(_, until)| *until > now)
+        {
+            None => SmallHint::Unknown,
+            Some((a, until))
+                if a.kind == FileType::Regular && a.size > 0 && a.size <= SMALL_FILE_MAX =>
+            {
+                SmallHint::Small(*until)
+            }
+            Some(_) => SmallHint::NotSmall,
+        }
+    }
+
+    /// Whether the bytes of `ino` given with an earlier open are kept and still good (an
+    /// open need not ask again).
+    pub fn holds_content(&self, ino: InodeId) -> bool {
+        self.lock().content(ino, Instant::now()).is_some()
+    }
+
+    /// Keeps the whole of a small file, given with an open sent at `mark` while the
+    /// attribute lease that ends at `until` was held ([`LeaseCache::small_file`]): only if
+    /// nothing touched the inode since (a recall, this agent's own change). It answers reads
+    /// ([`LeaseCache::content`]) until that lease ends or something touches the inode.
+    pub fn put_content(&self, ino: InodeId, data: Vec<u8>, mark: u64, until: Instant) {
+        let now = Instant::now();
+        let mut s = self.lock();
+        if until <= now || !s.usable(mark, ino) {
+            return;
+        }
+        s.drop_content(ino);
+        if s.content_bytes + data.len() > MAX_CONTENT_BYTES {
+            s.prune_contents(now);
+            if s.content_bytes + data.len() > MAX_CONTENT_BYTES {
+                return;
+            }
+        }
+        s.content_bytes += data.len();
+        s.contents.insert(ino, Content { data, mark, until });
+        self.counters.content_opens.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A read of `ino` answered from the bytes its open gave ([`LeaseCache::put_content`]):
+    /// at most `len` bytes from `offset`, fewer at the end of file (the size is exact while
+    /// the lease holds). `None`: not kept, or no longer good. Never blocks: fit for a FUSE
+    /// thread.
+    pub fn content(&self, ino: InodeId, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let now = Instant::now();
+        let s = self.lock();
+        let data = s.content(ino, now)?;
+        let from = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(data.len());
+        let to = from.saturating_add(len).min(data.len());
+        let out = data[from..to].to_vec();
+        drop(s);
+        self.counters.content_hits.fetch_add(1, Ordering::Relaxed);
+        Some(out)
     }
 
     /// This agent sets or removes an extended attribute of `ino`: it is no longer known to
@@ -528,7 +662,17 @@ impl LeaseCache {
         }
         let now = Instant::now();
         let mut s = self.lock();
-        if !s.usable(mark, ino) || s.attrs.get(&ino).is_none_or(|(_, until)| *until <= now) {
+        // Good until the lease held now ends: one given later (after this one ran out, when
+        // no recall reached this agent) does not vouch for it.
+        let Some(until) = s
+            .attrs
+            .get(&ino)
+            .map(|(_, until)| *until)
+            .filter(|until| *until > now)
+        else {
+            return;
+        };
+        if !s.usable(mark, ino) {
             return;
         }
         if s.xattrs.len() >= MAX_XATTRS {
@@ -536,7 +680,7 @@ impl LeaseCache {
         }
         s.xattrs.insert(
             (ino, caller, name.to_vec()),
-            (value.map(<[u8]>::to_vec), mark),
+            (value.map(<[u8]>::to_vec), mark, until),
         );
     }
 
@@ -551,6 +695,7 @@ impl LeaseCache {
             s.recalled[bucket(ino)] = seq;
             if attr {
                 s.attrs.remove(&ino);
+                s.drop_content(ino);
             }
             if entries {
                 s.drop_dir(ino);
@@ -627,6 +772,8 @@ impl LeaseCache {
             s.dirs.clear();
             s.names = 0;
             s.xattrs.clear();
+            s.contents.clear();
+            s.content_bytes = 0;
             s.bare.clear();
             s.attrs.drain().map(|(ino, _)| ino).collect()
         };
@@ -837,6 +984,8 @@ impl Client {
             xattr_misses: get(&c.xattr_misses),
             access_hits: get(&c.access_hits),
             access_misses: get(&c.access_misses),
+            small_file_opens: get(&c.content_opens),
+            small_file_reads: get(&c.content_hits),
             recalls: get(&c.recalls),
             attrs_now: attrs as u64,
             names_now: names as u64,
@@ -1134,6 +1283,98 @@ mod tests {
         assert!(c.attr(InodeId(5)).is_some());
         c.recall(InodeId(5), true, false);
         assert!(c.attr(InodeId(5)).is_none());
+    }
+
+    fn small(ino: u64, size: u64) -> Attr {
+        let mut a = attr(ino);
+        a.size = size;
+        a
+    }
+
+    #[test]
+    fn a_small_files_bytes_answer_reads_until_a_recall_an_own_change_or_the_leases_end() {
+        let c = LeaseCache::default();
+        let ino = InodeId(7);
+        assert_eq!(c.small_file(ino), SmallHint::Unknown, "no lease");
+        c.put_attr(&small(7, 5), 10_000, Instant::now(), far(), c.mark());
+        let SmallHint::Small(until) = c.small_file(ino) else {
+            panic!("a small file under its lease");
+        };
+        let mark = c.mark();
+        c.put_content(ino, b"hello".to_vec(), mark, until);
+        assert!(c.holds_content(ino));
+        assert_eq!(c.content(ino, 1, 3), Some(b"ell".to_vec()));
+        assert_eq!(c.content(ino, 4, 100), Some(b"o".to_vec()));
+        assert_eq!(
+            c.content(ino, 9, 1),
+            Some(Vec::new()),
+            "past the end of file"
+        );
+        c.recall(ino, true, false);
+        assert_eq!(c.content(ino, 0, 5), None, "a recall drops them");
+        // Asked before a recall that came before the reply: never kept.
+        c.put_attr(&small(7, 5), 10_000, Instant::now(), far(), c.mark());
+        let mark = c.mark();
+        c.recall(ino, true, false);
+        c.put_content(ino, b"hello".to_vec(), mark, far());
+        assert!(!c.holds_content(ino));
+        // This agent's own change of the file drops them.
+        c.put_attr(&small(7, 5), 10_000, Instant::now(), far(), c.mark());
+        c.put_content(ino, b"hello".to_vec(), c.mark(), far());
+        assert!(c.holds_content(ino));
+        c.forget(&[ino], &[]);
+        assert_eq!(c.content(ino, 0, 5), None);
+        // Good only until the lease held when they were asked ends, even if a later reply
+        // gives a new one (another node may have written in between, unrecalled).
+        c.put_content(ino, b"hello".to_vec(), c.mark(), Instant::now());
+        assert!(!c.holds_content(ino), "a lease already over keeps nothing");
+        let soon = Instant::now() + Duration::from_millis(30);
+        c.put_content(ino, b"hello".to_vec(), c.mark(), soon);
+        assert!(c.holds_content(ino));
+        std::thread::sleep(Duration::from_millis(40));
+        c.put_attr(&small(7, 5), 10_000, Instant::now(), far(), c.mark());
+        assert_eq!(c.content(ino, 0, 5), None);
+        // A new session forgets everything.
+        c.put_content(ino, b"hello".to_vec(), c.mark(), far());
+        c.clear();
+        assert!(!c.holds_content(ino));
+    }
+
+    #[test]
+    fn a_lease_says_whether_a_file_is_small() {
+        let c = LeaseCache::default();
+        let m = c.mark();
+        c.put_attr(&small(1, 0), 10_000, Instant::now(), far(), m);
+        c.put_attr(
+            &small(2, SMALL_FILE_MAX + 1),
+            10_000,
+            Instant::now(),
+            far(),
+            m,
+        );
+        let mut dir = small(3, 10);
+        dir.kind = FileType::Directory;
+        c.put_attr(&dir, 10_000, Instant::now(), far(), m);
+        c.put_attr(&small(4, SMALL_FILE_MAX), 10_000, Instant::now(), far(), m);
+        assert_eq!(c.small_file(InodeId(1)), SmallHint::NotSmall, "empty");
+        assert_eq!(c.small_file(InodeId(2)), SmallHint::NotSmall, "too long");
+        assert_eq!(c.small_file(InodeId(3)), SmallHint::NotSmall, "a directory");
+        assert!(matches!(c.small_file(InodeId(4)), SmallHint::Small(_)));
+        assert_eq!(c.small_file(InodeId(5)), SmallHint::Unknown, "no lease");
+    }
+
+    #[test]
+    fn an_extended_attribute_is_good_only_under_the_lease_it_was_asked_under() {
+        let c = LeaseCache::default();
+        let ino = InodeId(8);
+        let soon = Instant::now() + Duration::from_millis(30);
+        c.put_attr(&attr(8), 10_000, Instant::now(), soon, c.mark());
+        c.put_xattr(ino, 1, b"user.a", Some(b"v"), c.mark());
+        assert_eq!(c.xattr(ino, 1, b"user.a"), Some(Some(b"v".to_vec())));
+        std::thread::sleep(Duration::from_millis(40));
+        // A new lease after the old one ran out does not vouch for the old answer.
+        c.put_attr(&attr(8), 10_000, Instant::now(), far(), c.mark());
+        assert_eq!(c.xattr(ino, 1, b"user.a"), None);
     }
 
     #[test]

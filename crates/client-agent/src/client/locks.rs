@@ -269,7 +269,10 @@ async fn open_again(
     ino: InodeId,
     flags: OpenFlags,
 ) -> Result<FileHandle, FsError> {
-    inner.open_handle(cred, ino, flags).await.map(|(fh, _)| fh)
+    inner
+        .open_handle(cred, ino, flags, 0)
+        .await
+        .map(|(fh, _)| fh)
 }
 
 /// After a new session: re-places every lock the mirror holds (see the module doc).

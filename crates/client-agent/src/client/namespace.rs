@@ -7,16 +7,17 @@
 
 use sanfs_proto::model::{
     AccessRequest, CreateReply, CreateRequest, EntryRequest, GetAttrRequest, HandleRef,
-    InodeRequest, LinkRequest, MkdirRequest, MknodRequest, OpenFlags, OpenReply, OpenRequest,
-    ReadDirReply, ReadDirRequest, RenameRequest, SetAttrRequest, SetXattrRequest, StatFs,
-    SymlinkRequest, XattrNames, XattrRequest, XattrValue,
+    InodeRequest, LinkRequest, LockMode, MkdirRequest, MknodRequest, OpenFlags, OpenReply,
+    OpenRequest, ReadDirReply, ReadDirRequest, RenameRequest, SetAttrRequest, SetXattrRequest,
+    StatFs, SymlinkRequest, XattrNames, XattrRequest, XattrValue,
 };
 use sanfs_proto::pb;
 use sanfs_proto::types::{
-    Attr, Credentials, FileName, FileType, FsError, InodeId, RenameMode, SetAttr, SymlinkTarget,
-    XattrMode, XattrName,
+    Attr, ByteRange, Credentials, FileName, FileType, FsError, InodeId, RenameMode, SetAttr,
+    SymlinkTarget, XattrMode, XattrName,
 };
 
+use super::leases::{SMALL_FILE_MAX, SmallHint};
 use super::rpc::Pin;
 use super::unsynced::{NsChange, NsRecord};
 use super::{Client, FileHandle, Inner, SessionView};
@@ -562,8 +563,71 @@ impl Client {
         ino: InodeId,
         flags: OpenFlags,
     ) -> Result<(FileHandle, Attr), FsError> {
-        let (handle, r) = self.inner.open_handle(cred, ino, flags).await?;
+        let (handle, r) = self.inner.open_handle(cred, ino, flags, 0).await?;
         Ok((handle, r.attr))
+    }
+
+    /// [`Client::open`] for a buffered reader: a small file's bytes come with the reply (with
+    /// an attribute lease) and answer its reads ([`Client::small_file_read`]) while that lease
+    /// holds and nothing touched the file (docs/posix.md "Small files with their open").
+    /// Asked for unless the bytes are kept already, the lease held now says the file is not
+    /// small, or a write of this node's own waits to reach the LUNs (the server's bytes would
+    /// lack it).
+    pub async fn open_reading(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+        flags: OpenFlags,
+    ) -> Result<(FileHandle, Attr), FsError> {
+        let leases = &self.inner.leases;
+        let hint = leases.small_file(ino);
+        let ask = flags.read
+            && !flags.truncate
+            && hint != SmallHint::NotSmall
+            && !leases.holds_content(ino)
+            && !self.own_writes_pending(ino);
+        // The end of the lease held now, if it says the file is small.
+        let until = match hint {
+            SmallHint::Small(until) if ask => Some(until),
+            _ => None,
+        };
+        if until.is_some()
+            && let Ok(view) = self.inner.view_for(None)
+            && let Ok(range) = ByteRange::new(0, SMALL_FILE_MAX)
+        {
+            // This node's own cached write layouts there would hold the server's read up
+            // until they were recalled: given back first, as before a proxied read.
+            self.inner
+                .give_back_own(&view, ino, range, Some(LockMode::Exclusive))
+                .await;
+        }
+        let (mark, sent) = (leases.mark(), std::time::Instant::now());
+        let read_small = if ask { SMALL_FILE_MAX } else { 0 };
+        let (handle, r) = self.inner.open_handle(cred, ino, flags, read_small).await?;
+        if let Some(data) = r.data
+            && !self.own_writes_pending(ino)
+        {
+            // Kept under the lease that came with them, else under the one held before.
+            let given = leases
+                .put_attr(&r.attr, r.lease_ms, sent, self.lease_deadline(), mark)
+                .map(|ttl| std::time::Instant::now() + ttl);
+            if let Some(until) = given.or(until) {
+                leases.put_content(ino, data, mark, until);
+            }
+        }
+        Ok((handle, r.attr))
+    }
+
+    /// Whether this node's own writes of `ino` are held back, in flight or completing: the
+    /// LUNs and the server's map do not have them yet.
+    fn own_writes_pending(&self, ino: InodeId) -> bool {
+        self.has_held_back(ino) || self.has_writes_behind(ino) || self.inner.completing(ino)
+    }
+
+    /// A read answered from the bytes a small file's open gave ([`Client::open_reading`]),
+    /// `None` when there are none that are still good. Never blocks: fit for a FUSE thread.
+    pub fn small_file_read(&self, ino: InodeId, offset: u64, len: usize) -> Option<Vec<u8>> {
+        self.inner.leases.content(ino, offset, len)
     }
 
     /// Closes an open handle. A handle of a replaced session is already gone: ESTALE.
@@ -638,6 +702,7 @@ impl Inner {
         cred: &Credentials,
         ino: InodeId,
         flags: OpenFlags,
+        read_small: u64,
     ) -> Result<(FileHandle, OpenReply), FsError> {
         let mut session = None;
         let r: OpenReply = self
@@ -648,6 +713,7 @@ impl Inner {
                     session: view.session,
                     inode: ino,
                     flags,
+                    read_small,
                 });
                 let mut ns = self.ns();
                 async move { ns.open(req).await }

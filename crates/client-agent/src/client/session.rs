@@ -445,6 +445,7 @@ async fn reopen_files(inner: &Inner, reply: &OpenSessionReply) {
             session: reply.session,
             inode: file.ino(),
             flags: file.flags(),
+            read_small: 0,
         });
         let answer = tokio::time::timeout(Duration::from_secs(10), inner.ns().open(req)).await;
         let opened = match answer {

@@ -87,6 +87,11 @@ pub struct LeaseCounts {
     pub access_hits: u64,
     #[serde(default)]
     pub access_misses: u64,
+    /// Opens of small files that came with the file's bytes, and reads those answered.
+    #[serde(default)]
+    pub small_file_opens: u64,
+    #[serde(default)]
+    pub small_file_reads: u64,
     pub recalls: u64,
     pub attrs_now: u64,
     pub names_now: u64,

@@ -2104,6 +2104,103 @@ async fn a_shared_mapping_of_a_file_in_the_page_cache_is_written_back() {
     srv.stop().await;
 }
 
+/// A small file's bytes come with its open and answer its reads with no round trip
+/// (docs/posix.md "Small files with their open"); every change of either node is then what
+/// the next read sees: another node's write in place with the mtime set back, a truncate, an
+/// append, this node's own write through another handle; read through handles opened for
+/// reading only and read-write (whose reads all reach the agent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_file_read_with_its_open_sees_every_change_of_any_node() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "small-reader", "").await;
+    let b = Mount::start(&srv, "small-writer", "").await;
+    let (pa, pb, mnt_a) = (a.p("s"), b.p("s"), a.path.clone());
+    timed("a small file read with its open", 120, move || {
+        use std::os::unix::fs::FileExt;
+        let small =
+            |st: &serde_json::Value, what: &str| st["agent"]["leases"][what].as_u64().unwrap_or(0);
+        let mut model = crate::support::pattern(10_000, 7);
+        std::fs::write(&pb, &model).unwrap();
+        let read_all = |f: &std::fs::File| {
+            let mut got = vec![0u8; 70_000];
+            let mut n = 0;
+            loop {
+                let k = f.read_at(&mut got[n..], n as u64).unwrap();
+                if k == 0 {
+                    break;
+                }
+                n += k;
+            }
+            got.truncate(n);
+            got
+        };
+        // Both kinds of reader, each opened anew after every change (a stat first: the
+        // attribute lease that says the file is small), and one read-write handle kept.
+        let kept = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&pa)
+            .unwrap();
+        let check = |model: &[u8], what: &str| {
+            std::fs::metadata(&pa).unwrap();
+            let ro = std::fs::File::open(&pa).unwrap();
+            assert!(read_all(&ro) == model, "{what}: read-only open");
+            let rw = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&pa)
+                .unwrap();
+            assert!(read_all(&rw) == model, "{what}: read-write open");
+            assert!(read_all(&kept) == model, "{what}: the handle kept open");
+        };
+        check(&model, "first");
+        let st = agent_status(&mnt_a);
+        assert!(
+            small(&st, "small_file_opens") >= 1,
+            "no open came with the bytes"
+        );
+        assert!(
+            small(&st, "small_file_reads") >= 1,
+            "no read came from them"
+        );
+
+        // Another node writes in place and sets the mtime back.
+        let w = std::fs::OpenOptions::new().write(true).open(&pb).unwrap();
+        let mtime = std::fs::metadata(&pb).unwrap().modified().unwrap();
+        w.write_all_at(&[0x5A; 300], 4000).unwrap();
+        w.set_times(std::fs::FileTimes::new().set_modified(mtime))
+            .unwrap();
+        model[4000..4300].fill(0x5A);
+        check(&model, "after another node's write, mtime set back");
+
+        // This node's own write through the kept handle.
+        kept.write_all_at(&[0x11; 100], 50).unwrap();
+        model[50..150].fill(0x11);
+        check(&model, "after this node's own write");
+
+        // Another node truncates, then appends.
+        w.set_len(1000).unwrap();
+        model.truncate(1000);
+        check(&model, "after another node's truncate");
+        let mut ap = std::fs::OpenOptions::new().append(true).open(&pb).unwrap();
+        std::io::Write::write_all(&mut ap, &[0xC3; 3000]).unwrap();
+        model.extend_from_slice(&[0xC3; 3000]);
+        check(&model, "after another node's append");
+        let st = agent_status(&mnt_a);
+        assert!(
+            small(&st, "small_file_opens") >= 4,
+            "opens after each change came with the bytes again"
+        );
+    })
+    .await;
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
+
 /// Issue 18: a file opened for reading only is read through the kernel's page cache (a second
 /// read of it asks the agent nothing), and the cached pages never outlive a change: another
 /// node's write in place, the same write with the old mtime set back (size and mtime as

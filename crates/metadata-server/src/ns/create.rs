@@ -248,6 +248,8 @@ pub fn open(ctx: &mut Ctx<'_>, r: &OpenRequest) -> Result<OpenReply, OpError> {
     Ok(OpenReply {
         handle: sanfs_proto::types::OpenHandle(handle),
         attr: rec.attr(r.inode, ctx.block_size),
+        data: None,
+        lease_ms: 0,
     })
 }
 

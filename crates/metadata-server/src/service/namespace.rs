@@ -10,12 +10,13 @@
 //! handle of an unlinked inode destroys it.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use sanfs_proto::model::{
     AccessRequest, CreateRequest, EntryRequest, GetAttrRequest, HandleRef, InodeRequest, Leased,
-    LeasedLookup, LeasedReadDir, LinkRequest, MkdirRequest, MknodRequest, OpenReply, OpenRequest,
-    RenameRequest, RequestId, SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames,
-    XattrRequest, XattrValue, request_id,
+    LeasedLookup, LeasedReadDir, LinkRequest, MAX_INLINE_DATA, MkdirRequest, MknodRequest,
+    OpenReply, OpenRequest, RenameRequest, RequestId, SetAttrRequest, SetXattrRequest, StatFs,
+    SymlinkRequest, XattrNames, XattrRequest, XattrValue, request_id,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::namespace_server::Namespace;
@@ -26,7 +27,7 @@ use sanfs_proto::types::{
 use tonic::{Request, Response, Status};
 
 use super::identity::{NodeIdentity, caller};
-use super::{Noted, Server, accept, convert, fs_status, note, rpc, rpc_noted};
+use super::{Noted, OPEN_SMALL_FILES, Server, accept, convert, fs_status, note, rpc, rpc_noted};
 use crate::leases::Covered::{self, Attr as A, Entries as E};
 use crate::leases::LeaseChange;
 use crate::ns::{self, Reader};
@@ -293,14 +294,74 @@ impl Server {
                 // records the sessions that held it when it became one.
                 self.record_session(req.session.0).await?;
             }
+            // A small file's bytes come with an attribute lease (as a GetAttr's answer),
+            // under which the agent keeps them.
+            let since = self.leases.mark();
+            let (attr, data, lease_ms) = match self.small_file(&req, &attr).await {
+                Some((attr, data)) => {
+                    let lease_ms =
+                        self.grant_leases(Some(req.session.0), &[(req.inode.0, A)], since);
+                    (attr, Some(data), lease_ms)
+                }
+                None => (attr, None, 0),
+            };
             OpenReply {
                 handle: OpenHandle(handle),
                 attr,
+                data,
+                lease_ms,
             }
         };
         self.keep_if_session_lives(req.session.0, reply.handle.0)
             .await?;
         Ok(reply)
+    }
+
+    /// The whole of a small file for an open that asked for it (`OpenRequest::read_small`),
+    /// with its attributes as they are after the read, or `None` (not asked, not a small
+    /// regular file, the reclaim window open, a failed read, or a change of size meanwhile:
+    /// the agent then reads as usual). Read as a proxied `Read` is: under a shared lock of
+    /// the range, which recalls other nodes' write layouts there first.
+    async fn small_file(&self, req: &OpenRequest, attr: &Attr) -> Option<(Attr, Vec<u8>)> {
+        let limit = req
+            .read_small
+            .min(self.params.direct_threshold)
+            .min(MAX_INLINE_DATA as u64);
+        if !req.flags.read
+            || attr.kind != FileType::Regular
+            || attr.size == 0
+            || attr.size > limit
+            || self.reclaiming()
+        {
+            return None;
+        }
+        let ino = req.inode.0;
+        let read = self
+            .grants
+            .data_path()
+            .read(ino, 0, attr.size, req.session.0)
+            .await;
+        let data = match read {
+            Ok((data, true)) => data,
+            Ok((_, false)) => return None,
+            Err(e) => {
+                tracing::debug!(ino, error = %e, "no small file's bytes with its open");
+                return None;
+            }
+        };
+        let bs = self.store.block_size();
+        let now = self.read(|t| t.getattr(bs, req.inode)).ok()?;
+        if now.size != data.len() as u64 {
+            return None;
+        }
+        let n = data.len() as u64;
+        self.grants
+            .stats
+            .proxied_read_bytes
+            .fetch_add(n, Ordering::Relaxed);
+        crate::activity::add_proxied(false, n);
+        metrics::counter!(OPEN_SMALL_FILES).increment(1);
+        Some((now, data))
     }
 
     /// Before a file's size changes: an exclusive lock from the lower of the old and new

@@ -269,6 +269,7 @@ async fn check(c: &mut Clients, session: u64, name: &str, expect: &Expect) {
                     session,
                     inode: attr.ino,
                     flags: rw(),
+                    read_small: 0,
                 })
                 .await
                 .unwrap()

@@ -137,6 +137,7 @@ impl Node {
                 session: self.session,
                 inode: ino,
                 flags: rw(),
+                read_small: 0,
             })
             .await
             .unwrap()

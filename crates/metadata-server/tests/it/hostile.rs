@@ -404,6 +404,7 @@ async fn sessions_handles_and_grants_of_another_node_are_refused() {
             session: sa,
             inode: ino,
             flags: rw(),
+            read_small: 0,
         })
         .await
         .map(drop),
@@ -619,6 +620,7 @@ async fn root_squash_makes_root_nobody() {
                 append: false,
                 truncate: false,
             }),
+            read_small: 0,
         })
         .await
         .unwrap_err();
@@ -702,6 +704,7 @@ async fn root_squash_makes_root_nobody() {
             session: sa,
             inode: ino,
             flags: rw(),
+            read_small: 0,
         })
         .await
         .unwrap_err();

@@ -76,6 +76,7 @@ async fn open(c: &mut Clients, session: u64, ino: u64) -> u64 {
         session,
         inode: ino,
         flags: rw(),
+        read_small: 0,
     })
     .await
     .unwrap()

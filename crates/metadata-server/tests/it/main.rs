@@ -50,6 +50,7 @@ mod quota;
 mod replay;
 mod replies;
 mod serve;
+mod smallfile;
 mod smoke;
 mod space;
 mod support;

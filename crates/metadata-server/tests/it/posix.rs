@@ -443,6 +443,7 @@ impl World {
                             session: SessionId(1),
                             inode,
                             flags,
+                            read_small: 0,
                         },
                     )
                 })?;

@@ -380,6 +380,7 @@ async fn an_append_retried_after_kill_9_is_not_written_twice() {
             session: new_session,
             inode: ino,
             flags: rw(),
+            read_small: 0,
         })
         .await
         .unwrap()

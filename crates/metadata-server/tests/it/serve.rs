@@ -325,6 +325,7 @@ async fn namespace_round_trip() {
                 append: false,
                 truncate: true,
             }),
+            read_small: 0,
         })
         .await
         .unwrap()
@@ -939,6 +940,7 @@ async fn expired_session_releases_handles_and_destroys_orphans() {
                 read: true,
                 ..Default::default()
             }),
+            read_small: 0,
         })
         .await
         .unwrap_err();

@@ -8,8 +8,8 @@
 
 use super::common::{attr, cred, file_type, rename_mode, xattr_mode};
 use super::{
-    At, FIRST_DIR_COOKIE, MAX_READDIR_ENTRIES, file_name, handle, inode, invalid, list, payload,
-    perm, required_msg, session_id, to_pb,
+    At, FIRST_DIR_COOKIE, MAX_INLINE_DATA, MAX_READDIR_ENTRIES, file_name, handle, inode, invalid,
+    list, payload, perm, required_msg, session_id, to_pb,
 };
 use crate::pb;
 use crate::types::{
@@ -1094,6 +1094,10 @@ pub struct OpenRequest {
     pub session: SessionId,
     pub inode: InodeId,
     pub flags: OpenFlags,
+    /// Asks for the whole file with the reply when it is a regular file of at most this
+    /// many bytes opened for reading without truncation (0: never; the server may give less
+    /// often: never past its `direct_io_threshold` or [`MAX_INLINE_DATA`]).
+    pub read_small: u64,
 }
 
 impl TryFrom<pb::OpenRequest> for OpenRequest {
@@ -1105,6 +1109,7 @@ impl TryFrom<pb::OpenRequest> for OpenRequest {
             session: session_id(p.session)?,
             inode: inode(p.inode, "inode")?,
             flags: required_msg(p.flags, "flags")?,
+            read_small: p.read_small,
         })
     }
 }
@@ -1116,6 +1121,7 @@ impl From<OpenRequest> for pb::OpenRequest {
             session: r.session.0,
             inode: r.inode.0,
             flags: Some(r.flags.into()),
+            read_small: r.read_small,
         }
     }
 }
@@ -1125,15 +1131,34 @@ impl From<OpenRequest> for pb::OpenRequest {
 pub struct OpenReply {
     pub handle: OpenHandle,
     pub attr: Attr,
+    /// The whole file (its length is `attr.size`), when asked with
+    /// [`OpenRequest::read_small`] and given.
+    pub data: Option<Vec<u8>>,
+    /// Milliseconds of an attribute lease on the file given with `data` (0: none).
+    pub lease_ms: u64,
 }
 
 impl TryFrom<pb::OpenReply> for OpenReply {
     type Error = ProtocolError;
 
     fn try_from(p: pb::OpenReply) -> Result<Self, ProtocolError> {
+        let attr = attr(p.attr)?;
+        if let Some(data) = &p.data {
+            if attr.kind != FileType::Regular {
+                return Err(invalid("data", "the bytes of a file that is not regular"));
+            }
+            if data.len() > MAX_INLINE_DATA || data.len() as u64 != attr.size {
+                return Err(invalid(
+                    "data",
+                    "not the whole file: its length is not the size",
+                ));
+            }
+        }
         Ok(OpenReply {
             handle: handle(p.handle)?,
-            attr: attr(p.attr)?,
+            attr,
+            data: p.data,
+            lease_ms: p.lease_ms,
         })
     }
 }
@@ -1143,6 +1168,8 @@ impl From<OpenReply> for pb::OpenReply {
         pb::OpenReply {
             handle: r.handle.0,
             attr: Some(r.attr.into()),
+            data: r.data,
+            lease_ms: r.lease_ms,
         }
     }
 }

@@ -182,6 +182,7 @@ fn create_open_and_flags() {
             session: SessionId(5),
             inode: InodeId(5),
             flags,
+            read_small: 0,
         },
         cases![pb::OpenRequest; "session" => |p| p.session = 0, "inode" => |p| p.inode = 0, "flags" => |p| p.flags = None],
     );
@@ -189,8 +190,19 @@ fn create_open_and_flags() {
         OpenReply {
             handle: OpenHandle(1),
             attr: attr(5, FileType::Regular),
+            data: None,
+            lease_ms: 0,
         },
-        cases![pb::OpenReply; "handle" => |p| p.handle = 0, "attr" => |p| p.attr = None],
+        cases![pb::OpenReply;
+            "handle" => |p| p.handle = 0,
+            "attr" => |p| p.attr = None,
+            "data" => |p| p.data = Some(vec![7; 10]),
+            "data" => |p| {
+                p.data = Some(Vec::new());
+                p.attr.as_mut().unwrap().kind = pb::FileType::Directory.into();
+                p.attr.as_mut().unwrap().size = 0;
+            },
+        ],
     );
     check::<HandleRef, pb::ReleaseRequest>(
         handle(),

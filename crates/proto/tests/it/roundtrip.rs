@@ -227,10 +227,21 @@ fn create_open_release_access() {
             append: false,
             truncate: false,
         },
+        read_small: 65_536,
     });
     round_trip::<_, pb::OpenReply>(OpenReply {
         handle: OpenHandle(u64::MAX),
         attr: attr(43, FileType::Regular),
+        data: None,
+        lease_ms: 0,
+    });
+    let mut small = attr(43, FileType::Regular);
+    small.size = 5;
+    round_trip::<_, pb::OpenReply>(OpenReply {
+        handle: OpenHandle(7),
+        attr: small,
+        data: Some(b"hello".to_vec()),
+        lease_ms: 10_000,
     });
     round_trip::<_, pb::ReleaseRequest>(handle());
     for mask in 0..=7 {

@@ -1,0 +1,189 @@
+//! Small files with their open (`OpenRequest.read_small`) and the server's memory of them
+//! (`sanfs_mds::smallfiles`): an open gets the whole file as last written by any path, and
+//! the bytes kept in memory go as soon as an exclusive lock on the file is granted (before
+//! its holder can write), so a direct write through a grant is never answered stale.
+
+use sanfs_mds::data;
+use sanfs_mds::locks::{LockMode, Span};
+use sanfs_mds::proxy::Position;
+use sanfs_proto::pb;
+use sanfs_proto::types::InodeId;
+
+use crate::coherence::{cluster, create, device_write};
+use crate::harness::{Clients, root, rw, start_with_luns};
+
+const TTL_MS: u64 = 10_000;
+
+async fn create_file(c: &mut Clients, session: u64, name: &str) -> (u64, u64) {
+    let r =
+        c.ns.create(pb::CreateRequest {
+            delegate: false,
+            cred: root(),
+            session,
+            parent: 1,
+            name: name.into(),
+            perm: 0o644,
+            exclusive: true,
+            flags: rw(),
+            request_id: None,
+        })
+        .await
+        .expect("create")
+        .into_inner();
+    (r.attr.expect("attr").ino, r.handle)
+}
+
+async fn write(c: &mut Clients, session: u64, handle: u64, ino: u64, offset: u64, data: &[u8]) {
+    c.data
+        .write(pb::WriteRequest {
+            cred: root(),
+            session,
+            handle,
+            inode: ino,
+            offset,
+            data: data.to_vec(),
+            sync: true,
+            append: false,
+            request_id: None,
+        })
+        .await
+        .expect("proxied write");
+}
+
+/// Opens `ino` (`read`/`write` as asked, asking for up to `read_small` bytes): the reply's
+/// bytes, its size, and the handle (released by the caller).
+async fn open(
+    c: &mut Clients,
+    session: u64,
+    ino: u64,
+    read: bool,
+    write: bool,
+    read_small: u64,
+) -> (Option<Vec<u8>>, u64, u64) {
+    let r =
+        c.ns.open(pb::OpenRequest {
+            cred: root(),
+            session,
+            inode: ino,
+            flags: Some(pb::OpenFlags {
+                read,
+                write,
+                append: false,
+                truncate: false,
+            }),
+            read_small,
+        })
+        .await
+        .expect("open")
+        .into_inner();
+    (r.data, r.attr.expect("attr").size, r.handle)
+}
+
+async fn release(c: &mut Clients, session: u64, handle: u64) {
+    c.ns.release(pb::ReleaseRequest { session, handle })
+        .await
+        .expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_that_asks_gets_a_small_file_whole_as_any_node_last_wrote_it() {
+    let srv = start_with_luns(TTL_MS).await;
+    let mut a = srv.clients().await;
+    let mut b = srv.clients().await;
+    let (sa, _) = a.open_session().await;
+    let (sb, _) = b.open_session().await;
+    let (ino, ha) = create_file(&mut a, sa, "f").await;
+    write(&mut a, sa, ha, ino, 0, b"hello world").await;
+
+    let (data, size, h) = open(&mut b, sb, ino, true, false, 64 << 10).await;
+    assert_eq!(data.as_deref(), Some(&b"hello world"[..]));
+    assert_eq!(size, 11);
+    release(&mut b, sb, h).await;
+    // Not asked, asked for less than the file, or not opened for reading: no bytes.
+    for (read, write, ask) in [(true, false, 0), (true, false, 5), (false, true, 64 << 10)] {
+        let (data, _, h) = open(&mut b, sb, ino, read, write, ask).await;
+        assert_eq!(data, None, "read {read} write {write} asking {ask}");
+        release(&mut b, sb, h).await;
+    }
+
+    // A's write of part of the file (kept bytes go with its lock), then a truncate.
+    write(&mut a, sa, ha, ino, 6, b"WORLD").await;
+    let (data, _, h) = open(&mut b, sb, ino, true, false, 64 << 10).await;
+    assert_eq!(data.as_deref(), Some(&b"hello WORLD"[..]));
+    release(&mut b, sb, h).await;
+    a.ns.set_attr(pb::SetAttrRequest {
+        cred: root(),
+        inode: ino,
+        changes: Some(pb::SetAttrChanges {
+            size: Some(5),
+            ..Default::default()
+        }),
+        handle: Some(ha),
+        session: Some(sa),
+    })
+    .await
+    .expect("truncate");
+    let (data, size, h) = open(&mut b, sb, ino, true, false, 64 << 10).await;
+    assert_eq!((data.as_deref(), size), (Some(&b"hello"[..]), 5));
+    release(&mut b, sb, h).await;
+
+    // Past the server's limit (its direct-I/O threshold, 64 KiB): never.
+    write(&mut a, sa, ha, ino, 0, &vec![7u8; (64 << 10) + 1]).await;
+    let (data, size, h) = open(&mut b, sb, ino, true, false, u64::MAX).await;
+    assert_eq!((data, size), (None, (64 << 10) + 1));
+    release(&mut b, sb, h).await;
+    release(&mut a, sa, ha).await;
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_bytes_go_as_an_exclusive_lock_is_granted_before_a_direct_write() {
+    let c = cluster();
+    let dp = &c.dp;
+    let ino = create(dp, "small");
+    let first = vec![1u8; 5000];
+    dp.write(ino, Position::At(0), first.clone(), true, true, 0)
+        .await
+        .expect("proxied write");
+    assert_eq!(
+        dp.small.size(),
+        (1, 5000),
+        "a whole small file written: kept"
+    );
+    let (got, eof) = dp.read(ino, 0, 10_000, 0).await.expect("proxied read");
+    assert_eq!((got, eof), (first, true));
+
+    // A direct writer: its exclusive lock first (as a write grant takes), then the device
+    // write and the completion, as an agent does.
+    let held = dp
+        .lock(ino, Span::new(0, 8192), LockMode::Exclusive, 7)
+        .await
+        .expect("exclusive lock");
+    assert_eq!(
+        dp.small.size(),
+        (0, 0),
+        "gone as the lock is granted, before the holder writes"
+    );
+    let vol = dp.store.volume().clone();
+    let g = dp
+        .store
+        .write(move |ctx| data::map_write(ctx, &vol, InodeId(ino), 0, 8192))
+        .await
+        .expect("map write");
+    let second = vec![2u8; 8192];
+    device_write(&c.luns, &g.plan, &second);
+    dp.store
+        .write(move |ctx| data::complete_write(ctx, InodeId(ino), 0, 8192, false))
+        .await
+        .expect("complete");
+    drop(held);
+    let (got, eof) = dp.read(ino, 0, 10_000, 0).await.expect("proxied read");
+    assert_eq!(
+        (got, eof),
+        (second.clone(), true),
+        "the direct write's bytes"
+    );
+    assert_eq!(dp.small.size(), (1, 8192), "read whole: kept again");
+    let (got, _) = dp.read(ino, 100, 10, 0).await.expect("from memory");
+    assert_eq!(got, second[100..110].to_vec());
+}
