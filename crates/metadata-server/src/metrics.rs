@@ -56,6 +56,9 @@ use tokio::net::TcpListener;
 
 use crate::store::{COMMIT_OPS, COMMIT_SECONDS};
 
+/// Counter: opens answered with the whole of a small file (`OpenRequest::read_small`).
+pub const OPEN_SMALL_FILES: &str = "sanfs_open_small_files_total";
+
 /// What the server counts itself, as read at one scrape.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct Figures {
@@ -201,7 +204,7 @@ fn describe_recorded() {
         "Calls naming a session of another identity, refused."
     );
     describe_counter!(
-        crate::service::OPEN_SMALL_FILES,
+        OPEN_SMALL_FILES,
         "Opens answered with the whole of a small file (OpenRequest.read_small)."
     );
 }

@@ -57,9 +57,6 @@ pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Largest range one grant covers (a multiple of every block size up to 64 KiB).
 pub const MAX_GRANT_BYTES: u64 = crate::data::MAX_GRANT_BYTES;
 
-/// Counter: opens answered with the whole of a small file (`OpenRequest::read_small`).
-pub const OPEN_SMALL_FILES: &str = "sanfs_open_small_files_total";
-
 /// What the services need to know that the store does not.
 #[derive(Debug, Clone, Copy)]
 pub struct ServiceParams {

@@ -27,9 +27,10 @@ use sanfs_proto::types::{
 use tonic::{Request, Response, Status};
 
 use super::identity::{NodeIdentity, caller};
-use super::{Noted, OPEN_SMALL_FILES, Server, accept, convert, fs_status, note, rpc, rpc_noted};
+use super::{Noted, Server, accept, convert, fs_status, note, rpc, rpc_noted};
 use crate::leases::Covered::{self, Attr as A, Entries as E};
 use crate::leases::LeaseChange;
+use crate::metrics::OPEN_SMALL_FILES;
 use crate::ns::{self, Reader};
 use crate::reclaim::NsChange;
 use crate::replies::{self, Once, Stored};
