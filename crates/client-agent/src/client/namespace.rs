@@ -47,7 +47,7 @@ fn made(attr: &Attr) -> Option<(InodeId, u64)> {
 /// The request `req` with the `sanfs-session` header of `view`: changes under a session
 /// may be answered before they are durable, and reads see this session's own such changes
 /// without waiting (docs/protocol.md, "Namespace changes before they are durable").
-fn with_session<T>(req: T, view: &SessionView) -> tonic::Request<T> {
+pub(super) fn with_session<T>(req: T, view: &SessionView) -> tonic::Request<T> {
     let mut r = tonic::Request::new(req);
     headers::set_session(r.metadata_mut(), view.session);
     r

@@ -502,7 +502,11 @@ impl Namespace for NamespaceService {
             let bs = self.server.store.block_size();
             let since = self.server.leases.mark();
             let mut attr = self.server.read(|t| t.lookup(bs, &req))?;
-            self.server.barrier(session).await?;
+            // The caller's own changes need not be durable for it to see them (its agent
+            // keeps them until they are): only other sessions' are synced first.
+            self.server
+                .barrier(session.or(lease_session.map(SessionId)))
+                .await?;
             // A size another node holds writes back for: those writes first (the lookup's
             // caller is not known, so its own delegation is recalled too).
             if attr.kind == FileType::Regular && self.server.grants.any_write_delegation() {
@@ -868,7 +872,10 @@ impl Namespace for NamespaceService {
             let bs = self.server.store.block_size();
             let since = self.server.leases.mark();
             let mut reply = self.server.read(|t| t.readdir(bs, &req))?;
-            self.server.barrier(session).await?;
+            // As for Lookup: only other sessions' changes are synced first.
+            self.server
+                .barrier(session.or(lease_session.map(SessionId)))
+                .await?;
             // Attributes of files another node holds writes back for: those writes first.
             if self.server.grants.any_write_delegation() {
                 let mut settled = false;

@@ -1231,3 +1231,92 @@ async fn refused_tls_handshakes_are_counted() {
     }
     srv.stop().await;
 }
+
+/// A session's reads (Lookup, ReadDir with or without attributes) see its own changes
+/// answered before they were durable without making them durable first (its agent keeps
+/// them); another session's read makes them durable before it is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_sync_only_other_sessions_changes_first() {
+    use sanfs_proto::headers;
+    use sanfs_proto::types::SessionId;
+    let srv = start().await;
+    let mut a = srv.clients().await;
+    let mut b = srv.clients().await;
+    let (sa, _) = a.open_session().await;
+    let (sb, _) = b.open_session().await;
+    fn with<T>(session: u64, req: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(req);
+        sanfs_proto::headers::set_session(r.metadata_mut(), SessionId(session));
+        r
+    }
+    let mkdir = |name: &str| pb::MkdirRequest {
+        cred: root(),
+        parent: 1,
+        name: name.into(),
+        perm: 0o755,
+        request_id: None,
+    };
+    let read_dir = |session: Option<u64>, plus: bool| pb::ReadDirRequest {
+        cred: root(),
+        inode: 1,
+        cookie: 0,
+        max_entries: 100,
+        plus,
+        session,
+    };
+    // A's own reads between two of its lazy changes (retried when the lazy commit's own
+    // timer, 1 s, may have made the first durable meanwhile).
+    let mut checked = false;
+    for round in 0..3 {
+        let started = std::time::Instant::now();
+        let first =
+            a.ns.mkdir(with(sa, mkdir(&format!("a{round}"))))
+                .await
+                .unwrap();
+        let note = headers::commit(first.metadata()).unwrap().unwrap();
+        assert!(
+            note.seq > note.durable_seq,
+            "answered before it was durable"
+        );
+        a.ns.read_dir(with(sa, read_dir(None, false)))
+            .await
+            .unwrap();
+        a.ns.read_dir(read_dir(Some(sa), true)).await.unwrap();
+        a.ns.lookup(pb::LookupRequest {
+            cred: root(),
+            parent: 1,
+            name: format!("a{round}").into(),
+            session: Some(sa),
+        })
+        .await
+        .unwrap();
+        let second =
+            a.ns.mkdir(with(sa, mkdir(&format!("b{round}"))))
+                .await
+                .unwrap();
+        let after = headers::commit(second.metadata()).unwrap().unwrap();
+        if started.elapsed() < Duration::from_millis(500) {
+            assert!(
+                after.durable_seq < note.seq,
+                "A's own reads made its change durable"
+            );
+            checked = true;
+            break;
+        }
+    }
+    assert!(
+        checked,
+        "three rounds of four calls each took 500 ms or more"
+    );
+    // B's read makes A's changes durable before it answers.
+    let last = a.ns.mkdir(with(sa, mkdir("c"))).await.unwrap();
+    let note = headers::commit(last.metadata()).unwrap().unwrap();
+    b.ns.read_dir(read_dir(Some(sb), true)).await.unwrap();
+    let mine = b.ns.mkdir(with(sb, mkdir("d"))).await.unwrap();
+    let after = headers::commit(mine.metadata()).unwrap().unwrap();
+    assert!(
+        after.durable_seq >= note.seq,
+        "B's read waited for A's change"
+    );
+    srv.stop().await;
+}
