@@ -1192,7 +1192,7 @@ impl Client {
                 });
                 // The session header even without leases: the server then syncs only other
                 // sessions' changes before it answers, not this one's.
-                let req = super::namespace::with_session(req, view);
+                let req = super::rpc::with_session(req, view);
                 let mut ns = self.inner.ns();
                 async move { ns.read_dir(req).await }
             })

@@ -18,10 +18,10 @@ use sanfs_proto::types::{
 };
 
 use super::leases::{SMALL_FILE_MAX, SmallHint};
-use super::rpc::Pin;
+use super::rpc::{Pin, with_session};
 use super::unsynced::{NsChange, NsRecord};
 use super::{Client, FileHandle, Inner, SessionView};
-use sanfs_proto::headers::{self, CommitNote};
+use sanfs_proto::headers::CommitNote;
 
 /// What `create` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,15 +42,6 @@ fn name(bytes: impl AsRef<[u8]>) -> Result<FileName, FsError> {
 /// What a create made: the inode and generation its replay must make again.
 fn made(attr: &Attr) -> Option<(InodeId, u64)> {
     Some((attr.ino, attr.generation))
-}
-
-/// The request `req` with the `sanfs-session` header of `view`: changes under a session
-/// may be answered before they are durable, and reads see this session's own such changes
-/// without waiting (docs/protocol.md, "Namespace changes before they are durable").
-pub(super) fn with_session<T>(req: T, view: &SessionView) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(req);
-    headers::set_session(r.metadata_mut(), view.session);
-    r
 }
 
 /// Runs one namespace rpc through [`Inner::call`](super::Inner::call): `$call` on a fresh

@@ -448,6 +448,15 @@ impl Inner {
     }
 }
 
+/// The request `req` with the `sanfs-session` header of `view`: changes under a session
+/// may be answered before they are durable, and reads see this session's own such changes
+/// without waiting (docs/protocol.md, "Namespace changes before they are durable").
+pub(super) fn with_session<T>(req: T, view: &SessionView) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(req);
+    headers::set_session(r.metadata_mut(), view.session);
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
