@@ -561,8 +561,17 @@ impl FileState {
     /// Copies `[off, off + buf.len())` from the cached chunks: `Some(n)` when every byte is
     /// there or the end of file comes first (n bytes), `None` when a chunk is missing.
     fn serve(&self, off: u64, buf: &mut [u8]) -> Option<usize> {
+        self.serve_with(off, buf.len(), |at, piece| {
+            buf[at..at + piece.len()].copy_from_slice(piece);
+        })
+    }
+
+    /// [`FileState::serve`] of at most `len` bytes, each cached piece handed to `put` with
+    /// its place in the read, in order (a caller may append them to a buffer it did not
+    /// have to zero first).
+    fn serve_with(&self, off: u64, len: usize, mut put: impl FnMut(usize, &[u8])) -> Option<usize> {
         let mut done = 0usize;
-        while done < buf.len() {
+        while done < len {
             let pos = off + done as u64;
             let chunk = self.chunks.get(&(pos / CHUNK))?;
             let at = usize::try_from(pos % CHUNK).ok()?;
@@ -570,8 +579,8 @@ impl FileState {
                 // The chunk ends the file before `pos`.
                 return Some(done);
             }
-            let n = (chunk.len() - at).min(buf.len() - done);
-            buf[done..done + n].copy_from_slice(&chunk[at..at + n]);
+            let n = (chunk.len() - at).min(len - done);
+            put(done, &chunk[at..at + n]);
             done += n;
             if (chunk.len() as u64) < CHUNK && at + n == chunk.len() {
                 return Some(done);
@@ -1111,11 +1120,11 @@ impl Client {
             return None;
         }
         let mut copy = Span::cpu(Stage::Copy);
-        let mut buf = vec![0u8; size];
-        let n = f.serve(offset, &mut buf)?;
+        // Filled by appending: no zeroing of up to 1 MiB first.
+        let mut buf = Vec::with_capacity(size);
+        let n = f.serve_with(offset, size, |_, piece| buf.extend_from_slice(piece))?;
         copy.set_bytes(n as u64);
         drop(copy);
-        buf.truncate(n);
         f.last_use = Some(Instant::now());
         bump(&wb.counters.cache_hits);
         let next = f.read_done(ino, offset, n, size as u64);
