@@ -143,6 +143,28 @@ impl Clients {
     }
 
     /// Opens a session; returns (session, epoch).
+    /// Creates (or opens) `name` in the root, read-write, under `session`: its inode and
+    /// open handle.
+    pub async fn create_file(&mut self, session: u64, name: &str) -> (u64, u64) {
+        let r = self
+            .ns
+            .create(pb::CreateRequest {
+                delegate: false,
+                cred: root(),
+                session,
+                parent: 1,
+                name: name.into(),
+                perm: 0o644,
+                exclusive: false,
+                flags: rw(),
+                request_id: None,
+            })
+            .await
+            .expect("create")
+            .into_inner();
+        (r.attr.expect("attr").ino, r.handle)
+    }
+
     pub async fn open_session(&mut self) -> (u64, u64) {
         let r = self
             .session

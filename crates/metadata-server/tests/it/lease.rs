@@ -51,25 +51,6 @@ async fn heartbeat(s: &Stream, seq: u64) {
     .unwrap();
 }
 
-async fn create(c: &mut Clients, session: u64, name: &str) -> (u64, u64) {
-    let r =
-        c.ns.create(pb::CreateRequest {
-            delegate: false,
-            cred: root(),
-            session,
-            parent: 1,
-            name: name.into(),
-            perm: 0o644,
-            exclusive: false,
-            flags: rw(),
-            request_id: None,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    (r.attr.unwrap().ino, r.handle)
-}
-
 async fn open(c: &mut Clients, session: u64, ino: u64) -> u64 {
     c.ns.open(pb::OpenRequest {
         cred: root(),
@@ -103,7 +84,7 @@ async fn an_ignored_recall_and_a_silent_client_lose_their_grants_within_ttl_plus
 
     // A writes 1 MiB of 0x5a the proxied way, then takes a cached read grant of it and a
     // write grant over the next MiB that it never completes.
-    let (ino, ha) = create(&mut a, sa, "f").await;
+    let (ino, ha) = a.create_file(sa, "f").await;
     a.data
         .write(pb::WriteRequest {
             cred: root(),
@@ -273,7 +254,7 @@ async fn a_getattr_waits_for_a_write_grant_and_answers_once_it_is_completed() {
     let mut a = srv.clients().await;
     let mut b = srv.clients().await;
     let (sa, epoch) = a.open_session().await;
-    let (ino, ha) = create(&mut a, sa, "settled").await;
+    let (ino, ha) = a.create_file(sa, "settled").await;
     let grant = a
         .data
         .map_write(pb::MapRequest {

@@ -10,28 +10,9 @@ use sanfs_proto::pb;
 use sanfs_proto::types::InodeId;
 
 use crate::coherence::{cluster, create, device_write};
-use crate::harness::{Clients, root, rw, start_with_luns};
+use crate::harness::{Clients, root, start_with_luns};
 
 const TTL_MS: u64 = 10_000;
-
-async fn create_file(c: &mut Clients, session: u64, name: &str) -> (u64, u64) {
-    let r =
-        c.ns.create(pb::CreateRequest {
-            delegate: false,
-            cred: root(),
-            session,
-            parent: 1,
-            name: name.into(),
-            perm: 0o644,
-            exclusive: true,
-            flags: rw(),
-            request_id: None,
-        })
-        .await
-        .expect("create")
-        .into_inner();
-    (r.attr.expect("attr").ino, r.handle)
-}
 
 async fn write(c: &mut Clients, session: u64, handle: u64, ino: u64, offset: u64, data: &[u8]) {
     c.data
@@ -92,7 +73,7 @@ async fn an_open_that_asks_gets_a_small_file_whole_as_any_node_last_wrote_it() {
     let mut b = srv.clients().await;
     let (sa, _) = a.open_session().await;
     let (sb, _) = b.open_session().await;
-    let (ino, ha) = create_file(&mut a, sa, "f").await;
+    let (ino, ha) = a.create_file(sa, "f").await;
     write(&mut a, sa, ha, ino, 0, b"hello world").await;
 
     let (data, size, h) = open(&mut b, sb, ino, true, false, 64 << 10).await;
