@@ -571,18 +571,18 @@ impl Client {
         flags: OpenFlags,
     ) -> Result<(FileHandle, Attr), FsError> {
         let leases = &self.inner.leases;
+        // Marked before anything is looked at: a write of this node's own or a recall from
+        // here on makes the reply's bytes unusable; one before it is seen below (a write
+        // still on its way to the LUNs, a lease gone).
+        let (mark, sent) = (leases.mark(), std::time::Instant::now());
         let hint = leases.small_file(ino);
         let ask = flags.read
             && !flags.truncate
             && hint != SmallHint::NotSmall
             && !leases.holds_content(ino)
             && !self.own_writes_pending(ino);
-        // The end of the lease held now, if it says the file is small.
-        let until = match hint {
-            SmallHint::Small(until) if ask => Some(until),
-            _ => None,
-        };
-        if until.is_some()
+        if ask
+            && matches!(hint, SmallHint::Small(_))
             && let Ok(view) = self.inner.view_for(None)
             && let Ok(range) = ByteRange::new(0, SMALL_FILE_MAX)
         {
@@ -592,19 +592,16 @@ impl Client {
                 .give_back_own(&view, ino, range, Some(LockMode::Exclusive))
                 .await;
         }
-        let (mark, sent) = (leases.mark(), std::time::Instant::now());
         let read_small = if ask { SMALL_FILE_MAX } else { 0 };
         let (handle, r) = self.inner.open_handle(cred, ino, flags, read_small).await?;
         if let Some(data) = r.data
             && !self.own_writes_pending(ino)
+            && let Some(ttl) =
+                leases.put_attr(&r.attr, r.lease_ms, sent, self.lease_deadline(), mark)
         {
-            // Kept under the lease that came with them, else under the one held before.
-            let given = leases
-                .put_attr(&r.attr, r.lease_ms, sent, self.lease_deadline(), mark)
-                .map(|ttl| std::time::Instant::now() + ttl);
-            if let Some(until) = given.or(until) {
-                leases.put_content(ino, data, mark, until);
-            }
+            // Kept only under the lease that came with them (the server recalls it before
+            // another node changes the file), until its end.
+            leases.put_content(ino, data, mark, std::time::Instant::now() + ttl);
         }
         Ok((handle, r.attr))
     }
