@@ -311,7 +311,10 @@ impl DataPath {
             .await?;
         let bsz = self.store.block_size();
         // A small file kept whole in memory answers without a device read.
-        if let Some(attr) = self.small_file_attr(ino)
+        // (The attributes are read only for a file kept: no store read for every other
+        // proxied read.)
+        if self.small.holds(ino)
+            && let Some(attr) = self.small_file_attr(ino)
             && let Some(data) = self.small.read(&attr, off, len)
         {
             let eof = off.saturating_add(data.len() as u64) >= attr.size;
@@ -337,6 +340,7 @@ impl DataPath {
         // there): kept, with the attributes it has now.
         if off == 0
             && stop >= file_size
+            && file_size <= SMALL_FILE_MAX
             && let Some(attr) = self.small_file_attr(ino)
             && attr.size == file_size
         {
@@ -356,12 +360,6 @@ impl DataPath {
             })
             .ok()
             .filter(|a| a.size > 0 && a.size <= SMALL_FILE_MAX && a.kind == FileType::Regular)
-    }
-
-    /// A small file's bytes kept in memory, if `attr` (read now) is what they were kept
-    /// with; no lock needed (see `crate::smallfiles`).
-    pub fn small_file(&self, attr: &Attr) -> Option<Vec<u8>> {
-        self.small.read(attr, 0, attr.size)
     }
 
     /// A proxied write of `bytes` at `pos`. Returns the offset written and the new attributes.

@@ -161,6 +161,11 @@ impl SmallFiles {
         Some(out)
     }
 
+    /// Whether anything of `ino` is kept (whatever its attributes now).
+    pub fn holds(&self, ino: u64) -> bool {
+        self.lock().files.contains_key(&ino)
+    }
+
     /// The file's bytes may change (an exclusive lock on it was granted): what is kept goes.
     pub fn forget(&self, ino: u64) {
         let mut s = self.lock();
