@@ -194,8 +194,10 @@ impl Client {
         });
         if let Some(fh) = fh {
             // On a handle (ftruncate): bound to its session, and a size change is durable
-            // when answered anyway.
-            return self
+            // when answered anyway. What the lease cache holds of the inode goes, before and
+            // after, as for any other change of this node's own.
+            let own = self.inner.leases.begin_own(&[ino], &[], &[]);
+            let r = self
                 .inner
                 .call("SetAttr reply", Pin::Handle(fh), |view| {
                     let mut ns = self.inner.ns();
@@ -203,6 +205,8 @@ impl Client {
                     async move { ns.set_attr(req).await }
                 })
                 .await;
+            own.end(None, self.lease_deadline());
+            return r;
         }
         let attr = rpc!(change_as_is self, set_attr, req, SetAttr, "SetAttr reply",
             own(&[ino], &[], &[]), |a: Attr| None);
