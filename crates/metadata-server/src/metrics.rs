@@ -173,6 +173,30 @@ fn describe_recorded() {
         COMMIT_OPS,
         "Metadata transactions carried by each commit (group commit)."
     );
+    {
+        use crate::store::journal::*;
+        describe_counter!(
+            JOURNAL_RECORDS,
+            "Records appended to the metadata journal (one per sync the store asked for)."
+        );
+        describe_counter!(
+            JOURNAL_BYTES,
+            Unit::Bytes,
+            "Bytes appended to the metadata journal."
+        );
+        describe_counter!(
+            JOURNAL_SYNCS,
+            "Syncs of the metadata journal (one per durable commit)."
+        );
+        describe_counter!(
+            JOURNAL_CHECKPOINTS,
+            "Checkpoints: the metadata store's file synced and its journal emptied."
+        );
+        describe_counter!(
+            JOURNAL_REPLAYED,
+            "Journal records replayed when the metadata store was opened."
+        );
+    }
     describe_counter!(
         "sanfs_tls_handshakes_refused_total",
         "Connections closed before their TLS handshake completed."

@@ -334,7 +334,11 @@ pub fn install(
             let db = new_file_db(file)?;
             fill(&db)?;
             drop(db);
-            install_file(tmp, path, true)
+            install_file(tmp, path, true)?;
+            // The journal of the store replaced is not the new one's (it would be ignored
+            // anyway: it names the old file).
+            super::db::remove_if_present(&super::journal::journal_path(path))
+                .map_err(|e| io_error(&e, "remove the replaced store's journal"))
         }
         Backend::Device(_) | Backend::FencedDevice(..) | Backend::Sim(_) => {
             let db = open_db(target, true, true, Verify::Trust).map_err(|e| match e {

@@ -2,6 +2,7 @@
 //! loading what the committer keeps in memory.
 
 use super::device::open_device;
+use super::journal;
 use super::*;
 
 /// How an existing store is opened read-write.
@@ -44,6 +45,7 @@ pub(crate) fn open_db(
     let b = builder(verify);
     Ok(match backend {
         Backend::File(path) => {
+            let jpath = journal::journal_path(path);
             if create && path.exists() && std::fs::metadata(path)?.len() > 0 {
                 if !force {
                     return Err(StoreError::Exists(path.clone()));
@@ -51,13 +53,13 @@ pub(crate) fn open_db(
                 std::fs::remove_file(path)?;
             }
             if create {
-                b.create(path)?
-            } else {
-                if !path.exists() {
-                    return Err(no_store(path));
-                }
-                b.open(path)?
+                // A journal left by an earlier store here is not this one's.
+                remove_if_present(&jpath)?;
+            } else if !path.exists() || std::fs::metadata(path)?.len() == 0 {
+                return Err(no_store(path));
             }
+            // Durable commits go through the journal (store::journal).
+            b.create_with_backend(journal::Journaled::open_file(path, create).map_err(in_use)?)?
         }
         Backend::Device(path) => {
             let (file, capacity) = open_device(path, true)?;
@@ -94,7 +96,9 @@ pub(crate) fn open_db_read_only(backend: &Backend) -> Result<redb::ReadOnlyDatab
             if !path.exists() {
                 return Err(no_store(path));
             }
-            Ok(b.open_read_only(path)?)
+            // What the journal holds is read with the file, not applied to it.
+            let backend = journal::ReadOnlyJournaled::open_file(path).map_err(in_use)?;
+            Ok(b.open_read_only_with_backend(backend)?)
         }
         Backend::Device(path) | Backend::FencedDevice(path, _) => {
             let (file, capacity) = open_device(path, false)?;
@@ -119,13 +123,33 @@ pub(crate) fn read_image(backend: &Backend) -> Result<Vec<u8>, StoreError> {
             if !path.exists() {
                 return Err(no_store(path));
             }
-            Ok(std::fs::read(path)?)
+            let file = std::fs::File::open(path)?;
+            let owner = journal::file_identity(&file)?;
+            let mut image = std::fs::read(path)?;
+            journal::apply_to_image(&mut image, owner, &journal::journal_path(path))?;
+            Ok(image)
         }
         Backend::Device(path) | Backend::FencedDevice(path, _) => {
             let (file, capacity) = open_device(path, false)?;
             read_all(&BlockDeviceBackend::open(file, capacity)?)
         }
         Backend::Sim(disk) => read_all(disk),
+    }
+}
+
+/// A journal held by another process means a server runs on the store.
+fn in_use(e: std::io::Error) -> StoreError {
+    if e.kind() == std::io::ErrorKind::WouldBlock {
+        StoreError::InUse
+    } else {
+        StoreError::Io(e)
+    }
+}
+
+pub(crate) fn remove_if_present(path: &std::path::Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
     }
 }
 

@@ -29,6 +29,7 @@ mod db;
 pub mod device;
 mod error;
 pub mod fence;
+pub mod journal;
 pub mod records;
 mod tables;
 

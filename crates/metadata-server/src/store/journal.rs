@@ -1,0 +1,1227 @@
+//! The store's write-ahead journal: a durable commit of the metadata database costs one
+//! sequential write and one sync of a small file, not a sync of the pages it scattered over
+//! the database file (docs/architecture.md "The metadata journal"; the format in
+//! docs/protocol.md "On-disk formats: the metadata journal").
+//!
+//! [`Journaled`] sits between redb and the database file (redb's `StorageBackend` seam). Every
+//! write and length change redb makes goes to the database file at once (buffered, not synced:
+//! reads see it) and is also kept, in order, as an operation of the next journal record. Where
+//! redb asks for a sync (`sync_data`, the end of every durable commit), the operations since
+//! the last sync are appended to the journal as one checksummed record and only the journal is
+//! synced. When the journal is full, and at a clean close, the database file is synced instead
+//! and the journal emptied (a *checkpoint*: a new generation in its header, with the length of
+//! the database file then).
+//!
+//! **Why this is exact after a crash.** What redb asked to be durable is the database file as
+//! of the last checkpoint (synced) plus, in order, every operation of the complete records
+//! since. Opening replays exactly that onto the file: cut back to the checkpoint's length, then
+//! every operation of every record whose generation, sequence number and checksum are right,
+//! up to the first that is not (a torn last record; the rest is ignored), then a sync and a
+//! checkpoint. Writes that reached the file but no complete record belong to a commit that was
+//! never acknowledged; redb writes such a commit only into pages that are free in the last
+//! durable commit (copy on write) and the header slots it checks by checksum, so they are
+//! overwritten by the replay or ignored by redb, just as when its own file backend crashes
+//! before a sync. A journal belongs to one database file (its device, inode and birth time in
+//! the header): one left beside a file that was replaced (a restore, a new format) is ignored.
+//!
+//! Readers that must not change a byte (fsck, `inspect`, a dry run) see the replay in memory
+//! ([`ReadOnlyJournaled`], [`apply_to_image`]).
+//!
+//! A failed journal write or sync fails every later call (fail-stop, as the store itself).
+
+use std::fs::File;
+use std::io::ErrorKind;
+use std::ops::Bound;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use redb::StorageBackend;
+use redb::backends::FileBackend;
+
+/// How large the journal grows before a checkpoint empties it.
+pub const JOURNAL_MAX: u64 = 64 << 20;
+/// The journal file is grown by zero-filled steps of this (writing into allocated blocks
+/// makes a record's sync cheaper than growing the file with it).
+const GROW_STEP: u64 = 4 << 20;
+/// The header takes the first block.
+const HEADER_LEN: u64 = 4096;
+const MAGIC: [u8; 8] = *b"SANFSJNL";
+/// The journal's format version (docs/protocol.md).
+pub const JOURNAL_VERSION: u32 = 1;
+const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"SJRC");
+/// magic u32, reserved u32, generation u64, seq u64, payload length u64, operations u32,
+/// crc32c u32.
+const RECORD_HEAD: usize = 40;
+const OP_WRITE: u8 = 1;
+const OP_SET_LEN: u8 = 2;
+/// redb's database header (its commit slots) lies within this many bytes of the start.
+const REDB_HEADER_LEN: u64 = 4096;
+/// Pages of the in-memory replay of read-only views.
+const PAGE: u64 = 4096;
+
+/// Journal records appended (metrics).
+pub const JOURNAL_RECORDS: &str = "sanfs_journal_records_total";
+/// Bytes of journal records appended.
+pub const JOURNAL_BYTES: &str = "sanfs_journal_bytes_total";
+/// Syncs of the journal.
+pub const JOURNAL_SYNCS: &str = "sanfs_journal_syncs_total";
+/// Checkpoints (the database file synced, the journal emptied).
+pub const JOURNAL_CHECKPOINTS: &str = "sanfs_journal_checkpoints_total";
+/// Records replayed when the store was opened.
+pub const JOURNAL_REPLAYED: &str = "sanfs_journal_replayed_records_total";
+
+fn err(msg: impl Into<String>) -> std::io::Error {
+    std::io::Error::other(msg.into())
+}
+
+/// Where the journal of database file `main` lives: beside it, `<name>.journal`.
+pub fn journal_path(main: &Path) -> PathBuf {
+    let mut name = main.as_os_str().to_owned();
+    name.push(".journal");
+    PathBuf::from(name)
+}
+
+/// Which database file a journal belongs to: device, inode and birth time (0 where the file
+/// system keeps none). A file put in its place (a restore, a new format) differs.
+pub fn file_identity(file: &File) -> std::io::Result<[u64; 3]> {
+    let m = file.metadata()?;
+    let born = m
+        .created()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    Ok([m.dev(), m.ino(), born])
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Header {
+    generation: u64,
+    /// The database file's length at the checkpoint this generation starts from.
+    base_len: u64,
+    owner: [u64; 3],
+}
+
+impl Header {
+    const LEN: usize = 8 + 4 + 4 + 8 + 8 + 24 + 4;
+
+    fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(HEADER_LEN as usize);
+        b.extend_from_slice(&MAGIC);
+        b.extend_from_slice(&JOURNAL_VERSION.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&self.generation.to_le_bytes());
+        b.extend_from_slice(&self.base_len.to_le_bytes());
+        for v in self.owner {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b.resize(HEADER_LEN as usize, 0);
+        b
+    }
+
+    /// `Ok(None)`: no header (a new or torn one: nothing to replay).
+    fn decode(b: &[u8]) -> std::io::Result<Option<Header>> {
+        if b.len() < Header::LEN || b[..8] != MAGIC {
+            return Ok(None);
+        }
+        let body = &b[..Header::LEN - 4];
+        if crc32c::crc32c(body) != le32(b, Header::LEN - 4) {
+            return Ok(None);
+        }
+        let version = le32(b, 8);
+        if version != JOURNAL_VERSION {
+            return Err(err(format!(
+                "the metadata journal has format version {version}, this server knows \
+                 {JOURNAL_VERSION}: use the sanfs-mds that wrote it"
+            )));
+        }
+        Ok(Some(Header {
+            generation: le64(b, 16),
+            base_len: le64(b, 24),
+            owner: [le64(b, 32), le64(b, 40), le64(b, 48)],
+        }))
+    }
+}
+
+fn le32(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn le64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// One change redb made to the database file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Write { offset: u64, data: Vec<u8> },
+    SetLen(u64),
+}
+
+fn encode_write(out: &mut Vec<u8>, offset: u64, data: &[u8]) {
+    out.push(OP_WRITE);
+    out.extend_from_slice(&offset.to_le_bytes());
+    out.extend_from_slice(&(data.len() as u64).to_le_bytes());
+    out.extend_from_slice(data);
+}
+
+fn encode_set_len(out: &mut Vec<u8>, len: u64) {
+    out.push(OP_SET_LEN);
+    out.extend_from_slice(&len.to_le_bytes());
+}
+
+/// The operations of a record's payload (its checksum was right, so a payload that does
+/// not parse is damage, not a torn write).
+fn decode_ops(mut p: &[u8], count: u32) -> std::io::Result<Vec<Op>> {
+    let damaged = || err("a metadata journal record is damaged (checksum right, contents not)");
+    let mut ops = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let (&kind, rest) = p.split_first().ok_or_else(damaged)?;
+        p = rest;
+        match kind {
+            OP_WRITE => {
+                if p.len() < 16 {
+                    return Err(damaged());
+                }
+                let offset = le64(p, 0);
+                let len = usize::try_from(le64(p, 8)).map_err(|_| damaged())?;
+                p = &p[16..];
+                if p.len() < len {
+                    return Err(damaged());
+                }
+                ops.push(Op::Write {
+                    offset,
+                    data: p[..len].to_vec(),
+                });
+                p = &p[len..];
+            }
+            OP_SET_LEN => {
+                if p.len() < 8 {
+                    return Err(damaged());
+                }
+                ops.push(Op::SetLen(le64(p, 0)));
+                p = &p[8..];
+            }
+            _ => return Err(damaged()),
+        }
+    }
+    if !p.is_empty() {
+        return Err(damaged());
+    }
+    Ok(ops)
+}
+
+fn record(generation: u64, seq: u64, ops: u32, payload: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(RECORD_HEAD + payload.len() + 8);
+    b.extend_from_slice(&RECORD_MAGIC.to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes());
+    b.extend_from_slice(&generation.to_le_bytes());
+    b.extend_from_slice(&seq.to_le_bytes());
+    b.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    b.extend_from_slice(&ops.to_le_bytes());
+    let mut crc = crc32c::crc32c(&b);
+    crc = crc32c::crc32c_append(crc, payload);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b.extend_from_slice(payload);
+    // Records start 8-byte aligned.
+    b.resize(b.len().next_multiple_of(8), 0);
+    b
+}
+
+/// What a journal holds: its header and the operations of its complete records, in order,
+/// and where the next record goes.
+#[derive(Debug)]
+struct Contents {
+    header: Header,
+    records: Vec<Vec<Op>>,
+    end: u64,
+}
+
+fn read_exact(dev: &dyn StorageBackend, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut b = vec![0u8; len];
+    dev.read(offset, &mut b)?;
+    Ok(b)
+}
+
+/// Reads journal `log` of database file `owner`: `None` when it holds no header of that file.
+fn read_contents(log: &dyn StorageBackend, owner: [u64; 3]) -> std::io::Result<Option<Contents>> {
+    let len = log.len()?;
+    if len < HEADER_LEN {
+        return Ok(None);
+    }
+    let Some(header) = Header::decode(&read_exact(log, 0, HEADER_LEN as usize)?)? else {
+        return Ok(None);
+    };
+    if header.owner != owner {
+        return Ok(None);
+    }
+    let mut records = Vec::new();
+    let mut at = HEADER_LEN;
+    loop {
+        if at + RECORD_HEAD as u64 > len {
+            break;
+        }
+        let head = read_exact(log, at, RECORD_HEAD)?;
+        let payload_len = le64(&head, 24);
+        if le32(&head, 0) != RECORD_MAGIC
+            || le64(&head, 8) != header.generation
+            || le64(&head, 16) != records.len() as u64 + 1
+            || payload_len > len - at - RECORD_HEAD as u64
+        {
+            break;
+        }
+        let Ok(plen) = usize::try_from(payload_len) else {
+            break;
+        };
+        let payload = read_exact(log, at + RECORD_HEAD as u64, plen)?;
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&head[..RECORD_HEAD - 4]), &payload);
+        if crc != le32(&head, RECORD_HEAD - 4) {
+            break;
+        }
+        records.push(decode_ops(&payload, le32(&head, 32))?);
+        at = (at + RECORD_HEAD as u64 + payload_len).next_multiple_of(8);
+    }
+    Ok(Some(Contents {
+        header,
+        records,
+        end: at,
+    }))
+}
+
+#[derive(Debug)]
+struct LogState {
+    header: Header,
+    next_seq: u64,
+    /// Where the next record goes.
+    end: u64,
+    /// The journal's length (grown in zero-filled steps).
+    log_len: u64,
+    /// The operations since the last sync, encoded.
+    pending: Vec<u8>,
+    pending_ops: u32,
+    /// The pending operations write redb's header (a commit point).
+    pending_header: bool,
+    /// Records appended since the journal was last synced.
+    unsynced: bool,
+    /// A write or sync failed: every later call fails.
+    failed: bool,
+    stats: JournalStats,
+}
+
+/// What the journal did (for metrics and tests).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JournalStats {
+    /// Records appended.
+    pub records: u64,
+    /// Syncs of the journal.
+    pub syncs: u64,
+    /// Bytes of records appended.
+    pub bytes: u64,
+    /// Checkpoints (syncs of the database file, journal emptied).
+    pub checkpoints: u64,
+    /// Records replayed when the journal was opened.
+    pub replayed: u64,
+}
+
+/// redb's storage: the database file `main`, journaled in `log` (module docs).
+#[derive(Debug)]
+pub struct Journaled {
+    main: Box<dyn StorageBackend>,
+    log: Box<dyn StorageBackend>,
+    max: u64,
+    state: Mutex<LogState>,
+    /// Held for the journal's life: one process replays and appends at a time.
+    _lock: Option<File>,
+}
+
+fn apply(main: &dyn StorageBackend, ops: &[Op]) -> std::io::Result<()> {
+    for op in ops {
+        match op {
+            Op::Write { offset, data } => {
+                let end = offset + data.len() as u64;
+                if main.len()? < end {
+                    main.set_len(end)?;
+                }
+                main.write(*offset, data)?;
+            }
+            Op::SetLen(len) => main.set_len(*len)?,
+        }
+    }
+    Ok(())
+}
+
+impl Journaled {
+    /// Opens database file `path` (`create`: made if missing) with its journal beside it,
+    /// replaying the journal first. `InUse` (an `ErrorKind::WouldBlock` error) when another
+    /// process holds the journal.
+    pub fn open_file(path: &Path, create: bool) -> std::io::Result<Journaled> {
+        let jpath = journal_path(path);
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&jpath)?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(std::io::Error::from(ErrorKind::WouldBlock));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .open(path)?;
+        let owner = file_identity(&file)?;
+        let log = FileBackend::new(lock.try_clone()?).map_err(|e| err(e.to_string()))?;
+        let main = FileBackend::new(file).map_err(|e| err(e.to_string()))?;
+        let mut j = Journaled::open(Box::new(main), Box::new(log), owner, JOURNAL_MAX)?;
+        j._lock = Some(lock);
+        Ok(j)
+    }
+
+    /// Opens the journaled store `main` with journal `log` of at most `max` bytes: replays
+    /// what the journal holds for `owner` onto `main`, syncs it, and starts a new generation.
+    pub fn open(
+        main: Box<dyn StorageBackend>,
+        log: Box<dyn StorageBackend>,
+        owner: [u64; 3],
+        max: u64,
+    ) -> std::io::Result<Journaled> {
+        let max = max.max(2 * HEADER_LEN);
+        let contents = read_contents(log.as_ref(), owner)?;
+        let mut stats = JournalStats::default();
+        let generation = match &contents {
+            Some(c) => {
+                if !c.records.is_empty() {
+                    main.set_len(c.header.base_len)?;
+                    for ops in &c.records {
+                        apply(main.as_ref(), ops)?;
+                    }
+                    main.sync_data()?;
+                    stats.replayed = c.records.len() as u64;
+                    metrics::counter!(JOURNAL_REPLAYED).increment(stats.replayed);
+                    tracing::info!(
+                        records = c.records.len(),
+                        bytes = c.end - HEADER_LEN,
+                        "metadata journal replayed"
+                    );
+                }
+                c.header.generation + 1
+            }
+            None => 1,
+        };
+        let header = Header {
+            generation,
+            base_len: main.len()?,
+            owner,
+        };
+        let log_len = log.len()?;
+        if log_len < HEADER_LEN {
+            log.set_len(HEADER_LEN)?;
+        }
+        log.write(0, &header.encode())?;
+        log.sync_data()?;
+        Ok(Journaled {
+            main,
+            log,
+            max,
+            state: Mutex::new(LogState {
+                header,
+                next_seq: 1,
+                end: HEADER_LEN,
+                log_len: log_len.max(HEADER_LEN),
+                pending: Vec::new(),
+                pending_ops: 0,
+                pending_header: false,
+                unsynced: false,
+                failed: false,
+                stats,
+            }),
+            _lock: None,
+        })
+    }
+
+    /// What the journal did so far.
+    pub fn stats(&self) -> JournalStats {
+        self.lock().stats
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn check(st: &LogState) -> std::io::Result<()> {
+        if st.failed {
+            return Err(err(
+                "the metadata journal failed earlier; restart the server",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Syncs the database file and starts a new, empty generation of the journal.
+    fn checkpoint(&self, st: &mut LogState) -> std::io::Result<()> {
+        self.main.sync_data()?;
+        let header = Header {
+            generation: st.header.generation + 1,
+            base_len: self.main.len()?,
+            owner: st.header.owner,
+        };
+        self.log.write(0, &header.encode())?;
+        self.log.sync_data()?;
+        st.header = header;
+        st.next_seq = 1;
+        st.end = HEADER_LEN;
+        st.pending.clear();
+        st.pending_ops = 0;
+        st.pending_header = false;
+        st.unsynced = false;
+        st.stats.checkpoints += 1;
+        metrics::counter!(JOURNAL_CHECKPOINTS).increment(1);
+        Ok(())
+    }
+
+    fn sync_locked(&self, st: &mut LogState) -> std::io::Result<()> {
+        if st.pending_ops == 0 {
+            return Ok(());
+        }
+        let rec = record(
+            st.header.generation,
+            st.next_seq,
+            st.pending_ops,
+            &st.pending,
+        );
+        let rec_len = rec.len() as u64;
+        if st.end + rec_len > self.max {
+            // Full (or a record larger than the journal): the database file itself is synced.
+            return self.checkpoint(st);
+        }
+        while st.log_len < st.end + rec_len {
+            let step = GROW_STEP.min(self.max - st.log_len);
+            self.log.set_len(st.log_len + step)?;
+            // Written, not just sized: blocks allocated now make each record's sync cheaper.
+            self.log.write(st.log_len, &vec![0u8; step as usize])?;
+            st.log_len += step;
+        }
+        self.log.write(st.end, &rec)?;
+        // redb's durable state is what its header names: a sync of pages it has not named
+        // yet (the first of a commit's two) only orders them before the header, which the
+        // journal does by itself (a record is replayed only after every one before it). So
+        // the journal is synced when a record writes the header: one sync per commit.
+        if st.pending_header {
+            self.log.sync_data()?;
+            st.unsynced = false;
+            st.stats.syncs += 1;
+            metrics::counter!(JOURNAL_SYNCS).increment(1);
+        } else {
+            st.unsynced = true;
+        }
+        st.end += rec_len;
+        st.next_seq += 1;
+        st.pending.clear();
+        st.pending_ops = 0;
+        st.pending_header = false;
+        st.stats.records += 1;
+        st.stats.bytes += rec_len;
+        metrics::counter!(JOURNAL_RECORDS).increment(1);
+        metrics::counter!(JOURNAL_BYTES).increment(rec_len);
+        Ok(())
+    }
+
+    fn failing<T>(st: &mut LogState, r: std::io::Result<T>) -> std::io::Result<T> {
+        if r.is_err() {
+            st.failed = true;
+        }
+        r
+    }
+}
+
+impl StorageBackend for Journaled {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        self.main.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.main.read(offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        let mut st = self.lock();
+        Self::check(&st)?;
+        let r = self.main.set_len(len);
+        let r = Self::failing(&mut st, r);
+        r?;
+        encode_set_len(&mut st.pending, len);
+        st.pending_ops += 1;
+        Ok(())
+    }
+
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        let mut st = self.lock();
+        Self::check(&st)?;
+        let r = self.sync_locked(&mut st);
+        Self::failing(&mut st, r)
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        let mut st = self.lock();
+        Self::check(&st)?;
+        let r = self.main.write(offset, data);
+        let r = Self::failing(&mut st, r);
+        r?;
+        encode_write(&mut st.pending, offset, data);
+        st.pending_ops += 1;
+        st.pending_header |= offset < REDB_HEADER_LEN;
+        Ok(())
+    }
+
+    fn close(&self) -> Result<(), std::io::Error> {
+        {
+            let mut st = self.lock();
+            if !st.failed {
+                // A clean close leaves the journal empty: what was written is synced in the
+                // database file. Unsynced writes of a commit never acknowledged go with it,
+                // as redb's own file backend would write them.
+                let r = self.checkpoint(&mut st);
+                Self::failing(&mut st, r)?;
+            }
+        }
+        let r = self.log.close();
+        self.main.close().and(r)
+    }
+
+    fn try_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, redb::BackendError> {
+        self.main.try_lock_range(s, e)
+    }
+
+    fn try_lock_shared_range(
+        &self,
+        s: Bound<u64>,
+        e: Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        self.main.try_lock_shared_range(s, e)
+    }
+
+    fn lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.main.lock_range(s, e)
+    }
+
+    fn lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.main.lock_shared_range(s, e)
+    }
+
+    fn unlock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.main.unlock_range(s, e)
+    }
+
+    fn query_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, redb::BackendError> {
+        self.main.query_lock_range(s, e)
+    }
+}
+
+/// The database as the journal would leave it, in memory, page by page: for readers that
+/// must not change a byte of the file.
+#[derive(Debug, Default)]
+struct Overlay {
+    len: u64,
+    /// Bytes of the file below this are the file's; above, zeros (cut by a replayed length).
+    main_valid: u64,
+    pages: std::collections::HashMap<u64, Vec<u8>>,
+}
+
+impl Overlay {
+    fn new(main: &dyn StorageBackend, base_len: u64) -> std::io::Result<Overlay> {
+        Ok(Overlay {
+            len: base_len,
+            main_valid: base_len.min(main.len()?),
+            pages: Default::default(),
+        })
+    }
+
+    fn page(&self, main: &dyn StorageBackend, no: u64) -> std::io::Result<Vec<u8>> {
+        if let Some(p) = self.pages.get(&no) {
+            return Ok(p.clone());
+        }
+        let mut p = vec![0u8; PAGE as usize];
+        let start = no * PAGE;
+        if start < self.main_valid {
+            let n = (self.main_valid - start).min(PAGE) as usize;
+            main.read(start, &mut p[..n])?;
+        }
+        Ok(p)
+    }
+
+    fn apply(&mut self, main: &dyn StorageBackend, op: &Op) -> std::io::Result<()> {
+        match op {
+            Op::Write { offset, data } => {
+                let mut at = *offset;
+                let mut rest = &data[..];
+                while !rest.is_empty() {
+                    let no = at / PAGE;
+                    let within = (at % PAGE) as usize;
+                    let n = rest.len().min(PAGE as usize - within);
+                    let mut p = self.page(main, no)?;
+                    p[within..within + n].copy_from_slice(&rest[..n]);
+                    self.pages.insert(no, p);
+                    at += n as u64;
+                    rest = &rest[n..];
+                }
+                self.len = self.len.max(offset + data.len() as u64);
+            }
+            Op::SetLen(len) => {
+                let len = *len;
+                if len < self.len {
+                    self.main_valid = self.main_valid.min(len);
+                    self.pages.retain(|no, _| no * PAGE < len);
+                    let no = len / PAGE;
+                    if let Some(p) = self.pages.get_mut(&no) {
+                        p[(len % PAGE) as usize..].fill(0);
+                    }
+                }
+                self.len = len;
+            }
+        }
+        Ok(())
+    }
+
+    fn read(&self, main: &dyn StorageBackend, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        if offset + out.len() as u64 > self.len {
+            return Err(std::io::Error::new(
+                ErrorKind::UnexpectedEof,
+                "read past the end of the metadata store",
+            ));
+        }
+        let mut at = offset;
+        let mut done = 0;
+        while done < out.len() {
+            let no = at / PAGE;
+            let within = (at % PAGE) as usize;
+            let n = (out.len() - done).min(PAGE as usize - within);
+            if let Some(p) = self.pages.get(&no) {
+                out[done..done + n].copy_from_slice(&p[within..within + n]);
+            } else {
+                let dst = &mut out[done..done + n];
+                let from_main = self.main_valid.saturating_sub(at).min(n as u64) as usize;
+                if from_main > 0 {
+                    main.read(at, &mut dst[..from_main])?;
+                }
+                dst[from_main..].fill(0);
+            }
+            at += n as u64;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// A database file with its journal replayed in memory: reads only.
+#[derive(Debug)]
+pub struct ReadOnlyJournaled {
+    main: Box<dyn StorageBackend>,
+    overlay: Option<Overlay>,
+    _lock: Option<File>,
+}
+
+impl ReadOnlyJournaled {
+    /// Opens database file `path` for reading with what its journal holds (the journal is
+    /// only read). `WouldBlock` when a process that writes it holds the journal.
+    pub fn open_file(path: &Path) -> std::io::Result<ReadOnlyJournaled> {
+        let file = File::open(path)?;
+        let owner = file_identity(&file)?;
+        let jpath = journal_path(path);
+        let (log, lock) = match File::open(&jpath) {
+            Ok(j) => {
+                match j.try_lock_shared() {
+                    Ok(()) => {}
+                    Err(std::fs::TryLockError::WouldBlock) => {
+                        return Err(std::io::Error::from(ErrorKind::WouldBlock));
+                    }
+                    Err(std::fs::TryLockError::Error(e)) => return Err(e),
+                }
+                let log = FileBackend::new(j.try_clone()?).map_err(|e| err(e.to_string()))?;
+                (Some(log), Some(j))
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => (None, None),
+            Err(e) => return Err(e),
+        };
+        let main = FileBackend::new(file).map_err(|e| err(e.to_string()))?;
+        let log = log.as_ref().map(|l| l as &dyn StorageBackend);
+        let mut r = ReadOnlyJournaled::open(Box::new(main), log, owner)?;
+        r._lock = lock;
+        Ok(r)
+    }
+
+    /// `main` as journal `log` (if any) of `owner` would leave it.
+    pub fn open(
+        main: Box<dyn StorageBackend>,
+        log: Option<&dyn StorageBackend>,
+        owner: [u64; 3],
+    ) -> std::io::Result<ReadOnlyJournaled> {
+        let mut overlay = None;
+        if let Some(log) = log
+            && let Some(c) = read_contents(log, owner)?
+            && !c.records.is_empty()
+        {
+            let mut o = Overlay::new(main.as_ref(), c.header.base_len)?;
+            for op in c.records.iter().flatten() {
+                o.apply(main.as_ref(), op)?;
+            }
+            overlay = Some(o);
+        }
+        Ok(ReadOnlyJournaled {
+            main,
+            overlay,
+            _lock: None,
+        })
+    }
+}
+
+impl StorageBackend for ReadOnlyJournaled {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        match &self.overlay {
+            Some(o) => Ok(o.len),
+            None => self.main.len(),
+        }
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        match &self.overlay {
+            Some(o) => o.read(self.main.as_ref(), offset, out),
+            None => self.main.read(offset, out),
+        }
+    }
+
+    fn set_len(&self, _len: u64) -> Result<(), std::io::Error> {
+        Err(err("the metadata store is open for reading only"))
+    }
+
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        Ok(())
+    }
+
+    fn write(&self, _offset: u64, _data: &[u8]) -> Result<(), std::io::Error> {
+        Err(err("the metadata store is open for reading only"))
+    }
+
+    fn close(&self) -> Result<(), std::io::Error> {
+        self.main.close()
+    }
+
+    fn try_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, redb::BackendError> {
+        self.main.try_lock_range(s, e)
+    }
+
+    fn try_lock_shared_range(
+        &self,
+        s: Bound<u64>,
+        e: Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        self.main.try_lock_shared_range(s, e)
+    }
+
+    fn lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.main.lock_range(s, e)
+    }
+
+    fn lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.main.lock_shared_range(s, e)
+    }
+
+    fn unlock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.main.unlock_range(s, e)
+    }
+
+    fn query_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, redb::BackendError> {
+        self.main.query_lock_range(s, e)
+    }
+}
+
+/// Database file image `image` as its journal at `jpath` would leave it (a dry run's copy).
+pub fn apply_to_image(image: &mut Vec<u8>, owner: [u64; 3], jpath: &Path) -> std::io::Result<()> {
+    let j = match File::open(jpath) {
+        Ok(j) => j,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let log = FileBackend::new(j).map_err(|e| err(e.to_string()))?;
+    let Some(c) = read_contents(&log, owner)? else {
+        return Ok(());
+    };
+    if c.records.is_empty() {
+        return Ok(());
+    }
+    let size = |n: u64| usize::try_from(n).map_err(|_| err("the store does not fit in memory"));
+    image.resize(size(c.header.base_len)?, 0);
+    for op in c.records.iter().flatten() {
+        match op {
+            Op::Write { offset, data } => {
+                let start = size(*offset)?;
+                let end = start + data.len();
+                if image.len() < end {
+                    image.resize(end, 0);
+                }
+                image[start..end].copy_from_slice(data);
+            }
+            Op::SetLen(len) => image.resize(size(*len)?, 0),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::backend::{FaultPlan, SimDisk};
+    use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+
+    const T: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("t");
+    const OWNER: [u64; 3] = [7, 8, 9];
+
+    /// xorshift64*.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            let mut x = self.0;
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            self.0 = x;
+            x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n.max(1)
+        }
+    }
+
+    fn value(key: u64, len: usize) -> Vec<u8> {
+        (0..len).map(|i| (key as usize * 31 + i) as u8).collect()
+    }
+
+    fn db(main: &SimDisk, log: &SimDisk, max: u64) -> std::io::Result<Database> {
+        let j = Journaled::open(Box::new(main.clone()), Box::new(log.clone()), OWNER, max)?;
+        Database::builder()
+            .create_with_backend(j)
+            .map_err(|e| err(e.to_string()))
+    }
+
+    /// Every key and its value length in a table.
+    fn contents(r: &redb::ReadTransaction) -> Vec<(u64, usize)> {
+        let Ok(t) = r.open_table(T) else {
+            return Vec::new();
+        };
+        t.iter()
+            .unwrap()
+            .map(|e| {
+                let (k, v) = e.unwrap();
+                let (k, v) = (k.value(), v.value().to_vec());
+                assert_eq!(
+                    v,
+                    value(k, v.len()),
+                    "key {k} holds bytes it was never given"
+                );
+                (k, v.len())
+            })
+            .collect()
+    }
+
+    /// Commits key after key (some lazily, without a sync) until the disks "lose power" at a
+    /// random call of either; what was acknowledged (a durable commit returned) must be in
+    /// the store reopened from what the disks kept, and nothing but a prefix of what was
+    /// committed.
+    fn crash_round(seed: u64) -> (u64, u64, u64) {
+        let mut rng = Rng(seed | 1);
+        let torn = rng.below(2) == 0;
+        let plan = |rng: &mut Rng| FaultPlan {
+            crash_at_op: None,
+            torn_writes: torn,
+            fail_sync: None,
+            seed: rng.next(),
+        };
+        let main = SimDisk::new(plan(&mut rng));
+        let log = SimDisk::new(plan(&mut rng));
+        // Small enough that checkpoints happen, also in the middle of the crash window.
+        let max = 64 * 1024 + rng.below(512 * 1024);
+        let store = db(&main, &log, max).unwrap();
+        let crash_after = rng.below(4000);
+        let mut acked = 0u64;
+        let mut sizes = Vec::new();
+        let mut calls = 0;
+        for key in 0..400u64 {
+            let big = rng.below(8) == 0;
+            let len = 1 + rng.below(if big { 20_000 } else { 600 }) as usize;
+            let lazy = rng.below(3) == 0;
+            let r = (|| -> Result<(), Box<dyn std::error::Error>> {
+                let mut w = store.begin_write()?;
+                if lazy {
+                    w.set_durability(Durability::None)?;
+                }
+                {
+                    let mut t = w.open_table(T)?;
+                    t.insert(key, value(key, len).as_slice())?;
+                    if key > 3 && rng.below(4) == 0 {
+                        // Old keys go again: freed pages are reused.
+                        let gone = rng.below(key);
+                        t.remove(gone)?;
+                        t.insert(gone, value(gone, sizes[gone as usize]).as_slice())?;
+                    }
+                }
+                w.commit()?;
+                Ok(())
+            })();
+            sizes.push(len);
+            if r.is_err() {
+                break;
+            }
+            if !lazy {
+                acked = key + 1;
+            }
+            calls = main.ops() + log.ops();
+            if calls >= crash_after {
+                // A power cut between two calls, or (below) in the middle of the next one.
+                if rng.below(2) == 0 {
+                    main.crash_now();
+                    log.crash_now();
+                    break;
+                }
+            }
+        }
+        let _ = calls;
+        let checkpoints = log.syncs();
+        // The power goes (if it has not).
+        main.crash_now();
+        log.crash_now();
+        drop(store);
+        let (main_img, log_img) = (main.durable_image(), log.durable_image());
+
+        // Read-only, in memory: what the journal holds, read without changing a byte.
+        let ro = ReadOnlyJournaled::open(
+            Box::new(SimDisk::from_image(main_img.clone(), FaultPlan::default())),
+            Some(&SimDisk::from_image(log_img.clone(), FaultPlan::default())),
+            OWNER,
+        )
+        .unwrap();
+        let mut image = main_img.clone();
+        if let Some(c) = read_contents(
+            &SimDisk::from_image(log_img.clone(), FaultPlan::default()),
+            OWNER,
+        )
+        .unwrap()
+            && !c.records.is_empty()
+        {
+            image.resize(c.header.base_len as usize, 0);
+            for op in c.records.iter().flatten() {
+                match op {
+                    Op::Write { offset, data } => {
+                        let end = *offset as usize + data.len();
+                        if image.len() < end {
+                            image.resize(end, 0);
+                        }
+                        image[*offset as usize..end].copy_from_slice(data);
+                    }
+                    Op::SetLen(l) => image.resize(*l as usize, 0),
+                }
+            }
+        }
+        let mut seen = vec![0u8; ro.len().unwrap() as usize];
+        ro.read(0, &mut seen).unwrap();
+        assert!(
+            seen == image,
+            "seed {seed:#x}: the read-only view differs from the replay"
+        );
+
+        // Replayed onto the file, as a server's open does.
+        let main2 = SimDisk::from_image(main_img, FaultPlan::default());
+        let log2 = SimDisk::from_image(log_img, FaultPlan::default());
+        let j =
+            Journaled::open(Box::new(main2.clone()), Box::new(log2.clone()), OWNER, max).unwrap();
+        let replayed = j.stats().replayed;
+        let db2 = Database::builder().create_with_backend(j).unwrap();
+        let got = contents(&db2.begin_read().unwrap());
+        let present: Vec<u64> = got.iter().map(|(k, _)| *k).collect();
+        let upto = present.last().map_or(0, |k| k + 1);
+        assert!(
+            upto >= acked,
+            "seed {seed:#x}: keys below {acked} were acknowledged durable, the store has {upto}"
+        );
+        assert_eq!(
+            present,
+            (0..upto).collect::<Vec<_>>(),
+            "seed {seed:#x}: not a prefix of the commits"
+        );
+        for (k, len) in got {
+            assert_eq!(len, sizes[k as usize], "seed {seed:#x}: key {k}'s value");
+        }
+        // And it goes on: a commit after the replay, then a clean close leaves the journal
+        // empty.
+        let w = db2.begin_write().unwrap();
+        w.open_table(T)
+            .unwrap()
+            .insert(upto, value(upto, 10).as_slice())
+            .unwrap();
+        w.commit().unwrap();
+        drop(db2);
+        let c = read_contents(&log2, OWNER).unwrap().unwrap();
+        assert!(
+            c.records.is_empty(),
+            "seed {seed:#x}: a clean close left records"
+        );
+        (acked, replayed, checkpoints)
+    }
+
+    #[test]
+    fn a_power_cut_keeps_every_acknowledged_commit_and_nothing_torn() {
+        let base: u64 = match std::env::var("SANFS_JOURNAL_SEED") {
+            Ok(s) => s.parse().expect("SANFS_JOURNAL_SEED: a number"),
+            Err(_) => {
+                use std::hash::{BuildHasher, Hasher};
+                std::collections::hash_map::RandomState::new()
+                    .build_hasher()
+                    .finish()
+            }
+        };
+        let rounds: u64 = std::env::var("SANFS_JOURNAL_ROUNDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(60);
+        eprintln!("journal crash rounds: {rounds}, seed {base} (SANFS_JOURNAL_SEED)");
+        let (mut acked, mut replayed, mut syncs) = (0, 0, 0);
+        for i in 0..rounds {
+            let (a, r, s) = crash_round(base.wrapping_add(i.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
+            acked += a;
+            replayed += r;
+            syncs += s;
+        }
+        eprintln!(
+            "{acked} commits acknowledged, {replayed} records replayed, {syncs} journal syncs"
+        );
+        assert!(
+            replayed > 0 && acked > rounds,
+            "the rounds crashed before they did anything"
+        );
+    }
+
+    #[test]
+    fn a_commit_costs_one_journal_sync_and_the_file_none() {
+        let (main, log) = (
+            SimDisk::new(FaultPlan::default()),
+            SimDisk::new(FaultPlan::default()),
+        );
+        let j = Journaled::open(
+            Box::new(main.clone()),
+            Box::new(log.clone()),
+            OWNER,
+            JOURNAL_MAX,
+        )
+        .unwrap();
+        let db = Database::builder().create_with_backend(j).unwrap();
+        let (main_syncs, log_syncs) = (main.syncs(), log.syncs());
+        for key in 0..10u64 {
+            let w = db.begin_write().unwrap();
+            w.open_table(T)
+                .unwrap()
+                .insert(key, value(key, 100).as_slice())
+                .unwrap();
+            w.commit().unwrap();
+        }
+        assert_eq!(main.syncs(), main_syncs, "the database file was synced");
+        assert_eq!(
+            log.syncs() - log_syncs,
+            10,
+            "one journal sync per durable commit"
+        );
+    }
+
+    #[test]
+    fn a_journal_of_another_file_is_ignored_and_a_newer_one_refused() {
+        let (main, log) = (
+            SimDisk::new(FaultPlan::default()),
+            SimDisk::new(FaultPlan::default()),
+        );
+        {
+            let j = Journaled::open(
+                Box::new(main.clone()),
+                Box::new(log.clone()),
+                OWNER,
+                1 << 20,
+            )
+            .unwrap();
+            let db = Database::builder().create_with_backend(j).unwrap();
+            let w = db.begin_write().unwrap();
+            w.open_table(T)
+                .unwrap()
+                .insert(1, value(1, 100).as_slice())
+                .unwrap();
+            w.commit().unwrap();
+            main.crash_now();
+            log.crash_now();
+        }
+        let log_img = log.durable_image();
+        assert!(
+            !read_contents(
+                &SimDisk::from_image(log_img.clone(), FaultPlan::default()),
+                OWNER
+            )
+            .unwrap()
+            .unwrap()
+            .records
+            .is_empty()
+        );
+        let other = [7, 8, 10];
+        let l = SimDisk::from_image(log_img.clone(), FaultPlan::default());
+        assert!(read_contents(&l, other).unwrap().is_none());
+        // A header of another version: refused, not ignored.
+        let mut newer = log_img;
+        newer[8] = 2;
+        let crc = crc32c::crc32c(&newer[..Header::LEN - 4]);
+        newer[Header::LEN - 4..Header::LEN].copy_from_slice(&crc.to_le_bytes());
+        let l = SimDisk::from_image(newer, FaultPlan::default());
+        let e = read_contents(&l, OWNER).unwrap_err();
+        assert!(e.to_string().contains("format version 2"), "{e}");
+    }
+
+    #[test]
+    fn a_damaged_record_stops_the_replay_there() {
+        let ops = vec![
+            Op::SetLen(8192),
+            Op::Write {
+                offset: 10,
+                data: b"hello".to_vec(),
+            },
+        ];
+        let mut payload = Vec::new();
+        encode_set_len(&mut payload, 8192);
+        encode_write(&mut payload, 10, b"hello");
+        assert_eq!(decode_ops(&payload, 2).unwrap(), ops);
+        assert!(decode_ops(&payload, 3).is_err());
+        assert!(decode_ops(&payload[..payload.len() - 1], 2).is_err());
+        let log = SimDisk::new(FaultPlan::default());
+        let h = Header {
+            generation: 5,
+            base_len: 0,
+            owner: OWNER,
+        };
+        let r1 = record(5, 1, 2, &payload);
+        let mut r2 = record(5, 2, 2, &payload);
+        let r3 = record(5, 3, 2, &payload);
+        log.set_len(HEADER_LEN + (r1.len() + r2.len() + r3.len()) as u64)
+            .unwrap();
+        log.write(0, &h.encode()).unwrap();
+        log.write(HEADER_LEN, &r1).unwrap();
+        r2[RECORD_HEAD + 3] ^= 1;
+        log.write(HEADER_LEN + r1.len() as u64, &r2).unwrap();
+        log.write(HEADER_LEN + (r1.len() + r2.len()) as u64, &r3)
+            .unwrap();
+        let c = read_contents(&log, OWNER).unwrap().unwrap();
+        assert_eq!(c.records, vec![ops]);
+    }
+}
