@@ -40,7 +40,7 @@ use redb::StorageBackend;
 use redb::backends::FileBackend;
 
 /// How large the journal grows before a checkpoint empties it.
-pub const JOURNAL_MAX: u64 = 64 << 20;
+pub const JOURNAL_MAX: u64 = 16 << 20;
 /// The journal file is grown by zero-filled steps of this (writing into allocated blocks
 /// makes a record's sync cheaper than growing the file with it).
 const GROW_STEP: u64 = 4 << 20;
