@@ -329,6 +329,48 @@ pub struct JournalStats {
     pub replayed: u64,
 }
 
+/// The lock methods of `StorageBackend`, answered by the database file (`self.main`): redb
+/// locks the file it opens, as with its own file backend.
+macro_rules! delegate_locks {
+    () => {
+        fn try_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, redb::BackendError> {
+            self.main.try_lock_range(s, e)
+        }
+
+        fn try_lock_shared_range(
+            &self,
+            s: Bound<u64>,
+            e: Bound<u64>,
+        ) -> Result<bool, redb::BackendError> {
+            self.main.try_lock_shared_range(s, e)
+        }
+
+        fn lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
+            self.main.lock_range(s, e)
+        }
+
+        fn lock_shared_range(
+            &self,
+            s: Bound<u64>,
+            e: Bound<u64>,
+        ) -> Result<(), redb::BackendError> {
+            self.main.lock_shared_range(s, e)
+        }
+
+        fn unlock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
+            self.main.unlock_range(s, e)
+        }
+
+        fn query_lock_range(
+            &self,
+            s: Bound<u64>,
+            e: Bound<u64>,
+        ) -> Result<bool, redb::BackendError> {
+            self.main.query_lock_range(s, e)
+        }
+    };
+}
+
 /// redb's storage: the database file `main`, journaled in `log` (module docs).
 #[derive(Debug)]
 pub struct Journaled {
@@ -600,33 +642,7 @@ impl StorageBackend for Journaled {
         self.main.close().and(r)
     }
 
-    fn try_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, redb::BackendError> {
-        self.main.try_lock_range(s, e)
-    }
-
-    fn try_lock_shared_range(
-        &self,
-        s: Bound<u64>,
-        e: Bound<u64>,
-    ) -> Result<bool, redb::BackendError> {
-        self.main.try_lock_shared_range(s, e)
-    }
-
-    fn lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
-        self.main.lock_range(s, e)
-    }
-
-    fn lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
-        self.main.lock_shared_range(s, e)
-    }
-
-    fn unlock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
-        self.main.unlock_range(s, e)
-    }
-
-    fn query_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, redb::BackendError> {
-        self.main.query_lock_range(s, e)
-    }
+    delegate_locks!();
 }
 
 /// The database as the journal would leave it, in memory, page by page: for readers that
@@ -817,33 +833,7 @@ impl StorageBackend for ReadOnlyJournaled {
         self.main.close()
     }
 
-    fn try_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, redb::BackendError> {
-        self.main.try_lock_range(s, e)
-    }
-
-    fn try_lock_shared_range(
-        &self,
-        s: Bound<u64>,
-        e: Bound<u64>,
-    ) -> Result<bool, redb::BackendError> {
-        self.main.try_lock_shared_range(s, e)
-    }
-
-    fn lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
-        self.main.lock_range(s, e)
-    }
-
-    fn lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
-        self.main.lock_shared_range(s, e)
-    }
-
-    fn unlock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
-        self.main.unlock_range(s, e)
-    }
-
-    fn query_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, redb::BackendError> {
-        self.main.query_lock_range(s, e)
-    }
+    delegate_locks!();
 }
 
 /// Database file image `image` as its journal at `jpath` would leave it (a dry run's copy).
@@ -912,6 +902,16 @@ mod tests {
         Database::builder()
             .create_with_backend(j)
             .map_err(|e| err(e.to_string()))
+    }
+
+    /// Key `key` with a value of 100 bytes, in a durable commit of its own.
+    fn put(db: &Database, key: u64) {
+        let w = db.begin_write().unwrap();
+        w.open_table(T)
+            .unwrap()
+            .insert(key, value(key, 100).as_slice())
+            .unwrap();
+        w.commit().unwrap();
     }
 
     /// Every key and its value length in a table.
@@ -1116,22 +1116,10 @@ mod tests {
             SimDisk::new(FaultPlan::default()),
             SimDisk::new(FaultPlan::default()),
         );
-        let j = Journaled::open(
-            Box::new(main.clone()),
-            Box::new(log.clone()),
-            OWNER,
-            JOURNAL_MAX,
-        )
-        .unwrap();
-        let db = Database::builder().create_with_backend(j).unwrap();
+        let db = db(&main, &log, JOURNAL_MAX).unwrap();
         let (main_syncs, log_syncs) = (main.syncs(), log.syncs());
         for key in 0..10u64 {
-            let w = db.begin_write().unwrap();
-            w.open_table(T)
-                .unwrap()
-                .insert(key, value(key, 100).as_slice())
-                .unwrap();
-            w.commit().unwrap();
+            put(&db, key);
         }
         assert_eq!(main.syncs(), main_syncs, "the database file was synced");
         assert_eq!(
@@ -1148,20 +1136,8 @@ mod tests {
             SimDisk::new(FaultPlan::default()),
         );
         {
-            let j = Journaled::open(
-                Box::new(main.clone()),
-                Box::new(log.clone()),
-                OWNER,
-                1 << 20,
-            )
-            .unwrap();
-            let db = Database::builder().create_with_backend(j).unwrap();
-            let w = db.begin_write().unwrap();
-            w.open_table(T)
-                .unwrap()
-                .insert(1, value(1, 100).as_slice())
-                .unwrap();
-            w.commit().unwrap();
+            let db = db(&main, &log, 1 << 20).unwrap();
+            put(&db, 1);
             main.crash_now();
             log.crash_now();
         }
