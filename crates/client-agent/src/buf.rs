@@ -220,6 +220,53 @@ impl std::ops::DerefMut for AlignedBuf {
     }
 }
 
+/// Buffers handed back for reuse by callers that allocate the same kind of buffer again and
+/// again (the read-ahead): the next caller gets an allocation whose pages are already
+/// faulted in, instead of a fresh zeroed one (a `calloc` of megabytes is a `memset` or page
+/// faults, then the kernel pins fresh pages for the device I/O). Its contents are whatever
+/// the last user left: initialised bytes, to be overwritten.
+#[derive(Debug, Default)]
+pub struct Recycler {
+    free: Mutex<Vec<AlignedBuf>>,
+}
+
+/// Buffers a [`Recycler`] keeps at most.
+const RECYCLED_MAX: usize = 8;
+
+impl Recycler {
+    /// A buffer of `len` bytes: a kept one at least that large, else a new zeroed one.
+    pub fn take(&self, len: usize) -> AlignedBuf {
+        let kept = {
+            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            free.iter()
+                .position(|b| b.capacity() >= len)
+                .map(|i| free.swap_remove(i))
+        };
+        if let Some(mut b) = kept
+            && b.set_len(len)
+        {
+            return b;
+        }
+        AlignedBuf::zeroed(len)
+    }
+
+    /// Keeps `buf` for a later [`Recycler::take`] (a pooled buffer goes back to its pool).
+    pub fn give(&self, buf: AlignedBuf) {
+        if buf.is_pooled() {
+            return;
+        }
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if free.len() < RECYCLED_MAX {
+            free.push(buf);
+        }
+    }
+
+    /// Buffers kept now.
+    pub fn kept(&self) -> usize {
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
 struct PoolShared {
     buf_capacity: usize,
     free: Mutex<Vec<RawAlloc>>,
@@ -389,6 +436,31 @@ mod tests {
         .join()
         .unwrap();
         assert_eq!((b[100], b[101]), (7, 8));
+    }
+
+    #[test]
+    fn a_recycler_hands_back_the_same_allocation_and_keeps_a_few() {
+        let r = Recycler::default();
+        let mut b = r.take(8192);
+        assert_eq!(b.len(), 8192);
+        b.as_mut_slice()[0] = 7;
+        let ptr = b.as_mut_ptr();
+        r.give(b);
+        assert_eq!(r.kept(), 1);
+        // A smaller request reuses it (its bytes as left, the length as asked).
+        let mut again = r.take(4096);
+        assert_eq!(again.as_mut_ptr(), ptr);
+        assert_eq!((again.len(), again.as_slice()[0]), (4096, 7));
+        // A larger one cannot: a new zeroed buffer.
+        r.give(again);
+        let big = r.take(1 << 20);
+        assert_eq!(big.len(), 1 << 20);
+        assert!(big.as_slice().iter().all(|&x| x == 0));
+        assert_eq!(r.kept(), 1);
+        for _ in 0..2 * RECYCLED_MAX {
+            r.give(AlignedBuf::zeroed(4096));
+        }
+        assert_eq!(r.kept(), RECYCLED_MAX);
     }
 
     #[tokio::test]

@@ -252,6 +252,8 @@ pub(crate) struct WriteBack {
     /// Bytes in read caches, over all files.
     cached: AtomicU64,
     pub(crate) counters: WriteBackCounters,
+    /// The read-ahead's device buffers, reused.
+    ra_bufs: crate::buf::Recycler,
 }
 
 /// What write-back did (metrics, status).
@@ -599,6 +601,7 @@ impl WriteBack {
             total: AtomicU64::new(0),
             cached: AtomicU64::new(0),
             counters: WriteBackCounters::default(),
+            ra_bufs: crate::buf::Recycler::default(),
         }
     }
 
@@ -1296,11 +1299,11 @@ impl Client {
         };
         bump(&wb.counters.read_aheads);
         let read = self
-            .read_aligned_as_is(cred, fh, ra.ino, start, AlignedBuf::zeroed(len))
+            .read_aligned_as_is(cred, fh, ra.ino, start, wb.ra_bufs.take(len))
             .await;
         if let Ok((tmp, n)) = read {
             let pieces = chunked(tmp.as_slice().get(..n).unwrap_or_default());
-            drop(tmp);
+            wb.ra_bufs.give(tmp);
             let mut files = wb.files();
             if let Some(f) = files.get_mut(&ra.ino)
                 && f.drop_gen == ra.drop_gen
