@@ -123,9 +123,11 @@ pub(crate) fn read_image(backend: &Backend) -> Result<Vec<u8>, StoreError> {
             if !path.exists() {
                 return Err(no_store(path));
             }
-            let file = std::fs::File::open(path)?;
+            // The identity and the bytes of one open file (not two opens of the path).
+            let mut file = std::fs::File::open(path)?;
             let owner = journal::file_identity(&file)?;
-            let mut image = std::fs::read(path)?;
+            let mut image = Vec::new();
+            std::io::Read::read_to_end(&mut file, &mut image)?;
             journal::apply_to_image(&mut image, owner, &journal::journal_path(path))?;
             Ok(image)
         }

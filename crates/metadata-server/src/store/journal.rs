@@ -217,21 +217,65 @@ fn decode_ops(mut p: &[u8], count: u32) -> std::io::Result<Vec<Op>> {
     Ok(ops)
 }
 
-fn record(generation: u64, seq: u64, ops: u32, payload: &[u8]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(RECORD_HEAD + payload.len() + 8);
-    b.extend_from_slice(&RECORD_MAGIC.to_le_bytes());
-    b.extend_from_slice(&0u32.to_le_bytes());
-    b.extend_from_slice(&generation.to_le_bytes());
-    b.extend_from_slice(&seq.to_le_bytes());
-    b.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    b.extend_from_slice(&ops.to_le_bytes());
-    let mut crc = crc32c::crc32c(&b);
-    crc = crc32c::crc32c_append(crc, payload);
-    b.extend_from_slice(&crc.to_le_bytes());
-    b.extend_from_slice(payload);
-    // Records start 8-byte aligned.
-    b.resize(b.len().next_multiple_of(8), 0);
-    b
+/// The operations since the last sync, encoded after room for their record's head, so that
+/// the record is sealed in place (no copy of the payload on the commit path).
+#[derive(Debug)]
+struct Pending {
+    buf: Vec<u8>,
+    ops: u32,
+    /// They write redb's header (a commit point).
+    header: bool,
+}
+
+impl Pending {
+    fn new() -> Pending {
+        Pending {
+            buf: vec![0u8; RECORD_HEAD],
+            ops: 0,
+            header: false,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ops == 0
+    }
+
+    fn clear(&mut self) {
+        self.buf.truncate(RECORD_HEAD);
+        self.ops = 0;
+        self.header = false;
+    }
+
+    fn push_write(&mut self, offset: u64, data: &[u8]) {
+        encode_write(&mut self.buf, offset, data);
+        self.ops += 1;
+        self.header |= offset < REDB_HEADER_LEN;
+    }
+
+    fn push_set_len(&mut self, len: u64) {
+        encode_set_len(&mut self.buf, len);
+        self.ops += 1;
+    }
+
+    /// The record of generation `generation`, number `seq`: head filled in, padded so that
+    /// the next record starts 8-byte aligned.
+    fn seal(&mut self, generation: u64, seq: u64) -> &[u8] {
+        let payload_len = (self.buf.len() - RECORD_HEAD) as u64;
+        let head = &mut self.buf[..RECORD_HEAD];
+        head[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+        head[4..8].copy_from_slice(&0u32.to_le_bytes());
+        head[8..16].copy_from_slice(&generation.to_le_bytes());
+        head[16..24].copy_from_slice(&seq.to_le_bytes());
+        head[24..32].copy_from_slice(&payload_len.to_le_bytes());
+        head[32..36].copy_from_slice(&self.ops.to_le_bytes());
+        let crc = crc32c::crc32c_append(
+            crc32c::crc32c(&self.buf[..RECORD_HEAD - 4]),
+            &self.buf[RECORD_HEAD..],
+        );
+        self.buf[RECORD_HEAD - 4..RECORD_HEAD].copy_from_slice(&crc.to_le_bytes());
+        self.buf.resize(self.buf.len().next_multiple_of(8), 0);
+        &self.buf
+    }
 }
 
 /// What a journal holds: its header and the operations of its complete records, in order,
@@ -302,13 +346,8 @@ struct LogState {
     end: u64,
     /// The journal's length (grown in zero-filled steps).
     log_len: u64,
-    /// The operations since the last sync, encoded.
-    pending: Vec<u8>,
-    pending_ops: u32,
-    /// The pending operations write redb's header (a commit point).
-    pending_header: bool,
-    /// Records appended since the journal was last synced.
-    unsynced: bool,
+    /// The operations since the last sync.
+    pending: Pending,
     /// A write or sync failed: every later call fails.
     failed: bool,
     stats: JournalStats,
@@ -410,13 +449,8 @@ impl Journaled {
             .create(true)
             .truncate(false)
             .open(&jpath)?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(std::io::Error::from(ErrorKind::WouldBlock));
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(e),
-        }
+        // Held by another process: `ErrorKind::WouldBlock`.
+        lock.try_lock()?;
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -482,10 +516,7 @@ impl Journaled {
                 next_seq: 1,
                 end: HEADER_LEN,
                 log_len: log_len.max(HEADER_LEN),
-                pending: Vec::new(),
-                pending_ops: 0,
-                pending_header: false,
-                unsynced: false,
+                pending: Pending::new(),
                 failed: false,
                 stats,
             }),
@@ -525,54 +556,41 @@ impl Journaled {
         st.next_seq = 1;
         st.end = HEADER_LEN;
         st.pending.clear();
-        st.pending_ops = 0;
-        st.pending_header = false;
-        st.unsynced = false;
         st.stats.checkpoints += 1;
         metrics::counter!(JOURNAL_CHECKPOINTS).increment(1);
         Ok(())
     }
 
     fn sync_locked(&self, st: &mut LogState) -> std::io::Result<()> {
-        if st.pending_ops == 0 {
+        if st.pending.is_empty() {
             return Ok(());
         }
-        let rec = record(
-            st.header.generation,
-            st.next_seq,
-            st.pending_ops,
-            &st.pending,
-        );
-        let rec_len = rec.len() as u64;
-        if st.end + rec_len > self.max {
+        let (generation, seq, end) = (st.header.generation, st.next_seq, st.end);
+        let rec_len = st.pending.seal(generation, seq).len() as u64;
+        if end + rec_len > self.max {
             // Full (or a record larger than the journal): the database file itself is synced.
             return self.checkpoint(st);
         }
-        while st.log_len < st.end + rec_len {
+        while st.log_len < end + rec_len {
             let step = GROW_STEP.min(self.max - st.log_len);
             self.log.set_len(st.log_len + step)?;
             // Written, not just sized: blocks allocated now make each record's sync cheaper.
             self.log.write(st.log_len, &vec![0u8; step as usize])?;
             st.log_len += step;
         }
-        self.log.write(st.end, &rec)?;
+        self.log.write(end, &st.pending.buf)?;
         // redb's durable state is what its header names: a sync of pages it has not named
         // yet (the first of a commit's two) only orders them before the header, which the
         // journal does by itself (a record is replayed only after every one before it). So
         // the journal is synced when a record writes the header: one sync per commit.
-        if st.pending_header {
+        if st.pending.header {
             self.log.sync_data()?;
-            st.unsynced = false;
             st.stats.syncs += 1;
             metrics::counter!(JOURNAL_SYNCS).increment(1);
-        } else {
-            st.unsynced = true;
         }
         st.end += rec_len;
         st.next_seq += 1;
         st.pending.clear();
-        st.pending_ops = 0;
-        st.pending_header = false;
         st.stats.records += 1;
         st.stats.bytes += rec_len;
         metrics::counter!(JOURNAL_RECORDS).increment(1);
@@ -600,11 +618,8 @@ impl StorageBackend for Journaled {
     fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
         let mut st = self.lock();
         Self::check(&st)?;
-        let r = self.main.set_len(len);
-        let r = Self::failing(&mut st, r);
-        r?;
-        encode_set_len(&mut st.pending, len);
-        st.pending_ops += 1;
+        Self::failing(&mut st, self.main.set_len(len))?;
+        st.pending.push_set_len(len);
         Ok(())
     }
 
@@ -618,12 +633,8 @@ impl StorageBackend for Journaled {
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
         let mut st = self.lock();
         Self::check(&st)?;
-        let r = self.main.write(offset, data);
-        let r = Self::failing(&mut st, r);
-        r?;
-        encode_write(&mut st.pending, offset, data);
-        st.pending_ops += 1;
-        st.pending_header |= offset < REDB_HEADER_LEN;
+        Self::failing(&mut st, self.main.write(offset, data))?;
+        st.pending.push_write(offset, data);
         Ok(())
     }
 
@@ -757,13 +768,7 @@ impl ReadOnlyJournaled {
         let jpath = journal_path(path);
         let (log, lock) = match File::open(&jpath) {
             Ok(j) => {
-                match j.try_lock_shared() {
-                    Ok(()) => {}
-                    Err(std::fs::TryLockError::WouldBlock) => {
-                        return Err(std::io::Error::from(ErrorKind::WouldBlock));
-                    }
-                    Err(std::fs::TryLockError::Error(e)) => return Err(e),
-                }
+                j.try_lock_shared()?;
                 let log = FileBackend::new(j.try_clone()?).map_err(|e| err(e.to_string()))?;
                 (Some(log), Some(j))
             }
@@ -844,9 +849,14 @@ pub fn apply_to_image(image: &mut Vec<u8>, owner: [u64; 3], jpath: &Path) -> std
         Err(e) => return Err(e),
     };
     let log = FileBackend::new(j).map_err(|e| err(e.to_string()))?;
-    let Some(c) = read_contents(&log, owner)? else {
-        return Ok(());
-    };
+    match read_contents(&log, owner)? {
+        Some(c) => replay_into_image(image, &c),
+        None => Ok(()),
+    }
+}
+
+/// Replays `c` onto an image in memory (as [`Journaled::open`] does onto the file).
+fn replay_into_image(image: &mut Vec<u8>, c: &Contents) -> std::io::Result<()> {
     if c.records.is_empty() {
         return Ok(());
     }
@@ -1016,21 +1026,8 @@ mod tests {
             OWNER,
         )
         .unwrap()
-            && !c.records.is_empty()
         {
-            image.resize(c.header.base_len as usize, 0);
-            for op in c.records.iter().flatten() {
-                match op {
-                    Op::Write { offset, data } => {
-                        let end = *offset as usize + data.len();
-                        if image.len() < end {
-                            image.resize(end, 0);
-                        }
-                        image[*offset as usize..end].copy_from_slice(data);
-                    }
-                    Op::SetLen(l) => image.resize(*l as usize, 0),
-                }
-            }
+            replay_into_image(&mut image, &c).unwrap();
         }
         let mut seen = vec![0u8; ro.len().unwrap() as usize];
         ro.read(0, &mut seen).unwrap();
@@ -1166,6 +1163,19 @@ mod tests {
     }
 
     #[test]
+    fn a_file_store_held_by_one_opener_is_in_use_for_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.redb");
+        let first = Journaled::open_file(&path, true).unwrap();
+        let e = Journaled::open_file(&path, false).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
+        let e = ReadOnlyJournaled::open_file(&path).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
+        drop(first);
+        ReadOnlyJournaled::open_file(&path).unwrap();
+    }
+
+    #[test]
     fn a_damaged_record_stops_the_replay_there() {
         let ops = vec![
             Op::SetLen(8192),
@@ -1174,9 +1184,10 @@ mod tests {
                 data: b"hello".to_vec(),
             },
         ];
-        let mut payload = Vec::new();
-        encode_set_len(&mut payload, 8192);
-        encode_write(&mut payload, 10, b"hello");
+        let mut pending = Pending::new();
+        pending.push_set_len(8192);
+        pending.push_write(10, b"hello");
+        let payload = pending.buf[RECORD_HEAD..].to_vec();
         assert_eq!(decode_ops(&payload, 2).unwrap(), ops);
         assert!(decode_ops(&payload, 3).is_err());
         assert!(decode_ops(&payload[..payload.len() - 1], 2).is_err());
@@ -1186,9 +1197,9 @@ mod tests {
             base_len: 0,
             owner: OWNER,
         };
-        let r1 = record(5, 1, 2, &payload);
-        let mut r2 = record(5, 2, 2, &payload);
-        let r3 = record(5, 3, 2, &payload);
+        let r1 = pending.seal(5, 1).to_vec();
+        let mut r2 = pending.seal(5, 2).to_vec();
+        let r3 = pending.seal(5, 3).to_vec();
         log.set_len(HEADER_LEN + (r1.len() + r2.len() + r3.len()) as u64)
             .unwrap();
         log.write(0, &h.encode()).unwrap();
