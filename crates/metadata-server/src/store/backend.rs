@@ -52,15 +52,20 @@ struct SimState {
     rng: u64,
 }
 
+/// xorshift64*: the next number of the stream whose state is `state` (deterministic from a
+/// seed; the crash tests' randomness).
+pub(crate) fn xorshift(state: &mut u64) -> u64 {
+    let mut x = (*state).max(1);
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
 impl SimState {
     fn next_random(&mut self) -> u64 {
-        // xorshift64*: deterministic from the plan's seed.
-        let mut x = self.rng.max(1);
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        xorshift(&mut self.rng)
     }
 
     fn crash(&mut self) {

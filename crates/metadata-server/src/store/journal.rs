@@ -887,16 +887,11 @@ mod tests {
     const T: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("t");
     const OWNER: [u64; 3] = [7, 8, 9];
 
-    /// xorshift64*.
+    /// The crash disk's xorshift stream.
     struct Rng(u64);
     impl Rng {
         fn next(&mut self) -> u64 {
-            let mut x = self.0;
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            self.0 = x;
-            x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+            crate::store::backend::xorshift(&mut self.0)
         }
         fn below(&mut self, n: u64) -> u64 {
             self.next() % n.max(1)
