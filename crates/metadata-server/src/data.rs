@@ -325,6 +325,13 @@ pub fn complete_write_to(
     let first = offset / bs;
     let whole = end / bs;
     if whole > first {
+        if !ctx.data {
+            return Err(OpError::Fs(FsError::Io(format!(
+                "inode {}: a completion outside the store's data commits was refused (its \
+                 data would not be flushed before it is durable)",
+                ino.0
+            ))));
+        }
         map.convert_to_written(first, whole - first);
         save_extents(&mut ctx.t, ino, &map)?;
     }

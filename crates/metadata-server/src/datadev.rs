@@ -305,15 +305,36 @@ impl DataDevices {
         Ok(touched)
     }
 
-    /// Flushes the devices' write caches (fdatasync on the device: a cache flush).
+    /// Flushes the devices' write caches (fdatasync on the device: a cache flush), all at
+    /// once (one thread per device past the first), so that a flush costs one device's flush
+    /// time, not the sum.
     pub fn flush(&self, devices: &[DeviceIndex]) -> Result<(), FsError> {
-        for d in devices {
-            let lun = self.lun(*d)?;
+        let luns = devices
+            .iter()
+            .map(|d| self.lun(*d))
+            .collect::<Result<Vec<_>, _>>()?;
+        let flush_one = |lun: &DataLun| {
             lun.file
                 .sync_data()
-                .map_err(|e| FsError::Io(format!("flush {}: {e}", lun.path.display())))?;
-        }
-        Ok(())
+                .map_err(|e| FsError::Io(format!("flush {}: {e}", lun.path.display())))
+        };
+        let Some((first, rest)) = luns.split_first() else {
+            return Ok(());
+        };
+        std::thread::scope(|scope| {
+            let others: Vec<_> = rest
+                .iter()
+                .map(|lun| scope.spawn(|| flush_one(lun)))
+                .collect();
+            let mut result = flush_one(first);
+            for o in others {
+                let r = o
+                    .join()
+                    .unwrap_or_else(|_| Err(FsError::Io("a LUN flush thread panicked".into())));
+                result = result.and(r);
+            }
+            result
+        })
     }
 
     /// Zeroes volume blocks `runs` (`(start block, length)`) on the LUNs and flushes the LUNs

@@ -40,6 +40,7 @@ use crate::data::{self, Mapped};
 use crate::locks::{LockMode, Owner, Span};
 use crate::ns::Reader;
 use crate::proxy::{DataPath, SizeOf};
+use crate::store::Luns;
 use sanfs_proto::types::{InodeId, SessionEpoch, SessionId};
 
 /// How many times a write grant takes its lock again when other nodes' truncates keep
@@ -788,23 +789,19 @@ impl Grants {
                     0,
                 ));
             }
-            if sync && bytes_done > 0 {
-                let devices = self.dp.devices.clone();
-                tokio::task::spawn_blocking(move || devices.flush_all())
-                    .await
-                    .map_err(|e| FsError::Io(format!("flush task: {e}")))??;
-            }
             let (ino, off, root) = (g.ino, g.offset, g.writer_is_root);
             // The conversion may be lazy (docs/protocol.md): durable now only when asked,
-            // otherwise with the next durable commit or fsync. A crash before that leaves the
-            // blocks Unwritten: they read as zeros, never as stale data.
+            // otherwise with the next durable commit or fsync, after the data LUNs are
+            // flushed (`Store::write_data`). A crash before that leaves the blocks Unwritten:
+            // they read as zeros, never as stale data.
             let job = move |ctx: &mut crate::store::Ctx<'_>| {
                 data::complete_write(ctx, InodeId(ino), off, bytes_done, root)
             };
-            let (attr, mut seq) = if sync || bytes_done == 0 {
+            let (attr, mut seq) = if bytes_done == 0 {
                 (store.write(job).await?, 0)
             } else {
-                store.write_lazy_numbered(job).await?
+                // The LUNs the agent wrote are not named: all are flushed.
+                store.write_data(sync, Luns::All, job).await?
             };
             if bytes_done < g.len {
                 // A short write: what the device never wrote past end of file goes back.
@@ -885,12 +882,6 @@ impl Grants {
         };
         let store = self.dp.store.clone();
         let written = parts.iter().any(|&(_, len)| len > 0);
-        if sync && written {
-            let devices = self.dp.devices.clone();
-            tokio::task::spawn_blocking(move || devices.flush_all())
-                .await
-                .map_err(|e| FsError::Io(format!("flush task: {e}")))??;
-        }
         let (ino, root) = (g.ino, g.writer_is_root);
         let parts = parts.to_vec();
         let job = move |ctx: &mut crate::store::Ctx<'_>| {
@@ -906,10 +897,10 @@ impl Grants {
                     .attr(InodeId(ino), ctx.block_size)),
             }
         };
-        let done = if sync || !written {
-            (store.write(job).await?, 0)
+        let done = if written {
+            store.write_data(sync, Luns::All, job).await?
         } else {
-            store.write_lazy_numbered(job).await?
+            (store.write(job).await?, 0)
         };
         Ok(done)
     }

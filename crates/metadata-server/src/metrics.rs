@@ -54,7 +54,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sanfs_proto::exposition::{self, Page};
 use tokio::net::TcpListener;
 
-use crate::store::{COMMIT_OPS, COMMIT_SECONDS};
+use crate::store::{COMMIT_OPS, COMMIT_SECONDS, DATA_FLUSHES};
 
 /// Counter: opens answered with the whole of a small file (`OpenRequest::read_small`).
 pub const OPEN_SMALL_FILES: &str = "sanfs_open_small_files_total";
@@ -172,6 +172,10 @@ fn describe_recorded() {
     describe_histogram!(
         COMMIT_OPS,
         "Metadata transactions carried by each commit (group commit)."
+    );
+    describe_counter!(
+        DATA_FLUSHES,
+        "Flushes of the data LUNs' write caches before a durable commit that makes written data readable."
     );
     {
         use crate::store::journal::*;

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sanfs_blockmap::plan::IoPlan;
+use sanfs_blockmap::volume::DeviceIndex;
 use sanfs_proto::model::{RequestId, WriteReply};
 use sanfs_proto::pb;
 use sanfs_proto::types::{Attr, ByteRange, FileType, FsError, InodeId};
@@ -26,7 +27,7 @@ use crate::datadev::DataDevices;
 use crate::locks::{LockMode, RangeLocks, Span};
 use crate::replies;
 use crate::smallfiles::{SMALL_FILE_MAX, SmallFiles};
-use crate::store::{OpError, Store};
+use crate::store::{Luns, OpError, Store};
 
 /// Where a proxied write goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +106,19 @@ impl DataPath {
         let small = Arc::new(SmallFiles::default());
         let forget = Arc::clone(&small);
         locks.set_on_exclusive(Box::new(move |ino| forget.forget(ino)));
+        // Written data is flushed before the commit that makes it readable is durable
+        // (`Store::write_data`): the store's committer flushes these LUNs.
+        let flushed = Arc::clone(&devices);
+        store.set_data_flush(Box::new(move |luns| {
+            match luns {
+                Luns::All => flushed.flush_all(),
+                Luns::Listed(l) => {
+                    let l: Vec<DeviceIndex> = l.iter().map(|d| DeviceIndex(*d)).collect();
+                    flushed.flush(&l)
+                }
+            }
+            .map_err(|e| e.to_string())
+        }));
         DataPath {
             store,
             locks,
@@ -212,14 +226,20 @@ impl DataPath {
         .map_err(join_error)?
     }
 
-    async fn write_plan(&self, plan: IoPlan, buf: Vec<u8>, sync: bool) -> Result<(), FsError> {
+    /// Writes `buf` by `plan` (flushing the LUNs written if `sync`); answers the LUNs written.
+    async fn write_plan(
+        &self,
+        plan: IoPlan,
+        buf: Vec<u8>,
+        sync: bool,
+    ) -> Result<Vec<DeviceIndex>, FsError> {
         let devices = self.devices.clone();
         tokio::task::spawn_blocking(move || {
             let touched = devices.write_plan(&plan, &buf)?;
             if sync {
                 devices.flush(&touched)?;
             }
-            Ok(())
+            Ok(touched)
         })
         .await
         .map_err(join_error)?
@@ -287,7 +307,7 @@ impl DataPath {
         }
         buf[from..to].fill(0);
         // Written extents plan the same for reads and writes.
-        self.write_plan(mapped.plan, buf, true).await
+        self.write_plan(mapped.plan, buf, true).await.map(|_| ())
     }
 
     /// A proxied read: at most `len` bytes from `off`, fewer at end of file.
@@ -362,13 +382,13 @@ impl DataPath {
             .filter(|a| a.size > 0 && a.size <= SMALL_FILE_MAX && a.kind == FileType::Regular)
     }
 
-    /// A proxied write of `bytes` at `pos`. Returns the offset written and the new attributes.
+    /// A proxied write of `bytes` at `pos`. Returns the offset written and the new attributes,
+    /// once the data is flushed and its completion durable (an O_SYNC write needs no more).
     pub async fn write(
         &self,
         ino: u64,
         pos: Position,
         bytes: Vec<u8>,
-        sync: bool,
         writer_is_root: bool,
         owner: u64,
     ) -> Result<(u64, Attr), FsError> {
@@ -462,14 +482,18 @@ impl DataPath {
         // Blocks a fallocate noted for zeroing are zeroed before the server writes into
         // them, never after.
         self.zero_fresh().await?;
-        self.write_plan(mapped.plan, buf, sync).await?;
+        // Not flushed here: the commit below flushes the LUNs first.
+        let touched = self.write_plan(mapped.plan, buf, false).await?;
+        let touched = Luns::listed(touched.iter().map(|d| d.0).collect());
         // One durable commit per proxied write: the completion (Unwritten -> Written, the new
         // size) is acknowledged only once durable, and it makes the lazy allocation above
         // durable with it. Two syncs per small write (allocation, then completion) made
-        // bonnie++'s 8 KiB writes run at tens of writes a second.
-        let attr = self
+        // bonnie++'s 8 KiB writes run at tens of writes a second. The data LUNs are flushed
+        // before that commit (shared by every write of its group): a LUN that loses its
+        // volatile cache at a power cut cannot leave the blocks Written over old bytes.
+        let (attr, _) = self
             .store
-            .write(move |ctx| {
+            .write_data(true, touched, move |ctx| {
                 let attr =
                     data::complete_write_to(ctx, InodeId(ino), a, b - a, end, writer_is_root)?;
                 if let Some(once) = once {

@@ -259,15 +259,11 @@ impl Server {
         if all_durable {
             outcomes.resize(req.records.len(), ReplayOutcome::Durable);
         } else {
-            let devices = self.grants.data_path().devices.clone();
-            tokio::task::spawn_blocking(move || devices.flush_all())
-                .await
-                .map_err(|e| fs_status(&FsError::Io(format!("flush task: {e}"))))?
-                .map_err(|e| fs_status(&e))?;
             let volume = self.store.volume_cell();
             let records = req.records.clone();
+            // The replayed writes' data is flushed before their conversions are durable.
             let results = self
-                .write(move |ctx| {
+                .write_data(move |ctx| {
                     records
                         .iter()
                         .map(|r| crate::reclaim::replay_write(ctx, &volume.get(), survived, r))
@@ -575,7 +571,6 @@ impl Data for DataService {
                     req.inode.0,
                     pos,
                     req.data,
-                    req.sync,
                     req.cred.is_root(),
                     req.handle.session.0,
                 )
@@ -611,15 +606,16 @@ impl Data for DataService {
             // flush them. The agent flushes the LUNs it wrote itself.
             let bs = self.server.store.block_size();
             self.server.read(|t| t.getattr(bs, req.inode))?;
-            // The data first, then the metadata that makes it readable: a crash between the
-            // two leaves blocks Unwritten (zeros), never Written over data still in a cache.
-            let devices = self.server.grants.data_path().devices.clone();
-            tokio::task::spawn_blocking(move || devices.flush_all())
+            // The data first (the LUNs' write caches are flushed: also what the server wrote
+            // in place on the proxied path), then the metadata that makes it readable: lazy
+            // conversions of completed direct and proxied writes become durable here. A
+            // crash between the two leaves blocks Unwritten (zeros), never Written over data
+            // still in a cache.
+            self.server
+                .store
+                .sync_data()
                 .await
-                .map_err(|e| fs_status(&FsError::Io(format!("flush task: {e}"))))?
                 .map_err(|e| fs_status(&e))?;
-            // Lazy conversions of completed direct and proxied writes become durable here.
-            self.server.store.sync().await.map_err(|e| fs_status(&e))?;
             Ok(pb::FsyncReply {})
         })
         .await

@@ -48,7 +48,7 @@ use crate::clock::Clock;
 use crate::datadev::DataDevices;
 use crate::grants::Grants;
 use crate::proxy::DataPath;
-use crate::store::{Ctx, OpError, ReadTables, Store};
+use crate::store::{Ctx, Luns, OpError, ReadTables, Store};
 use identity::NodeIdentity;
 
 /// The server's software version, reported in `ServerInfo` and `ServerStatus`.
@@ -336,6 +336,18 @@ impl Server {
         let r = self.store.write(f).await;
         self.pending_writes.fetch_sub(1, Ordering::Relaxed);
         r.map_err(|e| fs_status(&e))
+    }
+
+    /// A change in the next durable group commit, made durable only after the data LUNs are
+    /// flushed (`Store::write_data`).
+    pub(crate) async fn write_data<R: Send + 'static>(
+        &self,
+        f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
+    ) -> Result<R, Status> {
+        self.pending_writes.fetch_add(1, Ordering::Relaxed);
+        let r = self.store.write_data(true, Luns::All, f).await;
+        self.pending_writes.fetch_sub(1, Ordering::Relaxed);
+        r.map(|(r, _)| r).map_err(|e| fs_status(&e))
     }
 
     /// The session a Namespace request is made under: its `sanfs-session` header

@@ -50,11 +50,51 @@ pub struct Ctx<'t> {
     /// files again only after its replays; the recovery after the reclaim window reaps the
     /// orphans nobody opened again.
     pub replaying: bool,
+    /// The job was queued as data work ([`Job::flush`], `Store::write_data`): only such a job
+    /// may make written blocks readable (`data::complete_write_to` refuses otherwise), so
+    /// that no conversion becomes durable before its data is flushed. Set per job.
+    pub data: bool,
 }
 
 /// A job's answer, called with its commit's number once that commit is done (or failed).
 pub(super) type Reply = Box<dyn FnOnce(Result<u64, String>) + Send>;
-pub(super) type Run = Box<dyn for<'t> FnOnce(&mut Ctx<'t>) -> (Reply, bool) + Send>;
+/// A job's work: run on the batch's transaction, or told why its batch was refused before
+/// anything ran (`Err`: the data LUNs could not be flushed, see [`Job::flush`]).
+pub(super) type Run = Box<dyn for<'t> FnOnce(Result<&mut Ctx<'t>, &str>) -> (Reply, bool) + Send>;
+
+/// Flushes the write caches of the data LUNs named (set by the server once its LUNs are open,
+/// [`super::Store::set_data_flush`]); an error says why.
+pub type DataFlush = Box<dyn Fn(&Luns) -> Result<(), String> + Send + Sync>;
+
+/// The data LUNs a job's data was written to (indexes in the volume's device list).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Luns {
+    /// Every LUN (the caller does not know which, or an fsync).
+    All,
+    /// These (sorted, without repeats).
+    Listed(Vec<u32>),
+}
+
+impl Luns {
+    /// These LUNs (in any order, repeats allowed).
+    pub fn listed(mut luns: Vec<u32>) -> Luns {
+        luns.sort_unstable();
+        luns.dedup();
+        Luns::Listed(luns)
+    }
+
+    /// The LUNs of both.
+    pub fn union(&self, other: &Luns) -> Luns {
+        match (self, other) {
+            (Luns::Listed(a), Luns::Listed(b)) => Luns::listed([a.as_slice(), b].concat()),
+            _ => Luns::All,
+        }
+    }
+}
+
+/// Counter of the data LUN flushes the committer made before durable commits (see
+/// [`Job::flush`]).
+pub const DATA_FLUSHES: &str = "sanfs_commit_data_flushes_total";
 
 /// A queued change. A `lazy` one may be committed without a sync: it becomes durable with the
 /// next durable commit (any non-lazy job, or [`Store::sync`]), and a crash before that loses
@@ -68,10 +108,17 @@ pub(super) type Run = Box<dyn for<'t> FnOnce(&mut Ctx<'t>) -> (Reply, bool) + Se
 /// durable state they were made on; and other sessions never see them before they are
 /// durable ([`Store::foreign_undurable`] tells readers when to sync first). `owner` 0: a
 /// lazy change that belongs to nobody (a write completion).
+///
+/// A `flush` job (with the LUNs its data went to) makes data written to the LUNs readable (an Unwritten -> Written
+/// conversion) or must be durable only after that data (fsync): the data LUNs' write caches
+/// are flushed before the commit that makes it durable, its own if it is durable, else the
+/// next durable one. Data a crash of a LUN's volatile cache loses then reads as zeros (its
+/// blocks are still Unwritten), never as the blocks' old bytes.
 pub(super) struct Job {
     pub(super) run: Run,
     pub(super) lazy: bool,
     pub(super) owner: u64,
+    pub(super) flush: Option<Luns>,
 }
 
 /// Whether a batch must be durable: it has a non-lazy job, or owned lazy jobs of more than
@@ -110,6 +157,8 @@ pub struct CommitStats {
     pub commits: AtomicU64,
     pub ops: AtomicU64,
     pub failed_ops: AtomicU64,
+    /// Flushes of the data LUNs before durable commits ([`Job::flush`]).
+    pub data_flushes: AtomicU64,
 }
 
 pub(super) struct Shared {
@@ -126,6 +175,9 @@ pub(super) struct Shared {
     pub(super) reason: Mutex<Option<String>>,
     pub(super) poison_notify: tokio::sync::Notify,
     pub(super) stats: CommitStats,
+    /// How the data LUNs are flushed before a durable commit carrying [`Job::flush`] work
+    /// (unset: a store without data LUNs, as in tools and tests).
+    pub(super) data_flush: std::sync::OnceLock<DataFlush>,
 }
 
 impl Shared {
@@ -233,6 +285,8 @@ pub(super) fn committer_loop(
     let mut seq = 0u64;
     // When the oldest commit that is not durable yet was made.
     let mut lazy_since: Option<std::time::Instant> = None;
+    // A lazy commit carried `flush` work and no flush has been made since.
+    let mut unflushed: Option<Luns> = None;
     loop {
         let received = match lazy_since {
             None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
@@ -241,9 +295,10 @@ pub(super) fn committer_loop(
             ),
         };
         let empty_durable = || Job {
-            run: Box::new(|_: &mut Ctx<'_>| (Box::new(|_| {}) as Reply, true)),
+            run: Box::new(|_: Result<&mut Ctx<'_>, &str>| (Box::new(|_| {}) as Reply, true)),
             lazy: false,
             owner: 0,
+            flush: None,
         };
         let mut last = false;
         let first = match received {
@@ -282,6 +337,35 @@ pub(super) fn committer_loop(
         let overdue = lazy_since.is_some_and(|t| t.elapsed() >= LAZY_SYNC_AFTER);
         let durable =
             overdue || batch_durable(&batch, shared.undurable_owner.load(Ordering::SeqCst));
+        let to_flush = batch
+            .iter()
+            .filter_map(|j| j.flush.as_ref())
+            .fold(unflushed.clone(), |acc, l| {
+                Some(acc.map_or_else(|| l.clone(), |a| a.union(l)))
+            });
+        if let (true, Some(luns)) = (durable, &to_flush) {
+            // Every job's data was written before it was queued, and every earlier lazy
+            // conversion's before its own batch: one flush now covers them all.
+            if let Err(why) = flush_data(shared, luns) {
+                tracing::error!(reason = %why, jobs = n, "flushing the data LUNs before a durable commit failed: its batch is refused");
+                shared.stats.failed_ops.fetch_add(n, Ordering::Relaxed);
+                for job in batch {
+                    let (reply, _) = (job.run)(Err(&why));
+                    reply(Err(why.clone()));
+                }
+                // The lazy work stays undurable; try again a whole interval later, not at once.
+                if lazy_since.is_some() {
+                    lazy_since = Some(std::time::Instant::now());
+                }
+                if last {
+                    break;
+                }
+                continue;
+            }
+            unflushed = None;
+        } else {
+            unflushed = to_flush;
+        }
         seq += 1;
         if !durable {
             let owner = batch_owner(&batch);
@@ -338,6 +422,17 @@ pub(super) fn committer_loop(
     }
 }
 
+/// Flushes the data LUNs through the server's [`DataFlush`] (none set: nothing to flush).
+fn flush_data(shared: &Shared, luns: &Luns) -> Result<(), String> {
+    let Some(flush) = shared.data_flush.get() else {
+        return Ok(());
+    };
+    flush(luns)?;
+    shared.stats.data_flushes.fetch_add(1, Ordering::Relaxed);
+    metrics::counter!(DATA_FLUSHES).increment(1);
+    Ok(())
+}
+
 type BatchResult = Result<Vec<Reply>, (String, Vec<Reply>)>;
 
 fn run_batch(
@@ -377,7 +472,8 @@ fn run_batch(
             let run = job.run;
             ctx.forced_inode = None;
             ctx.replaying = false;
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&mut ctx))) {
+            ctx.data = job.flush.is_some();
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(Ok(&mut ctx)))) {
                 Ok((reply, fine)) => {
                     replies.push(reply);
                     ok = fine;
@@ -443,6 +539,7 @@ fn open_ctx<'t>(
         block_size,
         forced_inode: None,
         replaying: false,
+        data: false,
     })
 }
 
@@ -452,9 +549,10 @@ mod tests {
 
     fn job(lazy: bool, owner: u64) -> Job {
         Job {
-            run: Box::new(|_: &mut Ctx<'_>| (Box::new(|_| {}) as Reply, true)),
+            run: Box::new(|_: Result<&mut Ctx<'_>, &str>| (Box::new(|_| {}) as Reply, true)),
             lazy,
             owner,
+            flush: None,
         }
     }
 
@@ -473,5 +571,14 @@ mod tests {
         assert!(batch_durable(&[job(true, 7), job(false, 0)], 0));
         assert_eq!(batch_owner(&[job(true, 0), job(true, 9)]), 9);
         assert_eq!(batch_owner(&[job(true, 0)]), 0);
+    }
+
+    #[test]
+    fn luns_to_flush_add_up() {
+        let (a, b) = (Luns::listed(vec![3, 1, 3]), Luns::listed(vec![2, 1]));
+        assert_eq!(a, Luns::Listed(vec![1, 3]));
+        assert_eq!(a.union(&b), Luns::Listed(vec![1, 2, 3]));
+        assert_eq!(a.union(&Luns::All), Luns::All);
+        assert_eq!(Luns::All.union(&b), Luns::All);
     }
 }

@@ -53,7 +53,10 @@ use backend::SimDisk;
 use device::BlockDeviceBackend;
 use records::{GrownDevices, InodeRec, STORE_FORMAT_VERSION, Superblock};
 
-pub use committer::{COMMIT_OPS, COMMIT_SECONDS, CommitStats, Ctx, LAZY_SYNC_AFTER, State, Usage};
+pub use committer::{
+    COMMIT_OPS, COMMIT_SECONDS, CommitStats, Ctx, DATA_FLUSHES, DataFlush, LAZY_SYNC_AFTER, Luns,
+    State, Usage,
+};
 use committer::{Job, Reply, Run, Shared, committer_loop};
 pub(crate) use db::{Verify, open_db, open_db_read_only, read_image};
 use db::{bump_boot_epoch, load, load_grown_devices};
@@ -256,6 +259,7 @@ impl Store {
             reason: Mutex::new(None),
             poison_notify: tokio::sync::Notify::new(),
             stats: CommitStats::default(),
+            data_flush: std::sync::OnceLock::new(),
         });
         let db = Arc::new(db);
         let (tx, rx) = mpsc::channel::<Job>();
@@ -493,9 +497,16 @@ impl Store {
         }
     }
 
+    /// Sets how the data LUNs are flushed before a durable commit that makes written data
+    /// readable ([`Store::write_data`]); only the first call takes effect (answers whether
+    /// this one did).
+    pub fn set_data_flush(&self, flush: DataFlush) -> bool {
+        self.shared.data_flush.set(flush).is_ok()
+    }
+
     fn submit<R: Send + 'static>(
         &self,
-        (lazy, owner): (bool, u64),
+        (lazy, owner, flush): (bool, u64, Option<Luns>),
         f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
         done: impl FnOnce(Result<(R, u64), FsError>) + Send + 'static,
     ) {
@@ -504,25 +515,43 @@ impl Store {
             return;
         }
         let shared = self.shared.clone();
-        let run: Run = Box::new(move |ctx: &mut Ctx<'_>| match f(ctx) {
-            Ok(r) => (
-                Box::new(move |commit: Result<u64, String>| match commit {
-                    Ok(seq) => done(Ok((r, seq))),
-                    Err(why) => done(Err(FsError::Io(format!("metadata commit failed: {why}")))),
-                }) as Reply,
-                true,
-            ),
-            Err(OpError::Fs(e)) => (Box::new(move |_| done(Err(e))) as Reply, true),
-            Err(OpError::Store(why)) => {
-                shared.poison(why.clone());
-                (
-                    Box::new(move |_| done(Err(FsError::Io(format!("metadata store: {why}")))))
-                        as Reply,
-                    false,
-                )
+        let run: Run = Box::new(move |ctx: Result<&mut Ctx<'_>, &str>| {
+            let ctx = match ctx {
+                Ok(ctx) => ctx,
+                Err(why) => {
+                    let e = FsError::Io(format!(
+                        "flushing the data LUNs before the metadata commit failed: {why}"
+                    ));
+                    return (Box::new(move |_| done(Err(e))) as Reply, true);
+                }
+            };
+            match f(ctx) {
+                Ok(r) => (
+                    Box::new(move |commit: Result<u64, String>| match commit {
+                        Ok(seq) => done(Ok((r, seq))),
+                        Err(why) => {
+                            done(Err(FsError::Io(format!("metadata commit failed: {why}"))))
+                        }
+                    }) as Reply,
+                    true,
+                ),
+                Err(OpError::Fs(e)) => (Box::new(move |_| done(Err(e))) as Reply, true),
+                Err(OpError::Store(why)) => {
+                    shared.poison(why.clone());
+                    (
+                        Box::new(move |_| done(Err(FsError::Io(format!("metadata store: {why}")))))
+                            as Reply,
+                        false,
+                    )
+                }
             }
         });
-        let job = Job { run, lazy, owner };
+        let job = Job {
+            run,
+            lazy,
+            owner,
+            flush,
+        };
         let sent = self
             .jobs
             .lock()
@@ -544,10 +573,36 @@ impl Store {
         f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
     ) -> Result<R, FsError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.submit((false, 0), f, move |r| {
+        self.submit((false, 0, None), f, move |r| {
             let _ = tx.send(r.map(|(r, _)| r));
         });
         rx.await.unwrap_or_else(|_| Err(self.shared.poison_error()))
+    }
+
+    /// A change that makes data written to `luns` readable (Unwritten -> Written), or that
+    /// must not be durable before data written there so far: those LUNs are flushed before
+    /// the commit that makes it durable (`committer::Job::flush`). `durable`: answered once
+    /// durable (as [`Store::write`]; the number answered is then 0), else once committed (as
+    /// [`Store::write_lazy_numbered`], with the number of its commit).
+    pub async fn write_data<R: Send + 'static>(
+        &self,
+        durable: bool,
+        luns: Luns,
+        f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
+    ) -> Result<(R, u64), FsError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.submit((!durable, 0, Some(luns)), f, move |r| {
+            let _ = tx.send(r.map(|(r, seq)| (r, if durable { 0 } else { seq })));
+        });
+        rx.await.unwrap_or_else(|_| Err(self.shared.poison_error()))
+    }
+
+    /// Makes every change committed so far durable, after flushing the data LUNs (fsync of
+    /// a file: its data, then the metadata that makes it readable).
+    pub async fn sync_data(&self) -> Result<(), FsError> {
+        self.write_data(true, Luns::All, |_| Ok(()))
+            .await
+            .map(|_| ())
     }
 
     /// Runs `f` in the next group commit and answers once that commit is done, durable or
@@ -569,7 +624,7 @@ impl Store {
         f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
     ) -> Result<(R, u64), FsError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.submit((true, 0), f, move |r| {
+        self.submit((true, 0, None), f, move |r| {
             let _ = tx.send(r);
         });
         rx.await.unwrap_or_else(|_| Err(self.shared.poison_error()))
@@ -585,7 +640,7 @@ impl Store {
         f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
     ) -> Result<(R, u64), FsError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.submit((true, owner), f, move |r| {
+        self.submit((true, owner, None), f, move |r| {
             let _ = tx.send(r);
         });
         rx.await.unwrap_or_else(|_| Err(self.shared.poison_error()))
@@ -614,7 +669,7 @@ impl Store {
         f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
     ) -> Result<R, FsError> {
         let (tx, rx) = mpsc::sync_channel(1);
-        self.submit((false, 0), f, move |r| {
+        self.submit((false, 0, None), f, move |r| {
             let _ = tx.send(r.map(|(r, _)| r));
         });
         rx.recv()

@@ -50,6 +50,11 @@ pub fn create(dp: &DataPath, n: &str) -> u64 {
 
 /// Creates a regular file in the root of `store`; returns its inode.
 pub fn create_in(store: &Store, n: &str) -> u64 {
+    try_create_in(store, n).unwrap()
+}
+
+/// [`create_in`] that answers the store's error.
+pub fn try_create_in(store: &Store, n: &str) -> Result<u64, sanfs_proto::types::FsError> {
     let n = name(n);
     store
         .write_blocking(move |ctx| {
@@ -72,10 +77,7 @@ pub fn create_in(store: &Store, n: &str) -> u64 {
                 },
             )
         })
-        .unwrap()
-        .attr
-        .ino
-        .0
+        .map(|r| r.attr.ino.0)
 }
 
 /// The direct client's device I/O for a plan: pwrite/pread on the LUN files.
@@ -170,9 +172,12 @@ async fn direct_and_proxied_io_interleave_coherently() {
                 device_write(&c.luns, &g.plan, &buf);
                 let attr = dp
                     .store
-                    .write(move |ctx| data::complete_write(ctx, InodeId(ino), off, len, false))
+                    .write_data(true, sanfs_mds::store::Luns::All, move |ctx| {
+                        data::complete_write(ctx, InodeId(ino), off, len, false)
+                    })
                     .await
-                    .unwrap();
+                    .unwrap()
+                    .0;
                 let end = (off + len) as usize;
                 if m.len() < end {
                     m.resize(end, 0);
@@ -187,14 +192,7 @@ async fn direct_and_proxied_io_interleave_coherently() {
                 let fill = (step as u8).wrapping_mul(17) | 1;
                 let buf: Vec<u8> = (0..len).map(|i| fill ^ (i as u8).rotate_left(3)).collect();
                 let (at, attr) = dp
-                    .write(
-                        ino,
-                        Position::At(off),
-                        buf.clone(),
-                        rng.below(4) == 0,
-                        true,
-                        0,
-                    )
+                    .write(ino, Position::At(off), buf.clone(), true, 0)
                     .await
                     .unwrap();
                 assert_eq!(at, off);

@@ -33,6 +33,7 @@ mod coherence;
 mod common;
 mod crash;
 mod crash_real;
+mod dataflush;
 mod deploy_units;
 mod evict;
 mod format_cli;

@@ -14,7 +14,7 @@ use sanfs_mds::reclaim::replay_write;
 use sanfs_mds::space::trim_unwritten_past_eof;
 use sanfs_mds::store::ReaderInodes;
 use sanfs_mds::store::backend::{FaultPlan, SimDisk};
-use sanfs_mds::store::{Backend, LAZY_SYNC_AFTER, Store};
+use sanfs_mds::store::{Backend, LAZY_SYNC_AFTER, Luns, Store};
 use sanfs_proto::model::{ReplayOutcome, ReplayRecord, ReplayRun};
 use sanfs_proto::types::{ByteRange, InodeId, SessionEpoch};
 
@@ -46,9 +46,12 @@ fn size(store: &Store, ino: u64) -> u64 {
 async fn replay(store: &Store, r: ReplayRecord) -> ReplayOutcome {
     let (volume, survived) = (store.volume().clone(), store.survived());
     store
-        .write(move |ctx| replay_write(ctx, &volume, survived, &r))
+        .write_data(true, Luns::All, move |ctx| {
+            replay_write(ctx, &volume, survived, &r)
+        })
         .await
         .unwrap()
+        .0
         .0
 }
 
@@ -79,11 +82,15 @@ fn a_lost_lazy_completion_is_replayed_only_onto_the_blocks_it_wrote() {
             .unwrap();
         let durable = store.durable_seq();
         let (_, seq_f) = store
-            .write_lazy_numbered(move |ctx| complete_write(ctx, InodeId(f), 0, 128 * KIB, false))
+            .write_data(false, Luns::All, move |ctx| {
+                complete_write(ctx, InodeId(f), 0, 128 * KIB, false)
+            })
             .await
             .unwrap();
         let (_, seq_g) = store
-            .write_lazy_numbered(move |ctx| complete_write(ctx, InodeId(g), 0, 64 * KIB, false))
+            .write_data(false, Luns::All, move |ctx| {
+                complete_write(ctx, InodeId(g), 0, 64 * KIB, false)
+            })
             .await
             .unwrap();
         (mf, mg, seq_f, seq_g, durable)
@@ -168,7 +175,9 @@ fn lazy_work_becomes_durable_on_its_own_within_the_bound() {
             .await
             .unwrap();
         let (_, seq) = store
-            .write_lazy_numbered(move |ctx| complete_write(ctx, InodeId(f), 0, 64 * KIB, false))
+            .write_data(false, Luns::All, move |ctx| {
+                complete_write(ctx, InodeId(f), 0, 64 * KIB, false)
+            })
             .await
             .unwrap();
         assert!(store.durable_seq() < seq);

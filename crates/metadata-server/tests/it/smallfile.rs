@@ -123,7 +123,7 @@ async fn kept_bytes_go_as_an_exclusive_lock_is_granted_before_a_direct_write() {
     let dp = &c.dp;
     let ino = create(dp, "small");
     let first = vec![1u8; 5000];
-    dp.write(ino, Position::At(0), first.clone(), true, true, 0)
+    dp.write(ino, Position::At(0), first.clone(), true, 0)
         .await
         .expect("proxied write");
     assert_eq!(
@@ -154,7 +154,9 @@ async fn kept_bytes_go_as_an_exclusive_lock_is_granted_before_a_direct_write() {
     let second = vec![2u8; 8192];
     device_write(&c.luns, &g.plan, &second);
     dp.store
-        .write(move |ctx| data::complete_write(ctx, InodeId(ino), 0, 8192, false))
+        .write_data(true, sanfs_mds::store::Luns::All, move |ctx| {
+            data::complete_write(ctx, InodeId(ino), 0, 8192, false)
+        })
         .await
         .expect("complete");
     drop(held);

@@ -151,9 +151,7 @@ fn map_write_then_complete_converts_exactly_the_done_prefix() {
     let bad = store.write_blocking(move |ctx| data::map_write(ctx, &v, InodeId(ino), 512, 4096));
     assert!(matches!(bad, Err(FsError::Invalid(_))), "{bad:?}");
     // The device wrote the first 768 KiB only.
-    let attr = store
-        .write_blocking(move |ctx| data::complete_write(ctx, InodeId(ino), 0, 768 << 10, false))
-        .unwrap();
+    let attr = crate::support::complete_blocking(&store, ino, 0, 768 << 10);
     assert_eq!(attr.size, 768 << 10);
     let ext = store.read(|t| t.extent_list(InodeId(ino))).unwrap();
     let written: u64 = ext
@@ -229,9 +227,7 @@ fn preallocation_stops_at_the_largest_file_size_and_fsck_checks_it() {
     assert!(end <= max_end_block, "extents end at block {end}: {ext:?}");
     assert_eq!(end, offset / bs + 1 + (ahead.1 - ahead.0));
     // The write lands; a second one right after it is within the preallocation.
-    store
-        .write_blocking(move |ctx| data::complete_write(ctx, InodeId(ino), offset, bs, false))
-        .unwrap();
+    crate::support::complete_blocking(&store, ino, offset, bs);
     store.close();
     drop(store);
     let backend = sanfs_mds::store::Backend::Sim(disk.clone());

@@ -39,3 +39,24 @@ pub fn new_store(clock: &Clock) -> (Store, SimDisk) {
 pub fn name(s: &str) -> FileName {
     FileName::new(s.as_bytes().to_vec()).unwrap()
 }
+
+/// A write's completion (`data::complete_write` of `[off, off + len)`) as a durable data
+/// commit, for tests outside an async runtime.
+pub fn complete_blocking(store: &Store, ino: u64, off: u64, len: u64) -> sanfs_proto::types::Attr {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(
+            store.write_data(true, sanfs_mds::store::Luns::All, move |ctx| {
+                sanfs_mds::data::complete_write(
+                    ctx,
+                    sanfs_proto::types::InodeId(ino),
+                    off,
+                    len,
+                    false,
+                )
+            }),
+        )
+        .unwrap()
+        .0
+}
