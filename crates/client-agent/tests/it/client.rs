@@ -188,9 +188,13 @@ async fn concurrent_writes_are_seen_by_the_other_nodes_next_read() {
         .await
         .unwrap();
     let completed = [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
+    // The reader's passes over both regions: the writer lets one whole pass run after each
+    // version (however the two tasks are scheduled), so the reader's cached grants are
+    // there for the next version's writes to recall.
+    let passes = Arc::new(AtomicU64::new(0));
     const VERSIONS: u64 = 40;
     let writer = {
-        let (a, completed) = (Arc::clone(&a), completed.clone());
+        let (a, completed, passes) = (Arc::clone(&a), completed.clone(), Arc::clone(&passes));
         tokio::spawn(async move {
             for v in 1..=VERSIONS {
                 for (i, (off, len)) in [R0, R1].into_iter().enumerate() {
@@ -198,6 +202,13 @@ async fn concurrent_writes_are_seen_by_the_other_nodes_next_read() {
                         .await
                         .unwrap();
                     completed[i].store(v, Ordering::SeqCst);
+                }
+                let seen = passes.load(Ordering::SeqCst);
+                let waited = std::time::Instant::now();
+                while passes.load(Ordering::SeqCst) < seen + 2
+                    && waited.elapsed() < std::time::Duration::from_secs(10)
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
                 }
             }
         })
@@ -224,6 +235,7 @@ async fn concurrent_writes_are_seen_by_the_other_nodes_next_read() {
             );
             reads += 1;
         }
+        passes.fetch_add(1, Ordering::SeqCst);
         if done {
             break;
         }
