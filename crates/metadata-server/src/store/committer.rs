@@ -109,10 +109,10 @@ pub const DATA_FLUSHES: &str = "sanfs_commit_data_flushes_total";
 /// durable ([`Store::foreign_undurable`] tells readers when to sync first). `owner` 0: a
 /// lazy change that belongs to nobody (a write completion).
 ///
-/// A `flush` job (with the LUNs its data went to) makes data written to the LUNs readable (an Unwritten -> Written
-/// conversion) or must be durable only after that data (fsync): the data LUNs' write caches
-/// are flushed before the commit that makes it durable, its own if it is durable, else the
-/// next durable one. Data a crash of a LUN's volatile cache loses then reads as zeros (its
+/// A `flush` job (with the LUNs its data went to) makes data written there readable (an
+/// Unwritten -> Written conversion) or must be durable only after that data (fsync): those
+/// LUNs' write caches are flushed before the commit that makes it durable, its own if it is
+/// durable, else the next durable one. Data a crash of a LUN's volatile cache loses then reads as zeros (its
 /// blocks are still Unwritten), never as the blocks' old bytes.
 pub(super) struct Job {
     pub(super) run: Run,
