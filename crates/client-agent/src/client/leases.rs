@@ -715,16 +715,6 @@ impl LeaseCache {
         self.lock().forget(inos, dirs);
     }
 
-    /// This agent's own write reached the server (a write-back of held bytes, a write
-    /// through, a completion): the file's size, mtime and perhaps mode (a write by another
-    /// user than root clears setuid) changed there. What this cache holds of it goes, and
-    /// so do the kernel's attributes, which it may hold from before under this node's lease
-    /// (the server recalls only the other nodes' leases). Never on a FUSE thread.
-    pub fn own_write_done(&self, ino: InodeId) {
-        self.forget(&[ino], &[]);
-        self.invalidate_kernel(&[ino]);
-    }
-
     /// Begins a namespace change of this agent that removes the names `removed` and adds
     /// the names `added` (and changes the attributes of `inos`): what the cache holds of
     /// them and of their directories goes, and the change is noted in progress on each

@@ -291,7 +291,7 @@ impl Inner {
         // and written back now): what the lease cache holds of them goes (the server recalls
         // only the other nodes' leases).
         if grant.mode == LockMode::Exclusive {
-            self.leases.own_write_done(grant.inode);
+            self.leases.forget(&[grant.inode], &[]);
         }
         self.note_completion(view, grant, &parts, &reply);
         Ok(reply.attr)

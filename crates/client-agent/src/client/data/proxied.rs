@@ -102,7 +102,7 @@ impl Inner {
         // The size and mtime moved (also for a write held back earlier and written back
         // now): what the lease cache holds of them goes (the server recalls only the other
         // nodes' leases).
-        self.leases.own_write_done(ino);
+        self.leases.forget(&[ino], &[]);
         if reply.written.len() != data.len() as u64 {
             return Err(FsError::Io(format!(
                 "proxied write of {} bytes wrote {}",
