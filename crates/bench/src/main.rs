@@ -455,8 +455,21 @@ async fn figures(c: Common, parts: &[Part]) -> anyhow::Result<bool> {
     Ok(report.errors.is_empty())
 }
 
+/// The logs of what runs inside the bench (the exerciser's and the gRPC parts' metadata
+/// servers, the client library): warnings and errors on stderr, or what `RUST_LOG` says.
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -182,6 +182,10 @@ impl Client {
         changes: SetAttr,
         fh: Option<&FileHandle>,
     ) -> Result<Attr, FsError> {
+        // In the application's order: bytes it wrote before this change and this node holds
+        // back reach the server first (a write-back after it would undo a `futimens` of the
+        // mtime, as `cp -p` does, or clear the setuid bit a `chmod` after the write set).
+        self.write_back_barrier(ino).await;
         self.inner.settle(ino).await;
         let req = pb::SetAttrRequest::from(SetAttrRequest {
             cred: cred.clone(),

@@ -1164,6 +1164,76 @@ pub(crate) fn as_uid_1000(argv: &[&str]) -> (std::process::ExitStatus, Vec<u8>) 
     (out.status, out.stdout)
 }
 
+/// Bytes this node holds back and an attribute change after them keep the application's
+/// order: a `chmod u+s` by the file's owner after its write keeps the bit, a `futimens` after
+/// a write (as `cp -p` does) keeps its mtime, and a write after a `chmod u+s` clears the bit
+/// (the writer's node having looked at the file in between). Each seen through this node and
+/// another node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_back_writes_and_attribute_changes_keep_the_applications_order() {
+    use std::os::unix::fs::PermissionsExt;
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let m = Mount::start(&srv, "order", "allow_other").await;
+    let other = Mount::start(&srv, "order-other", "").await;
+    // uid 1000 must reach the mount point: the temp dir above it is 0700.
+    std::fs::set_permissions(
+        m.path.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let (f, g, mnt) = (m.p("f"), other.p("f"), m.path.clone());
+    let (t, u) = (m.p("times"), other.p("times"));
+    timed("held-back writes and attribute changes", 120, move || {
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+        let both = |want: u32, what: &str| {
+            assert_eq!(mode(&f), want, "{what}: this node");
+            assert_eq!(mode(&g), want, "{what}: another node");
+        };
+        let held = || {
+            agent_status(&mnt)["agent"]["write_back"]["held_writes"]
+                .as_u64()
+                .unwrap()
+        };
+        let held_before = held();
+        std::fs::write(&f, vec![7u8; 5000]).unwrap();
+        std::os::unix::fs::chown(&f, Some(1000), Some(1000)).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let file = f.to_str().unwrap();
+        // A write in place, then chmod u+s, then close.
+        let script = format!("exec 3<>{file}; printf abc >&3; chmod 4755 {file}; exec 3>&-");
+        let (st, _) = as_uid_1000(&["sh", "-c", &script]);
+        assert!(st.success(), "uid 1000 writes, then sets setuid");
+        both(0o4755, "chmod u+s after a write");
+        // chmod u+s, a write in place, a look at the file, then close.
+        let script = format!(
+            "chmod 4755 {file}; exec 3<>{file}; printf xyz >&3; stat -c %a {file}; exec 3>&-"
+        );
+        let (st, _) = as_uid_1000(&["sh", "-c", &script]);
+        assert!(st.success(), "uid 1000 sets setuid, then writes");
+        both(0o755, "a write by uid 1000 after chmod u+s");
+        // A write, then its mtime set on the open file, then close (`cp -p`).
+        let when = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        {
+            let w = std::fs::File::create(&t).unwrap();
+            use std::io::Write;
+            (&w).write_all(&[9u8; 5000]).unwrap();
+            w.set_times(std::fs::FileTimes::new().set_modified(when))
+                .unwrap();
+        }
+        let mtime = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+        assert_eq!(mtime(&t), when, "the mtime set after a write: this node");
+        assert_eq!(mtime(&u), when, "the mtime set after a write: another node");
+        assert!(held() > held_before, "writes were held back");
+    })
+    .await;
+    drop(m);
+    drop(other);
+    srv.stop().await;
+}
+
 /// The mount leaves clearing setuid/setgid and file capabilities to the server
 /// (`FUSE_HANDLE_KILLPRIV_V2`: the kernel sends a chown or truncate as it is, without asking
 /// for the attributes first), which must do what the kernel would: a truncate or write by
