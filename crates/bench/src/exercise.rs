@@ -588,6 +588,63 @@ impl<'a> Exerciser<'a> {
         }
     }
 
+    /// After a read that did not match: the same range read again through each mount by
+    /// name, buffered and with `O_DIRECT` (past the kernel's page cache), each said to match
+    /// the model or not. Tells a stale cache on one node from bytes lost at the server.
+    fn second_look(&self, op: &Op) -> String {
+        use std::os::unix::fs::OpenOptionsExt;
+        let Op::Read { via, off, len } = *op else {
+            return String::new();
+        };
+        let slot = match via {
+            Via::Handle(h) => self.handles[h].slot,
+            Via::Path(_, s) => s,
+        };
+        let Some(want) = self
+            .model
+            .names
+            .get(&slot)
+            .and_then(|ino| self.model.inodes.get(ino))
+        else {
+            return String::new();
+        };
+        let range = |b: &[u8]| {
+            let start = (off as usize).min(b.len());
+            let end = (off.saturating_add(len) as usize).min(b.len());
+            b[start..end].to_vec()
+        };
+        let want = range(want);
+        let mut out = String::from("\nsecond look (by name, the same range):");
+        for mount in 0..self.mounts.len() {
+            for (how, flags) in [("buffered", 0), ("O_DIRECT", libc::O_DIRECT)] {
+                let got = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(flags)
+                    .open(self.path(mount, slot))
+                    .and_then(|f| {
+                        let mut buf = vec![0u8; len as usize];
+                        let mut done = 0;
+                        while done < buf.len() {
+                            let n = f.read_at(&mut buf[done..], off + done as u64)?;
+                            if n == 0 {
+                                break;
+                            }
+                            done += n;
+                        }
+                        buf.truncate(done);
+                        Ok(buf)
+                    });
+                let verdict = match got {
+                    Ok(b) if b == want => "the model's bytes".to_owned(),
+                    Ok(b) => format!("other bytes ({} read)", b.len()),
+                    Err(e) => format!("error {e}"),
+                };
+                let _ = write!(out, "\n  m{mount} {how}: {verdict}");
+            }
+        }
+        out
+    }
+
     fn describe(&self, op: &Op) -> String {
         match op {
             Op::Open {
@@ -1339,6 +1396,7 @@ fn exercise(
         }
         done = index + 1;
         if let Err(Mismatch(m)) = result {
+            let m = m + &ex.second_look(&op);
             mismatch = Some(report(params.seed, index, &desc, &m, &ex.log));
             break;
         }
