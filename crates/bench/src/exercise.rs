@@ -591,6 +591,10 @@ impl<'a> Exerciser<'a> {
     /// After a read that did not match: the same range read again through each mount by
     /// name, buffered and with `O_DIRECT` (past the kernel's page cache), each said to match
     /// the model or not. Tells a stale cache on one node from bytes lost at the server.
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "a file on the mount read with O_DIRECT, as an application would"
+    )]
     fn second_look(&self, op: &Op) -> String {
         use std::os::unix::fs::OpenOptionsExt;
         let Op::Read { via, off, len } = *op else {
