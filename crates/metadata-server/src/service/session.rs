@@ -197,6 +197,25 @@ impl Server {
         tx: mpsc::WeakSender<StreamItem>,
         mut cancel: oneshot::Receiver<()>,
     ) {
+        // Grants given back are ended by a task of their own, in order: ending a write grant
+        // is a commit, which may wait (for the committer, a flush of the LUNs), and the
+        // heartbeats behind it on this stream must not (a session would lose its lease for
+        // a slow disk).
+        let (returns, mut returned) = mpsc::unbounded_channel::<Vec<u64>>();
+        let server = Arc::clone(&self);
+        tokio::spawn(async move {
+            while let Some(ids) = returned.recv().await {
+                for id in ids {
+                    if let Err(e) = server
+                        .grants
+                        .return_grants(session, server.epoch.0, &[id])
+                        .await
+                    {
+                        tracing::debug!(session, grant = id, error = %e, "return of a grant");
+                    }
+                }
+            }
+        });
         loop {
             let next = tokio::select! {
                 m = inbound.message() => m,
@@ -246,16 +265,7 @@ impl Server {
                 ) => {
                     // The agent gives the grants back: they may be gone already (expired,
                     // returned twice): that is no reason to end the stream.
-                    let ids: Vec<u64> = grant_ids.iter().map(|g| g.0).collect();
-                    for id in ids {
-                        if let Err(e) = self
-                            .grants
-                            .return_grants(session, self.epoch.0, &[id])
-                            .await
-                        {
-                            tracing::debug!(session, grant = id, error = %e, "return of a grant");
-                        }
-                    }
+                    let _ = returns.send(grant_ids.iter().map(|g| g.0).collect());
                     Ok(None)
                 }
             };

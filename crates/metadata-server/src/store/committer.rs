@@ -422,12 +422,23 @@ pub(super) fn committer_loop(
     }
 }
 
+/// A data flush that takes this long is logged (the durable commits behind it waited).
+const SLOW_DATA_FLUSH: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Flushes the data LUNs through the server's [`DataFlush`] (none set: nothing to flush).
 fn flush_data(shared: &Shared, luns: &Luns) -> Result<(), String> {
     let Some(flush) = shared.data_flush.get() else {
         return Ok(());
     };
+    let started = std::time::Instant::now();
     flush(luns)?;
+    let took = started.elapsed();
+    if took >= SLOW_DATA_FLUSH {
+        tracing::warn!(
+            took_ms = took.as_millis(),
+            "a flush of the data LUNs' write caches was slow: every durable commit waited for it"
+        );
+    }
     shared.stats.data_flushes.fetch_add(1, Ordering::Relaxed);
     metrics::counter!(DATA_FLUSHES).increment(1);
     Ok(())
