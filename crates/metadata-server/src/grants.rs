@@ -343,6 +343,18 @@ impl Grants {
         self.channels().remove(&session);
     }
 
+    /// Why a grant of `session` vanished from the table while its lock was awaited: the
+    /// session ended (`StaleSession`: its agent starts a new one), or it closed its last
+    /// handle on the file ([`Grants::drop_for_inode`]), which ends only that file's grants
+    /// (`Stale`, as for the closed handle: a session that lives must not be told it ended).
+    fn vanished(&self, session: u64) -> FsError {
+        if self.channels().contains_key(&session) {
+            FsError::Stale
+        } else {
+            FsError::StaleSession
+        }
+    }
+
     /// Live grants (for status and tests).
     pub fn live(&self) -> usize {
         self.lock_table().len()
@@ -490,9 +502,9 @@ impl Grants {
                 return Err(e);
             }
             if layout && !self.lock_table().contains_key(&id) {
-                // The session ended while the lock was awaited.
+                // The session ended, or closed the file, while the lock was awaited.
                 self.release_lock(ino.0, id);
-                return Err(FsError::StaleSession);
+                return Err(self.vanished(session.0));
             }
             // The holders the lock waited for completed their writes first: the end of file
             // may have moved. The tail zeroed below is the one past the end as it is now
@@ -614,8 +626,8 @@ impl Grants {
         let filed = {
             let mut table = self.lock_table();
             match (table.get_mut(&id), &mapped) {
-                // The session ended while the lock was awaited.
-                (None, _) => Err(FsError::StaleSession),
+                // The session ended, or closed the file, while the lock was awaited.
+                (None, _) => Err(self.vanished(session.0)),
                 (Some(g), Ok(m)) if g.pending == Some(false) => {
                     g.len = m.len;
                     g.pending = None;
@@ -704,7 +716,7 @@ impl Grants {
             None => {
                 self.release_lock(ino, id);
                 mapped?;
-                Err(FsError::StaleSession)
+                Err(self.vanished(state.session))
             }
             Some(false) => {
                 let m = mapped?;

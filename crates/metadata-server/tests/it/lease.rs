@@ -306,3 +306,83 @@ async fn a_getattr_waits_for_a_write_grant_and_answers_once_it_is_completed() {
     assert_eq!(attr.size, MIB, "the completed write's size");
     srv.stop().await;
 }
+
+/// A session that closes its last handle on a file while one of its grants there waits for
+/// its lock (an agent's read-ahead or write-back still asking as the application closes)
+/// loses that grant, not its session: the call is answered `Stale` (as for the closed
+/// handle), never `StaleSession`, which would make the agent drop the session and every
+/// file it has open with it. (The two-mount exerciser's agents lost their sessions so.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_ended_by_the_close_of_its_file_does_not_end_the_session() {
+    use sanfs_proto::status::fs_error_from_status;
+    use sanfs_proto::types::FsError;
+    let srv = start_with_luns(10_000).await;
+    let mut a = srv.clients().await;
+    let mut b = srv.clients().await;
+    let (sa, epoch) = a.open_session().await;
+    let (sb, _) = b.open_session().await;
+    let stream_b = attach(&mut b, sb, epoch).await;
+    heartbeat(&stream_b, 1).await;
+    let (ino, ha) = a.create_file(sa, "closed-while-waiting").await;
+    let map = move |session: u64, handle: u64, length: u64| pb::MapRequest {
+        cred: root(),
+        session,
+        epoch,
+        handle,
+        inode: ino,
+        offset: 0,
+        length,
+        sync: false,
+        ..Default::default()
+    };
+    // A writes: B's read waits for A's grant.
+    let grant = a
+        .data
+        .map_write(map(sa, ha, MIB))
+        .await
+        .unwrap()
+        .into_inner();
+    let hb = open(&mut b, sb, ino).await;
+    let mut reader = b.data.clone();
+    let read = tokio::spawn(async move { reader.map_read(map(sb, hb, 64 * 1024)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!read.is_finished(), "the read waits for the write grant");
+    // B closes the file while its read grant waits.
+    b.ns.release(pb::ReleaseRequest {
+        session: sb,
+        handle: hb,
+    })
+    .await
+    .unwrap();
+    a.data
+        .complete(pb::CompleteRequest {
+            session: sa,
+            epoch,
+            grant_id: grant.grant_id,
+            status: pb::IoStatus::Ok as i32,
+            errors: vec![],
+            bytes_done: MIB,
+            sync: false,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let answered = tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .expect("the read is answered once the write grant ends")
+        .unwrap();
+    if let Err(status) = &answered {
+        assert_eq!(
+            fs_error_from_status(status),
+            FsError::Stale,
+            "the file was closed, the session lives: {status:?}"
+        );
+    }
+    // The session lives: B opens the file again and reads it.
+    let hb = open(&mut b, sb, ino).await;
+    b.data
+        .map_read(map(sb, hb, 64 * 1024))
+        .await
+        .expect("the session still serves");
+    srv.stop().await;
+}
