@@ -9,8 +9,8 @@
 //! numbers (FUSE's root is always 1), which keeps the mapping a bijection with no table.
 //! Nothing per inode is kept here, so `forget` has nothing to do.
 //!
-//! **File data** enters the kernel's page cache only for files opened for reading only,
-//! without `O_DIRECT`, and stays coherent there (`pages`: the kernel checks the attributes
+//! **File data** enters the kernel's page cache only for files opened for reading only, or for
+//! plain buffered reading and writing ([`page_cached_open`]), and stays coherent there (`pages`: the kernel checks the attributes
 //! before each read and drops the pages at a new size or mtime; attributes are valid only
 //! under this node's lease). Every other open answers `FOPEN_DIRECT_IO` (paper 4.4):
 //! requests are up to 1 MiB, and reads and writes go to the client library (its write-back
@@ -72,7 +72,7 @@ pub struct FsOptions {
     pub entry_ttl: Duration,
     /// The sanfs inode shown as the mount's root (the root directory or a sub-directory).
     pub root: InodeId,
-    /// Files opened for reading only may use the kernel's page cache (`page_cache=`).
+    /// Buffered opens may use the kernel's page cache (`page_cache=`).
     pub page_cache: bool,
 }
 
@@ -95,6 +95,21 @@ pub fn sanfs_ino(root: InodeId, fuse: u64) -> InodeId {
         n if n == root.0 => 1,
         n => n,
     })
+}
+
+/// Whether an open with `raw` flags of a file of `kind` may use the kernel's page cache
+/// (`pages`): reading only, or reading and writing with plain buffered writes (the kernel
+/// writes them through, page by page, and keeps what it wrote). Never with `O_DIRECT`,
+/// `O_TRUNC` (an open that truncates), `O_APPEND` (the end of file is the server's, never
+/// the kernel's idea of the size), `O_SYNC` or `O_DSYNC`, or for a write-only open (which
+/// reads nothing).
+fn page_cached_open(raw: i32, truncate: bool, kind: FileType) -> bool {
+    let plain = raw & (libc::O_DIRECT | libc::O_APPEND | libc::O_SYNC | libc::O_DSYNC) == 0;
+    let mode = raw & libc::O_ACCMODE;
+    kind == FileType::Regular
+        && plain
+        && !truncate
+        && (mode == libc::O_RDONLY || mode == libc::O_RDWR)
 }
 
 /// One open file behind a FUSE file handle.
@@ -1062,12 +1077,9 @@ impl fuser::Filesystem for SanFs {
             }
             match opened {
                 Ok((handle, attr)) => {
-                    // For reading only, without O_DIRECT: the kernel's page cache (`pages`).
-                    let cached = raw & libc::O_ACCMODE == libc::O_RDONLY
-                        && raw & libc::O_DIRECT == 0
-                        && !flags.truncate
-                        && attr.kind == FileType::Regular
-                        && st.pages.usable();
+                    // Plain buffered reads (and writes): the kernel's page cache (`pages`).
+                    let cached =
+                        page_cached_open(raw, flags.truncate, attr.kind) && st.pages.usable();
                     let fh = st.insert(ino, flags, raw, handle, &cred, cached);
                     let open = if !cached {
                         FopenFlags::FOPEN_DIRECT_IO
@@ -1210,18 +1222,24 @@ impl fuser::Filesystem for SanFs {
         // back through was opened with O_APPEND (any writable handle of the file serves).
         let appends = move |file: &FuseFile| file.file.flags().append && !from_pages;
         // A small buffered write under the file's held write delegation needs no task:
-        // held back here, on FUSE's thread (client::writeback).
+        // held back here, on FUSE's thread (client::writeback). Through a handle in the
+        // kernel's cached mode, the kernel's pages hold these bytes already (and stay
+        // locked until this is answered: they are never dropped for it); otherwise, where
+        // the kernel may hold pages of the file, they must go first (a task).
         if let Ok(file) = self.state.file(fh)
             && !file.direct
             && file.sync.is_none()
             && !appends(&file)
-            && !self.state.pages.holds(self.state.ino(ino))
+            && (file.cached || !self.state.pages.holds(self.state.ino(ino)))
             && let Some(w) = self
                 .state
                 .client
                 .try_write_back_now(&cred, &file.file, offset, data)
         {
-            self.state.forget(&[self.state.ino(ino)], &[]);
+            // Nothing changed at the server: what the lease cache holds of the file stays
+            // exact, and the attributes this node gives add the held-back size to it
+            // (`State::attr`). So the kernel's next look at the size (before each read of a
+            // cached file) is answered here, not by the server.
             let mut span = Span::wall_since(Stage::FuseWrite, started);
             span.set_bytes(w.written);
             reply_written(reply, w.written);
@@ -1290,7 +1308,9 @@ impl fuser::Filesystem for SanFs {
                         })?,
                     }
                 };
-                if !file.file.flags().append && !from_pages {
+                // Written through the kernel's pages (a cached handle, or a mapping's write-back):
+                // they hold the bytes, and are locked until this is answered.
+                if !file.file.flags().append && !from_pages && !file.cached {
                     st.changed_data(ino, offset, written.written).await;
                 }
                 if let Some(data_only) = file.sync {
@@ -1305,7 +1325,10 @@ impl fuser::Filesystem for SanFs {
             // Written (size, mtime) or maybe partly: what the lease cache holds goes, and
             // after a failure whatever the kernel may have cached of the file.
             st.forget(&[st.ino(ino)], &[]);
-            if r.is_err() && !from_pages {
+            // (A failed write through the kernel's pages: the kernel no longer takes them as
+            // up to date itself.)
+            let through_pages = from_pages || st.file(fh).is_ok_and(|f| f.cached);
+            if r.is_err() && !through_pages {
                 st.changed_data(st.ino(ino), 0, 0).await;
             }
             match r {
@@ -1785,7 +1808,17 @@ impl fuser::Filesystem for SanFs {
             // (The client dropped what its cache held of the name before it asked.)
             match r {
                 Ok(c) => {
-                    let fh = st.insert(c.attr.ino, open, flags, c.handle, &cred, false);
+                    // A file read and written with plain buffered I/O: in the kernel's page
+                    // cache (`pages`). A new file has no pages there; an existing one (a
+                    // create without O_EXCL) may, under another name: they go first.
+                    let cached = page_cached_open(flags & !libc::O_TRUNC, false, c.attr.kind)
+                        && st.pages.usable();
+                    if cached {
+                        st.pages
+                            .open(c.attr.ino, pages::Seen::of(&st.attr(&c.attr)));
+                        st.drop_pages(c.attr.ino, 0, 0).await;
+                    }
+                    let fh = st.insert(c.attr.ino, open, flags, c.handle, &cred, cached);
                     // Name and attributes under the leases given with the reply, where the
                     // kernel can be made to forget names (one TTL for both here).
                     let ttl = match c.ttl {
@@ -1797,7 +1830,11 @@ impl fuser::Filesystem for SanFs {
                         &st.attr(&c.attr),
                         Generation(c.attr.generation),
                         fh,
-                        FopenFlags::FOPEN_DIRECT_IO,
+                        if cached {
+                            FopenFlags::empty()
+                        } else {
+                            FopenFlags::FOPEN_DIRECT_IO
+                        },
                     );
                 }
                 Err(e) => reply.error(errno(&e)),

@@ -56,7 +56,8 @@ pub struct MountOpts {
     /// `dirsync`: every namespace change durable when it returns (a disk sync at the server
     /// per change), instead of answered at once and kept by the agent until durable.
     pub dirsync: bool,
-    /// `page_cache=on|off`: files opened for reading only use the kernel's page cache
+    /// `page_cache=on|off`: files opened for reading only, or for plain buffered reading and
+    /// writing, use the kernel's page cache
     /// (coherent: docs/posix.md "Caching and coherence").
     pub page_cache: bool,
     /// `log=FILE|syslog|stderr`; `None`: stderr in the foreground, chosen when daemonised.

@@ -1,9 +1,11 @@
 //! File data in the kernel's page cache (issue 18; docs/posix.md "Caching and coherence").
 //!
-//! A file opened **for reading only**, without `O_DIRECT`, is opened in the kernel's cached
-//! mode: its reads are served from the page cache, and the kernel reads ahead of them in
-//! requests of up to 1 MiB, which the agent answers as any buffered read (from its read
-//! cache under a delegation, or from the LUNs). Every other open keeps `FOPEN_DIRECT_IO`.
+//! A file opened **for reading only**, without `O_DIRECT`, or for plain buffered reading and
+//! writing (`page_cached_open`), is opened in the kernel's cached mode: its reads are served
+//! from the page cache, and the kernel reads ahead of them in requests of up to 1 MiB, which
+//! the agent answers as any buffered read (from its read cache under a delegation, or from
+//! the LUNs); its writes go through the pages to the agent at once (write-through), and the
+//! pages keep them. Every other open keeps `FOPEN_DIRECT_IO`.
 //!
 //! **Why the cached pages are never stale.** The mount asks for `FUSE_AUTO_INVAL_DATA`: before
 //! every `read(2)` on a cached file the kernel makes sure its attributes are valid (a
@@ -25,7 +27,9 @@
 //! - **This node's own writes**, which the kernel does not see in the pages of a cached
 //!   handle (they go through other handles in direct mode) and which may be held back with
 //!   the mtime unchanged: a write, an append or a fallocate of a file the kernel may hold
-//!   pages of drops the range before it is answered.
+//!   pages of drops the range before it is answered. A write through a cached handle is the
+//!   exception: the kernel's pages hold its bytes, locked until it is answered (dropping
+//!   them would wait for that very answer).
 //!
 //! Invalidations never run on a FUSE thread (the kernel waits there for pages that reads in
 //! flight hold locked, and those reads need FUSE threads and tasks to be answered), and never

@@ -1709,7 +1709,8 @@ async fn cached_reads_see_another_nodes_write_at_once() {
     }
     const LEN: usize = 1 << 20;
     let srv = cluster::start(10_000).await;
-    let a = Mount::start(&srv, "reader", "").await;
+    // Without the kernel's page cache: this is about the agent's cache.
+    let a = Mount::start(&srv, "reader", "page_cache=off").await;
     let b = Mount::start(&srv, "writer", "").await;
     let (pa, pb, mnt_a) = (a.p("f"), b.p("f"), a.path.clone());
     let mut x = test_seed("cached reads") | 1;
@@ -1717,9 +1718,9 @@ async fn cached_reads_see_another_nodes_write_at_once() {
         use std::os::unix::fs::FileExt;
         let mut model: Vec<u8> = (0..LEN).map(|i| (i % 253) as u8).collect();
         std::fs::write(&pb, &model).unwrap();
-        // Opened for writing too: this is about the agent's cache (a file opened for reading
-        // only goes through the kernel's page cache:
-        // `a_file_read_through_the_page_cache_sees_every_change_of_any_node`).
+        // (With the kernel's page cache, buffered reads are
+        // `a_file_read_through_the_page_cache_sees_every_change_of_any_node` and
+        // `a_file_read_and_written_through_the_page_cache_stays_coherent`.)
         let r = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -2009,7 +2010,8 @@ async fn a_sequential_reader_is_read_ahead_of_and_still_sees_another_nodes_write
     const LEN: usize = 16 << 20;
     const READ: usize = 64 << 10;
     let srv = cluster::start(10_000).await;
-    let a = Mount::start(&srv, "ahead-reader", "").await;
+    // Without the kernel's page cache, which reads ahead by itself: this is about the agent's.
+    let a = Mount::start(&srv, "ahead-reader", "page_cache=off").await;
     let b = Mount::start(&srv, "ahead-writer", "").await;
     let (pa, pb, mnt_a) = (a.p("f"), b.p("f"), a.path.clone());
     timed(
@@ -2019,8 +2021,6 @@ async fn a_sequential_reader_is_read_ahead_of_and_still_sees_another_nodes_write
             use std::os::unix::fs::FileExt;
             let mut model = crate::support::pattern(LEN, 21);
             std::fs::write(&pb, &model).unwrap();
-            // Open for writing too: a file opened for reading only is read through the
-            // kernel's page cache, which reads ahead by itself; this is about the agent's.
             let r = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -2284,6 +2284,130 @@ fn settled_count(count: impl Fn() -> u64) -> u64 {
         last = now;
     }
     last
+}
+
+/// Issue 18: a file opened for reading and writing with plain buffered I/O is in the kernel's
+/// page cache too: what it wrote reads back from the pages (the agent is not asked), and the
+/// pages never outlive a change by anyone else: another node's write in place and its
+/// truncate, and this node's own write through another handle. Another node reads what the
+/// handle wrote (held back here until the recall).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_read_and_written_through_the_page_cache_stays_coherent() {
+    if !can_mount() {
+        return;
+    }
+    const LEN: usize = 2 << 20;
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "pages-rw-a", "").await;
+    let b = Mount::start(&srv, "pages-rw-b", "").await;
+    let (pa, pb, mnt_a) = (a.p("f"), b.p("f"), a.path.clone());
+    timed(
+        "a cached read-write handle and changes from both nodes",
+        240,
+        move || {
+            use std::os::unix::fs::FileExt;
+            let mut model = crate::support::pattern(LEN, 51);
+            std::fs::write(&pb, &model).unwrap();
+            let rw = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&pa)
+                .unwrap();
+            let read_all = |f: &std::fs::File, len: usize| {
+                let mut got = vec![0u8; len + 4096];
+                let mut n = 0;
+                loop {
+                    let k = f.read_at(&mut got[n..], n as u64).unwrap();
+                    if k == 0 {
+                        break;
+                    }
+                    n += k;
+                }
+                got.truncate(n);
+                got
+            };
+            let check = |f: &std::fs::File, model: &[u8], what: &str| {
+                let got = read_all(f, model.len());
+                assert_eq!(got.len(), model.len(), "{what}: the size");
+                if let Some(at) = got.iter().zip(model).position(|(x, y)| x != y) {
+                    panic!("{what}: a stale byte at {at}");
+                }
+            };
+            // The agent counts a read as its task ends, just after the answer: the count
+            // is taken once it stopped moving.
+            let fuse_reads =
+                || settled_count(|| stage(&agent_status(&mnt_a), "fuse-read", "calls"));
+            check(&rw, &model, "first read");
+            let before = fuse_reads();
+            check(&rw, &model, "second read");
+            assert_eq!(
+                fuse_reads(),
+                before,
+                "the second read came from the page cache"
+            );
+
+            // Small writes through the handle (held back by the agent), read back through it.
+            for (i, at) in [4096 * 3 + 17, LEN / 2 - 100, LEN - 5000]
+                .into_iter()
+                .enumerate()
+            {
+                let patch = vec![0x40 + i as u8; 3000];
+                rw.write_all_at(&patch, at as u64).unwrap();
+                model[at..at + patch.len()].copy_from_slice(&patch);
+            }
+            check(&rw, &model, "own writes through the handle");
+            // Past the end: the file grows.
+            let tail = vec![0x77u8; 10_000];
+            rw.write_all_at(&tail, LEN as u64).unwrap();
+            model.extend_from_slice(&tail);
+            check(&rw, &model, "an own write past the end");
+
+            // Another node reads what this handle wrote (recalled from this node).
+            let other = std::fs::File::open(&pb).unwrap();
+            check(&other, &model, "another node's read of the handle's writes");
+            drop(other);
+
+            // Another node writes in place, then truncates.
+            let w = std::fs::OpenOptions::new().write(true).open(&pb).unwrap();
+            let at = LEN / 3 + 5;
+            let patch = vec![0xA5u8; 20_000];
+            w.write_all_at(&patch, at as u64).unwrap();
+            model[at..at + patch.len()].copy_from_slice(&patch);
+            check(&rw, &model, "after another node's write");
+            w.set_len((LEN / 2) as u64).unwrap();
+            model.truncate(LEN / 2);
+            check(&rw, &model, "after another node's truncate");
+
+            // This node's own write through another handle (write-only: not cached).
+            let own = std::fs::OpenOptions::new().write(true).open(&pa).unwrap();
+            let patch = vec![0x11u8; 700];
+            let at = 4096 * 7 + 9;
+            own.write_all_at(&patch, at as u64).unwrap();
+            model[at..at + patch.len()].copy_from_slice(&patch);
+            check(
+                &rw,
+                &model,
+                "after this node's write through another handle",
+            );
+            drop(own);
+
+            // The handle's own truncate, and writes after it.
+            rw.set_len(100_000).unwrap();
+            model.truncate(100_000);
+            let patch = vec![0x99u8; 4096];
+            rw.write_all_at(&patch, 50_000).unwrap();
+            model[50_000..54_096].copy_from_slice(&patch);
+            check(&rw, &model, "after the handle's truncate and write");
+            rw.sync_all().unwrap();
+            drop(rw);
+            let got = std::fs::read(&pb).unwrap();
+            assert!(got == model, "another node reads the file as written");
+        },
+    )
+    .await;
+    drop(a);
+    drop(b);
+    srv.stop().await;
 }
 
 /// Issue 18: a file opened for reading only is read through the kernel's page cache (a second
