@@ -623,6 +623,10 @@ impl Client {
     /// A read answered from the bytes a small file's open gave ([`Client::open_reading`]),
     /// `None` when there are none that are still good. Never blocks: fit for a FUSE thread.
     pub fn small_file_read(&self, ino: InodeId, offset: u64, len: usize) -> Option<Vec<u8>> {
+        // Not over this node's own writes that the server does not have yet.
+        if self.own_writes_pending(ino) {
+            return None;
+        }
         self.inner.leases.content(ino, offset, len)
     }
 

@@ -1092,6 +1092,7 @@ impl Client {
             }
             wb.hold(f, (file, cred), offset, data);
         }
+        self.inner.leases.own_bytes_held(ino);
         bump(&wb.counters.held_writes);
         Some(WriteOutcome {
             written: len,
