@@ -327,15 +327,28 @@ impl Server {
         self.store.read(f).map_err(|e| fs_status(&e))
     }
 
+    /// Runs `commit`, a change waiting for its commit, counted in `pending_writes` (the
+    /// status's pending commits) while it waits, also when its caller gives up on it.
+    async fn pending<T>(&self, commit: impl std::future::Future<Output = T>) -> T {
+        struct Waiting<'a>(&'a AtomicU64);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        self.pending_writes.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting(&self.pending_writes);
+        commit.await
+    }
+
     /// A change in the next durable group commit.
     pub(crate) async fn write<R: Send + 'static>(
         &self,
         f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
     ) -> Result<R, Status> {
-        self.pending_writes.fetch_add(1, Ordering::Relaxed);
-        let r = self.store.write(f).await;
-        self.pending_writes.fetch_sub(1, Ordering::Relaxed);
-        r.map_err(|e| fs_status(&e))
+        self.pending(self.store.write(f))
+            .await
+            .map_err(|e| fs_status(&e))
     }
 
     /// A change in the next durable group commit, made durable only after the data LUNs are
@@ -344,10 +357,10 @@ impl Server {
         &self,
         f: impl for<'t> FnOnce(&mut Ctx<'t>) -> Result<R, OpError> + Send + 'static,
     ) -> Result<R, Status> {
-        self.pending_writes.fetch_add(1, Ordering::Relaxed);
-        let r = self.store.write_data(true, Luns::All, f).await;
-        self.pending_writes.fetch_sub(1, Ordering::Relaxed);
-        r.map(|(r, _)| r).map_err(|e| fs_status(&e))
+        self.pending(self.store.write_data(true, Luns::All, f))
+            .await
+            .map(|(r, _)| r)
+            .map_err(|e| fs_status(&e))
     }
 
     /// The session a Namespace request is made under: its `sanfs-session` header
@@ -395,10 +408,10 @@ impl Server {
         // Recorded first (durably, once per session): after a restart the reclaim window
         // waits for this agent's replay.
         self.record_session(session.0).await?;
-        self.pending_writes.fetch_add(1, Ordering::Relaxed);
-        let r = self.store.write_owned(session.0, f).await;
-        self.pending_writes.fetch_sub(1, Ordering::Relaxed);
-        let (r, seq) = r.map_err(|e| fs_status(&e))?;
+        let (r, seq) = self
+            .pending(self.store.write_owned(session.0, f))
+            .await
+            .map_err(|e| fs_status(&e))?;
         Ok((r, self.commit_note(seq)))
     }
 
