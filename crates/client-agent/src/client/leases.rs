@@ -640,12 +640,6 @@ impl LeaseCache {
         Some(out)
     }
 
-    /// This node holds back bytes written to `ino` (nothing changed at the server yet, so
-    /// its attributes stay good): the bytes its open gave are old and go.
-    pub fn own_bytes_held(&self, ino: InodeId) {
-        self.lock().drop_content(ino);
-    }
-
     /// This agent sets or removes an extended attribute of `ino`: it is no longer known to
     /// have none.
     pub fn forget_bare(&self, ino: InodeId) {

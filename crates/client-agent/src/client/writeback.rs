@@ -1092,7 +1092,6 @@ impl Client {
             }
             wb.hold(f, (file, cred), offset, data);
         }
-        self.inner.leases.own_bytes_held(ino);
         bump(&wb.counters.held_writes);
         Some(WriteOutcome {
             written: len,
