@@ -369,7 +369,16 @@ struct Model {
     names: BTreeMap<usize, Ino>,
     /// Inode -> its bytes (the size is the length).
     inodes: HashMap<Ino, Vec<u8>>,
+    /// Inode -> its mode and mtime, where an `Attrs` operation set them and nothing changed
+    /// them since (a change of the data sets the mtime to a time the model does not know).
+    attrs: HashMap<Ino, KnownAttrs>,
     next_ino: Ino,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct KnownAttrs {
+    mode: Option<u32>,
+    mtime: Option<i64>,
 }
 
 struct Handle {
@@ -400,6 +409,39 @@ impl Model {
         self.inodes.retain(|ino, _| {
             names.values().any(|n| n == ino) || handles.iter().any(|h| h.ino == *ino)
         });
+        let inodes = &self.inodes;
+        self.attrs.retain(|ino, _| inodes.contains_key(ino));
+    }
+
+    /// The data of `ino` changed: its mtime is the time of the change.
+    fn data_changed(&mut self, ino: Ino) {
+        if let Some(a) = self.attrs.get_mut(&ino) {
+            a.mtime = None;
+        }
+    }
+
+    /// What the model knows of the mode and mtime of `ino` against a `stat` of it.
+    fn check_attrs(&self, ino: Ino, md: &std::fs::Metadata) -> Result<(), Mismatch> {
+        use std::os::unix::fs::MetadataExt;
+        let known = self.attrs.get(&ino).copied().unwrap_or_default();
+        if let Some(mode) = known.mode
+            && md.mode() & 0o7777 != mode
+        {
+            return Err(Mismatch(format!(
+                "mode {:o} but the model has {mode:o}",
+                md.mode() & 0o7777
+            )));
+        }
+        if let Some(sec) = known.mtime
+            && (md.mtime(), md.mtime_nsec()) != (sec, 0)
+        {
+            return Err(Mismatch(format!(
+                "mtime {}.{:09} but the model has {sec}",
+                md.mtime(),
+                md.mtime_nsec()
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -517,6 +559,14 @@ enum Op {
         slot: usize,
     },
     Fstat(usize),
+    /// On the file of `via`, in this order: `fchown` to its owners (root's), `fchmod`,
+    /// `futimens` of the mtime (explicit seconds), as `tar x` and `cp -p` do.
+    Attrs {
+        via: Via,
+        chown: bool,
+        mode: Option<u32>,
+        mtime: Option<i64>,
+    },
 }
 
 impl Op {
@@ -535,6 +585,7 @@ impl Op {
             Op::Fsync(_) => "fsync",
             Op::Stat { .. } => "stat",
             Op::Fstat(_) => "fstat",
+            Op::Attrs { .. } => "attrs",
         }
     }
 }
@@ -706,6 +757,16 @@ impl<'a> Exerciser<'a> {
             Op::Fsync(h) => format!("fsync {}", self.handle_desc(*h)),
             Op::Stat { mount, slot } => format!("stat m{mount}:f{slot}"),
             Op::Fstat(h) => format!("fstat {}", self.handle_desc(*h)),
+            Op::Attrs {
+                via,
+                chown,
+                mode,
+                mtime,
+            } => format!(
+                "attrs {} chown={chown} mode={} mtime={mtime:?}",
+                self.via_desc(*via),
+                mode.map_or("-".to_owned(), |m| format!("{m:o}"))
+            ),
         }
     }
 
@@ -883,9 +944,25 @@ impl<'a> Exerciser<'a> {
                 }),
                 83..=86 => (!self.handles.is_empty())
                     .then(|| Op::Fsync(self.rng.below(self.handles.len() as u64) as usize)),
-                87..=94 => Some(Op::Stat {
+                87..=90 => Some(Op::Stat {
                     mount: self.rng.below(2) as usize,
                     slot: self.rng.below(files as u64) as usize,
+                }),
+                91..=94 => self.via(false).map(|via| {
+                    let chown = self.rng.chance(1, 3);
+                    let mtime = self
+                        .rng
+                        .chance(2, 3)
+                        .then(|| 1_000_000_000 + self.rng.below(1 << 20) as i64);
+                    let modes = [0o600, 0o640, 0o644, 0o755];
+                    let mode = (self.rng.chance(2, 3) || (!chown && mtime.is_none()))
+                        .then(|| modes[self.rng.below(modes.len() as u64) as usize]);
+                    Op::Attrs {
+                        via,
+                        chown,
+                        mode,
+                        mtime,
+                    }
                 }),
                 _ => (!self.handles.is_empty())
                     .then(|| Op::Fstat(self.rng.below(self.handles.len() as u64) as usize)),
@@ -983,6 +1060,7 @@ impl<'a> Exerciser<'a> {
                         };
                         if trunc {
                             self.model.inodes.get_mut(&ino).map(Vec::clear);
+                            self.model.data_changed(ino);
                         }
                         if self.handles.len() >= MAX_HANDLES {
                             self.handles.remove(0);
@@ -1021,6 +1099,7 @@ impl<'a> Exerciser<'a> {
                 self.with_file(via, true, |f| f.write_all_at(&data, off))
                     .map_err(|e| unexpected("pwrite", e))?;
                 self.bytes_written += len;
+                self.model.data_changed(self.ino_of(via));
                 let buf = self.model_bytes(via);
                 // pwrite on an O_APPEND file appends (Linux), whatever the offset.
                 let at = if append { buf.len() } else { off as usize };
@@ -1065,6 +1144,7 @@ impl<'a> Exerciser<'a> {
                 })
                 .map_err(|e| unexpected("mmap write", e))?;
                 self.bytes_written += len;
+                self.model.data_changed(self.ino_of(via));
                 let buf = self.model_bytes(via);
                 buf[off as usize..(off + len) as usize].copy_from_slice(&data);
                 Ok("ok".into())
@@ -1085,6 +1165,7 @@ impl<'a> Exerciser<'a> {
             Op::Truncate { via, size } => {
                 self.with_file(via, true, |f| f.set_len(size))
                     .map_err(|e| unexpected("truncate", e))?;
+                self.model.data_changed(self.ino_of(via));
                 let buf = self.model_bytes(via);
                 buf.resize(size as usize, 0);
                 Ok("ok".into())
@@ -1099,6 +1180,7 @@ impl<'a> Exerciser<'a> {
                     rustix::fs::fallocate(f, mode.flags(), off, len).map_err(std::io::Error::from)
                 })
                 .map_err(|e| unexpected("fallocate", e))?;
+                self.model.data_changed(self.ino_of(via));
                 let buf = self.model_bytes(via);
                 mode.apply(buf, off, len);
                 Ok(format!("ok size {}", buf.len()))
@@ -1136,6 +1218,7 @@ impl<'a> Exerciser<'a> {
                                 md.len()
                             )));
                         }
+                        self.model.check_attrs(*ino, &md)?;
                         Ok(format!("ok size {want}"))
                     }
                     (Err(e), None) if e.kind() == ErrorKind::NotFound => Ok("ENOENT".into()),
@@ -1161,7 +1244,35 @@ impl<'a> Exerciser<'a> {
                         md.len()
                     )));
                 }
+                self.model.check_attrs(self.handles[h].ino, &md)?;
                 Ok(format!("ok size {want}"))
+            }
+            Op::Attrs {
+                via,
+                chown,
+                mode,
+                mtime,
+            } => {
+                use std::os::unix::fs::PermissionsExt;
+                self.with_file(via, false, |f| {
+                    if chown {
+                        std::os::unix::fs::fchown(f, Some(0), Some(0))?;
+                    }
+                    if let Some(m) = mode {
+                        f.set_permissions(std::fs::Permissions::from_mode(m))?;
+                    }
+                    if let Some(sec) = mtime {
+                        let when = std::time::UNIX_EPOCH
+                            + std::time::Duration::from_secs(sec.unsigned_abs());
+                        f.set_times(std::fs::FileTimes::new().set_modified(when))?;
+                    }
+                    Ok(())
+                })
+                .map_err(|e| unexpected("attrs", e))?;
+                let known = self.model.attrs.entry(self.ino_of(via)).or_default();
+                known.mode = mode.or(known.mode);
+                known.mtime = mtime.or(known.mtime);
+                Ok("ok".into())
             }
         }
     }

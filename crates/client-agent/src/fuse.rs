@@ -525,6 +525,23 @@ impl State {
         }
     }
 
+    /// Before a `SETATTR` is answered with `a`: the kernel takes the attributes of that
+    /// answer as they are, without dropping its pages for a new size or mtime (as it does for
+    /// a `GETATTR`'s), and compares later ones with them. So where they carry a size or mtime
+    /// it was not given (another node's write that this answer is the first to show), or the
+    /// change set the mtime itself (which hides whether the data moved before it), its pages
+    /// of the file go first.
+    async fn before_setattr_reply(self: &Arc<State>, a: &Attr, set_mtime: bool) {
+        if !self.pages.holds(a.ino) {
+            return;
+        }
+        let now = pages::Seen::of(&self.attr(a));
+        if set_mtime || self.pages.data_moved(a.ino, &now) {
+            self.drop_pages(a.ino, 0, 0).await;
+        }
+        self.pages.seen(a.ino, now);
+    }
+
     /// After this node changed the data of `ino` in `[offset, offset + len)` (len 0: to the
     /// end): the kernel's pages of it go, where it may hold any, before the change is
     /// answered.
@@ -889,8 +906,16 @@ impl fuser::Filesystem for SanFs {
                     ctime: None,
                 };
                 let file = fh.map(|fh| st.file(fh)).transpose()?;
+                let set_mtime = changes.mtime.is_some();
                 let r = do_setattr(&st, &cred, st.ino(ino), changes, file).await;
-                st.forget(&[st.ino(ino)], &[]);
+                // A change held back here leaves the server's attributes as they are (and
+                // what the lease cache holds of them good); a sent one changed them.
+                if !st.client.has_held_attrs(st.ino(ino)) {
+                    st.forget(&[st.ino(ino)], &[]);
+                }
+                if let Ok(a) = &r {
+                    st.before_setattr_reply(a, set_mtime).await;
+                }
                 r
             }
             .await;
@@ -1066,6 +1091,9 @@ impl fuser::Filesystem for SanFs {
         let flags = open_flags(raw);
         self.spawn("open", move |st| async move {
             let ino = st.ino(ino);
+            // The server checks the open against the mode this node's held-back attribute
+            // changes set: they go first.
+            st.client.attrs_barrier(ino).await;
             // A buffered reader of a small file gets its bytes with the open.
             let opened = if raw & libc::O_DIRECT == 0 {
                 st.client.open_reading(&cred, ino, flags).await

@@ -25,6 +25,7 @@
 //! | `sanfs_agent_device_recoveries_total` | counter | | poisoned LUNs brought back |
 //! | `sanfs_agent_writeback_dirty_bytes` | gauge | | bytes of small buffered writes held back now |
 //! | `sanfs_agent_writeback_held_writes_total` | counter | | writes held back (answered without I/O) |
+//! | `sanfs_agent_writeback_held_attrs_total`, `sanfs_agent_writeback_attr_flushes_total` | counter | | attribute changes held back (answered without a call); the `SetAttr`s that sent them |
 //! | `sanfs_agent_writeback_flushes_total`, `sanfs_agent_writeback_bytes_total` | counter | | write-backs run; bytes they wrote |
 //! | `sanfs_agent_writeback_recalls_total` | counter | | delegation recalls that wrote held-back bytes first |
 //! | `sanfs_agent_delegations_total` | counter | `result` | delegations `granted` / `refused` |
@@ -156,6 +157,8 @@ pub fn render(client: &Client) -> String {
     let w = &s.write_back;
     metrics::gauge!("sanfs_agent_writeback_dirty_bytes").set(w.dirty_bytes as f64);
     metrics::counter!("sanfs_agent_writeback_held_writes_total").absolute(w.held_writes);
+    metrics::counter!("sanfs_agent_writeback_held_attrs_total").absolute(w.held_attrs);
+    metrics::counter!("sanfs_agent_writeback_attr_flushes_total").absolute(w.attr_flushes);
     metrics::counter!("sanfs_agent_writeback_flushes_total").absolute(w.flushes);
     metrics::counter!("sanfs_agent_writeback_bytes_total").absolute(w.flushed_bytes);
     metrics::counter!("sanfs_agent_writeback_recalls_total").absolute(w.recalls_flushed);

@@ -142,6 +142,17 @@ pub struct GrantStats {
     pub proxied_write_bytes: std::sync::atomic::AtomicU64,
 }
 
+/// Which write grants of an inode [`Grants::settle`] ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settle {
+    /// Every write grant and delegation but the caller's own delegation (`GetAttr`).
+    Attr,
+    /// Write delegations only (`Lookup`, `ReadDir`: the caller is not known).
+    Delegations,
+    /// Every other session's (a change of the mode, owners or times).
+    Others,
+}
+
 /// The live grants of the server.
 pub struct Grants {
     dp: Arc<DataPath>,
@@ -535,7 +546,13 @@ impl Grants {
             size = now;
         };
         let result = async {
-            if offset > size {
+            // The grant reaches past the end of file: the bytes of its last block past the
+            // end are zeroed now, whether or not the first write under the grant starts
+            // there (a layout is written piecemeal: a write past the end inside it later
+            // asks nothing, and would expose them). The lock covers that block: `offset`
+            // is block aligned, so either it starts at or before that block, or past the
+            // end, where `lo` was moved down to the block.
+            if end > size {
                 self.dp.zero_eof_tail(ino.0, size).await?;
             }
             let vol = store.volume_cell();
@@ -1020,7 +1037,16 @@ impl Grants {
     /// size and mtime read next include every write that returned on any node. Bounded by
     /// the lock timeout (then the attributes are read as they are).
     pub async fn settle_attr(&self, ino: u64, caller: u64) {
-        self.settle(ino, caller, false).await;
+        self.settle(ino, caller, Settle::Attr).await;
+    }
+
+    /// Before a change of the mode, owners or times of `ino` by session `caller`: the other
+    /// sessions' write grants, layouts and delegations end first, as for
+    /// [`Grants::settle_attr`], so that no write that returned before the change (held back,
+    /// or completed behind it) sets the mtime after it. The caller's own are left alone
+    /// (its agent settles its own writes before it sends the change).
+    pub async fn settle_others(&self, ino: u64, caller: u64) {
+        self.settle(ino, caller, Settle::Others).await;
     }
 
     /// Before attributes are answered by a Lookup or a ReadDir with attributes (whose caller
@@ -1028,17 +1054,18 @@ impl Grants {
     /// [`Grants::settle_attr`], so that the size includes what their holders held back.
     /// Write layouts are left alone (their writes are completed behind them within moments).
     pub async fn settle_delegations(&self, ino: u64) {
-        self.settle(ino, 0, true).await;
+        self.settle(ino, 0, Settle::Delegations).await;
     }
 
-    async fn settle(&self, ino: u64, caller: u64, delegations_only: bool) {
+    async fn settle(&self, ino: u64, caller: u64, which: Settle) {
         let ids: Vec<u64> = self
             .lock_table()
             .iter()
             .filter(|(_, g)| g.ino == ino && g.mode == LockMode::Exclusive)
-            .filter(|(_, g)| g.delegation || !delegations_only)
+            .filter(|(_, g)| g.delegation || which != Settle::Delegations)
             // The caller's own write delegation: its agent answers for its cached data.
             .filter(|(_, g)| !(g.delegation && g.session == caller))
+            .filter(|(_, g)| !(which == Settle::Others && g.session == caller))
             .map(|(id, _)| *id)
             .collect();
         if ids.is_empty() {
@@ -1067,7 +1094,10 @@ impl Grants {
                 break;
             }
         }
-        tracing::warn!(ino, "write grants outlived a GetAttr's wait for them");
+        tracing::warn!(
+            ino,
+            "write grants outlived an attribute call's wait for them"
+        );
     }
 
     /// Whether a session other than `session` holds a write grant, write layout or write

@@ -814,9 +814,11 @@ fn format_status(m: &MountStatus) -> String {
     let w = &a.write_back;
     let _ = writeln!(
         out,
-        "  write-back held now {} bytes; writes held {}, write-backs {} ({} bytes), recalls that wrote back {}; delegations {} (refused {})",
+        "  write-back held now {} bytes; writes held {}, attribute changes held {} (sent in {}), write-backs {} ({} bytes), recalls that wrote back {}; delegations {} (refused {})",
         w.dirty_bytes,
         w.held_writes,
+        w.held_attrs,
+        w.attr_flushes,
         w.flushes,
         w.flushed_bytes,
         w.recalls_flushed,

@@ -168,6 +168,13 @@ struct State {
 }
 
 impl State {
+    /// Whether `ino` is a file made here that is known to have no extended attribute.
+    fn bare(&self, ino: InodeId, now: Instant) -> bool {
+        self.bare.get(&ino).is_some_and(|(mark, until)| {
+            *until > now && *mark >= self.floor && self.recalled[bucket(ino)] <= *mark
+        })
+    }
+
     fn usable(&self, mark: u64, ino: InodeId) -> bool {
         mark >= self.floor && self.touched[bucket(ino)] <= mark
     }
@@ -564,10 +571,7 @@ impl LeaseCache {
                 .or_else(|| {
                     // A file made here and given none since: absent, by any name the server
                     // answers "no such attribute" for (not `system.*`: EOPNOTSUPP).
-                    let bare = s.bare.get(&ino).is_some_and(|(mark, until)| {
-                        *until > now && *mark >= s.floor && s.recalled[bucket(ino)] <= *mark
-                    });
-                    (bare && plain_xattr_name(name)).then_some(None)
+                    (s.bare(ino, now) && plain_xattr_name(name)).then_some(None)
                 })
         };
         counted(hit, &self.counters.xattr_hits, &self.counters.xattr_misses)
@@ -638,6 +642,12 @@ impl LeaseCache {
         drop(s);
         self.counters.content_hits.fetch_add(1, Ordering::Relaxed);
         Some(out)
+    }
+
+    /// Whether `ino` is a file this agent made that is known to have no extended attribute
+    /// (no ACL, no file capabilities).
+    pub fn is_bare(&self, ino: InodeId) -> bool {
+        self.lock().bare(ino, Instant::now())
     }
 
     /// This agent sets or removes an extended attribute of `ino`: it is no longer known to
@@ -1063,8 +1073,9 @@ impl Client {
         ino: InodeId,
         mask: u32,
     ) -> Option<Result<(), FsError>> {
+        // With this node's held-back attribute changes (a mode changed here).
         let answer = self.cached_attr(ino).map(|(attr, _)| {
-            if attr.permits(cred, mask & 7) {
+            if self.buffered_attr(attr).permits(cred, mask & 7) {
                 Ok(())
             } else {
                 Err(FsError::Access)

@@ -182,10 +182,29 @@ impl Client {
         changes: SetAttr,
         fh: Option<&FileHandle>,
     ) -> Result<Attr, FsError> {
+        // Held back under the file's write delegation, when the server is sure to take it
+        // (client::writeback): sent after the bytes held back before it.
+        if fh.is_none()
+            && let Some(attr) = self.hold_attr_change(cred, ino, &changes)
+        {
+            return Ok(attr);
+        }
         // In the application's order: bytes it wrote before this change and this node holds
         // back reach the server first (a write-back after it would undo a `futimens` of the
         // mtime, as `cp -p` does, or clear the setuid bit a `chmod` after the write set).
         self.write_back_barrier(ino).await;
+        self.set_attr_now(cred, ino, changes, fh).await
+    }
+
+    /// Sends an attribute change (what [`Client::setattr`] does once nothing is held back
+    /// before it).
+    pub(crate) async fn set_attr_now(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+        changes: SetAttr,
+        fh: Option<&FileHandle>,
+    ) -> Result<Attr, FsError> {
         self.inner.settle(ino).await;
         let req = pb::SetAttrRequest::from(SetAttrRequest {
             cred: cred.clone(),
@@ -518,6 +537,8 @@ impl Client {
             value: value.to_vec(),
             mode,
         });
+        // After this node's held-back attribute changes (an ACL and the mode go together).
+        self.attrs_barrier(ino).await;
         self.inner.leases.forget_bare(ino);
         rpc!(change_as_is self, set_xattr, req, SetXattr, "SetXattr reply",
             own(&[ino], &[], &[]), |_r: pb::SetXattrReply| None);
@@ -548,6 +569,7 @@ impl Client {
             inode: ino,
             name: XattrName::new(xattr.as_ref().to_vec())?,
         });
+        self.attrs_barrier(ino).await;
         self.inner.leases.forget_bare(ino);
         rpc!(change_as_is self, remove_xattr, req, RemoveXattr, "RemoveXattr reply",
             own(&[ino], &[], &[]), |_r: pb::RemoveXattrReply| None);

@@ -26,6 +26,17 @@
 //! **Attributes.** Until held-back bytes are written the server's size does not show them:
 //! [`Client::buffered_attr`] is what this node reports instead (the larger size; the mtime
 //! is set when they are written back).
+//!
+//! **Attribute changes** (`chmod`, `utimensat` with explicit times, a `chown` to the owners
+//! the file has) of a file made here that this node holds the write delegation of are held
+//! back too ([`Client::hold_attr_change`]), when the server is sure to accept them as they
+//! are: the caller owns the file, the change moves no ownership (so no quota), and the file
+//! has no extended attribute (no ACL or capability a change would touch). They are sent as
+//! one `SetAttr` by the same write-back, after the file's held-back bytes, so that the
+//! server applies them in the application's order (`tar x` and `cp -p` write, then set the
+//! times and the mode). Whatever a held-back change could not be applied after (a write, a
+//! truncate, an open, an extended attribute call, another caller's change) writes back
+//! first.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,7 +46,9 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use sanfs_proto::model::{DelegateReply, DelegateRequest};
 use sanfs_proto::pb;
-use sanfs_proto::types::{Attr, ByteRange, Credentials, FsError, GrantId, InodeId};
+use sanfs_proto::types::{
+    Attr, ByteRange, Credentials, FileType, FsError, GrantId, InodeId, SetAttr, TimeSet, Timestamp,
+};
 
 use super::data::WriteOutcome;
 use super::file::{OpenFile, retrying};
@@ -132,6 +145,24 @@ pub struct ReadAhead {
     _done: tokio::sync::watch::Sender<()>,
 }
 
+/// Attribute changes of one file held back under its write delegation
+/// ([`Client::hold_attr_change`]).
+struct HeldAttrs {
+    /// Whom they are made as (one caller: another one's change writes these back first).
+    cred: Credentials,
+    /// What the write-back sends: the mode and times set, in one `SetAttr`.
+    changes: SetAttr,
+    /// A `chown` to the file's own owners was held: it changes only the ctime (sent as
+    /// one when nothing else is).
+    chown: bool,
+    /// The file's attributes as this node reports them meanwhile.
+    attr: Attr,
+    since: Instant,
+    /// The write-back sending them is under way: they stay what this node reports until it
+    /// is answered.
+    sending: bool,
+}
+
 /// One file's write-back state.
 #[derive(Default)]
 struct FileState {
@@ -149,6 +180,8 @@ struct FileState {
     writer: Option<(Arc<OpenFile>, Credentials)>,
     /// The size this node's held-back writes give the file (until they are written).
     end: u64,
+    /// Attribute changes held back after the bytes.
+    attrs: Option<HeldAttrs>,
     /// One write-back of this file at a time.
     flusher: Arc<tokio::sync::Mutex<()>>,
     /// Write-backs under way: their bytes are out of `dirty` but not on the LUNs yet, so
@@ -229,6 +262,13 @@ fn delegated(f: &FileState, generation: u64) -> bool {
             .is_some_and(|d| d.generation == generation && d.write)
 }
 
+/// Whether a write of `f` may be held back: its write delegation is held, and no attribute
+/// change is held back (a write goes after one: its mtime, the bits it clears; the ordinary
+/// path writes the change back first).
+fn may_hold_write(f: &FileState, generation: u64) -> bool {
+    delegated(f, generation) && f.attrs.is_none()
+}
+
 /// How many bytes of one file may be held back before a write waits for a write-back: the
 /// configured limit, twice it while a write-back started beside the writer is under way.
 fn file_limit(f: &FileState, limit: u64) -> u64 {
@@ -241,6 +281,74 @@ fn file_limit(f: &FileState, limit: u64) -> u64 {
 
 /// What a write-back takes out of the table: the extents, and whom they are written as.
 type Taken = (BTreeMap<u64, Vec<u8>>, Arc<OpenFile>, Credentials);
+
+/// Ends a write-back's `flushing` mark however its future ends.
+struct Flushing<'a>(&'a WriteBack, InodeId);
+
+impl Drop for Flushing<'_> {
+    fn drop(&mut self) {
+        self.0.flushed(self.1);
+    }
+}
+
+/// The setuid bit, and the setgid bit where the group may execute: what a `chown` clears.
+fn privileged(perm: u32) -> bool {
+    const S_ISUID: u32 = 0o4000;
+    const S_ISGID: u32 = 0o2000;
+    perm & S_ISUID != 0 || (perm & S_ISGID != 0 && perm & 0o010 != 0)
+}
+
+/// What the attribute change `c` by `cred` makes of a file whose attributes are `cur`, when
+/// the server is sure to accept it and to come to the same: the caller owns the file (by
+/// uid: a squashed root does not), owners stay as they are, no setgid bit outside the
+/// caller's groups, no bit a `chown` would clear, explicit times only. `None`: send it.
+fn held_change(cred: &Credentials, cur: &Attr, c: &SetAttr, now: Timestamp) -> Option<Attr> {
+    const S_ISGID: u32 = 0o2000;
+    if cur.kind != FileType::Regular || cred.uid != cur.uid || c.size.is_some() || c.ctime.is_some()
+    {
+        return None;
+    }
+    if c.uid.is_some_and(|u| u != cur.uid) || c.gid.is_some_and(|g| g != cur.gid) {
+        return None;
+    }
+    let chown = c.uid.is_some() || c.gid.is_some();
+    let mut next = cur.clone();
+    if let Some(p) = c.perm {
+        let p = p & 0o7777;
+        if (p & S_ISGID != 0 && !cred.in_group(cur.gid)) || (chown && privileged(p)) {
+            return None;
+        }
+        next.perm = p;
+    }
+    if chown && privileged(cur.perm) {
+        return None;
+    }
+    for (set, field) in [(c.atime, &mut next.atime), (c.mtime, &mut next.mtime)] {
+        match set {
+            None => {}
+            Some(TimeSet::At(t)) => *field = t,
+            Some(TimeSet::Now) => return None,
+        }
+    }
+    next.ctime = now.max(cur.ctime);
+    Some(next)
+}
+
+/// This node's clock as a timestamp (the ctime a held-back change shows until it is sent).
+fn wall_clock() -> Timestamp {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the one wall-clock reading of the agent, for a ctime it only shows; \
+                  `held_change` takes the time as an argument, which is what its tests set"
+    )]
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Timestamp {
+        sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nsec: d.subsec_nanos(),
+    }
+}
 
 /// The write-back table of one agent.
 pub(crate) struct WriteBack {
@@ -260,6 +368,8 @@ pub(crate) struct WriteBack {
 #[derive(Debug, Default)]
 pub(crate) struct WriteBackCounters {
     pub held_writes: AtomicU64,
+    pub held_attrs: AtomicU64,
+    pub attr_flushes: AtomicU64,
     pub flushes: AtomicU64,
     pub flushed_bytes: AtomicU64,
     pub recalls_flushed: AtomicU64,
@@ -648,9 +758,16 @@ impl WriteBack {
         self.total.load(Ordering::Relaxed)
     }
 
-    /// Whether `ino` has held-back bytes.
+    /// Whether `ino` has held-back bytes or attribute changes.
     pub(crate) fn has_dirty(&self, ino: InodeId) -> bool {
-        self.files().get(&ino).is_some_and(|f| f.dirty_bytes > 0)
+        self.files()
+            .get(&ino)
+            .is_some_and(|f| f.dirty_bytes > 0 || f.attrs.is_some())
+    }
+
+    /// Whether `ino` has attribute changes held back (or being sent).
+    pub(crate) fn has_held_attrs(&self, ino: InodeId) -> bool {
+        self.files().get(&ino).is_some_and(|f| f.attrs.is_some())
     }
 
     /// The files with held-back bytes older than the age limit, or held under a
@@ -659,10 +776,11 @@ impl WriteBack {
         let now = Instant::now();
         self.files()
             .iter()
-            .filter(|(_, f)| f.dirty_bytes > 0)
+            .filter(|(_, f)| f.dirty_bytes > 0 || f.attrs.as_ref().is_some_and(|h| !h.sending))
             .filter(|(_, f)| {
-                f.dirty_since
-                    .is_some_and(|t| now.duration_since(t) >= self.config.max_age)
+                let old = |t: Instant| now.duration_since(t) >= self.config.max_age;
+                f.dirty_since.is_some_and(old)
+                    || f.attrs.as_ref().is_some_and(|h| old(h.since))
                     || f.delegation.is_none_or(|d| d.generation != generation)
             })
             .map(|(ino, _)| *ino)
@@ -688,6 +806,35 @@ impl WriteBack {
         Some((dirty, file, cred))
     }
 
+    /// Takes the attribute changes of `ino` held back for sending (they stay what this node
+    /// reports until [`WriteBack::attrs_sent`]): whom as, and the `SetAttr` to send.
+    fn take_attrs(&self, ino: InodeId) -> Option<(Credentials, SetAttr)> {
+        let mut files = self.files();
+        let f = files.get_mut(&ino)?;
+        let h = f.attrs.as_mut().filter(|h| !h.sending)?;
+        h.sending = true;
+        let mut changes = h.changes.clone();
+        if h.chown && changes == SetAttr::default() {
+            // Alone, the chown is sent as it was made (the owners the file has: it clears no
+            // bit, the file had none it would).
+            changes.uid = Some(h.attr.uid);
+            changes.gid = Some(h.attr.gid);
+        }
+        let cred = h.cred.clone();
+        f.flushing += 1;
+        Some((cred, changes))
+    }
+
+    /// The held attribute changes [`WriteBack::take_attrs`] took were answered (or failed):
+    /// the server answers for them now.
+    fn attrs_sent(&self, ino: InodeId) {
+        if let Some(f) = self.files().get_mut(&ino)
+            && f.attrs.as_ref().is_some_and(|h| h.sending)
+        {
+            f.attrs = None;
+        }
+    }
+
     /// A write-back of `ino` that [`WriteBack::take`] began is over (done, failed or
     /// dropped).
     fn flushed(&self, ino: InodeId) {
@@ -700,7 +847,7 @@ impl WriteBack {
     fn unsettled(&self, ino: InodeId) -> bool {
         self.files()
             .get(&ino)
-            .is_some_and(|f| f.dirty_bytes > 0 || f.flushing > 0)
+            .is_some_and(|f| f.dirty_bytes > 0 || f.flushing > 0 || f.attrs.is_some())
     }
 
     /// Whether bytes of `[off, end)` may be held back on this node: a held-back extent
@@ -786,6 +933,7 @@ impl WriteBack {
         }
         if let Some(f) = files.get(&ino)
             && f.dirty_bytes == 0
+            && f.attrs.is_none()
             && !f.asking
             && Arc::strong_count(&f.flusher) == 1
         {
@@ -881,7 +1029,7 @@ impl Client {
             let mut files = wb.files();
             let f = files.entry(ino).or_default();
             // Checked again under the lock: a recall may have come meanwhile.
-            if !delegated(f, generation) {
+            if !may_hold_write(f, generation) {
                 return Ok(None);
             }
             let total = wb.hold(f, (file, cred), offset, data);
@@ -994,7 +1142,8 @@ impl Client {
             return self.write_at_buf(cred, fh, ino, offset, buf).await;
         }
         // Held-back bytes inside the write go first (the write is newer); others stay.
-        if wb.unsettled_over(ino, offset, end) {
+        // Held-back attribute changes go first too (the write's mtime is after them).
+        if wb.unsettled_over(ino, offset, end) || wb.has_held_attrs(ino) {
             let _ = self.flush_file(ino).await;
         }
         let at = |pos: u64| usize::try_from(pos - offset).unwrap_or(usize::MAX);
@@ -1037,7 +1186,7 @@ impl Client {
                 let mut files = wb.files();
                 let f = files.entry(ino).or_default();
                 // A recall may have come while the middle was written: then the edges go now.
-                delegated(f, generation).then(|| {
+                may_hold_write(f, generation).then(|| {
                     let mut total = 0;
                     for (off, data) in &hold {
                         total = wb.hold(f, (file, cred), *off, data);
@@ -1084,7 +1233,7 @@ impl Client {
             let mut files = wb.files();
             let f = files.get_mut(&ino)?;
             if f.asking
-                || !delegated(f, generation)
+                || !may_hold_write(f, generation)
                 || f.dirty_bytes + len >= file_limit(f, wb.config.file_bytes)
                 || wb.total.load(Ordering::Relaxed) + len >= wb.config.total_bytes
             {
@@ -1394,16 +1543,102 @@ impl Client {
         let wb = &self.inner.writeback;
         let flusher = wb.flusher(ino);
         let _one = flusher.lock().await;
-        let Some((dirty, file, cred)) = wb.take(ino) else {
-            return Ok(());
+        let bytes = match wb.take(ino) {
+            Some(taken) => self.write_back_bytes(ino, taken).await,
+            None => Ok(()),
         };
-        // Ends the write-back's `flushing` mark however this future ends.
-        struct Flushing<'a>(&'a WriteBack, InodeId);
-        impl Drop for Flushing<'_> {
-            fn drop(&mut self) {
-                self.0.flushed(self.1);
-            }
+        // The attribute changes held after those bytes, in the application's order.
+        let attrs = match wb.take_attrs(ino) {
+            Some(held) => self.write_back_attrs(ino, held).await,
+            None => Ok(()),
+        };
+        bytes.and(attrs)
+    }
+
+    /// Sends the attribute changes [`WriteBack::take_attrs`] took. A failure is answered by
+    /// the file's next fsync or close, as a failed write-back is.
+    async fn write_back_attrs(
+        &self,
+        ino: InodeId,
+        (cred, changes): (Credentials, SetAttr),
+    ) -> Result<(), FsError> {
+        let wb = &self.inner.writeback;
+        let _flushing = Flushing(wb, ino);
+        bump(&wb.counters.attr_flushes);
+        tracing::debug!(%ino, ?changes, "sending held-back attribute changes");
+        let r = self
+            .set_attr_now(&cred, ino, changes, None)
+            .await
+            .map(|_| ());
+        if let Err(e) = &r {
+            tracing::warn!(%ino, error = %e, "sending held-back attribute changes failed: the file's next fsync or close answers it");
+            // Kept for that answer as a failed write's is (`set_attr_now` waits for the
+            // file's writes in flight, so it is noted after it).
+            self.inner.begin_pending(ino);
+            self.inner.end_pending(ino, Some(e.clone()));
         }
+        wb.attrs_sent(ino);
+        r
+    }
+
+    /// Holds back the attribute change `c` of `ino` by `cred`, when this node holds the
+    /// file's write delegation and the server is sure to accept the change as it is (see the
+    /// module's documentation, and `held_change`); returns the attributes this node
+    /// reports after it. `None`: the change is to be sent now.
+    pub(crate) fn hold_attr_change(
+        &self,
+        cred: &Credentials,
+        ino: InodeId,
+        c: &SetAttr,
+    ) -> Option<Attr> {
+        let wb = &self.inner.writeback;
+        if !wb.enabled() || *c == SetAttr::default() {
+            return None;
+        }
+        // What the server holds of the file, exact under its attribute lease, and that it
+        // has no extended attribute (a file made here: no ACL, no capability).
+        let (leased, _) = self.cached_attr(ino)?;
+        if !self.inner.leases.is_bare(ino) {
+            return None;
+        }
+        let generation = self.inner.lock_state().view.generation;
+        let attr = {
+            let mut files = wb.files();
+            let f = files.get_mut(&ino)?;
+            if !delegated(f, generation) || f.flushing > 0 {
+                return None;
+            }
+            let cur = match &f.attrs {
+                Some(h) if h.cred != *cred => return None,
+                Some(h) => h.attr.clone(),
+                None => leased,
+            };
+            let next = held_change(cred, &cur, c, wall_clock())?;
+            let h = f.attrs.get_or_insert_with(|| HeldAttrs {
+                cred: cred.clone(),
+                changes: SetAttr::default(),
+                chown: false,
+                attr: cur,
+                since: Instant::now(),
+                sending: false,
+            });
+            if c.perm.is_some() {
+                h.changes.perm = Some(next.perm);
+            }
+            h.changes.atime = c.atime.or(h.changes.atime);
+            h.changes.mtime = c.mtime.or(h.changes.mtime);
+            h.chown |= c.uid.is_some() || c.gid.is_some();
+            h.attr = next.clone();
+            next
+        };
+        bump(&wb.counters.held_attrs);
+        Some(self.buffered_attr(attr))
+    }
+
+    /// Writes the extents [`WriteBack::take`] took.
+    async fn write_back_bytes(&self, ino: InodeId, taken: Taken) -> Result<(), FsError> {
+        let wb = &self.inner.writeback;
+        let (dirty, file, cred) = taken;
         let _flushing = Flushing(wb, ino);
         bump(&wb.counters.flushes);
         tracing::debug!(%ino, extents = dirty.len(), "writing back held-back bytes");
@@ -1473,6 +1708,15 @@ impl Client {
         }
     }
 
+    /// Before a call whose answer the server bases on the file's mode or times (an open's
+    /// permission check, an extended attribute change): this node's held-back attribute
+    /// changes of `ino` are sent (with the bytes held back before them).
+    pub async fn attrs_barrier(&self, ino: InodeId) {
+        if self.inner.writeback.has_held_attrs(ino) {
+            let _ = self.flush_file(ino).await;
+        }
+    }
+
     /// Whether `ino` has bytes held back on this node.
     pub fn has_held_back(&self, ino: InodeId) -> bool {
         self.inner.writeback.has_dirty(ino)
@@ -1490,12 +1734,28 @@ impl Client {
     /// What this node's held-back writes make of `attr`: the larger size. (The mtime is
     /// the server's: set when they are written back, at the latest at fsync or close.)
     pub fn buffered_attr(&self, mut attr: Attr) -> Attr {
-        if let Some(f) = self.inner.writeback.files().get(&attr.ino)
-            && f.end > attr.size
-        {
-            attr.size = f.end;
+        if let Some(f) = self.inner.writeback.files().get(&attr.ino) {
+            if f.end > attr.size {
+                attr.size = f.end;
+            }
+            // Held-back attribute changes: the mode, the times they set, their ctime.
+            if let Some(h) = &f.attrs {
+                attr.perm = h.attr.perm;
+                attr.ctime = attr.ctime.max(h.attr.ctime);
+                if h.changes.atime.is_some() {
+                    attr.atime = h.attr.atime;
+                }
+                if h.changes.mtime.is_some() {
+                    attr.mtime = h.attr.mtime;
+                }
+            }
         }
         attr
+    }
+
+    /// Whether `ino` has attribute changes held back on this node (or being sent).
+    pub fn has_held_attrs(&self, ino: InodeId) -> bool {
+        self.inner.writeback.has_held_attrs(ino)
     }
 
     /// A truncate of `ino` is about to run: what it cuts must not come back from a later
@@ -1521,6 +1781,8 @@ impl Client {
         WriteBackStats {
             dirty_bytes: wb.dirty_bytes(),
             held_writes: get(&wb.counters.held_writes),
+            held_attrs: get(&wb.counters.held_attrs),
+            attr_flushes: get(&wb.counters.attr_flushes),
             flushes: get(&wb.counters.flushes),
             flushed_bytes: get(&wb.counters.flushed_bytes),
             recalls_flushed: get(&wb.counters.recalls_flushed),
@@ -1549,6 +1811,12 @@ pub struct WriteBackStats {
     /// Delegations given, and refused.
     pub delegations: u64,
     pub refusals: u64,
+    /// Attribute changes held back (answered without a call), and the `SetAttr`s that
+    /// sent them.
+    #[serde(default)]
+    pub held_attrs: u64,
+    #[serde(default)]
+    pub attr_flushes: u64,
     /// Bytes in the read cache now; reads it answered, and reads it did not (read and kept).
     #[serde(default)]
     pub cached_bytes: u64,
@@ -1857,5 +2125,102 @@ mod tests {
         assert_eq!(map[&0].len(), 4096 * 1000);
         // A rewrite in place does not grow it.
         assert_eq!(insert(&mut map, 8192, &[9; 100]), 0);
+    }
+
+    fn file(uid: u32, gid: u32, perm: u32) -> Attr {
+        Attr {
+            ino: InodeId(7),
+            kind: FileType::Regular,
+            perm,
+            nlink: 1,
+            uid,
+            gid,
+            size: 0,
+            allocated: 0,
+            atime: Timestamp::default(),
+            mtime: Timestamp::default(),
+            ctime: Timestamp { sec: 5, nsec: 0 },
+            btime: Timestamp::default(),
+            rdev: 0,
+            generation: 0,
+        }
+    }
+
+    fn cred(uid: u32, gid: u32, groups: &[u32]) -> Credentials {
+        Credentials {
+            uid,
+            gid,
+            groups: groups.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_change_is_held_only_where_the_server_takes_it_as_it_is() {
+        let now = Timestamp { sec: 9, nsec: 0 };
+        let at = TimeSet::At(Timestamp { sec: 1, nsec: 0 });
+        let root = cred(0, 0, &[]);
+        let owner = cred(1000, 1000, &[]);
+        let mode = |m: u32| SetAttr {
+            perm: Some(m),
+            ..SetAttr::default()
+        };
+        let owners = |u: u32, g: u32| SetAttr {
+            uid: Some(u),
+            gid: Some(g),
+            ..SetAttr::default()
+        };
+        // tar as root on its own file: the times, the owners it has, the mode.
+        let f = file(0, 0, 0o600);
+        let t = SetAttr {
+            mtime: Some(at),
+            ..SetAttr::default()
+        };
+        let after = held_change(&root, &f, &t, now).unwrap();
+        assert_eq!((after.mtime.sec, after.ctime), (1, now));
+        assert!(held_change(&root, &f, &owners(0, 0), now).is_some());
+        assert_eq!(
+            held_change(&root, &f, &mode(0o4755), now).unwrap().perm,
+            0o4755
+        );
+        // The owner by uid only: root on another's file may be squashed by the server.
+        assert!(held_change(&root, &file(1000, 1000, 0o600), &mode(0o644), now).is_none());
+        assert!(held_change(&owner, &file(1000, 1000, 0o600), &mode(0o644), now).is_some());
+        assert!(held_change(&cred(1001, 1000, &[]), &file(1000, 1000, 0o600), &t, now).is_none());
+        // Ownership that moves (quota), a size, the server's clock, an explicit ctime: sent.
+        assert!(held_change(&root, &f, &owners(1000, 0), now).is_none());
+        assert!(held_change(&root, &f, &owners(0, 5), now).is_none());
+        for c in [
+            SetAttr {
+                size: Some(0),
+                ..SetAttr::default()
+            },
+            SetAttr {
+                mtime: Some(TimeSet::Now),
+                ..SetAttr::default()
+            },
+            SetAttr {
+                ctime: Some(now),
+                ..SetAttr::default()
+            },
+        ] {
+            assert!(held_change(&root, &f, &c, now).is_none(), "{c:?}");
+        }
+        // setgid outside the caller's groups: the server may clear it.
+        let g = file(1000, 50, 0o600);
+        assert!(held_change(&owner, &g, &mode(0o2755), now).is_none());
+        assert!(held_change(&cred(1000, 1000, &[50]), &g, &mode(0o2755), now).is_some());
+        // A chown that would clear a bit, or one with a mode that has one: sent.
+        assert!(held_change(&root, &file(0, 0, 0o4755), &owners(0, 0), now).is_none());
+        assert!(held_change(&root, &file(0, 0, 0o2775), &owners(0, 0), now).is_none());
+        assert!(held_change(&root, &file(0, 0, 0o2745), &owners(0, 0), now).is_some());
+        let both = SetAttr {
+            perm: Some(0o4755),
+            ..owners(0, 0)
+        };
+        assert!(held_change(&root, &f, &both, now).is_none());
+        // Not a regular file.
+        let mut d = file(0, 0, 0o755);
+        d.kind = FileType::Directory;
+        assert!(held_change(&root, &d, &mode(0o700), now).is_none());
     }
 }

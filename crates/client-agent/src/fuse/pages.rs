@@ -162,6 +162,14 @@ impl KernelPages {
             .is_some_and(|k| k.seen.unseen_change(now))
     }
 
+    /// Whether attributes `now` of `ino` carry a size or mtime the kernel was not given by a
+    /// `GETATTR` or an open (where it may hold pages of the file).
+    pub(super) fn data_moved(&self, ino: InodeId, now: &Seen) -> bool {
+        self.lock()
+            .get(&ino)
+            .is_some_and(|k| k.seen.size != now.size || k.seen.mtime != now.mtime)
+    }
+
     /// The kernel is given `now` of `ino` by a `GETATTR` (after [`KernelPages::invalidate`]
     /// where [`KernelPages::stale`] said so).
     pub(super) fn seen(&self, ino: InodeId, now: Seen) {

@@ -1234,6 +1234,258 @@ async fn held_back_writes_and_attribute_changes_keep_the_applications_order() {
     srv.stop().await;
 }
 
+/// A node that holds a file's pages in its kernel (a reader's open) and changes its mode
+/// after another node rewrote it: the answer to the `chmod` is the first to carry the new
+/// mtime, and the kernel takes it without dropping its pages (as it would for a `GETATTR`'s);
+/// the agent drops them before it answers, so the next read sees the other node's bytes
+/// (exerciser seed 11772079121994438444, op #32254).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chmod_answer_that_shows_another_nodes_write_drops_the_cached_pages() {
+    use std::io::Read as _;
+    use std::os::unix::fs::{FileExt as _, PermissionsExt as _};
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "chmod-pages-a", "").await;
+    let b = Mount::start(&srv, "chmod-pages-b", "").await;
+    let (pa, pb) = (a.p("f"), b.p("f"));
+    timed("a chmod answer and the cached pages", 60, move || {
+        std::fs::write(&pa, vec![1u8; 196_608]).unwrap();
+        for round in 2u8..6 {
+            let mut reader = std::fs::File::open(&pa).unwrap();
+            let mut seen = Vec::new();
+            reader.read_to_end(&mut seen).unwrap();
+            assert!(seen.iter().all(|b| *b == round - 1));
+            // The other node rewrites in place: same size, a new mtime.
+            std::thread::sleep(Duration::from_millis(20));
+            let w = std::fs::OpenOptions::new().write(true).open(&pb).unwrap();
+            w.write_all_at(&vec![round; 196_608], 0).unwrap();
+            drop(w);
+            let mode = if round % 2 == 0 { 0o600 } else { 0o644 };
+            reader
+                .set_permissions(std::fs::Permissions::from_mode(mode))
+                .unwrap();
+            let mut got = vec![0u8; 196_608];
+            reader.read_exact_at(&mut got, 0).unwrap();
+            let stale = got.iter().filter(|b| **b != round).count();
+            assert_eq!(
+                stale, 0,
+                "round {round}: old bytes after the other node's write"
+            );
+        }
+    })
+    .await;
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
+
+/// An explicit mtime set through one node after another node's write returned (held back
+/// there, or completed behind it) stays: the server ends the other node's write delegation
+/// and layouts before it applies the change, so no write-back or completion sets the mtime
+/// after it (exerciser seed 7991677471961935470, op #56283).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mtime_set_after_another_nodes_write_is_not_undone_by_it() {
+    use std::os::unix::fs::FileExt as _;
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "mtime-a", "").await;
+    let b = Mount::start(&srv, "mtime-b", "").await;
+    let (pa, pb) = (a.p("f"), b.p("f"));
+    timed("an mtime after another node's write", 60, move || {
+        let when = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        std::fs::write(&pa, [1u8; 10]).unwrap();
+        for (round, len) in [(0u8, 4096usize), (1, 65_536), (2, 1 << 20)] {
+            // Both open first: the writer's node then holds the file alone.
+            let wa = std::fs::OpenOptions::new().write(true).open(&pa).unwrap();
+            let hb = std::fs::File::open(&pb).unwrap();
+            wa.write_all_at(&vec![round; len], 0).unwrap();
+            hb.set_times(std::fs::FileTimes::new().set_modified(when))
+                .unwrap();
+            drop(wa);
+            drop(hb);
+            for p in [&pa, &pb] {
+                let got = std::fs::metadata(p).unwrap().modified().unwrap();
+                assert_eq!(got, when, "round {round} ({len} bytes): {}", p.display());
+            }
+        }
+    })
+    .await;
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
+
+/// A cut to the middle of a block leaves the old bytes past the new end in that block; a
+/// write past the end later must find them zeroed. Here the writer's next write starts the
+/// file (offset 0, held back, then written back under a write layout 8 MiB long, which
+/// reaches past the end of file), and a write past the end inside that layout asks the
+/// server nothing: the grant itself must have zeroed the tail (exerciser seed
+/// 7991677471961935470, op #25925: 2,136 old bytes read back after the cut).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_layout_past_a_cut_end_of_file_reads_zeros_between() {
+    use std::os::unix::fs::FileExt as _;
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let m = Mount::start(&srv, "cut-tail", "").await;
+    let other = Mount::start(&srv, "cut-tail-other", "").await;
+    let (here, there) = (m.p("f"), other.p("f"));
+    timed("a layout past a cut end of file", 60, move || {
+        let (cut, far) = (1_488_808u64, 1_683_456u64);
+        std::fs::write(&here, crate::support::pattern(5_177_346, 3)).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&here)
+            .unwrap();
+        f.set_len(cut).unwrap();
+        f.write_all_at(&crate::support::pattern(65_536, 4), 0)
+            .unwrap();
+        f.write_all_at(&crate::support::pattern(4096, 5), far)
+            .unwrap();
+        drop(f);
+        for p in [&here, &there] {
+            let bytes = std::fs::read(p).unwrap();
+            assert_eq!(bytes.len() as u64, far + 4096);
+            let gap = &bytes[cut as usize..far as usize];
+            let stale = gap.iter().filter(|b| **b != 0).count();
+            assert_eq!(
+                stale,
+                0,
+                "{}: old bytes between the cut and the write",
+                p.display()
+            );
+        }
+    })
+    .await;
+    drop(m);
+    drop(other);
+    srv.stop().await;
+}
+
+/// Attribute changes of a file made on this node and held under its write delegation
+/// (`chmod`, `futimens`, a `chown` to its own owners: what `tar x` does to each file it
+/// writes) are answered without a call and sent after the held-back bytes, in one `SetAttr`:
+/// exact on this node and, through the recall, on another node while the file is still open;
+/// in the application's order (a `chown` after a `chmod u+s` clears the bit, one before it
+/// does not; a write after a `futimens` moves the mtime on); and an open by another user on
+/// this node is checked against the mode set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_back_attribute_changes_are_exact_everywhere_and_in_order() {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let m = Mount::start(&srv, "held-attrs", "allow_other").await;
+    let other = Mount::start(&srv, "held-attrs-other", "").await;
+    // uid 1000 must reach the mount point: the temp dir above it is 0700.
+    std::fs::set_permissions(
+        m.path.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let (mnt, here, there) = (m.path.clone(), m.path.clone(), other.path.clone());
+    timed("held-back attribute changes", 120, move || {
+        let counter = |name: &str| {
+            agent_status(&mnt)["agent"]["write_back"][name]
+                .as_u64()
+                .unwrap()
+        };
+        let create = |name: &str| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(here.join(name))
+                .unwrap()
+        };
+        let when = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        let look = |name: &str| {
+            [&here, &there].map(|dir| {
+                let md = std::fs::metadata(dir.join(name)).unwrap();
+                (md.mode() & 0o7777, md.modified().unwrap(), md.len())
+            })
+        };
+
+        // tar's order: write, the mtime, the owners it has, the mode (setuid kept).
+        let (held, sent) = (counter("held_attrs"), counter("attr_flushes"));
+        let f = create("tar");
+        (&f).write_all(&[5u8; 5000]).unwrap();
+        f.set_times(std::fs::FileTimes::new().set_modified(when))
+            .unwrap();
+        std::os::unix::fs::fchown(&f, Some(0), Some(0)).unwrap();
+        f.set_permissions(std::fs::Permissions::from_mode(0o4755))
+            .unwrap();
+        assert_eq!(
+            counter("held_attrs") - held,
+            3,
+            "the three changes were held back"
+        );
+        assert_eq!(counter("attr_flushes"), sent, "and not sent yet");
+        let [mine, theirs] = look("tar");
+        assert_eq!(mine, (0o4755, when, 5000), "this node, the file open");
+        assert_eq!(
+            theirs,
+            (0o4755, when, 5000),
+            "another node, the file open here"
+        );
+        drop(f);
+        assert_eq!(look("tar"), [(0o4755, when, 5000); 2], "after close");
+        assert!(counter("attr_flushes") > sent, "sent by the write-back");
+
+        // chmod u+s, then a chown to the same owners: the chown clears the bit.
+        let f = create("kill");
+        (&f).write_all(&[6u8; 3000]).unwrap();
+        f.set_permissions(std::fs::Permissions::from_mode(0o4755))
+            .unwrap();
+        std::os::unix::fs::fchown(&f, Some(0), Some(0)).unwrap();
+        assert_eq!(
+            look("kill").map(|l| l.0),
+            [0o755; 2],
+            "chown after chmod u+s"
+        );
+        drop(f);
+        assert_eq!(look("kill").map(|l| l.0), [0o755; 2], "after close");
+
+        // A write after the mtime was set moves it on.
+        let f = create("later");
+        (&f).write_all(&[7u8; 1000]).unwrap();
+        f.set_times(std::fs::FileTimes::new().set_modified(when))
+            .unwrap();
+        (&f).write_all(&[8u8; 1000]).unwrap();
+        drop(f);
+        for (mode, mtime, len) in look("later") {
+            assert_eq!((mode, len), (0o600, 2000));
+            assert!(mtime > when, "a write after futimens sets the mtime");
+        }
+
+        // Another user on this node opens the file by the mode set while it is open here.
+        let f = create("shared");
+        (&f).write_all(b"readable now").unwrap();
+        let held = counter("held_attrs");
+        f.set_permissions(std::fs::Permissions::from_mode(0o644))
+            .unwrap();
+        assert_eq!(counter("held_attrs"), held + 1, "the chmod was held back");
+        let path = here.join("shared");
+        let (st, out) = as_uid_1000(&["cat", path.to_str().unwrap()]);
+        assert!(st.success(), "uid 1000 reads a file made 0644 here");
+        assert_eq!(out, b"readable now");
+        drop(f);
+        assert_eq!(look("shared").map(|l| l.0), [0o644; 2]);
+    })
+    .await;
+    drop(m);
+    drop(other);
+    srv.stop().await;
+}
+
 /// The mount leaves clearing setuid/setgid and file capabilities to the server
 /// (`FUSE_HANDLE_KILLPRIV_V2`: the kernel sends a chown or truncate as it is, without asking
 /// for the attributes first), which must do what the kernel would: a truncate or write by

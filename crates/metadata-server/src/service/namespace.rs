@@ -587,6 +587,12 @@ impl Namespace for NamespaceService {
             self.server.wait_reclaim().await;
             note(req.handle.map(|h| h.session.0), Some(req.inode.0));
             let Some(size) = req.changes.size else {
+                // Writes of other nodes that returned before this change (held back, or
+                // completed behind them) are in first: none sets the mtime after it.
+                self.server
+                    .grants
+                    .settle_others(req.inode.0, session.map_or(0, |s| s.0))
+                    .await;
                 // Mode, owner and times: answered before durable under a session.
                 let leases = self
                     .server
