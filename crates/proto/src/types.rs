@@ -371,6 +371,23 @@ pub struct Attr {
     pub generation: u64,
 }
 
+/// The set-user-ID bit of a mode.
+pub const S_ISUID: u32 = 0o4000;
+/// The set-group-ID bit of a mode.
+pub const S_ISGID: u32 = 0o2000;
+
+/// Mode `perm` without what a `chown`, or a truncate or write by a caller without
+/// CAP_FSETID, clears: setuid, and setgid where the group may execute (otherwise setgid marks
+/// mandatory locking, not privilege). The one rule of the server's changes and of the
+/// agent's held-back attribute changes.
+pub fn cleared_setid(perm: u32) -> u32 {
+    let mut p = perm & !S_ISUID;
+    if p & 0o010 != 0 {
+        p &= !S_ISGID;
+    }
+    p
+}
+
 /// Whether `cred` may access a file with permission bits `perm`, owned by `uid`:`gid`, for
 /// `mask` (read 4, write 2, search/execute 1): the owner's, the group's or the others' bits;
 /// root passes all but execute of a non-directory without any execute bit. The one rule of

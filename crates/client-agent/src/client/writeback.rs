@@ -47,7 +47,8 @@ use futures_util::StreamExt;
 use sanfs_proto::model::{DelegateReply, DelegateRequest};
 use sanfs_proto::pb;
 use sanfs_proto::types::{
-    Attr, ByteRange, Credentials, FileType, FsError, GrantId, InodeId, SetAttr, TimeSet, Timestamp,
+    Attr, ByteRange, Credentials, FileType, FsError, GrantId, InodeId, S_ISGID, SetAttr, TimeSet,
+    Timestamp, cleared_setid,
 };
 
 use super::data::WriteOutcome;
@@ -291,11 +292,9 @@ impl Drop for Flushing<'_> {
     }
 }
 
-/// The setuid bit, and the setgid bit where the group may execute: what a `chown` clears.
+/// Whether mode `perm` has a bit a `chown` clears ([`cleared_setid`]).
 fn privileged(perm: u32) -> bool {
-    const S_ISUID: u32 = 0o4000;
-    const S_ISGID: u32 = 0o2000;
-    perm & S_ISUID != 0 || (perm & S_ISGID != 0 && perm & 0o010 != 0)
+    cleared_setid(perm) != perm
 }
 
 /// What the attribute change `c` by `cred` makes of a file whose attributes are `cur`, when
@@ -303,7 +302,6 @@ fn privileged(perm: u32) -> bool {
 /// uid: a squashed root does not), owners stay as they are, no setgid bit outside the
 /// caller's groups, no bit a `chown` would clear, explicit times only. `None`: send it.
 fn held_change(cred: &Credentials, cur: &Attr, c: &SetAttr, now: Timestamp) -> Option<Attr> {
-    const S_ISGID: u32 = 0o2000;
     if cur.kind != FileType::Regular || cred.uid != cur.uid || c.size.is_some() || c.ctime.is_some()
     {
         return None;

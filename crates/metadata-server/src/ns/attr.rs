@@ -32,14 +32,10 @@ pub fn truncate(
     Ok(())
 }
 
-/// Clears setuid, and setgid where the group may execute (otherwise setgid marks mandatory
-/// locking, not privilege): what a chown, or a truncate or write by a caller without
-/// CAP_FSETID, does to a file.
+/// What a chown, or a truncate or write by a caller without CAP_FSETID, does to a file
+/// ([`sanfs_proto::types::cleared_setid`]).
 fn kill_suid_sgid(rec: &mut InodeRec) {
-    rec.perm &= !S_ISUID;
-    if rec.perm & 0o010 != 0 {
-        rec.perm &= !S_ISGID;
-    }
+    rec.perm = sanfs_proto::types::cleared_setid(rec.perm);
 }
 
 /// Removes the file capabilities (`security.capability`) of `ino`, as the kernel does at a

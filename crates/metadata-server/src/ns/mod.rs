@@ -56,8 +56,7 @@ pub const LINK_MAX: u32 = 65000;
 const MAY_READ: u32 = 4;
 const MAY_WRITE: u32 = 2;
 const MAY_EXEC: u32 = 1;
-const S_ISUID: u32 = 0o4000;
-const S_ISGID: u32 = 0o2000;
+use sanfs_proto::types::S_ISGID;
 const S_ISVTX: u32 = 0o1000;
 
 fn err<T>(e: FsError) -> Result<T, OpError> {
