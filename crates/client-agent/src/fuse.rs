@@ -141,6 +141,9 @@ struct State {
     write_bufs: BufferPool,
     /// File data in the kernel's page cache.
     pages: pages::KernelPages,
+    /// Open directory handles: where a listing read through each reached its end (the
+    /// offset the kernel asks from next), once it has.
+    dir_ends: Mutex<HashMap<u64, Option<u64>>>,
 }
 
 /// Aligned buffers kept for write requests: enough for the requests in flight at once.
@@ -290,8 +293,7 @@ fn read_groups(pid: u32) -> Vec<u32> {
     if pid == 0 {
         return Vec::new();
     }
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
+    proc_status(pid)
         .and_then(|s| {
             s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
                 g.split_whitespace()
@@ -300,6 +302,24 @@ fn read_groups(pid: u32) -> Vec<u32> {
             })
         })
         .unwrap_or_default()
+}
+
+/// `/proc/PID/status` of process `pid` (`None`: gone), read with one `read` into a buffer it
+/// fits in (~1.4 KiB): `read_to_string` spends a `statx` and seven growing reads on it, per
+/// FUSE request. The kernel makes the whole text at the first read and hands as much of it
+/// as fits, so a read that did not fill the buffer has all of it.
+fn proc_status(pid: u32) -> Option<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(format!("/proc/{pid}/status")).ok()?;
+    let mut buf = vec![0u8; 8192];
+    let n = f.read(&mut buf).ok()?;
+    if n == buf.len() {
+        // Longer than ever seen: the rest as it comes.
+        f.read_to_end(&mut buf).ok()?;
+    } else {
+        buf.truncate(n);
+    }
+    String::from_utf8(buf).ok()
 }
 
 fn name_bytes(name: &OsStr) -> Vec<u8> {
@@ -324,6 +344,7 @@ impl SanFs {
                 ioctls_seen: Mutex::new(std::collections::BTreeSet::new()),
                 write_bufs: BufferPool::new(MAX_IO_BYTES as usize, WRITE_BUFFERS),
                 pages,
+                dir_ends: Mutex::new(HashMap::new()),
             }),
             runtime,
             groups: groups::GroupsCache::default(),
@@ -408,10 +429,6 @@ impl State {
 
     fn reply_entry(&self, reply: ReplyEntry, r: Result<Attr, FsError>) {
         self.reply_entry_leased(reply, r.map(|a| (a, None)));
-    }
-
-    fn reply_attr(&self, reply: ReplyAttr, r: Result<Attr, FsError>) {
-        self.reply_attr_leased(reply, r.map(|a| (a, None)));
     }
 
     /// An entry whose name and attributes may be held under leases for `ttl`. The kernel
@@ -557,6 +574,25 @@ impl State {
         self.client.leases().forget(inos, dirs);
     }
 
+    /// Whether the listing read through directory handle `fh` reached its end at `offset`:
+    /// the kernel asks once more from there (and again at every `getdents` after the end),
+    /// and the answer, nothing more, needs no `ReadDir` (a name made since then may or may
+    /// not be listed: POSIX leaves that open until the next `rewinddir`; a `seekdir` to
+    /// anywhere else asks the server).
+    fn listed_to_end(&self, fh: u64, offset: u64) -> bool {
+        let ends = self.dir_ends.lock().unwrap_or_else(|e| e.into_inner());
+        ends.get(&fh).copied().flatten() == Some(offset)
+    }
+
+    /// A listing through directory handle `fh` answered up to `end` (`Some`: the offset of
+    /// its last entry, with nothing after it).
+    fn listing_ended(&self, fh: u64, end: Option<u64>) {
+        let mut ends = self.dir_ends.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = ends.get_mut(&fh) {
+            *e = end;
+        }
+    }
+
     fn file(&self, fh: fuser::FileHandle) -> Result<Arc<FuseFile>, FsError> {
         self.files
             .lock()
@@ -643,8 +679,10 @@ async fn do_readdir(
     ino: InodeId,
     offset: u64,
     mut reply: ReplyDirectory,
-) -> Result<(), (ReplyDirectory, FsError)> {
+) -> Result<Option<u64>, (ReplyDirectory, FsError)> {
     let mut cookie = if offset <= 2 { 0 } else { offset };
+    // The offset of the last entry answered (the kernel asks from it next).
+    let mut last = offset;
     let first = match st
         .client
         .readdir(cred, ino, cookie, READDIR_BATCH, false)
@@ -653,20 +691,24 @@ async fn do_readdir(
         Ok(r) => r,
         Err(e) => return Err((reply, e)),
     };
-    if offset == 0 && reply.add(st.fuse_ino(ino), 1, fuser::FileType::Directory, ".") {
-        reply.ok();
-        return Ok(());
+    if offset == 0 {
+        if reply.add(st.fuse_ino(ino), 1, fuser::FileType::Directory, ".") {
+            reply.ok();
+            return Ok(None);
+        }
+        last = 1;
     }
-    if offset <= 1
-        && reply.add(
+    if offset <= 1 {
+        if reply.add(
             st.fuse_ino(first.parent),
             2,
             fuser::FileType::Directory,
             "..",
-        )
-    {
-        reply.ok();
-        return Ok(());
+        ) {
+            reply.ok();
+            return Ok(None);
+        }
+        last = 2;
     }
     let mut batch = first;
     loop {
@@ -678,13 +720,14 @@ async fn do_readdir(
                 OsStr::from_bytes(e.name.as_bytes()),
             ) {
                 reply.ok();
-                return Ok(());
+                return Ok(None);
             }
             cookie = e.cookie;
+            last = e.cookie;
         }
         if batch.eof || batch.entries.is_empty() {
             reply.ok();
-            return Ok(());
+            return Ok(Some(last));
         }
         batch = match st
             .client
@@ -703,9 +746,11 @@ async fn do_readdirplus(
     ino: InodeId,
     offset: u64,
     mut reply: ReplyDirectoryPlus,
-) -> Result<(), (ReplyDirectoryPlus, FsError)> {
+) -> Result<Option<u64>, (ReplyDirectoryPlus, FsError)> {
     let ttl = st.options.entry_ttl;
     let mut cookie = if offset <= 2 { 0 } else { offset };
+    // The offset of the last entry answered (the kernel asks from it next).
+    let mut last = offset;
     let first = match st
         .client
         .readdir_leased(cred, ino, cookie, READDIR_BATCH, true)
@@ -728,7 +773,7 @@ async fn do_readdirplus(
         let dot = st.attr(&dir);
         if offset == 0 && reply.add(dot.ino, 1, ".", &Duration::ZERO, &dot, Generation(0)) {
             reply.ok();
-            return Ok(());
+            return Ok(None);
         }
         let dotdot = FileAttr {
             ino: st.fuse_ino(first.parent),
@@ -736,8 +781,9 @@ async fn do_readdirplus(
         };
         if reply.add(dotdot.ino, 2, "..", &Duration::ZERO, &dotdot, Generation(0)) {
             reply.ok();
-            return Ok(());
+            return Ok(None);
         }
+        last = 2;
     }
     let mut batch = first;
     loop {
@@ -765,13 +811,14 @@ async fn do_readdirplus(
                 Generation(a.generation),
             ) {
                 reply.ok();
-                return Ok(());
+                return Ok(None);
             }
             cookie = e.cookie;
+            last = e.cookie;
         }
         if batch.eof || batch.entries.is_empty() {
             reply.ok();
-            return Ok(());
+            return Ok(Some(last));
         }
         batch = match st
             .client
@@ -907,10 +954,13 @@ impl fuser::Filesystem for SanFs {
                 };
                 let file = fh.map(|fh| st.file(fh)).transpose()?;
                 let set_mtime = changes.mtime.is_some();
+                let sized = changes.size.is_some();
                 let r = do_setattr(&st, &cred, st.ino(ino), changes, file).await;
-                // A change held back here leaves the server's attributes as they are (and
-                // what the lease cache holds of them good); a sent one changed them.
-                if !st.client.has_held_attrs(st.ino(ino)) {
+                // A size change moved what the lease cache holds of the file. (A change of
+                // mode, owners or times: the client forgot it, and keeps the reply under the
+                // lease that came with it; one held back here leaves the server's attributes
+                // as they are, and what the cache holds of them good.)
+                if sized && !st.client.has_held_attrs(st.ino(ino)) {
                     st.forget(&[st.ino(ino)], &[]);
                 }
                 if let Ok(a) = &r {
@@ -919,7 +969,16 @@ impl fuser::Filesystem for SanFs {
                 r
             }
             .await;
-            st.reply_attr(reply, r);
+            // The kernel keeps the answer as long as the lease cache holds exactly it.
+            let r = r.map(|a| {
+                let ttl = st
+                    .client
+                    .cached_attr(a.ino)
+                    .filter(|(c, _)| *c == a)
+                    .and_then(|(_, ttl)| ttl);
+                (a, ttl)
+            });
+            st.reply_attr_leased(reply, r);
         });
     }
 
@@ -1622,11 +1681,19 @@ impl fuser::Filesystem for SanFs {
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
-        // Directories are read by cookie, statelessly; opening checks read permission.
+        // Directories are read by cookie; opening checks read permission. The handle only
+        // remembers where its listing ended (see `State::listed_to_end`).
         let cred = credentials(req);
         self.spawn("opendir", move |st| async move {
             match st.client.access(&cred, st.ino(ino), 4).await {
-                Ok(()) => reply.opened(fuser::FileHandle(0), FopenFlags::empty()),
+                Ok(()) => {
+                    let fh = st.next_fh.fetch_add(1, Ordering::Relaxed);
+                    st.dir_ends
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(fh, None);
+                    reply.opened(fuser::FileHandle(fh), FopenFlags::empty());
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -1636,14 +1703,19 @@ impl fuser::Filesystem for SanFs {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: fuser::FileHandle,
+        fh: fuser::FileHandle,
         offset: u64,
         reply: ReplyDirectory,
     ) {
+        if self.state.listed_to_end(fh.0, offset) {
+            reply.ok();
+            return;
+        }
         let cred = credentials(req);
         self.spawn("readdir", move |st| async move {
-            if let Err((reply, e)) = do_readdir(&st, &cred, st.ino(ino), offset, reply).await {
-                reply.error(errno(&e));
+            match do_readdir(&st, &cred, st.ino(ino), offset, reply).await {
+                Ok(end) => st.listing_ended(fh.0, end),
+                Err((reply, e)) => reply.error(errno(&e)),
             }
         });
     }
@@ -1652,14 +1724,19 @@ impl fuser::Filesystem for SanFs {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: fuser::FileHandle,
+        fh: fuser::FileHandle,
         offset: u64,
         reply: ReplyDirectoryPlus,
     ) {
+        if self.state.listed_to_end(fh.0, offset) {
+            reply.ok();
+            return;
+        }
         let cred = credentials(req);
         self.spawn("readdirplus", move |st| async move {
-            if let Err((reply, e)) = do_readdirplus(&st, &cred, st.ino(ino), offset, reply).await {
-                reply.error(errno(&e));
+            match do_readdirplus(&st, &cred, st.ino(ino), offset, reply).await {
+                Ok(end) => st.listing_ended(fh.0, end),
+                Err((reply, e)) => reply.error(errno(&e)),
             }
         });
     }
@@ -1668,10 +1745,15 @@ impl fuser::Filesystem for SanFs {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: fuser::FileHandle,
+        fh: fuser::FileHandle,
         _flags: fuser::OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.state
+            .dir_ends
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fh.0);
         reply.ok();
     }
 
@@ -2021,7 +2103,7 @@ fn file_lock(typ: i32, start: u64, end: u64, pid: u32) -> Option<FileLock> {
 /// Whether process `pid` has a signal pending that it neither blocks nor ignores (or is gone):
 /// what ends a local F_SETLKW with EINTR.
 fn signal_pending(pid: u32) -> bool {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+    let Some(status) = proc_status(pid) else {
         return true;
     };
     let mask = |name: &str| {
@@ -2118,5 +2200,36 @@ mod tests {
         assert_eq!(sanfs_ino(sub, 42), InodeId(1));
         assert_eq!(sanfs_ino(sub, 7), InodeId(7));
         assert_eq!(sanfs_ino(InodeId(1), 1), InodeId(1));
+    }
+
+    #[test]
+    fn a_callers_groups_and_signals_come_from_its_status_read_whole() {
+        let me = std::process::id();
+        let whole = std::fs::read_to_string(format!("/proc/{me}/status")).unwrap();
+        let once = proc_status(me).unwrap();
+        // Only counters that move between two reads may differ: the same lines, same names.
+        let names = |s: &str| {
+            s.lines()
+                .map(|l| l.split(':').next().unwrap_or("").to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&once), names(&whole));
+        let groups: Vec<u32> = rustix::process::getgroups()
+            .unwrap()
+            .into_iter()
+            .map(|g| g.as_raw())
+            .collect();
+        let mut read = read_groups(me);
+        let mut want = groups;
+        read.sort_unstable();
+        want.sort_unstable();
+        want.dedup();
+        read.dedup();
+        assert_eq!(read, want);
+        assert!(!signal_pending(me));
+        // A process that is gone: no groups, and a lock wait of it ends.
+        assert!(proc_status(u32::MAX).is_none());
+        assert!(read_groups(u32::MAX).is_empty());
+        assert!(signal_pending(u32::MAX));
     }
 }

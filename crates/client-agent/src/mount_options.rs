@@ -72,6 +72,21 @@ pub struct MountOpts {
     /// `hard` (the default) or `soft[,retrans_timeout=DURATION]`: how long a call waits for an
     /// unreachable or restarting server (see [`crate::client::RetryPolicy`]).
     pub retry: crate::client::RetryPolicy,
+    /// `threads=N`: the agent's async worker threads (RPCs, planning, completions); `None`:
+    /// [`default_threads`].
+    pub threads: Option<usize>,
+}
+
+/// The most `threads=` takes.
+const MAX_THREADS: usize = 64;
+
+/// The agent's async worker threads when `threads=` is not given: half the CPUs it may run
+/// on, 1 to 4. Each request hops from a FUSE thread to a worker and back; on a small machine
+/// a second worker mostly wakes up to find nothing to do, and its wake-ups cost more than
+/// it takes over (one worker on 2 CPUs: 10-20% less time per metadata call, large I/O as fast
+/// or faster; docs/performance.md "Stop 30").
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| (n.get() / 2).clamp(1, 4))
 }
 
 impl Default for MountOpts {
@@ -101,6 +116,7 @@ impl Default for MountOpts {
             remount: false,
             accept_epoch_regression: false,
             retry: crate::client::RetryPolicy::Hard,
+            threads: None,
         }
     }
 }
@@ -280,6 +296,17 @@ pub fn parse_options_sloppy(
                 let v = need(key, value)?;
                 o.writeback.read_cache_bytes = parse_size(v)
                     .with_context(|| format!("read_cache={v}: bad size (0 turns it off)"))?;
+            }
+            "threads" => {
+                let v = need(key, value)?;
+                o.threads = Some(
+                    v.parse::<usize>()
+                        .ok()
+                        .filter(|n| (1..=MAX_THREADS).contains(n))
+                        .with_context(|| {
+                            format!("threads={v}: a number of threads, 1 to {MAX_THREADS}")
+                        })?,
+                );
             }
             "threshold" => {
                 let v = need(key, value)?;
@@ -492,6 +519,17 @@ mod tests {
             let e = t(bad).unwrap_err();
             assert!(format!("{e:#}").contains("threshold"), "{bad}: {e:#}");
         }
+    }
+
+    #[test]
+    fn threads() {
+        assert_eq!(parse_options(&s("rw")).unwrap().threads, None);
+        assert_eq!(parse_options(&s("threads=3")).unwrap().threads, Some(3));
+        for bad in ["threads=0", "threads=65", "threads=two", "threads"] {
+            let e = parse_options(&s(bad)).unwrap_err();
+            assert!(format!("{e:#}").contains("threads"), "{bad}: {e:#}");
+        }
+        assert!((1..=4).contains(&default_threads()));
     }
 
     #[test]

@@ -172,7 +172,24 @@ pub struct ServerConfig {
     pub grant_hold_limit_ms: Option<u64>,
     /// Group commit: at most this many operations per durable commit.
     pub commit_batch_max: usize,
+    /// Async worker threads serving calls; 0: [`ServerConfig::worker_threads`]'s default.
+    pub threads: usize,
 }
+
+impl ServerConfig {
+    /// The async worker threads to start: `threads`, else half the CPUs (at least 1). Every
+    /// call wakes a worker; on a small host a second one mostly wakes up to find nothing to
+    /// do, and costs more than it takes over (docs/performance.md "Stop 30").
+    pub fn worker_threads(&self) -> usize {
+        if self.threads > 0 {
+            return self.threads;
+        }
+        std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+    }
+}
+
+/// The most `server.threads` takes.
+pub const MAX_THREADS: usize = 1024;
 
 /// Default gRPC listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7410";
@@ -200,6 +217,7 @@ impl Default for ServerConfig {
             lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
             grant_hold_limit_ms: None,
             commit_batch_max: DEFAULT_COMMIT_BATCH_MAX,
+            threads: 0,
         }
     }
 }
@@ -385,6 +403,9 @@ impl MdsConfig {
         }
         if s.commit_batch_max == 0 {
             bail!("server.commit_batch_max must be positive");
+        }
+        if s.threads > MAX_THREADS {
+            bail!("server.threads must be at most {MAX_THREADS} (0: half the CPUs)");
         }
         if s.max_sessions_per_identity == 0 {
             bail!("server.max_sessions_per_identity must be positive");
@@ -798,6 +819,13 @@ mod tests {
         assert!(invalid(&zero).contains("lease_ttl_ms"));
         let zero = format!("[server]\ngrant_hold_limit_ms = 0\n{MINIMAL}");
         assert!(invalid(&zero).contains("grant_hold_limit_ms"));
+        let many = format!("[server]\nthreads = 100000\n{MINIMAL}");
+        assert!(invalid(&many).contains("server.threads"));
+        let three = MdsConfig::parse(&format!("[server]\nthreads = 3\n{MINIMAL}")).unwrap();
+        three.validate().unwrap();
+        assert_eq!(three.server.worker_threads(), 3);
+        let auto = MdsConfig::parse(MINIMAL).unwrap();
+        assert!(auto.server.worker_threads() >= 1);
         let partial_tls = format!("[tls]\ncert = \"c\"\nkey = \"k\"\n{MINIMAL}");
         let err = MdsConfig::parse(&partial_tls).unwrap_err();
         assert!(format!("{err:#}").contains("missing field `ca`"), "{err:#}");

@@ -222,6 +222,7 @@ fn serve(
         data_devices: config.volume.devices.clone(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.server.worker_threads())
         .enable_all()
         .thread_name("sanfs-mds")
         .build()

@@ -503,6 +503,7 @@ impl DataPath {
                     let reply = pb::WriteReply::from(WriteReply {
                         written,
                         attr: attr.clone(),
+                        lease_ms: 0,
                     });
                     replies::remember(ctx, once.id, once.session, &reply)?;
                 }

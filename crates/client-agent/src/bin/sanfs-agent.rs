@@ -35,7 +35,7 @@ use sanfs_client_agent::client::{
 use sanfs_client_agent::control::{self, ControlContext, MountStatus, Request};
 use sanfs_client_agent::discovery::DEFAULT_GLOBS;
 use sanfs_client_agent::fuse::{FsOptions, SanFs, kernel_mount};
-use sanfs_client_agent::mount_options::{LogTarget, parse_options, parse_source};
+use sanfs_client_agent::mount_options::{LogTarget, default_threads, parse_options, parse_source};
 use sanfs_client_agent::{logging, mount_helper, quickstart};
 use sanfs_proto::types::{Credentials, FileType, ROOT_INODE};
 
@@ -297,7 +297,7 @@ fn mount(
     }
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(runtime_workers())
+        .worker_threads(opts.threads.unwrap_or_else(default_threads))
         .enable_all()
         .build()
         .context("start the tokio runtime")?;
@@ -550,10 +550,6 @@ fn mount(
 /// wake-ups and switches to each request's path (a lone process's creates and unlinks went
 /// 15-25% faster with 2 workers than with 4 on a 2-core machine); more than 4 do not help
 /// the FUSE threads and the I/O engine, which have threads of their own.
-fn runtime_workers() -> usize {
-    std::thread::available_parallelism().map_or(4, |n| n.get().clamp(2, 4))
-}
-
 /// Binds this mount's control socket (named by the mount's device number, read from
 /// mountinfo, so that no request to the mount itself is needed) and serves it. A failure is
 /// logged, not fatal: the mount works without `status` and `bmap`.

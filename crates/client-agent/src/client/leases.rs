@@ -507,6 +507,30 @@ impl LeaseCache {
         Some(end.saturating_duration_since(Instant::now()))
     }
 
+    /// This agent changed the attributes of `attr.ino` with a call sent at `mark` whose reply
+    /// says they are now `attr`, under a lease of `lease_ms` (0: none): what the cache held
+    /// of them goes, and the reply is kept instead unless anything touched the inode since
+    /// the call was sent (a recall, or another change of this agent's, whose reply may be
+    /// newer).
+    pub fn put_own_attr(
+        &self,
+        attr: &Attr,
+        lease_ms: u64,
+        sent: Instant,
+        deadline: Instant,
+        mark: u64,
+    ) {
+        let mut s = self.lock();
+        let quiet = s.usable(mark, attr.ino);
+        s.forget(&[attr.ino], &[]);
+        if quiet
+            && let Some(end) = lease_end(sent, lease_ms, deadline)
+            && (s.attrs.len() < MAX_ATTRS || s.attrs.contains_key(&attr.ino))
+        {
+            s.attrs.insert(attr.ino, (attr.clone(), end));
+        }
+    }
+
     /// Keeps the name `name` in `parent` (`None`: known absent) under the directory's entry
     /// lease of `lease_ms` from `sent`. A `lease_ms` of 0 keeps a negative name only under
     /// an entry lease held since before the request was marked.
@@ -840,6 +864,18 @@ impl OwnChange<'_> {
         self.finish(changed, Some(Made::File(made.0, made.1, created)), deadline)
     }
 
+    /// [`OwnChange::end`] of a change of the attributes of its inode (the only one): `attr`
+    /// as changed and the term of the lease on it given with the reply; kept unless a recall
+    /// came there since the change began.
+    pub fn end_attr(
+        mut self,
+        changed: Option<&ChangedDirs>,
+        attr: (&Attr, u64),
+        deadline: Instant,
+    ) {
+        self.finish(changed, Some(Made::Attr(attr.0, attr.1)), deadline);
+    }
+
     /// [`OwnChange::end`] of a mkdir that made `dir`: with the leases the reply gave on it
     /// (its attributes and its names), it is kept as a directory whose every name is known:
     /// none yet.
@@ -867,6 +903,12 @@ impl OwnChange<'_> {
             self.names.iter().map(|(d, n)| (*d, n.as_slice())).collect();
         let now = Instant::now();
         let mut s = self.cache.lock();
+        // An attribute change's reply is kept only if nothing touched the inode since the
+        // change began (a recall, or another change of this agent's: its reply may be newer).
+        let untouched = match &made {
+            Some(Made::Attr(attr, _)) => s.usable(self.mark, attr.ino),
+            _ => false,
+        };
         s.forget(&self.inos, &names);
         // Whether the first added name's directory knew every name (kept if it is put).
         let was_complete = names[..self.added]
@@ -928,6 +970,16 @@ impl OwnChange<'_> {
                     }
                 }
             }
+            (Some(Made::Attr(attr, lease_ms)), _)
+                if untouched
+                    && self.inos == [attr.ino]
+                    && (s.attrs.len() < MAX_ATTRS || s.attrs.contains_key(&attr.ino)) =>
+            {
+                if let Some(end) = lease_end(self.sent, lease_ms, deadline) {
+                    s.attrs.insert(attr.ino, (attr.clone(), end));
+                    ttl = Some(end.saturating_duration_since(now));
+                }
+            }
             (Some(Made::Moved(ino)), Some((dir, name, true)))
                 if s.names < MAX_NAMES && s.dirs.get(&dir).is_some_and(|d| d.until > now) =>
             {
@@ -965,6 +1017,8 @@ enum Made<'a> {
     Dir(&'a Attr),
     /// A name moved (renamed) with the inode it held.
     Moved(InodeId),
+    /// The attributes an attribute change left, and the term of the lease given on them.
+    Attr(&'a Attr, u64),
 }
 
 impl Drop for OwnChange<'_> {

@@ -7,7 +7,7 @@
 
 use sanfs_proto::model::{
     AccessRequest, CreateReply, CreateRequest, EntryRequest, GetAttrRequest, HandleRef,
-    InodeRequest, LinkRequest, LockMode, MkdirRequest, MknodRequest, OpenFlags, OpenReply,
+    InodeRequest, Leased, LinkRequest, LockMode, MkdirRequest, MknodRequest, OpenFlags, OpenReply,
     OpenRequest, ReadDirReply, ReadDirRequest, RenameRequest, SetAttrRequest, SetXattrRequest,
     StatFs, SymlinkRequest, XattrNames, XattrRequest, XattrValue,
 };
@@ -231,9 +231,12 @@ impl Client {
             own.end(None, self.lease_deadline());
             return r;
         }
-        let attr = rpc!(change_as_is self, set_attr, req, SetAttr, "SetAttr reply",
-            own(&[ino], &[], &[]), |a: Attr| None);
-        Ok(attr)
+        // The reply's lease keeps the attributes as changed (a stat or path walk next asks
+        // nothing), unless a recall came meanwhile.
+        let leased = rpc!(change_as_is self, set_attr, req, SetAttr, "SetAttr reply",
+            own(&[ino], &[], &[]), |l: Leased<Attr>| None,
+            |own, dirs| own.end_attr(dirs.as_ref(), (&l.value, l.lease_ms), self.lease_deadline()));
+        Ok(leased.value)
     }
 
     /// Creates (or, without `exclusive`, opens an existing) regular file and opens it under

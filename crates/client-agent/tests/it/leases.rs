@@ -409,3 +409,174 @@ async fn opening_a_directory_is_checked_under_the_lease_and_exact_across_mounts(
     drop(b);
     srv.stop().await;
 }
+
+/// A node's own attribute changes and writes keep the attributes they left under the lease
+/// that comes with their reply: the next stat through the same mount asks nothing (it was a
+/// `GetAttr` each: a `chmod` loop of a directory cost a `Lookup` and a `SetAttr` a call), and
+/// stays exact: another node's change is seen at once, and of two changes of this node's
+/// racing on one inode the cache never keeps the older.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_changes_keep_their_attributes_under_the_lease_and_stay_exact() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "lease-kept-a", "").await;
+    let b = Mount::start(&srv, "lease-kept-b", "").await;
+    let (ra, rb) = (a.path.clone(), b.path.clone());
+    let misses = timed("own changes, then stats", 300, move || {
+        let (fa, fb, da) = (ra.join("f"), rb.join("f"), ra.join("d"));
+        std::fs::create_dir(&da).unwrap();
+        std::fs::write(&fa, b"first").unwrap();
+        let status = |p: &std::path::Path| counter(&agent_status(p), "attr_misses");
+        let mut asked = Vec::new();
+        for n in 0..50u32 {
+            let mode = 0o600 | (n % 8) << 3;
+            // (The first look-up of the name after b's changes below asks the server.)
+            std::fs::set_permissions(&fa, std::fs::Permissions::from_mode(mode)).unwrap();
+            std::fs::set_permissions(&da, std::fs::Permissions::from_mode(0o700 | mode)).unwrap();
+            let before = status(&ra);
+            let m = std::fs::metadata(&fa).unwrap();
+            let d = std::fs::metadata(&da).unwrap();
+            assert_eq!(
+                (m.mode() & 0o7777, d.mode() & 0o7777),
+                (mode, 0o700 | mode),
+                "{n}"
+            );
+            if status(&ra) != before {
+                asked.push(format!("{n}: stat after chmod"));
+            }
+            // Grown by a write sent at close (a small file's bytes go through the server).
+            let len = 5 + u64::from(n) * 100;
+            std::fs::write(&fa, vec![b'x'; len as usize]).unwrap();
+            let before = status(&ra);
+            assert_eq!(std::fs::metadata(&fa).unwrap().len(), len, "{n}");
+            if status(&ra) != before {
+                asked.push(format!("{n}: stat after write"));
+            }
+            // Another node's changes are seen at once here.
+            let other = 0o640 | (n % 4);
+            std::fs::set_permissions(&fb, std::fs::Permissions::from_mode(other)).unwrap();
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(&fb)
+                .unwrap()
+                .write_all_at(b"more", len)
+                .unwrap();
+            let m = std::fs::metadata(&fa).unwrap();
+            assert_eq!(
+                (m.mode() & 0o7777, m.len()),
+                (other, len + 4),
+                "{n}: b's changes"
+            );
+        }
+        asked
+    })
+    .await;
+    assert!(
+        misses.is_empty(),
+        "a stat after this node's own change asked the server: {misses:?}"
+    );
+
+    // Two processes of one node change one file's mode at once: the last word is the
+    // server's, here as through the other mount.
+    let (ra, rb) = (a.path.clone(), b.path.clone());
+    let seed = test_seed("racing-chmods");
+    timed("racing chmods", 300, move || {
+        let (fa, fb) = (ra.join("f"), rb.join("f"));
+        for round in 0..20u64 {
+            let workers: Vec<_> = (0..2u64)
+                .map(|w| {
+                    let fa = fa.clone();
+                    std::thread::spawn(move || {
+                        let mut x = (seed ^ (round << 8) ^ w) | 1;
+                        for _ in 0..20 {
+                            let mode = 0o600 | (xorshift(&mut x) % 0o100) as u32;
+                            std::fs::set_permissions(&fa, std::fs::Permissions::from_mode(mode))
+                                .unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for w in workers {
+                w.join().unwrap();
+            }
+            let here = std::fs::metadata(&fa).unwrap().mode();
+            let there = std::fs::metadata(&fb).unwrap().mode();
+            assert_eq!(
+                here, there,
+                "round {round}: the mode here is not the server's"
+            );
+        }
+    })
+    .await;
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
+
+/// Names read through an open directory handle by `readdir(3)` until it returns nothing.
+fn read_to_end(dir: *mut libc::DIR) -> Vec<String> {
+    let mut names = Vec::new();
+    for _ in 0..10_000 {
+        // SAFETY: `dir` is an open directory stream of the caller's; errno is not consulted.
+        let e = unsafe { libc::readdir(dir) };
+        if e.is_null() {
+            return names;
+        }
+        // SAFETY: readdir returned a valid entry whose d_name is NUL-terminated; it is read
+        // before the next call on the stream.
+        let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) };
+        names.push(name.to_string_lossy().into_owned());
+    }
+    panic!("a listing without an end");
+}
+
+/// A listing that reached its end through a directory handle stays ended for that handle (the
+/// kernel asks once more from the end, at every `getdents` after it, and the agent answers
+/// "nothing more" without a `ReadDir`: one round trip less per directory that `ls`, `find`,
+/// `grep -r` or `rm -rf` reads); a name another node made since shows after `rewinddir`, as
+/// POSIX requires (before it, POSIX leaves it open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_read_to_its_end_stays_ended_until_rewinddir() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "listing-end-a", "").await;
+    let b = Mount::start(&srv, "listing-end-b", "").await;
+    let (da, db) = (a.p("ls"), b.p("ls"));
+    timed("listings", 120, move || {
+        std::fs::create_dir(&da).unwrap();
+        for i in 0..3 {
+            std::fs::write(da.join(format!("f{i}")), b"x").unwrap();
+        }
+        let c = cpath(&da);
+        // SAFETY: a NUL-terminated path; the stream is closed below.
+        let dir = unsafe { libc::opendir(c.as_ptr()) };
+        assert!(!dir.is_null(), "{}", std::io::Error::last_os_error());
+        let mut first = read_to_end(dir);
+        first.sort();
+        assert_eq!(first, [".", "..", "f0", "f1", "f2"]);
+        std::fs::write(db.join("late"), b"y").unwrap();
+        for _ in 0..3 {
+            assert_eq!(read_to_end(dir), Vec::<String>::new(), "past the end");
+        }
+        // SAFETY: `dir` is open.
+        unsafe { libc::rewinddir(dir) };
+        let again = read_to_end(dir);
+        assert!(
+            again.iter().any(|n| n == "late"),
+            "after rewinddir: {again:?}"
+        );
+        assert_eq!(again.len(), 6, "{again:?}");
+        // SAFETY: `dir` is open and not used after.
+        assert_eq!(unsafe { libc::closedir(dir) }, 0);
+        // Another handle lists everything too.
+        assert_eq!(std::fs::read_dir(&da).unwrap().count(), 4);
+    })
+    .await;
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}

@@ -20,6 +20,7 @@ use tonic::{Request, Response, Status};
 use super::identity::{NodeIdentity, caller};
 use super::{Server, accept, convert, fs_status, note, rpc};
 use crate::data::Mapped;
+use crate::leases::Covered;
 use crate::ns::Reader;
 use crate::proxy::{AppendOnce, Position};
 
@@ -552,7 +553,7 @@ impl Data for DataService {
             self.server
                 .check_handle(&who, &req.handle, req.inode, true)?;
             let len = req.data.len() as u64;
-            let _leases = self
+            let leases = self
                 .server
                 .recall_attr_leases(req.inode.0, req.handle.session.0)
                 .await;
@@ -585,7 +586,28 @@ impl Data for DataService {
             let written = ByteRange::new(off, len)
                 .map_err(|e| fs_status(&FsError::Invalid(e.to_string())))?;
             self.server.barrier(Some(req.handle.session)).await?;
-            Ok(WriteReply { written, attr }.into())
+            // The attributes after the write, leased to the writer's agent (its next stat asks
+            // nothing): read again once the change is over, so that they hold every change
+            // that ended before the lease (the write's own may be older than another's).
+            let since = leases.end();
+            let bs = self.server.store.block_size();
+            let (attr, lease_ms) = match self.server.read(|t| t.getattr(bs, req.inode)) {
+                Ok(now) => {
+                    let ms = self.server.grant_leases(
+                        Some(req.handle.session.0),
+                        &[(req.inode.0, Covered::Attr)],
+                        since,
+                    );
+                    (if ms > 0 { now } else { attr }, ms)
+                }
+                Err(_) => (attr, 0),
+            };
+            Ok(WriteReply {
+                written,
+                attr,
+                lease_ms,
+            }
+            .into())
         })
         .await
     }

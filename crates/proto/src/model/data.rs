@@ -13,7 +13,7 @@
 use sanfs_blockmap::volume::DeviceIndex;
 
 use super::common::{attr, cred};
-use super::namespace::HandleRef;
+use super::namespace::{HandleRef, lease_ms};
 use super::{
     MAX_INLINE_DATA, byte_range, enum_field, epoch, grant_id, grant_ids, handle, inode, invalid,
     list, nonempty_range, payload, session_id, to_pb,
@@ -882,6 +882,9 @@ pub struct WriteReply {
     /// Where the bytes went; at most [`MAX_INLINE_DATA`] long.
     pub written: ByteRange,
     pub attr: Attr,
+    /// Milliseconds of an attribute lease on the file given to the writer's session with
+    /// the reply (0: none).
+    pub lease_ms: u64,
 }
 
 impl TryFrom<pb::WriteReply> for WriteReply {
@@ -897,6 +900,7 @@ impl TryFrom<pb::WriteReply> for WriteReply {
         Ok(WriteReply {
             written: byte_range(p.offset, p.bytes_written, "written")?,
             attr: attr(p.attr)?,
+            lease_ms: lease_ms(p.lease_ms)?,
         })
     }
 }
@@ -907,6 +911,7 @@ impl From<WriteReply> for pb::WriteReply {
             offset: r.written.offset(),
             bytes_written: r.written.len(),
             attr: Some(r.attr.into()),
+            lease_ms: r.lease_ms,
         }
     }
 }

@@ -142,7 +142,7 @@ macro_rules! attr_reply {
             }
         }
 
-        // Lookup and GetAttr replies also carry a lease term (0 here: see [`Leased`]).
+        // Lookup, GetAttr and SetAttr replies also carry a lease term (0 here: see [`Leased`]).
         #[allow(clippy::needless_update, reason = "one macro for replies with and without lease_ms")]
         impl From<Attr> for pb::$pb {
             fn from(a: Attr) -> Self {
@@ -584,7 +584,7 @@ impl From<SymlinkTarget> for pb::ReadlinkReply {
 /// The longest lease term a reply may carry, milliseconds (one hour).
 pub const MAX_LEASE_MS: u64 = 3_600_000;
 
-fn lease_ms(ms: u64) -> Result<u64, ProtocolError> {
+pub(super) fn lease_ms(ms: u64) -> Result<u64, ProtocolError> {
     if ms > MAX_LEASE_MS {
         return Err(invalid(
             "lease_ms",
@@ -670,7 +670,7 @@ macro_rules! leased_attr_reply {
         }
     )*};
 }
-leased_attr_reply!(LookupReply, GetAttrReply);
+leased_attr_reply!(LookupReply, GetAttrReply, SetAttrReply);
 
 impl TryFrom<pb::ReadDirReply> for Leased<ReadDirReply> {
     type Error = ProtocolError;

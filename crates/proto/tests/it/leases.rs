@@ -53,6 +53,7 @@ fn leased_requests_and_replies_round_trip() {
             lease_ms,
         };
         round_trip::<_, pb::LookupReply>(leased.clone());
+        round_trip::<_, pb::SetAttrReply>(leased.clone());
         round_trip::<_, pb::GetAttrReply>(leased);
         round_trip::<_, pb::ReadDirReply>(Leased {
             value: ReadDirReply {
@@ -116,6 +117,11 @@ fn bad_leases_are_refused_naming_the_field() {
         lease_ms: 1,
     };
     assert_eq!(path_of::<Leased<Attr>, _>(p), "attr");
+    let p = pb::SetAttrReply {
+        attr: Some(leased.value.clone().into()),
+        lease_ms: u64::MAX,
+    };
+    assert_eq!(path_of::<Leased<Attr>, _>(p), "lease_ms");
     let p = pb::ReadDirReply {
         parent: 1,
         lease_ms: u64::MAX,

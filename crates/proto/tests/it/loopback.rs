@@ -171,6 +171,7 @@ impl Data for TestData {
             WriteReply {
                 written: ByteRange::new(offset, r.data.len() as u64)?,
                 attr: a,
+                lease_ms: 0,
             }
             .into(),
         ))

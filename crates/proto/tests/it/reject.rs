@@ -584,11 +584,13 @@ fn proxied_payloads_are_capped() {
         WriteReply {
             written: range(0, 10),
             attr: attr(42, FileType::Regular),
+            lease_ms: 1_000,
         },
         cases![pb::WriteReply;
             "bytes_written" => |p| p.bytes_written = MAX_INLINE_DATA as u64 + 1,
             "written" => |p| p.offset = u64::MAX,
             "attr" => |p| p.attr = None,
+            "lease_ms" => |p| p.lease_ms = u64::MAX,
         ],
     );
     check::<FsyncRequest, pb::FsyncRequest>(

@@ -528,6 +528,7 @@ fn proxied_path() {
     round_trip::<_, pb::WriteReply>(WriteReply {
         written: range(12, 3),
         attr: attr(42, FileType::Regular),
+        lease_ms: 30_000,
     });
     round_trip::<_, pb::FsyncRequest>(FsyncRequest {
         cred: cred(),

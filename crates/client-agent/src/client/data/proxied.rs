@@ -92,6 +92,8 @@ impl Inner {
         bump(&self.counters.proxied_writes);
         let mut span = crate::stages::Span::wall(crate::stages::Stage::Proxied);
         span.set_bytes(data.len() as u64);
+        let mark = self.leases.mark();
+        let sent = std::time::Instant::now();
         let reply: WriteReply = self
             .call("Write reply", Pin::Handle(fh), |_| {
                 let mut client = self.data();
@@ -101,8 +103,17 @@ impl Inner {
             .await?;
         // The size and mtime moved (also for a write held back earlier and written back
         // now): what the lease cache holds of them goes (the server recalls only the other
-        // nodes' leases).
-        self.leases.forget(&[ino], &[]);
+        // nodes' leases), replaced by the reply's under the lease that came with it.
+        let deadline = {
+            let s = self.lock_state();
+            if s.live {
+                s.deadline
+            } else {
+                std::time::Instant::now()
+            }
+        };
+        self.leases
+            .put_own_attr(&reply.attr, reply.lease_ms, sent, deadline, mark);
         if reply.written.len() != data.len() as u64 {
             return Err(FsError::Io(format!(
                 "proxied write of {} bytes wrote {}",
