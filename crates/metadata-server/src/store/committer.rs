@@ -162,6 +162,9 @@ pub struct CommitStats {
 }
 
 pub(super) struct Shared {
+    /// Holds the journal's syncs during a durable commit (a file store; see
+    /// `journal::SyncHolder`).
+    pub(super) journal: Option<super::journal::SyncHolder>,
     /// The number of the last commit of this run (commits are numbered from 1 at every start).
     pub(super) commit_seq: AtomicU64,
     /// Every commit of this run up to this number is durable.
@@ -375,7 +378,13 @@ pub(super) fn committer_loop(
             }
         }
         let started = std::time::Instant::now();
-        let result = run_batch(
+        // One journal sync for the whole commit, before any of it is answered.
+        let hold = shared
+            .journal
+            .as_ref()
+            .filter(|_| durable)
+            .map(|j| j.hold());
+        let mut result = run_batch(
             db,
             batch,
             durable,
@@ -384,6 +393,15 @@ pub(super) fn committer_loop(
             block_size,
             (epoch, seq),
         );
+        if let Some(hold) = hold
+            && let Err(e) = hold.release()
+        {
+            result = match result {
+                Ok(replies) | Err((_, replies)) => {
+                    Err((format!("sync of the metadata journal: {e}"), replies))
+                }
+            };
+        }
         state
             .usage
             .free_blocks

@@ -42,6 +42,17 @@ pub(crate) fn open_db(
     force: bool,
     verify: Verify,
 ) -> Result<Database, StoreError> {
+    Ok(open_db_journaled(backend, create, force, verify)?.0)
+}
+
+/// [`open_db`], and for a file store the handle that holds its journal's syncs during one
+/// commit (`journal::SyncHolder`: one sync per durable commit instead of redb's two).
+pub(crate) fn open_db_journaled(
+    backend: &Backend,
+    create: bool,
+    force: bool,
+    verify: Verify,
+) -> Result<(Database, Option<journal::SyncHolder>), StoreError> {
     let b = builder(verify);
     Ok(match backend {
         Backend::File(path) => {
@@ -59,15 +70,18 @@ pub(crate) fn open_db(
                 return Err(no_store(path));
             }
             // Durable commits go through the journal (store::journal).
-            b.create_with_backend(journal::Journaled::open_file(path, create).map_err(in_use)?)?
+            let journaled = journal::Journaled::open_file(path, create).map_err(in_use)?;
+            let holder = journaled.sync_holder();
+            (b.create_with_backend(journaled)?, Some(holder))
         }
         Backend::Device(path) => {
             let (file, capacity) = open_device(path, true)?;
-            if create {
+            let db = if create {
                 b.create_with_backend(BlockDeviceBackend::initialise(file, capacity)?)?
             } else {
                 b.create_with_backend(BlockDeviceBackend::open(file, capacity)?)?
-            }
+            };
+            (db, None)
         }
         Backend::FencedDevice(path, fence) => {
             if create {
@@ -76,13 +90,14 @@ pub(crate) fn open_db(
                 )));
             }
             let (file, capacity) = open_device(path, true)?;
-            b.create_with_backend(BlockDeviceBackend::open_fenced(
+            let db = b.create_with_backend(BlockDeviceBackend::open_fenced(
                 file,
                 capacity,
                 fence.clone(),
-            )?)?
+            )?)?;
+            (db, None)
         }
-        Backend::Sim(disk) => b.create_with_backend(disk.clone())?,
+        Backend::Sim(disk) => (b.create_with_backend(disk.clone())?, None),
     })
 }
 

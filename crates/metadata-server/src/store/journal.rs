@@ -34,7 +34,7 @@ use std::io::ErrorKind;
 use std::ops::Bound;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use redb::StorageBackend;
 use redb::backends::FileBackend;
@@ -351,6 +351,10 @@ struct LogState {
     /// A write or sync failed: every later call fails.
     failed: bool,
     stats: JournalStats,
+    /// Syncs are held back ([`SyncHold`]).
+    held: bool,
+    /// A record was appended under a hold and not synced yet.
+    owed: bool,
 }
 
 /// What the journal did (for metrics and tests).
@@ -414,11 +418,85 @@ macro_rules! delegate_locks {
 #[derive(Debug)]
 pub struct Journaled {
     main: Box<dyn StorageBackend>,
-    log: Box<dyn StorageBackend>,
     max: u64,
-    state: Mutex<LogState>,
+    log: Arc<Log>,
     /// Held for the journal's life: one process replays and appends at a time.
     _lock: Option<File>,
+}
+
+/// The journal file and its state, shared with the [`SyncHold`]s of its store's committer.
+#[derive(Debug)]
+struct Log {
+    file: Box<dyn StorageBackend>,
+    state: Mutex<LogState>,
+}
+
+impl Log {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Holds back the journal's syncs while one durable redb commit runs
+/// ([`Journaled::sync_holder`]): redb syncs twice per commit (its two-phase commit, which its
+/// quick repair needs: pages and the new secondary slot, then the swapped primary), and each
+/// sync writes the header, so each appended record would be synced. Within one commit the
+/// journal orders the records by itself (a record is replayed only after every one before
+/// it, and only whole), so the first sync buys nothing: a crash after it replays the first
+/// record alone, whose header still names the old commit as primary, exactly as a crash
+/// before it. While held, records are appended and not synced; [`SyncHold::release`] syncs
+/// once, before the commit is answered.
+#[derive(Debug, Clone)]
+pub struct SyncHolder(Arc<Log>);
+
+impl SyncHolder {
+    /// Holds syncs until [`SyncHold::release`] (a hold dropped unreleased syncs too).
+    pub fn hold(&self) -> SyncHold {
+        self.0.lock().held = true;
+        SyncHold(Some(self.0.clone()))
+    }
+}
+
+/// A hold of the journal's syncs ([`SyncHolder::hold`]).
+#[must_use = "release it once the commit returns"]
+#[derive(Debug)]
+pub struct SyncHold(Option<Arc<Log>>);
+
+impl SyncHold {
+    /// Ends the hold and syncs what was appended under it: the commit is durable when this
+    /// answers `Ok`. A failed sync fails every later journal call (fail-stop).
+    pub fn release(mut self) -> std::io::Result<()> {
+        self.end()
+    }
+
+    fn end(&mut self) -> std::io::Result<()> {
+        let Some(log) = self.0.take() else {
+            return Ok(());
+        };
+        let mut st = log.lock();
+        st.held = false;
+        if !st.owed {
+            return Ok(());
+        }
+        st.owed = false;
+        Journaled::check(&st)?;
+        let r = log.file.sync_data();
+        if r.is_err() {
+            st.failed = true;
+        } else {
+            st.stats.syncs += 1;
+            metrics::counter!(JOURNAL_SYNCS).increment(1);
+        }
+        r
+    }
+}
+
+impl Drop for SyncHold {
+    fn drop(&mut self) {
+        if let Err(e) = self.end() {
+            tracing::error!(error = %e, "the metadata journal's sync failed");
+        }
+    }
 }
 
 fn apply(main: &dyn StorageBackend, ops: &[Op]) -> std::io::Result<()> {
@@ -509,16 +587,20 @@ impl Journaled {
         log.sync_data()?;
         Ok(Journaled {
             main,
-            log,
             max,
-            state: Mutex::new(LogState {
-                header,
-                next_seq: 1,
-                end: HEADER_LEN,
-                log_len: log_len.max(HEADER_LEN),
-                pending: Pending::new(),
-                failed: false,
-                stats,
+            log: Arc::new(Log {
+                file: log,
+                state: Mutex::new(LogState {
+                    header,
+                    next_seq: 1,
+                    end: HEADER_LEN,
+                    log_len: log_len.max(HEADER_LEN),
+                    pending: Pending::new(),
+                    failed: false,
+                    stats,
+                    held: false,
+                    owed: false,
+                }),
             }),
             _lock: None,
         })
@@ -529,8 +611,13 @@ impl Journaled {
         self.lock().stats
     }
 
+    /// A handle that holds this journal's syncs during one commit ([`SyncHolder`]).
+    pub fn sync_holder(&self) -> SyncHolder {
+        SyncHolder(self.log.clone())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.log.lock()
     }
 
     fn check(st: &LogState) -> std::io::Result<()> {
@@ -550,12 +637,14 @@ impl Journaled {
             base_len: self.main.len()?,
             owner: st.header.owner,
         };
-        self.log.write(0, &header.encode())?;
-        self.log.sync_data()?;
+        self.log.file.write(0, &header.encode())?;
+        self.log.file.sync_data()?;
         st.header = header;
         st.next_seq = 1;
         st.end = HEADER_LEN;
         st.pending.clear();
+        // Everything appended before is in the synced database file now.
+        st.owed = false;
         st.stats.checkpoints += 1;
         metrics::counter!(JOURNAL_CHECKPOINTS).increment(1);
         Ok(())
@@ -573,18 +662,21 @@ impl Journaled {
         }
         while st.log_len < end + rec_len {
             let step = GROW_STEP.min(self.max - st.log_len);
-            self.log.set_len(st.log_len + step)?;
+            self.log.file.set_len(st.log_len + step)?;
             // Written, not just sized: blocks allocated now make each record's sync cheaper.
-            self.log.write(st.log_len, &vec![0u8; step as usize])?;
+            self.log.file.write(st.log_len, &vec![0u8; step as usize])?;
             st.log_len += step;
         }
-        self.log.write(end, &st.pending.buf)?;
+        self.log.file.write(end, &st.pending.buf)?;
         // redb's durable state is what its header names: a sync of pages it has not named
         // yet (the first of a commit's two) only orders them before the header, which the
         // journal does by itself (a record is replayed only after every one before it). So
         // the journal is synced when a record writes the header: one sync per commit.
-        if st.pending.header {
-            self.log.sync_data()?;
+        if st.pending.header && st.held {
+            // Synced once when the hold ends (SyncHold): the commit is not answered before.
+            st.owed = true;
+        } else if st.pending.header {
+            self.log.file.sync_data()?;
             st.stats.syncs += 1;
             metrics::counter!(JOURNAL_SYNCS).increment(1);
         }
@@ -649,7 +741,7 @@ impl StorageBackend for Journaled {
                 Self::failing(&mut st, r)?;
             }
         }
-        let r = self.log.close();
+        let r = self.log.file.close();
         self.main.close().and(r)
     }
 
@@ -903,10 +995,17 @@ mod tests {
     }
 
     fn db(main: &SimDisk, log: &SimDisk, max: u64) -> std::io::Result<Database> {
+        Ok(db_held(main, log, max)?.0)
+    }
+
+    /// [`db`] with the handle that holds its journal's syncs.
+    fn db_held(main: &SimDisk, log: &SimDisk, max: u64) -> std::io::Result<(Database, SyncHolder)> {
         let j = Journaled::open(Box::new(main.clone()), Box::new(log.clone()), OWNER, max)?;
-        Database::builder()
+        let holder = j.sync_holder();
+        let db = Database::builder()
             .create_with_backend(j)
-            .map_err(|e| err(e.to_string()))
+            .map_err(|e| err(e.to_string()))?;
+        Ok((db, holder))
     }
 
     /// Key `key` with a value of 100 bytes, in a durable commit of its own.
@@ -946,6 +1045,9 @@ mod tests {
     fn crash_round(seed: u64) -> (u64, u64, u64) {
         let mut rng = Rng(seed | 1);
         let torn = rng.below(2) == 0;
+        // As the server commits: redb's quick repair (two syncs per commit) under a hold of
+        // the journal's syncs (one), acknowledged once the hold is released.
+        let held = rng.below(2) == 0;
         let plan = |rng: &mut Rng| FaultPlan {
             crash_at_op: None,
             torn_writes: torn,
@@ -956,7 +1058,7 @@ mod tests {
         let log = SimDisk::new(plan(&mut rng));
         // Small enough that checkpoints happen, also in the middle of the crash window.
         let max = 64 * 1024 + rng.below(512 * 1024);
-        let store = db(&main, &log, max).unwrap();
+        let (store, holder) = db_held(&main, &log, max).unwrap();
         let crash_after = rng.below(4000);
         let mut acked = 0u64;
         let mut sizes = Vec::new();
@@ -970,6 +1072,7 @@ mod tests {
                 if lazy {
                     w.set_durability(Durability::None)?;
                 }
+                w.set_quick_repair(held);
                 {
                     let mut t = w.open_table(T)?;
                     t.insert(key, value(key, len).as_slice())?;
@@ -980,7 +1083,13 @@ mod tests {
                         t.insert(gone, value(gone, sizes[gone as usize]).as_slice())?;
                     }
                 }
-                w.commit()?;
+                if held && !lazy {
+                    let hold = holder.hold();
+                    w.commit()?;
+                    hold.release()?;
+                } else {
+                    w.commit()?;
+                }
                 Ok(())
             })();
             sizes.push(len);
@@ -1119,6 +1228,53 @@ mod tests {
             10,
             "one journal sync per durable commit"
         );
+    }
+
+    #[test]
+    fn a_two_phase_commit_under_a_hold_costs_one_journal_sync() {
+        let (main, log) = (
+            SimDisk::new(FaultPlan::default()),
+            SimDisk::new(FaultPlan::default()),
+        );
+        let (db, holder) = db_held(&main, &log, JOURNAL_MAX).unwrap();
+        let put_quick = |key: u64, held: bool| {
+            let mut w = db.begin_write().unwrap();
+            w.set_quick_repair(true);
+            w.open_table(T)
+                .unwrap()
+                .insert(key, value(key, 100).as_slice())
+                .unwrap();
+            let hold = held.then(|| holder.hold());
+            let before = log.syncs();
+            w.commit().unwrap();
+            if let Some(h) = hold {
+                // Both records appended, neither synced yet: then one sync.
+                assert_eq!(log.syncs(), before, "synced under the hold");
+                h.release().unwrap();
+                assert_eq!(log.syncs(), before + 1);
+            }
+        };
+        let start = log.syncs();
+        for key in 0..5u64 {
+            put_quick(key, false);
+        }
+        assert_eq!(
+            log.syncs() - start,
+            10,
+            "redb's two-phase commit: two syncs"
+        );
+        let start = log.syncs();
+        for key in 5..10u64 {
+            put_quick(key, true);
+        }
+        assert_eq!(log.syncs() - start, 5, "one sync per commit under a hold");
+        // A hold over no durable commit syncs nothing.
+        let start = log.syncs();
+        holder.hold().release().unwrap();
+        drop(holder.hold());
+        assert_eq!(log.syncs(), start);
+        let r = db.begin_read().unwrap();
+        assert_eq!(contents(&r).len(), 10);
     }
 
     #[test]

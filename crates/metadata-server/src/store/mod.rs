@@ -58,7 +58,7 @@ pub use committer::{
     State, Usage,
 };
 use committer::{Job, Reply, Run, Shared, committer_loop};
-pub(crate) use db::{Verify, open_db, open_db_read_only, read_image};
+pub(crate) use db::{Verify, open_db, open_db_journaled, open_db_read_only, read_image};
 use db::{bump_boot_epoch, load, load_grown_devices};
 pub use error::{OpError, StoreError, corrupt, guard_damage};
 pub use tables::*;
@@ -232,7 +232,7 @@ impl Store {
         clock: Clock,
         batch_max: usize,
     ) -> Result<Store, StoreError> {
-        let db = open_db(backend, false, false, Verify::Pages)?;
+        let (db, journal) = open_db_journaled(backend, false, false, Verify::Pages)?;
         let (sb, volume, state) = load(&db)?;
         let grown_devices = load_grown_devices(&db)?;
         let boot_epoch = bump_boot_epoch(&db)?;
@@ -260,6 +260,7 @@ impl Store {
             poison_notify: tokio::sync::Notify::new(),
             stats: CommitStats::default(),
             data_flush: std::sync::OnceLock::new(),
+            journal,
         });
         let db = Arc::new(db);
         let (tx, rx) = mpsc::channel::<Job>();
