@@ -34,7 +34,7 @@ use std::io::ErrorKind;
 use std::ops::Bound;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use redb::StorageBackend;
 use redb::backends::FileBackend;
@@ -446,14 +446,20 @@ impl Log {
 /// record alone, whose header still names the old commit as primary, exactly as a crash
 /// before it. While held, records are appended and not synced; [`SyncHold::release`] syncs
 /// once, before the commit is answered.
+///
+/// It does not keep the journal open: the journal file (and its lock) goes with the store's
+/// database; a hold after that holds nothing.
 #[derive(Debug, Clone)]
-pub struct SyncHolder(Arc<Log>);
+pub struct SyncHolder(Weak<Log>);
 
 impl SyncHolder {
     /// Holds syncs until [`SyncHold::release`] (a hold dropped unreleased syncs too).
     pub fn hold(&self) -> SyncHold {
-        self.0.lock().held = true;
-        SyncHold(Some(self.0.clone()))
+        let log = self.0.upgrade();
+        if let Some(log) = &log {
+            log.lock().held = true;
+        }
+        SyncHold(log)
     }
 }
 
@@ -613,7 +619,7 @@ impl Journaled {
 
     /// A handle that holds this journal's syncs during one commit ([`SyncHolder`]).
     pub fn sync_holder(&self) -> SyncHolder {
-        SyncHolder(self.log.clone())
+        SyncHolder(Arc::downgrade(&self.log))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
@@ -1275,6 +1281,19 @@ mod tests {
         assert_eq!(log.syncs(), start);
         let r = db.begin_read().unwrap();
         assert_eq!(contents(&r).len(), 10);
+    }
+
+    #[test]
+    fn a_sync_holder_does_not_keep_the_journal_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let j = Journaled::open_file(&path, true).unwrap();
+        let holder = j.sync_holder();
+        drop(j);
+        // The lock went with the journal: the next opener gets it.
+        let again = Journaled::open_file(&path, false).unwrap();
+        holder.hold().release().unwrap();
+        drop(again);
     }
 
     #[test]
