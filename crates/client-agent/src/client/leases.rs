@@ -179,6 +179,18 @@ impl State {
         mark >= self.floor && self.touched[bucket(ino)] <= mark
     }
 
+    /// Keeps `attr` until `end`, if the table has room (pruned of what ran out when full).
+    fn keep_attr(&mut self, attr: &Attr, end: Instant) -> bool {
+        if self.attrs.len() >= MAX_ATTRS && !self.attrs.contains_key(&attr.ino) {
+            self.prune(Instant::now());
+            if self.attrs.len() >= MAX_ATTRS {
+                return false;
+            }
+        }
+        self.attrs.insert(attr.ino, (attr.clone(), end));
+        true
+    }
+
     fn touch(&mut self, ino: InodeId) {
         self.seq += 1;
         let seq = self.seq;
@@ -494,16 +506,9 @@ impl LeaseCache {
     ) -> Option<Duration> {
         let end = lease_end(sent, lease_ms, deadline)?;
         let mut s = self.lock();
-        if !s.usable(mark, attr.ino) {
+        if !s.usable(mark, attr.ino) || !s.keep_attr(attr, end) {
             return None;
         }
-        if s.attrs.len() >= MAX_ATTRS && !s.attrs.contains_key(&attr.ino) {
-            s.prune(Instant::now());
-            if s.attrs.len() >= MAX_ATTRS {
-                return None;
-            }
-        }
-        s.attrs.insert(attr.ino, (attr.clone(), end));
         Some(end.saturating_duration_since(Instant::now()))
     }
 
@@ -523,11 +528,8 @@ impl LeaseCache {
         let mut s = self.lock();
         let quiet = s.usable(mark, attr.ino);
         s.forget(&[attr.ino], &[]);
-        if quiet
-            && let Some(end) = lease_end(sent, lease_ms, deadline)
-            && (s.attrs.len() < MAX_ATTRS || s.attrs.contains_key(&attr.ino))
-        {
-            s.attrs.insert(attr.ino, (attr.clone(), end));
+        if quiet && let Some(end) = lease_end(sent, lease_ms, deadline) {
+            s.keep_attr(attr, end);
         }
     }
 
@@ -970,13 +972,10 @@ impl OwnChange<'_> {
                     }
                 }
             }
-            (Some(Made::Attr(attr, lease_ms)), _)
-                if untouched
-                    && self.inos == [attr.ino]
-                    && (s.attrs.len() < MAX_ATTRS || s.attrs.contains_key(&attr.ino)) =>
-            {
-                if let Some(end) = lease_end(self.sent, lease_ms, deadline) {
-                    s.attrs.insert(attr.ino, (attr.clone(), end));
+            (Some(Made::Attr(attr, lease_ms)), _) if untouched && self.inos == [attr.ino] => {
+                if let Some(end) = lease_end(self.sent, lease_ms, deadline)
+                    && s.keep_attr(attr, end)
+                {
                     ttl = Some(end.saturating_duration_since(now));
                 }
             }
@@ -1064,8 +1063,7 @@ impl Client {
 
     /// When the session's lease ends (agent rule), or now when it is not live.
     pub(super) fn lease_deadline(&self) -> Instant {
-        let s = self.inner.lock_state();
-        if s.live { s.deadline } else { Instant::now() }
+        self.inner.lease_deadline()
     }
 
     /// A lookup answered from the cache while its leases hold (`None`: ask the server with

@@ -985,6 +985,12 @@ impl Inner {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// When the session's lease ends (agent rule), or now when it is not live.
+    fn lease_deadline(&self) -> Instant {
+        let s = self.lock_state();
+        if s.live { s.deadline } else { Instant::now() }
+    }
+
     fn lock_health(&self) -> MutexGuard<'_, Vec<health::Probe>> {
         self.health.lock().unwrap_or_else(|e| e.into_inner())
     }

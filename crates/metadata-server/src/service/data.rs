@@ -20,7 +20,6 @@ use tonic::{Request, Response, Status};
 use super::identity::{NodeIdentity, caller};
 use super::{Server, accept, convert, fs_status, note, rpc};
 use crate::data::Mapped;
-use crate::leases::Covered;
 use crate::ns::Reader;
 use crate::proxy::{AppendOnce, Position};
 
@@ -587,21 +586,11 @@ impl Data for DataService {
                 .map_err(|e| fs_status(&FsError::Invalid(e.to_string())))?;
             self.server.barrier(Some(req.handle.session)).await?;
             // The attributes after the write, leased to the writer's agent (its next stat asks
-            // nothing): read again once the change is over, so that they hold every change
-            // that ended before the lease (the write's own may be older than another's).
+            // nothing).
             let since = leases.end();
-            let bs = self.server.store.block_size();
-            let (attr, lease_ms) = match self.server.read(|t| t.getattr(bs, req.inode)) {
-                Ok(now) => {
-                    let ms = self.server.grant_leases(
-                        Some(req.handle.session.0),
-                        &[(req.inode.0, Covered::Attr)],
-                        since,
-                    );
-                    (if ms > 0 { now } else { attr }, ms)
-                }
-                Err(_) => (attr, 0),
-            };
+            let (attr, lease_ms) =
+                self.server
+                    .lease_changed_attr(Some(req.handle.session.0), req.inode, since, attr);
             Ok(WriteReply {
                 written,
                 attr,

@@ -4,6 +4,9 @@
 use std::sync::atomic::Ordering;
 
 use sanfs_proto::model::ServerEvent;
+use sanfs_proto::types::{Attr, InodeId};
+
+use crate::ns::Reader;
 
 use super::Server;
 use crate::leases::{Covered, LeaseChange};
@@ -80,5 +83,26 @@ impl Server {
             all &= self.leases.grant(session, ino, covered, since);
         }
         if all { self.leases.term_ms() } else { 0 }
+    }
+
+    /// After a change of `ino` by `session` that ended at `since` (`LeaseChange::end`) and
+    /// left `changed`: an attribute lease on the inode for the changer, with its attributes
+    /// read again now (they then hold every change that ended before the lease; the change's
+    /// own may be older than another's). `(changed, 0)` when none is given.
+    pub(crate) fn lease_changed_attr(
+        &self,
+        session: Option<u64>,
+        ino: InodeId,
+        since: u64,
+        changed: Attr,
+    ) -> (Attr, u64) {
+        let bs = self.store.block_size();
+        let Ok(now) = self.read(|t| t.getattr(bs, ino)) else {
+            return (changed, 0);
+        };
+        match self.grant_leases(session, &[(ino.0, Covered::Attr)], since) {
+            0 => (changed, 0),
+            ms => (now, ms),
+        }
     }
 }

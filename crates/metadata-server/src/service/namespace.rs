@@ -605,20 +605,11 @@ impl Namespace for NamespaceService {
                     .await?;
                 // The attributes as changed, leased to the changer (an agent that keeps its
                 // changes names its session): its next stat or lookup of them asks nothing.
-                // Read again once the change is over: the attributes then hold every change
-                // that ended before the lease (this one's may be older than another's).
                 let mut forget = leases.own().to_vec();
                 let since = leases.end();
-                let bs = self.server.store.block_size();
-                let (attr, lease_ms) = match self.server.read(|t| t.getattr(bs, InodeId(ino))) {
-                    Ok(now) => {
-                        let ms = self
-                            .server
-                            .grant_leases(session.map(|s| s.0), &[(ino, A)], since);
-                        (if ms > 0 { now } else { attr }, ms)
-                    }
-                    Err(_) => (attr, 0),
-                };
+                let (attr, lease_ms) =
+                    self.server
+                        .lease_changed_attr(session.map(|s| s.0), InodeId(ino), since, attr);
                 if lease_ms > 0 {
                     // The lease it held there is replaced by this one, not to be dropped.
                     forget.retain(|i| i.0 != ino);

@@ -104,16 +104,13 @@ impl Inner {
         // The size and mtime moved (also for a write held back earlier and written back
         // now): what the lease cache holds of them goes (the server recalls only the other
         // nodes' leases), replaced by the reply's under the lease that came with it.
-        let deadline = {
-            let s = self.lock_state();
-            if s.live {
-                s.deadline
-            } else {
-                std::time::Instant::now()
-            }
-        };
-        self.leases
-            .put_own_attr(&reply.attr, reply.lease_ms, sent, deadline, mark);
+        self.leases.put_own_attr(
+            &reply.attr,
+            reply.lease_ms,
+            sent,
+            self.lease_deadline(),
+            mark,
+        );
         if reply.written.len() != data.len() as u64 {
             return Err(FsError::Io(format!(
                 "proxied write of {} bytes wrote {}",
