@@ -185,6 +185,38 @@ pub struct PhysRun {
     pub len: u64,
 }
 
+/// A byte range of one device, without the volume offset it came from
+/// ([`Volume::device_ranges`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DeviceRange {
+    pub device: DeviceIndex,
+    pub phys_off: u64,
+    pub len: u64,
+}
+
+/// `ranges` sorted by device and offset, empty ones dropped, and those that touch or overlap
+/// on one device merged into one.
+pub fn merge_device_ranges(mut ranges: Vec<DeviceRange>) -> Vec<DeviceRange> {
+    ranges.retain(|r| r.len > 0);
+    ranges.sort_unstable();
+    let mut merged: Vec<DeviceRange> = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        if let Some(last) = merged.last_mut()
+            && last.device == r.device
+            && last.phys_off.saturating_add(last.len) >= r.phys_off
+        {
+            let end = last
+                .phys_off
+                .saturating_add(last.len)
+                .max(r.phys_off.saturating_add(r.len));
+            last.len = end - last.phys_off;
+            continue;
+        }
+        merged.push(r);
+    }
+    merged
+}
+
 /// Why a volume could not be built or a range not mapped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VolumeError {
@@ -523,6 +555,28 @@ impl Volume {
         Ok(())
     }
 
+    /// The device byte ranges that hold the volume ranges `ranges` (`(offset, len)` pairs),
+    /// sorted by device and offset, one per physically contiguous stretch of a device
+    /// (touching or overlapping pieces merged): for work that covers every byte in no
+    /// particular order and has no buffer (zeroing, discard). A striped range yields one
+    /// range per device, not one per stripe unit.
+    pub fn device_ranges(
+        &self,
+        ranges: impl IntoIterator<Item = (u64, u64)>,
+    ) -> Result<Vec<DeviceRange>, VolumeError> {
+        let mut out = Vec::new();
+        for (offset, len) in ranges {
+            self.map_with(offset, len, |run| {
+                out.push(DeviceRange {
+                    device: run.device,
+                    phys_off: run.phys_off,
+                    len: run.len,
+                });
+            })?;
+        }
+        Ok(merge_device_ranges(out))
+    }
+
     /// The volume grown by `new_devices` (appended after the existing ones) laid out as one
     /// new segment at the end of the address space: linear over one device, or striped over
     /// all of them in units of `stripe_unit` (each device contributes as many bytes as the
@@ -713,6 +767,74 @@ mod tests {
         let groups = v.allocation_groups();
         assert_eq!(groups.len(), 4);
         assert_eq!(groups.iter().map(|g| g.1).sum::<u64>(), v.size_blocks());
+    }
+
+    #[test]
+    fn device_ranges_of_a_striped_range_are_one_per_device() {
+        let v = Volume::striped(4096, devs(4, 9 * MIB), MIB, 64 * KIB).unwrap();
+        // 8 MiB from 32 KiB: 129 stripe-unit runs, four device ranges.
+        assert_eq!(v.map(32 * KIB, 8 * MIB).unwrap().len(), 129);
+        let r = v.device_ranges([(32 * KIB, 8 * MIB)]).unwrap();
+        let show: Vec<String> = r
+            .iter()
+            .map(|r| format!("{}@{}+{}", r.device, r.phys_off / KIB, r.len / KIB))
+            .collect();
+        assert_eq!(
+            show,
+            [
+                "d0@1056+2048",
+                "d1@1024+2048",
+                "d2@1024+2048",
+                "d3@1024+2048"
+            ]
+        );
+        // Every byte once: as many bytes as asked for.
+        assert_eq!(r.iter().map(|r| r.len).sum::<u64>(), 8 * MIB);
+        // Two volume ranges that meet on the devices merge too; overlaps count once.
+        let two = v
+            .device_ranges([(0, 4 * MIB), (4 * MIB, 4 * MIB), (MIB, MIB)])
+            .unwrap();
+        assert_eq!(two.len(), 4);
+        assert_eq!(two.iter().map(|r| r.len).sum::<u64>(), 8 * MIB);
+        // Ranges that do not touch stay apart; empty ones go.
+        let apart = merge_device_ranges(vec![
+            DeviceRange {
+                device: DeviceIndex(1),
+                phys_off: 100,
+                len: 10,
+            },
+            DeviceRange {
+                device: DeviceIndex(0),
+                phys_off: 0,
+                len: 0,
+            },
+            DeviceRange {
+                device: DeviceIndex(1),
+                phys_off: 0,
+                len: 50,
+            },
+            DeviceRange {
+                device: DeviceIndex(1),
+                phys_off: 40,
+                len: 20,
+            },
+        ]);
+        assert_eq!(
+            apart,
+            vec![
+                DeviceRange {
+                    device: DeviceIndex(1),
+                    phys_off: 0,
+                    len: 60
+                },
+                DeviceRange {
+                    device: DeviceIndex(1),
+                    phys_off: 100,
+                    len: 10
+                },
+            ]
+        );
+        assert!(v.device_ranges([(v.size_bytes(), 1)]).is_err());
     }
 
     #[test]

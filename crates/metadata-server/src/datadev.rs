@@ -343,26 +343,32 @@ impl DataDevices {
     /// Returns the bytes zeroed and the bytes that lie on LUNs this server does not have.
     pub fn zero_runs(&self, volume: &Volume, runs: &[(u64, u64)]) -> Result<(u64, u64), FsError> {
         let bs = u64::from(volume.block_size());
+        let bytes = runs
+            .iter()
+            .map(
+                |&(start, len)| match (start.checked_mul(bs), len.checked_mul(bs)) {
+                    (Some(o), Some(b)) => Ok((o, b)),
+                    _ => Err(FsError::Range),
+                },
+            )
+            .collect::<Result<Vec<_>, _>>()?;
+        // One call per contiguous stretch of a LUN, not per stripe unit: a striped run of
+        // 64 MiB is four zeroing calls on four LUNs, not a thousand (each a round trip
+        // through the block layer).
+        let ranges = volume
+            .device_ranges(bytes)
+            .map_err(|e| FsError::Io(format!("zeroing volume blocks {runs:?}: {e}")))?;
         let (mut zeroed, mut missing) = (0u64, 0u64);
         let mut touched = Vec::new();
-        for &(start, len) in runs {
-            let (off, bytes) = match (start.checked_mul(bs), len.checked_mul(bs)) {
-                (Some(o), Some(b)) => (o, b),
-                _ => return Err(FsError::Range),
+        for r in ranges {
+            let Ok(lun) = self.lun(r.device) else {
+                missing += r.len;
+                continue;
             };
-            let phys = volume
-                .map(off, bytes)
-                .map_err(|e| FsError::Io(format!("zeroing volume blocks {start}+{len}: {e}")))?;
-            for run in phys {
-                let Ok(lun) = self.lun(run.device) else {
-                    missing += run.len;
-                    continue;
-                };
-                zero_lun(&lun, run.phys_off, run.len, &|| self.may_write())?;
-                zeroed += run.len;
-                if !touched.contains(&run.device) {
-                    touched.push(run.device);
-                }
+            zero_lun(&lun, r.phys_off, r.len, &|| self.may_write())?;
+            zeroed += r.len;
+            if !touched.contains(&r.device) {
+                touched.push(r.device);
             }
         }
         self.flush(&touched)?;
