@@ -74,6 +74,8 @@ pub struct FsOptions {
     pub root: InodeId,
     /// Buffered opens may use the kernel's page cache (`page_cache=`).
     pub page_cache: bool,
+    /// The most bytes of writes answered before their device I/O (`write_behind=`; 0: none).
+    pub write_behind: u64,
 }
 
 impl Default for FsOptions {
@@ -83,6 +85,7 @@ impl Default for FsOptions {
             entry_ttl: Duration::ZERO,
             root: InodeId(1),
             page_cache: true,
+            write_behind: DEFAULT_WRITE_BEHIND,
         }
     }
 }
@@ -144,10 +147,37 @@ struct State {
     /// Open directory handles: where a listing read through each reached its end (the
     /// offset the kernel asks from next), once it has.
     dir_ends: Mutex<HashMap<u64, Option<u64>>>,
+    /// Writes answered before their device I/O (`behind`).
+    behind: Arc<behind::WritesBehind>,
 }
 
 /// Aligned buffers kept for write requests: enough for the requests in flight at once.
 const WRITE_BUFFERS: usize = 16;
+
+/// The most bytes of writes answered before their device I/O, by default: what the write
+/// buffers hold.
+pub const DEFAULT_WRITE_BEHIND: u64 = WRITE_BUFFERS as u64 * MAX_IO_BYTES as u64;
+
+/// The smallest write answered before its device I/O: smaller ones are held back or go
+/// through the server, and wait for nothing long.
+const WRITE_BEHIND_MIN: usize = 64 << 10;
+
+/// Whether a write of `len` bytes at `offset` through `file` may be answered before its
+/// device I/O (`behind`): a plain buffered write of whole blocks, not a shared mapping's
+/// pages written back, not `O_SYNC`/`O_DSYNC` (durable before it returns), `O_DIRECT` (on
+/// the LUNs before it returns) or `O_APPEND` (its offset is decided by the write). (A write
+/// with partial blocks at its edges holds them back to meet its neighbours' bytes, which
+/// its answer would then overtake.)
+fn answered_early(file: &FuseFile, from_pages: bool, offset: u64, len: usize, block: u32) -> bool {
+    let block = u64::from(block.max(1));
+    !from_pages
+        && file.sync.is_none()
+        && !file.direct
+        && !file.file.flags().append
+        && len >= WRITE_BEHIND_MIN
+        && offset.is_multiple_of(block)
+        && (len as u64).is_multiple_of(block)
+}
 
 /// How many distinct unsupported ioctl commands are remembered (and logged once each).
 const IOCTLS_REMEMBERED: usize = 64;
@@ -166,6 +196,7 @@ pub struct SanFs {
     groups: groups::GroupsCache,
 }
 
+mod behind;
 mod groups;
 mod pages;
 
@@ -334,6 +365,7 @@ impl SanFs {
         if !options.page_cache {
             pages.switch_off();
         }
+        let behind = behind::WritesBehind::new(options.write_behind);
         SanFs {
             state: Arc::new(State {
                 client,
@@ -343,6 +375,7 @@ impl SanFs {
                 block_size,
                 ioctls_seen: Mutex::new(std::collections::BTreeSet::new()),
                 write_bufs: BufferPool::new(MAX_IO_BYTES as usize, WRITE_BUFFERS),
+                behind,
                 pages,
                 dir_ends: Mutex::new(HashMap::new()),
             }),
@@ -1193,11 +1226,16 @@ impl fuser::Filesystem for SanFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        // With writes of the file in flight (answered before their device I/O) the read
+        // waits for them in its task: neither the read cache, nor a small file's bytes, nor
+        // the leased size know them yet.
+        let writes_in_flight = self.state.behind.busy(self.state.ino(ino));
         // A buffered read the read cache answers needs no task (the common case of a
         // sequential reader under a delegation): answered here, on FUSE's thread. So is one
         // of a small file whose bytes came with its open.
         if let Ok(file) = self.state.file(fh)
             && !file.direct
+            && !writes_in_flight
         {
             let started = std::time::Instant::now();
             let sino = self.state.ino(ino);
@@ -1237,11 +1275,12 @@ impl fuser::Filesystem for SanFs {
         }
         // A read at or past the end of file, whose size the attribute lease makes exact
         // (the last read of every `cat`), needs no task either.
-        if self
-            .state
-            .client
-            .leased_size(self.state.ino(ino))
-            .is_some_and(|size| offset >= size)
+        if !writes_in_flight
+            && self
+                .state
+                .client
+                .leased_size(self.state.ino(ino))
+                .is_some_and(|size| offset >= size)
         {
             reply.data(&[]);
             return;
@@ -1249,6 +1288,7 @@ impl fuser::Filesystem for SanFs {
         let started = std::time::Instant::now();
         let cred = self.data_credentials(req);
         self.spawn("read", move |st| async move {
+            st.behind.wait_idle(st.ino(ino)).await;
             let mut span = Span::wall_since(Stage::FuseRead, started);
             let r = async {
                 let file = st.file(fh)?;
@@ -1318,6 +1358,12 @@ impl fuser::Filesystem for SanFs {
             && file.sync.is_none()
             && !appends(&file)
             && (file.cached || !self.state.pages.holds(self.state.ino(ino)))
+            // An earlier write of these bytes still in flight lands first (a task waits).
+            && !self.state.behind.overlaps(
+                self.state.ino(ino),
+                offset,
+                offset.saturating_add(data.len() as u64),
+            )
             && let Some(w) = self
                 .state
                 .client
@@ -1356,7 +1402,58 @@ impl fuser::Filesystem for SanFs {
         };
         let len = buf.len();
         self.spawn("write", move |st| async move {
-            let mut span = Span::wall_since(Stage::FuseWrite, started);
+            let mut span = Some(Span::wall_since(Stage::FuseWrite, started));
+            let sino = st.ino(ino);
+            let end = offset.saturating_add(len as u64);
+            // This node's earlier writes of these bytes still in flight land first (two
+            // device writes of the same bytes are not ordered by the devices).
+            st.behind.wait_clear(sino, offset, end).await;
+            // A plain write inside a write layout this node holds is answered now; its
+            // device I/O and completion go on below (`behind`). The layout is held in use
+            // from before the answer until the write's own use of it: a recall (another
+            // node's read or write there) waits for the write. Not while another handle on
+            // this node may hold the file's pages in the kernel (they would have to be
+            // dropped, under the write, as below), unless the write comes through the
+            // kernel's pages itself (they hold its bytes).
+            // (Nor over bytes held back on this node, which are older and would land after
+            // it, nor before held-back attribute changes, whose times come before it.)
+            let early = match st.file(fh) {
+                Ok(f)
+                    if answered_early(&f, from_pages, offset, len, st.block_size)
+                        && (f.cached || !st.pages.holds(sino))
+                        && !st.client.holds_back_before(sino, offset, end) =>
+                {
+                    st.behind
+                        .admit(sino, offset, len as u64)
+                        .and_then(|ticket| {
+                            st.client
+                                .pin_write_layout(sino, offset, len as u64)
+                                .map(|pin| (ticket, pin))
+                        })
+                }
+                _ => None,
+            };
+            let mut reply = Some(reply);
+            let mut behind_span = None;
+            if early.is_some() {
+                st.client.begin_write_behind(sino);
+                // As a write answered after its I/O would: the lease cache's size and mtime go.
+                st.forget(&[sino], &[]);
+                if let Some(mut s) = span.take() {
+                    s.set_bytes(len as u64);
+                }
+                if let Some(r) = reply.take() {
+                    reply_written(r, len as u64);
+                }
+                let mut s = Span::wall(Stage::WriteBehind);
+                s.set_bytes(len as u64);
+                behind_span = Some(s);
+            }
+            let answered = early.is_some();
+            let (ticket, mut pin) = match early {
+                Some((t, p)) => (Some(t), Some(p)),
+                None => (None, None),
+            };
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
@@ -1379,7 +1476,13 @@ impl fuser::Filesystem for SanFs {
                     match held {
                         Some(w) => w,
                         None => with_handle!(st, cred, file, |h| {
-                            if buf.len() == len && file.sync.is_none() && !file.direct {
+                            if let Some(pin) = pin.take() {
+                                // Answered already: inside the layout held for it (a
+                                // retry after a session change goes the usual way).
+                                st.client
+                                    .write_pinned(&cred, &h, ino, offset, &mut buf, pin)
+                                    .await
+                            } else if buf.len() == len && file.sync.is_none() && !file.direct {
                                 st.client
                                     .write_buffered_buf(&cred, &file.file, &h, offset, &mut buf)
                                     .await
@@ -1396,8 +1499,9 @@ impl fuser::Filesystem for SanFs {
                     }
                 };
                 // Written through the kernel's pages (a cached handle, or a mapping's write-back):
-                // they hold the bytes, and are locked until this is answered.
-                if !file.file.flags().append && !from_pages && !file.cached {
+                // they hold the bytes, and are locked until this is answered. (Answered
+                // already: below, once reads that wait for this write may go.)
+                if !file.file.flags().append && !from_pages && !file.cached && !answered {
                     st.changed_data(ino, offset, written.written).await;
                 }
                 if let Some(data_only) = file.sync {
@@ -1411,19 +1515,45 @@ impl fuser::Filesystem for SanFs {
             .await;
             // Written (size, mtime) or maybe partly: what the lease cache holds goes, and
             // after a failure whatever the kernel may have cached of the file.
-            st.forget(&[st.ino(ino)], &[]);
+            st.forget(&[sino], &[]);
+            let cached = st.file(fh).is_ok_and(|f| f.cached);
+            if let Some(ticket) = ticket {
+                // Answered already: a failure is the file's next write, fsync or close's.
+                let error = match &r {
+                    Ok(w) if w.written < len as u64 => Some(FsError::Io(format!(
+                        "a write answered before its device I/O wrote {} of {len} bytes",
+                        w.written
+                    ))),
+                    Ok(_) => None,
+                    Err(e) => Some(e.clone()),
+                };
+                st.client.end_write_behind(sino, error);
+                // Not used (the write failed before it reached the layout).
+                if let Some(pin) = pin.take() {
+                    st.client.unpin_write_layout(pin);
+                }
+                // Reads of the file waiting for this write go on now; only then are pages
+                // dropped (such a read holds the kernel's pages it fills locked).
+                drop(ticket);
+                drop(behind_span);
+                if !from_pages && !cached && r.is_ok() {
+                    st.changed_data(sino, offset, len as u64).await;
+                }
+            }
             // (A failed write through the kernel's pages: the kernel no longer takes them as
             // up to date itself.)
-            let through_pages = from_pages || st.file(fh).is_ok_and(|f| f.cached);
-            if r.is_err() && !through_pages {
-                st.changed_data(st.ino(ino), 0, 0).await;
+            if r.is_err() && !from_pages && !cached {
+                st.changed_data(sino, 0, 0).await;
             }
-            match r {
-                Ok(w) => {
-                    span.set_bytes(w.written);
+            match (reply, r) {
+                (Some(reply), Ok(w)) => {
+                    if let Some(s) = span.as_mut() {
+                        s.set_bytes(w.written);
+                    }
                     reply_written(reply, w.written);
                 }
-                Err(e) => reply.error(errno(&e)),
+                (Some(reply), Err(e)) => reply.error(errno(&e)),
+                (None, _) => {}
             }
         });
     }

@@ -75,6 +75,9 @@ pub struct MountOpts {
     /// `threads=N`: the agent's async worker threads (RPCs, planning, completions); `None`:
     /// [`default_threads`].
     pub threads: Option<usize>,
+    /// `write_behind=SIZE`: the most bytes of plain buffered writes answered before their
+    /// device I/O (inside a write layout; 0 turns it off).
+    pub write_behind: u64,
 }
 
 /// The most `threads=` takes.
@@ -117,6 +120,7 @@ impl Default for MountOpts {
             accept_epoch_regression: false,
             retry: crate::client::RetryPolicy::Hard,
             threads: None,
+            write_behind: crate::fuse::DEFAULT_WRITE_BEHIND,
         }
     }
 }
@@ -296,6 +300,11 @@ pub fn parse_options_sloppy(
                 let v = need(key, value)?;
                 o.writeback.read_cache_bytes = parse_size(v)
                     .with_context(|| format!("read_cache={v}: bad size (0 turns it off)"))?;
+            }
+            "write_behind" => {
+                let v = need(key, value)?;
+                o.write_behind = parse_size(v)
+                    .with_context(|| format!("write_behind={v}: bad size (0 turns it off)"))?;
             }
             "threads" => {
                 let v = need(key, value)?;
@@ -518,6 +527,23 @@ mod tests {
         ] {
             let e = t(bad).unwrap_err();
             assert!(format!("{e:#}").contains("threshold"), "{bad}: {e:#}");
+        }
+    }
+
+    #[test]
+    fn write_behind() {
+        assert_eq!(
+            parse_options(&s("rw")).unwrap().write_behind,
+            crate::fuse::DEFAULT_WRITE_BEHIND
+        );
+        assert_eq!(
+            parse_options(&s("write_behind=64M")).unwrap().write_behind,
+            64 << 20
+        );
+        assert_eq!(parse_options(&s("write_behind=0")).unwrap().write_behind, 0);
+        for bad in ["write_behind=lots", "write_behind"] {
+            let e = parse_options(&s(bad)).unwrap_err();
+            assert!(format!("{e:#}").contains("write_behind"), "{bad}: {e:#}");
         }
     }
 

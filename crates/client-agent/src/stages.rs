@@ -11,6 +11,7 @@
 //! | stage | clock | what |
 //! |---|---|---|
 //! | `fuse-read`, `fuse-write` | wall | a FUSE read / write request from its arrival to its answer |
+//! | `write-behind` | wall | a write answered before its device I/O: from the answer to the end of its I/O and completion's queueing |
 //! | `fuse-credentials` | wall, CPU | the caller's supplementary groups (`/proc/PID/status`) |
 //! | `fuse-reply` | wall, CPU | writing the answer to `/dev/fuse` (the kernel's copy of read data included) |
 //! | `copy` | wall, CPU | user-space copies and zero fills of file data between the caller's buffer and the aligned device buffer |
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 pub enum Stage {
     FuseRead,
     FuseWrite,
+    WriteBehind,
     FuseCredentials,
     FuseReply,
     Copy,
@@ -49,9 +51,10 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage, in the order a FUSE request meets them.
-    pub const ALL: [Stage; 13] = [
+    pub const ALL: [Stage; 14] = [
         Stage::FuseRead,
         Stage::FuseWrite,
+        Stage::WriteBehind,
         Stage::FuseCredentials,
         Stage::FuseReply,
         Stage::Copy,
@@ -70,6 +73,7 @@ impl Stage {
         match self {
             Stage::FuseRead => "fuse-read",
             Stage::FuseWrite => "fuse-write",
+            Stage::WriteBehind => "write-behind",
             Stage::FuseCredentials => "fuse-credentials",
             Stage::FuseReply => "fuse-reply",
             Stage::Copy => "copy",

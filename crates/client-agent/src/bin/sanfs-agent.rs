@@ -369,6 +369,7 @@ fn mount(
             entry_ttl: opts.entry_ttl,
             root,
             page_cache: opts.page_cache,
+            write_behind: opts.write_behind,
         },
         runtime.handle().clone(),
     );

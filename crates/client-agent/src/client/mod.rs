@@ -99,7 +99,7 @@ use crate::discovery::{DiscoveryConfig, discover};
 use crate::engine::{Engine, EngineConfig};
 use cache::GrantCache;
 
-pub use data::WriteOutcome;
+pub use data::{LayoutPin, WriteOutcome};
 pub(crate) use file::retrying;
 pub use file::{MAX_REOPENS, OpenFile, is_stale};
 pub use locks::LockWait;

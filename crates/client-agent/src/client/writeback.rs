@@ -1715,6 +1715,13 @@ impl Client {
         }
     }
 
+    /// Whether this node holds back bytes of `ino` in `[start, end)` (or a write-back of
+    /// them is under way), or attribute changes of it: what a write there must send first.
+    pub fn holds_back_before(&self, ino: InodeId, start: u64, end: u64) -> bool {
+        let wb = &self.inner.writeback;
+        wb.unsettled_over(ino, start, end) || wb.has_held_attrs(ino)
+    }
+
     /// Whether `ino` has bytes held back on this node.
     pub fn has_held_back(&self, ino: InodeId) -> bool {
         self.inner.writeback.has_dirty(ino)

@@ -2194,6 +2194,85 @@ async fn o_direct_io_round_trips_and_is_counted_by_stage() {
     srv.stop().await;
 }
 
+/// Issue 20: plain buffered writes of whole blocks inside this node's write layout are
+/// answered before their device I/O (write-behind, `fuse::behind`). Every byte stays exact:
+/// rewrites of bytes still in flight land last, another node reading at once (its read
+/// recalls the layout, which waits for the writes) and this node reading through another
+/// handle see everything, the size is exact, and fsync and close report nothing. Without
+/// the early answers the `write-behind` stage stays at 0 and the test fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_answered_before_their_device_io_are_exact_here_and_on_another_node() {
+    use std::os::unix::fs::FileExt as _;
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "behind-a", "").await;
+    let b = Mount::start(&srv, "behind-b", "").await;
+    let (path, mnt, other) = (a.p("behind"), a.p(""), b.p("behind"));
+    const MIBS: u64 = 24;
+    let (before, after, model) = timed("write-behind on one node, reads on two", 120, move || {
+        let before = agent_status(&mnt);
+        let mut model = vec![0u8; (MIBS * MIB) as usize];
+        let mut buf = sanfs_client_agent::buf::AlignedBuf::zeroed(MIB as usize);
+        // Written only (the kernel's direct mode): every write is a FUSE request of its own.
+        let w = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let mut put = |w: &std::fs::File, model: &mut [u8], at: u64, seed: u8| {
+            let data = crate::support::pattern(MIB as usize, seed);
+            buf.as_mut_slice().copy_from_slice(&data);
+            w.write_all_at(buf.as_slice(), at).unwrap();
+            model[at as usize..(at + MIB) as usize].copy_from_slice(&data);
+        };
+        for i in 0..MIBS {
+            put(&w, &mut model, i * MIB, i as u8);
+        }
+        // The same MiB again and again, back to back: the last one wins.
+        for k in 0..8u8 {
+            put(&w, &mut model, 3 * MIB, 100 + k);
+        }
+        // Another node at once, the writer still open and not synced.
+        assert!(
+            std::fs::read(&other).unwrap() == model,
+            "another node read other bytes"
+        );
+        // This node, through another handle.
+        let r = std::fs::File::open(&path).unwrap();
+        let mut back = vec![0u8; model.len()];
+        r.read_exact_at(&mut back, 0).unwrap();
+        assert!(back == model, "this node read other bytes");
+        // Past the end: the size follows at once.
+        model.resize(((MIBS + 1) * MIB) as usize, 0);
+        put(&w, &mut model, MIBS * MIB, 77);
+        assert_eq!(w.metadata().unwrap().len(), (MIBS + 1) * MIB);
+        w.sync_all().unwrap();
+        drop(w);
+        (before, agent_status(&mnt), model)
+    })
+    .await;
+    let d = |name: &str, field: &str| stage(&after, name, field) - stage(&before, name, field);
+    assert!(
+        d("write-behind", "calls") >= MIBS / 2,
+        "most writes are answered before their device I/O: {after}"
+    );
+    let (own, theirs) = (a.p("behind"), b.p("behind"));
+    let (mine, others) = timed("read back on both mounts", 60, move || {
+        (
+            std::fs::read(&own).unwrap(),
+            std::fs::read(&theirs).unwrap(),
+        )
+    })
+    .await;
+    assert!(mine == model && others == model, "read back after close");
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
+
 /// Issue 18: a program whose buffer is not page aligned (most: `malloc`, Python, Java) has
 /// each 1 MiB buffered write split by the kernel into a piece of 1 MiB - 16 bytes and one of
 /// 16 (a request holds at most 256 pages). The partial blocks at the pieces' edges are held

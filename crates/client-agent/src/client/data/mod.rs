@@ -108,6 +108,23 @@ pub(crate) fn handle_ref(fh: &FileHandle) -> HandleRef {
     }
 }
 
+/// Runs its closure when dropped (when a write has landed, however it ends).
+struct Landed<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for Landed<F> {
+    fn drop(&mut self) {
+        (self.0)();
+    }
+}
+
+/// A write layout held in use ([`Client::pin_write_layout`]).
+#[derive(Debug)]
+#[must_use = "unpin it with Client::unpin_write_layout"]
+pub struct LayoutPin {
+    layout: Arc<Grant>,
+    generation: u64,
+}
+
 impl Client {
     /// Reads up to `len` bytes at `offset`; fewer only at end of file.
     pub async fn read_at(
@@ -280,12 +297,6 @@ impl Client {
         // What this node's read cache holds there is stale from now on (also if the write
         // fails part way); and again when the write has landed, however it ends: a read of
         // the LUNs that began meanwhile may have read the older bytes, and must not keep them.
-        struct Landed<F: FnMut()>(F);
-        impl<F: FnMut()> Drop for Landed<F> {
-            fn drop(&mut self) {
-                (self.0)();
-            }
-        }
         self.inner.writeback.wrote(ino, offset, len);
         let _landed = Landed(|| self.inner.writeback.wrote(ino, offset, len));
         let inner = &self.inner;
@@ -540,6 +551,100 @@ impl Client {
     /// Whether `ino` has write completions in flight, or a failed one not reported yet.
     pub fn has_writes_behind(&self, ino: InodeId) -> bool {
         self.inner.has_behind(ino)
+    }
+
+    /// A write layout this node holds (and has not seen recalled) over `len` bytes at
+    /// `offset` of `ino`, held in use for a write of those bytes: a recall of it waits until
+    /// the write is done with it. Give it to [`Client::write_pinned`], or back with
+    /// [`Client::unpin_write_layout`]. A write there needs no grant round trip, and its
+    /// blocks are allocated (it cannot fail for want of space or quota). The write's end
+    /// counts for the sequential-writer detection from now on. `None`: no such layout.
+    pub fn pin_write_layout(&self, ino: InodeId, offset: u64, len: u64) -> Option<LayoutPin> {
+        let generation = self.inner.lock_state().view.generation;
+        let range = ByteRange::new(offset, len).ok()?;
+        let layout = self
+            .inner
+            .cache
+            .take(ino, range, generation, LockMode::Exclusive)?;
+        self.inner.note_write_end(ino, range.end());
+        Some(LayoutPin { layout, generation })
+    }
+
+    /// Gives a [`Client::pin_write_layout`] back unused (a recall waiting for it goes on).
+    pub fn unpin_write_layout(&self, pin: LayoutPin) {
+        let (after, mut evicted) = self.inner.cache.release(pin.layout.grant_id, false);
+        if after == AfterIo::Return {
+            evicted.push(pin.layout.grant_id);
+        }
+        if !evicted.is_empty() {
+            let view = self.inner.lock_state().view.clone();
+            self.inner.return_in_background(&view, evicted);
+        }
+    }
+
+    /// Writes `buf` (whole blocks) at `offset` of `ino` inside the layout `pin` holds, also
+    /// after a recall of it arrived: the recall's acknowledgement waits for this write (the
+    /// layout is the writer's until then, and asking for another grant there would wait for
+    /// that very acknowledgement). The pin's use of the layout becomes the write's; its
+    /// completion goes on behind it, as any write's inside a layout. `StaleSession`: the
+    /// layout's session is gone (nothing was written; write the usual way under the new one).
+    pub async fn write_pinned(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        buf: &mut AlignedBuf,
+        pin: LayoutPin,
+    ) -> Result<WriteOutcome, FsError> {
+        let inner = &self.inner;
+        let len = buf.len() as u64;
+        let view = inner.lock_state().view.clone();
+        let part = match ByteRange::new(offset, len) {
+            Ok(p)
+                if p.offset() >= pin.layout.range.offset() && p.end() <= pin.layout.range.end() =>
+            {
+                p
+            }
+            _ => {
+                self.unpin_write_layout(pin);
+                return Err(FsError::Invalid(format!(
+                    "a write of {len} bytes at {offset} outside its pinned layout"
+                )));
+            }
+        };
+        if view.generation != pin.generation || !inner.lease_valid(view.generation) {
+            self.unpin_write_layout(pin);
+            return Err(FsError::StaleSession);
+        }
+        // An earlier write's failed completion is this write's error (as writeback).
+        if let Err(e) = inner.take_write_error(ino) {
+            self.unpin_write_layout(pin);
+            return Err(e);
+        }
+        // The read cache's bytes there are stale now, and again once the write landed.
+        inner.writeback.wrote(ino, offset, len);
+        let _landed = Landed(|| inner.writeback.wrote(ino, offset, len));
+        bump(&inner.counters.layout_writes);
+        let layout = pin.layout;
+        let r = inner.write_in_layout(&view, &layout, part, buf, 0).await;
+        let attr = inner
+            .end_layout_write(&view, cred, fh, layout, part, r, buf, 0)
+            .await?;
+        Ok(WriteOutcome { written: len, attr })
+    }
+
+    /// A write of `ino` answered before its device I/O (the mount's write-behind) is in
+    /// flight: until [`Client::end_write_behind`], this node's stat, fsync, truncate and
+    /// close of the file wait for it, as for a completion in flight.
+    pub fn begin_write_behind(&self, ino: InodeId) {
+        self.inner.begin_pending(ino);
+    }
+
+    /// The end of a write begun with [`Client::begin_write_behind`]; its error (if it failed)
+    /// is the error of the file's next write, fsync or close.
+    pub fn end_write_behind(&self, ino: InodeId, error: Option<FsError>) {
+        self.inner.end_pending(ino, error);
     }
 
     /// Makes the file's completed writes (and, unless `data_only`, its metadata) durable.
