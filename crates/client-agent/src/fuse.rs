@@ -1466,7 +1466,9 @@ impl fuser::Filesystem for SanFs {
                 } else {
                     // A small buffered write is held back under the file's write delegation
                     // (client::writeback); otherwise, or when it cannot be, written through.
-                    let held = if file.sync.is_none() && !file.direct {
+                    // (Not one answered already: it goes into the layout it holds, and
+                    // nothing it does may wait for that layout to be idle.)
+                    let held = if file.sync.is_none() && !file.direct && !answered {
                         st.client
                             .write_back(&cred, &file.file, offset, buf.as_slice())
                             .await?
