@@ -1433,9 +1433,11 @@ impl fuser::Filesystem for SanFs {
                 }
                 _ => None,
             };
+            let (ticket, mut pin) = early.unzip();
+            let answered = ticket.is_some();
             let mut reply = Some(reply);
             let mut behind_span = None;
-            if early.is_some() {
+            if answered {
                 st.client.begin_write_behind(sino);
                 // As a write answered after its I/O would: the lease cache's size and mtime go.
                 st.forget(&[sino], &[]);
@@ -1449,11 +1451,6 @@ impl fuser::Filesystem for SanFs {
                 s.set_bytes(len as u64);
                 behind_span = Some(s);
             }
-            let answered = early.is_some();
-            let (ticket, mut pin) = match early {
-                Some((t, p)) => (Some(t), Some(p)),
-                None => (None, None),
-            };
             let r = async {
                 let file = st.file(fh)?;
                 let ino = st.ino(ino);
@@ -1481,9 +1478,7 @@ impl fuser::Filesystem for SanFs {
                             if let Some(pin) = pin.take() {
                                 // Answered already: inside the layout held for it (a
                                 // retry after a session change goes the usual way).
-                                st.client
-                                    .write_pinned(&cred, &h, ino, offset, &mut buf, pin)
-                                    .await
+                                st.client.write_pinned(&cred, &h, &mut buf, pin).await
                             } else if buf.len() == len && file.sync.is_none() && !file.direct {
                                 st.client
                                     .write_buffered_buf(&cred, &file.file, &h, offset, &mut buf)

@@ -123,6 +123,8 @@ impl<F: FnMut()> Drop for Landed<F> {
 pub struct LayoutPin {
     layout: Arc<Grant>,
     generation: u64,
+    /// The bytes of the write it is held for.
+    part: ByteRange,
 }
 
 impl Client {
@@ -567,7 +569,11 @@ impl Client {
             .cache
             .take(ino, range, generation, LockMode::Exclusive)?;
         self.inner.note_write_end(ino, range.end());
-        Some(LayoutPin { layout, generation })
+        Some(LayoutPin {
+            layout,
+            generation,
+            part: range,
+        })
     }
 
     /// Gives a [`Client::pin_write_layout`] back unused (a recall waiting for it goes on).
@@ -582,47 +588,41 @@ impl Client {
         }
     }
 
-    /// Writes `buf` (whole blocks) at `offset` of `ino` inside the layout `pin` holds, also
-    /// after a recall of it arrived: the recall's acknowledgement waits for this write (the
-    /// layout is the writer's until then, and asking for another grant there would wait for
-    /// that very acknowledgement). The pin's use of the layout becomes the write's; its
-    /// completion goes on behind it, as any write's inside a layout. `StaleSession`: the
-    /// layout's session is gone (nothing was written; write the usual way under the new one).
+    /// Writes `buf` (whole blocks), the bytes `pin` was taken for, inside the layout it
+    /// holds, also after a recall of it arrived: the recall's acknowledgement waits for this
+    /// write (the layout is the writer's until then, and asking for another grant there
+    /// would wait for that very acknowledgement). The pin's use of the layout becomes the
+    /// write's; its completion goes on behind it, as any write's inside a layout.
+    /// `StaleSession`: the layout's session is gone (nothing was written; write the usual
+    /// way under the new one).
     pub async fn write_pinned(
         &self,
         cred: &Credentials,
         fh: &FileHandle,
-        ino: InodeId,
-        offset: u64,
         buf: &mut AlignedBuf,
         pin: LayoutPin,
     ) -> Result<WriteOutcome, FsError> {
         let inner = &self.inner;
-        let len = buf.len() as u64;
+        let (ino, part) = (pin.layout.inode, pin.part);
         let view = inner.lock_state().view.clone();
-        let part = match ByteRange::new(offset, len) {
-            Ok(p)
-                if p.offset() >= pin.layout.range.offset() && p.end() <= pin.layout.range.end() =>
-            {
-                p
-            }
-            _ => {
-                self.unpin_write_layout(pin);
-                return Err(FsError::Invalid(format!(
-                    "a write of {len} bytes at {offset} outside its pinned layout"
-                )));
-            }
+        let refused = if buf.len() as u64 != part.len() {
+            Some(FsError::Invalid(format!(
+                "a write of {} bytes with a layout pinned for {}",
+                buf.len(),
+                part.len()
+            )))
+        } else if view.generation != pin.generation || !inner.lease_valid(view.generation) {
+            Some(FsError::StaleSession)
+        } else {
+            // An earlier write's failed completion is this write's error (as writeback).
+            inner.take_write_error(ino).err()
         };
-        if view.generation != pin.generation || !inner.lease_valid(view.generation) {
-            self.unpin_write_layout(pin);
-            return Err(FsError::StaleSession);
-        }
-        // An earlier write's failed completion is this write's error (as writeback).
-        if let Err(e) = inner.take_write_error(ino) {
+        if let Some(e) = refused {
             self.unpin_write_layout(pin);
             return Err(e);
         }
         // The read cache's bytes there are stale now, and again once the write landed.
+        let (offset, len) = (part.offset(), part.len());
         inner.writeback.wrote(ino, offset, len);
         let _landed = Landed(|| inner.writeback.wrote(ino, offset, len));
         bump(&inner.counters.layout_writes);
