@@ -159,6 +159,12 @@ impl SimDisk {
         self.lock().durable.clone()
     }
 
+    /// What a kill of the process that wrote the disk leaves: every write that returned (the
+    /// kernel holds them), synced or not.
+    pub fn live_image(&self) -> Vec<u8> {
+        self.lock().live.clone()
+    }
+
     /// Mutating calls so far (to choose crash points).
     pub fn ops(&self) -> u64 {
         self.lock().ops

@@ -4,25 +4,29 @@
 //! docs/protocol.md "On-disk formats: the metadata journal").
 //!
 //! [`Journaled`] sits between redb and the database file (redb's `StorageBackend` seam). Every
-//! write and length change redb makes goes to the database file at once (buffered, not synced:
-//! reads see it) and is also kept, in order, as an operation of the next journal record. Where
-//! redb asks for a sync (`sync_data`, the end of every durable commit), the operations since
-//! the last sync are appended to the journal as one checksummed record and only the journal is
-//! synced. When the journal is full, and at a clean close, the database file is synced instead
-//! and the journal emptied (a *checkpoint*: a new generation in its header, with the length of
-//! the database file then).
+//! write and length change redb makes goes to a page overlay in memory (reads see it); the
+//! database file is left as it was at the last checkpoint. Where redb asks for a sync
+//! (`sync_data`, the end of every durable commit), the pages written since the last record
+//! are appended to the journal as one checksummed record (each page once, as it is then, and
+//! the length changes) and only the journal is synced. When the journal is full, and at a
+//! clean close, the overlay is written into the database file, which is synced, and the
+//! journal emptied (a *checkpoint*: a new generation in its header, with the length of the
+//! database file then).
+//!
+//! The database file never holds a page before the record that carries it is synced, so a
+//! power cut that loses unsynced records (the first of a two-phase commit's two) loses
+//! exactly them, whatever redb wrote since.
 //!
 //! **Why this is exact after a crash.** What redb asked to be durable is the database file as
 //! of the last checkpoint (synced) plus, in order, every operation of the complete records
 //! since. Opening replays exactly that onto the file: cut back to the checkpoint's length, then
 //! every operation of every record whose generation, sequence number and checksum are right,
 //! up to the first that is not (a torn last record; the rest is ignored), then a sync and a
-//! checkpoint. Writes that reached the file but no complete record belong to a commit that was
-//! never acknowledged; redb writes such a commit only into pages that are free in the last
-//! durable commit (copy on write) and the header slots it checks by checksum, so they are
-//! overwritten by the replay or ignored by redb, just as when its own file backend crashes
-//! before a sync. A journal belongs to one database file (its device, inode and birth time in
-//! the header): one left beside a file that was replaced (a restore, a new format) is ignored.
+//! checkpoint. Between checkpoints the file is not written at all; at a checkpoint every
+//! record is synced before the file is written, and a crash in the middle of writing it
+//! replays the same records over it. A journal belongs to one database file (its device,
+//! inode and birth time in the header): one left beside a file that was replaced (a restore,
+//! a new format) is ignored.
 //!
 //! Readers that must not change a byte (fsck, `inspect`, a dry run) see the replay in memory
 //! ([`ReadOnlyJournaled`], [`apply_to_image`]).
@@ -217,14 +221,12 @@ fn decode_ops(mut p: &[u8], count: u32) -> std::io::Result<Vec<Op>> {
     Ok(ops)
 }
 
-/// The operations since the last sync, encoded after room for their record's head, so that
-/// the record is sealed in place (no copy of the payload on the commit path).
+/// A record's operations, encoded after room for its head, so that the record is sealed in
+/// place (no copy of the payload on the commit path).
 #[derive(Debug)]
 struct Pending {
     buf: Vec<u8>,
     ops: u32,
-    /// They write redb's header (a commit point).
-    header: bool,
 }
 
 impl Pending {
@@ -232,24 +234,17 @@ impl Pending {
         Pending {
             buf: vec![0u8; RECORD_HEAD],
             ops: 0,
-            header: false,
         }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.ops == 0
     }
 
     fn clear(&mut self) {
         self.buf.truncate(RECORD_HEAD);
         self.ops = 0;
-        self.header = false;
     }
 
     fn push_write(&mut self, offset: u64, data: &[u8]) {
         encode_write(&mut self.buf, offset, data);
         self.ops += 1;
-        self.header |= offset < REDB_HEADER_LEN;
     }
 
     fn push_set_len(&mut self, len: u64) {
@@ -275,6 +270,76 @@ impl Pending {
         self.buf[RECORD_HEAD - 4..RECORD_HEAD].copy_from_slice(&crc.to_le_bytes());
         self.buf.resize(self.buf.len().next_multiple_of(8), 0);
         &self.buf
+    }
+}
+
+/// What redb changed since the last record: the pages it wrote (their bytes are in the
+/// store's [`Overlay`]) and how its length moved. The next record carries each page once,
+/// as it is then, however often it was written in between.
+#[derive(Debug)]
+struct Dirty {
+    pages: std::collections::BTreeSet<u64>,
+    /// The length at the last record.
+    start_len: u64,
+    /// The least length since.
+    min_len: u64,
+    /// Something changed (a length change alone is a record too).
+    any: bool,
+    /// A write reached redb's header (a commit point).
+    header: bool,
+}
+
+impl Dirty {
+    fn new(len: u64) -> Dirty {
+        Dirty {
+            pages: Default::default(),
+            start_len: len,
+            min_len: len,
+            any: false,
+            header: false,
+        }
+    }
+
+    fn write(&mut self, offset: u64, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let last = (offset + len as u64 - 1) / PAGE;
+        self.pages.extend(offset / PAGE..=last);
+        self.any = true;
+        self.header |= offset < REDB_HEADER_LEN;
+    }
+
+    fn set_len(&mut self, len: u64) {
+        self.min_len = self.min_len.min(len);
+        self.any = true;
+    }
+
+    /// The operations that take the store from its state at the last record to `now`'s:
+    /// the length cut to the least it was (what lay past it is gone), set to the length now,
+    /// then every page written, as it is now.
+    fn encode(&self, now: &Overlay, out: &mut Pending) {
+        out.clear();
+        let mut len = self.start_len;
+        if self.min_len < len {
+            out.push_set_len(self.min_len);
+            len = self.min_len;
+        }
+        if now.len != len {
+            out.push_set_len(now.len);
+        }
+        for &no in &self.pages {
+            let start = no * PAGE;
+            // A page cut off by a shorter length and not written again reads as zeros,
+            // which the two length changes above leave it.
+            if start >= now.len {
+                continue;
+            }
+            if let Some(page) = now.pages.get(&no) {
+                let n = (now.len - start).min(PAGE) as usize;
+                out.push_write(start, &page[..n]);
+            }
+        }
     }
 }
 
@@ -346,15 +411,26 @@ struct LogState {
     end: u64,
     /// The journal's length (grown in zero-filled steps).
     log_len: u64,
-    /// The operations since the last sync.
+    /// The store as redb sees it: the database file as of the last checkpoint, with every
+    /// page written since on top. The file itself is written only at a checkpoint, after the
+    /// records that hold those pages are synced: so a power cut can never leave it with
+    /// pages of a commit whose record it lost (over pages the surviving state still uses).
+    cache: Overlay,
+    /// What changed since the last record.
+    dirty: Dirty,
+    /// The next record, encoded (its buffer is kept between records).
     pending: Pending,
     /// A write or sync failed: every later call fails.
     failed: bool,
     stats: JournalStats,
     /// Syncs are held back ([`SyncHold`]).
     held: bool,
-    /// A record was appended under a hold and not synced yet.
+    /// A record that writes redb's header was appended under a hold: the hold's release
+    /// syncs.
     owed: bool,
+    /// Records were appended and not synced since (the first of a commit's two, or a record
+    /// without redb's header).
+    unsynced: bool,
 }
 
 /// What the journal did (for metrics and tests).
@@ -469,8 +545,9 @@ impl SyncHolder {
 pub struct SyncHold(Option<Arc<Log>>);
 
 impl SyncHold {
-    /// Ends the hold and syncs what was appended under it: the commit is durable when this
-    /// answers `Ok`. A failed sync fails every later journal call (fail-stop).
+    /// Ends the hold and syncs what was appended under it (and any record appended unsynced
+    /// before): the commit is durable when this answers `Ok`. A failed sync fails every later
+    /// journal call (fail-stop).
     pub fn release(mut self) -> std::io::Result<()> {
         self.end()
     }
@@ -481,15 +558,16 @@ impl SyncHold {
         };
         let mut st = log.lock();
         st.held = false;
-        if !st.owed {
+        let owed = std::mem::take(&mut st.owed);
+        if !(owed || st.unsynced) {
             return Ok(());
         }
-        st.owed = false;
         Journaled::check(&st)?;
         let r = log.file.sync_data();
         if r.is_err() {
             st.failed = true;
         } else {
+            st.unsynced = false;
             st.stats.syncs += 1;
             metrics::counter!(JOURNAL_SYNCS).increment(1);
         }
@@ -591,6 +669,8 @@ impl Journaled {
         }
         log.write(0, &header.encode())?;
         log.sync_data()?;
+        let len = main.len()?;
+        let cache = Overlay::new(main.as_ref(), len)?;
         Ok(Journaled {
             main,
             max,
@@ -601,11 +681,14 @@ impl Journaled {
                     next_seq: 1,
                     end: HEADER_LEN,
                     log_len: log_len.max(HEADER_LEN),
+                    cache,
+                    dirty: Dirty::new(len),
                     pending: Pending::new(),
                     failed: false,
                     stats,
                     held: false,
                     owed: false,
+                    unsynced: false,
                 }),
             }),
             _lock: None,
@@ -635,8 +718,18 @@ impl Journaled {
         Ok(())
     }
 
-    /// Syncs the database file and starts a new, empty generation of the journal.
+    /// Writes every page since the last checkpoint into the database file, syncs it and
+    /// starts a new, empty generation of the journal. Records appended and not synced are
+    /// synced first: the file must never hold pages of a record a power cut could still
+    /// lose (they may overwrite pages the state before that record uses).
     fn checkpoint(&self, st: &mut LogState) -> std::io::Result<()> {
+        if st.unsynced {
+            self.log.file.sync_data()?;
+            st.unsynced = false;
+            st.stats.syncs += 1;
+            metrics::counter!(JOURNAL_SYNCS).increment(1);
+        }
+        st.cache.write_to(self.main.as_ref())?;
         self.main.sync_data()?;
         let header = Header {
             generation: st.header.generation + 1,
@@ -648,7 +741,7 @@ impl Journaled {
         st.header = header;
         st.next_seq = 1;
         st.end = HEADER_LEN;
-        st.pending.clear();
+        st.dirty = Dirty::new(st.cache.len);
         // Everything appended before is in the synced database file now.
         st.owed = false;
         st.stats.checkpoints += 1;
@@ -657,11 +750,18 @@ impl Journaled {
     }
 
     fn sync_locked(&self, st: &mut LogState) -> std::io::Result<()> {
-        if st.pending.is_empty() {
+        if !st.dirty.any {
             return Ok(());
         }
         let (generation, seq, end) = (st.header.generation, st.next_seq, st.end);
-        let rec_len = st.pending.seal(generation, seq).len() as u64;
+        let LogState {
+            dirty,
+            cache,
+            pending,
+            ..
+        } = &mut *st;
+        dirty.encode(cache, pending);
+        let rec_len = pending.seal(generation, seq).len() as u64;
         if end + rec_len > self.max {
             // Full (or a record larger than the journal): the database file itself is synced.
             return self.checkpoint(st);
@@ -678,17 +778,21 @@ impl Journaled {
         // yet (the first of a commit's two) only orders them before the header, which the
         // journal does by itself (a record is replayed only after every one before it). So
         // the journal is synced when a record writes the header: one sync per commit.
-        if st.pending.header && st.held {
-            // Synced once when the hold ends (SyncHold): the commit is not answered before.
+        if st.dirty.header && st.held {
+            // Synced when the hold ends (SyncHold): the commit is not answered before.
             st.owed = true;
-        } else if st.pending.header {
+            st.unsynced = true;
+        } else if st.dirty.header {
             self.log.file.sync_data()?;
+            st.unsynced = false;
             st.stats.syncs += 1;
             metrics::counter!(JOURNAL_SYNCS).increment(1);
+        } else {
+            st.unsynced = true;
         }
         st.end += rec_len;
         st.next_seq += 1;
-        st.pending.clear();
+        st.dirty = Dirty::new(st.cache.len);
         st.stats.records += 1;
         st.stats.bytes += rec_len;
         metrics::counter!(JOURNAL_RECORDS).increment(1);
@@ -706,18 +810,18 @@ impl Journaled {
 
 impl StorageBackend for Journaled {
     fn len(&self) -> Result<u64, std::io::Error> {
-        self.main.len()
+        Ok(self.lock().cache.len)
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.main.read(offset, out)
+        self.lock().cache.read(self.main.as_ref(), offset, out)
     }
 
     fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
         let mut st = self.lock();
         Self::check(&st)?;
-        Self::failing(&mut st, self.main.set_len(len))?;
-        st.pending.push_set_len(len);
+        st.cache.set_len(len);
+        st.dirty.set_len(len);
         Ok(())
     }
 
@@ -731,8 +835,9 @@ impl StorageBackend for Journaled {
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
         let mut st = self.lock();
         Self::check(&st)?;
-        Self::failing(&mut st, self.main.write(offset, data))?;
-        st.pending.push_write(offset, data);
+        let r = st.cache.write(self.main.as_ref(), offset, data);
+        Self::failing(&mut st, r)?;
+        st.dirty.write(offset, data.len());
         Ok(())
     }
 
@@ -754,15 +859,19 @@ impl StorageBackend for Journaled {
     delegate_locks!();
 }
 
-/// The database as the journal would leave it, in memory, page by page: for readers that
-/// must not change a byte of the file.
+/// The database as the journal leaves it, in memory, page by page, over the file: the live
+/// view of a [`Journaled`] store (pages since its last checkpoint) and the view of readers
+/// that must not change a byte of the file.
 #[derive(Debug, Default)]
 struct Overlay {
     len: u64,
-    /// Bytes of the file below this are the file's; above, zeros (cut by a replayed length).
+    /// Bytes of the file below this are the file's; above, zeros (cut by a length change).
     main_valid: u64,
-    pages: std::collections::HashMap<u64, Vec<u8>>,
+    pages: std::collections::BTreeMap<u64, Box<[u8]>>,
 }
+
+/// Adjacent pages are written to the database file in runs of at most this many bytes.
+const WRITE_RUN: usize = 1 << 20;
 
 impl Overlay {
     fn new(main: &dyn StorageBackend, base_len: u64) -> std::io::Result<Overlay> {
@@ -773,49 +882,96 @@ impl Overlay {
         })
     }
 
-    fn page(&self, main: &dyn StorageBackend, no: u64) -> std::io::Result<Vec<u8>> {
-        if let Some(p) = self.pages.get(&no) {
-            return Ok(p.clone());
+    /// Page `no`, made part of the overlay (read from the file, or zeros, the first time).
+    fn page_mut(&mut self, main: &dyn StorageBackend, no: u64) -> std::io::Result<&mut [u8]> {
+        use std::collections::btree_map::Entry;
+        let main_valid = self.main_valid;
+        match self.pages.entry(no) {
+            Entry::Occupied(e) => Ok(e.into_mut()),
+            Entry::Vacant(e) => {
+                let mut p = vec![0u8; PAGE as usize].into_boxed_slice();
+                let start = no * PAGE;
+                if start < main_valid {
+                    let n = (main_valid - start).min(PAGE) as usize;
+                    main.read(start, &mut p[..n])?;
+                }
+                Ok(e.insert(p))
+            }
         }
-        let mut p = vec![0u8; PAGE as usize];
-        let start = no * PAGE;
-        if start < self.main_valid {
-            let n = (self.main_valid - start).min(PAGE) as usize;
-            main.read(start, &mut p[..n])?;
+    }
+
+    fn write(
+        &mut self,
+        main: &dyn StorageBackend,
+        offset: u64,
+        data: &[u8],
+    ) -> std::io::Result<()> {
+        let mut at = offset;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let within = (at % PAGE) as usize;
+            let n = rest.len().min(PAGE as usize - within);
+            self.page_mut(main, at / PAGE)?[within..within + n].copy_from_slice(&rest[..n]);
+            at += n as u64;
+            rest = &rest[n..];
         }
-        Ok(p)
+        self.len = self.len.max(offset + data.len() as u64);
+        Ok(())
+    }
+
+    fn set_len(&mut self, len: u64) {
+        if len < self.len {
+            self.main_valid = self.main_valid.min(len);
+            self.pages.retain(|no, _| no * PAGE < len);
+            if let Some(p) = self.pages.get_mut(&(len / PAGE)) {
+                p[(len % PAGE) as usize..].fill(0);
+            }
+        }
+        self.len = len;
     }
 
     fn apply(&mut self, main: &dyn StorageBackend, op: &Op) -> std::io::Result<()> {
         match op {
-            Op::Write { offset, data } => {
-                let mut at = *offset;
-                let mut rest = &data[..];
-                while !rest.is_empty() {
-                    let no = at / PAGE;
-                    let within = (at % PAGE) as usize;
-                    let n = rest.len().min(PAGE as usize - within);
-                    let mut p = self.page(main, no)?;
-                    p[within..within + n].copy_from_slice(&rest[..n]);
-                    self.pages.insert(no, p);
-                    at += n as u64;
-                    rest = &rest[n..];
-                }
-                self.len = self.len.max(offset + data.len() as u64);
-            }
+            Op::Write { offset, data } => self.write(main, *offset, data),
             Op::SetLen(len) => {
-                let len = *len;
-                if len < self.len {
-                    self.main_valid = self.main_valid.min(len);
-                    self.pages.retain(|no, _| no * PAGE < len);
-                    let no = len / PAGE;
-                    if let Some(p) = self.pages.get_mut(&no) {
-                        p[(len % PAGE) as usize..].fill(0);
-                    }
-                }
-                self.len = len;
+                self.set_len(*len);
+                Ok(())
             }
         }
+    }
+
+    /// Writes the overlay into `main` (not synced) and empties it: `main` then reads as the
+    /// overlay did.
+    fn write_to(&mut self, main: &dyn StorageBackend) -> std::io::Result<()> {
+        if self.main_valid < main.len()? {
+            main.set_len(self.main_valid)?;
+        }
+        if main.len()? != self.len {
+            main.set_len(self.len)?;
+        }
+        let mut run: Vec<u8> = Vec::new();
+        let mut run_start = 0u64;
+        for (&no, page) in &self.pages {
+            let start = no * PAGE;
+            if start >= self.len {
+                break;
+            }
+            let n = (self.len - start).min(PAGE) as usize;
+            if !run.is_empty() && (run_start + run.len() as u64 != start || run.len() >= WRITE_RUN)
+            {
+                main.write(run_start, &run)?;
+                run.clear();
+            }
+            if run.is_empty() {
+                run_start = start;
+            }
+            run.extend_from_slice(&page[..n]);
+        }
+        if !run.is_empty() {
+            main.write(run_start, &run)?;
+        }
+        self.pages.clear();
+        self.main_valid = self.len;
         Ok(())
     }
 
@@ -1045,15 +1201,17 @@ mod tests {
     }
 
     /// Commits key after key (some lazily, without a sync) until the disks "lose power" at a
-    /// random call of either; what was acknowledged (a durable commit returned) must be in
-    /// the store reopened from what the disks kept, and nothing but a prefix of what was
-    /// committed.
+    /// random call of either, or the process is killed (every write that returned survives,
+    /// synced or not). What was acknowledged (a durable commit returned) must be in the store
+    /// reopened from what the disks kept, and nothing but a prefix of what was committed.
     fn crash_round(seed: u64) -> (u64, u64, u64) {
         let mut rng = Rng(seed | 1);
         let torn = rng.below(2) == 0;
         // As the server commits: redb's quick repair (two syncs per commit) under a hold of
         // the journal's syncs (one), acknowledged once the hold is released.
         let held = rng.below(2) == 0;
+        // A kill of the process, not a power cut.
+        let kill = rng.below(3) == 0;
         let plan = |rng: &mut Rng| FaultPlan {
             crash_at_op: None,
             torn_writes: torn,
@@ -1117,11 +1275,20 @@ mod tests {
         }
         let _ = calls;
         let checkpoints = log.syncs();
-        // The power goes (if it has not).
-        main.crash_now();
-        log.crash_now();
-        drop(store);
-        let (main_img, log_img) = (main.durable_image(), log.durable_image());
+        let (main_img, log_img) = if kill {
+            // The process dies (its disks live on): what it wrote is there.
+            let images = (main.live_image(), log.live_image());
+            main.crash_now();
+            log.crash_now();
+            drop(store);
+            images
+        } else {
+            // The power goes (if it has not).
+            main.crash_now();
+            log.crash_now();
+            drop(store);
+            (main.durable_image(), log.durable_image())
+        };
 
         // Read-only, in memory: what the journal holds, read without changing a byte.
         let ro = ReadOnlyJournaled::open(

@@ -71,10 +71,13 @@ fn fsck_leaves_a_cleanly_stopped_store_byte_for_byte_unchanged() {
 fn an_unclean_store_needs_repair_and_only_repair_changes_it() {
     let dir = tempfile::tempdir().unwrap();
     let (store, meta, config) = store_in(dir.path());
-    // A copy of the open store, as after a crash of the server.
+    // A copy of the open store (its file and its journal), as after a crash of the server.
+    let journal = sanfs_mds::store::journal::journal_path(&meta);
     let crashed = std::fs::read(&meta).unwrap();
+    let crashed_journal = std::fs::read(&journal).unwrap();
     drop(store);
     std::fs::write(&meta, &crashed).unwrap();
+    std::fs::write(&journal, &crashed_journal).unwrap();
 
     let run = fsck(&config, &[]);
     assert_eq!(run.code, Some(3), "{run:?}");
