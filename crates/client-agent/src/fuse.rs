@@ -151,12 +151,24 @@ struct State {
     behind: Arc<behind::WritesBehind>,
 }
 
-/// Aligned buffers kept for write requests: enough for the requests in flight at once.
-const WRITE_BUFFERS: usize = 16;
+/// Requests' worth of writes answered before their device I/O, by default.
+const WRITE_BEHIND_REQUESTS: usize = 16;
 
-/// The most bytes of writes answered before their device I/O, by default: what the write
-/// buffers hold.
-pub const DEFAULT_WRITE_BEHIND: u64 = WRITE_BUFFERS as u64 * MAX_IO_BYTES as u64;
+/// Aligned buffers kept for write requests: those of the writes answered early
+/// (`write_behind=`) and this many more for the writes being answered meanwhile. A write that
+/// finds none free copies into a fresh allocation, whose first touch of every page faults (a
+/// 1 MiB copy then costs up to three times its CPU).
+const WRITE_BUFFERS: usize = WRITE_BEHIND_REQUESTS;
+
+/// The write buffers kept with `write_behind` bytes of writes answered early.
+fn write_buffers(write_behind: u64) -> usize {
+    let behind = usize::try_from(write_behind.div_ceil(u64::from(MAX_IO_BYTES))).unwrap_or(0);
+    // Bounded: a larger write-behind then takes fresh buffers for its excess.
+    behind.min(1024) + WRITE_BUFFERS
+}
+
+/// The most bytes of writes answered before their device I/O, by default.
+pub const DEFAULT_WRITE_BEHIND: u64 = WRITE_BEHIND_REQUESTS as u64 * MAX_IO_BYTES as u64;
 
 /// The smallest write answered before its device I/O: smaller ones are held back or go
 /// through the server, and wait for nothing long.
@@ -366,6 +378,8 @@ impl SanFs {
             pages.switch_off();
         }
         let behind = behind::WritesBehind::new(options.write_behind);
+        let write_bufs =
+            BufferPool::new(MAX_IO_BYTES as usize, write_buffers(options.write_behind));
         SanFs {
             state: Arc::new(State {
                 client,
@@ -374,7 +388,7 @@ impl SanFs {
                 next_fh: AtomicU64::new(1),
                 block_size,
                 ioctls_seen: Mutex::new(std::collections::BTreeSet::new()),
-                write_bufs: BufferPool::new(MAX_IO_BYTES as usize, WRITE_BUFFERS),
+                write_bufs,
                 behind,
                 pages,
                 dir_ends: Mutex::new(HashMap::new()),

@@ -7,6 +7,7 @@
 //! | `sanfs_agent_grants_total` | counter | `op` | grants asked for (MapRead / MapWrite) |
 //! | `sanfs_agent_cached_reads_total` | counter | | reads served from a cached read grant |
 //! | `sanfs_agent_layout_writes_total` | counter | | writes done inside a cached write layout |
+//! | `sanfs_agent_layouts_ahead_total` | counter | | write layouts asked for ahead of a sequential writer |
 //! | `sanfs_agent_cached_grants` | gauge | | read grants cached now |
 //! | `sanfs_agent_recalls_total` | counter | | recalls of cached grants answered |
 //! | `sanfs_agent_lease_cache_total` | counter | `kind`, `result` | stats (`attr`), lookups (`entry`) and extended attribute reads (`xattr`) answered under a lease (`hit`, no RPC) or asked of the server (`miss`) |
@@ -130,6 +131,7 @@ pub fn render(client: &Client) -> String {
     }
     metrics::counter!("sanfs_agent_cached_reads_total").absolute(s.grants.cached_reads);
     metrics::counter!("sanfs_agent_layout_writes_total").absolute(s.grants.layout_writes);
+    metrics::counter!("sanfs_agent_layouts_ahead_total").absolute(s.grants.layouts_ahead);
     metrics::gauge!("sanfs_agent_cached_grants").set(s.grants.cached_now as f64);
     metrics::counter!("sanfs_agent_recalls_total").absolute(s.grants.recalls);
     let l = &s.leases;

@@ -464,6 +464,57 @@ impl Grants {
         writer_is_root: bool,
         layout: bool,
     ) -> Result<(u64, Mapped), FsError> {
+        self.map_write_as(
+            session,
+            epoch,
+            ino,
+            (offset, len),
+            writer_is_root,
+            layout,
+            false,
+        )
+        .await
+    }
+
+    /// [`Grants::map_write`] of a write layout asked ahead of a sequential writer
+    /// (`MapRequest.ahead`): speculative, so refused with `NoSpace`, nothing allocated, where
+    /// the blocks it must allocate are more than an eighth of the free space (the bound of
+    /// speculative preallocation, `data::speculative_blocks`): a real write elsewhere never
+    /// fails for want of the space a guess took.
+    pub async fn map_layout_ahead(
+        &self,
+        session: SessionId,
+        epoch: SessionEpoch,
+        ino: InodeId,
+        (offset, len): (u64, u64),
+        writer_is_root: bool,
+    ) -> Result<(u64, Mapped), FsError> {
+        self.map_write_as(
+            session,
+            epoch,
+            ino,
+            (offset, len),
+            writer_is_root,
+            true,
+            true,
+        )
+        .await
+    }
+
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the grant's identity and its request"
+    )]
+    async fn map_write_as(
+        &self,
+        session: SessionId,
+        epoch: SessionEpoch,
+        ino: InodeId,
+        (offset, len): (u64, u64),
+        writer_is_root: bool,
+        layout: bool,
+        ahead: bool,
+    ) -> Result<(u64, Mapped), FsError> {
         let store = &self.dp.store;
         let bs = u64::from(store.block_size());
         if len == 0 || !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
@@ -570,6 +621,9 @@ impl Grants {
                 .usage()
                 .free_blocks
                 .load(std::sync::atomic::Ordering::Relaxed);
+            if ahead && len.div_ceil(bs) > free / 8 {
+                return Err(FsError::NoSpace);
+            }
             let ahead = data::speculative_blocks(end.div_ceil(bs), bsz, free);
             let (m, ahead_range) = store
                 .write(move |ctx| data::map_write_ahead(ctx, &vol.get(), ino, offset, len, ahead))

@@ -787,8 +787,8 @@ fn format_status(m: &MountStatus) -> String {
     let g = &a.grants;
     let _ = writeln!(
         out,
-        "  grants     read {} write {}; reads from cached grants {}, writes in cached layouts {} ({} cached now); recalls {}",
-        g.read, g.write, g.cached_reads, g.layout_writes, g.cached_now, g.recalls
+        "  grants     read {} write {}; reads from cached grants {}, writes in cached layouts {}, layouts asked ahead {} ({} cached now); recalls {}",
+        g.read, g.write, g.cached_reads, g.layout_writes, g.layouts_ahead, g.cached_now, g.recalls
     );
     let l = &a.leases;
     let _ = writeln!(

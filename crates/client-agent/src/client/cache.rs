@@ -134,6 +134,16 @@ impl GrantCache {
         Some(Arc::clone(&e.grant))
     }
 
+    /// Whether any grant of this agent on `inode` (cached or in use, of any mode) overlaps
+    /// `range`.
+    pub(crate) fn overlaps(&self, inode: InodeId, range: ByteRange) -> bool {
+        self.lock().entries.values().any(|e| {
+            e.grant.inode == inode
+                && e.grant.range.offset() < range.end()
+                && range.offset() < e.grant.range.end()
+        })
+    }
+
     /// Whether a cached, unrecalled write layout of `generation` on `inode` covers `range`
     /// (a write there would find it with [`GrantCache::take`]).
     pub(crate) fn covers_write(&self, inode: InodeId, range: ByteRange, generation: u64) -> bool {

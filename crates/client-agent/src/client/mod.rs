@@ -252,6 +252,8 @@ pub struct ClientStats {
     pub cached_reads: u64,
     /// Writes done inside a cached write layout (no MapWrite).
     pub layout_writes: u64,
+    /// Write layouts asked for ahead of a sequential writer (`Inner::layout_ahead`).
+    pub layouts_ahead: u64,
     /// `Complete` calls sent (a batch of write-behind completions is one).
     pub completions: u64,
     /// Proxied Read / Write calls.
@@ -291,6 +293,7 @@ struct Counters {
     map_writes: AtomicU64,
     cached_reads: AtomicU64,
     layout_writes: AtomicU64,
+    layouts_ahead: AtomicU64,
     completions: AtomicU64,
     proxied_reads: AtomicU64,
     proxied_writes: AtomicU64,
@@ -388,6 +391,9 @@ pub(crate) struct Inner {
     locks_held: locks::LockMirror,
     /// Where each file's last direct write ended (sequential writers get write layouts).
     write_ends: Mutex<HashMap<InodeId, u64>>,
+    /// The files whose next write layout is being asked for ahead of their writer
+    /// (`Inner::layout_ahead`): the range asked for, and `true` once the answer is in.
+    layouts_ahead: Mutex<HashMap<InodeId, (sanfs_proto::types::ByteRange, watch::Receiver<bool>)>>,
     /// Per file: write completions in flight behind their writes, and the first error of one
     /// that failed (reported by the file's next write, fsync or close).
     behind: Mutex<HashMap<InodeId, Behind>>,
@@ -684,6 +690,7 @@ impl Client {
             completions_paused: AtomicBool::new(false),
             locks_held: locks::LockMirror::default(),
             write_ends: Mutex::new(HashMap::new()),
+            layouts_ahead: Mutex::new(HashMap::new()),
             behind: Mutex::new(HashMap::new()),
             behind_idle: Notify::new(),
             completion_batches: Mutex::new(data::batch::Batcher::default()),
@@ -788,6 +795,7 @@ impl Client {
             map_writes: get(&c.map_writes),
             cached_reads: get(&c.cached_reads),
             layout_writes: get(&c.layout_writes),
+            layouts_ahead: get(&c.layouts_ahead),
             completions: get(&c.completions),
             proxied_reads: get(&c.proxied_reads),
             proxied_writes: get(&c.proxied_writes),

@@ -64,6 +64,9 @@ pub struct GrantCounts {
     /// Writes done inside a cached write layout (no MapWrite).
     #[serde(default)]
     pub layout_writes: u64,
+    /// Write layouts asked for ahead of a sequential writer.
+    #[serde(default)]
+    pub layouts_ahead: u64,
     pub cached_now: u64,
     pub recalls: u64,
 }
@@ -278,6 +281,7 @@ impl Client {
                 write: stats.map_writes,
                 cached_reads: stats.cached_reads,
                 layout_writes: stats.layout_writes,
+                layouts_ahead: stats.layouts_ahead,
                 cached_now: self.inner.cache.cached_ids().len() as u64,
                 recalls: stats.recalls,
             },

@@ -2273,6 +2273,104 @@ async fn writes_answered_before_their_device_io_are_exact_here_and_on_another_no
     srv.stop().await;
 }
 
+/// Issue 20: a sequential writer's next write layout is asked for in the background while
+/// it writes inside the one before (`Inner::layout_ahead`): one `MapWrite` per layout, none
+/// of them twice. Closed right after its last write (a layout asked ahead may still be on
+/// its way), the node keeps no layout of the file: another node then truncates and rewrites
+/// it, and both nodes read exactly that, also through a layout this node asks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequential_writers_next_layout_is_asked_ahead_and_none_outlives_its_close() {
+    use std::os::unix::fs::FileExt as _;
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "ahead-a", "").await;
+    let b = Mount::start(&srv, "ahead-b", "").await;
+    let (path, mnt, other) = (a.p("ahead"), a.p(""), b.p("ahead"));
+    // Six layouts of 8 MiB (the default `write_layout`), and a seventh asked past the end.
+    const MIBS: u64 = 48;
+    let grants =
+        |st: &serde_json::Value, field: &str| st["agent"]["grants"][field].as_u64().unwrap();
+    let (before, after, cached) = timed("a sequential writer, then its close", 120, move || {
+        let before = agent_status(&mnt);
+        let mut buf = sanfs_client_agent::buf::AlignedBuf::zeroed(MIB as usize);
+        let w = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        for i in 0..MIBS {
+            buf.as_mut_slice()
+                .copy_from_slice(&crate::support::pattern(MIB as usize, i as u8));
+            w.write_all_at(buf.as_slice(), i * MIB).unwrap();
+        }
+        drop(w);
+        let after = agent_status(&mnt);
+        // The release goes after close(2) returns: bounded wait for it to give the layouts
+        // back.
+        let mut cached = u64::MAX;
+        for _ in 0..200 {
+            cached = agent_status(&mnt)["agent"]["grants"]["cached_now"]
+                .as_u64()
+                .unwrap();
+            if cached == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        (before, after, cached)
+    })
+    .await;
+    let asked = grants(&after, "write") - grants(&before, "write");
+    let ahead = grants(&after, "layouts_ahead") - grants(&before, "layouts_ahead");
+    assert!(
+        ahead >= MIBS / 8 - 1,
+        "the layouts after the first are asked ahead: {ahead} of {asked}: {after}"
+    );
+    assert!(
+        asked <= MIBS / 8 + 2,
+        "one MapWrite per layout, none asked twice: {asked}: {after}"
+    );
+    assert_eq!(cached, 0, "a layout outlived the file's close");
+    // Another node truncates and rewrites the file (the layouts this node had there would
+    // be stale now), then this node writes past it again and both read the same bytes.
+    let (path, other2) = (a.p("ahead"), other.clone());
+    let (mine, theirs, model) = timed("another node's rewrite, then this node's", 120, move || {
+        let mut model = crate::support::pattern((12 * MIB) as usize, 200);
+        let o = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&other2)
+            .unwrap();
+        o.write_all_at(&model, 0).unwrap();
+        o.sync_all().unwrap();
+        drop(o);
+        let mut buf = sanfs_client_agent::buf::AlignedBuf::zeroed(MIB as usize);
+        let w = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        for i in 12..20u64 {
+            let data = crate::support::pattern(MIB as usize, 100 + i as u8);
+            buf.as_mut_slice().copy_from_slice(&data);
+            w.write_all_at(buf.as_slice(), i * MIB).unwrap();
+            model.extend_from_slice(&data);
+        }
+        w.sync_all().unwrap();
+        drop(w);
+        (
+            std::fs::read(&path).unwrap(),
+            std::fs::read(&other2).unwrap(),
+            model,
+        )
+    })
+    .await;
+    assert!(mine == model, "this node read other bytes");
+    assert!(theirs == model, "the other node read other bytes");
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
+
 /// Issue 18: a program whose buffer is not page aligned (most: `malloc`, Python, Java) has
 /// each 1 MiB buffered write split by the kernel into a piece of 1 MiB - 16 bytes and one of
 /// 16 (a request holds at most 256 pages). The partial blocks at the pieces' edges are held

@@ -409,20 +409,27 @@ impl Data for DataService {
                 .server
                 .recall_attr_leases(req.inode.0, req.handle.session.0)
                 .await;
-            let (id, mapped) = self
-                .server
-                .grants
-                .map_write(
-                    req.handle.session,
-                    req.epoch,
-                    req.inode,
-                    req.range.offset(),
-                    req.range.len(),
-                    req.cred.is_root(),
-                    layout,
-                )
-                .await
-                .map_err(|e| fs_status(&e))?;
+            let grants = &self.server.grants;
+            let (session, epoch, ino) = (req.handle.session, req.epoch, req.inode);
+            let range = (req.range.offset(), req.range.len());
+            let (id, mapped) = if layout && req.ahead {
+                grants
+                    .map_layout_ahead(session, epoch, ino, range, req.cred.is_root())
+                    .await
+            } else {
+                grants
+                    .map_write(
+                        session,
+                        epoch,
+                        ino,
+                        range.0,
+                        range.1,
+                        req.cred.is_root(),
+                        layout,
+                    )
+                    .await
+            }
+            .map_err(|e| fs_status(&e))?;
             self.server.barrier(Some(req.handle.session)).await?;
             Ok(grant_reply(id, &req, mapped, LockMode::Exclusive, layout)?.into())
         })

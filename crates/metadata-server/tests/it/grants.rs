@@ -800,3 +800,42 @@ fn an_acknowledged_proxied_write_survives_a_crash() {
         assert_eq!(written, 2, "the two blocks are Written: {ext:?}");
     }
 }
+
+/// Issue 20: a write layout asked ahead of a sequential writer is speculative: where the
+/// blocks it would allocate are more than an eighth of the free space it is refused with
+/// `NoSpace` and allocates nothing (a real write elsewhere must not fail for the space a
+/// guess took); the same layout asked by a write itself is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_asked_ahead_never_takes_more_than_an_eighth_of_the_free_space() {
+    let c = cluster();
+    let ino = InodeId(create(&c.dp, "ahead"));
+    let store = c.dp.store.clone();
+    let epoch = SessionEpoch(store.boot_epoch());
+    let g = grants(c.dp);
+    let free = || {
+        store
+            .usage()
+            .free_blocks
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = free();
+    // A 256 MiB volume: an eighth of its free space is under 32 MiB.
+    let e = g
+        .map_layout_ahead(SessionId(1), epoch, ino, (0, 64 * MIB), false)
+        .await
+        .unwrap_err();
+    assert_eq!(e, sanfs_proto::types::FsError::NoSpace);
+    assert_eq!(free(), before, "a refused ask allocated blocks");
+    assert_eq!(g.live(), 0, "a refused ask left a grant");
+    let (id, _) = g
+        .map_layout_ahead(SessionId(1), epoch, ino, (0, 8 * MIB), false)
+        .await
+        .unwrap();
+    assert!(free() < before, "the granted ask allocated its blocks");
+    g.return_grants(1, epoch.0, &[id]).await.unwrap();
+    let (id, _) = g
+        .map_write(SessionId(1), epoch, ino, 8 * MIB, 64 * MIB, false, true)
+        .await
+        .expect("a layout asked by a write is not speculative");
+    g.return_grants(1, epoch.0, &[id]).await.unwrap();
+}

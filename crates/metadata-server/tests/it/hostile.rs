@@ -332,6 +332,7 @@ async fn sessions_handles_and_grants_of_another_node_are_refused() {
             length: 1 << 20,
             sync: false,
             layout: false,
+            ahead: false,
         })
         .await
         .unwrap()
@@ -393,6 +394,7 @@ async fn sessions_handles_and_grants_of_another_node_are_refused() {
                 length: 4096,
                 sync: false,
                 layout: false,
+                ahead: false,
             })
             .await
             .map(drop),

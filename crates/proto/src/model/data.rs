@@ -42,6 +42,9 @@ pub struct MapRequest {
     pub sync: bool,
     /// MapWrite: keep the grant as a write layout (completed part by part, returned later).
     pub layout: bool,
+    /// A layout asked ahead of a sequential writer (speculative: refused where it would take
+    /// more than an eighth of the free space). Only with `layout`.
+    pub ahead: bool,
 }
 
 impl TryFrom<pb::MapRequest> for MapRequest {
@@ -56,6 +59,14 @@ impl TryFrom<pb::MapRequest> for MapRequest {
             range: nonempty_range(p.offset, p.length, "range")?,
             sync: p.sync,
             layout: p.layout,
+            ahead: if p.ahead && !p.layout {
+                return Err(ProtocolError::InvalidField {
+                    field: "ahead",
+                    reason: "only a layout is asked ahead".to_owned(),
+                });
+            } else {
+                p.ahead
+            },
         })
     }
 }
@@ -72,6 +83,7 @@ impl From<MapRequest> for pb::MapRequest {
             length: r.range.len(),
             sync: r.sync,
             layout: r.layout,
+            ahead: r.ahead,
         }
     }
 }

@@ -410,6 +410,7 @@ fn map_request() -> MapRequest {
         range: range(0, 4096),
         sync: false,
         layout: false,
+        ahead: false,
     }
 }
 
@@ -426,6 +427,7 @@ fn map_requests() {
             "range" => |p| p.offset = u64::MAX,
             "range" => |p| { p.offset = MAX_FILE_SIZE; p.length = 1; },
             "cred" => |p| p.cred = None,
+            "ahead" => |p| p.ahead = true,
         ],
     );
     let mut p = pb::MapRequest::from(map_request());

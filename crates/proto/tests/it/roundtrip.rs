@@ -389,6 +389,7 @@ fn map_requests_and_grants() {
         range: range(MIB, 64 * KIB),
         sync: true,
         layout: false,
+        ahead: false,
     });
     round_trip::<_, pb::MapRequest>(MapRequest {
         cred: cred(),
@@ -398,6 +399,7 @@ fn map_requests_and_grants() {
         range: range(MIB, 8 * MIB),
         sync: false,
         layout: true,
+        ahead: true,
     });
     round_trip::<_, pb::Grant>(Grant {
         cacheable: true,

@@ -129,7 +129,7 @@ impl Inner {
             // that follow find it cached instead of asking again.
             let ask = self.layout_range(want)?;
             let grant = Arc::new(
-                self.map(view, cred, fh, ino, ask, LockMode::Shared, false)
+                self.map(view, cred, fh, ino, ask, LockMode::Shared, GrantKind::Plain)
                     .await?,
             );
             if grant.range.is_empty() {
@@ -253,6 +253,11 @@ impl Inner {
                 pos = want.end();
                 continue;
             }
+            // The layout asked ahead of this writer is on its way: wait for it, then look
+            // again (once: the ask is over then).
+            if layouts && self.wait_layout_ahead(ino, want).await {
+                continue;
+            }
             let sequential =
                 layouts && self.is_sequential(ino, pos, u64::from(view.server.block_size));
             let ask = if sequential {
@@ -266,13 +271,33 @@ impl Inner {
                     .await;
             }
             let (grant, ask) = match self
-                .map(view, cred, fh, ino, ask, LockMode::Exclusive, sequential)
+                .map(
+                    view,
+                    cred,
+                    fh,
+                    ino,
+                    ask,
+                    LockMode::Exclusive,
+                    if sequential {
+                        GrantKind::Layout
+                    } else {
+                        GrantKind::Plain
+                    },
+                )
                 .await
             {
                 // No room (or quota) for a layout ahead: the write's own range is what counts.
                 Err(FsError::NoSpace | FsError::QuotaExceeded) if ask.len() > want.len() => (
-                    self.map(view, cred, fh, ino, want, LockMode::Exclusive, false)
-                        .await?,
+                    self.map(
+                        view,
+                        cred,
+                        fh,
+                        ino,
+                        want,
+                        LockMode::Exclusive,
+                        GrantKind::Plain,
+                    )
+                    .await?,
                     want,
                 ),
                 r => (r?, ask),

@@ -4,6 +4,18 @@
 
 use super::*;
 
+/// What a `MapRead`/`MapWrite` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum GrantKind {
+    /// A grant for one I/O.
+    Plain,
+    /// A write layout (kept and written inside until returned or recalled).
+    Layout,
+    /// A write layout asked ahead of a sequential writer (speculative: the server refuses it
+    /// where space is short).
+    Ahead,
+}
+
 impl Inner {
     /// Gives back this agent's cached grants on `ino` that overlap `range` (of `mode` only,
     /// if given), waiting for their I/O in flight, before it does what they would block.
@@ -28,6 +40,28 @@ impl Inner {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert((fh.session, fh.handle), ino);
+    }
+
+    /// Whether `fh` is open (noted and not released).
+    pub(super) fn handle_open(&self, fh: &FileHandle) -> bool {
+        self.open_handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&(fh.session, fh.handle))
+    }
+
+    /// Enters `grant`, asked under `fh`, into the cache if `fh` is still open, under the
+    /// lock [`Inner::before_release`] forgets `fh` with (see `Inner::layout_ahead`). `None`:
+    /// `fh` is gone (not entered); else what [`GrantCache::enter`] answered.
+    pub(super) fn enter_while_open(
+        &self,
+        fh: &FileHandle,
+        grant: Arc<Grant>,
+        generation: u64,
+    ) -> Option<bool> {
+        let open = self.open_handles.lock().unwrap_or_else(|e| e.into_inner());
+        open.contains_key(&(fh.session, fh.handle))
+            .then(|| self.cache.enter(grant, generation))
     }
 
     /// The inode `fh` is open on, when `fh` is this session's last handle there.
@@ -166,7 +200,7 @@ impl Inner {
         ino: InodeId,
         range: ByteRange,
         mode: LockMode,
-        layout: bool,
+        kind: GrantKind,
     ) -> Result<Grant, FsError> {
         let req = pb::MapRequest::from(MapRequest {
             cred: cred.clone(),
@@ -175,7 +209,8 @@ impl Inner {
             inode: ino,
             range,
             sync: false,
-            layout,
+            layout: kind != GrantKind::Plain,
+            ahead: kind == GrantKind::Ahead,
         });
         let _span = crate::stages::Span::wall(match mode {
             LockMode::Shared => crate::stages::Stage::MapRead,

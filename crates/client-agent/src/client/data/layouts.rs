@@ -27,6 +27,7 @@ impl Inner {
         let ino = layout.inode;
         let attr = match r {
             Ok(()) => {
+                self.layout_ahead(view, cred, fh, &layout, part.end());
                 self.complete_behind(view, layout, ino, part);
                 None
             }
@@ -298,7 +299,15 @@ impl Inner {
         self.give_back_own(&view, ino, span, Some(LockMode::Exclusive))
             .await;
         let grant = match self
-            .map(&view, cred, fh, ino, span, LockMode::Exclusive, true)
+            .map(
+                &view,
+                cred,
+                fh,
+                ino,
+                span,
+                LockMode::Exclusive,
+                GrantKind::Layout,
+            )
             .await
         {
             Ok(g) => g,
@@ -322,6 +331,146 @@ impl Inner {
         self.return_in_background(&view, evicted);
         if after == AfterIo::Return {
             self.return_in_background(&view, vec![id]);
+        }
+    }
+
+    /// A sequential writer's write ended at `end`, past the middle of its write layout
+    /// `layout`: the next layout (from the end of this one) is asked for in the background, so that its writes
+    /// there find it held, and may be answered before their device I/O, instead of each new
+    /// layout's first write waiting for a `MapWrite` and its own device I/O (one write in
+    /// eight of 1 MiB). One at a time per file; not where this agent holds any grant
+    /// already. A write that gets there first waits for it ([`Inner::wait_layout_ahead`])
+    /// rather than asking for the same range.
+    ///
+    /// The layout is asked under `fh` and the server drops it, without a recall, when the
+    /// session's last handle on the file goes: so it is entered into the cache only while
+    /// `fh` is open, under the lock [`Inner::before_release`] takes to forget `fh` before it
+    /// gives the file's cached grants back. Either that release finds the layout cached and
+    /// gives it back, or the layout finds `fh` gone and is completed unused.
+    pub(super) fn layout_ahead(
+        self: &Arc<Self>,
+        view: &SessionView,
+        cred: &Credentials,
+        fh: &FileHandle,
+        layout: &Grant,
+        end: u64,
+    ) {
+        let (start, len) = (layout.range.offset(), layout.range.len());
+        // Past the middle: a file that ends in its first layout asks for no second one.
+        if !self.write_layouts_on()
+            || len < self.config.write_layout_bytes
+            || end <= start + len / 2
+            || end > layout.range.end()
+        {
+            return;
+        }
+        let block = u64::from(view.server.block_size).max(1);
+        let Some(next) = ByteRange::new(layout.range.end(), block)
+            .ok()
+            .and_then(|first| self.write_layout_range(view, first).ok())
+        else {
+            return;
+        };
+        let ino = layout.inode;
+        if self.cache.overlaps(ino, next) {
+            return;
+        }
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        {
+            let mut ahead = self.layouts_ahead.lock().unwrap_or_else(|e| e.into_inner());
+            if ahead.contains_key(&ino) {
+                return;
+            }
+            ahead.insert(ino, (next, rx));
+        }
+        bump(&self.counters.layouts_ahead);
+        let inner = Arc::clone(self);
+        let (view, cred, fh) = (view.clone(), cred.clone(), *fh);
+        tokio::spawn(async move {
+            inner.ask_layout_ahead(&view, &cred, &fh, ino, next).await;
+            inner
+                .layouts_ahead
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&ino);
+            let _ = tx.send(true);
+        });
+    }
+
+    /// Waits for the layout asked ahead on `ino` when it covers `want` (see
+    /// [`Inner::layout_ahead`]); answers whether it waited (the cache may hold it now).
+    pub(super) async fn wait_layout_ahead(&self, ino: InodeId, want: ByteRange) -> bool {
+        let rx = {
+            let ahead = self.layouts_ahead.lock().unwrap_or_else(|e| e.into_inner());
+            match ahead.get(&ino) {
+                Some((range, rx))
+                    if range.offset() <= want.offset() && want.end() <= range.end() =>
+                {
+                    rx.clone()
+                }
+                _ => return false,
+            }
+        };
+        let mut rx = rx;
+        // The sender goes when the ask ends, answered or not.
+        let _ = rx.wait_for(|done| *done).await;
+        true
+    }
+
+    async fn ask_layout_ahead(
+        self: &Arc<Self>,
+        view: &SessionView,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        next: ByteRange,
+    ) {
+        if !self.handle_open(fh) {
+            return;
+        }
+        let grant = match self
+            .map(
+                view,
+                cred,
+                fh,
+                ino,
+                next,
+                LockMode::Exclusive,
+                GrantKind::Ahead,
+            )
+            .await
+        {
+            Ok(g) => g,
+            Err(e) => {
+                // No room, a quota, a contended file, a closed handle: the writer asks
+                // itself when it gets there.
+                tracing::debug!(%ino, error = %e, "no write layout ahead");
+                return;
+            }
+        };
+        let usable = self.check_grant(view, &grant, ino, next, LockMode::Exclusive);
+        let id = grant.grant_id;
+        let grant = Arc::new(grant);
+        let entered = if grant.cacheable && matches!(usable, Ok(true)) {
+            self.enter_while_open(fh, Arc::clone(&grant), view.generation)
+        } else {
+            None
+        };
+        match entered {
+            // Entered with one user (this call): none uses it yet; it stays cached.
+            Some(true) => {
+                let (after, evicted) = self.cache.release(id, true);
+                self.return_in_background(view, evicted);
+                if after == AfterIo::Return {
+                    self.return_in_background(view, vec![id]);
+                }
+            }
+            // Recalled already: the recall's acknowledgement covers it.
+            Some(false) => {}
+            // Not cacheable, not usable here, or its handle closed meanwhile: unused.
+            None => {
+                let _ = self.complete(view, &grant, IoOutcome::Ok, 0).await;
+            }
         }
     }
 

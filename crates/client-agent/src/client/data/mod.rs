@@ -49,6 +49,7 @@ use crate::buf::AlignedBuf;
 use crate::engine::{DeviceOp, IoErr};
 use crate::stages::{Span, Stage};
 use direct::piece_of;
+use grants::GrantKind;
 
 /// The bytes of a write: borrowed, or an aligned buffer the devices can write from.
 enum WriteData<'a> {
