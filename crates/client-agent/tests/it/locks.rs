@@ -181,6 +181,10 @@ async fn after_a_server_restart_the_holder_reclaims_its_locks_first() {
     let b = srv.client("b").await;
     let (ino, ha) = create(&a, "reclaimed").await;
     let r = root();
+    // The create durable first: this test is about the locks' reclaim, not the create's
+    // replay (which, under a loaded run, could miss the reclaim window and fail the test
+    // for another reason).
+    a.fsync(&r, &ha, ino, false).await.unwrap();
     a.setlk(
         &r,
         &ha,

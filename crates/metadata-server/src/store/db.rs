@@ -70,9 +70,12 @@ pub(crate) fn open_db_journaled(
                 return Err(no_store(path));
             }
             // Durable commits go through the journal (store::journal).
-            let journaled = journal::Journaled::open_file(path, create).map_err(in_use)?;
-            let holder = journaled.sync_holder();
-            (b.create_with_backend(journaled)?, Some(holder))
+            let (db, holder) = retry_in_use(|| {
+                let journaled = journal::Journaled::open_file(path, create).map_err(in_use)?;
+                let holder = journaled.sync_holder();
+                Ok((b.create_with_backend(journaled)?, holder))
+            })?;
+            (db, Some(holder))
         }
         Backend::Device(path) => {
             let (file, capacity) = open_device(path, true)?;
@@ -112,8 +115,10 @@ pub(crate) fn open_db_read_only(backend: &Backend) -> Result<redb::ReadOnlyDatab
                 return Err(no_store(path));
             }
             // What the journal holds is read with the file, not applied to it.
-            let backend = journal::ReadOnlyJournaled::open_file(path).map_err(in_use)?;
-            Ok(b.open_read_only_with_backend(backend)?)
+            retry_in_use(|| {
+                let backend = journal::ReadOnlyJournaled::open_file(path).map_err(in_use)?;
+                Ok(b.open_read_only_with_backend(backend)?)
+            })
         }
         Backend::Device(path) | Backend::FencedDevice(path, _) => {
             let (file, capacity) = open_device(path, false)?;
@@ -155,6 +160,26 @@ pub(crate) fn read_image(backend: &Backend) -> Result<Vec<u8>, StoreError> {
 }
 
 /// A journal held by another process means a server runs on the store.
+/// How long an opener keeps trying a store file that another holds.
+const IN_USE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Runs `open` again while it answers [`StoreError::InUse`], for at most [`IN_USE_WAIT`]. The
+/// store's locks (`flock`) belong to the open file, and a child process that this process
+/// starts holds a copy of every descriptor from its `fork` until its `exec` closes them: a
+/// store closed a moment before can still look held by another opener. A real other opener
+/// (a running server) is still refused, a second later.
+fn retry_in_use<T>(mut open: impl FnMut() -> Result<T, StoreError>) -> Result<T, StoreError> {
+    let deadline = std::time::Instant::now() + IN_USE_WAIT;
+    loop {
+        match open() {
+            Err(StoreError::InUse) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
+}
+
 fn in_use(e: std::io::Error) -> StoreError {
     if e.kind() == std::io::ErrorKind::WouldBlock {
         StoreError::InUse
