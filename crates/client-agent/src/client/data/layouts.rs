@@ -327,11 +327,7 @@ impl Inner {
         }
         // Entered with one user (this call): none uses it yet; it stays cached for the
         // extents' writes.
-        let (after, evicted) = self.cache.release(id, true);
-        self.return_in_background(&view, evicted);
-        if after == AfterIo::Return {
-            self.return_in_background(&view, vec![id]);
-        }
+        self.keep_cached(&view, id);
     }
 
     /// A sequential writer's write ended at `end`, past the middle of its write layout
@@ -458,19 +454,23 @@ impl Inner {
         };
         match entered {
             // Entered with one user (this call): none uses it yet; it stays cached.
-            Some(true) => {
-                let (after, evicted) = self.cache.release(id, true);
-                self.return_in_background(view, evicted);
-                if after == AfterIo::Return {
-                    self.return_in_background(view, vec![id]);
-                }
-            }
+            Some(true) => self.keep_cached(view, id),
             // Recalled already: the recall's acknowledgement covers it.
             Some(false) => {}
             // Not cacheable, not usable here, or its handle closed meanwhile: unused.
             None => {
                 let _ = self.complete(view, &grant, IoOutcome::Ok, 0).await;
             }
+        }
+    }
+
+    /// Ends the use of grant `id` by the call that entered it, keeping it cached; gives back
+    /// what the cache evicted for it (and the grant itself if the cache did not keep it).
+    fn keep_cached(self: &Arc<Self>, view: &SessionView, id: GrantId) {
+        let (after, evicted) = self.cache.release(id, true);
+        self.return_in_background(view, evicted);
+        if after == AfterIo::Return {
+            self.return_in_background(view, vec![id]);
         }
     }
 
