@@ -624,7 +624,12 @@ impl Grants {
             if ahead && len.div_ceil(bs) > free / 8 {
                 return Err(FsError::NoSpace);
             }
-            let ahead = data::speculative_blocks(end.div_ceil(bs), bsz, free);
+            // A layout asked ahead is the guess itself: no preallocation past it.
+            let ahead = if ahead {
+                0
+            } else {
+                data::speculative_blocks(end.div_ceil(bs), bsz, free)
+            };
             let (m, ahead_range) = store
                 .write(move |ctx| data::map_write_ahead(ctx, &vol.get(), ino, offset, len, ahead))
                 .await?;
