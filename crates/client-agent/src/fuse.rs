@@ -154,17 +154,17 @@ struct State {
 /// Requests' worth of writes answered before their device I/O, by default.
 const WRITE_BEHIND_REQUESTS: usize = 16;
 
-/// Aligned buffers kept for write requests: those of the writes answered early
-/// (`write_behind=`) and this many more for the writes being answered meanwhile. A write that
+/// Aligned buffers kept for write requests beyond those of the writes answered early
+/// (`write_behind=`): for the writes being answered meanwhile. A write that
 /// finds none free copies into a fresh allocation, whose first touch of every page faults (a
 /// 1 MiB copy then costs up to three times its CPU).
-const WRITE_BUFFERS: usize = WRITE_BEHIND_REQUESTS;
+const SPARE_WRITE_BUFFERS: usize = WRITE_BEHIND_REQUESTS;
 
 /// The write buffers kept with `write_behind` bytes of writes answered early.
 fn write_buffers(write_behind: u64) -> usize {
     let behind = usize::try_from(write_behind.div_ceil(u64::from(MAX_IO_BYTES))).unwrap_or(0);
     // Bounded: a larger write-behind then takes fresh buffers for its excess.
-    behind.min(1024) + WRITE_BUFFERS
+    behind.min(1024) + SPARE_WRITE_BUFFERS
 }
 
 /// The most bytes of writes answered before their device I/O, by default.

@@ -425,11 +425,8 @@ struct LogState {
     stats: JournalStats,
     /// Syncs are held back ([`SyncHold`]).
     held: bool,
-    /// A record that writes redb's header was appended under a hold: the hold's release
-    /// syncs.
-    owed: bool,
-    /// Records were appended and not synced since (the first of a commit's two, or a record
-    /// without redb's header).
+    /// Records were appended and not synced since (the first of a commit's two, or a commit's
+    /// under a hold): the hold's release, or the next checkpoint, syncs them.
     unsynced: bool,
 }
 
@@ -558,8 +555,7 @@ impl SyncHold {
         };
         let mut st = log.lock();
         st.held = false;
-        let owed = std::mem::take(&mut st.owed);
-        if !(owed || st.unsynced) {
+        if !st.unsynced {
             return Ok(());
         }
         Journaled::check(&st)?;
@@ -687,7 +683,6 @@ impl Journaled {
                     failed: false,
                     stats,
                     held: false,
-                    owed: false,
                     unsynced: false,
                 }),
             }),
@@ -743,7 +738,7 @@ impl Journaled {
         st.end = HEADER_LEN;
         st.dirty = Dirty::new(st.cache.len);
         // Everything appended before is in the synced database file now.
-        st.owed = false;
+        st.unsynced = false;
         st.stats.checkpoints += 1;
         metrics::counter!(JOURNAL_CHECKPOINTS).increment(1);
         Ok(())
@@ -780,7 +775,6 @@ impl Journaled {
         // the journal is synced when a record writes the header: one sync per commit.
         if st.dirty.header && st.held {
             // Synced when the hold ends (SyncHold): the commit is not answered before.
-            st.owed = true;
             st.unsynced = true;
         } else if st.dirty.header {
             self.log.file.sync_data()?;

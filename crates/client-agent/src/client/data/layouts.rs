@@ -396,7 +396,7 @@ impl Inner {
     /// Waits for the layout asked ahead on `ino` when it covers `want` (see
     /// [`Inner::layout_ahead`]); answers whether it waited (the cache may hold it now).
     pub(super) async fn wait_layout_ahead(&self, ino: InodeId, want: ByteRange) -> bool {
-        let rx = {
+        let mut rx = {
             let ahead = self.layouts_ahead.lock().unwrap_or_else(|e| e.into_inner());
             match ahead.get(&ino) {
                 Some((range, rx))
@@ -407,7 +407,6 @@ impl Inner {
                 _ => return false,
             }
         };
-        let mut rx = rx;
         // The sender goes when the ask ends, answered or not.
         let _ = rx.wait_for(|done| *done).await;
         true
