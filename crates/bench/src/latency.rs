@@ -132,6 +132,7 @@ async fn raw_agent(
                 sync: false,
                 append: false,
                 request_id: None,
+                then_set_attr: None,
             })
             .await
             .context("write the latency file")?;
@@ -202,6 +203,7 @@ impl RawAgent {
                     sync: false,
                     append: false,
                     request_id: None,
+                    then_set_attr: None,
                 })
                 .await?;
         } else {

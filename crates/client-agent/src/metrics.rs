@@ -26,7 +26,7 @@
 //! | `sanfs_agent_device_recoveries_total` | counter | | poisoned LUNs brought back |
 //! | `sanfs_agent_writeback_dirty_bytes` | gauge | | bytes of small buffered writes held back now |
 //! | `sanfs_agent_writeback_held_writes_total` | counter | | writes held back (answered without I/O) |
-//! | `sanfs_agent_writeback_held_attrs_total`, `sanfs_agent_writeback_attr_flushes_total` | counter | | attribute changes held back (answered without a call); the `SetAttr`s that sent them |
+//! | `sanfs_agent_writeback_held_attrs_total`, `sanfs_agent_writeback_attr_flushes_total`, `sanfs_agent_writeback_attrs_with_bytes_total` | counter | | attribute changes held back (answered without a call); the `SetAttr`s that sent them; the held changes sent with the file's bytes in their last proxied `Write` instead |
 //! | `sanfs_agent_writeback_flushes_total`, `sanfs_agent_writeback_bytes_total` | counter | | write-backs run; bytes they wrote |
 //! | `sanfs_agent_writeback_recalls_total` | counter | | delegation recalls that wrote held-back bytes first |
 //! | `sanfs_agent_delegations_total` | counter | `result` | delegations `granted` / `refused` |
@@ -161,6 +161,7 @@ pub fn render(client: &Client) -> String {
     metrics::counter!("sanfs_agent_writeback_held_writes_total").absolute(w.held_writes);
     metrics::counter!("sanfs_agent_writeback_held_attrs_total").absolute(w.held_attrs);
     metrics::counter!("sanfs_agent_writeback_attr_flushes_total").absolute(w.attr_flushes);
+    metrics::counter!("sanfs_agent_writeback_attrs_with_bytes_total").absolute(w.attrs_with_bytes);
     metrics::counter!("sanfs_agent_writeback_flushes_total").absolute(w.flushes);
     metrics::counter!("sanfs_agent_writeback_bytes_total").absolute(w.flushed_bytes);
     metrics::counter!("sanfs_agent_writeback_recalls_total").absolute(w.recalls_flushed);

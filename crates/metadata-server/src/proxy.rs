@@ -18,16 +18,16 @@ use std::time::Duration;
 
 use sanfs_blockmap::plan::IoPlan;
 use sanfs_blockmap::volume::DeviceIndex;
-use sanfs_proto::model::{RequestId, WriteReply};
+use sanfs_proto::model::{RequestId, SetAttrRequest, WriteReply};
 use sanfs_proto::pb;
 use sanfs_proto::types::{Attr, ByteRange, FileType, FsError, InodeId};
 
 use crate::data::{self, Mapped};
 use crate::datadev::DataDevices;
 use crate::locks::{LockMode, RangeLocks, Span};
-use crate::replies;
 use crate::smallfiles::{SMALL_FILE_MAX, SmallFiles};
 use crate::store::{Luns, OpError, Store};
+use crate::{ns, replies};
 
 /// Where a proxied write goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -384,6 +384,8 @@ impl DataPath {
 
     /// A proxied write of `bytes` at `pos`. Returns the offset written and the new attributes,
     /// once the data is flushed and its completion durable (an O_SYNC write needs no more).
+    /// `then`: attribute changes of the file applied right after the write, in its durable
+    /// transaction (checked first: a change refused refuses the write, nothing changed).
     pub async fn write(
         &self,
         ino: u64,
@@ -391,7 +393,15 @@ impl DataPath {
         bytes: Vec<u8>,
         writer_is_root: bool,
         owner: u64,
+        then: Option<SetAttrRequest>,
     ) -> Result<(u64, Attr), FsError> {
+        if let Some(t) = &then {
+            // Refused before anything is written (and again in the transaction below).
+            self.store.read(|r| {
+                use crate::store::ReaderInodes;
+                ns::setattr_allowed(t, &r.inode_rec(InodeId(ino))?, || false)
+            })?;
+        }
         let bs = self.block_size();
         let len = bytes.len() as u64;
         if len == 0 {
@@ -494,8 +504,15 @@ impl DataPath {
         let (attr, _) = self
             .store
             .write_data(true, touched, move |ctx| {
+                if let Some(t) = &then {
+                    ns::setattr_allowed(t, &ctx.t.inode(InodeId(ino))?, || false)?;
+                }
                 let attr =
                     data::complete_write_to(ctx, InodeId(ino), a, b - a, end, writer_is_root)?;
+                let attr = match &then {
+                    Some(t) => ns::setattr(ctx, t)?,
+                    None => attr,
+                };
                 if let Some(once) = once {
                     // Durable with the completion, or lost with it.
                     let written = ByteRange::new(off, len)

@@ -811,11 +811,12 @@ fn format_status(m: &MountStatus) -> String {
     let w = &a.write_back;
     let _ = writeln!(
         out,
-        "  write-back held now {} bytes; writes held {}, attribute changes held {} (sent in {}), write-backs {} ({} bytes), recalls that wrote back {}; delegations {} (refused {})",
+        "  write-back held now {} bytes; writes held {}, attribute changes held {} (sent in {}, with the bytes {}), write-backs {} ({} bytes), recalls that wrote back {}; delegations {} (refused {})",
         w.dirty_bytes,
         w.held_writes,
         w.held_attrs,
         w.attr_flushes,
+        w.attrs_with_bytes,
         w.flushes,
         w.flushed_bytes,
         w.recalls_flushed,

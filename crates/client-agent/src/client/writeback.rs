@@ -368,6 +368,7 @@ pub(crate) struct WriteBackCounters {
     pub held_writes: AtomicU64,
     pub held_attrs: AtomicU64,
     pub attr_flushes: AtomicU64,
+    pub attrs_with_bytes: AtomicU64,
     pub flushes: AtomicU64,
     pub flushed_bytes: AtomicU64,
     pub recalls_flushed: AtomicU64,
@@ -1541,27 +1542,33 @@ impl Client {
         let wb = &self.inner.writeback;
         let flusher = wb.flusher(ino);
         let _one = flusher.lock().await;
-        let bytes = match wb.take(ino) {
-            Some(taken) => self.write_back_bytes(ino, taken).await,
-            None => Ok(()),
+        let taken = wb.take(ino);
+        // The attribute changes held after those bytes, in the application's order: sent
+        // with the bytes' last proxied write where they can be (one call, one durable
+        // commit, for `tar x` and `cp -p` of a small file), else after them.
+        let held = wb.take_attrs(ino);
+        // Ends the `flushing` mark `take_attrs` made, however this ends.
+        let _attrs_flushing = held.is_some().then(|| Flushing(wb, ino));
+        let (bytes, held) = match taken {
+            Some(taken) => self.write_back_bytes(ino, taken, held).await,
+            None => (Ok(()), held),
         };
-        // The attribute changes held after those bytes, in the application's order.
-        let attrs = match wb.take_attrs(ino) {
+        let attrs = match held {
             Some(held) => self.write_back_attrs(ino, held).await,
             None => Ok(()),
         };
         bytes.and(attrs)
     }
 
-    /// Sends the attribute changes [`WriteBack::take_attrs`] took. A failure is answered by
-    /// the file's next fsync or close, as a failed write-back is.
+    /// Sends the attribute changes [`WriteBack::take_attrs`] took (the caller ends their
+    /// `flushing` mark). A failure is answered by the file's next fsync or close, as a failed
+    /// write-back is.
     async fn write_back_attrs(
         &self,
         ino: InodeId,
         (cred, changes): (Credentials, SetAttr),
     ) -> Result<(), FsError> {
         let wb = &self.inner.writeback;
-        let _flushing = Flushing(wb, ino);
         bump(&wb.counters.attr_flushes);
         tracing::debug!(%ino, ?changes, "sending held-back attribute changes");
         let r = self
@@ -1633,10 +1640,18 @@ impl Client {
         Some(self.buffered_attr(attr))
     }
 
-    /// Writes the extents [`WriteBack::take`] took.
-    async fn write_back_bytes(&self, ino: InodeId, taken: Taken) -> Result<(), FsError> {
+    /// Writes the extents [`WriteBack::take`] took, and with the last of them the attribute
+    /// changes `held` ([`WriteBack::take_attrs`]) where that write goes proxied as the same
+    /// caller; returns the held changes it did not send.
+    async fn write_back_bytes(
+        &self,
+        ino: InodeId,
+        taken: Taken,
+        held: Option<(Credentials, SetAttr)>,
+    ) -> (Result<(), FsError>, Option<(Credentials, SetAttr)>) {
         let wb = &self.inner.writeback;
         let (dirty, file, cred) = taken;
+        let mut held = held;
         let _flushing = Flushing(wb, ino);
         bump(&wb.counters.flushes);
         tracing::debug!(%ino, extents = dirty.len(), "writing back held-back bytes");
@@ -1673,8 +1688,34 @@ impl Client {
                 .await;
             outcomes.extend(done);
         }
-        for (off, data) in partial {
-            outcomes.push(write_one(off, data).await);
+        let last = partial.len().checked_sub(1);
+        for (i, (off, data)) in partial.into_iter().enumerate() {
+            let then = held
+                .as_ref()
+                .filter(|(by, _)| Some(i) == last && *by == cred)
+                .map(|(_, changes)| changes.clone());
+            let Some(then) = then else {
+                outcomes.push(write_one(off, data).await);
+                continue;
+            };
+            let (file, cred) = (&file, &cred);
+            let r = retrying!(file, self, cred, |fh| self
+                .write_through_then(cred, &fh, ino, off, &data, &then)
+                .await);
+            let r = match r {
+                Ok((outcome, true)) => {
+                    bump(&wb.counters.attrs_with_bytes);
+                    held = None;
+                    wb.attrs_sent(ino);
+                    Ok(outcome)
+                }
+                Ok((outcome, false)) => Ok(outcome),
+                // Refused with the changes (the file's owner or mode moved meanwhile): the
+                // bytes alone, then the changes on their own, whose answer is reported.
+                Err(FsError::Perm | FsError::Access) => write_one(off, data.clone()).await.2,
+                Err(e) => Err(e),
+            };
+            outcomes.push((off, data.len() as u64, r));
         }
         for (off, len, r) in outcomes {
             match r {
@@ -1690,10 +1731,11 @@ impl Client {
         // may be smaller than this node's writes made it: another node's truncate after a
         // recall).
         wb.written_out(ino);
-        match failed {
+        let r = match failed {
             Some(e) => Err(e),
             None => Ok(()),
-        }
+        };
+        (r, held)
     }
 
     /// Before I/O of `ino` that must come after its held-back bytes: writes them. A failed
@@ -1788,6 +1830,7 @@ impl Client {
             held_writes: get(&wb.counters.held_writes),
             held_attrs: get(&wb.counters.held_attrs),
             attr_flushes: get(&wb.counters.attr_flushes),
+            attrs_with_bytes: get(&wb.counters.attrs_with_bytes),
             flushes: get(&wb.counters.flushes),
             flushed_bytes: get(&wb.counters.flushed_bytes),
             recalls_flushed: get(&wb.counters.recalls_flushed),
@@ -1822,6 +1865,9 @@ pub struct WriteBackStats {
     pub held_attrs: u64,
     #[serde(default)]
     pub attr_flushes: u64,
+    /// Held attribute changes sent with the file's bytes, in their last proxied `Write`.
+    #[serde(default)]
+    pub attrs_with_bytes: u64,
     /// Bytes in the read cache now; reads it answered, and reads it did not (read and kept).
     #[serde(default)]
     pub cached_bytes: u64,

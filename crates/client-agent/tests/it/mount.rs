@@ -1370,7 +1370,8 @@ async fn a_write_layout_past_a_cut_end_of_file_reads_zeros_between() {
 
 /// Attribute changes of a file made on this node and held under its write delegation
 /// (`chmod`, `futimens`, a `chown` to its own owners: what `tar x` does to each file it
-/// writes) are answered without a call and sent after the held-back bytes, in one `SetAttr`:
+/// writes) are answered without a call and sent after the held-back bytes, in the last
+/// proxied `Write` of those bytes (`WriteRequest.then_set_attr`):
 /// exact on this node and, through the recall, on another node while the file is still open;
 /// in the application's order (a `chown` after a `chmod u+s` clears the bit, one before it
 /// does not; a write after a `futimens` moves the mtime on); and an open by another user on
@@ -1416,6 +1417,7 @@ async fn held_back_attribute_changes_are_exact_everywhere_and_in_order() {
 
         // tar's order: write, the mtime, the owners it has, the mode (setuid kept).
         let (held, sent) = (counter("held_attrs"), counter("attr_flushes"));
+        let with_bytes = counter("attrs_with_bytes");
         let f = create("tar");
         (&f).write_all(&[5u8; 5000]).unwrap();
         f.set_times(std::fs::FileTimes::new().set_modified(when))
@@ -1438,7 +1440,17 @@ async fn held_back_attribute_changes_are_exact_everywhere_and_in_order() {
         );
         drop(f);
         assert_eq!(look("tar"), [(0o4755, when, 5000); 2], "after close");
-        assert!(counter("attr_flushes") > sent, "sent by the write-back");
+        // Sent by the write-back (the recall's), in the bytes' own proxied `Write`.
+        assert_eq!(
+            counter("attrs_with_bytes"),
+            with_bytes + 1,
+            "sent with the bytes"
+        );
+        assert_eq!(
+            counter("attr_flushes"),
+            sent,
+            "not in a SetAttr of their own"
+        );
 
         // chmod u+s, then a chown to the same owners: the chown clears the bit.
         let f = create("kill");

@@ -47,21 +47,25 @@ fn kill_capability(ctx: &mut Ctx<'_>, ino: InodeId) -> Result<(), OpError> {
     Ok(())
 }
 
-pub fn setattr(ctx: &mut Ctx<'_>, r: &SetAttrRequest) -> Result<Attr, OpError> {
-    let ino = r.inode;
+/// Whether `r`'s changes are allowed on the inode whose record is `rec` (what [`setattr`]
+/// checks before it changes anything; a proxied write with attribute changes checks them
+/// before it writes). `by_write_handle`: whether `r.handle` is an open write handle of the
+/// inode (asked only for a size change).
+pub fn setattr_allowed(
+    r: &SetAttrRequest,
+    rec: &InodeRec,
+    by_write_handle: impl FnOnce() -> bool,
+) -> Result<(), OpError> {
     let cred = &r.cred;
     let c = &r.changes;
-    let mut rec = ctx.t.inode(ino)?;
-    let now = ctx.now;
-    // --- checks ---
-    if c.perm.is_some() && !is_owner(cred, &rec) {
+    if c.perm.is_some() && !is_owner(cred, rec) {
         return err(FsError::Perm);
     }
     if let Some(uid) = c.uid {
         if uid != rec.uid && !cred.is_root() {
             return err(FsError::Perm);
         }
-        if !is_owner(cred, &rec) {
+        if !is_owner(cred, rec) {
             return err(FsError::Perm);
         }
     }
@@ -83,7 +87,33 @@ pub fn setattr(ctx: &mut Ctx<'_>, r: &SetAttrRequest) -> Result<Attr, OpError> {
         if size > MAX_FILE_SIZE {
             return err(FsError::FileTooBig);
         }
-        let by_handle = r.handle.as_ref().is_some_and(|h| {
+        if !by_write_handle() {
+            check(cred, rec, MAY_WRITE)?;
+        }
+    }
+    for t in [c.atime, c.mtime].into_iter().flatten() {
+        match t {
+            TimeSet::At(_) if !is_owner(cred, rec) => return err(FsError::Perm),
+            TimeSet::Now if !is_owner(cred, rec) && !permits(cred, rec, MAY_WRITE) => {
+                return err(FsError::Access);
+            }
+            _ => {}
+        }
+    }
+    if c.ctime.is_some() && !is_owner(cred, rec) {
+        return err(FsError::Perm);
+    }
+    Ok(())
+}
+
+pub fn setattr(ctx: &mut Ctx<'_>, r: &SetAttrRequest) -> Result<Attr, OpError> {
+    let ino = r.inode;
+    let cred = &r.cred;
+    let c = &r.changes;
+    let mut rec = ctx.t.inode(ino)?;
+    let now = ctx.now;
+    setattr_allowed(r, &rec, || {
+        r.handle.as_ref().is_some_and(|h| {
             ctx.st
                 .handles
                 .lock()
@@ -91,23 +121,8 @@ pub fn setattr(ctx: &mut Ctx<'_>, r: &SetAttrRequest) -> Result<Attr, OpError> {
                 .by_handle
                 .get(&h.handle.0)
                 .is_some_and(|f| f.ino == ino.0 && f.write)
-        });
-        if !by_handle {
-            check(cred, &rec, MAY_WRITE)?;
-        }
-    }
-    for t in [c.atime, c.mtime].into_iter().flatten() {
-        match t {
-            TimeSet::At(_) if !is_owner(cred, &rec) => return err(FsError::Perm),
-            TimeSet::Now if !is_owner(cred, &rec) && !permits(cred, &rec, MAY_WRITE) => {
-                return err(FsError::Access);
-            }
-            _ => {}
-        }
-    }
-    if c.ctime.is_some() && !is_owner(cred, &rec) {
-        return err(FsError::Perm);
-    }
+        })
+    })?;
     // --- changes ---
     let changed = *c != sanfs_proto::types::SetAttr::default();
     if let Some(perm) = c.perm {

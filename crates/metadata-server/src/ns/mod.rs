@@ -42,7 +42,7 @@ mod rename;
 
 pub use attr::{
     XATTR_NAMES_MAX_PER_INODE, XATTR_VALUES_MAX_PER_INODE, allocate_range, removexattr, setattr,
-    setxattr, truncate,
+    setattr_allowed, setxattr, truncate,
 };
 pub use create::{create, link, mkdir, mknod, open, open_check_only, symlink};
 pub use lookup::Reader;

@@ -9,8 +9,8 @@ use sanfs_proto::model::{
     CompleteReply, CompleteRequest, DelegateReply, DelegateRequest, ExtentMapping, FallocateMode,
     FallocateRequest, FsyncRequest, GetExtentsReply, GetExtentsRequest, Grant, HandleRef,
     IoOutcome, LockMode, MapRequest, PhysPiece, ReadReply, ReadRequest, ReplayOutcome,
-    ReplayWritesReply, ReplayWritesRequest, ReturnGrantRequest, WritePosition, WriteReply,
-    WriteRequest, request_id,
+    ReplayWritesReply, ReplayWritesRequest, ReturnGrantRequest, SetAttrRequest, WritePosition,
+    WriteReply, WriteRequest, request_id,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::data_server::Data;
@@ -559,6 +559,20 @@ impl Data for DataService {
             self.server
                 .check_handle(&who, &req.handle, req.inode, true)?;
             let len = req.data.len() as u64;
+            let then = req.then.map(|changes| SetAttrRequest {
+                cred: req.cred.clone(),
+                inode: req.inode,
+                changes,
+                handle: None,
+            });
+            if then.is_some() {
+                // As a SetAttr: writes of other nodes that returned before it are in first
+                // (none sets the mtime after it).
+                self.server
+                    .grants
+                    .settle_others(req.inode.0, req.handle.session.0)
+                    .await;
+            }
             let leases = self
                 .server
                 .recall_attr_leases(req.inode.0, req.handle.session.0)
@@ -580,6 +594,7 @@ impl Data for DataService {
                     req.data,
                     req.cred.is_root(),
                     req.handle.session.0,
+                    then,
                 )
                 .await
                 .map_err(|e| fs_status(&e))?;

@@ -316,6 +316,7 @@ impl Server {
             server_version: SERVER_VERSION.to_owned(),
             restores: self.store.restores(),
             multi_part_complete: true,
+            write_sets_attr: true,
         }
     }
 

@@ -192,7 +192,7 @@ async fn direct_and_proxied_io_interleave_coherently() {
                 let fill = (step as u8).wrapping_mul(17) | 1;
                 let buf: Vec<u8> = (0..len).map(|i| fill ^ (i as u8).rotate_left(3)).collect();
                 let (at, attr) = dp
-                    .write(ino, Position::At(off), buf.clone(), true, 0)
+                    .write(ino, Position::At(off), buf.clone(), true, 0, None)
                     .await
                     .unwrap();
                 assert_eq!(at, off);

@@ -209,6 +209,7 @@ async fn worker(mut c: Clients, session: u64, model: Model, prefix: String, seed
                 sync: false,
                 append: false,
                 request_id: None,
+                then_set_attr: None,
             })
             .await
             .is_err()

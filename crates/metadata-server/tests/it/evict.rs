@@ -296,6 +296,7 @@ async fn a_holder_that_heartbeats_but_never_completes_is_evicted_and_the_others_
             sync: true,
             append: false,
             request_id: None,
+            then_set_attr: None,
         })
         .await
         .expect("B writes the range");

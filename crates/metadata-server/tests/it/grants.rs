@@ -122,6 +122,7 @@ async fn an_expired_session_loses_its_grants_and_its_range_reads_as_zeros() {
         vec![7u8; 256 * KIB as usize],
         true,
         0,
+        None,
     )
     .await
     .unwrap();
@@ -173,6 +174,7 @@ async fn an_expired_session_loses_its_grants_and_its_range_reads_as_zeros() {
         vec![1],
         true,
         0,
+        None,
     )
     .await
     .unwrap();
@@ -768,6 +770,7 @@ fn an_acknowledged_proxied_write_survives_a_crash() {
                     vec![5u8; 8 * KIB as usize],
                     true,
                     0,
+                    None,
                 )
                 .await
                 .unwrap();

@@ -317,6 +317,7 @@ async fn sessions_handles_and_grants_of_another_node_are_refused() {
             sync: true,
             append: false,
             request_id: None,
+            then_set_attr: None,
         })
         .await
         .unwrap();

@@ -96,6 +96,7 @@ async fn an_ignored_recall_and_a_silent_client_lose_their_grants_within_ttl_plus
             sync: true,
             append: false,
             request_id: None,
+            then_set_attr: None,
         })
         .await
         .unwrap();
@@ -209,6 +210,7 @@ async fn an_ignored_recall_and_a_silent_client_lose_their_grants_within_ttl_plus
             sync: false,
             append: false,
             request_id: None,
+            then_set_attr: None,
         })
         .await
         .unwrap();

@@ -72,6 +72,7 @@ async fn write(
             sync: false,
             append: false,
             request_id: None,
+            then_set_attr: None,
         })
         .await
         .map(|r| r.into_inner())

@@ -339,6 +339,7 @@ fn append(
         sync: false,
         append: true,
         request_id: id.map(Into::into),
+        then_set_attr: None,
     }
 }
 

@@ -26,6 +26,7 @@ async fn write(c: &mut Clients, session: u64, handle: u64, ino: u64, offset: u64
             sync: true,
             append: false,
             request_id: None,
+            then_set_attr: None,
         })
         .await
         .expect("proxied write");
@@ -123,7 +124,7 @@ async fn kept_bytes_go_as_an_exclusive_lock_is_granted_before_a_direct_write() {
     let dp = &c.dp;
     let ino = create(dp, "small");
     let first = vec![1u8; 5000];
-    dp.write(ino, Position::At(0), first.clone(), true, 0)
+    dp.write(ino, Position::At(0), first.clone(), true, 0, None)
         .await
         .expect("proxied write");
     assert_eq!(
@@ -169,4 +170,99 @@ async fn kept_bytes_go_as_an_exclusive_lock_is_granted_before_a_direct_write() {
     assert_eq!(dp.small.size(), (1, 8192), "read whole: kept again");
     let (got, _) = dp.read(ino, 100, 10, 0).await.expect("from memory");
     assert_eq!(got, second[100..110].to_vec());
+}
+
+/// A proxied write with attribute changes (`WriteRequest.then_set_attr`, what an agent sends
+/// at the close of a small file whose `chmod`/`utimensat` it held back): both in one durable
+/// call, the changes after the bytes (the mtime set wins over the write's); a change the
+/// caller may not make refuses the whole call with nothing written; never with an append.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_with_attribute_changes_applies_both_or_neither() {
+    let srv = start_with_luns(TTL_MS).await;
+    let mut a = srv.clients().await;
+    let (sa, _) = a.open_session().await;
+    let (ino, ha) = a.create_file(sa, "f").await;
+    let at = |sec: i64| pb::TimeSet {
+        value: Some(pb::time_set::Value::At(pb::Timestamp { sec, nsec: 0 })),
+    };
+    let request = |cred: Option<pb::Credentials>, data: &[u8], perm: u32| pb::WriteRequest {
+        cred,
+        session: sa,
+        handle: ha,
+        inode: ino,
+        offset: 0,
+        data: data.to_vec(),
+        sync: false,
+        append: false,
+        request_id: None,
+        then_set_attr: Some(pb::SetAttrChanges {
+            perm: Some(perm),
+            mtime: Some(at(1_000_000)),
+            atime: Some(at(2_000_000)),
+            ..Default::default()
+        }),
+    };
+    let reply = a
+        .data
+        .write(request(root(), b"hello", 0o640))
+        .await
+        .expect("write with changes")
+        .into_inner();
+    let attr = reply.attr.expect("attr");
+    assert_eq!((attr.size, attr.perm), (5, 0o640));
+    assert_eq!(
+        attr.mtime.map(|t| t.sec),
+        Some(1_000_000),
+        "set after the write"
+    );
+    assert_eq!(attr.atime.map(|t| t.sec), Some(2_000_000));
+    let stat = |c: &mut Clients| {
+        let mut ns = c.ns.clone();
+        async move {
+            ns.get_attr(pb::GetAttrRequest {
+                cred: root(),
+                inode: ino,
+                session: None,
+            })
+            .await
+            .expect("getattr")
+            .into_inner()
+            .attr
+            .expect("attr")
+        }
+    };
+    assert_eq!(stat(&mut a).await, attr);
+
+    // Not the owner: a chmod is refused, and so is the write that carries it.
+    let stranger = Some(pb::Credentials {
+        uid: 1000,
+        gid: 1000,
+        groups: vec![],
+    });
+    let e = a
+        .data
+        .write(request(stranger, b"HELLO, WORLD", 0o600))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert_eq!(stat(&mut a).await, attr, "nothing changed");
+    let (data, _, h) = open(&mut a, sa, ino, true, false, 64 << 10).await;
+    assert_eq!(data.as_deref(), Some(&b"hello"[..]), "nothing written");
+    release(&mut a, sa, h).await;
+
+    // Never with an append, nor setting a size.
+    let mut append = request(root(), b"x", 0o600);
+    append.append = true;
+    let e = a.data.write(append).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    let mut sized = request(root(), b"x", 0o600);
+    sized.then_set_attr = Some(pb::SetAttrChanges {
+        size: Some(0),
+        ..Default::default()
+    });
+    let e = a.data.write(sized).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert_eq!(stat(&mut a).await, attr, "nothing changed");
+    release(&mut a, sa, ha).await;
+    srv.stop().await;
 }

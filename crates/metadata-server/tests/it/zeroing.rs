@@ -80,6 +80,7 @@ async fn a_completion_without_device_io_exposes_zeros_not_a_deleted_files_bytes(
             sync: true,
             append: false,
             request_id: None,
+            then_set_attr: None,
         })
         .await
         .unwrap();
@@ -216,6 +217,7 @@ async fn a_completion_without_device_io_exposes_zeros_not_a_deleted_files_bytes(
             sync: true,
             append: false,
             request_id: None,
+            then_set_attr: None,
         })
         .await
         .unwrap();
@@ -283,6 +285,7 @@ async fn blocks_noted_for_zeroing_when_the_server_stopped_are_zeroed_at_the_next
             sync: true,
             append: false,
             request_id: None,
+            then_set_attr: None,
         })
         .await
         .unwrap();

@@ -21,7 +21,7 @@ use super::{
 use crate::pb;
 use crate::types::{
     Attr, ByteRange, Credentials, GrantId, InodeId, MAX_FILE_SIZE, ProtocolError, SessionEpoch,
-    SessionId,
+    SessionId, SetAttr,
 };
 
 /// Device I/O on the direct path is aligned to at least this many bytes (the smallest
@@ -838,6 +838,9 @@ pub struct WriteRequest {
     /// 1 to [`MAX_INLINE_DATA`] bytes; with `At(offset)`, `offset + len` is a valid range.
     pub data: Vec<u8>,
     pub sync: bool,
+    /// Attribute changes applied right after the write, in its transaction (never with
+    /// `Append`; no size, no ctime): `ServerInfo::write_sets_attr`.
+    pub then: Option<SetAttr>,
 }
 
 impl TryFrom<pb::WriteRequest> for WriteRequest {
@@ -857,6 +860,15 @@ impl TryFrom<pb::WriteRequest> for WriteRequest {
             byte_range(p.offset, data.len() as u64, "range")?;
             WritePosition::At(p.offset)
         };
+        let then = p.then_set_attr.map(SetAttr::try_from).transpose()?;
+        if let Some(t) = &then {
+            if position == WritePosition::Append {
+                return Err(invalid("then_set_attr", "is set on an append"));
+            }
+            if t.size.is_some() || t.ctime.is_some() {
+                return Err(invalid("then_set_attr", "sets a size or a ctime"));
+            }
+        }
         Ok(WriteRequest {
             cred: cred(p.cred)?,
             handle: handle_ref(p.session, p.handle)?,
@@ -864,6 +876,7 @@ impl TryFrom<pb::WriteRequest> for WriteRequest {
             position,
             data,
             sync: p.sync,
+            then,
         })
     }
 }
@@ -884,6 +897,7 @@ impl From<WriteRequest> for pb::WriteRequest {
             sync: r.sync,
             append,
             request_id: None,
+            then_set_attr: r.then.map(Into::into),
         }
     }
 }

@@ -67,6 +67,9 @@ pub struct ServerInfo {
     /// The server completes several parts of a write layout in one `Complete`
     /// ([`super::data::CompleteRequest::more`]).
     pub multi_part_complete: bool,
+    /// The server applies a proxied write's attribute changes
+    /// ([`super::data::WriteRequest::then`]).
+    pub write_sets_attr: bool,
 }
 
 /// A block size field: a power of two from 512 to 65536 (as the volume's).
@@ -110,6 +113,7 @@ impl TryFrom<pb::ServerInfo> for ServerInfo {
             server_version: text(p.server_version, "server_version", false)?,
             restores: p.restores,
             multi_part_complete: p.multi_part_complete,
+            write_sets_attr: p.write_sets_attr,
         })
     }
 }
@@ -125,6 +129,7 @@ impl From<ServerInfo> for pb::ServerInfo {
             server_version: s.server_version,
             restores: s.restores,
             multi_part_complete: s.multi_part_complete,
+            write_sets_attr: s.write_sets_attr,
         }
     }
 }

@@ -94,6 +94,7 @@ pub fn server_info() -> ServerInfo {
         server_version: "sanfs-mds 0.1.0".into(),
         restores: 2,
         multi_part_complete: true,
+        write_sets_attr: true,
     }
 }
 

@@ -326,6 +326,7 @@ async fn eight_mib_proxied_io_passes_with_the_message_size_set() {
         position: WritePosition::At(4096),
         data: vec![7; MAX_INLINE_DATA],
         sync: true,
+        then: None,
     };
     let reply = data
         .write(pb::WriteRequest::from(write.clone()))

@@ -573,11 +573,19 @@ fn proxied_payloads_are_capped() {
             position: WritePosition::At(10),
             data: vec![1; 10],
             sync: false,
+            then: Some(SetAttr {
+                perm: Some(0o600),
+                ..SetAttr::default()
+            }),
         },
         cases![pb::WriteRequest;
             "data" => |p| p.data = vec![0; MAX_INLINE_DATA + 1],
             "data" => |p| p.data.clear(),
             "offset" => |p| p.append = true,
+            "then_set_attr" => |p| { p.offset = 0; p.append = true },
+            "then_set_attr" => |p| p.then_set_attr = Some(pb::SetAttrChanges { size: Some(1), ..Default::default() }),
+            "then_set_attr" => |p| p.then_set_attr = Some(pb::SetAttrChanges { ctime: Some(pb::Timestamp::default()), ..Default::default() }),
+            "perm" => |p| p.then_set_attr = Some(pb::SetAttrChanges { perm: Some(0o170000), ..Default::default() }),
             "range" => |p| p.offset = MAX_FILE_SIZE - 9,
             "inode" => |p| p.inode = 0,
         ],

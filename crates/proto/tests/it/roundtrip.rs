@@ -517,6 +517,23 @@ fn proxied_path() {
         position: WritePosition::At(MAX_FILE_SIZE - 3),
         data: b"abc".to_vec(),
         sync: true,
+        then: None,
+    });
+    round_trip::<_, pb::WriteRequest>(WriteRequest {
+        cred: cred(),
+        handle: handle(),
+        inode: InodeId(42),
+        position: WritePosition::At(0),
+        data: b"abc".to_vec(),
+        sync: false,
+        then: Some(SetAttr {
+            perm: Some(0o640),
+            uid: Some(0),
+            gid: Some(0),
+            atime: Some(TimeSet::Now),
+            mtime: Some(TimeSet::At(Timestamp { sec: 0, nsec: 0 })),
+            ..SetAttr::default()
+        }),
     });
     let p = round_trip::<_, pb::WriteRequest>(WriteRequest {
         cred: cred(),
@@ -525,6 +542,7 @@ fn proxied_path() {
         position: WritePosition::Append,
         data: vec![1; MAX_INLINE_DATA],
         sync: false,
+        then: None,
     });
     assert!(p.append);
     round_trip::<_, pb::WriteReply>(WriteReply {

@@ -332,7 +332,15 @@ impl Inner {
             if !usable {
                 self.complete(view, &grant, IoOutcome::Ok, 0).await?;
                 attr = self
-                    .proxied_write(view, cred, fh, ino, pos, piece_of(data, at, part.len())?)
+                    .proxied_write(
+                        view,
+                        cred,
+                        fh,
+                        ino,
+                        pos,
+                        piece_of(data, at, part.len())?,
+                        None,
+                    )
                     .await?
                     .or(attr);
                 pos = part.end();

@@ -37,7 +37,7 @@ impl Inner {
                     return Err(e);
                 }
                 let piece = piece_of(data, at, part.len())?;
-                self.proxied_write(view, cred, fh, ino, part.offset(), piece)
+                self.proxied_write(view, cred, fh, ino, part.offset(), piece, None)
                     .await?
             }
         };

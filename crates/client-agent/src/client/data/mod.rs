@@ -263,8 +263,9 @@ impl Client {
         offset: u64,
         buf: &mut AlignedBuf,
     ) -> Result<WriteOutcome, FsError> {
-        self.write_data(cred, fh, ino, offset, WriteData::Aligned(buf))
+        self.write_data(cred, fh, ino, offset, WriteData::Aligned(buf), None)
             .await
+            .map(|(outcome, _)| outcome)
     }
 
     /// [`Client::write_at`] without writing held-back bytes first (what write-back itself
@@ -277,7 +278,25 @@ impl Client {
         offset: u64,
         data: &[u8],
     ) -> Result<WriteOutcome, FsError> {
-        self.write_data(cred, fh, ino, offset, WriteData::Slice(data))
+        self.write_data(cred, fh, ino, offset, WriteData::Slice(data), None)
+            .await
+            .map(|(outcome, _)| outcome)
+    }
+
+    /// [`Client::write_through`] with the attribute changes `then` applied by the server
+    /// right after the write's last byte, in the same call, where that call is a proxied
+    /// write to a server that takes them (`ServerInfo::write_sets_attr`). Returns whether
+    /// they were: if not, the caller sends them.
+    pub(crate) async fn write_through_then(
+        &self,
+        cred: &Credentials,
+        fh: &FileHandle,
+        ino: InodeId,
+        offset: u64,
+        data: &[u8],
+        then: &SetAttr,
+    ) -> Result<(WriteOutcome, bool), FsError> {
+        self.write_data(cred, fh, ino, offset, WriteData::Slice(data), Some(then))
             .await
     }
 
@@ -288,14 +307,16 @@ impl Client {
         ino: InodeId,
         offset: u64,
         bytes: WriteData<'_>,
-    ) -> Result<WriteOutcome, FsError> {
+        then: Option<&SetAttr>,
+    ) -> Result<(WriteOutcome, bool), FsError> {
         let len = bytes.as_slice().len() as u64;
         let range = ByteRange::new(offset, len)?;
         if len == 0 {
-            return Ok(WriteOutcome {
+            let outcome = WriteOutcome {
                 written: 0,
                 attr: None,
-            });
+            };
+            return Ok((outcome, false));
         }
         // What this node's read cache holds there is stale from now on (also if the write
         // fails part way); and again when the write has landed, however it ends: a read of
@@ -339,11 +360,15 @@ impl Client {
                 .await;
         }
         let whole_direct = pieces.is_some_and(|(h, m)| h == offset && m == offset + len);
+        // The attribute changes ride on the last proxied call, when the write ends with one.
+        let then = then.filter(|_| view.server.write_sets_attr);
+        let mut applied = false;
         match (pieces, bytes) {
             (None, bytes) => {
                 attr = inner
-                    .proxied_write(&view, cred, fh, ino, offset, bytes.as_slice())
+                    .proxied_write(&view, cred, fh, ino, offset, bytes.as_slice(), then)
                     .await?;
+                applied = then.is_some();
             }
             (Some((head_end, _)), WriteData::Aligned(abuf)) if whole_direct => {
                 attr = inner
@@ -356,7 +381,7 @@ impl Client {
                 let m = usize_of(mid_end - offset);
                 if h > 0 {
                     attr = inner
-                        .proxied_write(&view, cred, fh, ino, offset, &data[..h])
+                        .proxied_write(&view, cred, fh, ino, offset, &data[..h], None)
                         .await?;
                 }
                 let mut abuf = {
@@ -370,13 +395,14 @@ impl Client {
                     .or(attr);
                 if m < data.len() {
                     attr = inner
-                        .proxied_write(&view, cred, fh, ino, mid_end, &data[m..])
+                        .proxied_write(&view, cred, fh, ino, mid_end, &data[m..], then)
                         .await?
                         .or(attr);
+                    applied = then.is_some();
                 }
             }
         }
-        Ok(WriteOutcome { written: len, attr })
+        Ok((WriteOutcome { written: len, attr }, applied))
     }
 
     /// Appends `data` at the end of the file (O_APPEND), atomically with respect to every
@@ -426,7 +452,15 @@ impl Client {
         let whole = ByteRange::new(0, sanfs_proto::types::MAX_FILE_SIZE)?;
         inner.give_back_own(&view, ino, whole, None).await;
         let reply = inner
-            .proxied_write_one(cred, fh, ino, WritePosition::Append, data, pending.wire())
+            .proxied_write_one(
+                cred,
+                fh,
+                ino,
+                WritePosition::Append,
+                data,
+                pending.wire(),
+                None,
+            )
             .await?;
         Ok((
             reply.written.offset(),

@@ -45,6 +45,12 @@ impl Inner {
         Ok(done)
     }
 
+    /// Writes `data` at `offset` through the server, in calls of at most
+    /// `max_inline_bytes`; the attribute changes `then` go with the last of them.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one proxied write's fields, each distinct"
+    )]
     pub(super) async fn proxied_write(
         &self,
         view: &SessionView,
@@ -53,6 +59,7 @@ impl Inner {
         ino: InodeId,
         offset: u64,
         data: &[u8],
+        then: Option<&SetAttr>,
     ) -> Result<Option<Attr>, FsError> {
         let chunk = view.server.max_inline_bytes.max(1) as usize;
         let mut attr = None;
@@ -60,8 +67,11 @@ impl Inner {
         while done < data.len() {
             let piece = &data[done..(done + chunk).min(data.len())];
             let position = WritePosition::At(offset + done as u64);
+            // The attribute changes go with the last piece (after every byte).
+            let last = done + piece.len() == data.len();
+            let then = then.filter(|_| last).cloned();
             let reply = self
-                .proxied_write_one(cred, fh, ino, position, piece, None)
+                .proxied_write_one(cred, fh, ino, position, piece, None, then)
                 .await?;
             attr = Some(reply.attr);
             done += piece.len();
@@ -70,7 +80,12 @@ impl Inner {
     }
 
     /// One proxied Write of all of `data` (at most `max_inline_bytes`) at `position`, with
-    /// the reply-cache id `once` (appends): a reply that wrote less is an error.
+    /// the reply-cache id `once` (appends) and the attribute changes `then` applied after it
+    /// (`ServerInfo::write_sets_attr`): a reply that wrote less is an error.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one proxied Write's fields, each distinct"
+    )]
     pub(super) async fn proxied_write_one(
         &self,
         cred: &Credentials,
@@ -79,6 +94,7 @@ impl Inner {
         position: WritePosition,
         data: &[u8],
         once: Option<pb::RequestId>,
+        then: Option<SetAttr>,
     ) -> Result<WriteReply, FsError> {
         let mut req = pb::WriteRequest::from(WriteRequest {
             cred: cred.clone(),
@@ -87,6 +103,7 @@ impl Inner {
             position,
             data: data.to_vec(),
             sync: false,
+            then,
         });
         req.request_id = once;
         bump(&self.counters.proxied_writes);
