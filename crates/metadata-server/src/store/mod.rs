@@ -57,7 +57,7 @@ pub use committer::{
     COMMIT_OPS, COMMIT_SECONDS, CommitStats, Ctx, DATA_FLUSHES, DataFlush, LAZY_SYNC_AFTER, Luns,
     State, Usage,
 };
-use committer::{Job, Reply, Run, Shared, committer_loop};
+use committer::{Engine, Job, Queue, Reply, Run, Shared, committer_loop};
 pub(crate) use db::{Verify, open_db, open_db_journaled, open_db_read_only, read_image};
 use db::{bump_boot_epoch, load, load_grown_devices};
 pub use error::{OpError, StoreError, corrupt, guard_damage};
@@ -106,7 +106,6 @@ pub struct Store {
     /// The paths of the LUNs growths added (the `"grown_devices"` record), replaced with the
     /// volume by [`Store::grow`].
     grown_devices: Arc<std::sync::RwLock<GrownDevices>>,
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
     committer: Mutex<Option<std::thread::JoinHandle<()>>>,
     shared: Arc<Shared>,
     clock: Clock,
@@ -261,35 +260,33 @@ impl Store {
             stats: CommitStats::default(),
             data_flush: std::sync::OnceLock::new(),
             journal,
+            queue: Mutex::new(Queue::default()),
+            ready: std::sync::Condvar::new(),
+            engine: Mutex::new(None),
+            lazy_since: Mutex::new(None),
         });
         let db = Arc::new(db);
-        let (tx, rx) = mpsc::channel::<Job>();
+        *shared.lock_engine() = Some(Engine {
+            db: db.clone(),
+            state,
+            clock: clock.clone(),
+            block_size: sb.block_size,
+            batch_max: batch_max.max(1),
+            epoch: boot_epoch,
+            seq: 0,
+            unflushed: None,
+        });
         let committer = {
-            let db = db.clone();
             let shared = shared.clone();
-            let clock = clock.clone();
-            let block_size = sb.block_size;
             std::thread::Builder::new()
                 .name("sanfs-committer".into())
-                .spawn(move || {
-                    committer_loop(
-                        &db,
-                        &rx,
-                        state,
-                        &shared,
-                        &clock,
-                        block_size,
-                        batch_max.max(1),
-                        boot_epoch,
-                    )
-                })?
+                .spawn(move || committer_loop(&shared))?
         };
         let store = Store {
             db: std::sync::RwLock::new(Some(db)),
             sb,
             volume: Arc::new(std::sync::RwLock::new(Arc::new(volume))),
             grown_devices: Arc::new(std::sync::RwLock::new(grown_devices)),
-            jobs: Mutex::new(Some(tx)),
             committer: Mutex::new(Some(committer)),
             shared,
             clock,
@@ -553,18 +550,22 @@ impl Store {
             owner,
             flush,
         };
-        let sent = self
-            .jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(|tx| tx.send(job));
-        match sent {
-            Some(Ok(())) => {}
-            // The committer is gone (store closed or poisoned): the job was dropped with its
-            // reply, whose sender then reports the failure to the caller.
-            Some(Err(mpsc::SendError(job))) => drop(job),
-            None => {}
+        {
+            let mut q = self.shared.lock_queue();
+            if q.closed {
+                // The store is closed: the job goes with its reply, whose sender then
+                // reports the failure to the caller.
+                drop(q);
+                drop(job);
+                return;
+            }
+            q.jobs.push_back(job);
+        }
+        if lazy {
+            // Committed here and now if nobody else is committing (committer.rs).
+            self.shared.commit_lazy_here();
+        } else {
+            self.shared.wake_committer();
         }
     }
 
@@ -765,7 +766,8 @@ impl Store {
     /// shutdown: its file lock is released, so `fsck` or a new server can open it at once).
     /// Later calls answer as a failed store would.
     pub fn close(&self) {
-        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.shared.lock_queue().closed = true;
+        self.shared.ready.notify_all();
         if let Some(h) = self
             .committer
             .lock()
@@ -774,6 +776,8 @@ impl Store {
         {
             let _ = h.join();
         }
+        // The write side goes (with its handle on the database), then the database.
+        self.shared.lock_engine().take();
         self.db.write().unwrap_or_else(|p| p.into_inner()).take();
         let mut r = self.shared.reason.lock().unwrap_or_else(|p| p.into_inner());
         if r.is_none() {

@@ -328,3 +328,94 @@ fn lazy_data_is_flushed_before_it_becomes_durable_and_a_failed_flush_changes_not
         assert!(on_media(g));
     });
 }
+
+/// A lazy change is committed on the thread that queued it when nobody else is committing
+/// (no hand-off to the committer thread and back), durable work on the committer thread; the
+/// committer still makes such lazy work durable within the interval; and jobs commit in the
+/// order each submitter queued them, whoever commits them, under concurrent submitters.
+#[test]
+fn lazy_changes_commit_on_their_own_thread_in_order_and_become_durable_in_time() {
+    let disk = SimDisk::new(FaultPlan::default());
+    let store = Arc::new(fresh(&disk));
+    let thread_name = || std::thread::current().name().unwrap_or("").to_string();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    std::thread::Builder::new()
+        .name("submitter".into())
+        .spawn({
+            let store = store.clone();
+            move || {
+                rt.block_on(async {
+                    let (ran_on, seq) = store
+                        .write_lazy_numbered(move |_| Ok(thread_name()))
+                        .await
+                        .unwrap();
+                    assert_eq!(ran_on, "submitter", "a lazy change, nobody committing");
+                    assert!(seq > store.durable_seq(), "committed, not durable yet");
+                    // The committer was told of it: durable within the interval.
+                    let waited = std::time::Instant::now();
+                    while store.durable_seq() < seq && waited.elapsed() < Duration::from_secs(5) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    assert!(store.durable_seq() >= seq, "made durable by the committer");
+                    let ran_on = store.write(move |_| Ok(thread_name())).await.unwrap();
+                    assert_eq!(ran_on, "sanfs-committer", "durable work");
+                });
+            }
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+
+    // Four submitters, each alternating lazy and durable jobs: each one's jobs run and
+    // commit in its own order.
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let submitters: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (store, ran) = (store.clone(), ran.clone());
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    let mut last = 0;
+                    for i in 0..200u64 {
+                        let ran = ran.clone();
+                        let job = move |_: &mut sanfs_mds::store::Ctx<'_>| {
+                            ran.lock().unwrap().push((t, i));
+                            Ok(())
+                        };
+                        let seq = if i % 3 == 0 {
+                            store.write(job).await.unwrap();
+                            store.durable_seq()
+                        } else {
+                            store.write_lazy_numbered(job).await.unwrap().1
+                        };
+                        assert!(
+                            seq >= last,
+                            "submitter {t}: job {i} committed before {}",
+                            i - 1
+                        );
+                        last = seq;
+                    }
+                });
+            })
+        })
+        .collect();
+    for s in submitters {
+        s.join().unwrap();
+    }
+    let ran = ran.lock().unwrap();
+    assert_eq!(ran.len(), 800);
+    for t in 0..4u64 {
+        let mine: Vec<u64> = ran.iter().filter(|r| r.0 == t).map(|r| r.1).collect();
+        assert_eq!(
+            mine,
+            (0..200).collect::<Vec<_>>(),
+            "submitter {t}'s jobs in order"
+        );
+    }
+}
