@@ -403,8 +403,9 @@ impl SanFs {
         PageCacheSlot(Arc::clone(&self.state))
     }
 
-    /// [`credentials`] for a read or write on an open handle: the caller's groups as read
-    /// up to [`groups::GROUPS_TTL`] before for the same process (see `groups`).
+    /// [`credentials`] for a request on an open handle that the handle authorizes (read,
+    /// write, flush, fsync, release): the caller's groups as read up to
+    /// [`groups::GROUPS_TTL`] before for the same process (see `groups`).
     fn data_credentials(&self, req: &Request) -> Credentials {
         let _span = Span::cpu(Stage::FuseCredentials);
         let (pid, uid, gid) = (req.pid(), req.uid(), req.gid());
@@ -1590,7 +1591,7 @@ impl fuser::Filesystem for SanFs {
             reply.ok();
             return;
         }
-        let cred = credentials(req);
+        let cred = self.data_credentials(req);
         self.spawn("flush", move |st| async move {
             if held_back {
                 // close writes what this node held back (its failure is answered below).
@@ -1775,11 +1776,12 @@ impl fuser::Filesystem for SanFs {
             if file.cached {
                 self.state.pages.release(file.file.ino());
             }
-            let cred = credentials(req);
+            // Whom as only for flock's locks (the release itself is the handle's).
+            let cred = (lock_owner.is_some() && self.state.client.locks_held() > 0)
+                .then(|| self.data_credentials(req));
             self.spawn("release", move |st| async move {
                 // flock's locks belong to the open file and go with its last descriptor.
-                if let Some(owner) = lock_owner
-                    && st.client.locks_held() > 0
+                if let (Some(owner), Some(cred)) = (lock_owner, cred)
                     && let Err(e) = st
                         .client
                         .release_lock_owner(&cred, &file.file.current(), file.file.ino(), owner.0)
@@ -1803,7 +1805,7 @@ impl fuser::Filesystem for SanFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let cred = credentials(req);
+        let cred = self.data_credentials(req);
         self.spawn("fsync", move |st| async move {
             let r = async {
                 let file = st.file(fh)?;

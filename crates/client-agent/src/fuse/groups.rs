@@ -1,12 +1,13 @@
-//! The supplementary groups of the callers of data requests (read, write), kept briefly.
+//! The supplementary groups of the callers of requests on open handles (read, write, flush,
+//! fsync, release), kept briefly.
 //!
 //! FUSE hands the agent a request's uid, gid and pid but not the caller's supplementary
 //! groups: they come from `/proc/PID/status`, ~32 us of CPU per request, as much as the rest
-//! of a 128 KiB write's own work (docs/performance.md). Reads and writes on an open handle
-//! are authorized by the handle (checked at open, with groups read fresh); the server's
-//! data calls use only whether the caller is root. For them the groups read for the same
-//! process less than [`GROUPS_TTL`] ago are used again; every other request reads them
-//! fresh.
+//! of a 128 KiB write's own work (docs/performance.md). Requests on an open handle are
+//! authorized by the handle (checked at open, with groups read fresh); the server's calls
+//! for them (data, `Fsync`, lock release) use only whether the caller is root. For them the
+//! groups read for the same process less than [`GROUPS_TTL`] ago are used again (a release
+//! reads none unless it drops flock locks); every other request reads them fresh.
 //!
 //! Safe against pid reuse and bounded against `setgroups`:
 //! - an entry is keyed by (pid, uid, gid): a request with other ids reads afresh;
@@ -15,7 +16,7 @@
 //!   process's), and used only while the process has not exited (a pid that died, and may
 //!   be reused, is never served from an old entry);
 //! - it lives [`GROUPS_TTL`]: a `setgroups` shows at the latest that much later (and at once
-//!   for every request other than read and write);
+//!   for every request not on an open handle);
 //! - FUSE names the calling thread: the pidfd is the thread's (`PIDFD_THREAD`, Linux 6.9);
 //!   on older kernels only a main thread has one, and a pid without a pidfd is not cached.
 
