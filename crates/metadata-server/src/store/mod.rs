@@ -5,7 +5,9 @@
 //! committer thread, which runs all the jobs that are waiting in one redb write transaction
 //! and commits it with `Durability::Immediate`; only then does any job's caller get its answer.
 //! So an operation is acknowledged only once durable, and concurrent operations share one
-//! sync. A job must check everything that can fail *before* it changes anything: a job that
+//! sync. (A lazy job, [`Store::write_lazy`], is answered once committed, without the sync;
+//! when nobody else is committing, the caller's own thread commits it: `committer.rs`.)
+//! A job must check everything that can fail *before* it changes anything: a job that
 //! answers with an error leaves no trace, which is what makes one transaction per batch safe.
 //!
 //! Reads ([`Store::read`]) run on the caller's thread in a redb read transaction (MVCC): they
