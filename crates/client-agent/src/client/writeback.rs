@@ -1202,7 +1202,7 @@ impl Client {
             None => through.append(&mut hold),
         }
         for (off, data) in through {
-            self.write_through(cred, fh, ino, off, &data).await?;
+            self.write_through(cred, fh, ino, off, &data, None).await?;
         }
         Ok(WriteOutcome {
             written: len,
@@ -1664,13 +1664,15 @@ impl Client {
         let (whole, partial): (Vec<_>, Vec<_>) = dirty.into_iter().partition(|(off, data)| {
             off.is_multiple_of(block) && (data.len() as u64).is_multiple_of(block)
         });
-        let write_one = |off: u64, data: Vec<u8>| {
+        // One extent, with the attribute changes `then` after it where they can go with it
+        // (answered: whether they did).
+        let write_one = |off: u64, data: Vec<u8>, then: Option<SetAttr>| {
             let (file, cred) = (&file, &cred);
             async move {
                 let r = retrying!(file, self, cred, |fh| self
-                    .write_through(cred, &fh, ino, off, &data)
+                    .write_through(cred, &fh, ino, off, &data, then.as_ref())
                     .await);
-                (off, data.len() as u64, r)
+                (off, data, r)
             }
         };
         let mut outcomes = Vec::new();
@@ -1682,7 +1684,7 @@ impl Client {
                     .await;
             }
             let done: Vec<_> = futures_util::stream::iter(window)
-                .map(|(off, data)| write_one(off, data))
+                .map(|(off, data)| write_one(off, data, None))
                 .buffer_unordered(WRITE_BACK_PARALLEL)
                 .collect()
                 .await;
@@ -1694,30 +1696,25 @@ impl Client {
                 .as_ref()
                 .filter(|(by, _)| Some(i) == last && *by == cred)
                 .map(|(_, changes)| changes.clone());
-            let Some(then) = then else {
-                outcomes.push(write_one(off, data).await);
-                continue;
-            };
-            let (file, cred) = (&file, &cred);
-            let r = retrying!(file, self, cred, |fh| self
-                .write_through_then(cred, &fh, ino, off, &data, &then)
-                .await);
-            let r = match r {
-                Ok((outcome, true)) => {
+            let with_then = then.is_some();
+            let mut done = write_one(off, data, then).await;
+            match done.2 {
+                Ok((_, true)) => {
                     bump(&wb.counters.attrs_with_bytes);
                     held = None;
                     wb.attrs_sent(ino);
-                    Ok(outcome)
                 }
-                Ok((outcome, false)) => Ok(outcome),
                 // Refused with the changes (the file's owner or mode moved meanwhile): the
                 // bytes alone, then the changes on their own, whose answer is reported.
-                Err(FsError::Perm | FsError::Access) => write_one(off, data.clone()).await.2,
-                Err(e) => Err(e),
-            };
-            outcomes.push((off, data.len() as u64, r));
+                Err(FsError::Perm | FsError::Access) if with_then => {
+                    done = write_one(off, done.1, None).await;
+                }
+                _ => {}
+            }
+            outcomes.push(done);
         }
-        for (off, len, r) in outcomes {
+        for (off, data, r) in outcomes {
+            let len = data.len() as u64;
             match r {
                 Ok(_) => add(&wb.counters.flushed_bytes, len),
                 Err(e) => {

@@ -236,7 +236,9 @@ impl Client {
         data: &[u8],
     ) -> Result<WriteOutcome, FsError> {
         self.write_back_barrier(ino).await;
-        self.write_through(cred, fh, ino, offset, data).await
+        self.write_through(cred, fh, ino, offset, data, None)
+            .await
+            .map(|(outcome, _)| outcome)
     }
 
     /// [`Client::write_at`] of the bytes of an aligned buffer: when the whole write goes the
@@ -269,7 +271,10 @@ impl Client {
     }
 
     /// [`Client::write_at`] without writing held-back bytes first (what write-back itself
-    /// uses).
+    /// uses), with the attribute changes `then` applied by the server right after the
+    /// write's last byte, in the same call, where that call is a proxied write to a server
+    /// that takes them (`ServerInfo::write_sets_attr`). Also answers whether they were: if
+    /// not, the caller sends them.
     pub(crate) async fn write_through(
         &self,
         cred: &Credentials,
@@ -277,26 +282,9 @@ impl Client {
         ino: InodeId,
         offset: u64,
         data: &[u8],
-    ) -> Result<WriteOutcome, FsError> {
-        self.write_data(cred, fh, ino, offset, WriteData::Slice(data), None)
-            .await
-            .map(|(outcome, _)| outcome)
-    }
-
-    /// [`Client::write_through`] with the attribute changes `then` applied by the server
-    /// right after the write's last byte, in the same call, where that call is a proxied
-    /// write to a server that takes them (`ServerInfo::write_sets_attr`). Returns whether
-    /// they were: if not, the caller sends them.
-    pub(crate) async fn write_through_then(
-        &self,
-        cred: &Credentials,
-        fh: &FileHandle,
-        ino: InodeId,
-        offset: u64,
-        data: &[u8],
-        then: &SetAttr,
+        then: Option<&SetAttr>,
     ) -> Result<(WriteOutcome, bool), FsError> {
-        self.write_data(cred, fh, ino, offset, WriteData::Slice(data), Some(then))
+        self.write_data(cred, fh, ino, offset, WriteData::Slice(data), then)
             .await
     }
 
