@@ -4,7 +4,7 @@
 //! holds a **write delegation** on is kept in memory here and answered at once; the file's
 //! held-back bytes are written later, in large pieces, through the ordinary write path
 //! ([`Client::write_through`]: direct where the pieces are long and aligned, proxied
-//! otherwise). The delegation is what makes this coherent: while it is held, no other
+//! otherwise, and proxied for a write-back of a few short extents: a small file's bytes). The delegation is what makes this coherent: while it is held, no other
 //! session reads, writes, truncates or stats the file without the server recalling it
 //! first, and the recall is acknowledged only once everything held back is written
 //! ([`Inner::recall_delegation`]). The holder's own I/O never waits for its delegation
@@ -51,7 +51,7 @@ use sanfs_proto::types::{
     Timestamp, cleared_setid,
 };
 
-use super::data::WriteOutcome;
+use super::data::{Through, WriteOutcome};
 use super::file::{OpenFile, retrying};
 use super::rpc::Pin;
 use super::{Client, FileHandle, Inner, add, bump};
@@ -381,6 +381,16 @@ pub(crate) struct WriteBackCounters {
 
 /// How many held-back extents of one file a write-back writes at once.
 const WRITE_BACK_PARALLEL: usize = 32;
+
+/// A write-back of at most this many extents and bytes goes through the server, one proxied
+/// `Write` per extent, whatever their length: a small file's bytes at its close. Direct, it
+/// cost a write layout over fresh blocks (their allocation and zeroing), the device write,
+/// its completion, a `Fsync` for the close and the layout's return: 6.2-6.7 ms for a new
+/// file of 64 KiB against 1.3-1.5 ms for one of 32 KiB written proxied (the server writes,
+/// flushes and commits in one call). Scattered extents (random writes) keep the direct path
+/// under one layout, written in parallel.
+const PROXIED_WRITE_BACK_EXTENTS: usize = 2;
+const PROXIED_WRITE_BACK_BYTES: u64 = 1 << 20;
 
 /// The widest gap between two held-back extents that one write layout spans. A layout
 /// allocates what it covers (holes too, as Unwritten blocks inside the file), so a layout
@@ -1202,7 +1212,8 @@ impl Client {
             None => through.append(&mut hold),
         }
         for (off, data) in through {
-            self.write_through(cred, fh, ino, off, &data, None).await?;
+            self.write_through(cred, fh, ino, off, &data, Through::default())
+                .await?;
         }
         Ok(WriteOutcome {
             written: len,
@@ -1658,19 +1669,32 @@ impl Client {
         self.inner.begin_pending(ino);
         let mut failed = None;
         let block = u64::from(self.inner.volume().block_size()).max(1);
-        // Whole-block extents first, window by window: several in a window share one write
+        // A few short extents (a small file's bytes) go through the server, one by one,
+        // unless this node holds a write layout there already (a writer's stream: its
+        // pieces go direct inside it, for no more than a batched completion). Else
+        // whole-block extents first, window by window: several in a window share one write
         // layout over it and are written directly, a few at a time (disjoint, so in any
         // order), their completions batched; then the others, one by one.
+        let proxied = dirty.len() <= PROXIED_WRITE_BACK_EXTENTS
+            && dirty.values().map(|d| d.len() as u64).sum::<u64>() <= PROXIED_WRITE_BACK_BYTES
+            && !dirty.iter().any(|(off, d)| {
+                ByteRange::new(*off, d.len() as u64)
+                    .is_ok_and(|r| self.inner.cache.overlaps(ino, r))
+            });
         let (whole, partial): (Vec<_>, Vec<_>) = dirty.into_iter().partition(|(off, data)| {
-            off.is_multiple_of(block) && (data.len() as u64).is_multiple_of(block)
+            !proxied && off.is_multiple_of(block) && (data.len() as u64).is_multiple_of(block)
         });
         // One extent, with the attribute changes `then` after it where they can go with it
         // (answered: whether they did).
         let write_one = |off: u64, data: Vec<u8>, then: Option<SetAttr>| {
             let (file, cred) = (&file, &cred);
             async move {
+                let how = Through {
+                    then: then.as_ref(),
+                    proxied,
+                };
                 let r = retrying!(file, self, cred, |fh| self
-                    .write_through(cred, &fh, ino, off, &data, then.as_ref())
+                    .write_through(cred, &fh, ino, off, &data, how)
                     .await);
                 (off, data, r)
             }

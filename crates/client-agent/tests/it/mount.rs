@@ -3029,3 +3029,66 @@ async fn a_file_read_through_the_page_cache_sees_every_change_of_any_node() {
     drop(b);
     srv.stop().await;
 }
+
+/// A small file's bytes held back and written at its close go through the server in one
+/// proxied `Write` whatever their length (here whole blocks, 64 KiB and 96 KiB: the direct
+/// path cost a write layout over fresh blocks, the device write, its completion, an `Fsync`
+/// and the layout's return), exact on another node; scattered extents (more than two) still
+/// go direct under one layout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_files_bytes_go_through_the_server_at_its_close() {
+    use std::os::unix::fs::FileExt;
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let m = Mount::start(&srv, "small-close", "").await;
+    let other = Mount::start(&srv, "small-close-other", "").await;
+    let (mnt, here, there) = (m.path.clone(), m.path.clone(), other.path.clone());
+    timed("small files' bytes at close", 120, move || {
+        let count = |name: &str| settled_count(|| stage(&agent_status(&mnt), name, "calls"));
+        for (i, len) in [64usize << 10, 96 << 10].into_iter().enumerate() {
+            let name = format!("f{i}");
+            let data = crate::support::pattern(len, 40 + i as u8);
+            let (maps, proxied) = (count("map-write"), count("proxied"));
+            // One buffered write, held back (shorter than the write-back's 128 KiB).
+            std::fs::write(here.join(&name), &data).unwrap();
+            assert_eq!(count("map-write"), maps, "{len} bytes: no write layout");
+            assert_eq!(
+                count("proxied"),
+                proxied + 1,
+                "{len} bytes: one proxied Write"
+            );
+            assert_eq!(
+                std::fs::read(there.join(&name)).unwrap(),
+                data,
+                "{len} bytes there"
+            );
+        }
+        // Three scattered whole blocks of a new file: direct, under one write layout.
+        let f = std::fs::File::create(here.join("scattered")).unwrap();
+        let maps = count("map-write");
+        for k in 0..3u64 {
+            f.write_all_at(&[k as u8 + 1; 4096], k * (64 << 10))
+                .unwrap();
+        }
+        f.sync_all().unwrap();
+        assert!(
+            count("map-write") > maps,
+            "scattered extents: a write layout"
+        );
+        drop(f);
+        let got = std::fs::read(there.join("scattered")).unwrap();
+        for k in 0..3usize {
+            assert!(
+                got[k * (64 << 10)..][..4096]
+                    .iter()
+                    .all(|b| *b == k as u8 + 1)
+            );
+        }
+    })
+    .await;
+    drop(m);
+    drop(other);
+    srv.stop().await;
+}

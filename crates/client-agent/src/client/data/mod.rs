@@ -51,6 +51,18 @@ use crate::stages::{Span, Stage};
 use direct::piece_of;
 use grants::GrantKind;
 
+/// How [`Client::write_through`] writes.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Through<'a> {
+    /// Attribute changes the server applies right after the write's last byte, in the same
+    /// call, where that call is a proxied write to a server that takes them
+    /// (`ServerInfo::write_sets_attr`).
+    pub then: Option<&'a SetAttr>,
+    /// Through the server, whatever the length (else: direct from the threshold on, or
+    /// inside a cached write layout).
+    pub proxied: bool,
+}
+
 /// The bytes of a write: borrowed, or an aligned buffer the devices can write from.
 enum WriteData<'a> {
     Slice(&'a [u8]),
@@ -236,7 +248,7 @@ impl Client {
         data: &[u8],
     ) -> Result<WriteOutcome, FsError> {
         self.write_back_barrier(ino).await;
-        self.write_through(cred, fh, ino, offset, data, None)
+        self.write_through(cred, fh, ino, offset, data, Through::default())
             .await
             .map(|(outcome, _)| outcome)
     }
@@ -265,16 +277,21 @@ impl Client {
         offset: u64,
         buf: &mut AlignedBuf,
     ) -> Result<WriteOutcome, FsError> {
-        self.write_data(cred, fh, ino, offset, WriteData::Aligned(buf), None)
-            .await
-            .map(|(outcome, _)| outcome)
+        self.write_data(
+            cred,
+            fh,
+            ino,
+            offset,
+            WriteData::Aligned(buf),
+            Through::default(),
+        )
+        .await
+        .map(|(outcome, _)| outcome)
     }
 
     /// [`Client::write_at`] without writing held-back bytes first (what write-back itself
-    /// uses), with the attribute changes `then` applied by the server right after the
-    /// write's last byte, in the same call, where that call is a proxied write to a server
-    /// that takes them (`ServerInfo::write_sets_attr`). Also answers whether they were: if
-    /// not, the caller sends them.
+    /// uses), as `how` says. Also answers whether `how.then` was applied: if not, the
+    /// caller sends those changes.
     pub(crate) async fn write_through(
         &self,
         cred: &Credentials,
@@ -282,9 +299,9 @@ impl Client {
         ino: InodeId,
         offset: u64,
         data: &[u8],
-        then: Option<&SetAttr>,
+        how: Through<'_>,
     ) -> Result<(WriteOutcome, bool), FsError> {
-        self.write_data(cred, fh, ino, offset, WriteData::Slice(data), then)
+        self.write_data(cred, fh, ino, offset, WriteData::Slice(data), how)
             .await
     }
 
@@ -295,7 +312,7 @@ impl Client {
         ino: InodeId,
         offset: u64,
         bytes: WriteData<'_>,
-        then: Option<&SetAttr>,
+        how: Through<'_>,
     ) -> Result<(WriteOutcome, bool), FsError> {
         let len = bytes.as_slice().len() as u64;
         let range = ByteRange::new(offset, len)?;
@@ -324,9 +341,11 @@ impl Client {
         let mut attr = None;
         // Whole blocks go direct from the threshold on, and inside a cached write layout
         // whatever their size (the layout's own round trips are paid already).
-        let pieces = split(offset, len, block, inner.threshold(&view)).or_else(|| {
+        let auto = !how.proxied;
+        let pieces = auto.then(|| split(offset, len, block, inner.threshold(&view)));
+        let pieces = pieces.flatten().or_else(|| {
             split(offset, len, block, block).filter(|&(h, m)| {
-                inner.write_layouts_on()
+                auto && inner.write_layouts_on()
                     && ByteRange::new(h, m - h)
                         .is_ok_and(|mid| inner.cache.covers_write(ino, mid, view.generation))
             })
@@ -349,7 +368,7 @@ impl Client {
         }
         let whole_direct = pieces.is_some_and(|(h, m)| h == offset && m == offset + len);
         // The attribute changes ride on the last proxied call, when the write ends with one.
-        let then = then.filter(|_| view.server.write_sets_attr);
+        let then = how.then.filter(|_| view.server.write_sets_attr);
         let mut applied = false;
         match (pieces, bytes) {
             (None, bytes) => {
