@@ -262,7 +262,7 @@ impl Shared {
 
     /// Wakes the committer thread (under the queue's lock: it cannot miss it between
     /// looking at the queue and waiting).
-    pub(super) fn wake_committer(&self) {
+    fn wake_committer(&self) {
         let _q = self.lock_queue();
         self.ready.notify_one();
     }

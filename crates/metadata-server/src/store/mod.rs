@@ -562,12 +562,13 @@ impl Store {
                 return;
             }
             q.jobs.push_back(job);
+            if !lazy {
+                self.shared.ready.notify_one();
+            }
         }
         if lazy {
             // Committed here and now if nobody else is committing (committer.rs).
             self.shared.commit_lazy_here();
-        } else {
-            self.shared.wake_committer();
         }
     }
 

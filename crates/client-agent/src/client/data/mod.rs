@@ -341,15 +341,17 @@ impl Client {
         let mut attr = None;
         // Whole blocks go direct from the threshold on, and inside a cached write layout
         // whatever their size (the layout's own round trips are paid already).
-        let auto = !how.proxied;
-        let pieces = auto.then(|| split(offset, len, block, inner.threshold(&view)));
-        let pieces = pieces.flatten().or_else(|| {
-            split(offset, len, block, block).filter(|&(h, m)| {
-                auto && inner.write_layouts_on()
-                    && ByteRange::new(h, m - h)
-                        .is_ok_and(|mid| inner.cache.covers_write(ino, mid, view.generation))
+        let pieces = if how.proxied {
+            None
+        } else {
+            split(offset, len, block, inner.threshold(&view)).or_else(|| {
+                split(offset, len, block, block).filter(|&(h, m)| {
+                    inner.write_layouts_on()
+                        && ByteRange::new(h, m - h)
+                            .is_ok_and(|mid| inner.cache.covers_write(ino, mid, view.generation))
+                })
             })
-        });
+        };
         let proxied: [Option<ByteRange>; 2] = match pieces {
             None => [Some(range), None],
             Some((h, m)) => [
