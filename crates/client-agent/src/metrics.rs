@@ -12,6 +12,7 @@
 //! | `sanfs_agent_recalls_total` | counter | | recalls of cached grants answered |
 //! | `sanfs_agent_lease_cache_total` | counter | `kind`, `result` | stats (`attr`), lookups (`entry`) and extended attribute reads (`xattr`) answered under a lease (`hit`, no RPC) or asked of the server (`miss`) |
 //! | `sanfs_agent_lease_recalls_total` | counter | | attribute and entry lease recalls answered |
+//! | `sanfs_agent_lease_renewals_total` | counter | `result` | leases renewed by heartbeats (`renewed`), and those asked for that the server no longer held (`lost`) |
 //! | `sanfs_agent_small_file_opens_total` | counter | | opens of small files answered with the file's bytes |
 //! | `sanfs_agent_small_file_reads_total` | counter | | reads answered from those bytes (no round trip) |
 //! | `sanfs_agent_lease_cached` | gauge | `kind` | attributes (`attr`) and names (`entry`) cached under leases now |
@@ -149,6 +150,10 @@ pub fn render(client: &Client) -> String {
             .absolute(v);
     }
     metrics::counter!("sanfs_agent_lease_recalls_total").absolute(l.recalls);
+    metrics::counter!("sanfs_agent_lease_renewals_total", "result" => "renewed")
+        .absolute(l.renewed);
+    metrics::counter!("sanfs_agent_lease_renewals_total", "result" => "lost")
+        .absolute(l.renew_lost);
     metrics::counter!("sanfs_agent_small_file_opens_total").absolute(l.small_file_opens);
     metrics::counter!("sanfs_agent_small_file_reads_total").absolute(l.small_file_reads);
     metrics::gauge!("sanfs_agent_lease_cached", "kind" => "attr").set(l.attrs_now as f64);

@@ -3,8 +3,8 @@
 //! An **attribute lease** on an inode lets a session's agent answer `stat` from its caches; an
 //! **entry lease** on a directory lets it answer lookups of names in it (negative ones
 //! included). Both are handed out with Lookup, GetAttr and ReadDir replies to the session the
-//! request names, for a fixed term (the session lease's TTL) counted from the request's send
-//! time on the agent's side, and are kept here in a table of holders.
+//! request names, for a term (the session lease's TTL, renewed by heartbeats) counted from
+//! the request's send time on the agent's side, and are kept here in a table of holders.
 //!
 //! **Recall.** Before a change to what a lease covers (the handlers call
 //! `Server::recall_leases` (service/leases.rs) before their write job), the server sends a `LeaseRecall` to every
@@ -23,6 +23,9 @@
 //! **Bounded.** At most [`MAX_LEASES_PER_SESSION`] inodes per session and [`MAX_LEASES`] in
 //! all: past that no lease is given (the reply says 0) until terms run out; expired holds are
 //! pruned at most once a second.
+//!
+//! **Renewal.** A holder's heartbeat renews, for a new term, the holds it names that it
+//! still has ([`Leases::renew`]): a lease in use lives until a change recalls it.
 //!
 //! A server restart forgets the table: agents drop what they cached under leases when they
 //! open their next session (docs/posix.md "Caching and coherence").
@@ -64,6 +67,10 @@ pub struct LeaseStats {
     pub recalls: AtomicU64,
     /// Recalls not acknowledged before the lease's term ran out.
     pub recall_timeouts: AtomicU64,
+    /// Leases renewed for another term (a heartbeat's renewal), and those asked but no
+    /// longer held.
+    pub renewed: AtomicU64,
+    pub renew_lost: AtomicU64,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -313,6 +320,62 @@ impl Leases {
         )
     }
 
+    /// Renews for a new term, from now, the attribute leases on `attrs` and the entry leases
+    /// on `entries` that `session` still holds (a heartbeat's renewal; docs/protocol.md
+    /// "Attribute and entry leases"). Answers those not renewed: not held (recalled, never
+    /// given, or run out: a change may have gone ahead without recalling it) or with a change
+    /// in progress there. A lease still held was recalled by no change since it was given, so
+    /// what its holder cached under it is still exact.
+    pub fn renew(
+        &self,
+        session: u64,
+        attrs: &[InodeId],
+        entries: &[InodeId],
+    ) -> (Vec<InodeId>, Vec<InodeId>) {
+        let now = Instant::now();
+        let until = now + self.term;
+        let mut t = self.lock();
+        let mut renew = |ino: InodeId, what: Covered| {
+            if t.changing.contains_key(&ino.0) {
+                return false;
+            }
+            let Some(held) = t.by_ino.get_mut(&ino.0).and_then(|h| h.get_mut(&session)) else {
+                return false;
+            };
+            let term = match what {
+                Covered::Attr => &mut held.attr,
+                Covered::Entries => &mut held.entries,
+            };
+            match term {
+                Some(u) if *u > now => {
+                    *u = until;
+                    true
+                }
+                _ => false,
+            }
+        };
+        let lost_attrs: Vec<InodeId> = attrs
+            .iter()
+            .copied()
+            .filter(|i| !renew(*i, Covered::Attr))
+            .collect();
+        let lost_entries: Vec<InodeId> = entries
+            .iter()
+            .copied()
+            .filter(|i| !renew(*i, Covered::Entries))
+            .collect();
+        drop(t);
+        let lost = lost_attrs.len() + lost_entries.len();
+        let asked = attrs.len() + entries.len();
+        self.stats
+            .renewed
+            .fetch_add((asked - lost) as u64, Ordering::Relaxed);
+        self.stats
+            .renew_lost
+            .fetch_add(lost as u64, Ordering::Relaxed);
+        (lost_attrs, lost_entries)
+    }
+
     /// LeaseRecall `id` was acknowledged by `session`.
     pub fn acked(&self, session: u64, id: u64) {
         let mut t = self.lock();
@@ -447,6 +510,51 @@ mod tests {
         )
         .await
         .expect("an acknowledged recall is not waited for");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewed_lease_outlives_its_first_term_and_is_still_recalled() {
+        let term = Duration::from_secs(10);
+        let l = Leases::new(term);
+        let m = l.mark();
+        assert!(l.grant(1, 7, Covered::Attr, m));
+        assert!(l.grant(1, 8, Covered::Entries, m));
+        assert!(l.grant(2, 9, Covered::Attr, m));
+        assert!(l.grant(1, 10, Covered::Attr, m));
+        tokio::time::advance(Duration::from_secs(6)).await;
+        // 9 is session 2's, 11 nobody's, 8 holds names and not attributes: not renewed.
+        let (lost_attrs, lost_entries) = l.renew(
+            1,
+            &[InodeId(7), InodeId(9), InodeId(11), InodeId(8)],
+            &[InodeId(8), InodeId(7)],
+        );
+        assert_eq!(lost_attrs, vec![InodeId(9), InodeId(11), InodeId(8)]);
+        assert_eq!(lost_entries, vec![InodeId(7)]);
+        // Past the first term: the renewed holds live, 10 (not renewed) ran out.
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(l.renew(1, &[InodeId(10)], &[]).0, vec![InodeId(10)]);
+        let (change, recalls) = l.begin(&[(7, Covered::Attr), (8, Covered::Entries)], Some(3));
+        let recalled: Vec<(u64, InodeId, bool, bool)> = recalls
+            .iter()
+            .map(|(s, r, _)| (*s, r.inode, r.attr, r.entries))
+            .collect();
+        assert_eq!(
+            recalled,
+            vec![(1, InodeId(7), true, false), (1, InodeId(8), false, true)],
+            "a renewed lease is recalled like a fresh one"
+        );
+        // Recalled, or with a change in progress: not renewed.
+        assert_eq!(
+            l.renew(1, &[InodeId(7)], &[InodeId(8)]),
+            (vec![InodeId(7)], vec![InodeId(8)])
+        );
+        drop(change);
+        assert!(l.grant(1, 7, Covered::Attr, l.mark()));
+        let during = l.begin(&[(7, Covered::Attr)], Some(1)).0;
+        assert_eq!(l.renew(1, &[InodeId(7)], &[]).0, vec![InodeId(7)]);
+        drop(during);
+        assert_eq!(l.stats.renewed.load(Ordering::Relaxed), 2);
+        assert_eq!(l.stats.renew_lost.load(Ordering::Relaxed), 8);
     }
 
     #[tokio::test(start_paused = true)]

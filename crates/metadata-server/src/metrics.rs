@@ -17,6 +17,7 @@
 //! | `sanfs_recalls_total` | counter | | recalls of cached grants sent to holders |
 //! | `sanfs_leases_total` | counter | `kind`, `result` | attribute (`attr`) and entry (`entry`) leases `granted`; leases `refused` (kind `any`) |
 //! | `sanfs_lease_recalls_total` | counter | `result` | lease recalls `sent`, and those that went unanswered for the lease's term (`timeout`) |
+//! | `sanfs_lease_renewals_total` | counter | `result` | leases renewed for another term by agents' heartbeats (`renewed`), and those asked for but no longer held (`lost`) |
 //! | `sanfs_leases_live` | gauge | | (inode, session) lease holds now |
 //! | `sanfs_lock_waits_total` | counter | | requests that waited for a range lock |
 //! | `sanfs_expired_grants_total` | counter | | grants dropped with their session |
@@ -95,6 +96,9 @@ pub struct LeaseFigures {
     pub refused: u64,
     pub recalls: u64,
     pub recall_timeouts: u64,
+    /// Renewed by heartbeats, and asked for but no longer held.
+    pub renewed: u64,
+    pub renew_lost: u64,
     pub live: usize,
 }
 
@@ -299,6 +303,8 @@ fn publish(f: &Figures) {
     metrics::counter!("sanfs_lease_recalls_total", "result" => "sent").absolute(l.recalls);
     metrics::counter!("sanfs_lease_recalls_total", "result" => "timeout")
         .absolute(l.recall_timeouts);
+    metrics::counter!("sanfs_lease_renewals_total", "result" => "renewed").absolute(l.renewed);
+    metrics::counter!("sanfs_lease_renewals_total", "result" => "lost").absolute(l.renew_lost);
     metrics::gauge!("sanfs_leases_live").set(l.live as f64);
     metrics::counter!("sanfs_lock_waits_total").absolute(f.lock_waits);
     metrics::counter!("sanfs_expired_grants_total").absolute(f.expired_grants);
@@ -365,6 +371,10 @@ fn describe_published() {
     describe_counter!(
         "sanfs_lease_recalls_total",
         "Lease recalls sent to agents, and those unanswered for the lease's term."
+    );
+    describe_counter!(
+        "sanfs_lease_renewals_total",
+        "Leases renewed by agents' heartbeats, and those asked for but no longer held."
     );
     describe_gauge!("sanfs_leases_live", "Attribute and entry lease holds now.");
     describe_counter!(

@@ -28,6 +28,11 @@
 //! ones are pruned and, if still full, nothing more is kept (the reply is used without a
 //! lease). What the agent drops needs no return: the server's hold ends with its term.
 //!
+//! **Renewed.** Each heartbeat asks the server to renew the leases that would run out before
+//! the one after next and were used here lately ([`LeaseCache::renewal`]); the answer extends
+//! those the server still held and nothing touched since ([`LeaseCache::renewed`]). So a
+//! lease in use lasts until a change recalls it, not one term.
+//!
 //! Nothing outlives the session: terms are capped at the session lease's deadline, and a new
 //! session (or a lost one) clears everything, the kernel's attributes included.
 
@@ -37,8 +42,8 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use sanfs_proto::model::{
-    ChangedDirs, EntryRequest, GetAttrRequest, Leased, LeasedLookup, LeasedReadDir, ReadDirReply,
-    ReadDirRequest,
+    ChangedDirs, EntryRequest, GetAttrRequest, LeaseRenew, LeaseRenewed, Leased, LeasedLookup,
+    LeasedReadDir, ReadDirReply, ReadDirRequest,
 };
 use sanfs_proto::pb;
 use sanfs_proto::types::{Attr, Credentials, FileName, FileType, FsError, InodeId};
@@ -68,6 +73,14 @@ fn plain_xattr_name(name: &[u8]) -> bool {
 
 /// An extended attribute of an inode as one caller asked it: (inode, caller key, name).
 type XattrKey = (InodeId, u64, Vec<u8>);
+
+/// Attribute leases one heartbeat asks to renew at most ([`LeaseCache::renewal`]).
+pub const RENEW_ATTRS: usize = 49_152;
+/// Entry leases one heartbeat asks to renew at most.
+pub const RENEW_DIRS: usize = 8_192;
+/// A lease not used here for this long is not renewed: it runs out (a bounded cache keeps
+/// what is in use; the server holds at most 65,536 inodes per session).
+pub const RENEW_IDLE: Duration = Duration::from_secs(600);
 
 /// Extended attributes (values or absences) cached at most; past it the cache starts over.
 const MAX_XATTRS: usize = 65_536;
@@ -101,6 +114,9 @@ pub struct LeaseCounters {
     pub content_hits: AtomicU64,
     pub content_opens: AtomicU64,
     pub recalls: AtomicU64,
+    /// Leases renewed by heartbeats, and those asked for that the server no longer held.
+    pub renewed: AtomicU64,
+    pub renew_lost: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -165,6 +181,10 @@ struct State {
     /// Own changes in progress per directory, and the number of the last one begun there.
     own: HashMap<InodeId, (usize, u64)>,
     own_next: u64,
+    /// When each leased inode (attributes, or a directory's names) was last used here: a
+    /// heartbeat renews the most recently used first, and none idle for [`RENEW_IDLE`]
+    /// ([`LeaseCache::renewal`]).
+    used: HashMap<InodeId, Instant>,
 }
 
 impl State {
@@ -369,6 +389,7 @@ impl Default for LeaseCache {
                 bare: HashMap::new(),
                 own: HashMap::new(),
                 own_next: 0,
+                used: HashMap::new(),
             }),
             kernel: OnceLock::new(),
             kernel_names: OnceLock::new(),
@@ -438,12 +459,18 @@ impl LeaseCache {
     /// Cached attributes of `ino` and how long they stay valid.
     pub fn attr(&self, ino: InodeId) -> Option<(Attr, Duration)> {
         let now = Instant::now();
-        let hit = self
-            .lock()
-            .attrs
-            .get(&ino)
-            .filter(|(_, until)| *until > now)
-            .map(|(a, until)| (a.clone(), *until - now));
+        let hit = {
+            let mut s = self.lock();
+            let hit = s
+                .attrs
+                .get(&ino)
+                .filter(|(_, until)| *until > now)
+                .map(|(a, until)| (a.clone(), *until - now));
+            if hit.is_some() {
+                s.used.insert(ino, now);
+            }
+            hit
+        };
         counted(hit, &self.counters.attr_hits, &self.counters.attr_misses)
     }
 
@@ -456,8 +483,9 @@ impl LeaseCache {
     pub fn entry(&self, parent: InodeId, name: &[u8]) -> Option<Option<(Attr, Duration)>> {
         let now = Instant::now();
         let hit = {
-            let s = self.lock();
-            s.dirs
+            let mut s = self.lock();
+            let hit = s
+                .dirs
                 .get(&parent)
                 .filter(|d| d.until > now)
                 .and_then(|d| match d.names.get(name) {
@@ -472,7 +500,14 @@ impl LeaseCache {
                         .get(&ino)
                         .filter(|(_, until)| *until > now)
                         .map(|(a, until)| Some((a.clone(), (*until).min(dir_until) - now))),
-                })
+                });
+            if let Some(found) = &hit {
+                s.used.insert(parent, now);
+                if let Some((a, _)) = found {
+                    s.used.insert(a.ino, now);
+                }
+            }
+            hit
         };
         counted(hit, &self.counters.entry_hits, &self.counters.entry_misses)
     }
@@ -811,10 +846,114 @@ impl LeaseCache {
             s.contents.clear();
             s.content_bytes = 0;
             s.bare.clear();
+            s.used.clear();
             s.attrs.drain().map(|(ino, _)| ino).collect()
         };
         self.invalidate_kernel_names();
         self.invalidate_kernel(&inos);
+    }
+
+    /// The leases to ask the server to renew with a heartbeat sent now, and the mark to
+    /// apply its answer with ([`LeaseCache::renewed`]): those ending within `horizon` (they
+    /// would run out before the heartbeat after next), used here in the last [`RENEW_IDLE`],
+    /// the most recently used first, at most [`RENEW_ATTRS`] attribute and [`RENEW_DIRS`]
+    /// entry leases (the server holds at most 65,536 inodes per session: room is left for
+    /// new ones). `None`: nothing to renew.
+    pub fn renewal(&self, horizon: Duration) -> Option<(u64, LeaseRenew)> {
+        let now = Instant::now();
+        let mut s = self.lock();
+        let s = &mut *s;
+        // Forget the use of what is no longer cached.
+        let (attrs, dirs) = (&s.attrs, &s.dirs);
+        s.used
+            .retain(|ino, _| attrs.contains_key(ino) || dirs.contains_key(ino));
+        let due = |until: Instant| until > now && until <= now + horizon;
+        let pick = |used: &mut HashMap<InodeId, Instant>,
+                    due_inos: Vec<InodeId>,
+                    max: usize|
+         -> Vec<InodeId> {
+            let mut v: Vec<(Instant, InodeId)> = due_inos
+                .into_iter()
+                .map(|ino| (*used.entry(ino).or_insert(now), ino))
+                .filter(|(at, _)| now.saturating_duration_since(*at) < RENEW_IDLE)
+                .collect();
+            v.sort_unstable_by_key(|(at, _)| std::cmp::Reverse(*at));
+            v.truncate(max);
+            v.into_iter().map(|(_, ino)| ino).collect()
+        };
+        let due_attrs: Vec<InodeId> = s
+            .attrs
+            .iter()
+            .filter(|(_, (_, until))| due(*until))
+            .map(|(ino, _)| *ino)
+            .collect();
+        let due_dirs: Vec<InodeId> = s
+            .dirs
+            .iter()
+            .filter(|(_, d)| due(d.until))
+            .map(|(ino, _)| *ino)
+            .collect();
+        let renew = LeaseRenew {
+            attrs: pick(&mut s.used, due_attrs, RENEW_ATTRS),
+            entries: pick(&mut s.used, due_dirs, RENEW_DIRS),
+        };
+        if renew.attrs.is_empty() && renew.entries.is_empty() {
+            return None;
+        }
+        Some((s.seq, renew))
+    }
+
+    /// The server renewed, for `lease_ms` from `sent`, the leases of `asked` (sent marked
+    /// `mark`) but those in `renewed`'s lost lists: each one still cached here, and that
+    /// nothing touched since the heartbeat was marked (a recall, an own change, a new
+    /// session), is kept until then (capped at the session's `deadline`).
+    pub fn renewed(
+        &self,
+        mark: u64,
+        sent: Instant,
+        asked: &LeaseRenew,
+        renewed: &LeaseRenewed,
+        deadline: Instant,
+    ) {
+        let Some(end) = lease_end(sent, renewed.lease_ms, deadline) else {
+            return;
+        };
+        let now = Instant::now();
+        let lost_attrs: std::collections::HashSet<InodeId> =
+            renewed.lost_attrs.iter().copied().collect();
+        let lost_dirs: std::collections::HashSet<InodeId> =
+            renewed.lost_entries.iter().copied().collect();
+        let mut kept = 0u64;
+        {
+            let mut s = self.lock();
+            for ino in asked.attrs.iter().filter(|i| !lost_attrs.contains(i)) {
+                if !s.usable(mark, *ino) {
+                    continue;
+                }
+                if let Some((_, until)) = s.attrs.get_mut(ino)
+                    && *until > now
+                {
+                    *until = (*until).max(end);
+                    kept += 1;
+                }
+            }
+            for dir in asked.entries.iter().filter(|i| !lost_dirs.contains(i)) {
+                if !s.usable(mark, *dir) {
+                    continue;
+                }
+                if let Some(d) = s.dirs.get_mut(dir)
+                    && d.until > now
+                {
+                    d.until = d.until.max(end);
+                    kept += 1;
+                }
+            }
+        }
+        self.counters.renewed.fetch_add(kept, Ordering::Relaxed);
+        self.counters.renew_lost.fetch_add(
+            (renewed.lost_attrs.len() + renewed.lost_entries.len()) as u64,
+            Ordering::Relaxed,
+        );
     }
 
     /// (attributes, names) kept now.
@@ -1050,6 +1189,8 @@ impl Client {
             small_file_opens: get(&c.content_opens),
             small_file_reads: get(&c.content_hits),
             recalls: get(&c.recalls),
+            renewed: get(&c.renewed),
+            renew_lost: get(&c.renew_lost),
             attrs_now: attrs as u64,
             names_now: names as u64,
             kernel_names: self.inner.leases.kernel_names(),
@@ -1349,6 +1490,96 @@ mod tests {
         assert!(c.attr(InodeId(5)).is_some());
         c.recall(InodeId(5), true, false);
         assert!(c.attr(InodeId(5)).is_none());
+    }
+
+    #[test]
+    fn a_heartbeat_renews_what_is_due_and_untouched_and_nothing_the_server_lost() {
+        let c = LeaseCache::default();
+        let now = Instant::now();
+        // 5, 6 and 7 end within the horizon, 8 well after it; directory 1 within it.
+        for ino in [5, 6, 7] {
+            c.put_attr(&attr(ino), 2_000, now, far(), c.mark());
+        }
+        c.put_attr(&attr(8), 60_000, now, far(), c.mark());
+        assert!(c.put_entry(InodeId(1), b"x", None, 2_000, now, far(), c.mark()));
+        let (mark, asked) = c.renewal(Duration::from_secs(5)).expect("leases are due");
+        let mut attrs = asked.attrs.clone();
+        attrs.sort_unstable();
+        assert_eq!(attrs, vec![InodeId(5), InodeId(6), InodeId(7)]);
+        assert_eq!(asked.entries, vec![InodeId(1)]);
+        // A recall of 6 after the heartbeat was marked: not renewed here, whatever the
+        // server says; 7 the server no longer held.
+        c.recall(InodeId(6), true, false);
+        let sent = Instant::now();
+        let answer = LeaseRenewed {
+            lease_ms: 30_000,
+            lost_attrs: vec![InodeId(7)],
+            lost_entries: vec![],
+        };
+        c.renewed(mark, sent, &asked, &answer, far());
+        let ttl = |ino| c.attr(InodeId(ino)).map(|(_, t)| t);
+        assert!(
+            ttl(5).is_some_and(|t| t > Duration::from_secs(20)),
+            "renewed"
+        );
+        assert!(ttl(6).is_none(), "recalled");
+        assert!(
+            ttl(7).is_some_and(|t| t <= Duration::from_secs(2)),
+            "lost: as it was"
+        );
+        assert!(
+            c.negative_ttl(InodeId(1), b"x")
+                .is_some_and(|t| t > Duration::from_secs(20))
+        );
+        assert_eq!(c.counters.renewed.load(Ordering::Relaxed), 2);
+        assert_eq!(c.counters.renew_lost.load(Ordering::Relaxed), 1);
+        // Never past the session's deadline.
+        let (mark, asked) = c.renewal(Duration::from_secs(5)).expect("7 is still due");
+        assert_eq!(asked.attrs, vec![InodeId(7)]);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let answer = LeaseRenewed {
+            lease_ms: 30_000,
+            lost_attrs: vec![],
+            lost_entries: vec![],
+        };
+        c.renewed(mark, Instant::now(), &asked, &answer, deadline);
+        assert!(ttl(7).is_some_and(|t| t <= Duration::from_secs(3)));
+        // A new session: nothing is renewed from a heartbeat marked before it.
+        let (mark, asked) = c.renewal(Duration::from_secs(5)).expect("7 is due");
+        c.clear();
+        c.put_attr(&attr(7), 2_000, Instant::now(), far(), c.mark());
+        c.renewed(mark, Instant::now(), &asked, &answer, far());
+        assert!(ttl(7).is_some_and(|t| t <= Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn the_most_recently_used_are_renewed_and_the_idle_run_out() {
+        let c = LeaseCache::default();
+        let now = Instant::now();
+        for ino in 1..=3 {
+            c.put_attr(&attr(ino), 2_000, now, far(), c.mark());
+        }
+        // First seen by a renewal: as if used then.
+        let (_, asked) = c.renewal(Duration::from_secs(5)).unwrap();
+        assert_eq!(asked.attrs.len(), 3);
+        {
+            let mut s = c.lock();
+            let long_ago = now.checked_sub(RENEW_IDLE + Duration::from_secs(1));
+            for ino in [1, 2] {
+                if let Some(at) = long_ago {
+                    s.used.insert(InodeId(ino), at);
+                }
+            }
+        }
+        // 2 is used again; 1 stays idle.
+        assert!(c.attr(InodeId(2)).is_some());
+        let (_, asked) = c.renewal(Duration::from_secs(5)).unwrap();
+        if now
+            .checked_sub(RENEW_IDLE + Duration::from_secs(1))
+            .is_some()
+        {
+            assert_eq!(asked.attrs, vec![InodeId(2), InodeId(3)]);
+        }
     }
 
     fn small(ino: u64, size: u64) -> Attr {

@@ -31,8 +31,9 @@ use std::time::{Duration, Instant};
 
 use sanfs_proto::headers::{self, ReplayTag};
 use sanfs_proto::model::{
-    ClientEvent, MAX_REPLAY_RECORDS, OpenReply, OpenRequest, OpenSessionReply, ReplayOutcome,
-    ReplayWritesReply, ReplayWritesRequest, ServerEvent, SessionEndReason, SessionRef,
+    ClientEvent, LeaseRenew, MAX_REPLAY_RECORDS, OpenReply, OpenRequest, OpenSessionReply,
+    ReplayOutcome, ReplayWritesReply, ReplayWritesRequest, ServerEvent, SessionEndReason,
+    SessionRef,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::session_client::SessionClient;
@@ -40,6 +41,10 @@ use sanfs_proto::status::{fs_error_from_status, is_server_error};
 use sanfs_proto::types::{FsError, InodeId, SessionId};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+
+/// A heartbeat in flight: its seq, send time, and the leases it asked to renew with the
+/// lease cache's mark taken then ([`super::leases::LeaseCache::renewal`]).
+type SentHeartbeat = (u64, Instant, Option<(u64, LeaseRenew)>);
 
 use super::{Inner, SessionView, bump, malformed, open_session, unsynced};
 
@@ -122,7 +127,8 @@ async fn attach_and_serve(
     let ttl_ms = inner.lock_state().lease_ttl_ms;
     let mut ticker = tokio::time::interval(Duration::from_millis((ttl_ms / 3).max(1)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut sent: VecDeque<(u64, Instant)> = VecDeque::new();
+    // Each heartbeat's seq, send time, and the leases it asked to renew with their mark.
+    let mut sent: VecDeque<SentHeartbeat> = VecDeque::new();
     loop {
         let deadline = tokio::time::Instant::from_std(inner.lock_state().deadline);
         tokio::select! {
@@ -131,13 +137,18 @@ async fn attach_and_serve(
                     continue;
                 }
                 *seq += 1;
-                sent.push_back((*seq, Instant::now()));
+                // The leases cached here that would run out before the heartbeat after
+                // next: renewed with this one while the server still holds them.
+                let ttl_ms = inner.lock_state().lease_ttl_ms;
+                let renewal = inner.leases.renewal(Duration::from_millis(ttl_ms * 2 / 3));
+                let renew = renewal.as_ref().map(|(_, r)| r.clone());
+                sent.push_back((*seq, Instant::now(), renewal));
                 while sent.len() > 64 {
                     sent.pop_front();
                 }
                 // Never block the loop on a server that does not read: the lease deadline
                 // must stay watched. A full queue skips this heartbeat.
-                match tx.try_send(ClientEvent::Heartbeat { seq: *seq }.into()) {
+                match tx.try_send(ClientEvent::Heartbeat { seq: *seq, renew }.into()) {
                     Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
                     Err(mpsc::error::TrySendError::Closed(_)) => {
                         return Outcome::StreamBroke("stream closed".to_owned());
@@ -146,19 +157,29 @@ async fn attach_and_serve(
             }
             m = stream.message() => match m {
                 Ok(Some(reply)) => match ServerEvent::try_from(reply) {
-                    Ok(ServerEvent::HeartbeatAck { seq: acked, lease_ttl_ms, durable_seq }) => {
+                    Ok(ServerEvent::HeartbeatAck { seq: acked, lease_ttl_ms, durable_seq, renewed }) => {
                         inner.lock_unsynced().durable(view.epoch, durable_seq);
-                        if let Some(&(_, at)) = sent.iter().find(|(s, _)| *s == acked) {
-                            let mut s = inner.lock_state();
-                            if s.live && s.view.generation == view.generation {
-                                let until = at + Duration::from_millis(lease_ttl_ms);
-                                if until > s.deadline {
-                                    s.deadline = until;
+                        if let Some((_, at, renewal)) = sent.iter().find(|(s, _, _)| *s == acked) {
+                            let deadline = {
+                                let mut s = inner.lock_state();
+                                if s.live && s.view.generation == view.generation {
+                                    let until = *at + Duration::from_millis(lease_ttl_ms);
+                                    if until > s.deadline {
+                                        s.deadline = until;
+                                    }
+                                    s.lease_ttl_ms = lease_ttl_ms;
+                                    Some(s.deadline)
+                                } else {
+                                    None
                                 }
-                                s.lease_ttl_ms = lease_ttl_ms;
+                            };
+                            if let (Some(deadline), Some((mark, asked)), Some(renewed)) =
+                                (deadline, renewal, renewed.as_ref())
+                            {
+                                inner.leases.renewed(*mark, *at, asked, renewed, deadline);
                             }
                         }
-                        while sent.front().is_some_and(|(s, _)| *s <= acked) {
+                        while sent.front().is_some_and(|(s, _, _)| *s <= acked) {
                             sent.pop_front();
                         }
                     }

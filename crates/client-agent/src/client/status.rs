@@ -96,6 +96,11 @@ pub struct LeaseCounts {
     #[serde(default)]
     pub small_file_reads: u64,
     pub recalls: u64,
+    /// Leases renewed by heartbeats, and those asked for that the server no longer held.
+    #[serde(default)]
+    pub renewed: u64,
+    #[serde(default)]
+    pub renew_lost: u64,
     pub attrs_now: u64,
     pub names_now: u64,
     /// The kernel keeps names under their leases (it can forget them without a lock); then

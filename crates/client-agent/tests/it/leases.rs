@@ -165,6 +165,91 @@ async fn changes_through_one_mount_are_seen_at_once_through_the_other() {
     srv.stop().await;
 }
 
+/// Leases in use outlive their term: the heartbeats renew them, so stats and lookups through
+/// a mount that held them are answered without asking the server long after a fixed TTL
+/// would have run out, and a renewed lease is recalled like a fresh one: a chmod, a create of
+/// a name found absent, and an unlink through another mount are seen by the next stat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_in_use_are_renewed_past_their_term_and_still_recalled() {
+    if !can_mount() {
+        return;
+    }
+    const TTL_MS: u64 = 1_500;
+    let srv = cluster::start(TTL_MS).await;
+    let a = Mount::start(&srv, "renew-a", "").await;
+    let b = Mount::start(&srv, "renew-b", "").await;
+    std::fs::create_dir(a.p("d")).unwrap();
+    for i in 0..20 {
+        std::fs::write(a.p(&format!("d/f{i}")), b"x").unwrap();
+    }
+    let stat_all = |root: std::path::PathBuf| {
+        move || {
+            let mut sizes = Vec::new();
+            for i in 0..20 {
+                sizes.push(
+                    std::fs::metadata(root.join(format!("d/f{i}")))
+                        .unwrap()
+                        .len(),
+                );
+            }
+            assert_eq!(
+                errno_of(std::fs::metadata(root.join("d/absent"))),
+                libc::ENOENT
+            );
+            sizes
+        }
+    };
+    timed("first stats through b", 60, stat_all(b.path.clone())).await;
+    let before = agent_status(&b.path);
+    // Three terms and more, idle.
+    tokio::time::sleep(Duration::from_millis(TTL_MS * 3 + 500)).await;
+    timed(
+        "stats through b after three terms",
+        60,
+        stat_all(b.path.clone()),
+    )
+    .await;
+    let after = agent_status(&b.path);
+    for miss in ["attr_misses", "entry_misses"] {
+        assert_eq!(
+            counter(&after, miss),
+            counter(&before, miss),
+            "{miss}: a stat after three lease terms asked the server: {before} then {after}"
+        );
+    }
+    assert!(
+        counter(&after, "renewed") > counter(&before, "renewed"),
+        "no lease was renewed: {after}"
+    );
+    // Renewed leases are recalled by changes through the other mount.
+    std::fs::set_permissions(a.p("d/f3"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(
+        std::fs::metadata(b.p("d/f3")).unwrap().mode() & 0o7777,
+        0o600,
+        "b missed a chmod after its lease was renewed"
+    );
+    std::fs::write(a.p("d/absent"), b"now").unwrap();
+    assert_eq!(
+        std::fs::metadata(b.p("d/absent")).map(|m| m.len()).ok(),
+        Some(3),
+        "b missed a create of a name it held absent under a renewed lease"
+    );
+    std::fs::remove_file(a.p("d/f4")).unwrap();
+    assert_eq!(
+        errno_of(std::fs::metadata(b.p("d/f4"))),
+        libc::ENOENT,
+        "b still sees a name unlinked after its lease was renewed"
+    );
+    let end = agent_status(&b.path);
+    assert!(
+        counter(&end, "recalls") > counter(&after, "recalls"),
+        "{end}"
+    );
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
+
 /// A node's own writes and its own stats: a file open on one mount grows by writes whose
 /// completions go behind them (batched), and the very next stat by path through the same
 /// mount shows every one, also when another mount changed the directory (the stat looks the

@@ -843,6 +843,8 @@ impl crate::metrics::Counters for Server {
                 refused: load(&self.leases.stats.refused),
                 recalls: load(&self.leases.stats.recalls),
                 recall_timeouts: load(&self.leases.stats.recall_timeouts),
+                renewed: load(&self.leases.stats.renewed),
+                renew_lost: load(&self.leases.stats.renew_lost),
                 live: self.leases.live(),
             },
         }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sanfs_proto::model::{
-    ClientEvent, OpenSessionReply, OpenSessionRequest, PROTOCOL_VERSION, ServerEvent,
+    ClientEvent, LeaseRenewed, OpenSessionReply, OpenSessionRequest, PROTOCOL_VERSION, ServerEvent,
     SessionEndReason, SessionRef,
 };
 use sanfs_proto::model::{Recall, RecallReason};
@@ -235,26 +235,40 @@ impl Server {
                 Ok(ClientEvent::Attach(_)) => Err(Status::failed_precondition(
                     "attach is only the first message of a session stream",
                 )),
-                Ok(ClientEvent::Heartbeat { seq }) => {
+                Ok(ClientEvent::Heartbeat { seq, renew }) => {
                     let deadline = self.now_ns().saturating_add(self.expiry_after_ns());
-                    let mut s = self.sessions();
-                    match s.by_id.get_mut(&session) {
-                        Some(state)
-                            if state
-                                .stream
-                                .as_ref()
-                                .is_some_and(|(id, _, _)| *id == stream_id) =>
-                        {
-                            state.deadline_ns = deadline;
-                            Ok(Some(ServerEvent::HeartbeatAck {
-                                seq,
-                                lease_ttl_ms: self.params.lease_ttl_ms,
-                                durable_seq: self.store.durable_seq(),
-                            }))
+                    {
+                        let mut s = self.sessions();
+                        match s.by_id.get_mut(&session) {
+                            Some(state)
+                                if state
+                                    .stream
+                                    .as_ref()
+                                    .is_some_and(|(id, _, _)| *id == stream_id) =>
+                            {
+                                state.deadline_ns = deadline;
+                            }
+                            // Ended or replaced: this stream has nothing more to say.
+                            _ => break,
                         }
-                        // Ended or replaced: this stream has nothing more to say.
-                        _ => break,
                     }
+                    // The leases it still caches, for another term (after the session's
+                    // own renewal: a lease never outlasts its session).
+                    let renewed = renew.map(|r| {
+                        let (lost_attrs, lost_entries) =
+                            self.leases.renew(session, &r.attrs, &r.entries);
+                        LeaseRenewed {
+                            lease_ms: self.leases.term_ms(),
+                            lost_attrs,
+                            lost_entries,
+                        }
+                    });
+                    Ok(Some(ServerEvent::HeartbeatAck {
+                        seq,
+                        lease_ttl_ms: self.params.lease_ttl_ms,
+                        durable_seq: self.store.durable_seq(),
+                        renewed,
+                    }))
                 }
                 Ok(ClientEvent::LeaseRecallAck { id }) => {
                     self.leases.acked(session, id);

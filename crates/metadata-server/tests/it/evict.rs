@@ -45,7 +45,7 @@ async fn node(srv: &Running) -> Node {
         for seq in 1.. {
             let hb = pb::SessionStreamRequest {
                 event: Some(pb::session_stream_request::Event::Heartbeat(
-                    pb::Heartbeat { seq },
+                    pb::Heartbeat { seq, renew: None },
                 )),
             };
             if tx.send(hb).await.is_err() {

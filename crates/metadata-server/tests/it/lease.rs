@@ -44,7 +44,7 @@ async fn attach(c: &mut Clients, session: u64, epoch: u64) -> Stream {
 async fn heartbeat(s: &Stream, seq: u64) {
     s.tx.send(pb::SessionStreamRequest {
         event: Some(pb::session_stream_request::Event::Heartbeat(
-            pb::Heartbeat { seq },
+            pb::Heartbeat { seq, renew: None },
         )),
     })
     .await

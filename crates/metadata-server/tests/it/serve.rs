@@ -783,7 +783,7 @@ async fn session_stream_answers_heartbeats() {
     for seq in 1..=3 {
         tx.send(pb::SessionStreamRequest {
             event: Some(pb::session_stream_request::Event::Heartbeat(
-                pb::Heartbeat { seq },
+                pb::Heartbeat { seq, renew: None },
             )),
         })
         .await
@@ -802,7 +802,10 @@ async fn session_stream_answers_heartbeats() {
     let (tx2, rx2) = tokio::sync::mpsc::channel(4);
     tx2.send(pb::SessionStreamRequest {
         event: Some(pb::session_stream_request::Event::Heartbeat(
-            pb::Heartbeat { seq: 1 },
+            pb::Heartbeat {
+                seq: 1,
+                renew: None,
+            },
         )),
     })
     .await

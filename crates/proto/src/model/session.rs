@@ -228,19 +228,15 @@ pub enum ClientEvent {
     Attach(SessionRef),
     Heartbeat {
         seq: u64,
+        /// Leases the agent asks to keep ([`LeaseRenew`]; `None`: nothing asked).
+        renew: Option<LeaseRenew>,
     },
     /// The agent no longer uses these recalled grants: no I/O of theirs is in flight.
-    RecallAck {
-        grant_ids: Vec<GrantId>,
-    },
+    RecallAck { grant_ids: Vec<GrantId> },
     /// The agent gives these cached read grants back.
-    GrantReturn {
-        grant_ids: Vec<GrantId>,
-    },
+    GrantReturn { grant_ids: Vec<GrantId> },
     /// The agent dropped what it cached under the leases of LeaseRecall `id`.
-    LeaseRecallAck {
-        id: u64,
-    },
+    LeaseRecallAck { id: u64 },
 }
 
 impl TryFrom<pb::SessionStreamRequest> for ClientEvent {
@@ -250,7 +246,14 @@ impl TryFrom<pb::SessionStreamRequest> for ClientEvent {
         use pb::session_stream_request::Event;
         Ok(match required(p.event, "event")? {
             Event::Attach(a) => ClientEvent::Attach(SessionRef::try_from(a).at("attach")?),
-            Event::Heartbeat(h) => ClientEvent::Heartbeat { seq: h.seq },
+            Event::Heartbeat(h) => ClientEvent::Heartbeat {
+                seq: h.seq,
+                renew: h
+                    .renew
+                    .map(LeaseRenew::try_from)
+                    .transpose()
+                    .at("heartbeat")?,
+            },
             Event::RecallAck(a) => ClientEvent::RecallAck {
                 grant_ids: grant_ids(a.grant_ids, "grant_ids").at("recall_ack")?,
             },
@@ -274,7 +277,10 @@ impl From<ClientEvent> for pb::SessionStreamRequest {
         pb::SessionStreamRequest {
             event: Some(match e {
                 ClientEvent::Attach(r) => Event::Attach(r.into()),
-                ClientEvent::Heartbeat { seq } => Event::Heartbeat(pb::Heartbeat { seq }),
+                ClientEvent::Heartbeat { seq, renew } => Event::Heartbeat(pb::Heartbeat {
+                    seq,
+                    renew: renew.map(Into::into),
+                }),
                 ClientEvent::RecallAck { grant_ids } => Event::RecallAck(pb::RecallAck {
                     grant_ids: ids(grant_ids),
                 }),
@@ -397,6 +403,82 @@ impl From<LeaseRecall> for pb::LeaseRecall {
     }
 }
 
+/// The most inodes of each kind one heartbeat asks to renew (a session holds leases on at
+/// most 65,536 inodes at the server).
+pub const MAX_RENEW: usize = 65_536;
+
+fn inode_list(raw: Vec<u64>, field: &'static str) -> Result<Vec<InodeId>, ProtocolError> {
+    if raw.len() > MAX_RENEW {
+        return Err(invalid(field, "lists more than 65,536 inodes"));
+    }
+    raw.into_iter().map(|i| inode(i, field)).collect()
+}
+
+/// Attribute and entry leases an agent asks to keep ([`ClientEvent::Heartbeat`]; docs/protocol.md
+/// "Attribute and entry leases").
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LeaseRenew {
+    /// Inodes whose attribute leases to renew.
+    pub attrs: Vec<InodeId>,
+    /// Directories whose entry leases to renew.
+    pub entries: Vec<InodeId>,
+}
+
+impl TryFrom<pb::LeaseRenew> for LeaseRenew {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::LeaseRenew) -> Result<Self, ProtocolError> {
+        Ok(LeaseRenew {
+            attrs: inode_list(p.attrs, "attrs").at("renew")?,
+            entries: inode_list(p.entries, "entries").at("renew")?,
+        })
+    }
+}
+
+impl From<LeaseRenew> for pb::LeaseRenew {
+    fn from(r: LeaseRenew) -> Self {
+        pb::LeaseRenew {
+            attrs: r.attrs.into_iter().map(|i| i.0).collect(),
+            entries: r.entries.into_iter().map(|i| i.0).collect(),
+        }
+    }
+}
+
+/// The server's answer to a [`LeaseRenew`]: the renewed leases last until the heartbeat's
+/// send time plus `lease_ms`; those listed lost were not renewed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRenewed {
+    /// At least 1.
+    pub lease_ms: u64,
+    pub lost_attrs: Vec<InodeId>,
+    pub lost_entries: Vec<InodeId>,
+}
+
+impl TryFrom<pb::LeaseRenewed> for LeaseRenewed {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::LeaseRenewed) -> Result<Self, ProtocolError> {
+        if p.lease_ms == 0 {
+            return Err(ProtocolError::MissingField("lease_ms").in_field("renewed"));
+        }
+        Ok(LeaseRenewed {
+            lease_ms: p.lease_ms,
+            lost_attrs: inode_list(p.lost_attrs, "lost_attrs").at("renewed")?,
+            lost_entries: inode_list(p.lost_entries, "lost_entries").at("renewed")?,
+        })
+    }
+}
+
+impl From<LeaseRenewed> for pb::LeaseRenewed {
+    fn from(r: LeaseRenewed) -> Self {
+        pb::LeaseRenewed {
+            lease_ms: r.lease_ms,
+            lost_attrs: r.lost_attrs.into_iter().map(|i| i.0).collect(),
+            lost_entries: r.lost_entries.into_iter().map(|i| i.0).collect(),
+        }
+    }
+}
+
 /// Why the server ends a session (or its stream).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionEndReason {
@@ -416,6 +498,8 @@ pub enum ServerEvent {
         lease_ttl_ms: u64,
         /// Every commit of this server epoch up to this number is durable (0: none reported).
         durable_seq: u64,
+        /// The answer to the heartbeat's [`LeaseRenew`] (`None`: nothing renewed).
+        renewed: Option<LeaseRenewed>,
     },
     Recall(Recall),
     Ended {
@@ -441,6 +525,11 @@ impl TryFrom<pb::SessionStreamReply> for ServerEvent {
                     seq: a.seq,
                     lease_ttl_ms: a.lease_ttl_ms,
                     durable_seq: a.durable_seq,
+                    renewed: a
+                        .renewed
+                        .map(LeaseRenewed::try_from)
+                        .transpose()
+                        .at("heartbeat_ack")?,
                 }
             }
             Event::Recall(r) => ServerEvent::Recall(Recall::try_from(r).at("recall")?),
@@ -479,10 +568,12 @@ impl From<ServerEvent> for pb::SessionStreamReply {
                     seq,
                     lease_ttl_ms,
                     durable_seq,
+                    renewed,
                 } => Event::HeartbeatAck(pb::HeartbeatAck {
                     seq,
                     lease_ttl_ms,
                     durable_seq,
+                    renewed: renewed.map(Into::into),
                 }),
                 ServerEvent::Recall(r) => Event::Recall(r.into()),
                 ServerEvent::LeaseRecall(r) => Event::LeaseRecall(r.into()),

@@ -717,9 +717,17 @@ fn session_messages() {
     );
     use pb::session_stream_request::Event as C;
     check::<ClientEvent, pb::SessionStreamRequest>(
-        ClientEvent::Heartbeat { seq: 1 },
+        ClientEvent::Heartbeat {
+            seq: 1,
+            renew: Some(LeaseRenew {
+                attrs: vec![InodeId(3)],
+                entries: vec![InodeId(1)],
+            }),
+        },
         cases![pb::SessionStreamRequest;
             "event" => |p| p.event = None,
+            "heartbeat.renew.attrs" => |p| if let Some(C::Heartbeat(h)) = &mut p.event { h.renew.as_mut().unwrap().attrs.push(0) },
+            "heartbeat.renew.entries" => |p| if let Some(C::Heartbeat(h)) = &mut p.event { h.renew.as_mut().unwrap().entries = vec![5; 65_537] },
             "attach.session" => |p| p.event = Some(C::Attach(pb::Attach { session: 0, epoch: 1 })),
             "attach.epoch" => |p| p.event = Some(C::Attach(pb::Attach { session: 1, epoch: 0 })),
             "recall_ack.grant_ids" => |p| p.event = Some(C::RecallAck(pb::RecallAck { grant_ids: vec![] })),
@@ -749,7 +757,9 @@ fn session_messages() {
         cases![pb::SessionStreamReply;
             "event" => |p| p.event = None,
             "recall.inode" => |p| if let Some(S::Recall(r)) = &mut p.event { r.inode = 0 },
-            "heartbeat_ack.lease_ttl_ms" => |p| p.event = Some(S::HeartbeatAck(pb::HeartbeatAck { seq: 1, lease_ttl_ms: 0, durable_seq: 0 })),
+            "heartbeat_ack.lease_ttl_ms" => |p| p.event = Some(S::HeartbeatAck(pb::HeartbeatAck { seq: 1, lease_ttl_ms: 0, durable_seq: 0, renewed: None })),
+            "heartbeat_ack.renewed.lease_ms" => |p| p.event = Some(S::HeartbeatAck(pb::HeartbeatAck { seq: 1, lease_ttl_ms: 9, durable_seq: 0, renewed: Some(pb::LeaseRenewed::default()) })),
+            "heartbeat_ack.renewed.lost_attrs" => |p| p.event = Some(S::HeartbeatAck(pb::HeartbeatAck { seq: 1, lease_ttl_ms: 9, durable_seq: 0, renewed: Some(pb::LeaseRenewed { lease_ms: 9, lost_attrs: vec![0], lost_entries: vec![] }) })),
             "ended.reason" => |p| p.event = Some(S::Ended(pb::SessionEnded { reason: 0, message: String::new() })),
             "ended.reason" => |p| p.event = Some(S::Ended(pb::SessionEnded { reason: 77, message: String::new() })),
             "ended.message" => |p| p.event = Some(S::Ended(pb::SessionEnded { reason: 1, message: "m".repeat(4097) })),

@@ -50,8 +50,21 @@ fn session_stream_events() {
             session: SessionId(1),
             epoch: SessionEpoch(u64::MAX),
         }),
-        ClientEvent::Heartbeat { seq: 0 },
-        ClientEvent::Heartbeat { seq: u64::MAX },
+        ClientEvent::Heartbeat {
+            seq: 0,
+            renew: None,
+        },
+        ClientEvent::Heartbeat {
+            seq: u64::MAX,
+            renew: Some(LeaseRenew {
+                attrs: vec![InodeId(1), InodeId(7)],
+                entries: vec![InodeId(1)],
+            }),
+        },
+        ClientEvent::Heartbeat {
+            seq: 3,
+            renew: Some(LeaseRenew::default()),
+        },
         ClientEvent::RecallAck {
             grant_ids: vec![GrantId(1), GrantId(2)],
         },
@@ -61,11 +74,24 @@ fn session_stream_events() {
     ] {
         round_trip::<_, pb::SessionStreamRequest>(e);
     }
-    let mut events = vec![ServerEvent::HeartbeatAck {
-        seq: 4,
-        lease_ttl_ms: 10_000,
-        durable_seq: 17,
-    }];
+    let mut events = vec![
+        ServerEvent::HeartbeatAck {
+            seq: 4,
+            lease_ttl_ms: 10_000,
+            durable_seq: 17,
+            renewed: None,
+        },
+        ServerEvent::HeartbeatAck {
+            seq: 5,
+            lease_ttl_ms: 10_000,
+            durable_seq: 0,
+            renewed: Some(LeaseRenewed {
+                lease_ms: 10_000,
+                lost_attrs: vec![InodeId(9)],
+                lost_entries: vec![],
+            }),
+        },
+    ];
     for reason in [
         RecallReason::Conflict,
         RecallReason::LayoutChanged,
