@@ -203,6 +203,7 @@ mod tests {
             btime: ts(1),
             rdev: 0,
             generation: 1,
+            no_xattrs: false,
         }
     }
 

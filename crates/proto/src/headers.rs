@@ -288,6 +288,7 @@ mod tests {
             btime: t,
             rdev: 0,
             generation: 1,
+            no_xattrs: false,
         }
     }
 

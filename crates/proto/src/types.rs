@@ -369,6 +369,10 @@ pub struct Attr {
     pub rdev: u64,
     /// Bumped when the inode number is reused.
     pub generation: u64,
+    /// The inode had no extended attribute when these attributes were read (`false`: it has
+    /// some, or whoever made this does not say). Under an attribute lease the agent answers
+    /// "no such attribute" from it.
+    pub no_xattrs: bool,
 }
 
 /// The set-user-ID bit of a mode.

@@ -200,6 +200,8 @@ impl State {
     }
 
     /// Keeps `attr` until `end`, if the table has room (pruned of what ran out when full).
+    /// Attributes that say the inode has no extended attribute make it bare until then too
+    /// (the same lease covers both).
     fn keep_attr(&mut self, attr: &Attr, end: Instant) -> bool {
         if self.attrs.len() >= MAX_ATTRS && !self.attrs.contains_key(&attr.ino) {
             self.prune(Instant::now());
@@ -208,7 +210,26 @@ impl State {
             }
         }
         self.attrs.insert(attr.ino, (attr.clone(), end));
+        if attr.no_xattrs {
+            self.keep_bare(attr.ino, end);
+        }
         true
+    }
+
+    /// `ino` has no extended attribute until `end` (unless a recall comes first): under the
+    /// mark of now, which no recall has passed (the caller checked the request's).
+    fn keep_bare(&mut self, ino: InodeId, end: Instant) {
+        if self.bare.len() >= MAX_XATTRS {
+            let now = Instant::now();
+            self.bare.retain(|_, (_, until)| *until > now);
+        }
+        if self.bare.len() < MAX_XATTRS {
+            let mark = self.seq;
+            let e = self.bare.entry(ino).or_insert((mark, end));
+            if e.1 < end {
+                *e = (mark, end);
+            }
+        }
     }
 
     fn touch(&mut self, ino: InodeId) {
@@ -935,6 +956,11 @@ impl LeaseCache {
                 {
                     *until = (*until).max(end);
                     kept += 1;
+                    if s.bare(*ino, now)
+                        && let Some((_, until)) = s.bare.get_mut(ino)
+                    {
+                        *until = (*until).max(end);
+                    }
                 }
             }
             for dir in asked.entries.iter().filter(|i| !lost_dirs.contains(i)) {
@@ -1467,6 +1493,7 @@ mod tests {
             btime: t,
             rdev: 0,
             generation: 0,
+            no_xattrs: false,
         }
     }
 
@@ -1550,6 +1577,25 @@ mod tests {
         c.put_attr(&attr(7), 2_000, Instant::now(), far(), c.mark());
         c.renewed(mark, Instant::now(), &asked, &answer, far());
         assert!(ttl(7).is_some_and(|t| t <= Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn attributes_that_say_no_xattrs_answer_absent_names_until_a_recall() {
+        let c = LeaseCache::default();
+        let mut a = attr(9);
+        c.put_attr(&a, 10_000, Instant::now(), far(), c.mark());
+        assert_eq!(c.xattr(InodeId(9), 0, b"user.x"), None, "not said: ask");
+        a.no_xattrs = true;
+        c.put_attr(&a, 10_000, Instant::now(), far(), c.mark());
+        assert_eq!(c.xattr(InodeId(9), 0, b"user.x"), Some(None));
+        assert_eq!(c.xattr(InodeId(9), 0, b"system.posix_acl_access"), None);
+        c.recall(InodeId(9), true, false);
+        assert_eq!(c.xattr(InodeId(9), 0, b"user.x"), None);
+        // A reply marked before a recall says nothing.
+        let mark = c.mark();
+        c.recall(InodeId(9), true, false);
+        c.put_attr(&a, 10_000, Instant::now(), far(), mark);
+        assert_eq!(c.xattr(InodeId(9), 0, b"user.x"), None);
     }
 
     #[test]

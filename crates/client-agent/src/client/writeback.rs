@@ -2215,6 +2215,7 @@ mod tests {
             btime: Timestamp::default(),
             rdev: 0,
             generation: 0,
+            no_xattrs: false,
         }
     }
 

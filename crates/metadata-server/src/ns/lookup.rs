@@ -15,11 +15,11 @@ where
         let (child, _, _) = self
             .dirent(r.parent, r.name.as_bytes())?
             .ok_or(OpError::Fs(FsError::NotFound))?;
-        Ok(self.inode(child)?.attr(child, block_size))
+        self.read_attr(child, block_size)
     }
 
     fn getattr(&self, block_size: u32, ino: InodeId) -> Result<Attr, OpError> {
-        Ok(self.inode(ino)?.attr(ino, block_size))
+        self.read_attr(ino, block_size)
     }
 
     fn readlink(&self, ino: InodeId) -> Result<Vec<u8>, OpError> {
@@ -60,7 +60,7 @@ where
                 )
             })?;
             let attr = if r.plus {
-                Some(self.inode(child)?.attr(child, block_size))
+                Some(self.read_attr(child, block_size)?)
             } else {
                 None
             };

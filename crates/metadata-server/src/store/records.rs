@@ -73,6 +73,7 @@ impl InodeRec {
             btime: self.btime,
             rdev: self.rdev,
             generation: self.generation,
+            no_xattrs: false,
         }
     }
 

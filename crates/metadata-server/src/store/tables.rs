@@ -94,6 +94,21 @@ where
     E: ReadableTable<u64, &'static [u8]>,
     X: ReadableTable<(u64, &'static [u8]), &'static [u8]>,
 {
+    /// The attributes of `ino` as read now, with whether it has no extended attribute (what
+    /// an attribute lease on them covers too: `SetXattr` and `RemoveXattr` recall it).
+    pub fn read_attr(
+        &self,
+        ino: InodeId,
+        block_size: u32,
+    ) -> Result<sanfs_proto::types::Attr, OpError> {
+        let mut attr = self.inode(ino)?.attr(ino, block_size);
+        attr.no_xattrs = match self.xattrs.range((ino.0, &[][..])..)?.next() {
+            None => true,
+            Some(item) => item?.0.value().0 != ino.0,
+        };
+        Ok(attr)
+    }
+
     /// The inode, or ENOENT.
     pub fn inode(&self, ino: InodeId) -> Result<InodeRec, OpError> {
         self.try_inode(ino)?.ok_or(OpError::Fs(FsError::NotFound))

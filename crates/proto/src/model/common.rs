@@ -117,6 +117,7 @@ impl TryFrom<pb::Attr> for Attr {
             btime: required_msg(p.btime, "btime")?,
             rdev: p.rdev,
             generation: p.generation,
+            no_xattrs: p.no_xattrs,
         })
     }
 }
@@ -138,6 +139,7 @@ impl From<Attr> for pb::Attr {
             btime: Some(a.btime.into()),
             rdev: a.rdev,
             generation: a.generation,
+            no_xattrs: a.no_xattrs,
         }
     }
 }

@@ -70,6 +70,7 @@ pub fn attr(ino: u64, kind: FileType) -> Attr {
         btime: ts(0, 0),
         rdev: 0,
         generation: 7,
+        no_xattrs: false,
     }
 }
 
