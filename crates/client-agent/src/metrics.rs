@@ -10,7 +10,7 @@
 //! | `sanfs_agent_layouts_ahead_total` | counter | | write layouts asked for ahead of a sequential writer |
 //! | `sanfs_agent_cached_grants` | gauge | | read grants cached now |
 //! | `sanfs_agent_recalls_total` | counter | | recalls of cached grants answered |
-//! | `sanfs_agent_lease_cache_total` | counter | `kind`, `result` | stats (`attr`), lookups (`entry`) and extended attribute reads (`xattr`) answered under a lease (`hit`, no RPC) or asked of the server (`miss`) |
+//! | `sanfs_agent_lease_cache_total` | counter | `kind`, `result` | stats (`attr`), lookups (`entry`), extended attribute reads (`xattr`), directory opens (`access`) and listings (`listing`) answered under a lease (`hit`, no RPC) or asked of the server (`miss`) |
 //! | `sanfs_agent_lease_recalls_total` | counter | | attribute and entry lease recalls answered |
 //! | `sanfs_agent_lease_renewals_total` | counter | `result` | leases renewed by heartbeats (`renewed`), and those asked for that the server no longer held (`lost`) |
 //! | `sanfs_agent_small_file_opens_total` | counter | | opens of small files answered with the file's bytes |
@@ -145,6 +145,8 @@ pub fn render(client: &Client) -> String {
         ("xattr", "miss", l.xattr_misses),
         ("access", "hit", l.access_hits),
         ("access", "miss", l.access_misses),
+        ("listing", "hit", l.listing_hits),
+        ("listing", "miss", l.listing_misses),
     ] {
         metrics::counter!("sanfs_agent_lease_cache_total", "kind" => kind, "result" => result)
             .absolute(v);

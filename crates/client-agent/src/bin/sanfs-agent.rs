@@ -793,7 +793,7 @@ fn format_status(m: &MountStatus) -> String {
     let l = &a.leases;
     let _ = writeln!(
         out,
-        "  leases     stat hits {} misses {}; lookup hits {} misses {}; xattr hits {} misses {}; access hits {} misses {}; small files opened with their bytes {}, reads from them {}; recalls {}; renewed {} (lost {}); cached now {} attributes, {} names",
+        "  leases     stat hits {} misses {}; lookup hits {} misses {}; xattr hits {} misses {}; access hits {} misses {}; small files opened with their bytes {}, reads from them {}; listings from the cache {} (not {}); recalls {}; renewed {} (lost {}); cached now {} attributes, {} names",
         l.attr_hits,
         l.attr_misses,
         l.entry_hits,
@@ -804,6 +804,8 @@ fn format_status(m: &MountStatus) -> String {
         l.access_misses,
         l.small_file_opens,
         l.small_file_reads,
+        l.listing_hits,
+        l.listing_misses,
         l.recalls,
         l.renewed,
         l.renew_lost,

@@ -42,8 +42,8 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use sanfs_proto::model::{
-    ChangedDirs, EntryRequest, GetAttrRequest, LeaseRenew, LeaseRenewed, Leased, LeasedLookup,
-    LeasedReadDir, ReadDirReply, ReadDirRequest,
+    ChangedDirs, DirEntry, EntryRequest, GetAttrRequest, LeaseRenew, LeaseRenewed, Leased,
+    LeasedLookup, LeasedReadDir, ReadDirReply, ReadDirRequest,
 };
 use sanfs_proto::pb;
 use sanfs_proto::types::{Attr, Credentials, FileName, FileType, FsError, InodeId};
@@ -113,6 +113,9 @@ pub struct LeaseCounters {
     /// Reads answered from a small file's bytes given with its open, and opens that got them.
     pub content_hits: AtomicU64,
     pub content_opens: AtomicU64,
+    /// Directory listings answered from a listing kept under the entry lease, and not.
+    pub listing_hits: AtomicU64,
+    pub listing_misses: AtomicU64,
     pub recalls: AtomicU64,
     /// Leases renewed by heartbeats, and those asked for that the server no longer held.
     pub renewed: AtomicU64,
@@ -130,6 +133,27 @@ struct Dir {
     /// directory this agent made, while it holds its entry lease and every change of its
     /// own there put the names it added).
     complete: bool,
+    /// The whole listing as the server answered it under this hold (a `ReadDir` with
+    /// attributes from its start to its end, in one reply that gave the entry lease): later
+    /// listings are answered from it ([`LeaseCache::listing`]). Dropped with any change of
+    /// this agent's in the directory; a recall drops the whole hold.
+    listing: Option<Listing>,
+}
+
+impl Dir {
+    /// Names kept under this hold, the listing's included (counted against [`MAX_NAMES`]).
+    fn held(&self) -> usize {
+        self.names.len() + self.listing.as_ref().map_or(0, |l| l.entries.len())
+    }
+}
+
+/// A directory's listing kept under its entry lease.
+#[derive(Debug)]
+struct Listing {
+    /// The directory's parent, for `..`.
+    parent: InodeId,
+    /// (name, inode, kind, cookie), in cookie order.
+    entries: Vec<(FileName, InodeId, FileType, u64)>,
 }
 
 /// What this node's attribute lease says of a file as a small one
@@ -249,6 +273,9 @@ impl State {
         for (dir, name) in dirs {
             self.touch(*dir);
             self.attrs.remove(dir);
+            if let Some(l) = self.dirs.get_mut(dir).and_then(|d| d.listing.take()) {
+                self.names -= l.entries.len();
+            }
             // The name's inode changes too (link count, ctime).
             let child = self.dirs.get_mut(dir).and_then(|d| d.names.remove(*name));
             if let Some(child) = child {
@@ -282,9 +309,10 @@ impl State {
                 since,
                 names: HashMap::new(),
                 complete: false,
+                listing: None,
             };
             if let Some(old) = self.dirs.insert(parent, fresh) {
-                self.names -= old.names.len();
+                self.names -= old.held();
             }
         }
         if let Some(dir) = self.dirs.get_mut(&parent) {
@@ -320,9 +348,10 @@ impl State {
             since: self.seq,
             names: HashMap::new(),
             complete: true,
+            listing: None,
         };
         if let Some(old) = self.dirs.insert(dir, empty) {
-            self.names -= old.names.len();
+            self.names -= old.held();
         }
     }
 
@@ -355,7 +384,7 @@ impl State {
 
     fn drop_dir(&mut self, dir: InodeId) {
         if let Some(d) = self.dirs.remove(&dir) {
-            self.names -= d.names.len();
+            self.names -= d.held();
         }
     }
 
@@ -367,7 +396,7 @@ impl State {
         self.dirs.retain(|_, d| {
             let keep = d.until > now;
             if !keep {
-                gone += d.names.len();
+                gone += d.held();
             }
             keep
         });
@@ -982,6 +1011,90 @@ impl LeaseCache {
         );
     }
 
+    /// Keeps the listing of `dir` that a `ReadDir` with attributes from its start answered
+    /// whole (`reply.eof`), under the entry lease that reply gave (the request was marked
+    /// `mark`: nothing touched the directory since, so the lease covers what was read).
+    pub fn put_listing(&self, dir: InodeId, mark: u64, reply: &ReadDirReply) {
+        if !reply.eof {
+            return;
+        }
+        let now = Instant::now();
+        let mut s = self.lock();
+        let n = reply.entries.len();
+        if !s.usable(mark, dir) || s.names + n > MAX_NAMES {
+            return;
+        }
+        let Some(d) = s.dirs.get_mut(&dir).filter(|d| d.until > now) else {
+            return;
+        };
+        let entries = reply
+            .entries
+            .iter()
+            .map(|e| (e.name.clone(), e.inode, e.kind, e.cookie))
+            .collect();
+        let old = d.listing.replace(Listing {
+            parent: reply.parent,
+            entries,
+        });
+        let old = old.map_or(0, |l| l.entries.len());
+        s.names = s.names + n - old;
+    }
+
+    /// Entries of `dir`'s listing after `cookie` (0: from the start), at most `max`, from the
+    /// listing kept under its entry lease, with their attributes (`plus`) from the attribute
+    /// leases; `None` when not kept, or when an entry's attributes are not.
+    pub fn listing(
+        &self,
+        dir: InodeId,
+        cookie: u64,
+        max: usize,
+        plus: bool,
+    ) -> Option<ReadDirReply> {
+        let now = Instant::now();
+        let hit = {
+            let mut s = self.lock();
+            let hit = (|| {
+                let d = s.dirs.get(&dir).filter(|d| d.until > now)?;
+                let l = d.listing.as_ref()?;
+                let start = l.entries.partition_point(|e| e.3 <= cookie);
+                let end = start.saturating_add(max.max(1)).min(l.entries.len());
+                let mut entries = Vec::with_capacity(end - start);
+                for (name, ino, kind, c) in &l.entries[start..end] {
+                    let attr = if plus {
+                        let (a, until) = s.attrs.get(ino)?;
+                        if *until <= now {
+                            return None;
+                        }
+                        Some(a.clone())
+                    } else {
+                        None
+                    };
+                    entries.push(DirEntry {
+                        name: name.clone(),
+                        inode: *ino,
+                        kind: *kind,
+                        cookie: *c,
+                        attr,
+                    });
+                }
+                Some(ReadDirReply {
+                    entries,
+                    eof: end == l.entries.len(),
+                    parent: l.parent,
+                })
+            })();
+            if hit.is_some() {
+                s.used.insert(dir, now);
+            }
+            hit
+        };
+        counted(
+            hit,
+            &self.counters.listing_hits,
+            &self.counters.listing_misses,
+        )
+    }
+
     /// (attributes, names) kept now.
     pub fn size(&self) -> (usize, usize) {
         let s = self.lock();
@@ -1215,6 +1328,8 @@ impl Client {
             small_file_opens: get(&c.content_opens),
             small_file_reads: get(&c.content_hits),
             recalls: get(&c.recalls),
+            listing_hits: get(&c.listing_hits),
+            listing_misses: get(&c.listing_misses),
             renewed: get(&c.renewed),
             renew_lost: get(&c.renew_lost),
             attrs_now: attrs as u64,
@@ -1406,6 +1521,16 @@ impl Client {
         plus: bool,
     ) -> Result<ReadDirReply, FsError> {
         let cache = &self.inner.leases;
+        if let Some(r) = self.cached_listing(ino, cookie, max_entries, plus) {
+            return Ok(r);
+        }
+        // A listing from its start is asked whole (up to the most one reply holds), so that
+        // it can be kept under the entry lease its reply gives.
+        let max_entries = if cookie == 0 && plus {
+            sanfs_proto::model::MAX_READDIR_ENTRIES
+        } else {
+            max_entries
+        };
         let (mark, sent) = (cache.mark(), Instant::now());
         let mut l: Leased<ReadDirReply> = self
             .inner
@@ -1455,8 +1580,28 @@ impl Client {
                     );
                 }
             }
+            if cookie == 0 {
+                cache.put_listing(ino, mark, &l.value);
+            }
         }
         Ok(l.value)
+    }
+
+    /// A listing answered from the one kept under the directory's entry lease
+    /// ([`LeaseCache::listing`]), unless an entry's attributes wait for this node's own
+    /// writes to complete (see `lookup_leased`).
+    pub(super) fn cached_listing(
+        &self,
+        ino: InodeId,
+        cookie: u64,
+        max_entries: u32,
+        plus: bool,
+    ) -> Option<ReadDirReply> {
+        let r = self
+            .inner
+            .leases
+            .listing(ino, cookie, max_entries as usize, plus)?;
+        (!r.entries.iter().any(|e| self.inner.completing(e.inode))).then_some(r)
     }
 }
 

@@ -476,6 +476,9 @@ impl Client {
         max_entries: u32,
         plus: bool,
     ) -> Result<ReadDirReply, FsError> {
+        if let Some(r) = self.cached_listing(ino, cookie, max_entries, plus) {
+            return Ok(r);
+        }
         let req = pb::ReadDirRequest::from(ReadDirRequest {
             cred: cred.clone(),
             inode: ino,

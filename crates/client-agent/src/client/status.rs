@@ -96,6 +96,11 @@ pub struct LeaseCounts {
     #[serde(default)]
     pub small_file_reads: u64,
     pub recalls: u64,
+    /// Directory listings answered from a listing kept under the entry lease, and not.
+    #[serde(default)]
+    pub listing_hits: u64,
+    #[serde(default)]
+    pub listing_misses: u64,
     /// Leases renewed by heartbeats, and those asked for that the server no longer held.
     #[serde(default)]
     pub renewed: u64,

@@ -249,6 +249,101 @@ async fn leases_in_use_are_renewed_past_their_term_and_still_recalled() {
     srv.stop().await;
 }
 
+/// A directory's listing is kept under its entry lease: listing it again asks the server
+/// nothing, and every change of the directory through either mount (a create, an unlink, a
+/// rename, a chmod of an entry) is in the very next listing through the other and this one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_is_kept_under_the_lease_and_exact_after_any_change() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "list-a", "").await;
+    let b = Mount::start(&srv, "list-b", "").await;
+    std::fs::create_dir(a.p("d")).unwrap();
+    for i in 0..300 {
+        std::fs::write(a.p(&format!("d/f{i:03}")), b"x").unwrap();
+    }
+    // What `ls -l` sees: every name with its mode.
+    let list = |root: std::path::PathBuf| {
+        let mut v: Vec<(String, u32)> = std::fs::read_dir(root.join("d"))
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let mode = e.metadata().unwrap().mode() & 0o7777;
+                (e.file_name().into_string().unwrap(), mode)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let mut want: Vec<(String, u32)> = (0..300).map(|i| (format!("f{i:03}"), 0o644)).collect();
+    for m in [&b, &a] {
+        assert_eq!(list(m.path.clone()), want);
+        let before = agent_status(&m.path);
+        assert_eq!(list(m.path.clone()), want);
+        let after = agent_status(&m.path);
+        assert!(
+            counter(&after, "listing_hits") > counter(&before, "listing_hits"),
+            "listed again from the server: {before} then {after}"
+        );
+    }
+    let mut stale = Vec::new();
+    for n in 0..20u32 {
+        let (changer, other) = if n % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        // Both hold the listing before the change.
+        let _ = list(changer.path.clone());
+        let _ = list(other.path.clone());
+        let i = (n * 7) % 300;
+        let name = format!("f{i:03}");
+        match n % 4 {
+            0 => {
+                std::fs::write(changer.p(&format!("d/new{n}")), b"y").unwrap();
+                want.push((format!("new{n}"), 0o644));
+            }
+            1 => {
+                std::fs::remove_file(changer.p(&format!("d/{name}"))).unwrap();
+                want.retain(|(w, _)| *w != name);
+            }
+            2 => {
+                if let Some(e) = want.iter_mut().find(|(w, _)| *w == name) {
+                    std::fs::rename(
+                        changer.p(&format!("d/{name}")),
+                        changer.p(&format!("d/r{n}")),
+                    )
+                    .unwrap();
+                    e.0 = format!("r{n}");
+                }
+            }
+            _ => {
+                if let Some(e) = want.iter_mut().find(|(w, _)| *w == name) {
+                    std::fs::set_permissions(
+                        changer.p(&format!("d/{name}")),
+                        std::fs::Permissions::from_mode(0o600),
+                    )
+                    .unwrap();
+                    e.1 = 0o600;
+                }
+            }
+        }
+        want.sort();
+        for (who, m) in [("changer", changer), ("other", other)] {
+            let seen = list(m.path.clone());
+            if seen != want {
+                stale.push(format!(
+                    "{n}: the {who} lists {} entries, {} expected",
+                    seen.len(),
+                    want.len()
+                ));
+            }
+        }
+    }
+    assert!(stale.is_empty(), "{stale:?}");
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
+
 /// A node's own writes and its own stats: a file open on one mount grows by writes whose
 /// completions go behind them (batched), and the very next stat by path through the same
 /// mount shows every one, also when another mount changed the directory (the stat looks the
