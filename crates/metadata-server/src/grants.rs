@@ -38,7 +38,6 @@ use tokio::sync::mpsc;
 
 use crate::data::{self, Mapped};
 use crate::locks::{LockMode, Owner, Span};
-use crate::ns::Reader;
 use crate::proxy::{DataPath, SizeOf};
 use crate::store::Luns;
 use sanfs_proto::types::{InodeId, SessionEpoch, SessionId};
@@ -873,7 +872,10 @@ impl Grants {
         let result = async {
             if g.mode == LockMode::Shared {
                 return Ok((
-                    store.read(|t| t.getattr(store.block_size(), InodeId(g.ino)))?,
+                    store.read(|t| {
+                        let ino = InodeId(g.ino);
+                        Ok(t.inode(ino)?.attr(ino, store.block_size()))
+                    })?,
                     0,
                 ));
             }

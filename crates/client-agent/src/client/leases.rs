@@ -235,20 +235,21 @@ impl State {
         }
         self.attrs.insert(attr.ino, (attr.clone(), end));
         if attr.no_xattrs {
-            self.keep_bare(attr.ino, end);
+            // Under the mark of now, which no recall has passed (the caller checked the
+            // request's).
+            self.keep_bare(attr.ino, self.seq, end);
         }
         true
     }
 
-    /// `ino` has no extended attribute until `end` (unless a recall comes first): under the
-    /// mark of now, which no recall has passed (the caller checked the request's).
-    fn keep_bare(&mut self, ino: InodeId, end: Instant) {
+    /// `ino` has no extended attribute until `end`, unless a recall after `mark` comes
+    /// (room permitting; a longer hold already kept stays).
+    fn keep_bare(&mut self, ino: InodeId, mark: u64, end: Instant) {
         if self.bare.len() >= MAX_XATTRS {
             let now = Instant::now();
             self.bare.retain(|_, (_, until)| *until > now);
         }
         if self.bare.len() < MAX_XATTRS {
-            let mark = self.seq;
             let e = self.bare.entry(ino).or_insert((mark, end));
             if e.1 < end {
                 *e = (mark, end);
@@ -353,6 +354,42 @@ impl State {
         if let Some(old) = self.dirs.insert(dir, empty) {
             self.names -= old.held();
         }
+    }
+
+    /// [`LeaseCache::listing`] as of `now`.
+    fn listed(
+        &self,
+        dir: InodeId,
+        cookie: u64,
+        max: usize,
+        plus: bool,
+        now: Instant,
+    ) -> Option<ReadDirReply> {
+        let d = self.dirs.get(&dir).filter(|d| d.until > now)?;
+        let l = d.listing.as_ref()?;
+        let start = l.entries.partition_point(|e| e.3 <= cookie);
+        let end = start.saturating_add(max.max(1)).min(l.entries.len());
+        let mut entries = Vec::with_capacity(end - start);
+        for (name, ino, kind, c) in &l.entries[start..end] {
+            let attr = if plus {
+                let (a, _) = self.attrs.get(ino).filter(|(_, until)| *until > now)?;
+                Some(a.clone())
+            } else {
+                None
+            };
+            entries.push(DirEntry {
+                name: name.clone(),
+                inode: *ino,
+                kind: *kind,
+                cookie: *c,
+                attr,
+            });
+        }
+        Some(ReadDirReply {
+            entries,
+            eof: end == l.entries.len(),
+            parent: l.parent,
+        })
     }
 
     fn drop_content(&mut self, ino: InodeId) {
@@ -1053,36 +1090,7 @@ impl LeaseCache {
         let now = Instant::now();
         let hit = {
             let mut s = self.lock();
-            let hit = (|| {
-                let d = s.dirs.get(&dir).filter(|d| d.until > now)?;
-                let l = d.listing.as_ref()?;
-                let start = l.entries.partition_point(|e| e.3 <= cookie);
-                let end = start.saturating_add(max.max(1)).min(l.entries.len());
-                let mut entries = Vec::with_capacity(end - start);
-                for (name, ino, kind, c) in &l.entries[start..end] {
-                    let attr = if plus {
-                        let (a, until) = s.attrs.get(ino)?;
-                        if *until <= now {
-                            return None;
-                        }
-                        Some(a.clone())
-                    } else {
-                        None
-                    };
-                    entries.push(DirEntry {
-                        name: name.clone(),
-                        inode: *ino,
-                        kind: *kind,
-                        cookie: *c,
-                        attr,
-                    });
-                }
-                Some(ReadDirReply {
-                    entries,
-                    eof: end == l.entries.len(),
-                    parent: l.parent,
-                })
-            })();
+            let hit = s.listed(dir, cookie, max, plus, now);
             if hit.is_some() {
                 s.used.insert(dir, now);
             }
@@ -1226,12 +1234,7 @@ impl OwnChange<'_> {
                     s.put_own_name(dir, name, attr.ino, end, now, was_complete);
                     ttl = Some(end.saturating_duration_since(now));
                     if created {
-                        if s.bare.len() >= MAX_XATTRS {
-                            s.bare.retain(|_, (_, until)| *until > now);
-                        }
-                        if s.bare.len() < MAX_XATTRS {
-                            s.bare.insert(attr.ino, (self.mark, end));
-                        }
+                        s.keep_bare(attr.ino, self.mark, end);
                     }
                 }
             }

@@ -18,6 +18,24 @@ fn counter(status: &serde_json::Value, name: &str) -> u64 {
     status["agent"]["leases"][name].as_u64().unwrap()
 }
 
+/// A server with lease term `ttl_ms`, two mounts of it (`{tag}-a`, `{tag}-b`), and a
+/// directory `d` of `files` one-byte files named by `name`, made through the first.
+async fn two_mounts_with_files(
+    ttl_ms: u64,
+    tag: &str,
+    files: u32,
+    name: fn(u32) -> String,
+) -> (cluster::Cluster, Mount, Mount) {
+    let srv = cluster::start(ttl_ms).await;
+    let a = Mount::start(&srv, &format!("{tag}-a"), "").await;
+    let b = Mount::start(&srv, &format!("{tag}-b"), "").await;
+    std::fs::create_dir(a.p("d")).unwrap();
+    for i in 0..files {
+        std::fs::write(a.p(&format!("d/{}", name(i))), b"x").unwrap();
+    }
+    (srv, a, b)
+}
+
 /// No stat or lookup between the two statuses asked the server.
 fn no_misses(before: &serde_json::Value, after: &serde_json::Value, what: &str) {
     for miss in ["attr_misses", "entry_misses"] {
@@ -180,13 +198,7 @@ async fn leases_in_use_are_renewed_past_their_term_and_still_recalled() {
         return;
     }
     const TTL_MS: u64 = 1_500;
-    let srv = cluster::start(TTL_MS).await;
-    let a = Mount::start(&srv, "renew-a", "").await;
-    let b = Mount::start(&srv, "renew-b", "").await;
-    std::fs::create_dir(a.p("d")).unwrap();
-    for i in 0..20 {
-        std::fs::write(a.p(&format!("d/f{i}")), b"x").unwrap();
-    }
+    let (srv, a, b) = two_mounts_with_files(TTL_MS, "renew", 20, |i| format!("f{i}")).await;
     let stat_all = |root: std::path::PathBuf| {
         move || {
             let mut sizes = Vec::new();
@@ -257,13 +269,7 @@ async fn a_listing_is_kept_under_the_lease_and_exact_after_any_change() {
     if !can_mount() {
         return;
     }
-    let srv = cluster::start(10_000).await;
-    let a = Mount::start(&srv, "list-a", "").await;
-    let b = Mount::start(&srv, "list-b", "").await;
-    std::fs::create_dir(a.p("d")).unwrap();
-    for i in 0..300 {
-        std::fs::write(a.p(&format!("d/f{i:03}")), b"x").unwrap();
-    }
+    let (srv, a, b) = two_mounts_with_files(10_000, "list", 300, |i| format!("f{i:03}")).await;
     // What `ls -l` sees: every name with its mode.
     let list = |root: std::path::PathBuf| {
         let mut v: Vec<(String, u32)> = std::fs::read_dir(root.join("d"))

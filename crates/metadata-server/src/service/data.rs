@@ -637,8 +637,7 @@ impl Data for DataService {
             // namespace changes made under a session) become durable here, all of them.
             // What the server wrote on the proxied path may sit in the LUNs' write caches:
             // flush them. The agent flushes the LUNs it wrote itself.
-            let bs = self.server.store.block_size();
-            self.server.read(|t| t.getattr(bs, req.inode))?;
+            self.server.read(|t| t.inode(req.inode))?;
             // The data first (the LUNs' write caches are flushed: also what the server wrote
             // in place on the proxied path), then the metadata that makes it readable: lazy
             // conversions of completed direct and proxied writes become durable here. A

@@ -285,7 +285,7 @@ impl Server {
                 .open(req.inode.0, req.session.0, req.flags.write);
             // An unlink may have destroyed the inode between the check and the handle:
             // look again now that the handle keeps it alive.
-            if let Err(e) = self.read(|t| t.getattr(bs, req.inode)) {
+            if let Err(e) = self.read(|t| t.inode(req.inode)) {
                 self.release_handle(handle).await?;
                 return Err(e);
             }
@@ -447,7 +447,7 @@ impl Server {
 
     fn statfs(&self, req: &InodeRequest) -> Result<StatFs, Status> {
         let bs = self.store.block_size();
-        self.read(|t| t.getattr(bs, req.inode))?;
+        self.read(|t| t.inode(req.inode))?;
         let usage = self.store.usage();
         let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         let total_blocks = load(&usage.total_blocks);
