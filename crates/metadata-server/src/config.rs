@@ -172,6 +172,9 @@ pub struct ServerConfig {
     pub grant_hold_limit_ms: Option<u64>,
     /// Group commit: at most this many operations per durable commit.
     pub commit_batch_max: usize,
+    /// Small proxied writes are journaled with their commit and settled (the data LUNs
+    /// flushed, the journal told) at least this often: what a restart rewrites.
+    pub settle_ms: u64,
     /// Async worker threads serving calls; 0: [`ServerConfig::worker_threads`]'s default.
     pub threads: usize,
 }
@@ -197,6 +200,8 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7410";
 pub const DEFAULT_DIRECT_THRESHOLD: u64 = 64 << 10;
 /// Default session lease TTL.
 pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
+/// Default interval of the settling of journaled data (`server.settle_ms`).
+pub const DEFAULT_SETTLE_MS: u64 = 1000;
 /// Default group-commit batch limit.
 pub const DEFAULT_COMMIT_BATCH_MAX: usize = 256;
 /// Default file system block size.
@@ -217,6 +222,7 @@ impl Default for ServerConfig {
             lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
             grant_hold_limit_ms: None,
             commit_batch_max: DEFAULT_COMMIT_BATCH_MAX,
+            settle_ms: DEFAULT_SETTLE_MS,
             threads: 0,
         }
     }
@@ -400,6 +406,9 @@ impl MdsConfig {
         }
         if s.grant_hold_limit_ms == Some(0) {
             bail!("server.grant_hold_limit_ms must be positive");
+        }
+        if s.settle_ms == 0 {
+            bail!("server.settle_ms must be positive");
         }
         if s.commit_batch_max == 0 {
             bail!("server.commit_batch_max must be positive");

@@ -305,6 +305,36 @@ impl DataDevices {
         Ok(touched)
     }
 
+    /// [`DataDevices::write_plan`] that also answers each device write (LUN, offset, bytes).
+    pub fn write_plan_kept(
+        &self,
+        plan: &IoPlan,
+        buf: &[u8],
+    ) -> Result<Vec<(u32, u64, Vec<u8>)>, FsError> {
+        let mut kept = Vec::with_capacity(plan.device_ios.len());
+        for io in &plan.device_ios {
+            let mut bytes = Vec::with_capacity(to_usize(io.len)?);
+            for piece in &io.iov {
+                bytes.extend_from_slice(&buf[range(piece.buf_off, piece.len, buf.len())?]);
+            }
+            self.write_raw(io.device, io.phys_off, &bytes)?;
+            kept.push((io.device.0, io.phys_off, bytes));
+        }
+        Ok(kept)
+    }
+
+    /// Writes `bytes` at `offset` of LUN `device` (a whole number of blocks, as every plan's
+    /// device I/O), not flushed.
+    pub fn write_raw(&self, device: DeviceIndex, offset: u64, bytes: &[u8]) -> Result<(), FsError> {
+        let lun = self.lun(device)?;
+        let mut tmp = AlignedBuf::zeroed(bytes.len());
+        tmp.as_mut_slice().copy_from_slice(bytes);
+        self.may_write()?;
+        lun.file
+            .write_all_at(tmp.as_slice(), offset)
+            .map_err(|e| FsError::Io(format!("write {} at {offset}: {e}", lun.path.display())))
+    }
+
     /// Flushes the devices' write caches (fdatasync on the device: a cache flush), all at
     /// once (one thread per device past the first), so that a flush costs one device's flush
     /// time, not the sum.

@@ -614,6 +614,10 @@ impl Grants {
                 // Blocks allocated by a fallocate that has not zeroed them yet are zeroed
                 // first (a pass with nothing noted is one snapshot read).
                 self.dp.zero_fresh().await?;
+                // The server's journaled writes are settled before a client may write blocks
+                // itself (under the lock: none of this range is journaled after it), so that
+                // a replay of the journal never puts older bytes over the client's.
+                self.dp.settle().await?;
                 return Ok(m);
             }
             let free = store
@@ -636,6 +640,9 @@ impl Grants {
             // on the LUNs before the grant leaves, so a completion without the device I/O
             // exposes zeros.
             self.dp.zero_fresh().await?;
+            // As above; here after the allocation, so that journaled writes of these blocks'
+            // last owner are settled too.
+            self.dp.settle().await?;
             if ahead_range.1 > ahead_range.0 {
                 let mut pre = self.prealloc();
                 let e = pre.entry(ino.0).or_insert(ahead_range);

@@ -218,6 +218,7 @@ fn serve(
         lease_ttl_ms: config.server.lease_ttl_ms,
         grant_hold_limit_ms: config.server.grant_hold_limit_ms,
         batch_max: config.server.commit_batch_max,
+        settle_ms: config.server.settle_ms,
         backend: metadata_backend(&config),
         data_devices: config.volume.devices.clone(),
     };

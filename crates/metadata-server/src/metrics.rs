@@ -206,6 +206,14 @@ fn describe_recorded() {
         );
     }
     describe_counter!(
+        crate::proxy::DATA_JOURNALED,
+        "Small proxied writes journaled with their commit instead of a flush of the data LUNs."
+    );
+    describe_counter!(
+        crate::proxy::DATA_SETTLES,
+        "Settlings of journaled data: the data LUNs flushed, the journal told it need not replay it."
+    );
+    describe_counter!(
         "sanfs_tls_handshakes_refused_total",
         "Connections closed before their TLS handshake completed."
     );

@@ -26,6 +26,7 @@ use crate::data::{self, Mapped};
 use crate::datadev::DataDevices;
 use crate::locks::{LockMode, RangeLocks, Span};
 use crate::smallfiles::{SMALL_FILE_MAX, SmallFiles};
+use crate::store::journal::DataJournal;
 use crate::store::{Luns, OpError, Store};
 use crate::{ns, replies};
 
@@ -63,7 +64,22 @@ pub struct DataPath {
     /// Whole small files the proxied path wrote or read (forgotten as an exclusive lock on
     /// one is granted).
     pub small: Arc<SmallFiles>,
+    /// Where small proxied writes are journaled instead of flushed (a store with a journal).
+    journal: Option<DataJournal>,
+    /// One settling at a time ([`DataPath::settle`]).
+    settling: tokio::sync::Mutex<()>,
 }
+
+/// Proxied writes of at most this many bytes (whole blocks) are journaled with their commit
+/// instead of flushing the LUNs before it (`journal::DataJournal`).
+pub const JOURNALED_WRITE_MAX: u64 = 256 << 10;
+/// At most this many bytes of journaled data wait to be settled; past it a write settles
+/// first.
+const JOURNALED_UNSETTLED_MAX: u64 = 4 << 20;
+/// Settlings of journaled data (metrics).
+pub const DATA_SETTLES: &str = "sanfs_journal_data_settles_total";
+/// Proxied writes journaled (metrics).
+pub const DATA_JOURNALED: &str = "sanfs_journal_data_writes_total";
 
 /// What [`DataPath::set_recaller`] takes: called with the ids of the locks in the way.
 pub type Recaller = Box<dyn Fn(Vec<u64>) + Send + Sync>;
@@ -119,7 +135,10 @@ impl DataPath {
             }
             .map_err(|e| e.to_string())
         }));
+        let journal = store.data_journal();
         DataPath {
+            journal,
+            settling: tokio::sync::Mutex::new(()),
             store,
             locks,
             small,
@@ -146,6 +165,8 @@ impl DataPath {
         if runs.is_empty() {
             return Ok(0);
         }
+        // Zeros are not journaled: what the journal holds for these blocks is settled first.
+        self.settle().await?;
         let devices = self.devices.clone();
         let volume = self.store.volume().clone();
         let todo = runs.clone();
@@ -162,6 +183,99 @@ impl DataPath {
         self.store.clear_unzeroed(runs).await?;
         self.zeroed_bytes.fetch_add(zeroed, Ordering::Relaxed);
         Ok(zeroed)
+    }
+
+    /// Settles the server's journaled writes (`journal::DataJournal`): flushes the LUNs and
+    /// tells the journal that every operation written before is on them, so that a replay
+    /// never writes it again. Called before anyone writes the LUNs other than by a
+    /// journaled write (a client under a write grant, the server's own other writes), and
+    /// in the background ([`DataPath::settle_in_background`]). Nothing to do: no I/O.
+    pub async fn settle(&self) -> Result<(), FsError> {
+        let Some(journal) = &self.journal else {
+            return Ok(());
+        };
+        if journal.settle_point().is_none() {
+            return Ok(());
+        }
+        let _one = self.settling.lock().await;
+        // Captured before the flush: every operation up to it was written before.
+        let Some(point) = journal.settle_point() else {
+            return Ok(());
+        };
+        let devices = self.devices.clone();
+        let journal = journal.clone();
+        tokio::task::spawn_blocking(move || {
+            devices.flush_all()?;
+            journal
+                .settle(point)
+                .map_err(|e| FsError::Io(format!("settling journaled data: {e}")))
+        })
+        .await
+        .map_err(join_error)??;
+        metrics::counter!(DATA_SETTLES).increment(1);
+        Ok(())
+    }
+
+    /// Writes onto the LUNs the data the journal replayed at the store's opening (writes
+    /// acknowledged before a crash, maybe not flushed then), then settles it. Called once,
+    /// before anything is served. Data for a LUN this server does not have stays in the
+    /// journal (a warning) until a later start writes it.
+    pub async fn write_journaled_data(&self) -> Result<(), FsError> {
+        let Some(journal) = self.journal.clone() else {
+            return Ok(());
+        };
+        let ops = journal.unwritten();
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let devices = self.devices.clone();
+        let j = journal.clone();
+        let (written, failed) = tokio::task::spawn_blocking(move || {
+            let (mut written, mut failed) = (0u64, 0u64);
+            for op in ops {
+                match devices.write_raw(DeviceIndex(op.lun), op.offset, &op.data) {
+                    Ok(()) => {
+                        j.written(op.id);
+                        written += op.data.len() as u64;
+                    }
+                    Err(e) => {
+                        tracing::warn!(lun = op.lun, offset = op.offset, error = %e,
+                            "journaled data not written to its LUN; kept in the journal");
+                        failed += 1;
+                    }
+                }
+            }
+            (written, failed)
+        })
+        .await
+        .map_err(join_error)?;
+        tracing::info!(
+            bytes = written,
+            failed,
+            "journaled data written to the LUNs"
+        );
+        self.settle().await
+    }
+
+    /// Settles journaled data every `every` while the store is open (bounds what a replay
+    /// rewrites, and what the journal holds).
+    pub fn settle_in_background(self: &Arc<Self>, every: Duration) {
+        if self.journal.is_none() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(dp) = weak.upgrade() else { return };
+                if dp.store.poisoned() {
+                    return;
+                }
+                if let Err(e) = dp.settle().await {
+                    tracing::warn!(error = %e, "settling journaled data failed");
+                }
+            }
+        });
     }
 
     /// Lets proxied requests recall cached read grants in their way (as a write grant
@@ -226,6 +340,19 @@ impl DataPath {
         .map_err(join_error)?
     }
 
+    /// Writes `buf` by `plan` without flushing, and answers what was written, LUN by LUN, for
+    /// the journal.
+    async fn write_plan_kept(
+        &self,
+        plan: IoPlan,
+        buf: Vec<u8>,
+    ) -> Result<Vec<(u32, u64, Vec<u8>)>, FsError> {
+        let devices = self.devices.clone();
+        tokio::task::spawn_blocking(move || devices.write_plan_kept(&plan, &buf))
+            .await
+            .map_err(join_error)?
+    }
+
     /// Writes `buf` by `plan` (flushing the LUNs written if `sync`); answers the LUNs written.
     async fn write_plan(
         &self,
@@ -233,6 +360,9 @@ impl DataPath {
         buf: Vec<u8>,
         sync: bool,
     ) -> Result<Vec<DeviceIndex>, FsError> {
+        // Not journaled: what the journal holds is settled first (it may be for these
+        // blocks, and a replay must not write it over these bytes).
+        self.settle().await?;
         let devices = self.devices.clone();
         tokio::task::spawn_blocking(move || {
             let touched = devices.write_plan(&plan, &buf)?;
@@ -492,9 +622,35 @@ impl DataPath {
         // Blocks a fallocate noted for zeroing are zeroed before the server writes into
         // them, never after.
         self.zero_fresh().await?;
-        // Not flushed here: the commit below flushes the LUNs first.
-        let touched = self.write_plan(mapped.plan, buf, false).await?;
-        let touched = Luns::listed(touched.iter().map(|d| d.0).collect());
+        // A small write is journaled with its commit (one sync, the journal's), others are
+        // flushed by the commit below before it.
+        let touched = match &self.journal {
+            Some(j) if b - a <= JOURNALED_WRITE_MAX => {
+                if j.unsettled_bytes() + (b - a) > JOURNALED_UNSETTLED_MAX {
+                    self.settle().await?;
+                }
+                let kept = self.write_plan_kept(mapped.plan, buf).await?;
+                let luns: Vec<u32> = kept.iter().map(|k| k.0).collect();
+                let staged = j
+                    .stage(kept, JOURNALED_UNSETTLED_MAX)
+                    .map_err(|e| FsError::Io(format!("journaling a write: {e}")))?;
+                if staged {
+                    metrics::counter!(DATA_JOURNALED).increment(1);
+                    Luns::listed(Vec::new())
+                } else {
+                    // Others filled the journal meanwhile: flushed by the commit as any
+                    // write, after what the journal holds is settled (before the commit that
+                    // makes these bytes count, so no replay writes older ones over them).
+                    self.settle().await?;
+                    Luns::listed(luns)
+                }
+            }
+            _ => {
+                // Not flushed here: the commit below flushes the LUNs first.
+                let touched = self.write_plan(mapped.plan, buf, false).await?;
+                Luns::listed(touched.iter().map(|d| d.0).collect())
+            }
+        };
         // One durable commit per proxied write: the completion (Unwritten -> Written, the new
         // size) is acknowledged only once durable, and it makes the lazy allocation above
         // durable with it. Two syncs per small write (allocation, then completion) made

@@ -68,6 +68,8 @@ pub struct ServeOptions {
     pub grant_hold_limit_ms: Option<u64>,
     /// Most transactions in one group commit.
     pub batch_max: usize,
+    /// How often journaled data is settled, milliseconds (`server.settle_ms`).
+    pub settle_ms: u64,
     /// Where the metadata store lives.
     pub backend: store::Backend,
     /// Paths to try for the volume's LUNs (the proxied path): each is taken by the identity
@@ -165,6 +167,7 @@ pub async fn serve(
             .unwrap_or(opts.lease_ttl_ms.saturating_mul(2)),
         max_sessions_per_identity: opts.access.max_sessions_per_identity,
         reclaim_grace_ms: crate::service::default_reclaim_grace_ms(opts.lease_ttl_ms),
+        settle_ms: opts.settle_ms,
     };
     // `volume.devices` (globs expanded) and the LUNs growths added, by label identity.
     let data_paths = crate::config::device_paths(&opts.data_devices, &store.grown_device_paths());
@@ -326,6 +329,7 @@ pub async fn serve(
     }
     let poisoned = server.store().poisoned();
     if !poisoned {
+        server.settle_data().await;
         server.unmark_locks_if_none().await;
     }
     server.store().close();

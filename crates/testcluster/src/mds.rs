@@ -93,6 +93,7 @@ pub fn serve_options(
         lease_ttl_ms: 10_000,
         grant_hold_limit_ms: None,
         batch_max: 64,
+        settle_ms: 1000,
         backend,
         data_devices,
     }

@@ -70,6 +70,8 @@ pub struct ServiceParams {
     pub max_sessions_per_identity: usize,
     /// The longest reclaim window after a start, milliseconds ([`crate::reclaim`]).
     pub reclaim_grace_ms: u64,
+    /// How often journaled data is settled, milliseconds ([`DataPath::settle`]).
+    pub settle_ms: u64,
 }
 
 /// The default reclaim window bound: two leases (agents notice a restart within a third of
@@ -173,6 +175,10 @@ impl Server {
             Arc::new(devices),
             lock_timeout,
         ));
+        // Small writes the last run acknowledged with the journal, maybe never flushed to
+        // their LUNs, are written there again before anything is served.
+        dp.write_journaled_data().await?;
+        dp.settle_in_background(Duration::from_millis(params.settle_ms.max(1)));
         // Blocks handed out Unwritten by the last run and not zeroed before it stopped are
         // zeroed before anything is granted (docs/security.md).
         match dp.zero_fresh().await {
@@ -579,6 +585,14 @@ impl Server {
     }
 
     /// At a clean stop: with no advisory lock held, the next start needs no grace period.
+    /// Settles the journaled data at a clean stop: the journal is left empty (the next start
+    /// writes nothing again, an older server can open the store).
+    pub(crate) async fn settle_data(&self) {
+        if let Err(e) = self.grants.data_path().settle().await {
+            tracing::warn!(error = %e, "settling journaled data at the stop failed: the next start writes it again");
+        }
+    }
+
     pub(crate) async fn unmark_locks_if_none(&self) {
         if self.locks_marked.load(Ordering::Acquire)
             && self.advisory.held() == 0

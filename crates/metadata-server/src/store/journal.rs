@@ -51,14 +51,20 @@ const GROW_STEP: u64 = 4 << 20;
 /// The header takes the first block.
 const HEADER_LEN: u64 = 4096;
 const MAGIC: [u8; 8] = *b"SANFSJNL";
-/// The journal's format version (docs/protocol.md).
-pub const JOURNAL_VERSION: u32 = 1;
+/// The journal's format version (docs/on-disk-format.md). Version 2 added data records
+/// (`OP_DATA`, `OP_SETTLED`); a version 1 journal reads as one without them.
+pub const JOURNAL_VERSION: u32 = 2;
 const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"SJRC");
 /// magic u32, reserved u32, generation u64, seq u64, payload length u64, operations u32,
 /// crc32c u32.
 const RECORD_HEAD: usize = 40;
 const OP_WRITE: u8 = 1;
 const OP_SET_LEN: u8 = 2;
+/// Bytes written to a data LUN, journaled so that their write needs no flush of the LUN
+/// before it is acknowledged ([`DataJournal`]).
+const OP_DATA: u8 = 3;
+/// Every data operation up to this id is on its LUN, flushed: not replayed.
+const OP_SETTLED: u8 = 4;
 /// redb's database header (its commit slots) lies within this many bytes of the start.
 const REDB_HEADER_LEN: u64 = 4096;
 /// Pages of the in-memory replay of read-only views.
@@ -109,10 +115,12 @@ struct Header {
 impl Header {
     const LEN: usize = 8 + 4 + 4 + 8 + 8 + 24 + 4;
 
-    fn encode(&self) -> Vec<u8> {
+    /// The header block, of format `version` (1: a journal that holds no data operation, left
+    /// by a clean close so that an older server can open the store).
+    fn encode(&self, version: u32) -> Vec<u8> {
         let mut b = Vec::with_capacity(HEADER_LEN as usize);
         b.extend_from_slice(&MAGIC);
-        b.extend_from_slice(&JOURNAL_VERSION.to_le_bytes());
+        b.extend_from_slice(&version.to_le_bytes());
         b.extend_from_slice(&0u32.to_le_bytes());
         b.extend_from_slice(&self.generation.to_le_bytes());
         b.extend_from_slice(&self.base_len.to_le_bytes());
@@ -135,7 +143,7 @@ impl Header {
             return Ok(None);
         }
         let version = le32(b, 8);
-        if version != JOURNAL_VERSION {
+        if version == 0 || version > JOURNAL_VERSION {
             return Err(err(format!(
                 "the metadata journal has format version {version}, this server knows \
                  {JOURNAL_VERSION}: use the sanfs-mds that wrote it"
@@ -164,8 +172,20 @@ fn le64(b: &[u8], at: usize) -> u64 {
 /// One change redb made to the database file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
-    Write { offset: u64, data: Vec<u8> },
+    Write {
+        offset: u64,
+        data: Vec<u8>,
+    },
     SetLen(u64),
+    /// Bytes `data` written at `offset` of data LUN `lun` (data operation `id`).
+    Data {
+        id: u64,
+        lun: u32,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    /// Data operations up to `0` are settled (on their LUNs, flushed).
+    Settled(u64),
 }
 
 fn encode_write(out: &mut Vec<u8>, offset: u64, data: &[u8]) {
@@ -178,6 +198,20 @@ fn encode_write(out: &mut Vec<u8>, offset: u64, data: &[u8]) {
 fn encode_set_len(out: &mut Vec<u8>, len: u64) {
     out.push(OP_SET_LEN);
     out.extend_from_slice(&len.to_le_bytes());
+}
+
+fn encode_data(out: &mut Vec<u8>, op: &DataOp) {
+    out.push(OP_DATA);
+    out.extend_from_slice(&op.id.to_le_bytes());
+    out.extend_from_slice(&op.lun.to_le_bytes());
+    out.extend_from_slice(&op.offset.to_le_bytes());
+    out.extend_from_slice(&(op.data.len() as u64).to_le_bytes());
+    out.extend_from_slice(&op.data);
+}
+
+fn encode_settled(out: &mut Vec<u8>, upto: u64) {
+    out.push(OP_SETTLED);
+    out.extend_from_slice(&upto.to_le_bytes());
 }
 
 /// The operations of a record's payload (its checksum was right, so a payload that does
@@ -210,6 +244,31 @@ fn decode_ops(mut p: &[u8], count: u32) -> std::io::Result<Vec<Op>> {
                     return Err(damaged());
                 }
                 ops.push(Op::SetLen(le64(p, 0)));
+                p = &p[8..];
+            }
+            OP_DATA => {
+                if p.len() < 28 {
+                    return Err(damaged());
+                }
+                let (id, lun, offset) = (le64(p, 0), le32(p, 8), le64(p, 12));
+                let len = usize::try_from(le64(p, 20)).map_err(|_| damaged())?;
+                p = &p[28..];
+                if p.len() < len || id == 0 {
+                    return Err(damaged());
+                }
+                ops.push(Op::Data {
+                    id,
+                    lun,
+                    offset,
+                    data: p[..len].to_vec(),
+                });
+                p = &p[len..];
+            }
+            OP_SETTLED => {
+                if p.len() < 8 {
+                    return Err(damaged());
+                }
+                ops.push(Op::Settled(le64(p, 0)));
                 p = &p[8..];
             }
             _ => return Err(damaged()),
@@ -249,6 +308,16 @@ impl Pending {
 
     fn push_set_len(&mut self, len: u64) {
         encode_set_len(&mut self.buf, len);
+        self.ops += 1;
+    }
+
+    fn push_data(&mut self, op: &DataOp) {
+        encode_data(&mut self.buf, op);
+        self.ops += 1;
+    }
+
+    fn push_settled(&mut self, upto: u64) {
+        encode_settled(&mut self.buf, upto);
         self.ops += 1;
     }
 
@@ -428,6 +497,52 @@ struct LogState {
     /// Records were appended and not synced since (the first of a commit's two, or a commit's
     /// under a hold): the hold's release, or the next checkpoint, syncs them.
     unsynced: bool,
+    /// Data written to the LUNs and journaled, not settled yet ([`DataJournal`]).
+    data: DataLog,
+}
+
+/// One data operation: bytes written at `offset` of data LUN `lun`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataOp {
+    /// Increasing across the journal's generations (settling names the last one settled).
+    pub id: u64,
+    pub lun: u32,
+    pub offset: u64,
+    pub data: Vec<u8>,
+}
+
+/// The data operations the journal holds and the LUNs may not (docs/on-disk-format.md
+/// "Data records").
+#[derive(Debug, Default)]
+struct DataLog {
+    next_id: u64,
+    /// Every operation up to this id is on its LUN, flushed.
+    settled: u64,
+    /// The `settled` the journal's records say so far.
+    settled_recorded: u64,
+    /// Operations not settled, by id; `.1`: in a record already.
+    ops: std::collections::BTreeMap<u64, (DataOp, bool)>,
+    /// Ids of `ops` not known to be on their LUNs (replayed from the journal at open and not
+    /// written since).
+    unwritten: std::collections::BTreeSet<u64>,
+    bytes: u64,
+}
+
+impl DataLog {
+    /// Pushes what the next record must carry: the operations not in a record yet (all of
+    /// them with `all`: the first record of a generation), and how far they are settled.
+    fn push_into(&mut self, out: &mut Pending, all: bool) {
+        for (op, recorded) in self.ops.values_mut() {
+            if all || !*recorded {
+                out.push_data(op);
+                *recorded = true;
+            }
+        }
+        if all || self.settled != self.settled_recorded {
+            out.push_settled(self.settled);
+            self.settled_recorded = self.settled;
+        }
+    }
 }
 
 /// What the journal did (for metrics and tests).
@@ -508,6 +623,190 @@ impl Log {
     fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Appends the sealed record in `st.pending` at the journal's end (not synced), growing
+    /// the file in zero-filled steps up to `max`.
+    fn write_sealed(&self, st: &mut LogState, max: u64) -> std::io::Result<()> {
+        let (end, rec_len) = (st.end, st.pending.buf.len() as u64);
+        while st.log_len < end + rec_len {
+            let step = GROW_STEP.min(max.saturating_sub(st.log_len)).max(rec_len);
+            self.file.set_len(st.log_len + step)?;
+            // Written, not just sized: blocks allocated now make each record's sync cheaper.
+            self.file.write(st.log_len, &vec![0u8; step as usize])?;
+            st.log_len += step;
+        }
+        self.file.write(end, &st.pending.buf)?;
+        st.end += rec_len;
+        st.next_seq += 1;
+        st.stats.records += 1;
+        st.stats.bytes += rec_len;
+        metrics::counter!(JOURNAL_RECORDS).increment(1);
+        metrics::counter!(JOURNAL_BYTES).increment(rec_len);
+        Ok(())
+    }
+
+    /// Appends and syncs a record of data operations alone: every one not settled (`all`,
+    /// the first record of a generation), or those not in a record yet, and how far they
+    /// are settled. The pages redb wrote since the last record stay for the next one.
+    fn data_record(&self, st: &mut LogState, all: bool) -> std::io::Result<()> {
+        let (generation, seq) = (st.header.generation, st.next_seq);
+        let LogState { pending, data, .. } = &mut *st;
+        pending.clear();
+        data.push_into(pending, all);
+        pending.seal(generation, seq);
+        self.write_sealed(st, u64::MAX)?;
+        self.file.sync_data()?;
+        st.unsynced = false;
+        st.stats.syncs += 1;
+        metrics::counter!(JOURNAL_SYNCS).increment(1);
+        Ok(())
+    }
+
+    /// The first record of a new generation: the data not settled, carried over.
+    fn carry(&self, st: &mut LogState) -> std::io::Result<()> {
+        self.data_record(st, true)
+    }
+}
+
+/// The data operations of `c`'s records that are not settled (from a journal being
+/// replayed), their ids kept.
+fn unsettled_data(c: &Contents) -> DataLog {
+    let mut log = DataLog::default();
+    let mut last = 0u64;
+    for op in c.records.iter().flatten() {
+        match op {
+            Op::Data {
+                id,
+                lun,
+                offset,
+                data,
+            } => {
+                last = last.max(*id);
+                let op = DataOp {
+                    id: *id,
+                    lun: *lun,
+                    offset: *offset,
+                    data: data.clone(),
+                };
+                log.ops.insert(*id, (op, false));
+            }
+            Op::Settled(upto) => {
+                last = last.max(*upto);
+                log.settled = log.settled.max(*upto);
+            }
+            Op::Write { .. } | Op::SetLen(_) => {}
+        }
+    }
+    let settled = log.settled;
+    log.ops.retain(|id, _| *id > settled);
+    log.unwritten = log.ops.keys().copied().collect();
+    log.bytes = log.ops.values().map(|(o, _)| o.data.len() as u64).sum();
+    log.settled_recorded = 0;
+    log.next_id = last + 1;
+    log
+}
+
+/// Data written to the LUNs by the server and journaled with the metadata commit that makes
+/// it readable, instead of a flush of the LUNs before that commit: a durable small write
+/// costs one sync (the journal's), not two. The journal keeps each such operation, and
+/// replays it onto the LUNs after a crash, until it is *settled*: the LUNs flushed after it
+/// was written there. Whoever else writes the same blocks (a client under a write grant,
+/// the server without the journal) settles first, so that a replay can never put older
+/// bytes over newer ones (docs/architecture.md "Data in the metadata journal").
+#[derive(Debug, Clone)]
+pub struct DataJournal(Weak<Log>);
+
+impl DataJournal {
+    fn log(&self) -> std::io::Result<Arc<Log>> {
+        self.0
+            .upgrade()
+            .ok_or_else(|| err("the metadata store is closed"))
+    }
+
+    /// Adds operations the server has written to the LUNs (not flushed): carried by the
+    /// next record, so durable with the next durable commit. `Ok(false)`, nothing added,
+    /// when the journal would then hold more than `limit` bytes not settled.
+    pub fn stage(&self, ops: Vec<(u32, u64, Vec<u8>)>, limit: u64) -> std::io::Result<bool> {
+        let log = self.log()?;
+        let mut st = log.lock();
+        Journaled::check(&st)?;
+        let adding: u64 = ops.iter().map(|o| o.2.len() as u64).sum();
+        if st.data.bytes + adding > limit {
+            return Ok(false);
+        }
+        for (lun, offset, data) in ops {
+            let id = st.data.next_id.max(1);
+            st.data.next_id = id + 1;
+            let op = DataOp {
+                id,
+                lun,
+                offset,
+                data,
+            };
+            st.data.ops.insert(id, (op, false));
+        }
+        st.data.bytes += adding;
+        Ok(true)
+    }
+
+    /// Bytes of data the journal holds, not settled.
+    pub fn unsettled_bytes(&self) -> u64 {
+        self.0.upgrade().map_or(0, |l| l.lock().data.bytes)
+    }
+
+    /// The last operation that a flush of the LUNs now would settle: every one up to it is on
+    /// its LUN. `None`: nothing to settle.
+    pub fn settle_point(&self) -> Option<u64> {
+        let log = self.0.upgrade()?;
+        let st = log.lock();
+        let d = &st.data;
+        let last = *d.ops.keys().next_back()?;
+        let point = match d.unwritten.first() {
+            Some(&u) => u - 1,
+            None => last,
+        };
+        (point > d.settled && d.ops.keys().next().is_some_and(|&f| f <= point)).then_some(point)
+    }
+
+    /// Operations replayed from the journal that the LUNs may not hold: the server writes
+    /// each one ([`DataJournal::written`]) before the LUNs are used.
+    pub fn unwritten(&self) -> Vec<DataOp> {
+        let Some(log) = self.0.upgrade() else {
+            return Vec::new();
+        };
+        let st = log.lock();
+        st.data
+            .unwritten
+            .iter()
+            .filter_map(|id| st.data.ops.get(id).map(|(o, _)| o.clone()))
+            .collect()
+    }
+
+    /// Operation `id` is written to its LUN again (not flushed).
+    pub fn written(&self, id: u64) {
+        if let Some(log) = self.0.upgrade() {
+            log.lock().data.unwritten.remove(&id);
+        }
+    }
+
+    /// The LUNs were flushed after every operation up to `upto` was written there: they
+    /// leave the journal, by a record synced now.
+    pub fn settle(&self, upto: u64) -> std::io::Result<()> {
+        let log = self.log()?;
+        let mut st = log.lock();
+        Journaled::check(&st)?;
+        if upto <= st.data.settled {
+            return Ok(());
+        }
+        let d = &mut st.data;
+        d.settled = upto;
+        let keep = d.ops.split_off(&(upto + 1));
+        let gone = std::mem::replace(&mut d.ops, keep);
+        d.bytes -= gone.values().map(|(o, _)| o.data.len() as u64).sum::<u64>();
+        d.unwritten.retain(|id| *id > upto);
+        let r = log.data_record(&mut st, false);
+        Journaled::failing(&mut st, r)
+    }
 }
 
 /// Holds back the journal's syncs while one durable redb commit runs
@@ -526,6 +825,11 @@ impl Log {
 pub struct SyncHolder(Weak<Log>);
 
 impl SyncHolder {
+    /// The handle of this journal's data operations ([`DataJournal`]).
+    pub fn data_journal(&self) -> DataJournal {
+        DataJournal(self.0.clone())
+    }
+
     /// Holds syncs until [`SyncHold::release`] (a hold dropped unreleased syncs too).
     pub fn hold(&self) -> SyncHold {
         let log = self.0.upgrade();
@@ -590,6 +894,8 @@ fn apply(main: &dyn StorageBackend, ops: &[Op]) -> std::io::Result<()> {
                 main.write(*offset, data)?;
             }
             Op::SetLen(len) => main.set_len(*len)?,
+            // Data LUNs' bytes: written by the server once its LUNs are open (DataJournal).
+            Op::Data { .. } | Op::Settled(_) => {}
         }
     }
     Ok(())
@@ -654,6 +960,7 @@ impl Journaled {
             }
             None => 1,
         };
+        let data = contents.as_ref().map(unsettled_data).unwrap_or_default();
         let header = Header {
             generation,
             base_len: main.len()?,
@@ -663,11 +970,11 @@ impl Journaled {
         if log_len < HEADER_LEN {
             log.set_len(HEADER_LEN)?;
         }
-        log.write(0, &header.encode())?;
+        log.write(0, &header.encode(JOURNAL_VERSION))?;
         log.sync_data()?;
         let len = main.len()?;
         let cache = Overlay::new(main.as_ref(), len)?;
-        Ok(Journaled {
+        let j = Journaled {
             main,
             max,
             log: Arc::new(Log {
@@ -684,10 +991,25 @@ impl Journaled {
                     stats,
                     held: false,
                     unsynced: false,
+                    data,
                 }),
             }),
             _lock: None,
-        })
+        };
+        {
+            // Data the LUNs may not hold yet stays in the journal's new generation until the
+            // server has written it there (DataJournal::unwritten).
+            let mut st = j.lock();
+            if !st.data.ops.is_empty() {
+                tracing::info!(
+                    operations = st.data.ops.len(),
+                    bytes = st.data.bytes,
+                    "journaled data to write to the data LUNs"
+                );
+                j.log.carry(&mut st)?;
+            }
+        }
+        Ok(j)
     }
 
     /// What the journal did so far.
@@ -717,7 +1039,7 @@ impl Journaled {
     /// starts a new, empty generation of the journal. Records appended and not synced are
     /// synced first: the file must never hold pages of a record a power cut could still
     /// lose (they may overwrite pages the state before that record uses).
-    fn checkpoint(&self, st: &mut LogState) -> std::io::Result<()> {
+    fn checkpoint(&self, st: &mut LogState, closing: bool) -> std::io::Result<()> {
         if st.unsynced {
             self.log.file.sync_data()?;
             st.unsynced = false;
@@ -731,7 +1053,14 @@ impl Journaled {
             base_len: self.main.len()?,
             owner: st.header.owner,
         };
-        self.log.file.write(0, &header.encode())?;
+        // A clean close that leaves no data in the journal leaves a version 1 journal (empty):
+        // the server before data records opens it.
+        let version = if closing && st.data.ops.is_empty() {
+            1
+        } else {
+            JOURNAL_VERSION
+        };
+        self.log.file.write(0, &header.encode(version))?;
         self.log.file.sync_data()?;
         st.header = header;
         st.next_seq = 1;
@@ -741,6 +1070,10 @@ impl Journaled {
         st.unsynced = false;
         st.stats.checkpoints += 1;
         metrics::counter!(JOURNAL_CHECKPOINTS).increment(1);
+        if !st.data.ops.is_empty() {
+            // Data not settled is not in the database file: it moves to the new generation.
+            self.log.carry(st)?;
+        }
         Ok(())
     }
 
@@ -753,22 +1086,17 @@ impl Journaled {
             dirty,
             cache,
             pending,
+            data,
             ..
         } = &mut *st;
         dirty.encode(cache, pending);
+        data.push_into(pending, false);
         let rec_len = pending.seal(generation, seq).len() as u64;
         if end + rec_len > self.max {
             // Full (or a record larger than the journal): the database file itself is synced.
-            return self.checkpoint(st);
+            return self.checkpoint(st, false);
         }
-        while st.log_len < end + rec_len {
-            let step = GROW_STEP.min(self.max - st.log_len);
-            self.log.file.set_len(st.log_len + step)?;
-            // Written, not just sized: blocks allocated now make each record's sync cheaper.
-            self.log.file.write(st.log_len, &vec![0u8; step as usize])?;
-            st.log_len += step;
-        }
-        self.log.file.write(end, &st.pending.buf)?;
+        self.log.write_sealed(st, self.max)?;
         // redb's durable state is what its header names: a sync of pages it has not named
         // yet (the first of a commit's two) only orders them before the header, which the
         // journal does by itself (a record is replayed only after every one before it). So
@@ -784,13 +1112,7 @@ impl Journaled {
         } else {
             st.unsynced = true;
         }
-        st.end += rec_len;
-        st.next_seq += 1;
         st.dirty = Dirty::new(st.cache.len);
-        st.stats.records += 1;
-        st.stats.bytes += rec_len;
-        metrics::counter!(JOURNAL_RECORDS).increment(1);
-        metrics::counter!(JOURNAL_BYTES).increment(rec_len);
         Ok(())
     }
 
@@ -842,7 +1164,7 @@ impl StorageBackend for Journaled {
                 // A clean close leaves the journal empty: what was written is synced in the
                 // database file. Unsynced writes of a commit never acknowledged go with it,
                 // as redb's own file backend would write them.
-                let r = self.checkpoint(&mut st);
+                let r = self.checkpoint(&mut st, true);
                 Self::failing(&mut st, r)?;
             }
         }
@@ -931,6 +1253,7 @@ impl Overlay {
                 self.set_len(*len);
                 Ok(())
             }
+            Op::Data { .. } | Op::Settled(_) => Ok(()),
         }
     }
 
@@ -1121,6 +1444,7 @@ fn replay_into_image(image: &mut Vec<u8>, c: &Contents) -> std::io::Result<()> {
                 image[start..end].copy_from_slice(data);
             }
             Op::SetLen(len) => image.resize(size(*len)?, 0),
+            Op::Data { .. } | Op::Settled(_) => {}
         }
     }
     Ok(())
@@ -1483,14 +1807,165 @@ mod tests {
         let other = [7, 8, 10];
         let l = SimDisk::from_image(log_img.clone(), FaultPlan::default());
         assert!(read_contents(&l, other).unwrap().is_none());
-        // A header of another version: refused, not ignored.
-        let mut newer = log_img;
-        newer[8] = 2;
-        let crc = crc32c::crc32c(&newer[..Header::LEN - 4]);
-        newer[Header::LEN - 4..Header::LEN].copy_from_slice(&crc.to_le_bytes());
-        let l = SimDisk::from_image(newer, FaultPlan::default());
-        let e = read_contents(&l, OWNER).unwrap_err();
-        assert!(e.to_string().contains("format version 2"), "{e}");
+        // A version 1 header (no data records) reads; a newer one is refused, not ignored.
+        let with_version = |v: u8| {
+            let mut img = log_img.clone();
+            img[8] = v;
+            let crc = crc32c::crc32c(&img[..Header::LEN - 4]);
+            img[Header::LEN - 4..Header::LEN].copy_from_slice(&crc.to_le_bytes());
+            SimDisk::from_image(img, FaultPlan::default())
+        };
+        assert!(read_contents(&with_version(1), OWNER).unwrap().is_some());
+        let e = read_contents(&with_version(3), OWNER).unwrap_err();
+        assert!(e.to_string().contains("format version 3"), "{e}");
+    }
+
+    /// The journal as a crash would leave it: what each disk had synced.
+    fn crashed(main: &SimDisk, log: &SimDisk) -> (SimDisk, SimDisk) {
+        (
+            SimDisk::from_image(main.durable_image(), FaultPlan::default()),
+            SimDisk::from_image(log.durable_image(), FaultPlan::default()),
+        )
+    }
+
+    fn data_op(lun: u32, offset: u64, fill: u8) -> (u32, u64, Vec<u8>) {
+        (lun, offset, vec![fill; 4096])
+    }
+
+    /// (lun, offset, first byte) of each operation to write again after an open.
+    fn unwritten(dj: &DataJournal) -> Vec<(u32, u64, u8)> {
+        dj.unwritten()
+            .iter()
+            .map(|o| (o.lun, o.offset, o.data[0]))
+            .collect()
+    }
+
+    #[test]
+    fn journaled_data_is_replayed_after_a_crash_until_it_is_settled() {
+        let (main, log) = (
+            SimDisk::new(FaultPlan::default()),
+            SimDisk::new(FaultPlan::default()),
+        );
+        let (db, holder) = db_held(&main, &log, JOURNAL_MAX).unwrap();
+        let dj = holder.data_journal();
+        assert!(
+            dj.stage(vec![data_op(0, 4096, 1), data_op(1, 0, 2)], 1 << 20)
+                .unwrap()
+        );
+        assert_eq!(dj.unsettled_bytes(), 8192);
+        // Durable with the next durable commit, not before.
+        let (m, l) = crashed(&main, &log);
+        let j = Journaled::open(Box::new(m), Box::new(l), OWNER, JOURNAL_MAX).unwrap();
+        assert!(unwritten(&j.sync_holder().data_journal()).is_empty());
+        put(&db, 1);
+        assert!(dj.stage(vec![data_op(0, 8192, 3)], 1 << 20).unwrap());
+        put(&db, 2);
+        // Over the limit: refused, nothing added.
+        assert!(!dj.stage(vec![data_op(0, 0, 9)], 12288).unwrap());
+        let (m, l) = crashed(&main, &log);
+        let (m2, l2) = (m.clone(), l.clone());
+        let j = Journaled::open(Box::new(m), Box::new(l), OWNER, JOURNAL_MAX).unwrap();
+        let dj2 = j.sync_holder().data_journal();
+        assert_eq!(unwritten(&dj2), vec![(0, 4096, 1), (1, 0, 2), (0, 8192, 3)]);
+        // Not written again yet: nothing can be settled past it.
+        assert_eq!(dj2.settle_point(), None);
+        drop(j);
+        // Reopened again before anything was written: the same three (carried over).
+        let j = Journaled::open(
+            Box::new(m2.clone()),
+            Box::new(l2.clone()),
+            OWNER,
+            JOURNAL_MAX,
+        )
+        .unwrap();
+        let dj2 = j.sync_holder().data_journal();
+        assert_eq!(unwritten(&dj2).len(), 3);
+        for o in dj2.unwritten().iter().take(2) {
+            dj2.written(o.id);
+        }
+        let point = dj2.settle_point().expect("two written");
+        dj2.settle(point).unwrap();
+        assert_eq!(unwritten(&dj2), vec![(0, 8192, 3)]);
+        drop(j);
+        let j = Journaled::open(Box::new(m2), Box::new(l2), OWNER, JOURNAL_MAX).unwrap();
+        let dj2 = j.sync_holder().data_journal();
+        assert_eq!(
+            unwritten(&dj2),
+            vec![(0, 8192, 3)],
+            "settled data is never replayed"
+        );
+        // New operations get ids past every one the journal held.
+        let old = dj2.unwritten()[0].id;
+        dj2.written(old);
+        assert!(dj2.stage(vec![data_op(2, 0, 4)], 1 << 20).unwrap());
+        assert_eq!(dj2.settle_point(), Some(old + 1));
+        // And the store's own pages are untouched by all this.
+        drop(db);
+    }
+
+    #[test]
+    fn a_clean_close_without_data_leaves_a_journal_the_older_server_reads() {
+        let (main, log) = (
+            SimDisk::new(FaultPlan::default()),
+            SimDisk::new(FaultPlan::default()),
+        );
+        let (db, holder) = db_held(&main, &log, JOURNAL_MAX).unwrap();
+        let dj = holder.data_journal();
+        assert!(dj.stage(vec![data_op(0, 0, 5)], 1 << 20).unwrap());
+        put(&db, 1);
+        assert_eq!(log.live_image()[8], 2, "a journal with data is version 2");
+        dj.written(1);
+        dj.settle(1).unwrap();
+        drop(db);
+        assert_eq!(
+            log.live_image()[8],
+            1,
+            "nothing left for a version 2 reader"
+        );
+        let j = Journaled::open(
+            Box::new(main.clone()),
+            Box::new(log.clone()),
+            OWNER,
+            JOURNAL_MAX,
+        )
+        .unwrap();
+        assert!(unwritten(&j.sync_holder().data_journal()).is_empty());
+    }
+
+    #[test]
+    fn unsettled_data_moves_to_each_new_generation_and_through_a_clean_close() {
+        let (main, log) = (
+            SimDisk::new(FaultPlan::default()),
+            SimDisk::new(FaultPlan::default()),
+        );
+        // A small journal: checkpoints every few commits.
+        let (db, holder) = db_held(&main, &log, 64 << 10).unwrap();
+        let dj = holder.data_journal();
+        assert!(dj.stage(vec![data_op(0, 0, 7)], 1 << 20).unwrap());
+        for key in 0..40u64 {
+            put(&db, key);
+        }
+        let (m, l) = crashed(&main, &log);
+        let j = Journaled::open(Box::new(m), Box::new(l), OWNER, 64 << 10).unwrap();
+        assert_eq!(unwritten(&j.sync_holder().data_journal()), vec![(0, 0, 7)]);
+        drop(j);
+        // A clean close checkpoints the store: the data stays in the journal (version 2).
+        drop(db);
+        assert_eq!(log.live_image()[8], 2);
+        let j = Journaled::open(
+            Box::new(main.clone()),
+            Box::new(log.clone()),
+            OWNER,
+            64 << 10,
+        )
+        .unwrap();
+        assert_eq!(unwritten(&j.sync_holder().data_journal()), vec![(0, 0, 7)]);
+        let db = Database::builder()
+            .create_with_backend(j)
+            .map_err(|e| err(e.to_string()))
+            .unwrap();
+        let r = db.begin_read().unwrap();
+        assert_eq!(contents(&r).len(), 40, "every commit kept");
     }
 
     #[test]
@@ -1533,7 +2008,7 @@ mod tests {
         let r3 = pending.seal(5, 3).to_vec();
         log.set_len(HEADER_LEN + (r1.len() + r2.len() + r3.len()) as u64)
             .unwrap();
-        log.write(0, &h.encode()).unwrap();
+        log.write(0, &h.encode(JOURNAL_VERSION)).unwrap();
         log.write(HEADER_LEN, &r1).unwrap();
         r2[RECORD_HEAD + 3] ^= 1;
         log.write(HEADER_LEN + r1.len() as u64, &r2).unwrap();

@@ -497,6 +497,15 @@ impl Store {
         }
     }
 
+    /// The journal of the server's own data writes (`journal::DataJournal`): `None` for a
+    /// store without a journal (on a metadata LUN), whose writes flush the LUNs instead.
+    pub fn data_journal(&self) -> Option<journal::DataJournal> {
+        self.shared
+            .journal
+            .as_ref()
+            .map(journal::SyncHolder::data_journal)
+    }
+
     /// Sets how the data LUNs are flushed before a durable commit that makes written data
     /// readable ([`Store::write_data`]); only the first call takes effect (answers whether
     /// this one did).

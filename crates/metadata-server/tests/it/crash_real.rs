@@ -26,12 +26,12 @@ fn bin() -> &'static str {
 }
 
 /// The server process; killed (SIGKILL) when dropped.
-struct Server {
+pub(crate) struct Server {
     child: Child,
 }
 
 impl Server {
-    fn start(config: &Path, log: &Path) -> Server {
+    pub(crate) fn start(config: &Path, log: &Path) -> Server {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -50,7 +50,7 @@ impl Server {
         Server { child }
     }
 
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill(); // SIGKILL
         let _ = self.child.wait();
     }
@@ -62,12 +62,12 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
 }
 
-async fn connect(addr: SocketAddr, server: &mut Server) -> Channel {
+pub(crate) async fn connect(addr: SocketAddr, server: &mut Server) -> Channel {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(Some(status)) = server.child.try_wait() {
@@ -85,7 +85,7 @@ async fn connect(addr: SocketAddr, server: &mut Server) -> Channel {
     }
 }
 
-fn setup(dir: &Path, port: u16) -> PathBuf {
+pub(crate) fn setup(dir: &Path, port: u16) -> PathBuf {
     let luns: Vec<PathBuf> = (0..4).map(|i| dir.join(format!("lun{i}"))).collect();
     for l in &luns {
         std::fs::File::create(l).unwrap().set_len(32 * MIB).unwrap();
@@ -114,7 +114,7 @@ fn setup(dir: &Path, port: u16) -> PathBuf {
     config
 }
 
-fn fsck(config: &Path) -> (i32, String) {
+pub(crate) fn fsck(config: &Path) -> (i32, String) {
     let out = Command::new(bin())
         // After a kill -9 the store needs redb's recovery, which plain fsck (read-only) does
         // not do: a dry-run repair recovers a copy in memory and checks that.

@@ -13,6 +13,8 @@
 //! - [`lease`]: grants, recalls and lease expiry through gRPC in real time on real LUNs.
 //! - [`evict`]: eviction of a session whose grant others wait for past the hold limit, and
 //!   `Admin.EvictSession`.
+//! - [`journaled`]: small proxied writes journaled with their commit: replayed onto a LUN
+//!   that lost them, never over a client's later write.
 //! - [`zeroing`]: a completion without device I/O exposes zeros, not a deleted file's bytes.
 //! - [`deploy_units`]: the systemd units pass `systemd-analyze verify`.
 //! - [`quota`]: directory quotas through gRPC: EDQUOT, growth, exact usage, EXDEV, fsck.
@@ -44,6 +46,7 @@ mod ha;
 mod harness;
 mod hostile;
 mod inspect_cli;
+mod journaled;
 mod lease;
 mod lvm_real;
 mod posix;
