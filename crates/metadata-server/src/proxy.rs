@@ -330,6 +330,12 @@ impl DataPath {
     }
 
     async fn read_plan(&self, plan: IoPlan) -> Result<Vec<u8>, FsError> {
+        if plan.device_ios.is_empty() {
+            // Holes and Unwritten extents only: zeros, no device I/O, no thread hop.
+            let mut buf = vec![0u8; usize::try_from(plan.len).map_err(|_| FsError::Range)?];
+            self.devices.read_plan(&plan, &mut buf)?;
+            return Ok(buf);
+        }
         let devices = self.devices.clone();
         tokio::task::spawn_blocking(move || {
             let mut buf = vec![0u8; usize::try_from(plan.len).map_err(|_| FsError::Range)?];
@@ -385,6 +391,10 @@ impl DataPath {
         len: u64,
         size: u64,
     ) -> Result<Vec<u8>, FsError> {
+        if off >= size {
+            // Wholly past the end of file: zeros, whatever the blocks hold.
+            return Ok(vec![0u8; usize::try_from(len).map_err(|_| FsError::Range)?]);
+        }
         let bs = self.store.block_size();
         let vol = self.store.volume_cell();
         // Planned as if the file were as long as the span; bytes past `size` are zeroed below.
