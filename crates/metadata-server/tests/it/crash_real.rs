@@ -140,7 +140,7 @@ pub(crate) fn fsck(config: &Path) -> (i32, String) {
 
 /// What the acknowledged operations say must be true.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Expect {
+pub(crate) enum Expect {
     /// Created; the last acknowledged write left these bytes.
     Present(Vec<u8>),
     Absent,
@@ -242,7 +242,7 @@ async fn worker(mut c: Clients, session: u64, model: Model, prefix: String, seed
     }
 }
 
-async fn check(c: &mut Clients, session: u64, name: &str, expect: &Expect) {
+pub(crate) async fn check(c: &mut Clients, session: u64, name: &str, expect: &Expect) {
     let found =
         c.ns.lookup(pb::LookupRequest {
             session: None,

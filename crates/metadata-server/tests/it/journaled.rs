@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use sanfs_proto::pb;
 
-use crate::crash_real::{Server, connect, free_port, fsck, setup};
-use crate::harness::{Clients, root, rw};
+use crate::crash_real::{Expect, Server, check, connect, free_port, fsck, setup};
+use crate::harness::{Clients, root};
 
 const BLOCK: u64 = 4096;
 /// Nothing is settled in the background during a test (an hour).
@@ -116,48 +116,6 @@ async fn write(c: &mut Clients, session: u64, handle: u64, ino: u64, data: &[u8]
         .unwrap();
 }
 
-async fn read_back(c: &mut Clients, name: &str, len: usize) -> Vec<u8> {
-    let (session, _) = c.open_session().await;
-    let attr =
-        c.ns.lookup(pb::LookupRequest {
-            session: None,
-            cred: root(),
-            parent: 1,
-            name: name.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .attr
-        .unwrap();
-    assert_eq!(attr.size, len as u64, "{name}: size");
-    let h =
-        c.ns.open(pb::OpenRequest {
-            cred: root(),
-            session,
-            inode: attr.ino,
-            flags: rw(),
-            read_small: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .handle;
-    c.data
-        .read(pb::ReadRequest {
-            cred: root(),
-            session,
-            handle: h,
-            inode: attr.ino,
-            offset: 0,
-            length: len as u64,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .data
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_journaled_write_lost_by_its_lun_is_written_again_at_the_next_start() {
     let real = RealServer::new();
@@ -174,10 +132,9 @@ async fn a_journaled_write_lost_by_its_lun_is_written_again_at_the_next_start() 
         "the written block on a LUN"
     );
     let (mut server, mut c) = real.start().await;
-    assert!(
-        read_back(&mut c, "small", data.len()).await == data,
-        "the acknowledged bytes are back from the journal"
-    );
+    // The acknowledged bytes are back from the journal.
+    let (session, _) = c.open_session().await;
+    check(&mut c, session, "small", &Expect::Present(data.clone())).await;
     // Written again and settled at the start: on the LUN, and the journal lets it be.
     server.kill();
     assert_eq!(lose_from_luns(real.dir(), &data), 1);
@@ -240,10 +197,9 @@ async fn a_client_write_after_a_journaled_one_is_never_overwritten_by_its_replay
         .unwrap();
     server.kill();
     let (mut server, mut c) = real.start().await;
-    assert!(
-        read_back(&mut c, "both", new.len()).await == new,
-        "the replay of the older journaled write came back over the client's write"
-    );
+    // Not the older journaled bytes, replayed over the client's.
+    let (session, _) = c.open_session().await;
+    check(&mut c, session, "both", &Expect::Present(new)).await;
     server.kill();
     real.fsck_clean();
 }
