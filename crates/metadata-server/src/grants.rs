@@ -1062,18 +1062,20 @@ impl Grants {
     /// and those past end of file are freed.
     pub async fn expire_session(&self, session: u64) {
         self.detach(session);
-        self.drop_where(|g| g.session == session).await;
+        self.drop_where(|g| g.session == session, true).await;
         self.fenced().remove(&session);
     }
 
     /// The session closed its last handle on `ino`: its grants there go (grants live under
     /// open handles, so an inode whose blocks are freed has no cached layout anywhere).
     pub async fn drop_for_inode(&self, session: u64, ino: u64) {
-        self.drop_where(|g| g.session == session && g.ino == ino)
+        self.drop_where(|g| g.session == session && g.ino == ino, false)
             .await;
     }
 
-    async fn drop_where(&self, pred: impl Fn(&GrantState) -> bool) {
+    /// Drops the grants `pred` picks: logged at `info` when their session `ended`, at `debug`
+    /// for a file's last close (one line per small file would flood the log).
+    async fn drop_where(&self, pred: impl Fn(&GrantState) -> bool, ended: bool) {
         let gone: Vec<(u64, GrantState)> = {
             let mut table = self.lock_table();
             let ids: Vec<u64> = table
@@ -1089,12 +1091,21 @@ impl Grants {
             add(&self.stats.expired_grants, 1);
             self.end_grant(id, &g).await;
             self.release_lock(g.ino, id);
-            tracing::info!(
-                session = g.session,
-                grant = id,
-                ino = g.ino,
-                "grant dropped"
-            );
+            if ended {
+                tracing::info!(
+                    session = g.session,
+                    grant = id,
+                    ino = g.ino,
+                    "grant dropped: its session ended"
+                );
+            } else {
+                tracing::debug!(
+                    session = g.session,
+                    grant = id,
+                    ino = g.ino,
+                    "grant dropped: the file's last handle closed"
+                );
+            }
         }
     }
 

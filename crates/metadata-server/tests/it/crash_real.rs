@@ -150,9 +150,9 @@ pub(crate) enum Expect {
 
 type Model = Arc<Mutex<HashMap<String, Expect>>>;
 
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
