@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use sanfs_blockmap::import::assign_devices;
-use sanfs_blockmap::plan::IoPlan;
+use sanfs_blockmap::plan::{DeviceIo, IoPlan};
 use sanfs_blockmap::volume::{DeviceId, DeviceIndex, Volume};
 use sanfs_lun::{Access, AlignedBuf};
 use sanfs_proto::types::FsError;
@@ -278,6 +278,34 @@ impl DataDevices {
     /// buffer pieces. Returns the devices written (to flush for a synchronous write).
     pub fn write_plan(&self, plan: &IoPlan, buf: &[u8]) -> Result<Vec<DeviceIndex>, FsError> {
         let mut touched = Vec::new();
+        self.write_each(plan, buf, |io, _| {
+            if !touched.contains(&io.device) {
+                touched.push(io.device);
+            }
+        })?;
+        Ok(touched)
+    }
+
+    /// [`DataDevices::write_plan`] that also answers each device write (LUN, offset, bytes).
+    pub fn write_plan_kept(
+        &self,
+        plan: &IoPlan,
+        buf: &[u8],
+    ) -> Result<Vec<(u32, u64, Vec<u8>)>, FsError> {
+        let mut kept = Vec::with_capacity(plan.device_ios.len());
+        self.write_each(plan, buf, |io, bytes| {
+            kept.push((io.device.0, io.phys_off, bytes.to_vec()));
+        })?;
+        Ok(kept)
+    }
+
+    /// Writes each device I/O of `plan`, its pieces of `buf` gathered, and hands it to `done`.
+    fn write_each(
+        &self,
+        plan: &IoPlan,
+        buf: &[u8],
+        mut done: impl FnMut(&DeviceIo, &[u8]),
+    ) -> Result<(), FsError> {
         for io in &plan.device_ios {
             let lun = self.lun(io.device)?;
             let mut tmp = AlignedBuf::zeroed(to_usize(io.len)?);
@@ -298,29 +326,9 @@ impl DataDevices {
                         io.phys_off
                     ))
                 })?;
-            if !touched.contains(&io.device) {
-                touched.push(io.device);
-            }
+            done(io, tmp.as_slice());
         }
-        Ok(touched)
-    }
-
-    /// [`DataDevices::write_plan`] that also answers each device write (LUN, offset, bytes).
-    pub fn write_plan_kept(
-        &self,
-        plan: &IoPlan,
-        buf: &[u8],
-    ) -> Result<Vec<(u32, u64, Vec<u8>)>, FsError> {
-        let mut kept = Vec::with_capacity(plan.device_ios.len());
-        for io in &plan.device_ios {
-            let mut bytes = Vec::with_capacity(to_usize(io.len)?);
-            for piece in &io.iov {
-                bytes.extend_from_slice(&buf[range(piece.buf_off, piece.len, buf.len())?]);
-            }
-            self.write_raw(io.device, io.phys_off, &bytes)?;
-            kept.push((io.device.0, io.phys_off, bytes));
-        }
-        Ok(kept)
+        Ok(())
     }
 
     /// Writes `bytes` at `offset` of LUN `device` (a whole number of blocks, as every plan's

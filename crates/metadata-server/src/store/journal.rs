@@ -38,6 +38,7 @@ use std::io::ErrorKind;
 use std::ops::Bound;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 
 use redb::StorageBackend;
@@ -617,6 +618,9 @@ pub struct Journaled {
 struct Log {
     file: Box<dyn StorageBackend>,
     state: Mutex<LogState>,
+    /// `state.data.bytes`, readable without the lock (which a journal sync holds): the
+    /// server asks before every write grant whether anything waits to be settled.
+    unsettled: std::sync::atomic::AtomicU64,
 }
 
 impl Log {
@@ -746,26 +750,30 @@ impl DataJournal {
             st.data.ops.insert(id, (op, false));
         }
         st.data.bytes += adding;
+        log.unsettled.store(st.data.bytes, Ordering::Relaxed);
         Ok(true)
     }
 
     /// Bytes of data the journal holds, not settled.
     pub fn unsettled_bytes(&self) -> u64 {
-        self.0.upgrade().map_or(0, |l| l.lock().data.bytes)
+        self.0
+            .upgrade()
+            .map_or(0, |l| l.unsettled.load(Ordering::Relaxed))
     }
 
     /// The last operation that a flush of the LUNs now would settle: every one up to it is on
     /// its LUN. `None`: nothing to settle.
     pub fn settle_point(&self) -> Option<u64> {
         let log = self.0.upgrade()?;
+        if log.unsettled.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         let st = log.lock();
         let d = &st.data;
-        let last = *d.ops.keys().next_back()?;
-        let point = match d.unwritten.first() {
-            Some(&u) => u - 1,
-            None => last,
-        };
-        (point > d.settled && d.ops.keys().next().is_some_and(|&f| f <= point)).then_some(point)
+        let (&first, &last) = (d.ops.keys().next()?, d.ops.keys().next_back()?);
+        // Up to the first operation not written to its LUN since the store was opened.
+        let point = d.unwritten.first().map_or(last, |&u| u - 1);
+        (first <= point).then_some(point)
     }
 
     /// Operations replayed from the journal that the LUNs may not hold: the server writes
@@ -803,6 +811,7 @@ impl DataJournal {
         let keep = d.ops.split_off(&(upto + 1));
         let gone = std::mem::replace(&mut d.ops, keep);
         d.bytes -= gone.values().map(|(o, _)| o.data.len() as u64).sum::<u64>();
+        log.unsettled.store(d.bytes, Ordering::Relaxed);
         d.unwritten.retain(|id| *id > upto);
         let r = log.data_record(&mut st, false);
         Journaled::failing(&mut st, r)
@@ -979,6 +988,7 @@ impl Journaled {
             max,
             log: Arc::new(Log {
                 file: log,
+                unsettled: std::sync::atomic::AtomicU64::new(data.bytes),
                 state: Mutex::new(LogState {
                     header,
                     next_seq: 1,

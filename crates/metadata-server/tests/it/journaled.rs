@@ -12,6 +12,7 @@ use sanfs_proto::pb;
 
 use crate::crash_real::{Expect, Server, check, connect, free_port, fsck, setup};
 use crate::harness::{Clients, root};
+use crate::smallfile::write;
 
 const BLOCK: u64 = 4096;
 /// Nothing is settled in the background during a test (an hour).
@@ -113,28 +114,6 @@ impl RealServer {
     }
 }
 
-async fn write(c: &mut Clients, session: u64, handle: u64, ino: u64, data: &[u8]) {
-    write_at(c, session, handle, ino, 0, data).await;
-}
-
-async fn write_at(c: &mut Clients, session: u64, handle: u64, ino: u64, offset: u64, data: &[u8]) {
-    c.data
-        .write(pb::WriteRequest {
-            cred: root(),
-            session,
-            handle,
-            inode: ino,
-            offset,
-            data: data.to_vec(),
-            sync: false,
-            append: false,
-            request_id: None,
-            then_set_attr: None,
-        })
-        .await
-        .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_journaled_write_lost_by_its_lun_is_written_again_at_the_next_start() {
     let real = RealServer::new();
@@ -142,7 +121,7 @@ async fn a_journaled_write_lost_by_its_lun_is_written_again_at_the_next_start() 
     let (session, _) = c.open_session().await;
     let data = pattern(0x5a, 5000);
     let (ino, h) = c.create_file(session, "small").await;
-    write(&mut c, session, h, ino, &data).await;
+    write(&mut c, session, h, ino, 0, &data).await;
     // kill -9, and the LUN loses the block the server wrote and never flushed.
     server.kill();
     assert_eq!(
@@ -169,7 +148,7 @@ async fn a_client_write_after_a_journaled_one_is_never_overwritten_by_its_replay
     let new = pattern(0x77, 2 * BLOCK as usize);
     let (ino, h) = c.create_file(session, "both").await;
     // Journaled by the server, not settled.
-    write(&mut c, session, h, ino, &old).await;
+    write(&mut c, session, h, ino, 0, &old).await;
     // A client writes the same blocks itself, under a write grant, durably.
     let grant = c
         .data
@@ -254,7 +233,7 @@ async fn every_journaled_write_comes_back_in_order_onto_luns_that_lost_them_all(
         // Overwrite inside, or extend from anywhere up to just past the end.
         let off = (rng.next() % (model.len() as u64 + 5000)) as usize;
         let bytes: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
-        write_at(&mut c, session, *h, *ino, off as u64, &bytes).await;
+        write(&mut c, session, *h, *ino, off as u64, &bytes).await;
         if model.len() < off + len {
             model.resize(off + len, 0);
         }

@@ -14,7 +14,15 @@ use crate::harness::{Clients, root, start_with_luns};
 
 const TTL_MS: u64 = 10_000;
 
-async fn write(c: &mut Clients, session: u64, handle: u64, ino: u64, offset: u64, data: &[u8]) {
+/// A proxied write, acknowledged.
+pub(crate) async fn write(
+    c: &mut Clients,
+    session: u64,
+    handle: u64,
+    ino: u64,
+    offset: u64,
+    data: &[u8],
+) {
     c.data
         .write(pb::WriteRequest {
             cred: root(),
