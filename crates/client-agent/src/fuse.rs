@@ -219,8 +219,10 @@ pub use pages::{PAGE_INVALIDATIONS, PageInvalidator};
 pub struct PageCacheSlot(Arc<State>);
 
 impl PageCacheSlot {
-    /// Sets how pages are dropped (once; false if already set).
-    pub fn install(&self, f: PageInvalidator) -> bool {
+    /// Sets how pages are dropped (once; false if already set). The slot goes with it: it
+    /// holds the file system's state, and with it the client, whose session the agent
+    /// ends at unmount once nothing else holds it.
+    pub fn install(self, f: PageInvalidator) -> bool {
         self.0.pages.set_invalidator(f)
     }
 }

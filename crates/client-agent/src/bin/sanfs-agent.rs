@@ -344,10 +344,10 @@ fn mount(
         .block_on(Client::connect(config))
         .with_context(|| format!("connect to {server}"))?;
     let client = Arc::new(client);
-    if let Some(l) = metrics_listener {
+    let metrics_server = metrics_listener.map(|l| {
         tracing::info!(addr = ?l.local_addr().ok(), "metrics listening");
-        runtime.spawn(sanfs_client_agent::metrics::serve(l, Arc::clone(&client)));
-    }
+        runtime.spawn(sanfs_client_agent::metrics::serve(l, Arc::clone(&client)))
+    });
     let root = runtime.block_on(async {
         let mut ino = ROOT_INODE;
         for part in subdir.split('/').filter(|p| !p.is_empty()) {
@@ -520,10 +520,19 @@ fn mount(
         }
     }
     tracing::info!(mountpoint = %mountpoint.display(), "unmounted");
-    if let Some(path) = control_socket {
+    // The control socket's and the metrics' servers hold the client: stopped first.
+    if let Some((path, server)) = control_socket {
+        server.abort();
+        let _ = runtime.block_on(server);
         let _ = std::fs::remove_file(path);
     }
-    // The file system's tasks may still hold the client for a moment.
+    if let Some(server) = metrics_server {
+        server.abort();
+        let _ = runtime.block_on(server);
+    }
+    // The file system's tasks may still hold the client for a moment; the session is ended
+    // in any case (else it, its leases and grants stay at the server until its lease runs
+    // out, and another node's change that recalls one of them waits that long).
     let close = runtime.block_on(async {
         let deadline = Instant::now() + Duration::from_secs(2);
         let mut client = client;
@@ -534,7 +543,10 @@ fn mount(
                     client = c;
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                Err(_) => return Ok(Ok(())),
+                Err(c) => {
+                    tracing::warn!("tasks still hold the client: ending its session under them");
+                    return tokio::time::timeout(Duration::from_secs(5), c.end_session()).await;
+                }
             }
         }
     });
@@ -554,7 +566,10 @@ fn mount(
 /// Binds this mount's control socket (named by the mount's device number, read from
 /// mountinfo, so that no request to the mount itself is needed) and serves it. A failure is
 /// logged, not fatal: the mount works without `status` and `bmap`.
-fn start_control(runtime: &tokio::runtime::Runtime, ctx: ControlContext) -> Option<PathBuf> {
+fn start_control(
+    runtime: &tokio::runtime::Runtime,
+    ctx: ControlContext,
+) -> Option<(PathBuf, tokio::task::JoinHandle<()>)> {
     let found =
         control::fuse_mounts().map(|m| m.into_iter().rfind(|e| e.mount_point == ctx.mount_point));
     let entry = match found {
@@ -574,8 +589,8 @@ fn start_control(runtime: &tokio::runtime::Runtime, ctx: ControlContext) -> Opti
     match control::bind(&dir, entry.major, entry.minor) {
         Ok((listener, path)) => {
             tracing::info!(socket = %path.display(), "control socket listening");
-            runtime.spawn(control::serve(listener, Arc::new(ctx)));
-            Some(path)
+            let server = runtime.spawn(control::serve(listener, Arc::new(ctx)));
+            Some((path, server))
         }
         Err(e) => {
             tracing::warn!(error = %format!("{e:#}"), "no control socket");

@@ -134,6 +134,41 @@ impl GrantCache {
         Some(Arc::clone(&e.grant))
     }
 
+    /// For a read of `range`: the cached, unrecalled read grant of `generation` on `inode`
+    /// that holds the read's first byte and reaches furthest into it (up to the file size it
+    /// knows), and the part of `range` it serves (from `range`'s start). A sequential
+    /// reader's read that a grant covers only in part reads that part under it and asks
+    /// for the rest, instead of asking for all of it again.
+    pub(crate) fn take_read_start(
+        &self,
+        inode: InodeId,
+        range: ByteRange,
+        generation: u64,
+    ) -> Option<(Arc<Grant>, ByteRange)> {
+        let mut t = self.lock();
+        t.tick += 1;
+        let tick = t.tick;
+        let pos = range.offset();
+        let usable_end = |g: &Grant| g.range.end().min(g.file_size).min(range.end());
+        let e = t
+            .entries
+            .values_mut()
+            .filter(|e| {
+                e.cached
+                    && !e.recalled
+                    && e.generation == generation
+                    && e.grant.mode == LockMode::Shared
+                    && e.grant.inode == inode
+                    && e.grant.range.offset() <= pos
+                    && pos < usable_end(&e.grant)
+            })
+            .max_by_key(|e| usable_end(&e.grant))?;
+        let part = ByteRange::new(pos, usable_end(&e.grant) - pos).ok()?;
+        e.in_flight += 1;
+        e.last_use = tick;
+        Some((Arc::clone(&e.grant), part))
+    }
+
     /// Whether any grant of this agent on `inode` (cached or in use, of any mode) overlaps
     /// `range`.
     pub(crate) fn overlaps(&self, inode: InodeId, range: ByteRange) -> bool {
@@ -368,6 +403,49 @@ mod tests {
 
     fn r(offset: u64, len: u64) -> ByteRange {
         ByteRange::new(offset, len).unwrap()
+    }
+
+    #[test]
+    fn a_read_a_kept_grant_covers_in_part_takes_that_part_from_its_start() {
+        let c = GrantCache::new(8);
+        assert!(c.enter(grant(1, 0, 8 << 20), 1));
+        assert_eq!(c.release(GrantId(1), true).0, AfterIo::Keep);
+        let mut short = grant(2, 4 << 20, 8 << 20);
+        Arc::get_mut(&mut short).unwrap().file_size = 10 << 20;
+        assert!(c.enter(short, 1));
+        assert_eq!(c.release(GrantId(2), true).0, AfterIo::Keep);
+        // [6, 14) MiB: the second grant reaches further, but only to the file size it knows.
+        let (g, part) = c
+            .take_read_start(InodeId(2), r(6 << 20, 8 << 20), 1)
+            .unwrap();
+        assert_eq!((g.grant_id, part), (GrantId(2), r(6 << 20, 4 << 20)));
+        assert_eq!(c.release(GrantId(2), true).0, AfterIo::Keep);
+        // Inside the first one: all of it.
+        let (g, part) = c.take_read_start(InodeId(2), r(4096, 8192), 1).unwrap();
+        assert_eq!((g.grant_id, part), (GrantId(1), r(4096, 8192)));
+        assert_eq!(c.release(GrantId(1), true).0, AfterIo::Keep);
+        // Not from a start no grant holds, nor past the file size, nor of another inode,
+        // another generation, or a write layout.
+        assert!(
+            c.take_read_start(InodeId(2), r(12 << 20, 4096), 1)
+                .is_none()
+        );
+        assert!(
+            c.take_read_start(InodeId(2), r(10 << 20, 4096), 1)
+                .is_none()
+        );
+        assert!(c.take_read_start(InodeId(3), r(0, 4096), 1).is_none());
+        assert!(c.take_read_start(InodeId(2), r(0, 4096), 2).is_none());
+        let mut layout = grant(3, 16 << 20, 1 << 20);
+        Arc::get_mut(&mut layout).unwrap().mode = LockMode::Exclusive;
+        assert!(c.enter(layout, 1));
+        assert!(
+            c.take_read_start(InodeId(2), r(16 << 20, 4096), 1)
+                .is_none()
+        );
+        // A recalled grant is never handed out again.
+        assert_eq!(c.take_overlapping(InodeId(2), r(0, 4096), None).len(), 1);
+        assert!(c.take_read_start(InodeId(2), r(0, 4096), 1).is_none());
     }
 
     #[test]

@@ -848,6 +848,15 @@ impl Client {
             t.abort();
             let _ = t.await;
         }
+        self.end_session().await
+    }
+
+    /// Returns the cached grants and ends the session at the server, while other holders of
+    /// this client may still run ([`Client::close`] when this is the last one): what they
+    /// send afterwards fails as a call of an ended session. Without it the server keeps the
+    /// session, its leases and grants until its lease runs out, and another node's change
+    /// that must recall one of them waits that long.
+    pub async fn end_session(&self) -> Result<(), FsError> {
         let view = self.inner.lock_state().view.clone();
         let cached = self.inner.cache.cached_ids();
         let busy = self.inner.cache.clear();

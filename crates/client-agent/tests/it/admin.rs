@@ -264,6 +264,50 @@ fn mount_sessions(s: &Setup) -> Vec<Value> {
         .collect()
 }
 
+/// An unmount ends the agent's session at the server (`CloseSession`), its leases and grants
+/// with it. (The control socket's server held the client, the agent exited without ending
+/// the session, and another node's change that had to recall one of its leases waited for
+/// the lease's term: 5-10 s for the first `touch` in the root after a remount.)
+#[test]
+fn an_unmount_ends_the_session_at_the_server() {
+    if !can_mount("admin::an_unmount_ends_the_session_at_the_server") {
+        return;
+    }
+    let mut s = Setup::new();
+    // Leases on the root's entries and a file's attributes, a grant or delegation on it.
+    std::fs::write(s.mount.join("f"), b"leased").unwrap();
+    assert_eq!(std::fs::read(s.mount.join("f")).unwrap(), b"leased");
+    let sessions = mount_sessions(&s);
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    let id = session_id(&sessions[0]);
+    let out = run({
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"));
+        cmd.arg("umount").arg(&s.mount);
+        cmd
+    });
+    ok(&out, &["umount"]);
+    let mut agent = s.agent.take().unwrap();
+    let st = agent.wait_timeout(Duration::from_secs(20)).unwrap();
+    assert!(st.is_some_and(|st| st.success()), "agent exit: {st:?}");
+    // At once, not when the lease (2 s here) runs out.
+    let left = mount_sessions(&s);
+    assert!(left.is_empty(), "sessions after the unmount: {left:?}");
+    let log = s.log("mds.log");
+    assert!(
+        log.contains(&format!("session closed session={id}")),
+        "the server logs the session's end; log:\n{log}"
+    );
+    assert!(
+        !log.contains(&format!("session lease expired session={id}")),
+        "{log}"
+    );
+    let agent_log = s.log("agent.log");
+    assert!(
+        !agent_log.contains("tasks still hold the client"),
+        "nothing holds the client after the unmount; agent log:\n{agent_log}"
+    );
+}
+
 #[test]
 fn status_clients_and_refusal_of_a_node_that_is_not_an_admin() {
     if !can_mount("admin::status_clients_and_refusal_of_a_node_that_is_not_an_admin") {

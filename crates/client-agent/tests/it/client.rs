@@ -80,6 +80,37 @@ async fn round_trips_of_1_byte_to_4_mib_at_aligned_and_unaligned_offsets() {
     srv.stop().await;
 }
 
+/// A sequential reader of long reads (a mount's read-ahead: several MiB each, at any offset)
+/// finds the next read's layout cached: a read grant is asked for twice the read's length,
+/// and a read that a cached grant covers in part reads that part under it. (Each 8 MiB read
+/// asked for a grant of its own: four for these four reads.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_sequential_reads_ask_for_a_grant_every_other_read() {
+    let srv = cluster::start(10_000).await;
+    let a = srv.client("a").await;
+    let b = srv.client("b").await;
+    let (ino, ha) = create(&a, "long").await;
+    let mut rng = Rng::new(23);
+    let data = rng.bytes(34 * MIB as usize);
+    a.write_at(&root(), &ha, ino, 0, &data).await.unwrap();
+    a.fsync(&root(), &ha, ino, false).await.unwrap();
+    let hb = open(&b, ino).await;
+    let before = b.stats();
+    for i in 0..4 {
+        let at = MIB + i * 8 * MIB;
+        let got = b.read_at(&root(), &hb, ino, at, 8 * MIB).await.unwrap();
+        assert_bytes(
+            &got,
+            &data[at as usize..(at + 8 * MIB) as usize],
+            "long read",
+        );
+    }
+    let after = b.stats();
+    assert_eq!(after.map_reads - before.map_reads, 2, "{after:?}");
+    assert_eq!(after.cached_reads - before.cached_reads, 2, "{after:?}");
+    srv.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completed_write_is_seen_by_the_other_nodes_next_read_despite_cached_grants() {
     let srv = cluster::start(10_000).await;

@@ -75,11 +75,9 @@ impl Inner {
         while pos < end {
             let want = self.grant_range(pos, end)?;
             let at = usize_of(pos - offset);
-            // A cached layout first.
-            if let Some(grant) = self
-                .cache
-                .take(ino, want, view.generation, LockMode::Shared)
-            {
+            // A cached layout first: all of the read, or its first part (the rest asked for
+            // in the next round).
+            if let Some((grant, want)) = self.cache.take_read_start(ino, want, view.generation) {
                 let start = pos - grant.range.offset();
                 let plan = sub_plan(
                     &grant.device_ios,

@@ -820,16 +820,23 @@ impl Inner {
     }
 
     /// The range a read grant is asked for: `want`, extended to `read_layout_bytes` when
-    /// it is shorter (never with method A, whose point is one grant per stripe unit).
+    /// it is shorter, and a long read (a read-ahead of several MiB) to twice its length (at
+    /// most [`READ_LAYOUT_MAX`]), so that the next one of a sequential reader finds its
+    /// layout cached. Never with method A, whose point is one grant per stripe unit.
     fn layout_range(&self, want: ByteRange) -> Result<ByteRange, FsError> {
         let ahead = self.config.read_layout_bytes;
-        if self.config.grant_per_stripe_unit || want.len() >= ahead {
+        if self.config.grant_per_stripe_unit || ahead == 0 {
             return Ok(want);
         }
-        let len = ahead.min(MAX_FILE_SIZE.saturating_sub(want.offset()));
+        let len = ahead
+            .max(want.len().saturating_mul(2).min(READ_LAYOUT_MAX))
+            .min(MAX_FILE_SIZE.saturating_sub(want.offset()));
         Ok(ByteRange::new(want.offset(), len.max(want.len()))?)
     }
 }
+
+/// The longest read layout asked for ahead of a read ([`Inner::layout_range`]).
+const READ_LAYOUT_MAX: u64 = 64 << 20;
 
 /// How many files' last write ends are remembered (sequential-writer detection).
 const MAX_TRACKED_WRITERS: usize = 4096;
