@@ -134,22 +134,31 @@ impl GrantCache {
         Some(Arc::clone(&e.grant))
     }
 
-    /// For a read of `range`: the cached, unrecalled read grant of `generation` on `inode`
-    /// that holds the read's first byte and reaches furthest into it (up to the file size it
-    /// knows), and the part of `range` it serves (from `range`'s start). A sequential
-    /// reader's read that a grant covers only in part reads that part under it and asks
-    /// for the rest, instead of asking for all of it again.
+    /// For a block-aligned read of `range`: the cached, unrecalled read grant of
+    /// `generation` on `inode` that holds the read's first block and reaches furthest into
+    /// it, and the part of `range` it serves (from `range`'s start, whole blocks of `block`
+    /// bytes that lie wholly inside the file size the grant knows). A sequential reader's
+    /// read that a grant covers only in part reads that part under it and asks for the rest
+    /// (the end of file among it: the server knows the size now) instead of asking for all
+    /// of it again.
     pub(crate) fn take_read_start(
         &self,
         inode: InodeId,
         range: ByteRange,
         generation: u64,
+        block: u64,
     ) -> Option<(Arc<Grant>, ByteRange)> {
         let mut t = self.lock();
         t.tick += 1;
         let tick = t.tick;
         let pos = range.offset();
-        let usable_end = |g: &Grant| g.range.end().min(g.file_size).min(range.end());
+        let block = block.max(1);
+        let usable_end = |g: &Grant| {
+            g.range
+                .end()
+                .min(g.file_size / block * block)
+                .min(range.end())
+        };
         let e = t
             .entries
             .values_mut()
@@ -416,36 +425,54 @@ mod tests {
         assert_eq!(c.release(GrantId(2), true).0, AfterIo::Keep);
         // [6, 14) MiB: the second grant reaches further, but only to the file size it knows.
         let (g, part) = c
-            .take_read_start(InodeId(2), r(6 << 20, 8 << 20), 1)
+            .take_read_start(InodeId(2), r(6 << 20, 8 << 20), 1, 4096)
             .unwrap();
         assert_eq!((g.grant_id, part), (GrantId(2), r(6 << 20, 4 << 20)));
         assert_eq!(c.release(GrantId(2), true).0, AfterIo::Keep);
+        // A file size inside a block: the blocks before it only (found by fsx: the part up
+        // to an unaligned size left the rest of the read at an unaligned offset, EINVAL).
+        let mut odd = grant(4, 32 << 20, 1 << 20);
+        Arc::get_mut(&mut odd).unwrap().file_size = (32 << 20) + 3 * 4096 + 100;
+        assert!(c.enter(odd, 1));
+        assert_eq!(c.release(GrantId(4), true).0, AfterIo::Keep);
+        let (_, part) = c
+            .take_read_start(InodeId(2), r(32 << 20, 128 << 10), 1, 4096)
+            .unwrap();
+        assert_eq!(part, r(32 << 20, 3 * 4096));
+        assert_eq!(c.release(GrantId(4), true).0, AfterIo::Keep);
+        assert!(
+            c.take_read_start(InodeId(2), r((32 << 20) + 3 * 4096, 4096), 1, 4096)
+                .is_none(),
+            "the block the end of file lies in: asked for"
+        );
         // Inside the first one: all of it.
-        let (g, part) = c.take_read_start(InodeId(2), r(4096, 8192), 1).unwrap();
+        let (g, part) = c
+            .take_read_start(InodeId(2), r(4096, 8192), 1, 4096)
+            .unwrap();
         assert_eq!((g.grant_id, part), (GrantId(1), r(4096, 8192)));
         assert_eq!(c.release(GrantId(1), true).0, AfterIo::Keep);
         // Not from a start no grant holds, nor past the file size, nor of another inode,
         // another generation, or a write layout.
         assert!(
-            c.take_read_start(InodeId(2), r(12 << 20, 4096), 1)
+            c.take_read_start(InodeId(2), r(12 << 20, 4096), 1, 4096)
                 .is_none()
         );
         assert!(
-            c.take_read_start(InodeId(2), r(10 << 20, 4096), 1)
+            c.take_read_start(InodeId(2), r(10 << 20, 4096), 1, 4096)
                 .is_none()
         );
-        assert!(c.take_read_start(InodeId(3), r(0, 4096), 1).is_none());
-        assert!(c.take_read_start(InodeId(2), r(0, 4096), 2).is_none());
+        assert!(c.take_read_start(InodeId(3), r(0, 4096), 1, 4096).is_none());
+        assert!(c.take_read_start(InodeId(2), r(0, 4096), 2, 4096).is_none());
         let mut layout = grant(3, 16 << 20, 1 << 20);
         Arc::get_mut(&mut layout).unwrap().mode = LockMode::Exclusive;
         assert!(c.enter(layout, 1));
         assert!(
-            c.take_read_start(InodeId(2), r(16 << 20, 4096), 1)
+            c.take_read_start(InodeId(2), r(16 << 20, 4096), 1, 4096)
                 .is_none()
         );
         // A recalled grant is never handed out again.
         assert_eq!(c.take_overlapping(InodeId(2), r(0, 4096), None).len(), 1);
-        assert!(c.take_read_start(InodeId(2), r(0, 4096), 1).is_none());
+        assert!(c.take_read_start(InodeId(2), r(0, 4096), 1, 4096).is_none());
     }
 
     #[test]

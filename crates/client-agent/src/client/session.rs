@@ -54,6 +54,11 @@ enum Outcome {
     StreamBroke(String),
     /// The session is lost: fence, then open a new one.
     Lost(String),
+    /// The server is stopping (a restart, a failover): fence and open a new session at the
+    /// next server, but leave the session recorded there, since the next server's reclaim
+    /// window is for it: this agent's replays of what the old server answered before it was
+    /// durable go in under it.
+    ServerStopping(String),
 }
 
 pub(super) async fn run(inner: Arc<Inner>, mut lost_rx: mpsc::UnboundedReceiver<SessionId>) {
@@ -74,8 +79,12 @@ pub(super) async fn run(inner: Arc<Inner>, mut lost_rx: mpsc::UnboundedReceiver<
                 tracing::warn!(session = %view.session, %why, "session stream broke: attaching again");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Outcome::StreamBroke(why) | Outcome::Lost(why) => {
-                fence(&inner, &view, &why).await;
+            lost => {
+                let (why, close) = match lost {
+                    Outcome::ServerStopping(why) => (why, false),
+                    Outcome::StreamBroke(why) | Outcome::Lost(why) => (why, true),
+                };
+                fence(&inner, &view, &why, close).await;
                 reopen(&inner).await;
                 // Concurrently with attaching the new session's stream: reclaims wait for
                 // nothing but the server's answers.
@@ -229,6 +238,7 @@ async fn attach_and_serve(
                     Ok(ServerEvent::Ended { reason, message }) => {
                         return match reason {
                             SessionEndReason::Replaced => Outcome::StreamBroke(format!("stream replaced: {message}")),
+                            SessionEndReason::Shutdown => Outcome::ServerStopping(format!("the server is stopping: {message}")),
                             other => Outcome::Lost(format!("server ended the session ({other:?}): {message}")),
                         };
                     }
@@ -261,8 +271,11 @@ async fn attach_and_serve(
 }
 
 /// Stops direct I/O of `view`'s session: marks it lost, drops every cached grant, and waits
-/// for device I/O in flight.
-async fn fence(inner: &Inner, view: &SessionView, why: &str) {
+/// for device I/O in flight; then, with `close`, ends the session at the server. Never when
+/// the server is stopping: a session it ends is no longer recorded for the next server's
+/// reclaim window, which then refuses this agent's replays (what the stopping server had
+/// made durable would be reported lost, a write's file answering EIO at its next fsync).
+async fn fence(inner: &Inner, view: &SessionView, why: &str, close: bool) {
     {
         let mut s = inner.lock_state();
         if s.view.generation == view.generation {
@@ -283,6 +296,9 @@ async fn fence(inner: &Inner, view: &SessionView, why: &str) {
         idle.await;
     }
     inner.cache.wait_idle(&busy).await;
+    if !close {
+        return;
+    }
     // Best effort: let the server release the old session's locks and handles now rather
     // than at expiry.
     let mut client = SessionClient::new(inner.channel.clone());
@@ -497,6 +513,10 @@ async fn reopen_files(inner: &Inner, reply: &OpenSessionReply) {
     }
 }
 
+/// The longest wait between two tries to open a session: a restarted server is found at
+/// most this long after it listens again (a restart is a pause, and this is part of it).
+const REOPEN_BACKOFF_MAX: Duration = Duration::from_millis(500);
+
 /// Opens a new session (retrying with backoff) and makes it current.
 async fn reopen(inner: &Inner) {
     let mut backoff = Duration::from_millis(50);
@@ -540,7 +560,7 @@ async fn reopen(inner: &Inner) {
                     // Records not answered stay: the next session replays them.
                     tracing::warn!(error = %e, "replay to the restarted server failed: opening a session again");
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    backoff = (backoff * 2).min(REOPEN_BACKOFF_MAX);
                     continue;
                 }
                 let generation = {
@@ -566,7 +586,7 @@ async fn reopen(inner: &Inner) {
             Err(e) => {
                 tracing::warn!(error = %e, "cannot open a new session yet");
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                backoff = (backoff * 2).min(REOPEN_BACKOFF_MAX);
             }
         }
     }

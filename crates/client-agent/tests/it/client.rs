@@ -111,6 +111,45 @@ async fn long_sequential_reads_ask_for_a_grant_every_other_read() {
     srv.stop().await;
 }
 
+/// A read that runs past the end of file inside a cached read grant, the size not on a
+/// block boundary: the whole blocks before it come from the cached grant, the rest (the end
+/// of file) from the server, and the read is short by exactly what lies past the end. (The
+/// cached part reached the unaligned size itself, and, over a hole, the rest was asked for
+/// from there: EINVAL, found by fsx.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_past_an_unaligned_end_of_file_under_a_cached_grant_is_short_by_that_much() {
+    let srv = cluster::start(10_000).await;
+    let a = srv.client("a").await;
+    let b = srv.client("b").await;
+    let (ino, ha) = create(&a, "odd").await;
+    // 4 MiB of data, then a hole to the end of file (no device I/O there, as in fsx's case).
+    let len = 5 * MIB + 100;
+    let mut data = Rng::new(29).bytes((4 * MIB) as usize);
+    a.write_at(&root(), &ha, ino, 0, &data).await.unwrap();
+    a.truncate(&root(), Some(&ha), ino, len).await.unwrap();
+    data.resize(len as usize, 0);
+    a.fsync(&root(), &ha, ino, false).await.unwrap();
+    let hb = open(&b, ino).await;
+    let got = b.read_at(&root(), &hb, ino, 0, 4 * MIB).await.unwrap();
+    assert_bytes(&got, &data[..(4 * MIB) as usize], "first read");
+    let before = b.stats();
+    // As the mount's read cache reads: whole chunks, past the end of file.
+    let buf = sanfs_client_agent::buf::AlignedBuf::zeroed((2 * MIB) as usize);
+    let (buf, n) = b
+        .read_aligned(&root(), &hb, ino, 4 * MIB, buf)
+        .await
+        .unwrap();
+    assert_eq!(n as u64, MIB + 100);
+    assert_bytes(
+        &buf.as_slice()[..n],
+        &data[(4 * MIB) as usize..],
+        "the read past the end of file",
+    );
+    let after = b.stats();
+    assert_eq!(after.cached_reads - before.cached_reads, 1, "{after:?}");
+    srv.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completed_write_is_seen_by_the_other_nodes_next_read_despite_cached_grants() {
     let srv = cluster::start(10_000).await;

@@ -112,6 +112,12 @@ impl Server {
         let deadline_ns = self.now_ns().saturating_add(self.expiry_after_ns());
         let id = {
             let mut s = self.sessions();
+            // A stopping server opens no session: an agent told of the stop asks the next
+            // server, whose reclaim window is for the session it already has (one opened
+            // here would leave that one unreclaimed, and the next start waiting for it).
+            if s.stopping {
+                return Err(Status::unavailable("the server is shutting down"));
+            }
             let cap = self.params.max_sessions_per_identity;
             let held = s.by_id.values().filter(|st| st.owner == who.name).count();
             if held >= cap {

@@ -77,7 +77,12 @@ impl Inner {
             let at = usize_of(pos - offset);
             // A cached layout first: all of the read, or its first part (the rest asked for
             // in the next round).
-            if let Some((grant, want)) = self.cache.take_read_start(ino, want, view.generation) {
+            if let Some((grant, want)) = self.cache.take_read_start(
+                ino,
+                want,
+                view.generation,
+                u64::from(view.server.block_size),
+            ) {
                 let start = pos - grant.range.offset();
                 let plan = sub_plan(
                     &grant.device_ios,
