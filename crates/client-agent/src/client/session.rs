@@ -513,13 +513,27 @@ async fn reopen_files(inner: &Inner, reply: &OpenSessionReply) {
     }
 }
 
-/// The longest wait between two tries to open a session: a restarted server is found at
-/// most this long after it listens again (a restart is a pause, and this is part of it).
+/// How often the agent tries to open a session while the server is away: every
+/// [`REOPEN_RETRY`] for [`REOPEN_QUICK`] (a restart: found within that much of its listening
+/// again, since a restart is a pause and this is part of it), then backing off to
+/// [`REOPEN_BACKOFF_MAX`] (a server down for longer).
+const REOPEN_RETRY: Duration = Duration::from_millis(50);
+const REOPEN_QUICK: Duration = Duration::from_secs(3);
 const REOPEN_BACKOFF_MAX: Duration = Duration::from_millis(500);
 
-/// Opens a new session (retrying with backoff) and makes it current.
+/// The wait before the next try to open a session, `since` the first one.
+fn reopen_wait(since: Instant, backoff: &mut Duration) -> Duration {
+    if since.elapsed() < REOPEN_QUICK {
+        return REOPEN_RETRY;
+    }
+    *backoff = (*backoff * 2).clamp(REOPEN_RETRY, REOPEN_BACKOFF_MAX);
+    *backoff
+}
+
+/// Opens a new session (retrying, see [`reopen_wait`]) and makes it current.
 async fn reopen(inner: &Inner) {
-    let mut backoff = Duration::from_millis(50);
+    let since = Instant::now();
+    let mut backoff = REOPEN_RETRY;
     loop {
         while inner.heartbeats_paused.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -559,8 +573,7 @@ async fn reopen(inner: &Inner) {
                 {
                     // Records not answered stay: the next session replays them.
                     tracing::warn!(error = %e, "replay to the restarted server failed: opening a session again");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(REOPEN_BACKOFF_MAX);
+                    tokio::time::sleep(reopen_wait(since, &mut backoff)).await;
                     continue;
                 }
                 let generation = {
@@ -585,9 +598,26 @@ async fn reopen(inner: &Inner) {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot open a new session yet");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(REOPEN_BACKOFF_MAX);
+                tokio::time::sleep(reopen_wait(since, &mut backoff)).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restarted_server_is_looked_for_every_50_ms_then_backed_off_to_500() {
+        let mut backoff = REOPEN_RETRY;
+        let now = Instant::now();
+        assert_eq!(reopen_wait(now, &mut backoff), REOPEN_RETRY);
+        assert_eq!(reopen_wait(now, &mut backoff), REOPEN_RETRY);
+        let long_ago = now.checked_sub(REOPEN_QUICK * 2).unwrap();
+        let waits: Vec<u128> = (0..6)
+            .map(|_| reopen_wait(long_ago, &mut backoff).as_millis())
+            .collect();
+        assert_eq!(waits, [100, 200, 400, 500, 500, 500]);
     }
 }
