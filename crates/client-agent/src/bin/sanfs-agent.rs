@@ -521,12 +521,11 @@ fn mount(
     }
     tracing::info!(mountpoint = %mountpoint.display(), "unmounted");
     // The control socket's and the metrics' servers hold the client: stopped first.
-    if let Some((path, server)) = control_socket {
-        server.abort();
-        let _ = runtime.block_on(server);
+    let control_server = control_socket.map(|(path, server)| {
         let _ = std::fs::remove_file(path);
-    }
-    if let Some(server) = metrics_server {
+        server
+    });
+    for server in control_server.into_iter().chain(metrics_server) {
         server.abort();
         let _ = runtime.block_on(server);
     }

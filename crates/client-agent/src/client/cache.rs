@@ -37,6 +37,25 @@ struct Entry {
     last_use: u64,
 }
 
+impl Entry {
+    /// Whether it may be handed out for an I/O of `mode` on `inode` under `generation`:
+    /// kept after its first I/O and not recalled.
+    fn lendable(&self, inode: InodeId, generation: u64, mode: LockMode) -> bool {
+        self.cached
+            && !self.recalled
+            && self.generation == generation
+            && self.grant.mode == mode
+            && self.grant.inode == inode
+    }
+
+    /// Hands it out: one more user in flight, last used at `tick`.
+    fn lend(&mut self, tick: u64) -> Arc<Grant> {
+        self.in_flight += 1;
+        self.last_use = tick;
+        Arc::clone(&self.grant)
+    }
+}
+
 #[derive(Default)]
 struct Table {
     entries: HashMap<GrantId, Entry>,
@@ -120,18 +139,12 @@ impl GrantCache {
         t.tick += 1;
         let tick = t.tick;
         let e = t.entries.values_mut().find(|e| {
-            e.cached
-                && !e.recalled
-                && e.generation == generation
-                && e.grant.mode == mode
-                && e.grant.inode == inode
+            e.lendable(inode, generation, mode)
                 && e.grant.range.offset() <= range.offset()
                 && range.end() <= e.grant.range.end()
                 && (mode == LockMode::Exclusive || range.end() <= e.grant.file_size)
         })?;
-        e.in_flight += 1;
-        e.last_use = tick;
-        Some(Arc::clone(&e.grant))
+        Some(e.lend(tick))
     }
 
     /// For a block-aligned read of `range`: the cached, unrecalled read grant of
@@ -163,19 +176,13 @@ impl GrantCache {
             .entries
             .values_mut()
             .filter(|e| {
-                e.cached
-                    && !e.recalled
-                    && e.generation == generation
-                    && e.grant.mode == LockMode::Shared
-                    && e.grant.inode == inode
+                e.lendable(inode, generation, LockMode::Shared)
                     && e.grant.range.offset() <= pos
                     && pos < usable_end(&e.grant)
             })
             .max_by_key(|e| usable_end(&e.grant))?;
         let part = ByteRange::new(pos, usable_end(&e.grant) - pos).ok()?;
-        e.in_flight += 1;
-        e.last_use = tick;
-        Some((Arc::clone(&e.grant), part))
+        Some((e.lend(tick), part))
     }
 
     /// Whether any grant of this agent on `inode` (cached or in use, of any mode) overlaps

@@ -613,8 +613,9 @@ impl Server {
         };
         // A stopping server (a clean stop, a rolling restart: agents older than stop 36
         // close their sessions as they fence; an agent unmounted meanwhile closes its own)
-        // leaves a session that holds files unlinked while open to the next server: its record stays, so the next reclaim window waits for its agent, and its
-        // handles are not released, so the files live until that agent opens them again
+        // leaves a session that holds files unlinked while open to the next server: its
+        // record stays, so the next reclaim window waits for its agent, and its handles are
+        // not released, so the files live until that agent opens them again
         // (`crate::recovery`). Releasing them here destroyed such a file under its holder.
         let handing_over = stopping && self.holds_orphan(session);
         if handing_over {
