@@ -286,17 +286,29 @@ impl DataDevices {
         Ok(touched)
     }
 
-    /// [`DataDevices::write_plan`] that also answers each device write (LUN, offset, bytes).
-    pub fn write_plan_kept(
-        &self,
-        plan: &IoPlan,
-        buf: &[u8],
-    ) -> Result<Vec<(u32, u64, Vec<u8>)>, FsError> {
-        let mut kept = Vec::with_capacity(plan.device_ios.len());
-        self.write_each(plan, buf, |io, bytes| {
-            kept.push((io.device.0, io.phys_off, bytes.to_vec()));
-        })?;
-        Ok(kept)
+    /// The device writes of `plan` (LUN, offset, bytes: its pieces of `buf` gathered), none
+    /// done: for [`DataDevices::write_ops`]. Fails, as the write would, for a LUN this server
+    /// does not have.
+    pub fn plan_ops(&self, plan: &IoPlan, buf: &[u8]) -> Result<Vec<(u32, u64, Vec<u8>)>, FsError> {
+        plan.device_ios
+            .iter()
+            .map(|io| {
+                self.lun(io.device)?;
+                let mut bytes = Vec::with_capacity(to_usize(io.len)?);
+                for piece in &io.iov {
+                    bytes.extend_from_slice(&buf[range(piece.buf_off, piece.len, buf.len())?]);
+                }
+                Ok((io.device.0, io.phys_off, bytes))
+            })
+            .collect()
+    }
+
+    /// Writes each of `ops` (from [`DataDevices::plan_ops`]), not flushed.
+    pub fn write_ops(&self, ops: &[(u32, u64, Vec<u8>)]) -> Result<(), FsError> {
+        for (lun, offset, bytes) in ops {
+            self.write_raw(DeviceIndex(*lun), *offset, bytes)?;
+        }
+        Ok(())
     }
 
     /// Writes each device I/O of `plan`, its pieces of `buf` gathered, and hands it to `done`.

@@ -68,6 +68,10 @@ pub struct DataPath {
     journal: Option<DataJournal>,
     /// One settling at a time ([`DataPath::settle`]).
     settling: tokio::sync::Mutex<()>,
+    /// Held shared by each journaled write from its staging until its LUN write ended, and
+    /// exclusively by a settling: a settling's point never passes a staged write that is not
+    /// on its LUN yet.
+    journaling: tokio::sync::RwLock<()>,
 }
 
 /// Proxied writes of at most this many bytes (whole blocks) are journaled with their commit
@@ -139,6 +143,7 @@ impl DataPath {
         DataPath {
             journal,
             settling: tokio::sync::Mutex::new(()),
+            journaling: tokio::sync::RwLock::new(()),
             store,
             locks,
             small,
@@ -194,10 +199,16 @@ impl DataPath {
         let Some(journal) = &self.journal else {
             return Ok(());
         };
+        if self.store.poisoned() {
+            // A journaled write may have failed on its LUN: nothing may write the LUNs now.
+            return Err(FsError::Io("the metadata store failed (fail-stop)".into()));
+        }
         if journal.settle_point().is_none() {
             return Ok(());
         }
         let _one = self.settling.lock().await;
+        // No journaled write between its staging and the end of its LUN write now.
+        let _quiet = self.journaling.write().await;
         // Captured before the flush: every operation up to it was written before.
         let Some(point) = journal.settle_point() else {
             return Ok(());
@@ -348,17 +359,6 @@ impl DataPath {
 
     /// Writes `buf` by `plan` without flushing, and answers what was written, LUN by LUN, for
     /// the journal.
-    async fn write_plan_kept(
-        &self,
-        plan: IoPlan,
-        buf: Vec<u8>,
-    ) -> Result<Vec<(u32, u64, Vec<u8>)>, FsError> {
-        let devices = self.devices.clone();
-        tokio::task::spawn_blocking(move || devices.write_plan_kept(&plan, &buf))
-            .await
-            .map_err(join_error)?
-    }
-
     /// Writes `buf` by `plan` (flushing the LUNs written if `sync`); answers the LUNs written.
     async fn write_plan(
         &self,
@@ -549,7 +549,7 @@ impl DataPath {
         }
         // Appends lock the whole file so that the end of file cannot move under them.
         let mut once = None;
-        let (off, _held) = match pos {
+        let (off, held) = match pos {
             Position::At(off) => {
                 let end = off.checked_add(len).ok_or(FsError::FileTooBig)?;
                 let a = off / bs * bs;
@@ -632,27 +632,37 @@ impl DataPath {
         // Blocks a fallocate noted for zeroing are zeroed before the server writes into
         // them, never after.
         self.zero_fresh().await?;
-        // A small write is journaled with its commit (one sync, the journal's), others are
-        // flushed by the commit below before it.
+        // A small write is journaled with its commit (one sync, the journal's) and written to
+        // its LUN beside that commit; others are flushed by the commit below before it.
+        let mut journaled = None;
         let touched = match &self.journal {
             Some(j) if b - a <= JOURNALED_WRITE_MAX => {
                 if j.unsettled_bytes() + (b - a) > JOURNALED_UNSETTLED_MAX {
                     self.settle().await?;
                 }
-                let kept = self.write_plan_kept(mapped.plan, buf).await?;
-                let luns: Vec<u32> = kept.iter().map(|k| k.0).collect();
+                let ops = self.devices.plan_ops(&mapped.plan, &buf)?;
+                let quiet = self.journaling.read().await;
                 let staged = j
-                    .stage(kept, JOURNALED_UNSETTLED_MAX)
+                    .stage(ops.clone(), JOURNALED_UNSETTLED_MAX)
                     .map_err(|e| FsError::Io(format!("journaling a write: {e}")))?;
-                if staged {
+                if let Some(ids) = staged {
                     metrics::counter!(DATA_JOURNALED).increment(1);
+                    // The journal's record makes these bytes durable; the LUN gets them
+                    // meanwhile. Nobody reads them there before this write answers (its
+                    // exclusive range lock), and no settling passes them before they are
+                    // there (`journaling`).
+                    let devices = self.devices.clone();
+                    let io = tokio::task::spawn_blocking(move || devices.write_ops(&ops));
+                    journaled = Some((io, ids, quiet));
                     Luns::listed(Vec::new())
                 } else {
-                    // Others filled the journal meanwhile: flushed by the commit as any
-                    // write, after what the journal holds is settled (before the commit that
-                    // makes these bytes count, so no replay writes older ones over them).
-                    self.settle().await?;
-                    Luns::listed(luns)
+                    // Others filled the journal meanwhile: written and flushed by the commit
+                    // as any write, after what the journal holds is settled (before the
+                    // commit that makes these bytes count, so no replay writes older ones
+                    // over them).
+                    drop(quiet);
+                    let touched = self.write_plan(mapped.plan, buf, false).await?;
+                    Luns::listed(touched.iter().map(|d| d.0).collect())
                 }
             }
             _ => {
@@ -667,7 +677,7 @@ impl DataPath {
         // bonnie++'s 8 KiB writes run at tens of writes a second. The data LUNs are flushed
         // before that commit (shared by every write of its group): a LUN that loses its
         // volatile cache at a power cut cannot leave the blocks Written over old bytes.
-        let (attr, _) = self
+        let committed = self
             .store
             .write_data(true, touched, move |ctx| {
                 if let Some(t) = &then {
@@ -692,7 +702,26 @@ impl DataPath {
                 }
                 Ok(attr)
             })
-            .await?;
+            .await;
+        if let Some((io, ids, quiet)) = journaled {
+            let written = io.await.map_err(join_error).and_then(|r| r);
+            if let Err(e) = written {
+                // Its commit may be durable already: the journal keeps the bytes for the next
+                // start to write, and this server stops (fail-stop) still holding the range,
+                // so that nobody reads the blocks' old contents meanwhile.
+                if let Some(j) = &self.journal {
+                    j.not_written(&ids);
+                }
+                self.store.fail(format!(
+                    "inode {ino}: a journaled write failed on its LUN after its commit: {e}"
+                ));
+                std::mem::forget(held);
+                drop(quiet);
+                return Err(e);
+            }
+            drop(quiet);
+        }
+        let (attr, _) = committed?;
         if let Some(whole) = whole
             && whole.len() as u64 == attr.size
         {

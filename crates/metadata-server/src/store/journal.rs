@@ -727,20 +727,28 @@ impl DataJournal {
             .ok_or_else(|| err("the metadata store is closed"))
     }
 
-    /// Adds operations the server has written to the LUNs (not flushed): carried by the
-    /// next record, so durable with the next durable commit. `Ok(false)`, nothing added,
-    /// when the journal would then hold more than `limit` bytes not settled.
-    pub fn stage(&self, ops: Vec<(u32, u64, Vec<u8>)>, limit: u64) -> std::io::Result<bool> {
+    /// Adds operations for the LUNs (`(LUN, offset, bytes)`): carried by the next record, so
+    /// durable with the next durable commit. The caller writes them to their LUNs (not
+    /// flushed) before the next [`DataJournal::settle`] takes its point, or marks them
+    /// [`DataJournal::not_written`]. Answers their ids; `Ok(None)`, nothing added, when the
+    /// journal would then hold more than `limit` bytes not settled.
+    pub fn stage(
+        &self,
+        ops: Vec<(u32, u64, Vec<u8>)>,
+        limit: u64,
+    ) -> std::io::Result<Option<Vec<u64>>> {
         let log = self.log()?;
         let mut st = log.lock();
         Journaled::check(&st)?;
         let adding: u64 = ops.iter().map(|o| o.2.len() as u64).sum();
         if st.data.bytes + adding > limit {
-            return Ok(false);
+            return Ok(None);
         }
+        let mut ids = Vec::with_capacity(ops.len());
         for (lun, offset, data) in ops {
             let id = st.data.next_id.max(1);
             st.data.next_id = id + 1;
+            ids.push(id);
             let op = DataOp {
                 id,
                 lun,
@@ -751,7 +759,21 @@ impl DataJournal {
         }
         st.data.bytes += adding;
         log.unsettled.store(st.data.bytes, Ordering::Relaxed);
-        Ok(true)
+        Ok(Some(ids))
+    }
+
+    /// Staged operations `ids` did not reach their LUNs: no settling passes them, and the
+    /// next start writes them there (as operations replayed after a crash).
+    pub fn not_written(&self, ids: &[u64]) {
+        if let Some(log) = self.0.upgrade() {
+            let mut st = log.lock();
+            let d = &mut st.data;
+            for id in ids {
+                if d.ops.contains_key(id) {
+                    d.unwritten.insert(*id);
+                }
+            }
+        }
     }
 
     /// Bytes of data the journal holds, not settled.
@@ -1858,9 +1880,11 @@ mod tests {
         );
         let (db, holder) = db_held(&main, &log, JOURNAL_MAX).unwrap();
         let dj = holder.data_journal();
-        assert!(
+        assert_eq!(
             dj.stage(vec![data_op(0, 4096, 1), data_op(1, 0, 2)], 1 << 20)
                 .unwrap()
+                .map(|ids| ids.len()),
+            Some(2)
         );
         assert_eq!(dj.unsettled_bytes(), 8192);
         // Durable with the next durable commit, not before.
@@ -1868,10 +1892,14 @@ mod tests {
         let j = Journaled::open(Box::new(m), Box::new(l), OWNER, JOURNAL_MAX).unwrap();
         assert!(unwritten(&j.sync_holder().data_journal()).is_empty());
         put(&db, 1);
-        assert!(dj.stage(vec![data_op(0, 8192, 3)], 1 << 20).unwrap());
+        assert!(
+            dj.stage(vec![data_op(0, 8192, 3)], 1 << 20)
+                .unwrap()
+                .is_some()
+        );
         put(&db, 2);
         // Over the limit: refused, nothing added.
-        assert!(!dj.stage(vec![data_op(0, 0, 9)], 12288).unwrap());
+        assert!(dj.stage(vec![data_op(0, 0, 9)], 12288).unwrap().is_none());
         let (m, l) = crashed(&main, &log);
         let (m2, l2) = (m.clone(), l.clone());
         let j = Journaled::open(Box::new(m), Box::new(l), OWNER, JOURNAL_MAX).unwrap();
@@ -1907,7 +1935,11 @@ mod tests {
         // New operations get ids past every one the journal held.
         let old = dj2.unwritten()[0].id;
         dj2.written(old);
-        assert!(dj2.stage(vec![data_op(2, 0, 4)], 1 << 20).unwrap());
+        assert!(
+            dj2.stage(vec![data_op(2, 0, 4)], 1 << 20)
+                .unwrap()
+                .is_some()
+        );
         assert_eq!(dj2.settle_point(), Some(old + 1));
         // And the store's own pages are untouched by all this.
         drop(db);
@@ -1921,7 +1953,7 @@ mod tests {
         );
         let (db, holder) = db_held(&main, &log, JOURNAL_MAX).unwrap();
         let dj = holder.data_journal();
-        assert!(dj.stage(vec![data_op(0, 0, 5)], 1 << 20).unwrap());
+        assert!(dj.stage(vec![data_op(0, 0, 5)], 1 << 20).unwrap().is_some());
         put(&db, 1);
         assert_eq!(log.live_image()[8], 2, "a journal with data is version 2");
         dj.written(1);
@@ -1943,6 +1975,30 @@ mod tests {
     }
 
     #[test]
+    fn no_settling_passes_staged_data_its_lun_did_not_take() {
+        let (main, log) = (
+            SimDisk::new(FaultPlan::default()),
+            SimDisk::new(FaultPlan::default()),
+        );
+        let (db, holder) = db_held(&main, &log, JOURNAL_MAX).unwrap();
+        let dj = holder.data_journal();
+        let first = dj.stage(vec![data_op(0, 0, 1)], 1 << 20).unwrap().unwrap();
+        let second = dj.stage(vec![data_op(1, 0, 2)], 1 << 20).unwrap().unwrap();
+        put(&db, 1);
+        // Staged data is written by its stager: a settling may pass it at once.
+        assert_eq!(dj.settle_point(), second.last().copied());
+        dj.not_written(&second);
+        assert_eq!(dj.settle_point(), first.last().copied());
+        dj.not_written(&first);
+        assert_eq!(dj.settle_point(), None);
+        // Written again (as after a start), it settles.
+        for id in first.iter().chain(&second) {
+            dj.written(*id);
+        }
+        assert_eq!(dj.settle_point(), second.last().copied());
+    }
+
+    #[test]
     fn unsettled_data_moves_to_each_new_generation_and_through_a_clean_close() {
         let (main, log) = (
             SimDisk::new(FaultPlan::default()),
@@ -1951,7 +2007,7 @@ mod tests {
         // A small journal: checkpoints every few commits.
         let (db, holder) = db_held(&main, &log, 64 << 10).unwrap();
         let dj = holder.data_journal();
-        assert!(dj.stage(vec![data_op(0, 0, 7)], 1 << 20).unwrap());
+        assert!(dj.stage(vec![data_op(0, 0, 7)], 1 << 20).unwrap().is_some());
         for key in 0..40u64 {
             put(&db, key);
         }

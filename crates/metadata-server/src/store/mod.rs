@@ -486,6 +486,12 @@ impl Store {
         self.shared.poisoned.load(Ordering::SeqCst)
     }
 
+    /// Fails the store (fail-stop, as a failed commit does): the server stops with `why`,
+    /// and a restart re-reads the durable state.
+    pub fn fail(&self, why: String) {
+        self.shared.poison(why);
+    }
+
     /// Resolves once the store is poisoned.
     pub async fn wait_poisoned(&self) {
         loop {

@@ -54,6 +54,20 @@ impl Server {
         let _ = self.child.kill(); // SIGKILL
         let _ = self.child.wait();
     }
+
+    /// How the server exited on its own within `timeout` (`None`: still running).
+    pub(crate) fn exited_within(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Server {

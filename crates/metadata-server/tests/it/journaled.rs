@@ -202,6 +202,137 @@ async fn a_client_write_after_a_journaled_one_is_never_overwritten_by_its_replay
     real.fsck_clean();
 }
 
+/// The LUN files moved onto a tmpfs of their own (`size`), each replaced by a symbolic link
+/// to its copy, so that a test can fill that tmpfs and make the LUNs refuse writes into their
+/// holes (ENOSPC). Unmounted when dropped.
+struct LunsOnTmpfs {
+    mount: PathBuf,
+}
+
+impl LunsOnTmpfs {
+    fn new(dir: &Path, size: &str) -> LunsOnTmpfs {
+        let mount = dir.join("luns-tmpfs");
+        std::fs::create_dir(&mount).unwrap();
+        let st = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}"),
+                "sanfs-luns-tmpfs",
+            ])
+            .arg(&mount)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount a tmpfs on {}", mount.display());
+        let moved = LunsOnTmpfs { mount };
+        for lun in luns(dir) {
+            let copy = moved.mount.join(lun.file_name().unwrap());
+            let st = std::process::Command::new("cp")
+                .arg("--sparse=always")
+                .arg(&lun)
+                .arg(&copy)
+                .status()
+                .unwrap();
+            assert!(st.success(), "copy {}", lun.display());
+            std::fs::remove_file(&lun).unwrap();
+            std::os::unix::fs::symlink(&copy, &lun).unwrap();
+        }
+        moved
+    }
+
+    /// Fills the tmpfs (a file of its own) until it refuses a block.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.mount.join("filler")).unwrap();
+        for size in [1usize << 20, BLOCK as usize] {
+            let chunk = vec![0xeeu8; size];
+            // Bounded: the tmpfs is at most a few hundred MiB.
+            for _ in 0..100_000 {
+                match f.write(&chunk) {
+                    Ok(n) if n == size => {}
+                    Ok(_) => break,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                    Err(e) => panic!("filling the tmpfs: {e}"),
+                }
+            }
+        }
+    }
+
+    fn empty(&self) {
+        std::fs::remove_file(self.mount.join("filler")).unwrap();
+    }
+}
+
+impl Drop for LunsOnTmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.mount)
+            .status();
+    }
+}
+
+/// A journaled write is written to its LUN beside its durable commit: when the LUN refuses
+/// it after the commit may be durable, the writer gets an error, the server stops by itself
+/// (fail-stop) instead of serving blocks whose bytes are not on the LUN, and the next start
+/// writes the journaled bytes there: the file reads back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journaled_write_its_lun_refuses_stops_the_server_and_is_written_at_the_next_start() {
+    if sanfs_testcluster::skip_unless_root("LUNs on a small tmpfs") {
+        return;
+    }
+    let real = RealServer::new();
+    let tmpfs = LunsOnTmpfs::new(real.dir(), "256m");
+    let (mut server, mut c) = real.start().await;
+    let (session, _) = c.open_session().await;
+    let first = pattern(0x21, 5000);
+    let (ino, h) = c.create_file(session, "first").await;
+    write(&mut c, session, h, ino, 0, &first).await;
+    // Fresh blocks of the next file are holes in the LUN files: refused now.
+    let (ino, h) = c.create_file(session, "second").await;
+    tmpfs.fill();
+    let data = pattern(0x42, 5000);
+    let refused = c
+        .data
+        .write(pb::WriteRequest {
+            cred: root(),
+            session,
+            handle: h,
+            inode: ino,
+            offset: 0,
+            data: data.clone(),
+            sync: true,
+            append: false,
+            request_id: None,
+            then_set_attr: None,
+        })
+        .await;
+    assert!(refused.is_err(), "a write its LUN refused: {refused:?}");
+    let status = server
+        .exited_within(std::time::Duration::from_secs(30))
+        .expect("the server stops by itself after a journaled write failed on its LUN");
+    assert!(!status.success(), "{status}");
+    let log = std::fs::read_to_string(real.dir().join("mds.log")).unwrap();
+    assert!(log.contains("a journaled write failed on its LUN"), "{log}");
+    // Room again: the next start writes the journaled bytes onto the LUN.
+    tmpfs.empty();
+    let (mut server, mut c) = real.start().await;
+    let (session, _) = c.open_session().await;
+    check(&mut c, session, "first", &Expect::Present(first)).await;
+    check(&mut c, session, "second", &Expect::Present(data.clone())).await;
+    // On the LUN now, not only in the journal: lose it there and it is gone for good (the
+    // start settled it).
+    server.kill();
+    assert_eq!(
+        lose_from_luns(real.dir(), &data),
+        1,
+        "the written block on a LUN"
+    );
+    real.fsck_clean();
+    drop(tmpfs);
+}
+
 /// A seeded run of proxied writes (new files, overwrites, unaligned extensions, across stripe
 /// units and LUNs, up to 200 KiB each) that are all journaled and never settled; `kill -9`;
 /// then every LUN is put back as it was before the server first started (it lost every
