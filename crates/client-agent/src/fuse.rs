@@ -21,10 +21,10 @@
 //! re-opened once with the same flags (without `O_TRUNC`) and the call retried.
 //!
 //! **Credentials** are the request's uid and gid plus the caller's supplementary groups from
-//! `/proc/PID/status`; the kernel checks permissions (`default_permissions`) and the server
-//! again at every call (an open of a directory under its attribute lease: the agent). Reads and
-//! writes, authorized by their open handle, use a caller's groups read up to a second before
-//! (`groups`: never another process's).
+//! `/proc/PID/status`, as read up to a second before for the same living thread and ids
+//! (`groups`: never another process's); the kernel checks permissions first with the caller's
+//! exact credentials (`default_permissions`), and the server again at every call (an open of a
+//! directory under its attribute lease: the agent).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -321,17 +321,6 @@ fn sync_of(flags: i32) -> Option<bool> {
     }
 }
 
-/// The caller's credentials: uid and gid of the request, supplementary groups from
-/// `/proc/PID/status` when the process is still there.
-fn credentials(req: &Request) -> Credentials {
-    let _span = Span::cpu(Stage::FuseCredentials);
-    Credentials {
-        uid: req.uid(),
-        gid: req.gid(),
-        groups: read_groups(req.pid()),
-    }
-}
-
 /// The supplementary groups of process `pid` from `/proc/PID/status` (none for pid 0, the
 /// kernel, or a process that is gone).
 fn read_groups(pid: u32) -> Vec<u32> {
@@ -405,10 +394,10 @@ impl SanFs {
         PageCacheSlot(Arc::clone(&self.state))
     }
 
-    /// [`credentials`] for a request on an open handle that the handle authorizes (read,
-    /// write, flush, fsync, release): the caller's groups as read up to
-    /// [`groups::GROUPS_TTL`] before for the same process (see `groups`).
-    fn data_credentials(&self, req: &Request) -> Credentials {
+    /// The caller's credentials: the request's uid and gid, and the supplementary groups of
+    /// its thread from `/proc/PID/status` as read up to [`groups::GROUPS_TTL`] before for the
+    /// same living thread and ids (see `groups`); none for the kernel (pid 0).
+    fn credentials(&self, req: &Request) -> Credentials {
         let _span = Span::cpu(Stage::FuseCredentials);
         let (pid, uid, gid) = (req.pid(), req.uid(), req.gid());
         let groups = if pid == 0 {
@@ -926,7 +915,7 @@ impl fuser::Filesystem for SanFs {
                 .record(started.elapsed().as_secs_f64());
             return;
         }
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         let name = name_bytes(name);
         self.spawn("lookup", move |st| async move {
             let r = st.client.lookup_leased(&cred, st.ino(parent), &name).await;
@@ -952,7 +941,7 @@ impl fuser::Filesystem for SanFs {
                 return;
             }
         }
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         self.spawn("getattr", move |st| async move {
             // (A change the kernel would not see drops its pages, off FUSE's thread.)
             let r = match cached {
@@ -990,7 +979,7 @@ impl fuser::Filesystem for SanFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         self.spawn("setattr", move |st| async move {
             let r = async {
                 let changes = SetAttr {
@@ -1033,7 +1022,7 @@ impl fuser::Filesystem for SanFs {
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         self.spawn("readlink", move |st| async move {
             match st.client.readlink(&cred, st.ino(ino)).await {
                 Ok(t) => reply.data(&t),
@@ -1052,7 +1041,7 @@ impl fuser::Filesystem for SanFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         let name = name_bytes(name);
         self.spawn("mknod", move |st| async move {
             let r = match kind_of_mode(mode) {
@@ -1079,7 +1068,7 @@ impl fuser::Filesystem for SanFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         let name = name_bytes(name);
         self.spawn("mkdir", move |st| async move {
             let perm = mode & !umask & 0o7777;
@@ -1089,7 +1078,7 @@ impl fuser::Filesystem for SanFs {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         let name = name_bytes(name);
         self.spawn("unlink", move |st| async move {
             let r = st.client.unlink(&cred, st.ino(parent), &name).await;
@@ -1101,7 +1090,7 @@ impl fuser::Filesystem for SanFs {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         let name = name_bytes(name);
         self.spawn("rmdir", move |st| async move {
             let r = st.client.rmdir(&cred, st.ino(parent), &name).await;
@@ -1120,7 +1109,7 @@ impl fuser::Filesystem for SanFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         let name = name_bytes(link_name);
         let target = target.as_os_str().as_bytes().to_vec();
         self.spawn("symlink", move |st| async move {
@@ -1153,7 +1142,7 @@ impl fuser::Filesystem for SanFs {
             reply.error(Errno::EINVAL);
             return;
         };
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         let name = name_bytes(name);
         let newname = name_bytes(newname);
         self.spawn("rename", move |st| async move {
@@ -1183,7 +1172,7 @@ impl fuser::Filesystem for SanFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         let newname = name_bytes(newname);
         self.spawn("link", move |st| async move {
             let r = st
@@ -1195,7 +1184,7 @@ impl fuser::Filesystem for SanFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: fuser::OpenFlags, reply: ReplyOpen) {
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         let raw = flags.0;
         let flags = open_flags(raw);
         self.spawn("open", move |st| async move {
@@ -1282,7 +1271,7 @@ impl fuser::Filesystem for SanFs {
                 if let Some(ahead) = ahead {
                     let _runtime = self.runtime.enter();
                     self.state.client.spawn_read_ahead(
-                        &self.data_credentials(req),
+                        &self.credentials(req),
                         &file.file.current(),
                         ahead,
                     );
@@ -1303,7 +1292,7 @@ impl fuser::Filesystem for SanFs {
             return;
         }
         let started = std::time::Instant::now();
-        let cred = self.data_credentials(req);
+        let cred = self.credentials(req);
         self.spawn("read", move |st| async move {
             st.behind.wait_idle(st.ino(ino)).await;
             let mut span = Span::wall_since(Stage::FuseRead, started);
@@ -1357,7 +1346,7 @@ impl fuser::Filesystem for SanFs {
         reply: ReplyWrite,
     ) {
         let started = std::time::Instant::now();
-        let cred = self.data_credentials(req);
+        let cred = self.credentials(req);
         // Written back from the kernel's own pages (a shared mapping's dirty pages): they hold
         // these bytes already and stay under writeback until this is answered, so they are
         // not dropped (that would wait for this very answer: a deadlock).
@@ -1593,7 +1582,7 @@ impl fuser::Filesystem for SanFs {
             reply.ok();
             return;
         }
-        let cred = self.data_credentials(req);
+        let cred = self.credentials(req);
         self.spawn("flush", move |st| async move {
             if held_back {
                 // close writes what this node held back (its failure is answered below).
@@ -1686,7 +1675,7 @@ impl fuser::Filesystem for SanFs {
             reply.error(Errno::EINVAL);
             return;
         };
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         self.spawn("getlk", move |st| async move {
             let r = async {
                 let file = st.file(fh)?;
@@ -1729,7 +1718,7 @@ impl fuser::Filesystem for SanFs {
             reply.error(Errno::EINVAL);
             return;
         };
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         // The kernel does not tell this file system about signals (fuser drops FUSE_INTERRUPT):
         // a waiter is interrupted when its process has a signal pending it does not block or
         // ignore, as a local F_SETLKW would be.
@@ -1780,7 +1769,7 @@ impl fuser::Filesystem for SanFs {
             }
             // Whom as only for flock's locks (the release itself is the handle's).
             let cred = (lock_owner.is_some() && self.state.client.locks_held() > 0)
-                .then(|| self.data_credentials(req));
+                .then(|| self.credentials(req));
             self.spawn("release", move |st| async move {
                 // flock's locks belong to the open file and go with its last descriptor.
                 if let (Some(owner), Some(cred)) = (lock_owner, cred)
@@ -1807,7 +1796,7 @@ impl fuser::Filesystem for SanFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let cred = self.data_credentials(req);
+        let cred = self.credentials(req);
         self.spawn("fsync", move |st| async move {
             let r = async {
                 let file = st.file(fh)?;
@@ -1828,7 +1817,7 @@ impl fuser::Filesystem for SanFs {
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
         // Directories are read by cookie; opening checks read permission. The handle only
         // remembers where its listing ended (see `State::listed_to_end`).
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         self.spawn("opendir", move |st| async move {
             match st.client.access(&cred, st.ino(ino), 4).await {
                 Ok(()) => {
@@ -1856,7 +1845,7 @@ impl fuser::Filesystem for SanFs {
             reply.ok();
             return;
         }
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         self.spawn("readdir", move |st| async move {
             match do_readdir(&st, &cred, st.ino(ino), offset, reply).await {
                 Ok(end) => st.listing_ended(fh.0, end),
@@ -1877,7 +1866,7 @@ impl fuser::Filesystem for SanFs {
             reply.ok();
             return;
         }
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         self.spawn("readdirplus", move |st| async move {
             match do_readdirplus(&st, &cred, st.ino(ino), offset, reply).await {
                 Ok(end) => st.listing_ended(fh.0, end),
@@ -1912,7 +1901,7 @@ impl fuser::Filesystem for SanFs {
     ) {
         // Namespace changes may be answered before they are durable: this one waits until
         // every change this agent was answered is (docs/posix.md, "Durability").
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         self.spawn("fsyncdir", move |st| async move {
             match st.client.sync_namespace(&cred, st.ino(ino)).await {
                 Ok(()) => reply.ok(),
@@ -1922,7 +1911,7 @@ impl fuser::Filesystem for SanFs {
     }
 
     fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         self.spawn("statfs", move |st| async move {
             match st.client.statfs(&cred, st.ino(ino)).await {
                 Ok(s) => reply.statfs(
@@ -1959,7 +1948,7 @@ impl fuser::Filesystem for SanFs {
                 return;
             }
         };
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         let name = name_bytes(name);
         let value = value.to_vec();
         self.spawn("setxattr", move |st| async move {
@@ -1976,7 +1965,7 @@ impl fuser::Filesystem for SanFs {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         // Under the inode's attribute lease: answered here, on FUSE's thread (`ls -l` asks
         // for an ACL of every file).
         if let Some(r) = self
@@ -2000,7 +1989,7 @@ impl fuser::Filesystem for SanFs {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         self.spawn("listxattr", move |st| async move {
             match st.client.listxattr(&cred, st.ino(ino)).await {
                 Ok(names) => {
@@ -2017,7 +2006,7 @@ impl fuser::Filesystem for SanFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         let name = name_bytes(name);
         self.spawn("removexattr", move |st| async move {
             let r = st.client.removexattr(&cred, st.ino(ino), name).await;
@@ -2030,7 +2019,7 @@ impl fuser::Filesystem for SanFs {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         let mask = u32::try_from(mask.bits() & 7).unwrap_or(0);
         self.spawn("access", move |st| async move {
             match st.client.access(&cred, st.ino(ino), mask).await {
@@ -2050,7 +2039,7 @@ impl fuser::Filesystem for SanFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         let name = name_bytes(name);
         let open = open_flags(flags);
         let exclusive = flags & libc::O_EXCL != 0;
@@ -2119,7 +2108,7 @@ impl fuser::Filesystem for SanFs {
             reply.error(Errno::ENXIO);
             return;
         };
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         self.spawn("lseek", move |st| async move {
             let ino = st.ino(ino);
             match st.client.seek(&cred, ino, offset, what).await {
@@ -2158,7 +2147,7 @@ impl fuser::Filesystem for SanFs {
                 return;
             }
         };
-        let cred = credentials(req);
+        let cred = self.credentials(req);
         self.spawn("fallocate", move |st| async move {
             let r = async {
                 let file = st.file(fh)?;

@@ -1,13 +1,14 @@
-//! The supplementary groups of the callers of requests on open handles (read, write, flush,
-//! fsync, release), kept briefly.
+//! The supplementary groups of the callers of requests, kept briefly.
 //!
 //! FUSE hands the agent a request's uid, gid and pid but not the caller's supplementary
-//! groups: they come from `/proc/PID/status`, ~32 us of CPU per request, as much as the rest
-//! of a 128 KiB write's own work (docs/performance.md). Requests on an open handle are
-//! authorized by the handle (checked at open, with groups read fresh); the server's calls
-//! for them (data, `Fsync`, lock release) use only whether the caller is root. For them the
-//! groups read for the same process less than [`GROUPS_TTL`] ago are used again (a release
-//! reads none unless it drops flock locks); every other request reads them fresh.
+//! groups: they come from `/proc/PID/status`, whose text the kernel builds at each read (tens
+//! of microseconds of CPU; 13% of the agent's CPU in an `rm -rf` when read for every request,
+//! docs/performance.md). The groups read for the same thread less than [`GROUPS_TTL`] ago are
+//! used again, for every request. The mount has `default_permissions`: the kernel has checked
+//! each request against the caller's exact credentials before it reaches the agent, so groups
+//! up to a second old can only make the server's second check refuse what a group added in
+//! that second allows (an error, never a wider access than the kernel granted). A release
+//! reads none unless it drops flock locks.
 //!
 //! Safe against pid reuse and bounded against `setgroups`:
 //! - an entry is keyed by (pid, uid, gid): a request with other ids reads afresh;
@@ -15,8 +16,7 @@
 //!   only if that process was still alive after the read (so the status was that
 //!   process's), and used only while the process has not exited (a pid that died, and may
 //!   be reused, is never served from an old entry);
-//! - it lives [`GROUPS_TTL`]: a `setgroups` shows at the latest that much later (and at once
-//!   for every request not on an open handle);
+//! - it lives [`GROUPS_TTL`]: a `setgroups` shows at the latest that much later;
 //! - FUSE names the calling thread: the pidfd is the thread's (`PIDFD_THREAD`, Linux 6.9);
 //!   on older kernels only a main thread has one, and a pid without a pidfd is not cached.
 
@@ -25,7 +25,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// How long a caller's groups are used again for its reads and writes.
+/// How long a caller's groups are used again.
 pub(crate) const GROUPS_TTL: Duration = Duration::from_secs(1);
 
 /// The most callers remembered (the table is cleared when full).
@@ -39,15 +39,14 @@ struct Entry {
     pidfd: OwnedFd,
 }
 
-/// Recently read groups of data requests' callers, by pid.
+/// Recently read groups of requests' callers, by pid.
 #[derive(Default)]
 pub(crate) struct GroupsCache {
     entries: Mutex<HashMap<u32, Entry>>,
 }
 
 impl GroupsCache {
-    /// The supplementary groups of process `pid` (uid `uid`, gid `gid`) for a read or write:
-    /// from the cache when read less than [`GROUPS_TTL`] ago for the same living process and
+    /// The supplementary groups of process `pid` (uid `uid`, gid `gid`): from the cache when read less than [`GROUPS_TTL`] ago for the same living process and
     /// ids, else from `read` (which reads `/proc/PID/status`).
     pub(crate) fn groups(
         &self,
