@@ -12,7 +12,7 @@ use sanfs_proto::pb;
 
 use crate::crash_real::{Expect, Server, check, connect, free_port, fsck, setup};
 use crate::harness::{Clients, root};
-use crate::smallfile::write;
+use crate::smallfile::{try_write, write};
 
 const BLOCK: u64 = 4096;
 /// Nothing is settled in the background during a test (an hour).
@@ -293,21 +293,7 @@ async fn a_journaled_write_its_lun_refuses_stops_the_server_and_is_written_at_th
     let (ino, h) = c.create_file(session, "second").await;
     tmpfs.fill();
     let data = pattern(0x42, 5000);
-    let refused = c
-        .data
-        .write(pb::WriteRequest {
-            cred: root(),
-            session,
-            handle: h,
-            inode: ino,
-            offset: 0,
-            data: data.clone(),
-            sync: true,
-            append: false,
-            request_id: None,
-            then_set_attr: None,
-        })
-        .await;
+    let refused = try_write(&mut c, session, h, ino, 0, &data).await;
     assert!(refused.is_err(), "a write its LUN refused: {refused:?}");
     let status = server
         .exited_within(std::time::Duration::from_secs(30))

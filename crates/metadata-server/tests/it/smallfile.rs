@@ -23,6 +23,20 @@ pub(crate) async fn write(
     offset: u64,
     data: &[u8],
 ) {
+    try_write(c, session, handle, ino, offset, data)
+        .await
+        .expect("proxied write");
+}
+
+/// [`write`] that answers the server's error instead of failing the test.
+pub(crate) async fn try_write(
+    c: &mut Clients,
+    session: u64,
+    handle: u64,
+    ino: u64,
+    offset: u64,
+    data: &[u8],
+) -> Result<(), tonic::Status> {
     c.data
         .write(pb::WriteRequest {
             cred: root(),
@@ -37,7 +51,7 @@ pub(crate) async fn write(
             then_set_attr: None,
         })
         .await
-        .expect("proxied write");
+        .map(|_| ())
 }
 
 /// Opens `ino` (`read`/`write` as asked, asking for up to `read_small` bytes): the reply's
