@@ -278,11 +278,15 @@ impl DataDevices {
     /// buffer pieces. Returns the devices written (to flush for a synchronous write).
     pub fn write_plan(&self, plan: &IoPlan, buf: &[u8]) -> Result<Vec<DeviceIndex>, FsError> {
         let mut touched = Vec::new();
-        self.write_each(plan, buf, |io, _| {
+        for io in &plan.device_ios {
+            self.lun(io.device)?;
+            let mut tmp = AlignedBuf::zeroed(to_usize(io.len)?);
+            gather(io, buf, tmp.as_mut_slice())?;
+            self.write_aligned(io.device, io.phys_off, &tmp)?;
             if !touched.contains(&io.device) {
                 touched.push(io.device);
             }
-        })?;
+        }
         Ok(touched)
     }
 
@@ -294,10 +298,8 @@ impl DataDevices {
             .iter()
             .map(|io| {
                 self.lun(io.device)?;
-                let mut bytes = Vec::with_capacity(to_usize(io.len)?);
-                for piece in &io.iov {
-                    bytes.extend_from_slice(&buf[range(piece.buf_off, piece.len, buf.len())?]);
-                }
+                let mut bytes = vec![0u8; to_usize(io.len)?];
+                gather(io, buf, &mut bytes)?;
                 Ok((io.device.0, io.phys_off, bytes))
             })
             .collect()
@@ -311,44 +313,22 @@ impl DataDevices {
         Ok(())
     }
 
-    /// Writes each device I/O of `plan`, its pieces of `buf` gathered, and hands it to `done`.
-    fn write_each(
-        &self,
-        plan: &IoPlan,
-        buf: &[u8],
-        mut done: impl FnMut(&DeviceIo, &[u8]),
-    ) -> Result<(), FsError> {
-        for io in &plan.device_ios {
-            let lun = self.lun(io.device)?;
-            let mut tmp = AlignedBuf::zeroed(to_usize(io.len)?);
-            let mut at = 0usize;
-            for piece in &io.iov {
-                let n = to_usize(piece.len)?;
-                let s = range(piece.buf_off, piece.len, buf.len())?;
-                tmp.as_mut_slice()[at..at + n].copy_from_slice(&buf[s]);
-                at += n;
-            }
-            self.may_write()?;
-            lun.file
-                .write_all_at(tmp.as_slice(), io.phys_off)
-                .map_err(|e| {
-                    FsError::Io(format!(
-                        "write {} at {}: {e}",
-                        lun.path.display(),
-                        io.phys_off
-                    ))
-                })?;
-            done(io, tmp.as_slice());
-        }
-        Ok(())
-    }
-
     /// Writes `bytes` at `offset` of LUN `device` (a whole number of blocks, as every plan's
     /// device I/O), not flushed.
     pub fn write_raw(&self, device: DeviceIndex, offset: u64, bytes: &[u8]) -> Result<(), FsError> {
-        let lun = self.lun(device)?;
         let mut tmp = AlignedBuf::zeroed(bytes.len());
         tmp.as_mut_slice().copy_from_slice(bytes);
+        self.write_aligned(device, offset, &tmp)
+    }
+
+    /// Writes the aligned `tmp` at `offset` of LUN `device`, if this server may write.
+    fn write_aligned(
+        &self,
+        device: DeviceIndex,
+        offset: u64,
+        tmp: &AlignedBuf,
+    ) -> Result<(), FsError> {
+        let lun = self.lun(device)?;
         self.may_write()?;
         lun.file
             .write_all_at(tmp.as_slice(), offset)
@@ -469,6 +449,20 @@ fn zero_lun(
             .map_err(|e| {
                 FsError::Io(format!("zero {} at {}: {e}", lun.path.display(), off + at))
             })?;
+        at += n;
+    }
+    Ok(())
+}
+
+/// Gathers the pieces of `buf` that device I/O `io` writes into `out` (`io.len` bytes).
+fn gather(io: &DeviceIo, buf: &[u8], out: &mut [u8]) -> Result<(), FsError> {
+    let mut at = 0usize;
+    for piece in &io.iov {
+        let n = to_usize(piece.len)?;
+        let s = range(piece.buf_off, piece.len, buf.len())?;
+        out.get_mut(at..at + n)
+            .ok_or_else(|| FsError::Io("a device I/O longer than its pieces".into()))?
+            .copy_from_slice(&buf[s]);
         at += n;
     }
     Ok(())

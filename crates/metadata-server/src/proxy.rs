@@ -357,8 +357,6 @@ impl DataPath {
         .map_err(join_error)?
     }
 
-    /// Writes `buf` by `plan` without flushing, and answers what was written, LUN by LUN, for
-    /// the journal.
     /// Writes `buf` by `plan` (flushing the LUNs written if `sync`); answers the LUNs written.
     async fn write_plan(
         &self,
