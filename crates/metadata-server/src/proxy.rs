@@ -229,8 +229,11 @@ impl DataPath {
 
     /// Writes onto the LUNs the data the journal replayed at the store's opening (writes
     /// acknowledged before a crash, maybe not flushed then), then settles it. Called once,
-    /// before anything is served. Data for a LUN this server does not have stays in the
-    /// journal (a warning) until a later start writes it.
+    /// before anything is served. When a LUN does not take its data (missing on this server,
+    /// or refusing the write) the start fails, the data kept in the journal for the next
+    /// one: served without it, clients with that LUN would read the bytes from before the
+    /// acknowledged write, and a later replay could put it over what they wrote since
+    /// (docs/operations.md "When things fail").
     pub async fn write_journaled_data(&self) -> Result<(), FsError> {
         let Some(journal) = self.journal.clone() else {
             return Ok(());
@@ -242,7 +245,8 @@ impl DataPath {
         let devices = self.devices.clone();
         let j = journal.clone();
         let (written, failed) = tokio::task::spawn_blocking(move || {
-            let (mut written, mut failed) = (0u64, 0u64);
+            let mut written = 0u64;
+            let mut failed: std::collections::BTreeMap<u32, (u64, String)> = Default::default();
             for op in ops {
                 match devices.write_raw(DeviceIndex(op.lun), op.offset, &op.data) {
                     Ok(()) => {
@@ -250,9 +254,8 @@ impl DataPath {
                         written += op.data.len() as u64;
                     }
                     Err(e) => {
-                        tracing::warn!(lun = op.lun, offset = op.offset, error = %e,
-                            "journaled data not written to its LUN; kept in the journal");
-                        failed += 1;
+                        let f = failed.entry(op.lun).or_insert((0, e.to_string()));
+                        f.0 += op.data.len() as u64;
                     }
                 }
             }
@@ -260,11 +263,19 @@ impl DataPath {
         })
         .await
         .map_err(join_error)?;
-        tracing::info!(
-            bytes = written,
-            failed,
-            "journaled data written to the LUNs"
-        );
+        tracing::info!(bytes = written, "journaled data written to the LUNs");
+        if !failed.is_empty() {
+            let luns: Vec<String> = failed
+                .iter()
+                .map(|(lun, (bytes, why))| format!("LUN {lun} ({bytes} bytes: {why})"))
+                .collect();
+            return Err(FsError::Io(format!(
+                "acknowledged writes kept in the metadata journal could not be written to {}; \
+                 not serving until they are (clients would read older bytes there): make the \
+                 LUN available to this server and start it again",
+                luns.join(", ")
+            )));
+        }
         self.settle().await
     }
 

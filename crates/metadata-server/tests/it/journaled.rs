@@ -273,6 +273,52 @@ impl Drop for LunsOnTmpfs {
     }
 }
 
+/// The LUN (index) whose file holds the first block of `data` now.
+fn lun_holding(dir: &Path, data: &[u8]) -> Option<usize> {
+    let head = &data[..BLOCK as usize];
+    luns(dir).iter().position(|lun| {
+        let image = std::fs::read(lun).unwrap();
+        image.chunks(BLOCK as usize).any(|block| block == head)
+    })
+}
+
+/// A start whose journal holds acknowledged data for a LUN this server does not have now
+/// refuses to serve (clients that have the LUN would read the bytes from before the write,
+/// and a later replay could put the journaled bytes over what they wrote since); once the
+/// LUN is back the next start writes the data and serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_without_the_lun_of_journaled_data_refuses_to_serve() {
+    let real = RealServer::new();
+    let (mut server, mut c) = real.start().await;
+    let (session, _) = c.open_session().await;
+    let data = pattern(0x6b, 5000);
+    let (ino, h) = c.create_file(session, "small").await;
+    write(&mut c, session, h, ino, 0, &data).await;
+    server.kill();
+    let lun = lun_holding(real.dir(), &data).expect("the written block on a LUN");
+    let path = &luns(real.dir())[lun];
+    let away = path.with_extension("away");
+    std::fs::rename(path, &away).unwrap();
+    let mut server = Server::start(&real.config, &real.dir().join("mds.log"));
+    let status = server
+        .exited_within(std::time::Duration::from_secs(30))
+        .expect("a start without the LUN of journaled data stops by itself");
+    assert!(!status.success(), "{status}");
+    let log = std::fs::read_to_string(real.dir().join("mds.log")).unwrap();
+    assert!(
+        log.contains(&format!("could not be written to LUN {lun}")),
+        "{log}"
+    );
+    // Back, having lost the block meanwhile: the journal writes it again.
+    std::fs::rename(&away, path).unwrap();
+    assert_eq!(lose_from_luns(real.dir(), &data), 1);
+    let (mut server, mut c) = real.start().await;
+    let (session, _) = c.open_session().await;
+    check(&mut c, session, "small", &Expect::Present(data.clone())).await;
+    server.kill();
+    real.fsck_clean();
+}
+
 /// A journaled write is written to its LUN beside its durable commit: when the LUN refuses
 /// it after the commit may be durable, the writer gets an error, the server stops by itself
 /// (fail-stop) instead of serving blocks whose bytes are not on the LUN, and the next start
