@@ -1378,7 +1378,14 @@ impl fuser::Filesystem for SanFs {
             // Nothing changed at the server: what the lease cache holds of the file stays
             // exact, and the attributes this node gives add the held-back size to it
             // (`State::attr`). So the kernel's next look at the size (before each read of a
-            // cached file) is answered here, not by the server.
+            // cached file) is answered here, not by the server. Except the setuid and setgid
+            // bits a writer other than root clears (the server will when the bytes get there).
+            if cred.uid != 0 {
+                self.state
+                    .client
+                    .leases()
+                    .written_by_other_than_root(self.state.ino(ino));
+            }
             let mut span = Span::wall_since(Stage::FuseWrite, started);
             span.set_bytes(w.written);
             reply_written(reply, w.written);

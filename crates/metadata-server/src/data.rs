@@ -341,11 +341,8 @@ pub fn complete_write_to(
     }
     rec.mtime = ctx.now;
     rec.ctime = ctx.now;
-    if !writer_is_root && rec.perm & 0o6000 != 0 {
-        rec.perm &= !0o4000;
-        if rec.perm & 0o010 != 0 {
-            rec.perm &= !0o2000;
-        }
+    if !writer_is_root {
+        rec.perm = sanfs_proto::types::cleared_setid(rec.perm);
     }
     ctx.t.put_inode(ino, &rec)?;
     Ok(rec.attr(ino, ctx.block_size))

@@ -46,7 +46,7 @@ use sanfs_proto::model::{
     LeasedLookup, LeasedReadDir, ReadDirReply, ReadDirRequest,
 };
 use sanfs_proto::pb;
-use sanfs_proto::types::{Attr, Credentials, FileName, FileType, FsError, InodeId};
+use sanfs_proto::types::{Attr, Credentials, FileName, FileType, FsError, InodeId, cleared_setid};
 
 use super::Client;
 use super::rpc::Pin;
@@ -840,6 +840,17 @@ impl LeaseCache {
             (ino, caller, name.to_vec()),
             (value.map(<[u8]>::to_vec), mark, until),
         );
+    }
+
+    /// A write by a caller other than root is accepted for `ino`: the server clears the
+    /// file's setuid and setgid bits when it applies it (as Linux does for a writer without
+    /// CAP_FSETID, [`cleared_setid`]), so what this node holds of its mode shows them cleared
+    /// from now on (the kernel asks again after every write: it drops its size and times).
+    pub fn written_by_other_than_root(&self, ino: InodeId) {
+        let mut s = self.lock();
+        if let Some((a, _)) = s.attrs.get_mut(&ino) {
+            a.perm = cleared_setid(a.perm);
+        }
     }
 
     /// A recall of the server: forgets the attributes of `ino` (the kernel's too) and/or the

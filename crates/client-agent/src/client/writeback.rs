@@ -1806,6 +1806,11 @@ impl Client {
             if f.end > attr.size {
                 attr.size = f.end;
             }
+            // Held-back bytes of a writer other than root clear setuid and setgid when they
+            // reach the server (`LeaseCache::written_by_other_than_root`).
+            if !f.dirty.is_empty() && f.writer.as_ref().is_some_and(|(_, c)| c.uid != 0) {
+                attr.perm = cleared_setid(attr.perm);
+            }
             // Held-back attribute changes: the mode, the times they set, their ctime.
             if let Some(h) = &f.attrs {
                 attr.perm = h.attr.perm;

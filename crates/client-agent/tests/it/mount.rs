@@ -3161,3 +3161,73 @@ async fn a_group_a_thread_drops_stops_counting_at_once() {
     drop(m);
     srv.stop().await;
 }
+
+/// A write by a caller other than root clears the file's setuid bit, and its setgid bit where
+/// the group may execute (as Linux does for a writer without CAP_FSETID; the C pjdfstest's
+/// chmod/12): seen at once through the writer's descriptor and by the next stat, whether the
+/// bytes are held back on this node, written through, or long; root's writes keep them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_by_another_than_root_clears_setuid_and_setgid_at_once() {
+    use std::io::Write;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let m = Mount::start(&srv, "setid", "allow_other").await;
+    std::fs::set_permissions(
+        m.path.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let dir = m.p("d");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    timed("writes clearing setid bits", 60, move || {
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+        let mut n = 0;
+        for (writer, want) in [(1000, true), (0, false)] {
+            for read_write in [false, true] {
+                for len in [1usize, 200 << 10] {
+                    for (before, after) in [
+                        (0o4777, 0o777),
+                        (0o2777, 0o777),
+                        (0o6777, 0o777),
+                        (0o2767, 0o2767),
+                    ] {
+                        n += 1;
+                        let f = dir.join(format!("f{n}"));
+                        std::fs::write(&f, b"").unwrap();
+                        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(before))
+                            .unwrap();
+                        assert_eq!(mode(&f), before);
+                        thread_creds(&[], writer, writer);
+                        let mut file = std::fs::OpenOptions::new()
+                            .read(read_write)
+                            .write(true)
+                            .open(&f)
+                            .unwrap();
+                        file.write_all(&vec![b'x'; len]).unwrap();
+                        let seen = file.metadata().unwrap().mode() & 0o7777;
+                        // Written out: the server's attributes from now on.
+                        file.sync_all().unwrap();
+                        drop(file);
+                        thread_creds(&[], 0, 0);
+                        let want = if want { after } else { before };
+                        let case = format!("uid {writer}, {len} bytes, rw {read_write}");
+                        assert_eq!(seen, want, "{before:o} after a write, fstat ({case})");
+                        assert_eq!(mode(&f), want, "{before:o} after a write, stat ({case})");
+                        // And after root's next write (which clears nothing).
+                        let mut file = std::fs::OpenOptions::new().append(true).open(&f).unwrap();
+                        file.write_all(b"y").unwrap();
+                        let seen = file.metadata().unwrap().mode() & 0o7777;
+                        assert_eq!(seen, want, "{before:o} after root's next write ({case})");
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    drop(m);
+    srv.stop().await;
+}
