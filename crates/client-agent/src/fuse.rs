@@ -888,8 +888,9 @@ impl fuser::Filesystem for SanFs {
             // Files in cached mode: the kernel checks the attributes before each read and
             // drops the pages at a new size or mtime (`pages`).
             | fuser::InitFlags::FUSE_AUTO_INVAL_DATA
-            // The server clears setuid/setgid (and file capabilities) at a chown, and at a
-            // truncate or write by a caller other than root, as the kernel would: the kernel
+            // The server clears setuid/setgid at a chown, and at a truncate or write by a
+            // caller other than root, and file capabilities at a chown, a truncate or any
+            // write, as the kernel would: the kernel
             // then sends a chown or truncate as it is, instead of asking for the attributes
             // first (a `GetAttr` round trip) to send a mode without those bits.
             | fuser::InitFlags::FUSE_HANDLE_KILLPRIV_V2;

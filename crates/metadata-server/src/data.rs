@@ -344,6 +344,9 @@ pub fn complete_write_to(
     if !writer_is_root {
         rec.perm = sanfs_proto::types::cleared_setid(rec.perm);
     }
+    // As the kernel does at every write (the mount leaves it to the server:
+    // FUSE_HANDLE_KILLPRIV_V2).
+    crate::ns::kill_capability(ctx, ino)?;
     ctx.t.put_inode(ino, &rec)?;
     Ok(rec.attr(ino, ctx.block_size))
 }

@@ -504,6 +504,9 @@ impl Client {
         xattr: impl AsRef<[u8]>,
     ) -> Result<Vec<u8>, FsError> {
         let name = xattr.as_ref();
+        if name == CAPABILITY_XATTR {
+            self.writes_reach_server(ino).await;
+        }
         if let Some(r) = self.cached_xattr(cred, ino, name) {
             return r;
         }
@@ -556,12 +559,26 @@ impl Client {
         cred: &Credentials,
         ino: InodeId,
     ) -> Result<Vec<Vec<u8>>, FsError> {
+        self.writes_reach_server(ino).await;
         let req = pb::ListXattrRequest::from(InodeRequest {
             cred: cred.clone(),
             inode: ino,
         });
         let n: XattrNames = rpc!(self, list_xattr, req, XattrNames, "ListXattr reply")?;
         Ok(n.0.into_iter().map(XattrName::into_bytes).collect())
+    }
+
+    /// Before the file capabilities of `ino` are read: the server removes them at every
+    /// write (as the kernel does; the mount asks for `FUSE_HANDLE_KILLPRIV_V2`), so this
+    /// node's writes of it held back or still completing reach the server first, and what
+    /// the cache held of its extended attributes before them goes.
+    async fn writes_reach_server(&self, ino: InodeId) {
+        let held = self.has_held_back(ino);
+        self.write_back_barrier(ino).await;
+        self.inner.settle(ino).await;
+        if held {
+            self.inner.leases.forget(&[ino], &[]);
+        }
     }
 
     pub async fn removexattr(
@@ -687,6 +704,9 @@ impl Client {
         rpc!(self, access, req, "Access reply")
     }
 }
+
+/// The extended attribute that holds a file's capabilities.
+const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
 impl Inner {
     /// A namespace change's request under `view`: with the session header (answered before

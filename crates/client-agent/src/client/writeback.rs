@@ -582,6 +582,16 @@ impl FileState {
         data: &[u8],
     ) -> (u64, u64) {
         let freed = self.patch_cache(offset, data);
+        // Attribute changes held from before: the server applies them after these bytes, and
+        // a writer other than root clears setuid and setgid (`cleared_setid`) after them.
+        if cred.uid != 0
+            && let Some(h) = &mut self.attrs
+        {
+            h.attr.perm = cleared_setid(h.attr.perm);
+            if let Some(p) = h.changes.perm.as_mut() {
+                *p = cleared_setid(*p);
+            }
+        }
         let grew = insert(&mut self.dirty, offset, data);
         self.dirty_bytes += grew;
         self.dirty_since.get_or_insert_with(Instant::now);

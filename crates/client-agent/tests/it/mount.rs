@@ -1578,7 +1578,7 @@ async fn setuid_setgid_and_file_capabilities_go_as_the_kernel_drops_them() {
         std::os::unix::fs::chown(&f, Some(1000), Some(1000)).unwrap();
         both(0o775, "a chown");
         // File capabilities (a version 2 `vfs_cap_data`: CAP_NET_RAW permitted and
-        // effective) go at a chown, and at a truncate.
+        // effective) go at a chown, a truncate and a write (root's too).
         let cap: [u8; 20] = {
             let mut c = [0u8; 20];
             c[..4].copy_from_slice(&0x0200_0001u32.to_le_bytes());
@@ -1593,7 +1593,8 @@ async fn setuid_setgid_and_file_capabilities_go_as_the_kernel_drops_them() {
                 Err(e) => panic!("getxattr {}: {e}", p.display()),
             }
         };
-        for (k, change) in ["chown", "truncate"].into_iter().enumerate() {
+        let changes = ["chown", "truncate", "small write", "long write"];
+        for (k, change) in changes.into_iter().enumerate() {
             rustix::fs::setxattr(
                 &f,
                 "security.capability",
@@ -1607,15 +1608,22 @@ async fn setuid_setgid_and_file_capabilities_go_as_the_kernel_drops_them() {
                 Some(&cap[..]),
                 "{change}: seen elsewhere"
             );
-            if k == 0 {
-                std::os::unix::fs::chown(&f, Some(0), Some(0)).unwrap();
-            } else {
-                std::fs::OpenOptions::new()
+            match k {
+                0 => std::os::unix::fs::chown(&f, Some(0), Some(0)).unwrap(),
+                1 => std::fs::OpenOptions::new()
                     .write(true)
                     .open(&f)
                     .unwrap()
                     .set_len(2)
-                    .unwrap();
+                    .unwrap(),
+                // Root's writes too (a changed binary keeps no capability): one held back
+                // on this node, one long enough to go to the LUNs at once.
+                _ => {
+                    let mut file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+                    let len = if k == 2 { 1 } else { 300 << 10 };
+                    std::io::Write::write_all(&mut file, &vec![b'w'; len]).unwrap();
+                    assert_eq!(has_cap(&f), None, "after a {change}, still open");
+                }
             }
             assert_eq!(has_cap(&f), None, "after a {change}: this node");
             assert_eq!(has_cap(&g), None, "after a {change}: another node");
@@ -3225,6 +3233,38 @@ async fn a_write_by_another_than_root_clears_setuid_and_setgid_at_once() {
                     }
                 }
             }
+        }
+        // The owner's own chmod (or utimes) held back on the node, then the owner's write:
+        // the write comes last, so the bits go.
+        for set_times in [false, true] {
+            n += 1;
+            let f = dir.join(format!("f{n}"));
+            std::fs::write(&f, b"").unwrap();
+            std::os::unix::fs::chown(&f, Some(1000), Some(1000)).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+            thread_creds(&[], 1000, 1000);
+            let mut file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+            file.write_all(b"a").unwrap();
+            file.set_permissions(std::fs::Permissions::from_mode(0o6775))
+                .unwrap();
+            if set_times {
+                file.set_modified(std::time::SystemTime::UNIX_EPOCH)
+                    .unwrap();
+            }
+            file.write_all(b"b").unwrap();
+            let seen = file.metadata().unwrap().mode() & 0o7777;
+            file.sync_all().unwrap();
+            drop(file);
+            thread_creds(&[], 0, 0);
+            assert_eq!(
+                seen, 0o775,
+                "the owner's chmod then write, fstat (times {set_times})"
+            );
+            assert_eq!(
+                mode(&f),
+                0o775,
+                "the owner's chmod then write (times {set_times})"
+            );
         }
     })
     .await;

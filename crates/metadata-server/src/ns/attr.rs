@@ -39,8 +39,8 @@ fn kill_suid_sgid(rec: &mut InodeRec) {
 }
 
 /// Removes the file capabilities (`security.capability`) of `ino`, as the kernel does at a
-/// chown or truncate of a file.
-fn kill_capability(ctx: &mut Ctx<'_>, ino: InodeId) -> Result<(), OpError> {
+/// chown, a truncate or a write of a file (by anyone: a changed binary keeps no capability).
+pub fn kill_capability(ctx: &mut Ctx<'_>, ino: InodeId) -> Result<(), OpError> {
     ctx.t
         .xattrs
         .remove((ino.0, b"security.capability".as_slice()))?;

@@ -41,8 +41,8 @@ mod remove;
 mod rename;
 
 pub use attr::{
-    XATTR_NAMES_MAX_PER_INODE, XATTR_VALUES_MAX_PER_INODE, allocate_range, removexattr, setattr,
-    setattr_allowed, setxattr, truncate,
+    XATTR_NAMES_MAX_PER_INODE, XATTR_VALUES_MAX_PER_INODE, allocate_range, kill_capability,
+    removexattr, setattr, setattr_allowed, setxattr, truncate,
 };
 pub use create::{create, link, mkdir, mknod, open, open_check_only, symlink};
 pub use lookup::Reader;
