@@ -1381,7 +1381,7 @@ impl fuser::Filesystem for SanFs {
             // (`State::attr`). So the kernel's next look at the size (before each read of a
             // cached file) is answered here, not by the server. Except the setuid and setgid
             // bits a writer other than root clears (the server will when the bytes get there).
-            if cred.uid != 0 {
+            if !cred.is_root() {
                 self.state
                     .client
                     .leases()

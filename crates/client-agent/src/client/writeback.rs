@@ -584,7 +584,7 @@ impl FileState {
         let freed = self.patch_cache(offset, data);
         // Attribute changes held from before: the server applies them after these bytes, and
         // a writer other than root clears setuid and setgid (`cleared_setid`) after them.
-        if cred.uid != 0
+        if !cred.is_root()
             && let Some(h) = &mut self.attrs
         {
             h.attr.perm = cleared_setid(h.attr.perm);
@@ -1818,7 +1818,7 @@ impl Client {
             }
             // Held-back bytes of a writer other than root clear setuid and setgid when they
             // reach the server (`LeaseCache::written_by_other_than_root`).
-            if !f.dirty.is_empty() && f.writer.as_ref().is_some_and(|(_, c)| c.uid != 0) {
+            if !f.dirty.is_empty() && f.writer.as_ref().is_some_and(|(_, c)| !c.is_root()) {
                 attr.perm = cleared_setid(attr.perm);
             }
             // Held-back attribute changes: the mode, the times they set, their ctime.
