@@ -1778,6 +1778,19 @@ impl fuser::Filesystem for SanFs {
             // Whom as only for flock's locks (the release itself is the handle's).
             let cred = (lock_owner.is_some() && self.state.client.locks_held() > 0)
                 .then(|| self.credentials(req));
+            // Nothing to send first: released with a later call, without a task here.
+            if cred.is_none() {
+                match self.state.client.release_later(&file.file.current()) {
+                    Some(true) => {
+                        self.spawn("release", |st| async move {
+                            st.client.flush_releases_later().await;
+                        });
+                        return;
+                    }
+                    Some(false) => return,
+                    None => {}
+                }
+            }
             self.spawn("release", move |st| async move {
                 // flock's locks belong to the open file and go with its last descriptor.
                 if let (Some(owner), Some(cred)) = (lock_owner, cred)

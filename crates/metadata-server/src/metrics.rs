@@ -25,6 +25,7 @@
 //! | `sanfs_zeroed_bytes_total` | counter | | bytes zeroed on the LUNs before they were granted Unwritten |
 //! | `sanfs_proxied_bytes_total` | counter | `op` | bytes read and written through the server |
 //! | `sanfs_open_small_files_total` | counter | | opens answered with the whole of a small file (`OpenRequest.read_small`) |
+//! | `sanfs_handles_released_with_calls_total` | counter | | open handles released with another call (its `sanfs-release` header) |
 //! | `sanfs_tls_handshakes_refused_total` | counter | | connections closed before their TLS handshake completed ([`crate::handshake`]) |
 //! | `sanfs_auth_refused_total` | counter | `code` | callers refused by the authenticator (`service::identity`) |
 //! | `sanfs_insecure_requests_total` | counter | | plaintext calls accepted because of `insecure` |
@@ -59,6 +60,8 @@ use crate::store::{COMMIT_OPS, COMMIT_SECONDS, DATA_FLUSHES};
 
 /// Counter: opens answered with the whole of a small file (`OpenRequest::read_small`).
 pub const OPEN_SMALL_FILES: &str = "sanfs_open_small_files_total";
+/// Counter: handles released with another call (its `sanfs-release` header).
+pub const RELEASED_WITH_CALLS: &str = "sanfs_handles_released_with_calls_total";
 
 /// What the server counts itself, as read at one scrape.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
@@ -246,6 +249,10 @@ fn describe_recorded() {
     describe_counter!(
         OPEN_SMALL_FILES,
         "Opens answered with the whole of a small file (OpenRequest.read_small)."
+    );
+    describe_counter!(
+        RELEASED_WITH_CALLS,
+        "Open handles released with another call (its sanfs-release header), not by a Release of their own."
     );
 }
 

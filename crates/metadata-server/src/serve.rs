@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use sanfs_proto::local_socket::LocalStream;
 use sanfs_proto::model::{MAX_MESSAGE_SIZE, ServerEvent, SessionEndReason};
 use sanfs_proto::pb::admin_server::AdminServer;
 use sanfs_proto::pb::data_server::DataServer;
@@ -295,7 +296,12 @@ pub async fn serve(
         );
         router
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                // Registered for reading only: no wake-up each time an agent reads an answer
+                // (sanfs_proto::local_socket).
+                tokio_stream::StreamExt::map(
+                    tokio_stream::wrappers::UnixListenerStream::new(listener),
+                    |conn| conn.and_then(LocalStream::from_tokio),
+                ),
                 async move {
                     let _ = stop.wait_for(|s| *s).await;
                 },

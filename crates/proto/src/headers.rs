@@ -35,6 +35,11 @@ pub const FORGET: &str = "sanfs-forget";
 pub const MAX_FORGET: usize = 16;
 /// The header of the directories a change altered (binary: its name ends in `-bin`).
 pub const DIRS: &str = "sanfs-dirs-bin";
+/// The request header of open handles its session closes, released by the server with the
+/// call (`ServerInfo.releases_with_changes`): `session:handle,handle,...`.
+pub const RELEASE: &str = "sanfs-release";
+/// Handles one `sanfs-release` names at most.
+pub const MAX_RELEASE: usize = 64;
 
 /// What `sanfs-commit` says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,6 +178,44 @@ pub fn set_forget(m: &mut MetadataMap, inodes: &[InodeId]) {
     put(m, FORGET, list.join(","));
 }
 
+/// Handles a request's `sanfs-release` names, with their session (`None` without one).
+pub fn release(m: &MetadataMap) -> Result<Option<(SessionId, Vec<u64>)>, ProtocolError> {
+    let Some(s) = text(m, RELEASE)? else {
+        return Ok(None);
+    };
+    let Some((session, list)) = s.split_once(':') else {
+        return Err(invalid(RELEASE, "no session"));
+    };
+    let session = match session.parse::<u64>() {
+        Ok(n) if n != 0 => SessionId(n),
+        _ => return Err(invalid(RELEASE, format!("{session:?} is not a session"))),
+    };
+    let mut handles = Vec::new();
+    for part in list.split(',') {
+        if handles.len() == MAX_RELEASE {
+            return Err(invalid(RELEASE, format!("more than {MAX_RELEASE} handles")));
+        }
+        match part.parse::<u64>() {
+            Ok(n) if n != 0 => handles.push(n),
+            _ => return Err(invalid(RELEASE, format!("{part:?} is not a handle"))),
+        }
+    }
+    Ok(Some((session, handles)))
+}
+
+/// Sets `sanfs-release` (nothing when `handles` is empty; only the first [`MAX_RELEASE`]).
+pub fn set_release(m: &mut MetadataMap, session: SessionId, handles: &[u64]) {
+    if handles.is_empty() {
+        return;
+    }
+    let list: Vec<String> = handles
+        .iter()
+        .take(MAX_RELEASE)
+        .map(|h| h.to_string())
+        .collect();
+    put(m, RELEASE, format!("{}:{}", session.0, list.join(",")));
+}
+
 /// The reply's `sanfs-dirs-bin`, if any.
 pub fn dirs(m: &MetadataMap) -> Result<Option<crate::model::ChangedDirs>, ProtocolError> {
     let Some(v) = m.get_bin(DIRS) else {
@@ -262,6 +305,22 @@ mod tests {
         let many: Vec<InodeId> = (1..40).map(InodeId).collect();
         set_forget(&mut m, &many);
         assert_eq!(forget(&m).unwrap(), many[..MAX_FORGET].to_vec());
+        assert_eq!(release(&m).unwrap(), None);
+        set_release(&mut m, SessionId(5), &[]);
+        assert_eq!(m.get(RELEASE), None);
+        set_release(&mut m, SessionId(5), &[8, 13]);
+        assert_eq!(release(&m).unwrap(), Some((SessionId(5), vec![8, 13])));
+        let many: Vec<u64> = (1..100).collect();
+        set_release(&mut m, SessionId(6), &many);
+        assert_eq!(
+            release(&m).unwrap(),
+            Some((SessionId(6), many[..MAX_RELEASE].to_vec()))
+        );
+        for bad in ["", "5", "0:1", "x:1", "5:", "5:0", "5:1,,2", "5:-1"] {
+            m.insert(RELEASE, bad.parse().unwrap());
+            assert!(release(&m).is_err(), "{bad:?} was taken");
+        }
+        m.remove(RELEASE);
         assert_eq!(dirs(&m).unwrap(), None);
         let changed = crate::model::ChangedDirs {
             attrs: vec![dir_attr(1), dir_attr(7)],

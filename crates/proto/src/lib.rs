@@ -11,6 +11,7 @@
 pub mod csi;
 pub mod exposition;
 pub mod headers;
+pub mod local_socket;
 pub mod model;
 pub mod status;
 pub mod types;

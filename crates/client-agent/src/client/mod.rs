@@ -63,6 +63,7 @@ pub mod leases;
 mod locks;
 mod namespace;
 mod quota;
+mod releases;
 mod rescan;
 mod rpc;
 mod seek;
@@ -411,6 +412,8 @@ pub(crate) struct Inner {
     writeback: writeback::WriteBack,
     /// Attributes and names cached under leases (see `leases`).
     leases: leases::LeaseCache,
+    /// Handles closed here, to release with a later call (see `releases`).
+    releases: Mutex<releases::Releases>,
 }
 
 /// A connected agent. Dropping it stops its session task (the session then expires at the
@@ -500,7 +503,8 @@ pub async fn connect_channel(
             .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
                 let path = path.clone();
                 async move {
-                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    // Registered for reading only (sanfs_proto::local_socket).
+                    let stream = sanfs_proto::local_socket::LocalStream::connect(path).await?;
                     Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
                 }
             }))
@@ -701,6 +705,7 @@ impl Client {
             leases: leases::LeaseCache::default(),
             open_handles: Mutex::new(HashMap::new()),
             open_files: Mutex::new(Vec::new()),
+            releases: Mutex::new(releases::Releases::default()),
         });
         bump(&inner.counters.sessions);
         tracing::info!(session = %opened.session, epoch = %opened.epoch, engine = inner.engine.name(), "session opened");

@@ -262,6 +262,8 @@ impl Client {
             .inner
             .leases
             .begin_own(&[], &[], &[(parent, name.as_bytes())]);
+        // Handles closed before, released with this call (the same ones on every try).
+        let mut releasing: Option<Vec<u64>> = None;
         let (r, view, note, dirs): (CreateReply, _, _, _) = self
             .inner
             .call_noted("Create reply", |view| {
@@ -279,7 +281,10 @@ impl Client {
                 req.request_id = pending.wire();
                 sent = Some(req.clone());
                 let mut ns = self.inner.ns();
-                let req = self.inner.change_request(req, view);
+                let mut req = self.inner.change_request(req, view);
+                let handles =
+                    releasing.get_or_insert_with(|| self.inner.releases_for_call(view.session));
+                sanfs_proto::headers::set_release(req.metadata_mut(), view.session, handles);
                 async move { ns.create(req).await }
             })
             .await?;

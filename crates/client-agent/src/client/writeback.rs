@@ -863,7 +863,7 @@ impl WriteBack {
     }
 
     /// Whether `ino` has bytes held back on this node or on their way to the LUNs.
-    fn unsettled(&self, ino: InodeId) -> bool {
+    pub(crate) fn unsettled(&self, ino: InodeId) -> bool {
         self.files()
             .get(&ino)
             .is_some_and(|f| f.dirty_bytes > 0 || f.flushing > 0 || f.attrs.is_some())

@@ -3271,3 +3271,57 @@ async fn a_write_by_another_than_root_clears_setuid_and_setgid_at_once() {
     drop(m);
     srv.stop().await;
 }
+
+/// A close with nothing to send first is released with the agent's next create, or by
+/// itself a few milliseconds later (docs/protocol.md "Handles released with a later call"):
+/// either way the handle ends at the server, so an unlinked file's blocks come back once its
+/// last descriptor is closed, and a loop of creates and closes leaves no handle open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_handles_are_released_with_later_calls_or_by_themselves() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let m = Mount::start(&srv, "release", "").await;
+    let dir = m.p("d");
+    timed("closes released later", 120, move || {
+        std::fs::create_dir(&dir).unwrap();
+        let free = || {
+            let st = rustix::fs::statvfs(&dir).unwrap();
+            st.f_bfree * st.f_frsize
+        };
+        for i in 0..300 {
+            std::fs::write(dir.join(format!("f{i}")), b"").unwrap();
+        }
+        let size = 8u64 << 20;
+        for then_create in [true, false] {
+            let before = free();
+            let big = dir.join("big");
+            std::fs::write(&big, vec![7u8; size as usize]).unwrap();
+            let reader = std::fs::File::open(&big).unwrap();
+            std::fs::remove_file(&big).unwrap();
+            // Unlinked but open: its blocks stay.
+            assert!(free() + size / 2 <= before, "the open file's blocks went");
+            drop(reader);
+            if then_create {
+                std::fs::write(dir.join("next"), b"").unwrap();
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while free() < before && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(
+                free() >= before,
+                "an unlinked file's blocks never came back after its close (then_create \
+                 {then_create}): {} of {before} bytes free",
+                free()
+            );
+        }
+        for i in 0..300 {
+            std::fs::remove_file(dir.join(format!("f{i}"))).unwrap();
+        }
+    })
+    .await;
+    drop(m);
+    srv.stop().await;
+}

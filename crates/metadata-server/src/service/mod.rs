@@ -323,6 +323,7 @@ impl Server {
             restores: self.store.restores(),
             multi_part_complete: true,
             write_sets_attr: true,
+            releases_with_changes: true,
         }
     }
 
@@ -515,6 +516,44 @@ impl Server {
                 )))
             }
         }
+    }
+
+    /// Releases the handles a call's `sanfs-release` header names
+    /// (`ServerInfo.releases_with_changes`, docs/protocol.md "Handles released with a later
+    /// call"), before the call itself. The header's session must be the caller's (else the
+    /// call is refused and nothing is released); a replaced session's handles are gone
+    /// already, and a handle not open under the session (released before: a retried call's
+    /// header) is skipped, as a stale `Release` is.
+    pub(crate) async fn release_attached<T>(
+        &self,
+        who: &NodeIdentity,
+        request: &tonic::Request<T>,
+    ) -> Result<(), Status> {
+        let Some((session, handles)) = sanfs_proto::headers::release(request.metadata())
+            .map_err(|e| sanfs_proto::status::status_from_protocol_error(&e))?
+        else {
+            return Ok(());
+        };
+        match self.check_session(who, session) {
+            Ok(()) => {}
+            Err(e) if sanfs_proto::status::fs_error_from_status(&e) == FsError::StaleSession => {
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+        for handle in handles {
+            let open_here = self
+                .store
+                .handles()
+                .by_handle
+                .get(&handle)
+                .is_some_and(|f| f.session == session.0);
+            if open_here {
+                self.release_handle(handle).await?;
+                metrics::counter!(crate::metrics::RELEASED_WITH_CALLS).increment(1);
+            }
+        }
+        Ok(())
     }
 
     /// Forgets one open handle; if it was its inode's last, an unlinked inode is destroyed.

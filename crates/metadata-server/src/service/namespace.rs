@@ -61,8 +61,9 @@ where
 }
 
 /// A change's headers: the session it is made under and, for a change an agent sends again
-/// to a restarted server, its replay tag (`sanfs_proto::headers`).
-fn change_headers<T>(
+/// to a restarted server, its replay tag (`sanfs_proto::headers`). The handles its
+/// `sanfs-release` header names are released first ([`Server::release_attached`]).
+async fn change_headers<T>(
     server: &Server,
     request: &Request<T>,
 ) -> Result<(Option<SessionId>, Option<ReplayTag>), Status> {
@@ -70,6 +71,7 @@ fn change_headers<T>(
     let session = server.session_of(&who, request)?;
     let replay = sanfs_proto::headers::replay(request.metadata())
         .map_err(|e| sanfs_proto::status::status_from_protocol_error(&e))?;
+    server.release_attached(&who, request).await?;
     Ok((session, replay))
 }
 
@@ -80,7 +82,7 @@ macro_rules! change_once {
     ($self:ident, $request:ident, $name:literal, $req_ty:ty, $variant:ident,
      |$req:ident| $inode:expr, leases: $leases:expr, |$ctx:ident| $body:expr) => {
         rpc_noted($name, async {
-            let (session, replay) = change_headers(&$self.server, &$request)?;
+            let (session, replay) = change_headers(&$self.server, &$request).await?;
             let ($req, id): ($req_ty, _) = accept_once($request)?;
             if let Some(tag) = replay {
                 let commit = $self
@@ -492,7 +494,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::LookupRequest>,
     ) -> Result<Response<pb::LookupReply>, Status> {
         rpc("Lookup", async {
-            let (session, _) = change_headers(&self.server, &request)?;
+            let (session, _) = change_headers(&self.server, &request).await?;
             let who = caller(&request)?;
             let leased: LeasedLookup = accept(request)?;
             let lease_session = self.server.lease_session(&who, leased.session);
@@ -533,7 +535,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::GetAttrReply>, Status> {
         rpc("GetAttr", async {
             let who = caller(&request)?;
-            let (header_session, _) = change_headers(&self.server, &request)?;
+            let (header_session, _) = change_headers(&self.server, &request).await?;
             let req: GetAttrRequest = accept(request)?;
             let session = header_session.or(req
                 .session
@@ -575,7 +577,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::SetAttrRequest>,
     ) -> Result<Response<pb::SetAttrReply>, Status> {
         rpc_noted("SetAttr", async {
-            let (session, replay) = change_headers(&self.server, &request)?;
+            let (session, replay) = change_headers(&self.server, &request).await?;
             let req: SetAttrRequest = accept(request)?;
             if let Some(tag) = replay {
                 let commit = self
@@ -648,7 +650,7 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::CreateReply>, Status> {
         rpc_noted("Create", async {
             let who = caller(&request)?;
-            let (header_session, replay) = change_headers(&self.server, &request)?;
+            let (header_session, replay) = change_headers(&self.server, &request).await?;
             let (mut req, id): (CreateRequest, _) = accept_once(request)?;
             if let Some(tag) = replay {
                 // Made under the new session (the one in the request is the last epoch's).
@@ -872,7 +874,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::ReadlinkRequest>,
     ) -> Result<Response<pb::ReadlinkReply>, Status> {
         rpc("Readlink", async {
-            let (session, _) = change_headers(&self.server, &request)?;
+            let (session, _) = change_headers(&self.server, &request).await?;
             let req: InodeRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
@@ -889,7 +891,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::ReadDirRequest>,
     ) -> Result<Response<pb::ReadDirReply>, Status> {
         rpc("ReadDir", async {
-            let (session, _) = change_headers(&self.server, &request)?;
+            let (session, _) = change_headers(&self.server, &request).await?;
             let who = caller(&request)?;
             let leased: LeasedReadDir = accept(request)?;
             let lease_session = self.server.lease_session(&who, leased.session);
@@ -939,7 +941,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::StatFsRequest>,
     ) -> Result<Response<pb::StatFsReply>, Status> {
         rpc("StatFs", async {
-            let (session, _) = change_headers(&self.server, &request)?;
+            let (session, _) = change_headers(&self.server, &request).await?;
             let req: InodeRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
@@ -955,7 +957,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::GetXattrRequest>,
     ) -> Result<Response<pb::GetXattrReply>, Status> {
         rpc("GetXattr", async {
-            let (session, _) = change_headers(&self.server, &request)?;
+            let (session, _) = change_headers(&self.server, &request).await?;
             let req: XattrRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
@@ -971,7 +973,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::SetXattrRequest>,
     ) -> Result<Response<pb::SetXattrReply>, Status> {
         rpc_noted("SetXattr", async {
-            let (session, replay) = change_headers(&self.server, &request)?;
+            let (session, replay) = change_headers(&self.server, &request).await?;
             let req: SetXattrRequest = accept(request)?;
             if let Some(tag) = replay {
                 let commit = self
@@ -1000,7 +1002,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::ListXattrRequest>,
     ) -> Result<Response<pb::ListXattrReply>, Status> {
         rpc("ListXattr", async {
-            let (session, _) = change_headers(&self.server, &request)?;
+            let (session, _) = change_headers(&self.server, &request).await?;
             let req: InodeRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
@@ -1021,7 +1023,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::RemoveXattrRequest>,
     ) -> Result<Response<pb::RemoveXattrReply>, Status> {
         rpc_noted("RemoveXattr", async {
-            let (session, replay) = change_headers(&self.server, &request)?;
+            let (session, replay) = change_headers(&self.server, &request).await?;
             let req: XattrRequest = accept(request)?;
             if let Some(tag) = replay {
                 let commit = self
@@ -1069,6 +1071,8 @@ impl Namespace for NamespaceService {
     ) -> Result<Response<pb::ReleaseReply>, Status> {
         rpc("Release", async {
             let who = caller(&request)?;
+            // More of the session's handles, closed together (an agent's batch).
+            self.server.release_attached(&who, &request).await?;
             let req: HandleRef = convert(request.into_inner())?;
             note(Some(req.session.0), None);
             self.server.check_session(&who, req.session)?;
@@ -1097,7 +1101,7 @@ impl Namespace for NamespaceService {
         request: Request<pb::AccessRequest>,
     ) -> Result<Response<pb::AccessReply>, Status> {
         rpc("Access", async {
-            let (session, _) = change_headers(&self.server, &request)?;
+            let (session, _) = change_headers(&self.server, &request).await?;
             let req: AccessRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));

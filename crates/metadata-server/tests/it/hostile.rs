@@ -722,3 +722,125 @@ async fn root_squash_makes_root_nobody() {
         .unwrap();
     stop_and_fsck(srv).await;
 }
+
+/// A create of `name` in the root under `session`, with `release` as its `sanfs-release`
+/// header (none when empty).
+fn create_releasing(session: u64, name: &str, release: &str) -> tonic::Request<pb::CreateRequest> {
+    let mut req = tonic::Request::new(pb::CreateRequest {
+        delegate: false,
+        request_id: None,
+        cred: root(),
+        session,
+        parent: ROOT,
+        name: name.as_bytes().to_vec(),
+        perm: 0o600,
+        exclusive: true,
+        flags: rw(),
+    });
+    if !release.is_empty() {
+        req.metadata_mut()
+            .insert(sanfs_proto::headers::RELEASE, release.parse().unwrap());
+    }
+    req
+}
+
+/// A `Release` of `handle` under `session`, with `release` as its `sanfs-release` header.
+fn release_with(session: u64, handle: u64, release: &str) -> tonic::Request<pb::ReleaseRequest> {
+    let mut req = tonic::Request::new(pb::ReleaseRequest { session, handle });
+    if !release.is_empty() {
+        req.metadata_mut()
+            .insert(sanfs_proto::headers::RELEASE, release.parse().unwrap());
+    }
+    req
+}
+
+/// Handles released with another call (`sanfs-release`, docs/protocol.md "Handles released
+/// with a later call"): only the caller's own session's, and a bad header changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handles_released_with_a_call_are_only_the_callers_own() {
+    let our_ca = ca("sanfs test CA");
+    let srv = tls_server(&our_ca, 64).await;
+    let mut a = tls_clients(srv.addr, &our_ca.pem, &our_ca, "node-a")
+        .await
+        .unwrap();
+    let mut b = tls_clients(srv.addr, &our_ca.pem, &our_ca, "node-b")
+        .await
+        .unwrap();
+    let (sa, _) = open_session(&mut a).await.unwrap();
+    let (sb, _) = open_session(&mut b).await.unwrap();
+    let mut handles = Vec::new();
+    for name in ["f1", "f2", "f3", "f4"] {
+        let r = a.ns.create(create_releasing(sa, name, "")).await.unwrap();
+        handles.push(r.into_inner().handle);
+    }
+    let (h1, h2, h3, h4) = (handles[0], handles[1], handles[2], handles[3]);
+    let still_open = |c: &mut Clients, h: u64| {
+        let mut ns = c.ns.clone();
+        async move {
+            ns.release(release_with(sa, h, ""))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.code())
+        }
+    };
+
+    // Node B names node A's session: refused, and neither the create nor the release happens.
+    let e =
+        b.ns.create(create_releasing(sb, "b1", &format!("{sa}:{h1}")))
+            .await
+            .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    // Node B names its own session with node A's handle: not open under it, skipped.
+    b.ns.create(create_releasing(sb, "b2", &format!("{sb}:{h1}")))
+        .await
+        .unwrap();
+    // Malformed headers: refused, nothing changes.
+    for bad in [
+        format!("{sa}"),
+        format!("{sa}:x"),
+        format!("0:{h1}"),
+        format!("{sa}:{h1},,"),
+    ] {
+        let e =
+            a.ns.create(create_releasing(sa, "a-bad", &bad))
+                .await
+                .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{bad:?}: {e:?}");
+    }
+    let lookup = |c: &mut Clients, name: &str| {
+        let mut ns = c.ns.clone();
+        let name = name.as_bytes().to_vec();
+        async move {
+            ns.lookup(pb::LookupRequest {
+                cred: root(),
+                parent: ROOT,
+                name,
+                session: None,
+            })
+            .await
+            .map(|_| ())
+            .map_err(|e| e.code())
+        }
+    };
+    assert_eq!(lookup(&mut a, "b1").await, Err(Code::NotFound));
+    assert_eq!(lookup(&mut a, "a-bad").await, Err(Code::NotFound));
+    assert_eq!(lookup(&mut a, "b2").await, Ok(()));
+    // So h1 is still open: its own Release is answered (a released handle is stale).
+    assert_eq!(still_open(&mut a, h1).await, Ok(()));
+
+    // Node A's create releases h2 with itself; a Release carries h4 (and an unknown handle).
+    a.ns.create(create_releasing(sa, "f5", &format!("{sa}:{h2}")))
+        .await
+        .unwrap();
+    a.ns.release(release_with(sa, h3, &format!("{sa}:{h4},987654321")))
+        .await
+        .unwrap();
+    for h in [h1, h2, h3, h4] {
+        assert_eq!(
+            still_open(&mut a, h).await,
+            Err(Code::NotFound),
+            "handle {h} was not released"
+        );
+    }
+    stop_and_fsck(srv).await;
+}

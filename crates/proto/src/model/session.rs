@@ -70,6 +70,9 @@ pub struct ServerInfo {
     /// The server applies a proxied write's attribute changes
     /// ([`super::data::WriteRequest::then`]).
     pub write_sets_attr: bool,
+    /// The server releases the handles a call's `sanfs-release` header names
+    /// ([`crate::headers::RELEASE`]).
+    pub releases_with_changes: bool,
 }
 
 /// A block size field: a power of two from 512 to 65536 (as the volume's).
@@ -114,6 +117,7 @@ impl TryFrom<pb::ServerInfo> for ServerInfo {
             restores: p.restores,
             multi_part_complete: p.multi_part_complete,
             write_sets_attr: p.write_sets_attr,
+            releases_with_changes: p.releases_with_changes,
         })
     }
 }
@@ -130,6 +134,7 @@ impl From<ServerInfo> for pb::ServerInfo {
             restores: s.restores,
             multi_part_complete: s.multi_part_complete,
             write_sets_attr: s.write_sets_attr,
+            releases_with_changes: s.releases_with_changes,
         }
     }
 }

@@ -96,6 +96,7 @@ pub fn server_info() -> ServerInfo {
         restores: 2,
         multi_part_complete: true,
         write_sets_attr: true,
+        releases_with_changes: true,
     }
 }
 
