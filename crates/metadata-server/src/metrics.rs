@@ -22,6 +22,8 @@
 //! | `sanfs_lock_waits_total` | counter | | requests that waited for a range lock |
 //! | `sanfs_expired_grants_total` | counter | | grants dropped with their session |
 //! | `sanfs_evictions_total` | counter | | sessions evicted (hold limit, `Admin.EvictSession`) |
+//! | `sanfs_namespace_barrier_syncs_total` | counter | | syncs made before a read so that it sees no other session's change that is not yet durable |
+//! | `sanfs_namespace_replays_total` | counter | `outcome` | namespace changes sent again after a restart (`sanfs-replay`): `durable` (it had survived), `replayed`, `refused` |
 //! | `sanfs_zeroed_bytes_total` | counter | | bytes zeroed on the LUNs before they were granted Unwritten |
 //! | `sanfs_proxied_bytes_total` | counter | `op` | bytes read and written through the server |
 //! | `sanfs_open_small_files_total` | counter | | opens answered with the whole of a small file (`OpenRequest.read_small`) |
@@ -162,6 +164,14 @@ pub fn install() -> Option<&'static PrometheusHandle> {
 /// The `# HELP` lines of what is recorded as it happens (the process-wide recorder).
 fn describe_recorded() {
     use metrics::{Unit, describe_counter, describe_histogram};
+    describe_counter!(
+        "sanfs_namespace_barrier_syncs_total",
+        "Syncs made before a read so that it sees no other session's change that is not yet durable."
+    );
+    describe_counter!(
+        "sanfs_namespace_replays_total",
+        "Namespace changes sent again after a restart, by outcome (durable, replayed, refused)."
+    );
     describe_counter!(
         "sanfs_rpc_requests_total",
         "Requests answered, by RPC and gRPC code."

@@ -450,9 +450,20 @@ impl Session for SessionService {
         rpc("SessionStream", async {
             let who = caller(&request)?;
             let mut inbound = request.into_inner();
-            let first = inbound.message().await?.ok_or_else(|| {
-                Status::failed_precondition("the session stream ended before attach")
-            })?;
+            // A stream that never attaches would hold its task (and the caller's h2 stream)
+            // for ever: the attach comes within a lease or the stream is refused.
+            let attach_limit = Duration::from_millis(self.server.params.lease_ttl_ms);
+            let first = tokio::time::timeout(attach_limit, inbound.message())
+                .await
+                .map_err(|_| {
+                    Status::failed_precondition(format!(
+                        "no attach within {} ms (a lease) of the session stream's start",
+                        attach_limit.as_millis()
+                    ))
+                })??
+                .ok_or_else(|| {
+                    Status::failed_precondition("the session stream ended before attach")
+                })?;
             let ClientEvent::Attach(r) = convert(first)? else {
                 return Err(Status::failed_precondition(
                     "the first message of a session stream must be attach",

@@ -844,3 +844,29 @@ async fn handles_released_with_a_call_are_only_the_callers_own() {
     }
     stop_and_fsck(srv).await;
 }
+
+/// A session stream opened and left silent (no attach ever sent, the stream kept open) is
+/// refused once a lease has passed, instead of holding its task and h2 stream for ever
+/// (found by fuzz_calls: the call never returned).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_stream_that_never_attaches_is_refused_after_a_lease() {
+    let srv = crate::harness::start_with_luns(1000).await;
+    let mut c = srv.clients().await;
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::SessionStreamRequest>(1);
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        c.session
+            .session_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
+    )
+    .await
+    .expect("a silent stream is answered within a lease, not left open");
+    let e = r.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("no attach"), "{e:?}");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(900));
+    drop(tx);
+    // The server still serves.
+    c.open_session().await;
+    stop_and_fsck(srv).await;
+}

@@ -22,6 +22,10 @@
 //!   recovers to exactly the acknowledged operations, with fsck clean.
 //! - [`torn`]: torn store images (random 4 KiB pieces of copies taken at several moments) are
 //!   refused or recovered by `fsck` and the store open, never a panic or an abort.
+//! - [`fuzz_calls`]: seeded random hostile calls of every service (boundary and garbage
+//!   values, other nodes' sessions, grants never issued) against the real server, in process
+//!   and as the real binary: never a hang or a panic, the server keeps serving, fsck clean,
+//!   a well-behaved node's files unchanged (`SANFS_FUZZ_CALLS`, `SANFS_FUZZ_SEED`).
 //! - `fsck_cli`: fsck never changes the store; needs-repair, in-use, `--repair`, `--dry-run`.
 //! - `format_cli` and `inspect_cli` run the real binary on file-backed LUNs in a temporary
 //!   directory; [`common`] holds their helpers.
@@ -40,6 +44,7 @@ mod deploy_units;
 mod evict;
 mod format_cli;
 mod fsck_cli;
+mod fuzz_calls;
 mod grants;
 mod grow;
 mod ha;

@@ -429,3 +429,103 @@ async fn an_append_retried_after_kill_9_is_not_written_twice() {
         .into_inner();
     assert_eq!(read.data, b"one\ntwo\n");
 }
+
+// ---- a request id used again for another kind of request (found by fuzz_calls) ----
+
+/// A request id is one request's: sent again with another kind of request (a buggy or
+/// hostile agent), it is refused with EINVAL and nothing runs; it is never answered with the
+/// earlier request's reply (a symlink "made" as the mkdir's directory), nor with "corrupt
+/// metadata" (a stored Mkdir reply read as a Write reply). The first request's own retry still
+/// gets its reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_id_reused_for_another_kind_of_request_is_refused() {
+    let srv = crate::harness::start_with_luns(10_000).await;
+    let mut c = srv.clients().await;
+    let (session, _) = c.open_session().await;
+    let rid = |seq| Some(pb::RequestId::from(id(seq, 1)));
+    let mkdir = pb::MkdirRequest {
+        cred: root(),
+        parent: ROOT,
+        name: b"d".to_vec(),
+        perm: 0o755,
+        request_id: rid(1),
+    };
+    let made = c.ns.mkdir(mkdir.clone()).await.unwrap().into_inner();
+    // The same id on a symlink: refused, no symlink made.
+    let e =
+        c.ns.symlink(pb::SymlinkRequest {
+            cred: root(),
+            parent: ROOT,
+            name: b"s".to_vec(),
+            target: b"d".to_vec(),
+            request_id: rid(1),
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(fs_error_from_status(&e), FsError::Invalid(_)),
+        "{e:?}"
+    );
+    assert!(e.message().contains("Mkdir"), "{e:?}");
+    let gone =
+        c.ns.lookup(pb::LookupRequest {
+            cred: root(),
+            parent: ROOT,
+            name: b"s".to_vec(),
+            session: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(fs_error_from_status(&gone), FsError::NotFound);
+    // The same id on an append: refused, nothing written.
+    let file =
+        c.ns.create(create(session, "log", None))
+            .await
+            .unwrap()
+            .into_inner();
+    let ino = file.attr.as_ref().unwrap().ino;
+    let e = c
+        .data
+        .write(append(session, file.handle, ino, b"x", Some(id(1, 1))))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    // An append's id on a mknod: refused.
+    c.data
+        .write(append(session, file.handle, ino, b"one\n", Some(id(2, 1))))
+        .await
+        .unwrap();
+    let e =
+        c.ns.mknod(pb::MknodRequest {
+            cred: root(),
+            parent: ROOT,
+            name: b"n".to_vec(),
+            kind: pb::FileType::Fifo as i32,
+            perm: 0o644,
+            rdev: 0,
+            request_id: rid(2),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    let attr =
+        c.ns.get_attr(pb::GetAttrRequest {
+            cred: root(),
+            inode: ino,
+            session: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        attr.attr.unwrap().size,
+        4,
+        "only the append with its own id wrote"
+    );
+    // The mkdir's own retry: its reply.
+    let again = c.ns.mkdir(mkdir).await.unwrap().into_inner();
+    assert_eq!(again.attr.unwrap().ino, made.attr.unwrap().ino);
+    let dir = srv.stop_keeping_files().await;
+    let report = sanfs_mds::fsck::check(&Backend::File(dir.path().join("mds.redb"))).unwrap();
+    assert!(report.is_clean(), "{report}");
+}

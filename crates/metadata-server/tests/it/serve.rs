@@ -1323,3 +1323,79 @@ async fn reads_sync_only_other_sessions_changes_first() {
     );
     srv.stop().await;
 }
+
+/// Every metric the server's code names has its `# HELP` text (a `describe_*!` in
+/// metrics.rs) and a row in metrics.rs's table, not only those the other tests happen to make
+/// count: `sanfs_namespace_barrier_syncs_total` and `sanfs_namespace_replays_total` had
+/// neither (found when fuzz_calls made a barrier sync before `metrics_are_served_on_get_metrics`
+/// scraped the shared recorder).
+#[test]
+fn every_metric_named_in_the_code_is_described() {
+    /// The string literals right after each `macro!(` in `text`.
+    fn names_after(text: &str, macro_open: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut rest = text;
+        while let Some(at) = rest.find(macro_open) {
+            rest = &rest[at + macro_open.len()..];
+            let arg = rest.trim_start();
+            if let Some(lit) = arg.strip_prefix('"')
+                && let Some(end) = lit.find('"')
+            {
+                out.push(lit[..end].to_owned());
+            }
+        }
+        out
+    }
+    fn sources(dir: &std::path::Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                sources(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(std::fs::read_to_string(&p).unwrap());
+            }
+        }
+    }
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut texts = Vec::new();
+    sources(&src, &mut texts);
+    let metrics_rs = std::fs::read_to_string(src.join("metrics.rs")).unwrap();
+    let described_in = |text: &str| -> Vec<String> {
+        [
+            "describe_counter!(",
+            "describe_gauge!(",
+            "describe_histogram!(",
+        ]
+        .iter()
+        .flat_map(|m| names_after(text, m))
+        .collect()
+    };
+    // What the code outside metrics.rs counts goes to the process-wide recorder: its HELP is
+    // set once, by `describe_recorded` (`publish`'s go to a recorder of their own per scrape).
+    let start = metrics_rs.find("fn describe_recorded()").unwrap();
+    let end = start + metrics_rs[start..].find("\n}\n").unwrap();
+    let recorded = described_in(&metrics_rs[start..end]);
+    let anywhere = described_in(&metrics_rs);
+    let mut missing = Vec::new();
+    for text in &texts {
+        let described = if *text == metrics_rs {
+            &anywhere
+        } else {
+            &recorded
+        };
+        for m in ["counter!(", "gauge!(", "histogram!("] {
+            for name in names_after(text, m) {
+                let row = format!("//! | `{name}` |");
+                if !described.contains(&name) || !metrics_rs.contains(&row) {
+                    missing.push(name);
+                }
+            }
+        }
+    }
+    missing.sort();
+    missing.dedup();
+    assert!(
+        missing.is_empty(),
+        "metrics without a describe_* or a row in metrics.rs's table: {missing:?}"
+    );
+}
