@@ -620,6 +620,27 @@ impl World {
                 r.metadata_mut().insert(sanfs_proto::headers::REPLAY, v);
             }
         }
+        if wild && self.rng.chance(1, 8) {
+            // Handles to release with the call: its own, another node's, made up, too many,
+            // or a header that is not one.
+            let h = self.handle_mixed(true);
+            let v = match self.rng.below(4) {
+                0 => format!("{}:{}", h.session, h.handle),
+                1 => format!("{}:{},{}", h.session, h.handle, self.u64_edge()),
+                2 => format!(
+                    "{}:{}",
+                    h.session,
+                    (1..=70)
+                        .map(|i: u64| i.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+                _ => ["", ":", "1:", "x:1", "1:1,,2", "0:5"][self.rng.below(6) as usize].to_owned(),
+            };
+            if let Ok(v) = v.parse() {
+                r.metadata_mut().insert(sanfs_proto::headers::RELEASE, v);
+            }
+        }
         if wild && self.rng.chance(1, 10) {
             // Headers twice, very long, or a deadline that is not one.
             let m = r.metadata_mut();
