@@ -588,6 +588,21 @@ impl Namespace for NamespaceService {
             }
             self.server.wait_reclaim().await;
             note(req.handle.map(|h| h.session.0), Some(req.inode.0));
+            // A change the caller may not make is refused before anything waits for it: no
+            // other node's lease is recalled, nor its writes settled, for nothing (found by
+            // fuzz_calls: refused chmods waited seconds for recalls). The change checks again.
+            let by_write_handle = req.handle.is_some_and(|h| {
+                self.server
+                    .store
+                    .handles()
+                    .by_handle
+                    .get(&h.handle.0)
+                    .is_some_and(|f| f.ino == req.inode.0 && f.write)
+            });
+            self.server.read(|t| {
+                use crate::store::ReaderInodes;
+                ns::setattr_allowed(&req, &t.inode_rec(req.inode)?, || by_write_handle)
+            })?;
             let Some(size) = req.changes.size else {
                 // Writes of other nodes that returned before this change (held back, or
                 // completed behind them) are in first: none sets the mtime after it.

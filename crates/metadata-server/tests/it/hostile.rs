@@ -870,3 +870,83 @@ async fn a_session_stream_that_never_attaches_is_refused_after_a_lease() {
     c.open_session().await;
     stop_and_fsck(srv).await;
 }
+
+/// An attribute change its caller may not make is refused at once: it recalls no other
+/// session's lease and settles nobody's writes first (fuzz_calls found refused chmods
+/// waiting a lease's term for a recall nobody answered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_attribute_change_waits_for_nobodys_lease() {
+    let srv = crate::harness::start_with_luns(10_000).await;
+    let mut c = srv.clients().await;
+    let (sa, epoch) = c.open_session().await;
+    let (ino, _) = c.create_file(sa, "f").await;
+    // Session A attaches its stream (leases go only to sessions that can be recalled) and
+    // then answers no recall: a recall would wait for the lease's term, 10 s.
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::SessionStreamRequest>(4);
+    tx.send(pb::SessionStreamRequest {
+        event: Some(pb::session_stream_request::Event::Attach(pb::Attach {
+            session: sa,
+            epoch,
+        })),
+    })
+    .await
+    .unwrap();
+    let _stream = c
+        .session
+        .session_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap();
+    let mut leased = 0;
+    for _ in 0..100 {
+        leased =
+            c.ns.get_attr(pb::GetAttrRequest {
+                cred: root(),
+                inode: ino,
+                session: Some(sa),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .lease_ms;
+        if leased > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(leased > 0, "no lease was given: nothing to recall");
+    let user = Some(pb::Credentials {
+        uid: 1000,
+        gid: 1000,
+        groups: vec![],
+    });
+    for changes in [
+        pb::SetAttrChanges {
+            perm: Some(0o777),
+            ..Default::default()
+        },
+        pb::SetAttrChanges {
+            size: Some(0),
+            ..Default::default()
+        },
+    ] {
+        let started = std::time::Instant::now();
+        let e =
+            c.ns.set_attr(pb::SetAttrRequest {
+                cred: user.clone(),
+                inode: ino,
+                changes: Some(changes),
+                handle: None,
+                session: None,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{changes:?}: {e:?}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "a refused change waited {:?} for a recall ({changes:?})",
+            started.elapsed()
+        );
+    }
+    drop(tx);
+    stop_and_fsck(srv).await;
+}
