@@ -53,6 +53,13 @@ impl Handles {
         Some((f, last))
     }
 
+    /// Whether `handle` is open for writing on `ino` (an ftruncate's right to truncate).
+    pub fn writes(&self, handle: u64, ino: u64) -> bool {
+        self.by_handle
+            .get(&handle)
+            .is_some_and(|f| f.ino == ino && f.write)
+    }
+
     pub fn is_open(&self, ino: u64) -> bool {
         self.open_count.contains_key(&ino)
     }

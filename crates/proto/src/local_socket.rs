@@ -55,11 +55,6 @@ impl LocalStream {
         LocalStream::from_tokio(tokio::net::UnixStream::connect(path).await?)
     }
 
-    /// The socket (for its peer's credentials, its address).
-    pub fn socket(&self) -> &StdUnixStream {
-        self.read.get_ref()
-    }
-
     /// Runs `op` (a write) until it does not find the socket full; while it does, waits for
     /// room on the writability registration, made for that and dropped after.
     fn poll_write_with<T>(

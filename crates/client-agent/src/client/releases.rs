@@ -92,9 +92,7 @@ impl Client {
             let mut open = inner.open_handles.lock().unwrap_or_else(|e| e.into_inner());
             let key = (fh.session, fh.handle);
             let ino = *open.get(&key)?;
-            let last = !open
-                .iter()
-                .any(|(k, i)| *i == ino && k.0 == fh.session && *k != key);
+            let last = !super::data::grants::others_open(&open, fh, ino);
             if last {
                 let whole = ByteRange::new(0, MAX_FILE_SIZE).ok()?;
                 let in_flight = inner

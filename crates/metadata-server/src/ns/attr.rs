@@ -120,9 +120,7 @@ pub fn setattr(ctx: &mut Ctx<'_>, r: &SetAttrRequest) -> Result<Attr, OpError> {
                 .handles
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .by_handle
-                .get(&h.handle.0)
-                .is_some_and(|f| f.ino == ino.0 && f.write)
+                .writes(h.handle.0, ino.0)
         })
     })?;
     // --- changes ---

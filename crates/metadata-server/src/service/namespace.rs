@@ -591,14 +591,9 @@ impl Namespace for NamespaceService {
             // A change the caller may not make is refused before anything waits for it: no
             // other node's lease is recalled, nor its writes settled, for nothing (found by
             // fuzz_calls: refused chmods waited seconds for recalls). The change checks again.
-            let by_write_handle = req.handle.is_some_and(|h| {
-                self.server
-                    .store
-                    .handles()
-                    .by_handle
-                    .get(&h.handle.0)
-                    .is_some_and(|f| f.ino == req.inode.0 && f.write)
-            });
+            let by_write_handle = req
+                .handle
+                .is_some_and(|h| self.server.store.handles().writes(h.handle.0, req.inode.0));
             self.server.read(|t| {
                 use crate::store::ReaderInodes;
                 ns::setattr_allowed(&req, &t.inode_rec(req.inode)?, || by_write_handle)

@@ -291,20 +291,10 @@ async fn sessions_handles_and_grants_of_another_node_are_refused() {
 
     // Node A writes a file through the proxied path and holds a write grant.
     let created =
-        a.ns.create(pb::CreateRequest {
-            delegate: false,
-            request_id: None,
-            cred: root(),
-            session: sa,
-            parent: ROOT,
-            name: b"secret".to_vec(),
-            perm: 0o600,
-            exclusive: true,
-            flags: rw(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+        a.ns.create(create_releasing(sa, "secret", ""))
+            .await
+            .unwrap()
+            .into_inner();
     let (ino, handle) = (created.attr.unwrap().ino, created.handle);
     a.data
         .write(pb::WriteRequest {

@@ -3,6 +3,7 @@
 //! and giving this agent's own cached grants and layouts back.
 
 use super::*;
+use sanfs_proto::types::OpenHandle;
 
 /// What a `MapRead`/`MapWrite` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,10 +69,7 @@ impl Inner {
     pub(crate) fn last_handle_of(&self, fh: &FileHandle) -> Option<InodeId> {
         let open = self.open_handles.lock().unwrap_or_else(|e| e.into_inner());
         let ino = *open.get(&(fh.session, fh.handle))?;
-        let others = open
-            .iter()
-            .any(|(k, i)| *i == ino && k.0 == fh.session && *k != (fh.session, fh.handle));
-        (!others).then_some(ino)
+        (!others_open(&open, fh, ino)).then_some(ino)
     }
 
     /// Right before `fh` is released: forgets it and, when it is this session's last handle
@@ -82,11 +80,8 @@ impl Inner {
     pub(crate) async fn before_release(&self, fh: &FileHandle) {
         let last = {
             let mut open = self.open_handles.lock().unwrap_or_else(|e| e.into_inner());
-            open.remove(&(fh.session, fh.handle)).filter(|ino| {
-                !open
-                    .iter()
-                    .any(|((session, _), i)| *session == fh.session && i == ino)
-            })
+            open.remove(&(fh.session, fh.handle))
+                .filter(|ino| !others_open(&open, fh, *ino))
         };
         let Some(ino) = last else {
             return;
@@ -385,4 +380,15 @@ impl Inner {
             }
         }
     }
+}
+
+/// Whether `fh`'s session has another handle than `fh` open on `ino` (in the table of
+/// [`Inner::open_handles`]).
+pub(crate) fn others_open(
+    open: &std::collections::HashMap<(sanfs_proto::types::SessionId, OpenHandle), InodeId>,
+    fh: &FileHandle,
+    ino: InodeId,
+) -> bool {
+    open.iter()
+        .any(|(k, i)| *i == ino && k.0 == fh.session && *k != (fh.session, fh.handle))
 }

@@ -23,7 +23,7 @@
 
 pub(super) mod batch;
 mod direct;
-mod grants;
+pub(crate) mod grants;
 mod layouts;
 mod proxied;
 
