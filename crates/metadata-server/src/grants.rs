@@ -476,10 +476,11 @@ impl Grants {
     }
 
     /// [`Grants::map_write`] of a write layout asked ahead of a sequential writer
-    /// (`MapRequest.ahead`): speculative, so refused with `NoSpace`, nothing allocated, where
-    /// the blocks it must allocate are more than an eighth of the free space (the bound of
-    /// speculative preallocation, `data::speculative_blocks`): a real write elsewhere never
-    /// fails for want of the space a guess took.
+    /// (`MapRequest.ahead`): speculative, so granted at most an eighth of the free space (the
+    /// bound of speculative preallocation, `data::speculative_blocks`; the grant is the
+    /// range's first part), and refused with `NoSpace`, nothing allocated, where that is less
+    /// than a block or the blocks it must allocate are more than that when it allocates: a
+    /// real write elsewhere never fails for want of the space a guess took.
     pub async fn map_layout_ahead(
         &self,
         session: SessionId,
@@ -521,7 +522,20 @@ impl Grants {
                 "a write grant's range must be non-empty and {bs}-byte aligned: {offset}+{len}"
             )));
         }
-        let len = len.min(data::MAX_GRANT_BYTES);
+        let mut len = len.min(data::MAX_GRANT_BYTES);
+        if ahead {
+            // A guess never takes more than an eighth of the free space: a long one (a
+            // streaming writer's layouts grow) is cut to that, a block at least.
+            let eighth = store
+                .usage()
+                .free_blocks
+                .load(std::sync::atomic::Ordering::Relaxed)
+                / 8;
+            if eighth == 0 {
+                return Err(FsError::NoSpace);
+            }
+            len = len.min(eighth.saturating_mul(bs));
+        }
         let end = offset.checked_add(len).ok_or(FsError::FileTooBig)?;
         let mut size = store.read(|t| t.getattr_size(ino.0))?;
         let mut tries = 0;

@@ -696,22 +696,23 @@ async fn the_partial_edges_of_long_writes_are_held_back_and_meet_their_neighbour
     let wb = a.write_back_stats();
     assert_eq!(wb.held_writes - held_before, 16 + 1, "{wb:?}");
     assert_eq!(wb.dirty_bytes, (4096 - 100) + 400, "{wb:?}");
-    // Away from the layout (not sequential: a layout of its own middle only), the edges
-    // lie on blocks nothing allocated yet: written through at once, so that running out
-    // of space or quota is this write's error, not the close's.
+    // Away from the layouts (not sequential: a layout of its own middle only; the one asked
+    // ahead of the 8 MiB reaches 24 MiB), the edges lie on blocks nothing allocated yet:
+    // written through at once, so that running out of space or quota is this write's
+    // error, not the close's.
     let data = rng.bytes((MIB + 300) as usize);
     let mut buf = AlignedBuf::from_slice(&data);
-    a.write_buffered_buf(&root(), &f, &f.current(), 20 * MIB + 100, &mut buf)
+    a.write_buffered_buf(&root(), &f, &f.current(), 40 * MIB + 100, &mut buf)
         .await
         .unwrap();
-    model.write(20 * MIB + 100, &data);
+    model.write(40 * MIB + 100, &data);
     let s = a.stats();
     assert_eq!(s.proxied_writes, before.proxied_writes + 2, "{s:?}");
     assert_eq!(a.write_back_stats().held_writes, wb.held_writes);
     // B reads before any fsync: the recall writes the edges first.
     let hb = open(&b, ino).await;
-    assert_eq!(b.getattr(&root(), ino).await.unwrap().size, 21 * MIB + 400);
-    let got = b.read_at(&root(), &hb, ino, 0, 22 * MIB).await.unwrap();
+    assert_eq!(b.getattr(&root(), ino).await.unwrap().size, 41 * MIB + 400);
+    let got = b.read_at(&root(), &hb, ino, 0, 42 * MIB).await.unwrap();
     assert_bytes(&got, &model.0, "B reads every byte, the edges too");
     // The rewrite's two partial blocks went through the server, nothing else.
     let s = a.stats();

@@ -361,10 +361,7 @@ impl Inner {
             return;
         }
         let block = u64::from(view.server.block_size).max(1);
-        let Some(next) = ByteRange::new(layout.range.end(), block)
-            .ok()
-            .and_then(|first| self.write_layout_range(view, first).ok())
-        else {
+        let Some(next) = self.next_write_layout(layout.range, block) else {
             return;
         };
         let ino = layout.inode;
@@ -490,6 +487,21 @@ impl Inner {
         let room = MAX_FILE_SIZE.saturating_sub(want.offset());
         let len = round_down(self.config.write_layout_bytes.min(room), block).max(want.len());
         Ok(ByteRange::new(want.offset(), len)?)
+    }
+
+    /// The layout asked ahead of a sequential writer whose layout is `layout`: from its end,
+    /// twice as long, up to [`WRITE_LAYOUT_MAX`] (never shorter than `write_layout_bytes`),
+    /// so that a long stream costs a `MapWrite` (and its commit and zeroing at the server)
+    /// per 64 MiB, not per 8 MiB, while a file that ends early took no more than twice what
+    /// it wrote. The server cuts it to an eighth of its free space.
+    fn next_write_layout(&self, layout: ByteRange, block: u64) -> Option<ByteRange> {
+        let len = layout
+            .len()
+            .saturating_mul(2)
+            .min(WRITE_LAYOUT_MAX)
+            .max(self.config.write_layout_bytes)
+            .min(MAX_FILE_SIZE.saturating_sub(layout.end()));
+        ByteRange::new(layout.end(), round_down(len, block)).ok()
     }
 
     /// Whether a write at `pos` continues this agent's last direct write to `ino` (or starts

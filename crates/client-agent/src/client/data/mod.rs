@@ -838,5 +838,9 @@ impl Inner {
 /// The longest read layout asked for ahead of a read ([`Inner::layout_range`]).
 const READ_LAYOUT_MAX: u64 = 64 << 20;
 
+/// The longest write layout asked for ahead of a sequential writer
+/// ([`Inner::next_write_layout`]): the server's longest grant.
+const WRITE_LAYOUT_MAX: u64 = 64 << 20;
+
 /// How many files' last write ends are remembered (sequential-writer detection).
 const MAX_TRACKED_WRITERS: usize = 4096;
