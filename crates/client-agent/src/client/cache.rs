@@ -185,11 +185,17 @@ impl GrantCache {
         Some((e.lend(tick), part))
     }
 
-    /// Whether any grant of this agent on `inode` (cached or in use, of any mode) overlaps
-    /// `range`.
-    pub(crate) fn overlaps(&self, inode: InodeId, range: ByteRange) -> bool {
+    /// Whether any grant of this agent on `inode` (cached or in use, of `mode` only, if
+    /// given) overlaps `range`.
+    pub(crate) fn overlaps(
+        &self,
+        inode: InodeId,
+        range: ByteRange,
+        mode: Option<LockMode>,
+    ) -> bool {
         self.lock().entries.values().any(|e| {
             e.grant.inode == inode
+                && mode.is_none_or(|m| e.grant.mode == m)
                 && e.grant.range.offset() < range.end()
                 && range.offset() < e.grant.range.end()
         })

@@ -99,7 +99,10 @@ impl Client {
                     .lock_behind()
                     .get(&ino)
                     .is_some_and(|b| b.in_flight > 0);
-                if in_flight || inner.writeback.unsettled(ino) || inner.cache.overlaps(ino, whole) {
+                if in_flight
+                    || inner.writeback.unsettled(ino)
+                    || inner.cache.overlaps(ino, whole, None)
+                {
                     return None;
                 }
             }

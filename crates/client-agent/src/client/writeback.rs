@@ -1689,7 +1689,7 @@ impl Client {
             && dirty.values().map(|d| d.len() as u64).sum::<u64>() <= PROXIED_WRITE_BACK_BYTES
             && !dirty.iter().any(|(off, d)| {
                 ByteRange::new(*off, d.len() as u64)
-                    .is_ok_and(|r| self.inner.cache.overlaps(ino, r))
+                    .is_ok_and(|r| self.inner.cache.overlaps(ino, r, None))
             });
         let (whole, partial): (Vec<_>, Vec<_>) = dirty.into_iter().partition(|(off, data)| {
             !proxied && off.is_multiple_of(block) && (data.len() as u64).is_multiple_of(block)

@@ -724,6 +724,57 @@ async fn the_partial_edges_of_long_writes_are_held_back_and_meet_their_neighbour
     srv.stop().await;
 }
 
+/// Issue 20: a file read before it is rewritten (a restart file, an in-place edit). The
+/// reader's read layouts stay cached; the rewriting writer gives them back itself before it
+/// asks for its layouts, so that its layouts are still asked ahead (and grow). Another node
+/// then reads every new byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_read_before_it_is_rewritten_keeps_its_write_layouts_asked_ahead() {
+    let srv = cluster::start(10_000).await;
+    let a = srv.client("a").await;
+    let b = srv.client("b").await;
+    let (ino, ha) = create(&a, "reread").await;
+    let mut rng = Rng::new(23);
+    let mut model = Model::default();
+    const MIBS: u64 = 32;
+    for i in 0..MIBS {
+        let data = rng.bytes(MIB as usize);
+        a.write_at(&root(), &ha, ino, i * MIB, &data).await.unwrap();
+        model.write(i * MIB, &data);
+    }
+    a.fsync(&root(), &ha, ino, false).await.unwrap();
+    for i in 0..MIBS {
+        let got = a.read_at(&root(), &ha, ino, i * MIB, MIB).await.unwrap();
+        assert_bytes(
+            &got,
+            &model.0[(i * MIB) as usize..((i + 1) * MIB) as usize],
+            "A reads",
+        );
+    }
+    let before = a.stats();
+    assert!(
+        before.map_reads > 0,
+        "the reads asked read layouts: {before:?}"
+    );
+    for i in 0..MIBS {
+        let data = rng.bytes(MIB as usize);
+        a.write_at(&root(), &ha, ino, i * MIB, &data).await.unwrap();
+        model.write(i * MIB, &data);
+    }
+    let s = a.stats();
+    assert!(
+        s.layouts_ahead - before.layouts_ahead >= 2,
+        "the rewrite's layouts are asked ahead: {s:?}"
+    );
+    assert!(s.map_writes - before.map_writes <= 4, "{s:?}");
+    let hb = open(&b, ino).await;
+    let got = b.read_at(&root(), &hb, ino, 0, MIBS * MIB).await.unwrap();
+    assert_bytes(&got, &model.0, "B reads the rewrite");
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    srv.stop().await;
+}
+
 /// A new file in the root created for writing (with its write delegation), as an open file.
 async fn create_for_writing(
     c: &Client,

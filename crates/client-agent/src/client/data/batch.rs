@@ -23,7 +23,7 @@ pub(crate) const MAX_BATCH_BYTES: u64 = 64 << 20;
 /// How long a layout's sender waits, with no completion of the layout in flight, for more
 /// parts to join a batch that is not full, unless someone waits for the layout or the file
 /// (a recall, an fsync, a read, a stat, a close: [`super::super::cache::GrantCache::hurry`]).
-pub(crate) const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
+pub(crate) const LINGER: std::time::Duration = std::time::Duration::from_millis(8);
 
 /// A layout's queue key: the session generation it was granted under and its grant id.
 pub(crate) type LayoutKey = (u64, GrantId);

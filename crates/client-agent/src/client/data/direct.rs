@@ -269,9 +269,10 @@ impl Inner {
                 want
             };
             if sequential {
-                // This agent's own older layout there would block the new one.
-                self.give_back_own(view, ino, ask, Some(LockMode::Exclusive))
-                    .await;
+                // This agent's own older layout there, or its read layout of a file read
+                // before it is written, would block the new one (the server would recall it
+                // from this very node first).
+                self.give_back_own(view, ino, ask, None).await;
             }
             let (grant, ask) = match self
                 .map(

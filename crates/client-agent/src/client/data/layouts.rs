@@ -334,8 +334,8 @@ impl Inner {
     /// `layout`: the next layout (from the end of this one) is asked for in the background, so that its writes
     /// there find it held, and may be answered before their device I/O, instead of each new
     /// layout's first write waiting for a `MapWrite` and its own device I/O (one write in
-    /// eight of 1 MiB). One at a time per file; not where this agent holds any grant
-    /// already. A write that gets there first waits for it ([`Inner::wait_layout_ahead`])
+    /// eight of 1 MiB). One at a time per file; not where this agent holds a write grant
+    /// already (its read grants there are given back first). A write that gets there first waits for it ([`Inner::wait_layout_ahead`])
     /// rather than asking for the same range.
     ///
     /// The layout is asked under `fh` and the server drops it, without a recall, when the
@@ -365,7 +365,9 @@ impl Inner {
             return;
         };
         let ino = layout.inode;
-        if self.cache.overlaps(ino, next) {
+        // Not over a write grant of this agent (another writer's here, or this one's
+        // already); its read grants there are given back first (`ask_layout_ahead`).
+        if self.cache.overlaps(ino, next, Some(LockMode::Exclusive)) {
             return;
         }
         let (tx, rx) = tokio::sync::watch::channel(false);
@@ -420,6 +422,10 @@ impl Inner {
         if !self.handle_open(fh) {
             return;
         }
+        // This agent's read grants there (a file read before it is written) would block
+        // it: the server would recall them from this very node first.
+        self.give_back_own(view, ino, next, Some(LockMode::Shared))
+            .await;
         let grant = match self
             .map(
                 view,
