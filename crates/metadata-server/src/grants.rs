@@ -476,9 +476,9 @@ impl Grants {
     }
 
     /// [`Grants::map_write`] of a write layout asked ahead of a sequential writer
-    /// (`MapRequest.ahead`): speculative, so granted at most an eighth of the free space (the
-    /// bound of speculative preallocation, `data::speculative_blocks`; the grant is the
-    /// range's first part), and refused with `NoSpace`, nothing allocated, where that is less
+    /// (`MapRequest.ahead`): speculative, so granted at most an eighth of the free space past
+    /// the file's allocated blocks (the bound of speculative preallocation,
+    /// `data::speculative_blocks`; the grant is the range's first part), and refused with `NoSpace`, nothing allocated, where that is less
     /// than a block or the blocks it must allocate are more than that when it allocates: a
     /// real write elsewhere never fails for want of the space a guess took.
     pub async fn map_layout_ahead(
@@ -524,17 +524,24 @@ impl Grants {
         }
         let mut len = len.min(data::MAX_GRANT_BYTES);
         if ahead {
-            // A guess never takes more than an eighth of the free space: a long one (a
-            // streaming writer's layouts grow) is cut to that, a block at least.
+            // A guess never allocates more than an eighth of the free space: a long one past
+            // the file's blocks (a streaming writer's layouts grow) is cut to that, a block
+            // at least; a rewrite of allocated blocks is not.
             let eighth = store
                 .usage()
                 .free_blocks
                 .load(std::sync::atomic::Ordering::Relaxed)
                 / 8;
-            if eighth == 0 {
+            let allocated = store
+                .read(|t| data::allocated_end(t, ino))?
+                .saturating_mul(bs);
+            let room = allocated
+                .saturating_sub(offset)
+                .saturating_add(eighth.saturating_mul(bs));
+            if room == 0 {
                 return Err(FsError::NoSpace);
             }
-            len = len.min(eighth.saturating_mul(bs));
+            len = len.min(room);
         }
         let end = offset.checked_add(len).ok_or(FsError::FileTooBig)?;
         let mut size = store.read(|t| t.getattr_size(ino.0))?;

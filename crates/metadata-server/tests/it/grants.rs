@@ -856,5 +856,14 @@ async fn a_layout_asked_ahead_never_takes_more_than_an_eighth_of_the_free_space(
         .await
         .expect("a layout asked by a write is not speculative");
     assert_eq!(m.len, 64 * MIB, "a layout asked by a write is not cut");
+    g.complete(1, epoch.0, id, 64 * MIB, false).await.unwrap();
+    // A guess over blocks the file holds already allocates nothing: not cut.
+    let eighth = free() / 8 * bs;
+    assert!(eighth < 64 * MIB, "{eighth}");
+    let (id, m) = g
+        .map_layout_ahead(SessionId(1), epoch, ino, (40 * MIB, 64 * MIB), false)
+        .await
+        .unwrap();
+    assert_eq!(m.len, 64 * MIB, "a rewrite asked ahead is cut");
     g.return_grants(1, epoch.0, &[id]).await.unwrap();
 }
