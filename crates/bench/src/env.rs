@@ -51,6 +51,8 @@ pub struct Env {
     pub sizes: Option<Vec<u64>>,
     /// Counts of the everyday and mount-metadata parts asked for on the command line.
     pub counts: Counts,
+    /// Runs of figure 6, reported as each cell's median and spread (at least 1).
+    pub fig6_runs: u32,
 }
 
 /// Counts asked for on the command line instead of the length's defaults.

@@ -51,8 +51,11 @@ pub struct Cell {
     pub op: Op,
     pub size: u64,
     pub mb_s: f64,
-    /// MB/s over the `raw` row's at the same size and op.
+    /// MB/s over the `raw` row's at the same size and op (over several runs: the median).
     pub ratio: Option<f64>,
+    /// Over several runs ([`median_of`]): the lowest and highest ratio.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio_spread: Option<(f64, f64)>,
     pub ops: u64,
     /// Bytes the row moved.
     #[serde(default)]
@@ -84,6 +87,51 @@ pub struct Fig6 {
     pub nfs_rw_max: Option<(u64, u64)>,
     /// Rows not measured, and why.
     pub skipped: Vec<String>,
+    /// How many runs the cells are the median of.
+    pub runs: u32,
+}
+
+/// Figure 6 measured several times, as one: each cell is the run whose MB/s is the median
+/// (its stages and CPU by thread with it), its MB/s, ratio and CPU per GiB the medians over
+/// the runs, and [`Cell::ratio_spread`] the lowest and highest ratio. Cells of the first run
+/// only; the rows every run skipped.
+pub fn median_of(runs: &[Fig6]) -> Option<Fig6> {
+    let first = runs.first()?;
+    let median = |mut v: Vec<f64>| -> Option<f64> {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len().saturating_sub(1) / 2).copied()
+    };
+    let mut out = Fig6 {
+        cells: Vec::new(),
+        runs: u32::try_from(runs.len()).unwrap_or(u32::MAX),
+        ..first.clone()
+    };
+    for c in &first.cells {
+        let mut same: Vec<&Cell> = runs
+            .iter()
+            .filter_map(|f| f.get(c.path, c.op, c.size))
+            .collect();
+        same.sort_by(|a, b| a.mb_s.total_cmp(&b.mb_s));
+        let Some(mid) = same.get(same.len().saturating_sub(1) / 2) else {
+            continue;
+        };
+        let ratios: Vec<f64> = same.iter().filter_map(|c| c.ratio).collect();
+        let cpus: Vec<f64> = same.iter().filter_map(|c| c.cpu_s_per_gib).collect();
+        let spread = ratios
+            .iter()
+            .copied()
+            .fold(None, |acc: Option<(f64, f64)>, r| {
+                Some(acc.map_or((r, r), |(lo, hi)| (lo.min(r), hi.max(r))))
+            });
+        out.cells.push(Cell {
+            mb_s: mid.mb_s,
+            ratio: median(ratios),
+            ratio_spread: spread,
+            cpu_s_per_gib: median(cpus),
+            ..(*mid).clone()
+        });
+    }
+    Some(out)
 }
 
 impl Fig6 {
@@ -199,6 +247,7 @@ pub async fn run_fig6(env: &Env, sizes: &[u64], rows: Rows) -> anyhow::Result<Fi
     let mut fig = Fig6 {
         file_len: len,
         sizes: sizes.to_vec(),
+        runs: 1,
         ..Fig6::default()
     };
     let cluster = env.cluster("f6", 1, None, 4 * len + 64 * MIB).await?;
@@ -398,6 +447,7 @@ pub async fn run_fig6(env: &Env, sizes: &[u64], rows: Rows) -> anyhow::Result<Fi
                     size,
                     mb_s: s.mb_s,
                     ratio: raw_mb.map(|r| s.mb_s / r.max(1e-9)),
+                    ratio_spread: None,
                     ops: s.ops,
                     bytes: s.bytes,
                     cpu_s: Some(used.cpu_s),
@@ -563,6 +613,7 @@ impl std::fmt::Display for Fig6 {
                 writeln!(f)?;
             }
         }
+        self.fmt_spread(f)?;
         self.fmt_breakdown(f)?;
         if let Some((r, w)) = self.nfs_rw_max {
             writeln!(
@@ -576,5 +627,97 @@ impl std::fmt::Display for Fig6 {
             writeln!(f, "skipped: {s}")?;
         }
         Ok(())
+    }
+}
+
+impl Fig6 {
+    /// Over several runs: each row's ratio to raw as lowest, median and highest.
+    fn fmt_spread(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.runs < 2 {
+            return Ok(());
+        }
+        writeln!(
+            f,
+            "ratio to raw over {} runs (lowest-median-highest); MB/s and CPU above are medians",
+            self.runs
+        )?;
+        for op in [Op::Read, Op::Write] {
+            for &size in &self.sizes {
+                write!(f, "{:<6} {:<5}", op.name(), size_label(size))?;
+                for p in PATHS.iter().filter(|p| **p != "raw") {
+                    if let Some(c) = self.get(p, op, size)
+                        && let (Some(r), Some((lo, hi))) = (c.ratio, c.ratio_spread)
+                    {
+                        write!(
+                            f,
+                            "  {p} {:.0}-{:.0}-{:.0}%",
+                            lo * 100.0,
+                            r * 100.0,
+                            hi * 100.0
+                        )?;
+                    }
+                }
+                writeln!(f)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(path: &'static str, mb_s: f64, ratio: f64, cpu: f64) -> Cell {
+        Cell {
+            path,
+            op: Op::Write,
+            size: MIB,
+            mb_s,
+            ratio: Some(ratio),
+            ratio_spread: None,
+            ops: 1,
+            bytes: MIB,
+            cpu_s: Some(cpu),
+            cpu_s_per_gib: Some(cpu),
+            stages: Vec::new(),
+            agent_threads: Vec::new(),
+        }
+    }
+
+    fn run(mount: (f64, f64, f64)) -> Fig6 {
+        Fig6 {
+            sizes: vec![MIB],
+            cells: vec![
+                cell("raw", 1000.0, 1.0, 0.1),
+                cell("mount", mount.0, mount.1, mount.2),
+            ],
+            runs: 1,
+            ..Fig6::default()
+        }
+    }
+
+    #[test]
+    fn several_runs_give_each_cells_median_and_the_spread_of_its_ratio() {
+        let runs = [
+            run((900.0, 0.9, 0.5)),
+            run((600.0, 0.6, 0.7)),
+            run((800.0, 0.95, 0.4)),
+            run((700.0, 0.7, 0.6)),
+            run((1000.0, 0.8, 0.3)),
+        ];
+        let m = median_of(&runs).unwrap();
+        assert_eq!(m.runs, 5);
+        let c = m.get("mount", Op::Write, MIB).unwrap();
+        assert_eq!(c.mb_s, 800.0);
+        assert_eq!(c.ratio, Some(0.8));
+        assert_eq!(c.ratio_spread, Some((0.6, 0.95)));
+        assert_eq!(c.cpu_s_per_gib, Some(0.5));
+        assert!(m.to_string().contains("mount 60-80-95%"), "{m}");
+        assert_eq!(
+            m.get("raw", Op::Write, MIB).unwrap().ratio_spread,
+            Some((1.0, 1.0))
+        );
+        assert!(median_of(&[]).is_none());
     }
 }
