@@ -523,6 +523,8 @@ impl Grants {
             )));
         }
         let mut len = len.min(data::MAX_GRANT_BYTES);
+        // A guess's blocks past the file's allocation (what it would allocate, holes aside).
+        let mut allocated = 0;
         if ahead {
             // A guess never allocates more than an eighth of the free space: a long one past
             // the file's blocks (a streaming writer's layouts grow) is cut to that, a block
@@ -532,7 +534,7 @@ impl Grants {
                 .free_blocks
                 .load(std::sync::atomic::Ordering::Relaxed)
                 / 8;
-            let allocated = store
+            allocated = store
                 .read(|t| data::allocated_end(t, ino))?
                 .saturating_mul(bs);
             let room = allocated
@@ -645,7 +647,7 @@ impl Grants {
                 .usage()
                 .free_blocks
                 .load(std::sync::atomic::Ordering::Relaxed);
-            if ahead && len.div_ceil(bs) > free / 8 {
+            if ahead && (end - offset.max(allocated).min(end)).div_ceil(bs) > free / 8 {
                 return Err(FsError::NoSpace);
             }
             // A layout asked ahead is the guess itself: no preallocation past it.

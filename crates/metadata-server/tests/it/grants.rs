@@ -866,4 +866,24 @@ async fn a_layout_asked_ahead_never_takes_more_than_an_eighth_of_the_free_space(
         .unwrap();
     assert_eq!(m.len, 64 * MIB, "a rewrite asked ahead is cut");
     g.return_grants(1, epoch.0, &[id]).await.unwrap();
+    // Across the end of the file's blocks (its 104 MiB and what was preallocated past
+    // them): granted, not refused for the whole range's length; it allocates at most an
+    // eighth of the free space.
+    let held = store
+        .read(|t| sanfs_mds::data::allocated_end(t, ino))
+        .unwrap()
+        * bs;
+    let at = held - 8 * MIB;
+    let before = free();
+    let (id, m) = g
+        .map_layout_ahead(SessionId(1), epoch, ino, (at, 64 * MIB), false)
+        .await
+        .expect("a guess across the end of the file's blocks");
+    let taken = before - free();
+    assert!(
+        m.len > 8 * MIB && taken > 0 && taken <= before / 8,
+        "{} bytes granted, {taken} of {before} free blocks taken",
+        m.len
+    );
+    g.return_grants(1, epoch.0, &[id]).await.unwrap();
 }
