@@ -93,8 +93,8 @@ pub struct Fig6 {
 
 /// Figure 6 measured several times, as one: each cell is the run whose MB/s is the median
 /// (its stages and CPU by thread with it), its MB/s, ratio and CPU per GiB the medians over
-/// the runs, and [`Cell::ratio_spread`] the lowest and highest ratio. Cells of the first run
-/// only; the rows every run skipped.
+/// the runs, and [`Cell::ratio_spread`] the lowest and highest ratio. The cells, and the
+/// rows skipped, are the first run's.
 pub fn median_of(runs: &[Fig6]) -> Option<Fig6> {
     let first = runs.first()?;
     let median = |mut v: Vec<f64>| -> Option<f64> {

@@ -168,14 +168,14 @@ fn map_write_blocks(
     ))
 }
 
-/// A write grant's plan on a snapshot when every block of the range is allocated already
-/// (a streaming writer inside its preallocation, or an overwrite): no transaction at all.
-/// `None` when something must be allocated first.
 /// Where `ino`'s allocation ends (its last extent's end, in blocks; 0 for none).
 pub fn allocated_end<T: ReaderInodes>(t: &T, ino: InodeId) -> Result<u64, OpError> {
     Ok(t.extent_map_of(ino)?.end_block())
 }
 
+/// A write grant's plan on a snapshot when every block of the range is allocated already
+/// (a streaming writer inside its preallocation, or an overwrite): no transaction at all.
+/// `None` when something must be allocated first.
 pub fn plan_allocated_write<T: ReaderInodes>(
     t: &T,
     volume: &Volume,

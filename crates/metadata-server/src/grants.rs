@@ -478,9 +478,10 @@ impl Grants {
     /// [`Grants::map_write`] of a write layout asked ahead of a sequential writer
     /// (`MapRequest.ahead`): speculative, so granted at most an eighth of the free space past
     /// the file's allocated blocks (the bound of speculative preallocation,
-    /// `data::speculative_blocks`; the grant is the range's first part), and refused with `NoSpace`, nothing allocated, where that is less
-    /// than a block or the blocks it must allocate are more than that when it allocates: a
-    /// real write elsewhere never fails for want of the space a guess took.
+    /// `data::speculative_blocks`; the grant is the range's first part), and refused with
+    /// `NoSpace`, nothing allocated, where that is less than a block or the blocks it must
+    /// allocate are more than that when it allocates: a real write elsewhere never fails for
+    /// want of the space a guess took.
     pub async fn map_layout_ahead(
         &self,
         session: SessionId,
@@ -522,9 +523,16 @@ impl Grants {
                 "a write grant's range must be non-empty and {bs}-byte aligned: {offset}+{len}"
             )));
         }
+        // The file's size, and for a guess where its allocation ends (bytes), in one snapshot.
+        let (mut size, allocated) = store.read(|t| {
+            let allocated = if ahead {
+                data::allocated_end(t, ino)?.saturating_mul(bs)
+            } else {
+                0
+            };
+            Ok((t.getattr_size(ino.0)?, allocated))
+        })?;
         let mut len = len.min(data::MAX_GRANT_BYTES);
-        // A guess's blocks past the file's allocation (what it would allocate, holes aside).
-        let mut allocated = 0;
         if ahead {
             // A guess never allocates more than an eighth of the free space: a long one past
             // the file's blocks (a streaming writer's layouts grow) is cut to that, a block
@@ -534,9 +542,6 @@ impl Grants {
                 .free_blocks
                 .load(std::sync::atomic::Ordering::Relaxed)
                 / 8;
-            allocated = store
-                .read(|t| data::allocated_end(t, ino))?
-                .saturating_mul(bs);
             let room = allocated
                 .saturating_sub(offset)
                 .saturating_add(eighth.saturating_mul(bs));
@@ -546,7 +551,6 @@ impl Grants {
             len = len.min(room);
         }
         let end = offset.checked_add(len).ok_or(FsError::FileTooBig)?;
-        let mut size = store.read(|t| t.getattr_size(ino.0))?;
         let mut tries = 0;
         let (id, state) = loop {
             // An extension past a mid-block end of file also locks (and zeroes) that block's
@@ -647,7 +651,8 @@ impl Grants {
                 .usage()
                 .free_blocks
                 .load(std::sync::atomic::Ordering::Relaxed);
-            if ahead && (end - offset.max(allocated).min(end)).div_ceil(bs) > free / 8 {
+            // What a guess allocates: its blocks past the file's allocation (holes aside).
+            if ahead && end.saturating_sub(offset.max(allocated)).div_ceil(bs) > free / 8 {
                 return Err(FsError::NoSpace);
             }
             // A layout asked ahead is the guess itself: no preallocation past it.

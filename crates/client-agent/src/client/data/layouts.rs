@@ -331,12 +331,13 @@ impl Inner {
     }
 
     /// A sequential writer's write ended at `end`, past the middle of its write layout
-    /// `layout`: the next layout (from the end of this one) is asked for in the background, so that its writes
-    /// there find it held, and may be answered before their device I/O, instead of each new
-    /// layout's first write waiting for a `MapWrite` and its own device I/O (one write in
-    /// eight of 1 MiB). One at a time per file; not where this agent holds a write grant
-    /// already (its read grants there are given back first). A write that gets there first waits for it ([`Inner::wait_layout_ahead`])
-    /// rather than asking for the same range.
+    /// `layout`: the next layout (from the end of this one, [`Inner::next_write_layout`]) is
+    /// asked for in the background, so that its writes there find it held, and may be
+    /// answered before their device I/O, instead of each new layout's first write waiting for
+    /// a `MapWrite` and its own device I/O. One at a time per file; not where this agent
+    /// holds a write grant already (its read grants there are given back first). A write
+    /// that gets there first waits for it ([`Inner::wait_layout_ahead`]) rather than asking
+    /// for the same range.
     ///
     /// The layout is asked under `fh` and the server drops it, without a recall, when the
     /// session's last handle on the file goes: so it is entered into the cache only while
@@ -499,7 +500,7 @@ impl Inner {
     /// twice as long, up to [`WRITE_LAYOUT_MAX`] (never shorter than `write_layout_bytes`),
     /// so that a long stream costs a `MapWrite` (and its commit and zeroing at the server)
     /// per 64 MiB, not per 8 MiB, while a file that ends early took no more than twice what
-    /// it wrote. The server cuts it to an eighth of its free space.
+    /// it wrote. The server cuts what it would allocate to an eighth of its free space.
     fn next_write_layout(&self, layout: ByteRange, block: u64) -> Option<ByteRange> {
         let len = layout
             .len()
