@@ -30,7 +30,7 @@
 //! | `sanfs_agent_writeback_held_attrs_total`, `sanfs_agent_writeback_attr_flushes_total`, `sanfs_agent_writeback_attrs_with_bytes_total` | counter | | attribute changes held back (answered without a call); the `SetAttr`s that sent them; the held changes sent with the file's bytes in their last proxied `Write` instead |
 //! | `sanfs_agent_writeback_flushes_total`, `sanfs_agent_writeback_bytes_total` | counter | | write-backs run; bytes they wrote |
 //! | `sanfs_agent_writeback_recalls_total` | counter | | delegation recalls that wrote held-back bytes first |
-//! | `sanfs_agent_delegations_total` | counter | `result` | delegations `granted` / `refused` |
+//! | `sanfs_agent_delegations_total` | counter | `result` | delegations `granted` / `refused`, and write delegations `reclaimed` from a restarted server |
 //! | `sanfs_agent_read_cache_bytes` | gauge | | file bytes in the read cache now |
 //! | `sanfs_agent_read_cache_total` | counter | `result` | buffered reads answered by the read cache (`hit`) or read and kept (`miss`) |
 //! | `sanfs_agent_fuse_op_seconds` | histogram | `op` | time from a FUSE request's arrival to its answer, by request (`lookup`, `getattr`, `read`, `write`, `create`, ...) |
@@ -175,6 +175,8 @@ pub fn render(client: &Client) -> String {
     metrics::counter!("sanfs_agent_delegations_total", "result" => "granted")
         .absolute(w.delegations);
     metrics::counter!("sanfs_agent_delegations_total", "result" => "refused").absolute(w.refusals);
+    metrics::counter!("sanfs_agent_delegations_total", "result" => "reclaimed")
+        .absolute(w.reclaimed);
     metrics::gauge!("sanfs_agent_read_cache_bytes").set(w.cached_bytes as f64);
     metrics::counter!("sanfs_agent_read_cache_total", "result" => "hit").absolute(w.cache_hits);
     metrics::counter!("sanfs_agent_read_cache_total", "result" => "miss").absolute(w.cache_misses);

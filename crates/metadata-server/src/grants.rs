@@ -345,8 +345,35 @@ impl Grants {
     }
 
     /// Where recalls for `session` go (its session stream). Replaces an earlier channel.
+    /// A session that had none (its first stream: after a delegation reclaimed in the
+    /// reclaim window, before its agent attaches; or a stream that broke and attaches again)
+    /// did not hear the recalls sent meanwhile: those of its grants that others still wait
+    /// for are recalled again now.
     pub fn attach(&self, session: u64, tx: mpsc::UnboundedSender<Recall>) {
-        self.channels().insert(session, tx);
+        if self.channels().insert(session, tx).is_some() {
+            return;
+        }
+        let waited: HashSet<u64> = self
+            .dp
+            .locks
+            .holders_waited_on()
+            .into_iter()
+            .chain(self.attr_waits().keys().copied())
+            .collect();
+        let unheard: Vec<u64> = self
+            .lock_table()
+            .iter()
+            .filter(|(id, g)| g.session == session && waited.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        if !unheard.is_empty() {
+            tracing::debug!(
+                session,
+                grants = unheard.len(),
+                "recalls sent again at the attach"
+            );
+            self.recall(unheard);
+        }
     }
 
     pub fn detach(&self, session: u64) {
@@ -396,7 +423,7 @@ impl Grants {
         let channels = self.channels();
         for (session, grants) in by_session {
             let Some(tx) = channels.get(&session) else {
-                continue; // no stream: the lease decides
+                continue; // no stream: sent again at its attach, or the lease decides
             };
             for (id, g) in grants {
                 add(&self.stats.recalls, 1);

@@ -829,7 +829,7 @@ fn format_status(m: &MountStatus) -> String {
     let w = &a.write_back;
     let _ = writeln!(
         out,
-        "  write-back held now {} bytes; writes held {}, attribute changes held {} (sent in {}, with the bytes {}), write-backs {} ({} bytes), recalls that wrote back {}; delegations {} (refused {})",
+        "  write-back held now {} bytes; writes held {}, attribute changes held {} (sent in {}, with the bytes {}), write-backs {} ({} bytes), recalls that wrote back {}; delegations {} (refused {}, reclaimed after a restart {})",
         w.dirty_bytes,
         w.held_writes,
         w.held_attrs,
@@ -839,7 +839,8 @@ fn format_status(m: &MountStatus) -> String {
         w.flushed_bytes,
         w.recalls_flushed,
         w.delegations,
-        w.refusals
+        w.refusals,
+        w.reclaimed
     );
     let _ = writeln!(
         out,

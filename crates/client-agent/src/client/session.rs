@@ -31,14 +31,14 @@ use std::time::{Duration, Instant};
 
 use sanfs_proto::headers::{self, ReplayTag};
 use sanfs_proto::model::{
-    ClientEvent, LeaseRenew, MAX_REPLAY_RECORDS, OpenReply, OpenRequest, OpenSessionReply,
-    ReplayOutcome, ReplayWritesReply, ReplayWritesRequest, ServerEvent, SessionEndReason,
-    SessionRef,
+    ClientEvent, DelegateReply, DelegateRequest, LeaseRenew, MAX_REPLAY_RECORDS, OpenReply,
+    OpenRequest, OpenSessionReply, ReplayOutcome, ReplayWritesReply, ReplayWritesRequest,
+    ServerEvent, SessionEndReason, SessionRef,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::session_client::SessionClient;
 use sanfs_proto::status::{fs_error_from_status, is_server_error};
-use sanfs_proto::types::{FsError, InodeId, SessionId};
+use sanfs_proto::types::{FsError, GrantId, InodeId, SessionId};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -313,15 +313,16 @@ async fn fence(inner: &Inner, view: &SessionView, why: &str, close: bool) {
 /// the old server committed them: lazy write completions (in batches) and namespace changes
 /// answered before they were durable (one by one, each through its own call with the
 /// `sanfs-replay` header). Then the open files are opened again (a file must exist again
-/// before it can be), and a last, empty batch says the reclaim is complete. A record the
-/// server answered is forgotten; a refused write marks its file's write lost; a refused
-/// namespace change is lost (logged). `previous` is this agent's last session, of the old
-/// epoch.
+/// before it can be), the write delegations of files with writes held back are reclaimed,
+/// and a last, empty batch says the reclaim is complete. A record the server answered is
+/// forgotten; a refused write marks its file's write lost; a refused namespace change is
+/// lost (logged). `previous` is this agent's last session, of the old epoch. Answers the
+/// delegations reclaimed (taken in once the new session is current).
 async fn replay(
     inner: &Inner,
     reply: &OpenSessionReply,
     previous: SessionId,
-) -> Result<(), FsError> {
+) -> Result<Vec<(InodeId, GrantId)>, FsError> {
     let records = inner.lock_unsynced().to_replay_all(reply.epoch);
     if !records.is_empty() {
         tracing::info!(
@@ -353,7 +354,70 @@ async fn replay(
         replay_writes(inner, reply, previous, &writes, false).await?;
     }
     reopen_files(inner, reply).await;
-    replay_writes(inner, reply, previous, &[], true).await
+    let reclaimed = reclaim_delegations(inner, reply, previous).await?;
+    replay_writes(inner, reply, previous, &[], true).await?;
+    Ok(reclaimed)
+}
+
+/// Reclaims, in the reclaim window of `reply`'s server, the write delegation of every file
+/// this agent holds writes or attribute changes back for ([`super::writeback::WriteBack::to_reclaim`]),
+/// through a handle opened again under the new session for writing. Without it another
+/// node's first `stat` or read after the window would be answered from what the LUNs and
+/// the server have, before this agent wrote back what its applications were answered for.
+/// A refusal (the window closed meanwhile) leaves the file to be written back as soon as
+/// the session is current; a transport failure is the replay's (the session task tries
+/// again with a new session).
+async fn reclaim_delegations(
+    inner: &Inner,
+    reply: &OpenSessionReply,
+    previous: SessionId,
+) -> Result<Vec<(InodeId, GrantId)>, FsError> {
+    let wanted = inner.writeback.to_reclaim();
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let writable: Vec<(InodeId, super::FileHandle)> = {
+        let all = inner.open_files.lock().unwrap_or_else(|e| e.into_inner());
+        all.iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .filter(|f| f.flags().write)
+            .map(|f| (f.ino(), f.current()))
+            .filter(|(_, h)| h.session == reply.session)
+            .collect()
+    };
+    let mut reclaimed = Vec::new();
+    for ino in wanted {
+        let Some((_, handle)) = writable.iter().find(|(i, _)| *i == ino) else {
+            tracing::warn!(%ino, "writes held back but no handle opened again for writing: the delegation is not reclaimed");
+            continue;
+        };
+        let req = pb::DelegateRequest::from(DelegateRequest {
+            handle: super::data::handle_ref(handle),
+            inode: ino,
+            epoch: reply.epoch,
+            write: true,
+            reclaim_of: Some(previous),
+        });
+        let answer = inner
+            .data()
+            .delegate(req)
+            .await
+            .map_err(|s| fs_error_from_status(&s))?
+            .into_inner();
+        match DelegateReply::try_from(answer) {
+            Ok(DelegateReply {
+                delegation: Some(id),
+            }) => reclaimed.push((ino, id)),
+            Ok(_) => {
+                tracing::warn!(%ino, "the restarted server refused the reclaim of a write delegation: what is held back is written back at once");
+            }
+            Err(e) => return Err(malformed("Delegate reply", e)),
+        }
+    }
+    if !reclaimed.is_empty() {
+        tracing::info!(files = reclaimed.len(), session = %reply.session, "write delegations reclaimed (writes held back under them)");
+    }
+    Ok(reclaimed)
 }
 
 /// One `ReplayWrites` call of [`replay`].
@@ -568,14 +632,19 @@ async fn reopen(inner: &Inner) {
                     // The server lived: completions lost with the old session were refused.
                     inner.lock_unsynced().unanswered_lost();
                 }
-                if reply.epoch != old.epoch
-                    && let Err(e) = replay(inner, &reply, old.session).await
-                {
-                    // Records not answered stay: the next session replays them.
-                    tracing::warn!(error = %e, "replay to the restarted server failed: opening a session again");
-                    tokio::time::sleep(reopen_wait(since, &mut backoff)).await;
-                    continue;
-                }
+                let reclaimed = if reply.epoch == old.epoch {
+                    Vec::new()
+                } else {
+                    match replay(inner, &reply, old.session).await {
+                        Ok(reclaimed) => reclaimed,
+                        Err(e) => {
+                            // Records not answered stay: the next session replays them.
+                            tracing::warn!(error = %e, "replay to the restarted server failed: opening a session again");
+                            tokio::time::sleep(reopen_wait(since, &mut backoff)).await;
+                            continue;
+                        }
+                    }
+                };
                 let generation = {
                     let mut s = inner.lock_state();
                     let generation = s.view.generation + 1;
@@ -590,6 +659,8 @@ async fn reopen(inner: &Inner) {
                     s.live = true;
                     generation
                 };
+                // Before the stream attaches: a recall of a reclaimed delegation comes on it.
+                inner.writeback.adopt_reclaimed(&reclaimed, generation);
                 inner.leases.clear();
                 bump(&inner.counters.sessions);
                 tracing::info!(session = %reply.session, epoch = %reply.epoch, "new session opened");

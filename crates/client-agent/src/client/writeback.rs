@@ -374,6 +374,7 @@ pub(crate) struct WriteBackCounters {
     pub recalls_flushed: AtomicU64,
     pub delegations: AtomicU64,
     pub refusals: AtomicU64,
+    pub reclaimed: AtomicU64,
     pub cache_hits: AtomicU64,
     pub cache_misses: AtomicU64,
     pub read_aheads: AtomicU64,
@@ -905,15 +906,51 @@ impl WriteBack {
         false
     }
 
-    /// The recall is served: the delegation is gone; not asked for again for a moment (the
-    /// other node is using the file).
-    fn recalled(&self, ino: InodeId) {
-        if let Some(f) = self.files().get_mut(&ino) {
+    /// The recall of `ids` is served: the delegation is gone; not asked for again for a
+    /// moment (the other node is using the file). A delegation the file holds now that is
+    /// not one of `ids` stays (reclaimed from a restarted server while the old server's
+    /// recall was being served: [`WriteBack::adopt_reclaimed`]).
+    fn recalled(&self, ino: InodeId, ids: &[GrantId]) {
+        if let Some(f) = self.files().get_mut(&ino)
+            && f.delegation.is_none_or(|d| ids.contains(&d.id))
+        {
             let freed = f.drop_cache();
             self.cached.fetch_sub(freed, Ordering::Relaxed);
             f.delegation = None;
             f.recalling = false;
             f.quiet_until = Some(Instant::now() + REFUSAL_BACKOFF);
+        }
+    }
+
+    /// The files whose write delegation a restarted server must give back in its reclaim
+    /// window: those with writes or attribute changes held back, or a write-back of them
+    /// under way (its bytes are on their way to the server, not on the LUNs yet). Another
+    /// node's first calls after the window then recall the delegation, as before the stop,
+    /// and see every byte (docs/protocol.md "Delegations").
+    pub(crate) fn to_reclaim(&self) -> Vec<InodeId> {
+        self.files()
+            .iter()
+            .filter(|(_, f)| f.dirty_bytes > 0 || f.attrs.is_some() || f.flushing > 0)
+            .map(|(ino, _)| *ino)
+            .collect()
+    }
+
+    /// Takes in the write delegations the restarted server gave back ([`WriteBack::to_reclaim`])
+    /// under session generation `generation`: held as before the stop, so what is held back
+    /// stays held until the usual write-back, and a recall of the old server that was being
+    /// served no longer stops new writes from being held.
+    pub(crate) fn adopt_reclaimed(&self, reclaimed: &[(InodeId, GrantId)], generation: u64) {
+        let mut files = self.files();
+        for (ino, id) in reclaimed {
+            let f = files.entry(*ino).or_default();
+            f.delegation = Some(Held {
+                id: *id,
+                generation,
+                write: true,
+            });
+            f.recalling = false;
+            f.quiet_until = None;
+            bump(&self.counters.reclaimed);
         }
     }
 
@@ -1503,6 +1540,7 @@ impl Client {
             inode: ino,
             epoch: view.epoch,
             write,
+            reclaim_of: None,
         });
         let reply: Result<DelegateReply, FsError> = inner
             .call("Delegate reply", Pin::Handle(&fh), |_| {
@@ -1872,6 +1910,7 @@ impl Client {
             recalls_flushed: get(&wb.counters.recalls_flushed),
             delegations: get(&wb.counters.delegations),
             refusals: get(&wb.counters.refusals),
+            reclaimed: get(&wb.counters.reclaimed),
             cached_bytes: wb.cached.load(Ordering::Relaxed),
             cache_hits: get(&wb.counters.cache_hits),
             cache_misses: get(&wb.counters.cache_misses),
@@ -1895,6 +1934,10 @@ pub struct WriteBackStats {
     /// Delegations given, and refused.
     pub delegations: u64,
     pub refusals: u64,
+    /// Write delegations a restarted server gave back in its reclaim window (writes were
+    /// held back under them when it stopped).
+    #[serde(default)]
+    pub reclaimed: u64,
     /// Attribute changes held back (answered without a call), and the `SetAttr`s that
     /// sent them.
     #[serde(default)]
@@ -1951,7 +1994,7 @@ impl Inner {
         if had {
             bump(&wb.counters.recalls_flushed);
         }
-        wb.recalled(ino);
+        wb.recalled(ino, ids);
     }
 }
 

@@ -187,8 +187,9 @@ impl Server {
 impl Server {
     /// A delegation of `ino` to `session` (epoch `epoch`), or `None`. Other sessions'
     /// attribute leases go first for a write delegation (its holder answers for the size;
-    /// none is given while it lives). Only to a session that can hear the recall, and not to
-    /// one being evicted.
+    /// none is given while it lives), and the session is recorded first (durably, once per
+    /// session): after a restart the reclaim window waits for its agent to reclaim what it
+    /// holds back. Only to a session that can hear the recall, and not to one being evicted.
     pub(crate) async fn delegate_to(
         &self,
         session: u64,
@@ -196,16 +197,59 @@ impl Server {
         ino: u64,
         write: bool,
     ) -> Option<u64> {
+        if !self.has_stream(session) {
+            return None;
+        }
+        self.delegate_as(session, epoch, ino, write).await
+    }
+
+    /// [`Server::delegate_to`] without the stream check: for a reclaim in the reclaim
+    /// window, whose session attaches its stream only after its reclaim is complete (a
+    /// recall sent before is sent again at the attach: [`crate::grants::Grants::attach`]).
+    async fn delegate_as(&self, session: u64, epoch: u64, ino: u64, write: bool) -> Option<u64> {
+        if write && let Err(e) = self.record_session(session).await {
+            tracing::warn!(session, ino, error = %e, "delegation refused: the session could not be recorded");
+            return None;
+        }
         let _leases = if write {
             Some(self.recall_attr_leases(ino, session).await)
         } else {
             None
         };
-        if self.has_stream(session) && !self.grants.is_fenced(session) {
-            self.grants.delegate(session, epoch, ino, write)
-        } else {
-            None
+        if self.grants.is_fenced(session) {
+            return None;
         }
+        self.grants.delegate(session, epoch, ino, write)
+    }
+
+    /// A write delegation reclaimed in the reclaim window by the agent of `previous` (a
+    /// recorded session of the last run that has not completed its reclaim), now under its
+    /// new `session`: it held writes back under it when the server stopped, so another
+    /// node's first calls after the window must recall it, as before the stop. `None` when
+    /// that session may not reclaim (the window is over, or it is not one that waits).
+    async fn reclaim_delegation(
+        &self,
+        session: u64,
+        previous: u64,
+        epoch: u64,
+        ino: u64,
+    ) -> Option<u64> {
+        if !self.reclaim.authorize(previous) {
+            tracing::warn!(
+                session,
+                previous,
+                ino,
+                "delegation reclaim refused: that session has nothing to reclaim now (not recorded, done, or the reclaim window is over)"
+            );
+            return None;
+        }
+        let delegation = self.delegate_as(session, epoch, ino, true).await;
+        metrics::counter!(
+            "sanfs_delegation_reclaims_total",
+            "outcome" => if delegation.is_some() { "granted" } else { "refused" }
+        )
+        .increment(1);
+        delegation
     }
 
     /// A grant must name this start's epoch: anything older is from before a restart.
@@ -770,20 +814,34 @@ impl Data for DataService {
         rpc("Delegate", async {
             let who = caller(&request)?;
             let req: DelegateRequest = convert(request.into_inner())?;
-            self.server.wait_reclaim().await;
+            // A reclaim is made in the window (before the agent says its reclaim is
+            // complete); anything else waits for the window's end, as new grants do.
+            if req.reclaim_of.is_none() {
+                self.server.wait_reclaim().await;
+            }
             let session = req.handle.session.0;
             note(Some(session), Some(req.inode.0));
             self.server.check_grant_epoch(req.epoch)?;
             self.server
                 .check_handle(&who, &req.handle, req.inode, req.write)?;
-            let delegation = self
-                .server
-                .delegate_to(session, req.epoch.0, req.inode.0, req.write)
-                .await;
+            let (epoch, ino) = (req.epoch.0, req.inode.0);
+            let delegation = match req.reclaim_of {
+                Some(previous) => {
+                    self.server
+                        .reclaim_delegation(session, previous.0, epoch, ino)
+                        .await
+                }
+                None => {
+                    self.server
+                        .delegate_to(session, epoch, ino, req.write)
+                        .await
+                }
+            };
             tracing::debug!(
                 session,
-                inode = req.inode.0,
+                inode = ino,
                 write = req.write,
+                reclaim_of = ?req.reclaim_of,
                 ?delegation,
                 "delegate"
             );

@@ -1744,6 +1744,13 @@ impl World {
                     inode: h.ino,
                     epoch: w.epoch(epoch, wild),
                     write: w.rng.chance(1, 2),
+                    // Now and then a reclaim naming some session as the previous one (the
+                    // window is over: refused, nothing given).
+                    reclaim_of: if w.rng.chance(1, 6) {
+                        w.any_session(true).id
+                    } else {
+                        0
+                    },
                 };
                 let c = w.bad();
                 if let Ok(r) = call!(w, "Delegate", c.data, delegate, req)

@@ -233,6 +233,61 @@ async fn a_cached_read_grant_is_recalled_before_a_conflicting_write() {
     assert!(g.stats.recalls.load(std::sync::atomic::Ordering::Relaxed) >= 1);
 }
 
+/// A recall sent while its holder has no session stream (a write delegation reclaimed in
+/// the reclaim window, whose agent attaches only after its reclaim is complete; or a stream
+/// that broke) is sent again when the stream attaches, for what others still wait on:
+/// otherwise the waiter waits for the holder's lease to run out, and a `stat` for the lock
+/// timeout, then reads attributes without the holder's held-back writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recall_sent_before_the_holders_stream_attaches_reaches_it_at_the_attach() {
+    let c = cluster();
+    let ino = create(&c.dp, "d");
+    let epoch = c.dp.store.boot_epoch();
+    let g = grants(c.dp);
+    let delegation = g.delegate(1, epoch, ino, true).expect("a delegation");
+    // Another session's write and a stat both wait for it; session 1 cannot hear them yet.
+    let g2 = g.clone();
+    let writer = tokio::spawn(async move {
+        g2.map_write(
+            SessionId(2),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            0,
+            64 * KIB,
+            true,
+            false,
+        )
+        .await
+    });
+    let g3 = g.clone();
+    let stat = tokio::spawn(async move { g3.settle_attr(ino, 2).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!writer.is_finished() && !stat.is_finished(), "both wait");
+    let (tx, mut recalls) = mpsc::unbounded_channel();
+    g.attach(1, tx);
+    let recall = tokio::time::timeout(Duration::from_secs(5), recalls.recv())
+        .await
+        .expect("the recall is sent at the attach")
+        .unwrap();
+    assert_eq!(recall.grant_ids, vec![delegation]);
+    assert!(recall.delegation);
+    // Once per attach: a stream that replaces a live one gets nothing again.
+    let (tx2, mut again) = mpsc::unbounded_channel();
+    g.attach(1, tx2);
+    assert!(again.try_recv().is_err(), "no recall at a replacing attach");
+    g.return_grants(1, epoch, &[delegation]).await.unwrap();
+    let (wid, _) = tokio::time::timeout(Duration::from_secs(5), writer)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), stat)
+        .await
+        .unwrap()
+        .unwrap();
+    g.complete(2, epoch, wid, 64 * KIB, false).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_ignores_a_recall_loses_the_grant_at_lease_expiry() {
     let c = cluster();

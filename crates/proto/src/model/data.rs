@@ -950,17 +950,30 @@ pub struct DelegateRequest {
     pub epoch: SessionEpoch,
     /// Exclusive (write-back) rather than shared (read cache).
     pub write: bool,
+    /// A reclaim after a restart: the agent's session of the last run that held the file's
+    /// write delegation (only for a write delegation).
+    pub reclaim_of: Option<SessionId>,
 }
 
 impl TryFrom<pb::DelegateRequest> for DelegateRequest {
     type Error = ProtocolError;
 
     fn try_from(p: pb::DelegateRequest) -> Result<Self, ProtocolError> {
+        let reclaim_of = (p.reclaim_of != 0).then_some(SessionId(p.reclaim_of));
+        if reclaim_of.is_some() && !p.write {
+            return Err(ProtocolError::InvalidField {
+                field: "reclaim_of",
+                reason:
+                    "only a write delegation is reclaimed (a read cache is dropped at a restart)"
+                        .to_owned(),
+            });
+        }
         Ok(DelegateRequest {
             handle: handle_ref(p.session, p.handle)?,
             inode: inode(p.inode, "inode")?,
             epoch: epoch(p.epoch)?,
             write: p.write,
+            reclaim_of,
         })
     }
 }
@@ -973,6 +986,7 @@ impl From<DelegateRequest> for pb::DelegateRequest {
             inode: r.inode.0,
             epoch: r.epoch.0,
             write: r.write,
+            reclaim_of: r.reclaim_of.map_or(0, |s| s.0),
         }
     }
 }

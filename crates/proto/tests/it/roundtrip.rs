@@ -899,8 +899,13 @@ fn delegate_round_trips_and_zero_means_refused() {
         inode: InodeId(7),
         epoch: SessionEpoch(2),
         write: true,
+        reclaim_of: None,
     };
-    round_trip::<_, pb::DelegateRequest>(req);
+    round_trip::<_, pb::DelegateRequest>(req.clone());
+    round_trip::<_, pb::DelegateRequest>(DelegateRequest {
+        reclaim_of: Some(SessionId(4)),
+        ..req
+    });
     for d in [None, Some(GrantId(11))] {
         round_trip::<_, pb::DelegateReply>(DelegateReply { delegation: d });
     }
@@ -912,6 +917,19 @@ fn delegate_round_trips_and_zero_means_refused() {
             inode: 0,
             epoch: 2,
             write: false,
+            reclaim_of: 0,
+        })
+        .is_err()
+    );
+    // Only a write delegation is reclaimed.
+    assert!(
+        DelegateRequest::try_from(pb::DelegateRequest {
+            session: 5,
+            handle: 6,
+            inode: 7,
+            epoch: 2,
+            write: false,
+            reclaim_of: 4,
         })
         .is_err()
     );
