@@ -12,9 +12,11 @@
 //! **File data** enters the kernel's page cache only for files opened for reading only, or for
 //! plain buffered reading and writing ([`page_cached_open`]), and stays coherent there (`pages`: the kernel checks the attributes
 //! before each read and drops the pages at a new size or mtime; attributes are valid only
-//! under this node's lease). Every other open answers `FOPEN_DIRECT_IO` (paper 4.4):
-//! requests are up to 1 MiB, and reads and writes go to the client library (its write-back
-//! and read caches under delegations, then direct or proxied).
+//! under this node's lease). Every other open answers `FOPEN_DIRECT_IO` (paper 4.4), but a
+//! plain `O_DIRECT` one ([`parallel_direct_open`]: the kernel's own direct-I/O path then
+//! sends the pieces of one large request at once): requests are up to 1 MiB, and reads and
+//! writes go to the client library (its write-back and read caches under delegations, then
+//! direct or proxied).
 //!
 //! **Handles.** A FUSE file handle names an [`OpenFile`] here: the inode, the open flags and
 //! the current [`FileHandle`]. A handle of a replaced session answers ESTALE; the file is then
@@ -31,7 +33,7 @@ use std::ffi::OsStr;
 use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -115,6 +117,17 @@ fn page_cached_open(raw: i32, truncate: bool, kind: FileType) -> bool {
         && (mode == libc::O_RDONLY || mode == libc::O_RDWR)
 }
 
+/// Whether an open is answered without `FOPEN_DIRECT_IO` so that the kernel sends the
+/// pieces of one large `O_DIRECT` read or write (1 MiB each) all at once (`FUSE_ASYNC_DIO`)
+/// instead of one after the other: a plain `O_DIRECT` open of a regular file. Not with
+/// `O_APPEND` (each piece would be appended where it lands, out of order) nor `O_SYNC` /
+/// `O_DSYNC` (each write is made durable before it is answered, piece by piece).
+fn parallel_direct_open(raw: i32, kind: FileType) -> bool {
+    kind == FileType::Regular
+        && raw & libc::O_DIRECT != 0
+        && raw & (libc::O_APPEND | libc::O_SYNC | libc::O_DSYNC) == 0
+}
+
 /// One open file behind a FUSE file handle.
 struct FuseFile {
     /// The inode, flags and current handle (re-opened after a session change). Its lock
@@ -149,6 +162,9 @@ struct State {
     dir_ends: Mutex<HashMap<u64, Option<u64>>>,
     /// Writes answered before their device I/O (`behind`).
     behind: Arc<behind::WritesBehind>,
+    /// The kernel sends the pieces of one `O_DIRECT` request at once (`FUSE_ASYNC_DIO`):
+    /// see [`parallel_direct_open`].
+    async_dio: AtomicBool,
 }
 
 /// Requests' worth of writes answered before their device I/O, by default.
@@ -383,6 +399,7 @@ impl SanFs {
                 behind,
                 pages,
                 dir_ends: Mutex::new(HashMap::new()),
+                async_dio: AtomicBool::new(false),
             }),
             runtime,
             groups: groups::GroupsCache::default(),
@@ -429,6 +446,19 @@ impl SanFs {
 }
 
 impl State {
+    /// The open flags of a handle outside the kernel's page cache: `FOPEN_DIRECT_IO`, except
+    /// for a plain `O_DIRECT` open when the kernel sends a request's pieces at once
+    /// ([`parallel_direct_open`]): its I/O bypasses the page cache anyway, and the kernel
+    /// keeps what it may have cached of the file coherent around it (written back and
+    /// dropped over the range).
+    fn direct_open_flags(&self, raw: i32, kind: FileType) -> FopenFlags {
+        if self.async_dio.load(Ordering::Relaxed) && parallel_direct_open(raw, kind) {
+            FopenFlags::empty()
+        } else {
+            FopenFlags::FOPEN_DIRECT_IO
+        }
+    }
+
     /// sanfs inode of a FUSE inode number.
     fn ino(&self, fuse: INodeNo) -> InodeId {
         sanfs_ino(self.options.root, fuse.0)
@@ -893,9 +923,16 @@ impl fuser::Filesystem for SanFs {
             // write, as the kernel would: the kernel
             // then sends a chown or truncate as it is, instead of asking for the attributes
             // first (a `GetAttr` round trip) to send a mode without those bits.
-            | fuser::InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+            | fuser::InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            // The pieces of one large O_DIRECT read or write in flight at once
+            // (`parallel_direct_open`).
+            | fuser::InitFlags::FUSE_ASYNC_DIO;
         let granted = wanted & config.capabilities();
         let _ = config.add_capabilities(granted);
+        self.state.async_dio.store(
+            granted.contains(fuser::InitFlags::FUSE_ASYNC_DIO),
+            Ordering::Relaxed,
+        );
         self.state
             .pages
             .set_auto_inval(granted.contains(fuser::InitFlags::FUSE_AUTO_INVAL_DATA));
@@ -1209,7 +1246,7 @@ impl fuser::Filesystem for SanFs {
                         page_cached_open(raw, flags.truncate, attr.kind) && st.pages.usable();
                     let fh = st.insert(ino, flags, raw, handle, &cred, cached);
                     let open = if !cached {
-                        FopenFlags::FOPEN_DIRECT_IO
+                        st.direct_open_flags(raw, attr.kind)
                     } else if st.pages.open(ino, pages::Seen::of(&st.attr(&attr))) {
                         FopenFlags::FOPEN_KEEP_CACHE
                     } else {
@@ -2098,7 +2135,7 @@ impl fuser::Filesystem for SanFs {
                         if cached {
                             FopenFlags::empty()
                         } else {
-                            FopenFlags::FOPEN_DIRECT_IO
+                            st.direct_open_flags(flags, c.attr.kind)
                         },
                     );
                 }

@@ -5,7 +5,8 @@
 //! from the page cache, and the kernel reads ahead of them in requests of up to 1 MiB, which
 //! the agent answers as any buffered read (from its read cache under a delegation, or from
 //! the LUNs); its writes go through the pages to the agent at once (write-through), and the
-//! pages keep them. Every other open keeps `FOPEN_DIRECT_IO`.
+//! pages keep them. Every other open keeps `FOPEN_DIRECT_IO` (a plain `O_DIRECT` one goes
+//! through the kernel's direct-I/O path instead, which bypasses the pages too).
 //!
 //! **Why the cached pages are never stale.** The mount asks for `FUSE_AUTO_INVAL_DATA`: before
 //! every `read(2)` on a cached file the kernel makes sure its attributes are valid (a

@@ -2406,6 +2406,101 @@ async fn a_sequential_writers_next_layout_is_asked_ahead_and_none_outlives_its_c
     srv.stop().await;
 }
 
+/// Issue 20: a large `O_DIRECT` read or write (8 MiB) reaches the agent as 1 MiB pieces all
+/// in flight at once (`FUSE_ASYNC_DIO`: a plain `O_DIRECT` open is answered without
+/// `FOPEN_DIRECT_IO`), and the pieces of a sequential writer's request wait for the one
+/// layout the first of them asks for: a layout per 8-64 MiB as for a buffered writer, not a
+/// grant per piece (before the wait: one `MapWrite` and one `Complete` per MiB). Another
+/// node that opened the file with `O_DIRECT` while it was short, and whose kernel so knew
+/// the old size, reads every byte written past it (the kernel asks for the size again once
+/// the writer's layout recalled its attributes), and so does the writer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_o_direct_requests_go_in_pieces_at_once_under_one_layout_and_stay_coherent() {
+    use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "odirect-a", "").await;
+    let b = Mount::start(&srv, "odirect-b", "").await;
+    let (path, mnt, other) = (a.p("big"), a.p(""), b.p("big"));
+    const REQ: usize = 8 << 20;
+    const REQS: u64 = 4;
+    let grants =
+        |st: &serde_json::Value, field: &str| st["agent"]["grants"][field].as_u64().unwrap();
+    let (before, after, model, mine, theirs) =
+        timed("8 MiB O_DIRECT writes and reads", 120, move || {
+            #[allow(
+                clippy::disallowed_methods,
+                reason = "a file on the mount opened with O_DIRECT, as an application would"
+            )]
+            let direct = |p: &std::path::Path, write: bool| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(write)
+                    .create(write)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(p)
+                    .unwrap()
+            };
+            let mut buf = sanfs_client_agent::buf::AlignedBuf::zeroed(REQ);
+            // 1 MiB first, then the reader opens (its kernel knows 1 MiB).
+            let w = direct(&path, true);
+            let first = crate::support::pattern(MIB as usize, 1);
+            buf.as_mut_slice()[..MIB as usize].copy_from_slice(&first);
+            w.write_all_at(&buf.as_slice()[..MIB as usize], 0).unwrap();
+            let r = direct(&other, false);
+            let mut small = sanfs_client_agent::buf::AlignedBuf::zeroed(MIB as usize);
+            assert_eq!(r.read_at(small.as_mut_slice(), 0).unwrap(), MIB as usize);
+            let before = agent_status(&mnt);
+            let mut model = first;
+            for i in 0..REQS {
+                let data = crate::support::pattern(REQ, 10 + i as u8);
+                buf.as_mut_slice().copy_from_slice(&data);
+                w.write_all_at(buf.as_slice(), MIB + i * REQ as u64)
+                    .unwrap();
+                model.extend_from_slice(&data);
+            }
+            let after = agent_status(&mnt);
+            // The other node reads it all through the descriptor it opened before, in 8 MiB
+            // O_DIRECT reads (in pieces at once too); then the writer does.
+            let read_all = |f: &std::fs::File| {
+                let mut out = Vec::new();
+                let mut rb = sanfs_client_agent::buf::AlignedBuf::zeroed(REQ);
+                loop {
+                    let n = f.read_at(rb.as_mut_slice(), out.len() as u64).unwrap();
+                    out.extend_from_slice(&rb.as_slice()[..n]);
+                    if n == 0 {
+                        break out;
+                    }
+                }
+            };
+            let theirs = read_all(&r);
+            let mine = read_all(&w);
+            (before, after, model, mine, theirs)
+        })
+        .await;
+    assert!(
+        theirs == model,
+        "the other node read {} bytes, other than written",
+        theirs.len()
+    );
+    assert!(
+        mine == model,
+        "the writer read {} bytes, other than written",
+        mine.len()
+    );
+    let asked = grants(&after, "write") - grants(&before, "write");
+    assert!(
+        asked <= 4,
+        "the pieces of each request wait for one layout: {asked} MapWrites for {} MiB: {after}",
+        REQS * 8
+    );
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
+
 /// Issue 18: a program whose buffer is not page aligned (most: `malloc`, Python, Java) has
 /// each 1 MiB buffered write split by the kernel into a piece of 1 MiB - 16 bytes and one of
 /// 16 (a request holds at most 256 pages). The partial blocks at the pieces' edges are held

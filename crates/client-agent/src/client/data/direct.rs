@@ -268,6 +268,8 @@ impl Inner {
             } else {
                 want
             };
+            // The other pieces of this request wait for this ask rather than ask their own.
+            let asking = sequential.then(|| self.asking_layout(ino, ask)).flatten();
             if sequential {
                 // This agent's own older layout there, or its read layout of a file read
                 // before it is written, would block the new one (the server would recall it
@@ -311,7 +313,10 @@ impl Inner {
             let part = ByteRange::new(pos, grant.range.end().min(end) - pos)?;
             if grant.cacheable {
                 let layout = Arc::new(grant);
-                if !self.cache.enter(Arc::clone(&layout), view.generation) {
+                let entered = self.cache.enter(Arc::clone(&layout), view.generation);
+                // In the cache (or refused): the pieces that waited look there now.
+                drop(asking);
+                if !entered {
                     continue; // its recall overtook it: no longer ours; ask again
                 }
                 let r = match usable {

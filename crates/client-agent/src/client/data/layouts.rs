@@ -523,12 +523,37 @@ impl Inner {
                 .is_some_and(|e| *e <= pos && pos - *e <= block)
     }
 
+    /// Notes where a write of `ino` ended (the next one from there is sequential). An end
+    /// a little below the one noted (at most [`PIECES_BEHIND`]) is a piece of the same
+    /// request that finished late (the kernel sends the pieces of one large `O_DIRECT` write
+    /// at once): the request's end stays noted.
     pub(super) fn note_write_end(&self, ino: InodeId, end: u64) {
         let mut ends = self.lock_write_ends();
         if ends.len() >= MAX_TRACKED_WRITERS && !ends.contains_key(&ino) {
             ends.clear();
         }
-        ends.insert(ino, end);
+        let noted = ends.entry(ino).or_insert(end);
+        if end >= *noted || *noted - end > PIECES_BEHIND {
+            *noted = end;
+        }
+    }
+
+    /// Registers `ask`, a write layout this writer is asking for, as the file's layout ask
+    /// in flight (when no other is), so that the other pieces of the same request, sent by
+    /// the kernel at once, wait for it ([`Inner::wait_layout_ahead`]) instead of each asking
+    /// a grant of its own. Ends when the returned guard is dropped.
+    pub(super) fn asking_layout(&self, ino: InodeId, ask: ByteRange) -> Option<AskInFlight<'_>> {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let mut ahead = self.layouts_ahead.lock().unwrap_or_else(|e| e.into_inner());
+        if ahead.contains_key(&ino) {
+            return None;
+        }
+        ahead.insert(ino, (ask, rx));
+        Some(AskInFlight {
+            inner: self,
+            ino,
+            done: tx,
+        })
     }
 
     pub(super) fn lock_write_ends(
@@ -565,5 +590,28 @@ pub(super) fn refused_write(e: FsError) -> FsError {
         ))
     } else {
         e
+    }
+}
+
+/// How far below the noted end a write may end and still be a late piece of the request that
+/// reached it ([`Inner::note_write_end`]): the pieces of one request in flight at once.
+const PIECES_BEHIND: u64 = 16 << 20;
+
+/// A write layout asked by the writer itself, registered as the file's ask in flight
+/// ([`Inner::asking_layout`]); dropping it ends the registration and wakes the waiters.
+pub(super) struct AskInFlight<'a> {
+    inner: &'a Inner,
+    ino: InodeId,
+    done: tokio::sync::watch::Sender<bool>,
+}
+
+impl Drop for AskInFlight<'_> {
+    fn drop(&mut self) {
+        self.inner
+            .layouts_ahead
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.ino);
+        let _ = self.done.send(true);
     }
 }
