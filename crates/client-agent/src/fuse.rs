@@ -140,6 +140,9 @@ struct FuseFile {
     direct: bool,
     /// Opened in the kernel's cached mode (`pages`).
     cached: bool,
+    /// `O_APPEND | O_DIRECT`: the pieces of one asynchronous write, sent at once, are
+    /// appended in the kernel's order (`append_order`).
+    append_order: Option<append_order::AppendOrder>,
 }
 
 struct State {
@@ -224,6 +227,7 @@ pub struct SanFs {
     groups: groups::GroupsCache,
 }
 
+mod append_order;
 mod behind;
 mod groups;
 mod pages;
@@ -671,7 +675,12 @@ impl State {
             .ok_or_else(|| FsError::Invalid(format!("unknown file handle {}", fh.0)))
     }
 
-    /// A new FUSE handle for an open file (`cached`: in the kernel's cached mode).
+    /// A new FUSE handle for an open file (`cached`: in the kernel's cached mode) whose size
+    /// the kernel was told is `size`.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the open's result, flags and mode; two call sites (open, create)"
+    )]
     fn insert(
         &self,
         ino: InodeId,
@@ -680,6 +689,7 @@ impl State {
         handle: FileHandle,
         cred: &Credentials,
         cached: bool,
+        size: u64,
     ) -> fuser::FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let open = Arc::new(OpenFile::new(ino, flags, handle, cred));
@@ -689,6 +699,8 @@ impl State {
             sync: sync_of(raw_flags),
             direct: raw_flags & libc::O_DIRECT != 0,
             cached,
+            append_order: (flags.append && raw_flags & libc::O_DIRECT != 0)
+                .then(|| append_order::AppendOrder::new(size)),
         });
         self.files
             .lock()
@@ -1244,7 +1256,7 @@ impl fuser::Filesystem for SanFs {
                     // Plain buffered reads (and writes): the kernel's page cache (`pages`).
                     let cached =
                         page_cached_open(raw, flags.truncate, attr.kind) && st.pages.usable();
-                    let fh = st.insert(ino, flags, raw, handle, &cred, cached);
+                    let fh = st.insert(ino, flags, raw, handle, &cred, cached, attr.size);
                     let open = if !cached {
                         st.direct_open_flags(raw, attr.kind)
                     } else if st.pages.open(ino, pages::Seen::of(&st.attr(&attr))) {
@@ -1507,8 +1519,17 @@ impl fuser::Filesystem for SanFs {
                 let ino = st.ino(ino);
                 let written = if appends(&file) {
                     // O_APPEND: the server writes at its end of file, atomically with every
-                    // other node's writes; one append at a time through this handle.
-                    let (at, outcome) = file.file.append(&st.client, &cred, buf.as_slice()).await?;
+                    // other node's writes; one append at a time through this handle, the
+                    // pieces of one O_DIRECT request in the kernel's order.
+                    if let Some(order) = &file.append_order {
+                        order.turn(offset).await;
+                    }
+                    let appended = file.file.append(&st.client, &cred, buf.as_slice()).await;
+                    if let Some(order) = &file.append_order {
+                        let n = appended.as_ref().map_or(0, |(_, o)| o.written);
+                        order.done(offset, n as u64);
+                    }
+                    let (at, outcome) = appended?;
                     st.changed_data(ino, at, outcome.written).await;
                     outcome
                 } else {
@@ -2120,7 +2141,15 @@ impl fuser::Filesystem for SanFs {
                             .open(c.attr.ino, pages::Seen::of(&st.attr(&c.attr)));
                         st.drop_pages(c.attr.ino, 0, 0).await;
                     }
-                    let fh = st.insert(c.attr.ino, open, flags, c.handle, &cred, cached);
+                    let fh = st.insert(
+                        c.attr.ino,
+                        open,
+                        flags,
+                        c.handle,
+                        &cred,
+                        cached,
+                        c.attr.size,
+                    );
                     // Name and attributes under the leases given with the reply, where the
                     // kernel can be made to forget names (one TTL for both here).
                     let ttl = match c.ttl {

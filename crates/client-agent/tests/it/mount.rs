@@ -2501,6 +2501,74 @@ async fn large_o_direct_requests_go_in_pieces_at_once_under_one_layout_and_stay_
     srv.stop().await;
 }
 
+/// An asynchronous (`io_uring`) `O_APPEND | O_DIRECT` write of several MiB reaches the agent
+/// as 1 MiB pieces all at once (`FUSE_ASYNC_DIO`), which can arrive out of order; each is
+/// appended at the server's end of file, so the agent puts them back in the kernel's order
+/// first (`fuse::append_order`): the file holds each request's bytes in order, after what
+/// was there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asynchronous_o_direct_appends_land_in_order() {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let m = Mount::start(&srv, "aio-append", "").await;
+    let path = m.p("log");
+    const REQ: usize = 4 << 20;
+    const ROUNDS: u8 = 6;
+    let (model, got) = timed("io_uring appends of 4 MiB", 120, move || {
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "a file on the mount opened with O_APPEND | O_DIRECT, as an application would"
+        )]
+        let f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .unwrap();
+        let mut ring = io_uring::IoUring::new(4).unwrap();
+        let mut buf = sanfs_client_agent::buf::AlignedBuf::zeroed(REQ);
+        let mut model = Vec::new();
+        for round in 0..ROUNDS {
+            // Each MiB of the request tells its place: a reordering shows.
+            let data: Vec<u8> = (0..REQ)
+                .map(|i| ((i >> 20) as u8).wrapping_mul(16).wrapping_add(round))
+                .collect();
+            buf.as_mut_slice().copy_from_slice(&data);
+            let write = io_uring::opcode::Write::new(
+                io_uring::types::Fd(std::os::fd::AsRawFd::as_raw_fd(&f)),
+                buf.as_mut_slice().as_mut_ptr(),
+                u32::try_from(REQ).unwrap(),
+            )
+            .offset(u64::MAX)
+            .build();
+            // SAFETY: the buffer and the file outlive the operation: it is waited for
+            // below (`submit_and_wait(1)` and its completion) before either is touched.
+            unsafe { ring.submission().push(&write).unwrap() };
+            ring.submit_and_wait(1).unwrap();
+            let cqe = ring.completion().next().unwrap();
+            assert_eq!(cqe.result(), i32::try_from(REQ).unwrap(), "round {round}");
+            model.extend_from_slice(&data);
+        }
+        drop(f);
+        (model, std::fs::read(&path).unwrap())
+    })
+    .await;
+    assert_eq!(got.len(), model.len(), "the appends' total length");
+    if let Some(at) = got.iter().zip(&model).position(|(g, w)| g != w) {
+        panic!(
+            "MiB {} of the file holds MiB {} of round {} (a piece appended out of order)",
+            at >> 20,
+            (got[at] >> 4) & 0xf,
+            got[at] & 0xf
+        );
+    }
+    drop(m);
+    srv.stop().await;
+}
+
 /// Issue 18: a program whose buffer is not page aligned (most: `malloc`, Python, Java) has
 /// each 1 MiB buffered write split by the kernel into a piece of 1 MiB - 16 bytes and one of
 /// 16 (a request holds at most 256 pages). The partial blocks at the pieces' edges are held
