@@ -120,8 +120,9 @@ fn page_cached_open(raw: i32, truncate: bool, kind: FileType) -> bool {
 /// Whether an open is answered without `FOPEN_DIRECT_IO` so that the kernel sends the
 /// pieces of one large `O_DIRECT` read or write (1 MiB each) all at once (`FUSE_ASYNC_DIO`)
 /// instead of one after the other: a plain `O_DIRECT` open of a regular file. Not with
-/// `O_APPEND` (each piece would be appended where it lands, out of order) nor `O_SYNC` /
-/// `O_DSYNC` (each write is made durable before it is answered, piece by piece).
+/// `O_APPEND` (a synchronous append's pieces stay one after the other, each appended at
+/// the server's end of file; an asynchronous one's are put in order by `append_order`) nor
+/// `O_SYNC` / `O_DSYNC` (each write is made durable before it is answered, piece by piece).
 fn parallel_direct_open(raw: i32, kind: FileType) -> bool {
     kind == FileType::Regular
         && raw & libc::O_DIRECT != 0

@@ -376,15 +376,12 @@ async fn reclaim_delegations(
     if wanted.is_empty() {
         return Ok(Vec::new());
     }
-    let writable: Vec<(InodeId, super::FileHandle)> = {
-        let all = inner.open_files.lock().unwrap_or_else(|e| e.into_inner());
-        all.iter()
-            .filter_map(std::sync::Weak::upgrade)
-            .filter(|f| f.flags().write)
-            .map(|f| (f.ino(), f.current()))
-            .filter(|(_, h)| h.session == reply.session)
-            .collect()
-    };
+    let writable: Vec<(InodeId, super::FileHandle)> = open_files(inner)
+        .iter()
+        .filter(|f| f.flags().write)
+        .map(|f| (f.ino(), f.current()))
+        .filter(|(_, h)| h.session == reply.session)
+        .collect();
     let mut reclaimed = Vec::new();
     for ino in wanted {
         let Some((_, handle)) = writable.iter().find(|(i, _)| *i == ino) else {
@@ -530,13 +527,8 @@ async fn replay_change(
 /// "Reclaim"). A file that cannot be opened again keeps its stale handle: its next call
 /// re-opens it the usual way and answers what that gives.
 async fn reopen_files(inner: &Inner, reply: &OpenSessionReply) {
-    let files: Vec<Arc<super::OpenFile>> = {
-        let mut all = inner.open_files.lock().unwrap_or_else(|e| e.into_inner());
-        all.retain(|w| w.strong_count() > 0);
-        all.iter().filter_map(std::sync::Weak::upgrade).collect()
-    };
     let mut reopened = 0usize;
-    for file in files {
+    for file in open_files(inner) {
         let stale = file.current();
         if stale.session == reply.session {
             continue;
@@ -575,6 +567,13 @@ async fn reopen_files(inner: &Inner, reply: &OpenSessionReply) {
     if reopened > 0 {
         tracing::info!(files = reopened, session = %reply.session, "open files opened again under the new session");
     }
+}
+
+/// This agent's open files now (the closed ones are forgotten here).
+fn open_files(inner: &Inner) -> Vec<Arc<super::OpenFile>> {
+    let mut all = inner.open_files.lock().unwrap_or_else(|e| e.into_inner());
+    all.retain(|w| w.strong_count() > 0);
+    all.iter().filter_map(std::sync::Weak::upgrade).collect()
 }
 
 /// How often the agent tries to open a session while the server is away: every

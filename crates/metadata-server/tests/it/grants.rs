@@ -19,6 +19,28 @@ fn grants(dp: DataPath) -> Arc<Grants> {
     Arc::new(Grants::new(Arc::new(dp)))
 }
 
+/// Session 2's plain write grant on `ino`'s first 64 KiB, asked for in a task of its own (it
+/// waits while another session's grant is in the way).
+fn spawn_write(
+    g: &Arc<Grants>,
+    epoch: u64,
+    ino: u64,
+) -> tokio::task::JoinHandle<Result<(u64, sanfs_mds::data::Mapped), sanfs_proto::types::FsError>> {
+    let g = Arc::clone(g);
+    tokio::spawn(async move {
+        g.map_write(
+            SessionId(2),
+            SessionEpoch(epoch),
+            InodeId(ino),
+            0,
+            64 * KIB,
+            true,
+            false,
+        )
+        .await
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disjoint_writers_overlap_and_overlapping_writers_serialize() {
     let c = cluster();
@@ -205,19 +227,7 @@ async fn a_cached_read_grant_is_recalled_before_a_conflicting_write() {
         )
         .await
         .unwrap();
-    let g2 = g.clone();
-    let writer = tokio::spawn(async move {
-        g2.map_write(
-            SessionId(2),
-            SessionEpoch(epoch),
-            InodeId(ino),
-            0,
-            64 * KIB,
-            true,
-            false,
-        )
-        .await
-    });
+    let writer = spawn_write(&g, epoch, ino);
     let recall = tokio::time::timeout(Duration::from_secs(5), recalls.recv())
         .await
         .unwrap()
@@ -246,19 +256,7 @@ async fn a_recall_sent_before_the_holders_stream_attaches_reaches_it_at_the_atta
     let g = grants(c.dp);
     let delegation = g.delegate(1, epoch, ino, true).expect("a delegation");
     // Another session's write and a stat both wait for it; session 1 cannot hear them yet.
-    let g2 = g.clone();
-    let writer = tokio::spawn(async move {
-        g2.map_write(
-            SessionId(2),
-            SessionEpoch(epoch),
-            InodeId(ino),
-            0,
-            64 * KIB,
-            true,
-            false,
-        )
-        .await
-    });
+    let writer = spawn_write(&g, epoch, ino);
     let g3 = g.clone();
     let stat = tokio::spawn(async move { g3.settle_attr(ino, 2).await });
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -306,19 +304,7 @@ async fn a_client_that_ignores_a_recall_loses_the_grant_at_lease_expiry() {
     )
     .await
     .unwrap();
-    let g2 = g.clone();
-    let writer = tokio::spawn(async move {
-        g2.map_write(
-            SessionId(2),
-            SessionEpoch(epoch),
-            InodeId(ino),
-            0,
-            64 * KIB,
-            true,
-            false,
-        )
-        .await
-    });
+    let writer = spawn_write(&g, epoch, ino);
     recalls.recv().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!writer.is_finished());

@@ -371,25 +371,15 @@ impl Inner {
         if self.cache.overlaps(ino, next, Some(LockMode::Exclusive)) {
             return;
         }
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        {
-            let mut ahead = self.layouts_ahead.lock().unwrap_or_else(|e| e.into_inner());
-            if ahead.contains_key(&ino) {
-                return;
-            }
-            ahead.insert(ino, (next, rx));
-        }
+        let Some(asking) = self.asking_layout(ino, next) else {
+            return;
+        };
         bump(&self.counters.layouts_ahead);
         let inner = Arc::clone(self);
         let (view, cred, fh) = (view.clone(), cred.clone(), *fh);
         tokio::spawn(async move {
             inner.ask_layout_ahead(&view, &cred, &fh, ino, next).await;
-            inner
-                .layouts_ahead
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&ino);
-            let _ = tx.send(true);
+            drop(asking);
         });
     }
 
@@ -538,11 +528,16 @@ impl Inner {
         }
     }
 
-    /// Registers `ask`, a write layout this writer is asking for, as the file's layout ask
-    /// in flight (when no other is), so that the other pieces of the same request, sent by
-    /// the kernel at once, wait for it ([`Inner::wait_layout_ahead`]) instead of each asking
-    /// a grant of its own. Ends when the returned guard is dropped.
-    pub(super) fn asking_layout(&self, ino: InodeId, ask: ByteRange) -> Option<AskInFlight<'_>> {
+    /// Registers `ask`, a write layout being asked for (ahead of a sequential writer, or by
+    /// the writer itself), as the file's layout ask in flight when no other is: a write
+    /// there (the writer's next one, or another piece of the same request, which the kernel
+    /// sends at once) waits for it ([`Inner::wait_layout_ahead`]) instead of asking a grant
+    /// of its own. Ends when the returned guard is dropped.
+    pub(super) fn asking_layout(
+        self: &Arc<Self>,
+        ino: InodeId,
+        ask: ByteRange,
+    ) -> Option<AskInFlight> {
         let (tx, rx) = tokio::sync::watch::channel(false);
         let mut ahead = self.layouts_ahead.lock().unwrap_or_else(|e| e.into_inner());
         if ahead.contains_key(&ino) {
@@ -550,7 +545,7 @@ impl Inner {
         }
         ahead.insert(ino, (ask, rx));
         Some(AskInFlight {
-            inner: self,
+            inner: Arc::clone(self),
             ino,
             done: tx,
         })
@@ -597,15 +592,15 @@ pub(super) fn refused_write(e: FsError) -> FsError {
 /// reached it ([`Inner::note_write_end`]): the pieces of one request in flight at once.
 const PIECES_BEHIND: u64 = 16 << 20;
 
-/// A write layout asked by the writer itself, registered as the file's ask in flight
-/// ([`Inner::asking_layout`]); dropping it ends the registration and wakes the waiters.
-pub(super) struct AskInFlight<'a> {
-    inner: &'a Inner,
+/// A write layout ask registered as the file's ask in flight ([`Inner::asking_layout`]);
+/// dropping it ends the registration and wakes the waiters.
+pub(super) struct AskInFlight {
+    inner: Arc<Inner>,
     ino: InodeId,
     done: tokio::sync::watch::Sender<bool>,
 }
 
-impl Drop for AskInFlight<'_> {
+impl Drop for AskInFlight {
     fn drop(&mut self) {
         self.inner
             .layouts_ahead
