@@ -211,6 +211,11 @@ fn describe_recorded() {
             "Bytes appended to the metadata journal."
         );
         describe_counter!(
+            JOURNAL_PAGE_BYTES,
+            Unit::Bytes,
+            "Bytes of the metadata store's page changes before they were packed into journal records."
+        );
+        describe_counter!(
             JOURNAL_SYNCS,
             "Syncs of the metadata journal (one per durable commit)."
         );

@@ -623,10 +623,138 @@ impl DataPath {
             .then(|| usize::try_from(end).ok())
             .flatten()
             .map(|n| buf[..n].to_vec());
-        // Allocate and plan the whole blocks. Lazily: the server writes these blocks itself,
-        // so no other party depends on the allocation, and a crash before the next durable
-        // commit frees the blocks again with nothing pointing at them (their new contents are
-        // garbage in free space, and a later allocation hands them out Unwritten).
+        let job = WriteJob {
+            ino,
+            a,
+            b,
+            off,
+            len,
+            end,
+            writer_is_root,
+            then,
+            once,
+        };
+        // A small write is journaled with its commit: one transaction and one sync (the
+        // journal's), its LUN write beside that commit, under its range lock.
+        let unjournaled = match &self.journal {
+            Some(j) if b - a <= JOURNALED_WRITE_MAX => {
+                match self.write_journaled(j, job, buf, held).await? {
+                    Ok(attr) => Ok(attr),
+                    Err(full) => Err(full),
+                }
+            }
+            _ => Err((job, buf, held)),
+        };
+        let attr = match unjournaled {
+            Ok(attr) => attr,
+            Err((job, buf, held)) => {
+                let attr = self.write_flushed(job, buf).await;
+                drop(held);
+                attr?
+            }
+        };
+        if let Some(whole) = whole
+            && whole.len() as u64 == attr.size
+        {
+            self.small.put(&attr, whole);
+        }
+        Ok((off, attr))
+    }
+
+    /// A proxied write of at most [`JOURNALED_WRITE_MAX`] on a store with a journal, in one
+    /// durable commit: its allocation, its bytes staged in the journal (they go into that
+    /// commit's record: durable with it) and its completion. The LUN write starts in the
+    /// transaction, once the completion is made, and runs beside the commit's record and
+    /// sync; the write is answered once both are done. Until then it holds its exclusive
+    /// range lock `held` (nobody reads the blocks there before they are written) and
+    /// `DataPath::journaling` (no settling passes the bytes before they are on their LUN).
+    /// `Ok(Err(..))`: the journal was full (others filled it meanwhile): nothing staged, the
+    /// blocks are allocated (Unwritten), and the caller writes them as any write.
+    async fn write_journaled(
+        &self,
+        j: &DataJournal,
+        job: WriteJob,
+        buf: Vec<u8>,
+        held: Held,
+    ) -> Result<Result<Attr, (WriteJob, Vec<u8>, Held)>, FsError> {
+        let (ino, a, b) = (job.ino, job.a, job.b);
+        if j.unsettled_bytes() + (b - a) > JOURNALED_UNSETTLED_MAX {
+            self.settle().await?;
+        }
+        // Blocks a fallocate noted for zeroing are zeroed before the server writes into
+        // them, never after (this write allocates none that need it: `map_write` notes none).
+        self.zero_fresh().await?;
+        let quiet = self.journaling.read().await;
+        let vol = self.store.volume_cell();
+        let devices = self.devices.clone();
+        let journal = j.clone();
+        let rt = tokio::runtime::Handle::current();
+        let (outcome, _) = self
+            .store
+            .write_data(true, Luns::listed(Vec::new()), move |ctx| {
+                if let Some(t) = &job.then {
+                    ns::setattr_allowed(t, &ctx.t.inode(InodeId(job.ino))?, || false)?;
+                }
+                let mapped = data::map_write(ctx, &vol.get(), InodeId(job.ino), a, b - a)?;
+                if mapped.len != b - a {
+                    return Err(OpError::Fs(FsError::Invalid(format!(
+                        "a proxied write of {} bytes is longer than one grant",
+                        b - a
+                    ))));
+                }
+                let ops = devices.plan_ops(&mapped.plan, &buf).map_err(OpError::Fs)?;
+                let staged = journal
+                    .stage(ops.clone(), JOURNALED_UNSETTLED_MAX)
+                    .map_err(|e| OpError::Fs(FsError::Io(format!("journaling a write: {e}"))))?;
+                let Some(ids) = staged else {
+                    return Ok(Journaling::Full(job, buf));
+                };
+                let attr = match job.complete(ctx) {
+                    Ok(attr) => attr,
+                    Err(e) => {
+                        // Refused: its bytes must never reach the LUN by a replay.
+                        journal.unstage(&ids);
+                        return Err(e);
+                    }
+                };
+                // The LUN write starts now, beside the rest of the commit (its record and
+                // sync): nobody reads the blocks before it is done (the range lock).
+                let io = rt.spawn_blocking(move || devices.write_ops(&ops));
+                Ok(Journaling::Staged(attr, io, ids))
+            })
+            .await?;
+        let (attr, io, ids) = match outcome {
+            Journaling::Full(job, buf) => {
+                drop(quiet);
+                return Ok(Err((job, buf, held)));
+            }
+            Journaling::Staged(attr, io, ids) => (attr, io, ids),
+        };
+        metrics::counter!(DATA_JOURNALED).increment(1);
+        let written = io.await.map_err(join_error).and_then(|r| r);
+        if let Err(e) = written {
+            // The commit is durable: the journal keeps the bytes for the next start to write,
+            // and this server stops (fail-stop) still holding the range, so that nobody reads
+            // the blocks' old contents meanwhile.
+            j.not_written(&ids);
+            self.store.fail(format!(
+                "inode {ino}: a journaled write failed on its LUN after its commit: {e}"
+            ));
+            std::mem::forget(held);
+            drop(quiet);
+            return Err(e);
+        }
+        drop(quiet);
+        drop(held);
+        Ok(Ok(attr))
+    }
+
+    /// A proxied write that is not journaled: its blocks allocated (lazily: the server
+    /// writes them itself, so no other party depends on the allocation, and a crash before
+    /// the next durable commit frees them again with nothing pointing at them), written
+    /// and then completed by a durable commit that flushes their LUNs first.
+    async fn write_flushed(&self, job: WriteJob, buf: Vec<u8>) -> Result<Attr, FsError> {
+        let (ino, a, b) = (job.ino, job.a, job.b);
         let vol = self.store.volume_cell();
         let mapped = self
             .store
@@ -638,106 +766,78 @@ impl DataPath {
                 b - a
             )));
         }
-        // Blocks a fallocate noted for zeroing are zeroed before the server writes into
-        // them, never after.
         self.zero_fresh().await?;
-        // A small write is journaled with its commit (one sync, the journal's) and written to
-        // its LUN beside that commit; others are flushed by the commit below before it.
-        let mut journaled = None;
-        let touched = match &self.journal {
-            Some(j) if b - a <= JOURNALED_WRITE_MAX => {
-                if j.unsettled_bytes() + (b - a) > JOURNALED_UNSETTLED_MAX {
-                    self.settle().await?;
-                }
-                let ops = self.devices.plan_ops(&mapped.plan, &buf)?;
-                let quiet = self.journaling.read().await;
-                let staged = j
-                    .stage(ops.clone(), JOURNALED_UNSETTLED_MAX)
-                    .map_err(|e| FsError::Io(format!("journaling a write: {e}")))?;
-                if let Some(ids) = staged {
-                    metrics::counter!(DATA_JOURNALED).increment(1);
-                    // The journal's record makes these bytes durable; the LUN gets them
-                    // meanwhile. Nobody reads them there before this write answers (its
-                    // exclusive range lock), and no settling passes them before they are
-                    // there (`journaling`).
-                    let devices = self.devices.clone();
-                    let io = tokio::task::spawn_blocking(move || devices.write_ops(&ops));
-                    journaled = Some((io, ids, quiet));
-                    Luns::listed(Vec::new())
-                } else {
-                    // Others filled the journal meanwhile: written and flushed by the commit
-                    // as any write, after what the journal holds is settled (before the
-                    // commit that makes these bytes count, so no replay writes older ones
-                    // over them).
-                    drop(quiet);
-                    let touched = self.write_plan(mapped.plan, buf, false).await?;
-                    Luns::listed(touched.iter().map(|d| d.0).collect())
-                }
-            }
-            _ => {
-                // Not flushed here: the commit below flushes the LUNs first.
-                let touched = self.write_plan(mapped.plan, buf, false).await?;
-                Luns::listed(touched.iter().map(|d| d.0).collect())
-            }
-        };
+        // Not flushed here: the commit below flushes the LUNs first.
+        let touched = self.write_plan(mapped.plan, buf, false).await?;
+        let touched = Luns::listed(touched.iter().map(|d| d.0).collect());
         // One durable commit per proxied write: the completion (Unwritten -> Written, the new
         // size) is acknowledged only once durable, and it makes the lazy allocation above
         // durable with it. Two syncs per small write (allocation, then completion) made
         // bonnie++'s 8 KiB writes run at tens of writes a second. The data LUNs are flushed
         // before that commit (shared by every write of its group): a LUN that loses its
         // volatile cache at a power cut cannot leave the blocks Written over old bytes.
-        let committed = self
+        let (attr, _) = self
             .store
             .write_data(true, touched, move |ctx| {
-                if let Some(t) = &then {
-                    ns::setattr_allowed(t, &ctx.t.inode(InodeId(ino))?, || false)?;
+                if let Some(t) = &job.then {
+                    ns::setattr_allowed(t, &ctx.t.inode(InodeId(job.ino))?, || false)?;
                 }
-                let attr =
-                    data::complete_write_to(ctx, InodeId(ino), a, b - a, end, writer_is_root)?;
-                let attr = match &then {
-                    Some(t) => ns::setattr(ctx, t)?,
-                    None => attr,
-                };
-                if let Some(once) = once {
-                    // Durable with the completion, or lost with it.
-                    let written = ByteRange::new(off, len)
-                        .map_err(|e| OpError::Fs(FsError::Invalid(e.to_string())))?;
-                    let reply = pb::WriteReply::from(WriteReply {
-                        written,
-                        attr: attr.clone(),
-                        lease_ms: 0,
-                    });
-                    replies::remember(ctx, once.id, once.session, &reply)?;
-                }
-                Ok(attr)
+                job.complete(ctx)
             })
-            .await;
-        if let Some((io, ids, quiet)) = journaled {
-            let written = io.await.map_err(join_error).and_then(|r| r);
-            if let Err(e) = written {
-                // Its commit may be durable already: the journal keeps the bytes for the next
-                // start to write, and this server stops (fail-stop) still holding the range,
-                // so that nobody reads the blocks' old contents meanwhile.
-                if let Some(j) = &self.journal {
-                    j.not_written(&ids);
-                }
-                self.store.fail(format!(
-                    "inode {ino}: a journaled write failed on its LUN after its commit: {e}"
-                ));
-                std::mem::forget(held);
-                drop(quiet);
-                return Err(e);
-            }
-            drop(quiet);
-        }
-        let (attr, _) = committed?;
-        if let Some(whole) = whole
-            && whole.len() as u64 == attr.size
-        {
-            self.small.put(&attr, whole);
-        }
-        Ok((off, attr))
+            .await?;
+        Ok(attr)
     }
+}
+
+/// What a proxied write's commit needs to know of it.
+struct WriteJob {
+    ino: u64,
+    /// Its whole blocks `[a, b)`.
+    a: u64,
+    b: u64,
+    /// The application's bytes: `[off, end)`, `len` of them.
+    off: u64,
+    len: u64,
+    end: u64,
+    writer_is_root: bool,
+    /// An attribute change sent with the bytes.
+    then: Option<SetAttrRequest>,
+    /// An append's request id: its reply is kept with the completion.
+    once: Option<AppendOnce>,
+}
+
+impl WriteJob {
+    /// The completion (Unwritten -> Written, the new size and times), the attribute change
+    /// sent with it, and an append's stored reply; answers the attributes after.
+    fn complete(&self, ctx: &mut crate::store::Ctx<'_>) -> Result<Attr, OpError> {
+        let (ino, a, b) = (self.ino, self.a, self.b);
+        let attr =
+            data::complete_write_to(ctx, InodeId(ino), a, b - a, self.end, self.writer_is_root)?;
+        let attr = match &self.then {
+            Some(t) => ns::setattr(ctx, t)?,
+            None => attr,
+        };
+        if let Some(once) = self.once {
+            // Durable with the completion, or lost with it.
+            let written = ByteRange::new(self.off, self.len)
+                .map_err(|e| OpError::Fs(FsError::Invalid(e.to_string())))?;
+            let reply = pb::WriteReply::from(WriteReply {
+                written,
+                attr: attr.clone(),
+                lease_ms: 0,
+            });
+            replies::remember(ctx, once.id, once.session, &reply)?;
+        }
+        Ok(attr)
+    }
+}
+
+/// A journaled write's commit: staged (with its attributes after, its LUN write under way
+/// and its staged ids), or not (the journal was full) with what the caller needs to write
+/// it as any write.
+enum Journaling {
+    Staged(Attr, tokio::task::JoinHandle<Result<(), FsError>>, Vec<u64>),
+    Full(WriteJob, Vec<u8>),
 }
 
 /// Size lookups on a snapshot.
