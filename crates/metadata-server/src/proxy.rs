@@ -709,17 +709,26 @@ impl DataPath {
                 let Some(ids) = staged else {
                     return Ok(Journaling::Full(job, buf));
                 };
-                let attr = match job.complete(ctx) {
+                let attr = match job.complete_data(ctx) {
                     Ok(attr) => attr,
                     Err(e) => {
-                        // Refused: its bytes must never reach the LUN by a replay.
+                        // Refused before it changed anything: its bytes must never reach
+                        // the LUN by a replay.
                         journal.unstage(&ids);
                         return Err(e);
                     }
                 };
-                // The LUN write starts now, beside the rest of the commit (its record and
-                // sync): nobody reads the blocks before it is done (the range lock).
+                // The completion is in: the bytes go to the LUN whatever follows. The LUN
+                // write starts now, beside the rest of the commit (its record and sync):
+                // nobody reads the blocks before it is done (the range lock).
                 let io = rt.spawn_blocking(move || devices.write_ops(&ops));
+                // An attribute change sent with the bytes that is refused now leaves the
+                // bytes written (as an unjournaled write's would be) and answers its error.
+                let attr = match job.finish(ctx, attr) {
+                    Ok(attr) => Ok(attr),
+                    Err(OpError::Fs(e)) => Err(e),
+                    Err(store) => return Err(store),
+                };
                 Ok(Journaling::Staged(attr, io, ids))
             })
             .await?;
@@ -746,7 +755,7 @@ impl DataPath {
         }
         drop(quiet);
         drop(held);
-        Ok(Ok(attr))
+        attr.map(Ok)
     }
 
     /// A proxied write that is not journaled: its blocks allocated (lazily: the server
@@ -782,7 +791,8 @@ impl DataPath {
                 if let Some(t) = &job.then {
                     ns::setattr_allowed(t, &ctx.t.inode(InodeId(job.ino))?, || false)?;
                 }
-                job.complete(ctx)
+                let attr = job.complete_data(ctx)?;
+                job.finish(ctx, attr)
             })
             .await?;
         Ok(attr)
@@ -807,12 +817,16 @@ struct WriteJob {
 }
 
 impl WriteJob {
-    /// The completion (Unwritten -> Written, the new size and times), the attribute change
-    /// sent with it, and an append's stored reply; answers the attributes after.
-    fn complete(&self, ctx: &mut crate::store::Ctx<'_>) -> Result<Attr, OpError> {
+    /// The completion (Unwritten -> Written, the new size and times); answers the
+    /// attributes after. Refused (`OpError::Fs`) only before it changes anything.
+    fn complete_data(&self, ctx: &mut crate::store::Ctx<'_>) -> Result<Attr, OpError> {
         let (ino, a, b) = (self.ino, self.a, self.b);
-        let attr =
-            data::complete_write_to(ctx, InodeId(ino), a, b - a, self.end, self.writer_is_root)?;
+        data::complete_write_to(ctx, InodeId(ino), a, b - a, self.end, self.writer_is_root)
+    }
+
+    /// After [`WriteJob::complete_data`]: the attribute change sent with the bytes and an
+    /// append's stored reply; answers the attributes after.
+    fn finish(&self, ctx: &mut crate::store::Ctx<'_>, attr: Attr) -> Result<Attr, OpError> {
         let attr = match &self.then {
             Some(t) => ns::setattr(ctx, t)?,
             None => attr,
@@ -836,7 +850,11 @@ impl WriteJob {
 /// and its staged ids), or not (the journal was full) with what the caller needs to write
 /// it as any write.
 enum Journaling {
-    Staged(Attr, tokio::task::JoinHandle<Result<(), FsError>>, Vec<u64>),
+    Staged(
+        Result<Attr, FsError>,
+        tokio::task::JoinHandle<Result<(), FsError>>,
+        Vec<u64>,
+    ),
     Full(WriteJob, Vec<u8>),
 }
 
