@@ -638,10 +638,7 @@ impl DataPath {
         // journal's), its LUN write beside that commit, under its range lock.
         let unjournaled = match &self.journal {
             Some(j) if b - a <= JOURNALED_WRITE_MAX => {
-                match self.write_journaled(j, job, buf, held).await? {
-                    Ok(attr) => Ok(attr),
-                    Err(full) => Err(full),
-                }
+                self.write_journaled(j, job, buf, held).await?
             }
             _ => Err((job, buf, held)),
         };
