@@ -689,16 +689,8 @@ impl DataPath {
         let (outcome, _) = self
             .store
             .write_data(true, Luns::listed(Vec::new()), move |ctx| {
-                if let Some(t) = &job.then {
-                    ns::setattr_allowed(t, &ctx.t.inode(InodeId(job.ino))?, || false)?;
-                }
-                let mapped = data::map_write(ctx, &vol.get(), InodeId(job.ino), a, b - a)?;
-                if mapped.len != b - a {
-                    return Err(OpError::Fs(FsError::Invalid(format!(
-                        "a proxied write of {} bytes is longer than one grant",
-                        b - a
-                    ))));
-                }
+                job.check_then(ctx)?;
+                let mapped = map_whole(ctx, &vol.get(), job.ino, a, b)?;
                 let ops = devices.plan_ops(&mapped.plan, &buf).map_err(OpError::Fs)?;
                 let staged = journal
                     .stage(ops.clone(), JOURNALED_UNSETTLED_MAX)
@@ -764,14 +756,8 @@ impl DataPath {
         let vol = self.store.volume_cell();
         let mapped = self
             .store
-            .write_lazy(move |ctx| data::map_write(ctx, &vol.get(), InodeId(ino), a, b - a))
+            .write_lazy(move |ctx| map_whole(ctx, &vol.get(), ino, a, b))
             .await?;
-        if mapped.len != b - a {
-            return Err(FsError::Invalid(format!(
-                "a proxied write of {} bytes is longer than one grant",
-                b - a
-            )));
-        }
         self.zero_fresh().await?;
         // Not flushed here: the commit below flushes the LUNs first.
         let touched = self.write_plan(mapped.plan, buf, false).await?;
@@ -785,9 +771,7 @@ impl DataPath {
         let (attr, _) = self
             .store
             .write_data(true, touched, move |ctx| {
-                if let Some(t) = &job.then {
-                    ns::setattr_allowed(t, &ctx.t.inode(InodeId(job.ino))?, || false)?;
-                }
+                job.check_then(ctx)?;
                 let attr = job.complete_data(ctx)?;
                 job.finish(ctx, attr)
             })
@@ -813,7 +797,35 @@ struct WriteJob {
     once: Option<AppendOnce>,
 }
 
+/// Allocates and plans a proxied write's whole blocks `[a, b)` of `ino`: all of them in one
+/// grant, or a clear error.
+fn map_whole(
+    ctx: &mut crate::store::Ctx<'_>,
+    volume: &sanfs_blockmap::volume::Volume,
+    ino: u64,
+    a: u64,
+    b: u64,
+) -> Result<Mapped, OpError> {
+    let mapped = data::map_write(ctx, volume, InodeId(ino), a, b - a)?;
+    if mapped.len != b - a {
+        return Err(OpError::Fs(FsError::Invalid(format!(
+            "a proxied write of {} bytes is longer than one grant",
+            b - a
+        ))));
+    }
+    Ok(mapped)
+}
+
 impl WriteJob {
+    /// Refuses, before the transaction changes anything, an attribute change sent with the
+    /// bytes that its caller may not make.
+    fn check_then(&self, ctx: &mut crate::store::Ctx<'_>) -> Result<(), OpError> {
+        match &self.then {
+            Some(t) => ns::setattr_allowed(t, &ctx.t.inode(InodeId(self.ino))?, || false),
+            None => Ok(()),
+        }
+    }
+
     /// The completion (Unwritten -> Written, the new size and times); answers the
     /// attributes after. Refused (`OpError::Fs`) only before it changes anything.
     fn complete_data(&self, ctx: &mut crate::store::Ctx<'_>) -> Result<Attr, OpError> {
