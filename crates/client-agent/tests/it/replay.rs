@@ -36,7 +36,7 @@ fn spawn_mds(cmdline: &[String], log: &Path) -> Child {
         .unwrap();
     Command::new(&cmdline[0])
         .args(&cmdline[1..])
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", test_log_level())
         .stdout(Stdio::null())
         .stderr(out)
         .spawn()
@@ -108,7 +108,7 @@ impl Mds {
             .arg("echo ready && read _go && exec \"$@\" > /dev/null")
             .arg("sh")
             .args(&cmdline)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", test_log_level())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -262,7 +262,7 @@ impl Agent {
             .arg("-o")
             .arg(opts)
             .arg("--foreground")
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", test_log_level())
             .stdin(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -792,4 +792,10 @@ async fn held_back_writes_are_seen_by_another_node_after_a_server_kill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_back_writes_are_seen_by_another_node_after_a_clean_server_restart() {
     held_back_writes_are_seen_by_another_node_across_a_restart(false).await;
+}
+
+/// The log filter of the processes the tests start: `SANFS_TEST_LOG` (e.g.
+/// `info,sanfs_mds::store=debug` to see a run's commits), `info` by default.
+pub(crate) fn test_log_level() -> String {
+    std::env::var("SANFS_TEST_LOG").unwrap_or_else(|_| "info".to_owned())
 }
