@@ -101,6 +101,7 @@ async fn raw_agent(
                 truncate: false,
             }),
             delegate: false,
+            inode: 0,
             request_id: None,
         })
         .await?

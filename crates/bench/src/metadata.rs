@@ -110,6 +110,7 @@ async fn caller(
                             truncate: false,
                         }),
                         delegate: false,
+                        inode: 0,
                         request_id: None,
                     })
                     .await?

@@ -25,6 +25,17 @@ impl Handles {
     pub fn open(&mut self, ino: u64, session: u64, write: bool) -> u64 {
         self.next += 1;
         let h = self.next;
+        self.open_as(h, ino, session, write);
+        h
+    }
+
+    /// Registers handle `h`, chosen by the caller (a create with a reserved inode number:
+    /// `sanfs_proto::model::reserved_create_handle`, which the server's own numbers never
+    /// reach); one still open under that number is replaced.
+    pub fn open_as(&mut self, h: u64, ino: u64, session: u64, write: bool) {
+        if self.by_handle.contains_key(&h) {
+            self.release(h);
+        }
         self.by_handle.insert(
             h,
             OpenFile {
@@ -34,7 +45,6 @@ impl Handles {
             },
         );
         *self.open_count.entry(ino).or_insert(0) += 1;
-        h
     }
 
     /// Forgets a handle; returns its file and whether that was the inode's last handle.

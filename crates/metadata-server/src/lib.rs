@@ -54,6 +54,7 @@ pub mod quota;
 pub mod reclaim;
 pub mod recovery;
 pub mod replies;
+pub mod reserved;
 pub mod serve;
 pub mod service;
 pub mod smallfiles;

@@ -24,6 +24,7 @@
 //! | `sanfs_evictions_total` | counter | | sessions evicted (hold limit, `Admin.EvictSession`) |
 //! | `sanfs_namespace_barrier_syncs_total` | counter | | syncs made before a read so that it sees no other session's change that is not yet durable |
 //! | `sanfs_namespace_replays_total` | counter | `outcome` | namespace changes sent again after a restart (`sanfs-replay`): `durable` (it had survived), `replayed`, `refused` |
+//! | `sanfs_reserved_inodes_total` | counter | | inode numbers reserved to sessions (`ReserveInodes`) for creates answered by their agents |
 //! | `sanfs_delegation_reclaims_total` | counter | `outcome` | write delegations reclaimed in the reclaim window by agents that held writes back under them (`granted`, `refused`) |
 //! | `sanfs_zeroed_bytes_total` | counter | | bytes zeroed on the LUNs before they were granted Unwritten |
 //! | `sanfs_proxied_bytes_total` | counter | `op` | bytes read and written through the server |
@@ -172,6 +173,10 @@ fn describe_recorded() {
     describe_counter!(
         "sanfs_namespace_replays_total",
         "Namespace changes sent again after a restart, by outcome (durable, replayed, refused)."
+    );
+    describe_counter!(
+        "sanfs_reserved_inodes_total",
+        "Inode numbers reserved to sessions for creates answered by their agents (ReserveInodes)."
     );
     describe_counter!(
         "sanfs_delegation_reclaims_total",

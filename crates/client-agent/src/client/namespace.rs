@@ -277,6 +277,7 @@ impl Client {
                     exclusive,
                     flags,
                     delegate: self.delegate_on_create(&flags),
+                    inode: None,
                 });
                 req.request_id = pending.wire();
                 sent = Some(req.clone());

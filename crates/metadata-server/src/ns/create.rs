@@ -216,12 +216,17 @@ pub fn create(ctx: &mut Ctx<'_>, r: &CreateRequest) -> Result<CreateReply, OpErr
             (ino, rec, true)
         }
     };
-    let handle = ctx
-        .st
-        .handles
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .open(ino.0, r.session.0, r.flags.write);
+    let mut handles = ctx.st.handles.lock().unwrap_or_else(|p| p.into_inner());
+    let handle = match r.inode {
+        // Made with the number its agent reserved: opened under the handle it knows already.
+        Some(reserved) => {
+            let h = sanfs_proto::model::reserved_create_handle(reserved).0;
+            handles.open_as(h, ino.0, r.session.0, r.flags.write);
+            h
+        }
+        None => handles.open(ino.0, r.session.0, r.flags.write),
+    };
+    drop(handles);
     Ok(CreateReply {
         attr: rec.attr(ino, ctx.block_size),
         handle: sanfs_proto::types::OpenHandle(handle),

@@ -136,6 +136,8 @@ pub struct Server {
     pub(crate) activity: Arc<crate::activity::Activity>,
     /// Attribute and entry leases ([`crate::leases`]).
     pub(crate) leases: crate::leases::Leases,
+    /// Inode numbers set aside for sessions' agents ([`crate::reserved`]).
+    pub(crate) reserved: Arc<crate::reserved::Reserved>,
 }
 
 impl Server {
@@ -235,6 +237,7 @@ impl Server {
             reclaim,
             activity: Arc::default(),
             leases: crate::leases::Leases::new(Duration::from_millis(params.lease_ttl_ms)),
+            reserved: Arc::default(),
         }))
     }
 
@@ -682,6 +685,7 @@ impl Server {
         }
         self.grants.expire_session(session).await;
         self.leases.expire_session(session);
+        self.reserved.forget_session(session);
         self.advisory.release_session(session);
         if !handing_over {
             self.release_session_handles(session).await;

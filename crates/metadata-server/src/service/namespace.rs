@@ -15,8 +15,9 @@ use std::sync::atomic::Ordering;
 use sanfs_proto::model::{
     AccessRequest, CreateRequest, EntryRequest, GetAttrRequest, HandleRef, InodeRequest, Leased,
     LeasedLookup, LeasedReadDir, LinkRequest, MAX_INLINE_DATA, MkdirRequest, MknodRequest,
-    OpenReply, OpenRequest, RenameRequest, RequestId, SetAttrRequest, SetXattrRequest, StatFs,
-    SymlinkRequest, XattrNames, XattrRequest, XattrValue, request_id,
+    OpenReply, OpenRequest, RenameRequest, RequestId, ReserveInodesReply, ReserveInodesRequest,
+    SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames, XattrRequest, XattrValue,
+    request_id,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::namespace_server::Namespace;
@@ -706,6 +707,7 @@ impl Namespace for NamespaceService {
                 let leases = self.server.recall_leases(&changes, Some(session.0)).await;
                 let r = req.clone();
                 let check_free = lazy && truncating;
+                let reserved = self.server.reserved.clone();
                 let (reply, commit) = self
                     .server
                     .change(lazy.then_some(session), move |ctx| {
@@ -713,6 +715,12 @@ impl Namespace for NamespaceService {
                             return Ok(None);
                         }
                         let once = replies::run_once(ctx, id, session.0, |ctx| {
+                            // A number the agent reserved: the file gets it (once), with its
+                            // generation.
+                            if let Some(ino) = r.inode {
+                                let generation = reserved.take(session.0, ino)?;
+                                ctx.forced_inode = Some((ino.0, generation));
+                            }
                             ns::create(ctx, &r).map(pb::CreateReply::from)
                         })?;
                         match once {
@@ -1102,6 +1110,45 @@ impl Namespace for NamespaceService {
                 // Not open, or another session's: a stale handle.
                 _ => Err(fs_status(&FsError::Stale)),
             }
+        })
+        .await
+    }
+
+    async fn reserve_inodes(
+        &self,
+        request: Request<pb::ReserveInodesRequest>,
+    ) -> Result<Response<pb::ReserveInodesReply>, Status> {
+        rpc("ReserveInodes", async {
+            let who = caller(&request)?;
+            let req: ReserveInodesRequest = convert(request.into_inner())?;
+            self.server.wait_reclaim().await;
+            note(Some(req.session.0), None);
+            let session = req.session.0;
+            self.server.check_session(&who, req.session)?;
+            if !self.server.reserved.has_room(session) {
+                return Err(fs_status(&FsError::Invalid(format!(
+                    "this session holds {} reservations with numbers left already",
+                    crate::reserved::MAX_BLOCKS_PER_SESSION
+                ))));
+            }
+            // Durable before the numbers are handed out: an agent answers creates with them.
+            let count = req.count;
+            let (first, first_generation) = self
+                .server
+                .write(move |ctx| ctx.reserve_inode_numbers(count))
+                .await?;
+            let reply = ReserveInodesReply {
+                first: InodeId(first),
+                count,
+                first_generation,
+            };
+            self.server.reserved.add(session, reply);
+            // The session may have ended meanwhile: then its numbers go with it.
+            if self.server.check_session(&who, req.session).is_err() {
+                self.server.reserved.forget_session(session);
+            }
+            metrics::counter!("sanfs_reserved_inodes_total").increment(u64::from(count));
+            Ok(pb::ReserveInodesReply::from(reply))
         })
         .await
     }

@@ -314,6 +314,27 @@ impl Ctx<'_> {
         Ok(self.counters.get(KEY_BOOT_EPOCH)?.map_or(0, |v| v.value()))
     }
 
+    /// Sets `count` fresh inode numbers and generations aside (`ReserveInodes`; the
+    /// counters persisted in this transaction): answers the first of each.
+    pub fn reserve_inode_numbers(&mut self, count: u32) -> Result<(u64, u64), OpError> {
+        let first = self.st.next_inode;
+        let next = first
+            .checked_add(u64::from(count))
+            .filter(|n| *n < sanfs_proto::model::RESERVED_HANDLE_BIT)
+            .ok_or(OpError::Fs(FsError::NoSpace))?;
+        let first_generation = self.st.generation + 1;
+        let generation = self
+            .st
+            .generation
+            .checked_add(u64::from(count))
+            .ok_or(OpError::Fs(FsError::NoSpace))?;
+        self.st.next_inode = next;
+        self.st.generation = generation;
+        self.counters.insert(KEY_NEXT_INODE, next)?;
+        self.counters.insert(KEY_GENERATION, generation)?;
+        Ok((first, first_generation))
+    }
+
     /// A fresh inode number and generation, persisted in this transaction.
     pub fn new_inode_number(&mut self) -> Result<(u64, u64), OpError> {
         if let Some((ino, generation)) = self.forced_inode.take() {

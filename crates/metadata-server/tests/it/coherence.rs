@@ -62,6 +62,7 @@ pub fn try_create_in(store: &Store, n: &str) -> Result<u64, sanfs_proto::types::
                 ctx,
                 &CreateRequest {
                     delegate: false,
+                    inode: None,
                     cred: Credentials::root(),
                     session: SessionId(1),
                     parent: InodeId(ROOT),

@@ -193,6 +193,7 @@ pub(crate) fn apply(store: &Store, op: &Op) -> Result<(), FsError> {
         } => store.write_blocking(move |ctx| {
             let r = CreateRequest {
                 delegate: false,
+                inode: None,
                 cred: cred(),
                 session: SessionId(1),
                 parent: InodeId(parent),

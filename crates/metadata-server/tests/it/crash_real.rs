@@ -187,6 +187,7 @@ async fn worker(mut c: Clients, session: u64, model: Model, prefix: String, seed
         let Ok(r) =
             c.ns.create(pb::CreateRequest {
                 delegate: false,
+                inode: 0,
                 cred: root(),
                 session,
                 parent: ROOT,
@@ -384,6 +385,7 @@ async fn kill_9_during_a_mixed_workload_loses_nothing_acknowledged() {
         let g =
             c.ns.create(pb::CreateRequest {
                 delegate: false,
+                inode: 0,
                 cred: root(),
                 session,
                 parent: ROOT,

@@ -114,6 +114,7 @@ impl Node {
             .ns
             .create(pb::CreateRequest {
                 delegate: false,
+                inode: 0,
                 request_id: None,
                 cred: root(),
                 session: self.session,

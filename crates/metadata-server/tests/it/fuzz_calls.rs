@@ -157,6 +157,8 @@ struct World {
     entries: Vec<(u64, Vec<u8>)>,
     handles: Vec<Handle>,
     old_handles: Vec<Handle>,
+    /// Inode numbers ReserveInodes answered (some used, some not, some another session's).
+    reserved: Vec<u64>,
     grants: Vec<GrantRec>,
     old_grants: Vec<GrantRec>,
     request_ids: Vec<pb::RequestId>,
@@ -928,6 +930,7 @@ async fn set_up(good: &mut Clients, s: Sess, rng: &mut Rng) -> Made {
             .ns
             .create(pb::CreateRequest {
                 delegate: false,
+                inode: 0,
                 cred: cred.clone(),
                 session: s.id,
                 parent,
@@ -1292,6 +1295,16 @@ impl World {
                     exclusive: w.rng.chance(1, 2),
                     flags: w.flags(wild),
                     delegate: w.rng.chance(1, 4),
+                    // Now and then a number ReserveInodes answered (maybe used already, or
+                    // another session's), or any number at all.
+                    inode: match w.rng.below(6) {
+                        0 if !w.reserved.is_empty() => {
+                            let i = w.rng.below(w.reserved.len() as u64) as usize;
+                            w.reserved[i]
+                        }
+                        1 if wild => w.u64_edge(),
+                        _ => 0,
+                    },
                     request_id: w.request_id(wild),
                 };
                 let req = w.headers(wild, req);
@@ -1769,6 +1782,24 @@ impl World {
             43 => w.raw_call().await,
             44 => w.raw_socket().await,
             45 | 46 => w.burst().await,
+            47 => {
+                let s = w.any_session(wild);
+                let count = if wild {
+                    w.u64_edge() as u32
+                } else {
+                    1 + w.rng.below(8) as u32
+                };
+                let req = pb::ReserveInodesRequest {
+                    session: s.id,
+                    count,
+                };
+                let req = w.headers(wild, req);
+                let c = w.bad();
+                if let Ok(r) = call!(w, "ReserveInodes", c.ns, reserve_inodes, req) {
+                    let n = u64::from(r.count.min(8));
+                    w.reserved.extend((0..n).map(|i| r.first_inode + i));
+                }
+            }
             _ => w.admin_call(wild).await,
         }
     }
@@ -2860,6 +2891,7 @@ fn new_world(seed: u64, addr: SocketAddr, good: Clients, bad_channels: Vec<Chann
         entries: Vec::new(),
         handles: Vec::new(),
         old_handles: Vec::new(),
+        reserved: Vec::new(),
         grants: Vec::new(),
         old_grants: Vec::new(),
         request_ids: Vec::new(),

@@ -25,6 +25,7 @@ fn create(store: &Store, n: &'static str) -> InodeId {
                 ctx,
                 &CreateRequest {
                     delegate: false,
+                    inode: None,
                     cred: Credentials::root(),
                     session: SessionId(1),
                     parent: InodeId(ROOT),

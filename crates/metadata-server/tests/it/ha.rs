@@ -465,6 +465,7 @@ async fn connect(addr: SocketAddr) -> Result<(Clients, u64), Failure> {
 async fn create(c: &mut Clients, session: u64, name: &str) -> Result<(), Failure> {
     let created = c.ns.create(pb::CreateRequest {
         delegate: false,
+        inode: 0,
         cred: root(),
         session,
         parent: ROOT,
@@ -750,6 +751,7 @@ async fn pause_round(pair: &mut Pair, client: &Client, a: usize, pending_name: &
     let pending = tokio::spawn(async move {
         let sent = to_a.ns.create(pb::CreateRequest {
             delegate: false,
+            inode: 0,
             cred: root(),
             session: a_session,
             parent: ROOT,

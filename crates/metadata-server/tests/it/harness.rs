@@ -150,6 +150,7 @@ impl Clients {
             .ns
             .create(pb::CreateRequest {
                 delegate: false,
+                inode: 0,
                 cred: root(),
                 session,
                 parent: 1,

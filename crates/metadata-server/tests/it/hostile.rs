@@ -578,6 +578,7 @@ async fn root_squash_makes_root_nobody() {
         .ns
         .create(pb::CreateRequest {
             delegate: false,
+            inode: 0,
             request_id: None,
             cred: root(),
             session: sa,
@@ -675,6 +676,7 @@ async fn root_squash_makes_root_nobody() {
         .ns
         .create(pb::CreateRequest {
             delegate: false,
+            inode: 0,
             request_id: None,
             cred: root(),
             session: ss,
@@ -718,6 +720,7 @@ async fn root_squash_makes_root_nobody() {
 fn create_releasing(session: u64, name: &str, release: &str) -> tonic::Request<pb::CreateRequest> {
     let mut req = tonic::Request::new(pb::CreateRequest {
         delegate: false,
+        inode: 0,
         request_id: None,
         cred: root(),
         session,

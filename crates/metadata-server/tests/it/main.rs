@@ -58,6 +58,7 @@ mod posix;
 mod quota;
 mod replay;
 mod replies;
+mod reserved;
 mod serve;
 mod smallfile;
 mod smoke;

@@ -360,6 +360,7 @@ impl World {
                         ctx,
                         &CreateRequest {
                             delegate: false,
+                            inode: None,
                             cred: c,
                             session: SessionId(1),
                             parent,

@@ -37,6 +37,7 @@ async fn create(
 ) -> Result<(u64, u64), tonic::Status> {
     c.ns.create(pb::CreateRequest {
         delegate: false,
+        inode: 0,
         cred: root(),
         session,
         parent,

@@ -232,6 +232,7 @@ async fn start(config: &Path, port: u16) -> (Server, Clients) {
 fn create(session: u64, name: &str, id: Option<RequestId>) -> pb::CreateRequest {
     pb::CreateRequest {
         delegate: false,
+        inode: 0,
         cred: root(),
         session,
         parent: ROOT,

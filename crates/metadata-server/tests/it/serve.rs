@@ -35,6 +35,7 @@ async fn create(c: &mut Clients, session: u64, parent: u64, name: &str) -> (pb::
     let r =
         c.ns.create(pb::CreateRequest {
             delegate: false,
+            inode: 0,
             cred: root(),
             session,
             parent,
@@ -415,6 +416,7 @@ async fn bad_input_is_invalid_argument_and_changes_nothing() {
     let long =
         c.ns.create(pb::CreateRequest {
             delegate: false,
+            inode: 0,
             cred: root(),
             session,
             parent: ROOT,
@@ -522,6 +524,7 @@ async fn unknown_inode_or_session_is_refused() {
     let stale =
         c.ns.create(pb::CreateRequest {
             delegate: false,
+            inode: 0,
             cred: root(),
             session: 77,
             parent: ROOT,

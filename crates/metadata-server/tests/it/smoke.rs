@@ -33,6 +33,7 @@ fn mkdir_create_lookup_readdir_survive_reopen() {
                     ctx,
                     &CreateRequest {
                         delegate: false,
+                        inode: None,
                         cred: Credentials::root(),
                         session: SessionId(1),
                         parent: d.ino,
@@ -119,6 +120,7 @@ fn map_write_then_complete_converts_exactly_the_done_prefix() {
                 ctx,
                 &CreateRequest {
                     delegate: false,
+                    inode: None,
                     cred: Credentials::root(),
                     session: SessionId(1),
                     parent: InodeId(ROOT),
@@ -191,6 +193,7 @@ fn preallocation_stops_at_the_largest_file_size_and_fsck_checks_it() {
                 ctx,
                 &CreateRequest {
                     delegate: false,
+                    inode: None,
                     cred: Credentials::root(),
                     session: SessionId(1),
                     parent: InodeId(ROOT),

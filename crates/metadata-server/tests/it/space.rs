@@ -56,6 +56,7 @@ fn every_way_out_frees_and_uncharges_exactly_what_it_unmaps() {
                     ctx,
                     &CreateRequest {
                         delegate: false,
+                        inode: None,
                         cred: Credentials::root(),
                         session: SessionId(1),
                         parent: dir,

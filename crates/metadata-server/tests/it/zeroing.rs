@@ -35,6 +35,7 @@ async fn a_completion_without_device_io_exposes_zeros_not_a_deleted_files_bytes(
     let (session, epoch) = c.open_session().await;
     let create = |name: &str| pb::CreateRequest {
         delegate: false,
+        inode: 0,
         request_id: None,
         cred: root(),
         session,
@@ -261,6 +262,7 @@ async fn blocks_noted_for_zeroing_when_the_server_stopped_are_zeroed_at_the_next
     let r =
         c.ns.create(pb::CreateRequest {
             delegate: false,
+            inode: 0,
             request_id: None,
             cred: root(),
             session,

@@ -289,7 +289,20 @@ pub struct CreateRequest {
     pub flags: OpenFlags,
     /// Ask for the new file's write delegation with the reply.
     pub delegate: bool,
+    /// The inode number the agent gave the file from its session's reservation
+    /// ([`ReserveInodesReply`]); `None`: the server picks one.
+    pub inode: Option<InodeId>,
 }
+
+/// The handle a file created with an agent-chosen inode number is opened under
+/// ([`CreateRequest::inode`]): the number with the top bit set (the server's own handles
+/// count up from 1 and never reach it).
+pub fn reserved_create_handle(ino: InodeId) -> OpenHandle {
+    OpenHandle(ino.0 | RESERVED_HANDLE_BIT)
+}
+
+/// The bit that marks [`reserved_create_handle`]s.
+pub const RESERVED_HANDLE_BIT: u64 = 1 << 63;
 
 impl TryFrom<pb::CreateRequest> for CreateRequest {
     type Error = ProtocolError;
@@ -304,6 +317,19 @@ impl TryFrom<pb::CreateRequest> for CreateRequest {
             exclusive: p.exclusive,
             flags: required_msg(p.flags, "flags")?,
             delegate: p.delegate,
+            inode: match p.inode {
+                0 => None,
+                n if !p.exclusive => {
+                    return Err(invalid(
+                        "inode",
+                        format!("{n}: a create with a reserved number must be exclusive"),
+                    ));
+                }
+                n if n & RESERVED_HANDLE_BIT != 0 => {
+                    return Err(invalid("inode", format!("{n} has the top bit set")));
+                }
+                n => Some(InodeId(n)),
+            },
         })
     }
 }
@@ -319,6 +345,7 @@ impl From<CreateRequest> for pb::CreateRequest {
             exclusive: r.exclusive,
             flags: Some(r.flags.into()),
             delegate: r.delegate,
+            inode: r.inode.map_or(0, |i| i.0),
             request_id: None,
         }
     }
@@ -1209,6 +1236,96 @@ impl From<AccessRequest> for pb::AccessRequest {
             cred: Some(r.cred.into()),
             inode: r.inode.0,
             mask: r.mask,
+        }
+    }
+}
+
+/// The most inode numbers one [`ReserveInodesRequest`] asks for.
+pub const MAX_RESERVED_INODES: u32 = 4096;
+
+/// ReserveInodes: numbers for files the session's agent creates before the server answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReserveInodesRequest {
+    pub session: SessionId,
+    /// 1 to [`MAX_RESERVED_INODES`].
+    pub count: u32,
+}
+
+impl TryFrom<pb::ReserveInodesRequest> for ReserveInodesRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ReserveInodesRequest) -> Result<Self, ProtocolError> {
+        if p.count == 0 || p.count > MAX_RESERVED_INODES {
+            return Err(invalid(
+                "count",
+                format!("{} is not 1 to {MAX_RESERVED_INODES}", p.count),
+            ));
+        }
+        Ok(ReserveInodesRequest {
+            session: session_id(p.session)?,
+            count: p.count,
+        })
+    }
+}
+
+impl From<ReserveInodesRequest> for pb::ReserveInodesRequest {
+    fn from(r: ReserveInodesRequest) -> Self {
+        pb::ReserveInodesRequest {
+            session: r.session.0,
+            count: r.count,
+        }
+    }
+}
+
+/// The numbers reserved: inode `first + i` has generation `first_generation + i`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReserveInodesReply {
+    pub first: InodeId,
+    pub count: u32,
+    pub first_generation: u64,
+}
+
+impl ReserveInodesReply {
+    /// The generation of reserved inode `ino` (`None`: not one of these).
+    pub fn generation_of(&self, ino: InodeId) -> Option<u64> {
+        let i = ino.0.checked_sub(self.first.0)?;
+        (i < u64::from(self.count)).then(|| self.first_generation + i)
+    }
+}
+
+impl TryFrom<pb::ReserveInodesReply> for ReserveInodesReply {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ReserveInodesReply) -> Result<Self, ProtocolError> {
+        let first = inode(p.first_inode, "first_inode")?;
+        let last = p
+            .first_inode
+            .checked_add(u64::from(p.count))
+            .filter(|end| p.count > 0 && *end <= RESERVED_HANDLE_BIT);
+        let gens = p.first_generation.checked_add(u64::from(p.count));
+        if last.is_none() || gens.is_none() {
+            return Err(invalid(
+                "count",
+                format!(
+                    "{} inodes from {} (generation {}) overflow",
+                    p.count, p.first_inode, p.first_generation
+                ),
+            ));
+        }
+        Ok(ReserveInodesReply {
+            first,
+            count: p.count,
+            first_generation: p.first_generation,
+        })
+    }
+}
+
+impl From<ReserveInodesReply> for pb::ReserveInodesReply {
+    fn from(r: ReserveInodesReply) -> Self {
+        pb::ReserveInodesReply {
+            first_inode: r.first.0,
+            count: r.count,
+            first_generation: r.first_generation,
         }
     }
 }

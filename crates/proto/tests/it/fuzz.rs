@@ -120,6 +120,8 @@ fn targets() -> Vec<(&'static str, Target)> {
         OpenReply => OpenReply,
         ReleaseRequest => HandleRef,
         AccessRequest => AccessRequest,
+        ReserveInodesRequest => ReserveInodesRequest,
+        ReserveInodesReply => ReserveInodesReply,
         // data
         MapRequest => MapRequest,
         DeviceIo => DeviceIo,

@@ -151,6 +151,7 @@ fn create_open_and_flags() {
         exclusive: true,
         flags,
         delegate: true,
+        inode: None,
     };
     check::<CreateRequest, pb::CreateRequest>(
         create,

@@ -228,6 +228,7 @@ fn create_open_release_access() {
         exclusive: true,
         flags,
         delegate: true,
+        inode: None,
     });
     round_trip::<_, pb::CreateReply>(CreateReply {
         attr: attr(43, FileType::Regular),
