@@ -214,6 +214,7 @@ pub async fn run(p: &MetadataParams) -> anyhow::Result<MetadataReport> {
             parent: 1,
             name: format!("caller{i}").into(),
             perm: 0o755,
+            delegate: false,
             request_id: None,
         })
         .await?;

@@ -71,6 +71,9 @@ pub struct LeaseStats {
     /// longer held.
     pub renewed: AtomicU64,
     pub renew_lost: AtomicU64,
+    /// Create delegations given, and recalled.
+    pub creates_granted: AtomicU64,
+    pub creates_recalled: AtomicU64,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -101,6 +104,9 @@ struct Table {
     /// Recalls sent and not acknowledged: id -> session.
     outstanding: HashMap<u64, u64>,
     last_prune: Instant,
+    /// Create delegations: directory -> its holder and until when
+    /// ([`Leases::grant_creates`]).
+    creators: HashMap<u64, (u64, Instant)>,
 }
 
 fn bucket(ino: u64) -> usize {
@@ -115,6 +121,8 @@ pub struct Leases {
     acked: tokio::sync::Notify,
     term: Duration,
     pub stats: LeaseStats,
+    /// How many create delegations the table holds (reads skip the table while 0).
+    creators: std::sync::atomic::AtomicUsize,
 }
 
 /// A change in progress on some inodes (`Server::recall_leases` (service/leases.rs)): while it lives, no lease
@@ -185,7 +193,9 @@ impl Leases {
                 next_recall: 0,
                 outstanding: HashMap::new(),
                 last_prune: Instant::now(),
+                creators: HashMap::new(),
             }),
+            creators: std::sync::atomic::AtomicUsize::new(0),
             acked: tokio::sync::Notify::new(),
             term,
             stats: LeaseStats::default(),
@@ -215,9 +225,13 @@ impl Leases {
         let mut t = self.lock();
         if now.duration_since(t.last_prune) >= Duration::from_secs(1) {
             prune(&mut t, now);
+            self.creators.store(t.creators.len(), Ordering::Relaxed);
         }
         let refused = t.changing.contains_key(&ino)
             || t.changed[bucket(ino)] > since
+            || t.creators
+                .get(&ino)
+                .is_some_and(|(holder, until)| *holder != session && *until > now)
             || (!t.by_ino.contains_key(&ino) && t.by_ino.len() >= MAX_LEASES)
             || t.by_session
                 .get(&session)
@@ -263,6 +277,10 @@ impl Leases {
         for &ino in &inos {
             *t.changing.entry(ino).or_insert(0) += 1;
             t.changed[bucket(ino)] = seq;
+            if let Some(r) = take_creator(&mut t, ino, except, now) {
+                self.stats.creates_recalled.fetch_add(1, Ordering::Relaxed);
+                recalls.push(r);
+            }
             let attr = changes.contains(&(ino, Covered::Attr));
             let entries = changes.contains(&(ino, Covered::Entries));
             let Some(holders) = t.by_ino.get_mut(&ino) else {
@@ -305,10 +323,12 @@ impl Leases {
                     inode: InodeId(ino),
                     attr: taken.attr.is_some(),
                     entries: taken.entries.is_some(),
+                    creates: false,
                 };
                 recalls.push((session, recall, taken.until().unwrap_or(now)));
             }
         }
+        self.creators.store(t.creators.len(), Ordering::Relaxed);
         drop(t);
         (
             LeaseChange {
@@ -364,6 +384,18 @@ impl Leases {
             .copied()
             .filter(|i| !renew(*i, Covered::Entries))
             .collect();
+        // A directory's create delegation lives as long as its entry lease.
+        for ino in entries {
+            if lost_entries.contains(ino) {
+                continue;
+            }
+            if let Some((holder, u)) = t.creators.get_mut(&ino.0)
+                && *holder == session
+                && *u > now
+            {
+                *u = until;
+            }
+        }
         drop(t);
         let lost = lost_attrs.len() + lost_entries.len();
         let asked = attrs.len() + entries.len();
@@ -398,8 +430,67 @@ impl Leases {
             }
         }
         t.outstanding.retain(|_, s| *s != session);
+        t.creators.retain(|_, (holder, _)| *holder != session);
+        self.creators.store(t.creators.len(), Ordering::Relaxed);
         drop(t);
         self.acked.notify_waiters();
+    }
+
+    /// Gives `session` the create delegation on directory `dir` (docs/protocol.md "Creates
+    /// answered by the agent"): exclusive, so refused while another session holds any lease
+    /// there, a change there is in progress or began after `since`, or the table is full.
+    /// The holder's entry and attribute leases on `dir` are its own affair (they come with
+    /// the reply that gives it). Answers whether it was given.
+    pub fn grant_creates(&self, session: u64, dir: u64, since: u64) -> bool {
+        let now = Instant::now();
+        let mut t = self.lock();
+        let others = t.by_ino.get(&dir).is_some_and(|h| {
+            h.iter()
+                .any(|(s, held)| *s != session && held.until().is_some_and(|u| u > now))
+        });
+        let refused = others
+            || t.changing.contains_key(&dir)
+            || t.changed[bucket(dir)] > since
+            || t.creators
+                .get(&dir)
+                .is_some_and(|(holder, until)| *holder != session && *until > now)
+            || t.creators.len() >= MAX_LEASES;
+        if refused {
+            drop(t);
+            self.stats.refused.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        t.creators.insert(dir, (session, now + self.term));
+        self.creators.store(t.creators.len(), Ordering::Relaxed);
+        drop(t);
+        self.stats.creates_granted.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Before a read of `inos` (their attributes, or names in them) for `reader` (`None`: a
+    /// caller without a session): takes out the create delegations other sessions hold on
+    /// them and answers the recalls to send (their holders send the creates they answered
+    /// first). Cheap when no delegation is held anywhere.
+    pub(crate) fn settle_creates(
+        &self,
+        inos: &[u64],
+        reader: Option<u64>,
+    ) -> Vec<(u64, LeaseRecall, Instant)> {
+        if self.creators.load(Ordering::Relaxed) == 0 {
+            return Vec::new();
+        }
+        let now = Instant::now();
+        let mut t = self.lock();
+        let recalls: Vec<_> = inos
+            .iter()
+            .filter_map(|ino| take_creator(&mut t, *ino, reader, now))
+            .collect();
+        self.creators.store(t.creators.len(), Ordering::Relaxed);
+        drop(t);
+        self.stats
+            .creates_recalled
+            .fetch_add(recalls.len() as u64, Ordering::Relaxed);
+        recalls
     }
 
     /// Waits until each of `waits` (recall id, the lease's end) is acknowledged or its
@@ -470,6 +561,36 @@ fn prune(t: &mut Table, now: Instant) {
         !holders.is_empty()
     });
     by_session.retain(|_, s| !s.is_empty());
+    t.creators.retain(|_, (_, until)| *until > now);
+}
+
+/// Takes the create delegation on `ino` out of the table when someone other than `except`
+/// holds it (and it has not run out): answers the recall to send its holder.
+fn take_creator(
+    t: &mut Table,
+    ino: u64,
+    except: Option<u64>,
+    now: Instant,
+) -> Option<(u64, LeaseRecall, Instant)> {
+    let (holder, until) = *t.creators.get(&ino)?;
+    if Some(holder) == except {
+        return None;
+    }
+    t.creators.remove(&ino);
+    if until <= now {
+        return None;
+    }
+    t.next_recall += 1;
+    let id = t.next_recall;
+    t.outstanding.insert(id, holder);
+    let recall = LeaseRecall {
+        id,
+        inode: InodeId(ino),
+        attr: false,
+        entries: false,
+        creates: true,
+    };
+    Some((holder, recall, until))
 }
 
 #[cfg(test)]
@@ -576,6 +697,51 @@ mod tests {
         l.wait(recalls.iter().map(|(_, r, u)| (r.id, *u)).collect())
             .await;
         assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_create_delegation_is_exclusive_and_recalled_by_another_sessions_read_or_change() {
+        let l = Leases::new(Duration::from_secs(10));
+        // Exclusive: not given over another session's lease, nor twice.
+        assert!(l.grant(2, 5, Covered::Entries, l.mark()));
+        assert!(!l.grant_creates(1, 5, l.mark()));
+        assert!(l.grant_creates(1, 7, l.mark()));
+        assert!(!l.grant_creates(2, 7, l.mark()));
+        // While it is held, nobody else gets a lease there; the holder does.
+        assert!(!l.grant(2, 7, Covered::Entries, l.mark()));
+        assert!(!l.grant(2, 7, Covered::Attr, l.mark()));
+        assert!(l.grant(1, 7, Covered::Entries, l.mark()));
+        // The holder's own reads recall nothing; another's read recalls it, once.
+        assert!(l.settle_creates(&[7], Some(1)).is_empty());
+        let recalls = l.settle_creates(&[7, 8], Some(2));
+        let got: Vec<(u64, InodeId, bool, bool, bool)> = recalls
+            .iter()
+            .map(|(s, r, _)| (*s, r.inode, r.attr, r.entries, r.creates))
+            .collect();
+        assert_eq!(got, vec![(1, InodeId(7), false, false, true)]);
+        assert!(l.settle_creates(&[7], None).is_empty());
+        assert!(l.grant(2, 7, Covered::Entries, l.mark()));
+        // A change by another session recalls it too (with the holder's entry lease).
+        assert!(l.grant_creates(1, 9, l.mark()));
+        let (_change, recalls) = l.begin(&[(9, Covered::Attr)], Some(2));
+        assert_eq!(recalls.len(), 1);
+        assert!(recalls[0].1.creates);
+        // Renewed with the entry lease; gone with the session.
+        assert!(l.grant_creates(1, 11, l.mark()));
+        assert!(l.grant(1, 11, Covered::Entries, l.mark()));
+        tokio::time::advance(Duration::from_secs(8)).await;
+        assert!(l.renew(1, &[], &[InodeId(11)]).1.is_empty());
+        tokio::time::advance(Duration::from_secs(8)).await;
+        assert_eq!(l.settle_creates(&[11], Some(2)).len(), 1, "renewed");
+        assert!(l.grant_creates(1, 12, l.mark()));
+        l.expire_session(1);
+        assert!(l.settle_creates(&[12], None).is_empty());
+        assert!(l.grant_creates(3, 12, l.mark()));
+        // Not renewed: it runs out.
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert!(l.settle_creates(&[12], None).is_empty());
+        assert_eq!(l.stats.creates_granted.load(Ordering::Relaxed), 5);
+        assert_eq!(l.stats.creates_recalled.load(Ordering::Relaxed), 3);
     }
 
     #[test]

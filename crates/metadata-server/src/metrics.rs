@@ -15,7 +15,7 @@
 //! | `sanfs_grant_bytes_total` | counter | `op` | bytes those grants covered |
 //! | `sanfs_grants_live` | gauge | | grants out now |
 //! | `sanfs_recalls_total` | counter | | recalls of cached grants sent to holders |
-//! | `sanfs_leases_total` | counter | `kind`, `result` | attribute (`attr`) and entry (`entry`) leases `granted`; leases `refused` (kind `any`) |
+//! | `sanfs_leases_total` | counter | `kind`, `result` | attribute (`attr`) and entry (`entry`) leases and directories' create delegations (`creates`) `granted`; create delegations `recalled`; leases `refused` (kind `any`) |
 //! | `sanfs_lease_recalls_total` | counter | `result` | lease recalls `sent`, and those that went unanswered for the lease's term (`timeout`) |
 //! | `sanfs_lease_renewals_total` | counter | `result` | leases renewed for another term by agents' heartbeats (`renewed`), and those asked for but no longer held (`lost`) |
 //! | `sanfs_leases_live` | gauge | | (inode, session) lease holds now |
@@ -107,6 +107,9 @@ pub struct LeaseFigures {
     pub renewed: u64,
     pub renew_lost: u64,
     pub live: usize,
+    /// Create delegations of directories given, and taken back (recalled).
+    pub creates_granted: u64,
+    pub creates_recalled: u64,
 }
 
 /// The server's own counters, read at each scrape (the service implements it).
@@ -338,6 +341,10 @@ fn publish(f: &Figures) {
         .absolute(l.attr_granted);
     metrics::counter!("sanfs_leases_total", "kind" => "entry", "result" => "granted")
         .absolute(l.entry_granted);
+    metrics::counter!("sanfs_leases_total", "kind" => "creates", "result" => "granted")
+        .absolute(l.creates_granted);
+    metrics::counter!("sanfs_leases_total", "kind" => "creates", "result" => "recalled")
+        .absolute(l.creates_recalled);
     metrics::counter!("sanfs_leases_total", "kind" => "any", "result" => "refused")
         .absolute(l.refused);
     metrics::counter!("sanfs_lease_recalls_total", "result" => "sent").absolute(l.recalls);

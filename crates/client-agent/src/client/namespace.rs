@@ -328,6 +328,7 @@ impl Client {
             parent,
             name: entry.clone(),
             perm,
+            delegate: false,
         });
         let pending = self.inner.requests.begin();
         let mut req = req;

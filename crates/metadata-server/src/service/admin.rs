@@ -137,6 +137,10 @@ impl Admin for AdminService {
             caller(&request)?.require_admin("SetQuota")?;
             let req: SetQuotaRequest = accept(request)?;
             note(None, Some(req.inode.0));
+            // A quota is set on an empty directory only: files an agent created there and
+            // has not sent yet come first (and its create delegation goes: creates there
+            // may now fail).
+            self.server.settle_creates(&[req.inode.0], None).await;
             let info = self
                 .server
                 .write(move |ctx| crate::quota::set(ctx, &req.cred, req.inode.0, &req.limits))

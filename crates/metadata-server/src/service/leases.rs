@@ -3,8 +3,9 @@
 
 use std::sync::atomic::Ordering;
 
-use sanfs_proto::model::ServerEvent;
+use sanfs_proto::model::{LeaseRecall, ServerEvent};
 use sanfs_proto::types::{Attr, InodeId};
+use tokio::time::Instant;
 
 use crate::ns::Reader;
 
@@ -23,8 +24,48 @@ impl Server {
         except: Option<u64>,
     ) -> LeaseChange<'_> {
         let (change, recalls) = self.leases.begin(changes, except);
+        self.send_recalls_and_wait(recalls).await;
+        change
+    }
+
+    /// Before a read of `inos` (their attributes, or the names in them) for `reader`: the
+    /// create delegations other sessions hold there are recalled, and waited for (their
+    /// agents send the creates they answered first), so that the read sees every file an
+    /// application was told exists (docs/protocol.md "Creates answered by the agent").
+    /// Nothing to do, and no lock taken, while no session holds one.
+    /// Answers whether any was recalled (what was read before may then be old).
+    pub(crate) async fn settle_creates(&self, inos: &[u64], reader: Option<u64>) -> bool {
+        let recalls = self.leases.settle_creates(inos, reader);
+        let any = !recalls.is_empty();
+        self.send_recalls_and_wait(recalls).await;
+        any
+    }
+
+    /// Gives `session` the create delegation on directory `dir`, which it just made (its
+    /// reply's mark `since`), when it can hear a recall and no quota with an inode limit
+    /// covers the directory (a create its agent answered must not fail at the server):
+    /// answers its term in milliseconds, 0 when none is given.
+    pub(crate) fn grant_creates(&self, session: u64, dir: u64, since: u64) -> u64 {
+        if !self.has_stream(session) {
+            return 0;
+        }
+        match crate::quota::quota_of(&self.store, dir) {
+            Ok(None) => {}
+            Ok(Some((_, row))) if row.limit_inodes.is_none() => {}
+            _ => return 0,
+        }
+        if self.leases.grant_creates(session, dir, since) {
+            self.leases.term_ms()
+        } else {
+            0
+        }
+    }
+
+    /// Sends `recalls` on their sessions' streams and waits until each is acknowledged or
+    /// its lease's term has run out.
+    async fn send_recalls_and_wait(&self, recalls: Vec<(u64, LeaseRecall, Instant)>) {
         if recalls.is_empty() {
-            return change;
+            return;
         }
         let mut waits = Vec::with_capacity(recalls.len());
         for (session, recall, until) in recalls {
@@ -42,6 +83,7 @@ impl Server {
                     id = recall.id,
                     attr = recall.attr,
                     entries = recall.entries,
+                    creates = recall.creates,
                     "lease recall"
                 );
                 let _ = tx.send(Ok(ServerEvent::LeaseRecall(recall).into())).await;
@@ -49,7 +91,6 @@ impl Server {
             waits.push((recall.id, until));
         }
         self.leases.wait(waits).await;
-        change
     }
 
     /// Before a data call of `caller` that moves the size or mtime of `ino` (a write grant or

@@ -904,6 +904,8 @@ impl crate::metrics::Counters for Server {
                 renewed: load(&self.leases.stats.renewed),
                 renew_lost: load(&self.leases.stats.renew_lost),
                 live: self.leases.live(),
+                creates_granted: load(&self.leases.stats.creates_granted),
+                creates_recalled: load(&self.leases.stats.creates_recalled),
             },
         }
     }

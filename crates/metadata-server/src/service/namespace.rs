@@ -85,6 +85,7 @@ macro_rules! change_once {
         rpc_noted($name, async {
             let (session, replay) = change_headers(&$self.server, &$request).await?;
             let ($req, id): ($req_ty, _) = accept_once($request)?;
+            let asks_creates = AsksCreates::asks_creates(&$req);
             if let Some(tag) = replay {
                 let commit = $self
                     .server
@@ -105,11 +106,17 @@ macro_rules! change_once {
                     replies::run_once($ctx, id, 0, |$ctx| $body)
                 })
                 .await?;
-            let reply = reply.into_reply();
+            let mut reply = reply.into_reply();
             let made = MadeDir::made_dir(&reply);
-            let (noted, _) = $self
+            let (noted, since) = $self
                 .server
                 .change_noted(session, commit, leases, &changes, made);
+            // A directory made with its create delegation asked for (only under a session:
+            // its agent must hear the recall).
+            if asks_creates && let (Some(s), Some(dir)) = (session, made) {
+                let ms = $self.server.grant_creates(s.0, dir, since);
+                MadeDir::give_creates(&mut reply, ms);
+            }
             Ok((reply, noted))
         })
         .await
@@ -130,13 +137,39 @@ trait MadeDir {
     fn made_dir(&self) -> Option<u64> {
         None
     }
+
+    /// Says the term of the create delegation given on the directory made.
+    fn give_creates(&mut self, _ms: u64) {}
 }
 
 impl MadeDir for pb::MkdirReply {
     fn made_dir(&self) -> Option<u64> {
         self.attr.as_ref().map(|a| a.ino)
     }
+
+    fn give_creates(&mut self, ms: u64) {
+        self.creates_ms = ms;
+    }
 }
+
+/// Whether a change asks for the create delegation on the directory it makes (Mkdir).
+trait AsksCreates {
+    fn asks_creates(&self) -> bool {
+        false
+    }
+}
+
+impl AsksCreates for MkdirRequest {
+    fn asks_creates(&self) -> bool {
+        self.delegate
+    }
+}
+
+impl AsksCreates for MknodRequest {}
+impl AsksCreates for EntryRequest {}
+impl AsksCreates for RenameRequest {}
+impl AsksCreates for LinkRequest {}
+impl AsksCreates for SymlinkRequest {}
 
 impl MadeDir for pb::MknodReply {}
 impl MadeDir for pb::UnlinkReply {}
@@ -270,6 +303,9 @@ fn corrupt(what: &str, e: impl std::fmt::Display) -> Status {
 impl Server {
     async fn open_handle(&self, who: &NodeIdentity, req: OpenRequest) -> Result<OpenReply, Status> {
         self.check_session(who, req.session)?;
+        // A directory opened to be listed: the files created there come first.
+        self.settle_creates(&[req.inode.0], Some(req.session.0))
+            .await;
         let reply = if req.flags.truncate {
             let _guard = self
                 .size_change_guard(req.inode.0, 0, req.session.0)
@@ -503,8 +539,17 @@ impl Namespace for NamespaceService {
             self.server.wait_reclaim().await;
             note(session.map(|s| s.0), Some(req.parent.0));
             let bs = self.server.store.block_size();
+            // Files another node created in the directory and told its applications about
+            // come first; so do those in a directory found (its attributes count them).
+            let reader = session.map(|s| s.0).or(lease_session);
+            self.server.settle_creates(&[req.parent.0], reader).await;
             let since = self.server.leases.mark();
             let mut attr = self.server.read(|t| t.lookup(bs, &req))?;
+            if attr.kind == FileType::Directory
+                && self.server.settle_creates(&[attr.ino.0], reader).await
+            {
+                attr = self.server.read(|t| t.lookup(bs, &req))?;
+            }
             // The caller's own changes need not be durable for it to see them (its agent
             // keeps them until they are): only other sessions' are synced first.
             self.server
@@ -553,6 +598,9 @@ impl Namespace for NamespaceService {
             // include every write that returned anywhere once those completions are in (and
             // another session's write delegation is recalled: its agent writes back first).
             self.server.grants.settle_attr(req.inode.0, own).await;
+            self.server
+                .settle_creates(&[req.inode.0], session.map(|s| s.0))
+                .await;
             let req = InodeRequest {
                 cred: req.cred,
                 inode: req.inode,
@@ -917,8 +965,21 @@ impl Namespace for NamespaceService {
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
             let bs = self.server.store.block_size();
+            let reader = session.map(|s| s.0).or(lease_session);
+            self.server.settle_creates(&[req.inode.0], reader).await;
             let since = self.server.leases.mark();
             let mut reply = self.server.read(|t| t.readdir(bs, &req))?;
+            // The attributes of directories listed count files created there too.
+            let dirs: Vec<u64> = reply
+                .entries
+                .iter()
+                .filter_map(|e| e.attr.as_ref())
+                .filter(|a| a.kind == FileType::Directory)
+                .map(|a| a.ino.0)
+                .collect();
+            if !dirs.is_empty() && self.server.settle_creates(&dirs, reader).await {
+                reply = self.server.read(|t| t.readdir(bs, &req))?;
+            }
             // As for Lookup: only other sessions' changes are synced first.
             self.server
                 .barrier(session.or(lease_session.map(SessionId)))
@@ -979,6 +1040,9 @@ impl Namespace for NamespaceService {
             let req: XattrRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
+            self.server
+                .settle_creates(&[req.inode.0], session.map(|s| s.0))
+                .await;
             let value = self.server.read(|t| t.getxattr(&req))?;
             self.server.barrier(session).await?;
             Ok(XattrValue(value).into())
@@ -1024,6 +1088,9 @@ impl Namespace for NamespaceService {
             let req: InodeRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
+            self.server
+                .settle_creates(&[req.inode.0], session.map(|s| s.0))
+                .await;
             let names = self.server.read(|t| t.listxattr(&req.cred, req.inode))?;
             self.server.barrier(session).await?;
             let names = names
@@ -1162,6 +1229,9 @@ impl Namespace for NamespaceService {
             let req: AccessRequest = accept(request)?;
             self.server.wait_reclaim().await;
             note(None, Some(req.inode.0));
+            self.server
+                .settle_creates(&[req.inode.0], session.map(|s| s.0))
+                .await;
             self.server
                 .read(|t| t.access(&req.cred, req.inode, req.mask))?;
             self.server.barrier(session).await?;

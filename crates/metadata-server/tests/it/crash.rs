@@ -182,6 +182,7 @@ pub(crate) fn apply(store: &Store, op: &Op) -> Result<(), FsError> {
                 parent: InodeId(parent),
                 name: name(&n),
                 perm,
+                delegate: false,
             };
             ns::mkdir(ctx, &r).map(drop)
         }),
@@ -862,6 +863,7 @@ fn check_recovery(w: &Workload, image: Vec<u8>, acked: usize, what: &str) -> boo
                 parent: InodeId(ROOT),
                 name: name("recovered"),
                 perm: 0o755,
+                delegate: false,
             };
             ns::mkdir(ctx, &r)
         })
@@ -1034,6 +1036,7 @@ fn failed_sync_stops_the_store() {
                 parent: InodeId(ROOT),
                 name: name("later"),
                 perm: 0o755,
+                delegate: false,
             };
             ns::mkdir(ctx, &r)
         });

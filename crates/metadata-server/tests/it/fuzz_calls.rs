@@ -886,6 +886,7 @@ async fn set_up(good: &mut Clients, s: Sess, rng: &mut Rng) -> Made {
         parent,
         name: name.into(),
         perm,
+        delegate: false,
         request_id: None,
     };
     let keep = good
@@ -1338,6 +1339,7 @@ impl World {
                     parent,
                     name: name.clone(),
                     perm: w.perm(wild),
+                    delegate: w.rng.chance(1, 3),
                     request_id: w.request_id(wild),
                 };
                 let req = w.headers(wild, req);
@@ -2355,6 +2357,7 @@ impl World {
                             parent,
                             name: name.clone(),
                             perm: 0o777,
+                            delegate: false,
                             request_id: None,
                         })
                         .await;
@@ -2397,6 +2400,7 @@ impl World {
                             parent,
                             name,
                             perm: 0o755,
+                            delegate: false,
                             request_id: rid,
                         };
                         pending.push(race("Mkdir", format!("{req:?}"), async move {

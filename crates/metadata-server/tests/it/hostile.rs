@@ -653,6 +653,7 @@ async fn root_squash_makes_root_nobody() {
             parent: ROOT,
             name: b"public".to_vec(),
             perm: 0o777,
+            delegate: false,
         })
         .await
         .unwrap()

@@ -17,12 +17,12 @@ const MIB: u64 = 1 << 20;
 const TTL_MS: u64 = 1000;
 
 /// An attached session stream: what the client sends, what it receives.
-struct Stream {
-    tx: mpsc::Sender<pb::SessionStreamRequest>,
-    rx: tonic::Streaming<pb::SessionStreamReply>,
+pub(crate) struct Stream {
+    pub(crate) tx: mpsc::Sender<pb::SessionStreamRequest>,
+    pub(crate) rx: tonic::Streaming<pb::SessionStreamReply>,
 }
 
-async fn attach(c: &mut Clients, session: u64, epoch: u64) -> Stream {
+pub(crate) async fn attach(c: &mut Clients, session: u64, epoch: u64) -> Stream {
     let (tx, rx) = mpsc::channel(16);
     tx.send(pb::SessionStreamRequest {
         event: Some(pb::session_stream_request::Event::Attach(pb::Attach {
@@ -41,7 +41,7 @@ async fn attach(c: &mut Clients, session: u64, epoch: u64) -> Stream {
     Stream { tx, rx }
 }
 
-async fn heartbeat(s: &Stream, seq: u64) {
+pub(crate) async fn heartbeat(s: &Stream, seq: u64) {
     s.tx.send(pb::SessionStreamRequest {
         event: Some(pb::session_stream_request::Event::Heartbeat(
             pb::Heartbeat { seq, renew: None },

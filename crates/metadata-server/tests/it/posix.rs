@@ -348,6 +348,7 @@ impl World {
                             parent,
                             name,
                             perm,
+                            delegate: false,
                         },
                     )
                 })?;

@@ -19,6 +19,7 @@ async fn mkdir(c: &mut Clients, parent: u64, name: &str) -> u64 {
         parent,
         name: name.into(),
         perm: 0o755,
+        delegate: false,
         request_id: None,
     })
     .await

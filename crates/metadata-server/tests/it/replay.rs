@@ -232,6 +232,7 @@ fn lost_namespace_changes_are_replayed_in_order_with_their_inode_numbers() {
             parent: InodeId(1),
             name: name("d"),
             perm: 0o755,
+            delegate: false,
         };
         store
             .write(move |ctx| sanfs_mds::ns::mkdir(ctx, &r))
@@ -262,6 +263,7 @@ fn lost_namespace_changes_are_replayed_in_order_with_their_inode_numbers() {
         parent: d,
         name: name("sub"),
         perm: 0o700,
+        delegate: false,
     };
     let symlink = SymlinkRequest {
         cred: root.clone(),
@@ -390,6 +392,7 @@ fn lost_namespace_changes_are_replayed_in_order_with_their_inode_numbers() {
             parent: d,
             name: crate::support::name("later"),
             perm: 0o755,
+            delegate: false,
         };
         let r = req.clone();
         let (attr, seq) = store
@@ -473,6 +476,7 @@ fn replaying_every_kind_of_change_onto_a_fresh_store_rebuilds_the_same_names() {
         parent: InodeId(1),
         name: crate::support::name(n),
         perm: 0o755,
+        delegate: false,
     };
     let cr = |n: &str| CreateRequest {
         delegate: false,

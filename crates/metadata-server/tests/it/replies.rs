@@ -39,6 +39,7 @@ fn mkdir(store: &Store, n: &str, id: Option<RequestId>, lazy: bool) -> Result<On
         parent: InodeId(ROOT),
         name: name(n),
         perm: 0o755,
+        delegate: false,
     };
     let job = move |ctx: &mut sanfs_mds::store::Ctx<'_>| {
         replies::run_once(ctx, id, 0, |ctx| {
@@ -270,6 +271,7 @@ async fn a_create_retried_after_kill_9_gets_its_reply_not_eexist() {
         parent: ROOT,
         name: "d".into(),
         perm: 0o755,
+        delegate: false,
         request_id: Some(id(2, 1).into()),
     })
     .await
@@ -449,6 +451,7 @@ async fn a_request_id_reused_for_another_kind_of_request_is_refused() {
         parent: ROOT,
         name: b"d".to_vec(),
         perm: 0o755,
+        delegate: false,
         request_id: rid(1),
     };
     let made = c.ns.mkdir(mkdir.clone()).await.unwrap().into_inner();

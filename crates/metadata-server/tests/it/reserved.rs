@@ -177,3 +177,188 @@ fn a_reservation_survives_a_crash() {
         first + 100
     );
 }
+
+fn mkdir(name: &str, parent: u64, delegate: bool) -> pb::MkdirRequest {
+    pb::MkdirRequest {
+        cred: root(),
+        parent,
+        name: name.into(),
+        perm: 0o755,
+        delegate,
+        request_id: None,
+    }
+}
+
+/// A's agent, as far as the server sees it: lease recalls of attributes and names are
+/// acknowledged at once; recalls of create delegations come out of the answer, for the test
+/// to send its creates before it acknowledges them.
+fn recalls_of_creates(
+    stream: crate::lease::Stream,
+) -> (
+    tokio::sync::mpsc::Receiver<pb::LeaseRecall>,
+    tokio::sync::mpsc::Sender<pb::SessionStreamRequest>,
+) {
+    let crate::lease::Stream { tx, mut rx } = stream;
+    let (out, recalls) = tokio::sync::mpsc::channel(16);
+    let acks = tx.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(m)) = rx.message().await {
+            let Some(pb::session_stream_reply::Event::LeaseRecall(r)) = m.event else {
+                continue;
+            };
+            if r.creates {
+                if out.send(r).await.is_err() {
+                    return;
+                }
+            } else {
+                ack(&acks, r.id).await;
+            }
+        }
+    });
+    (recalls, tx)
+}
+
+async fn next_recall(r: &mut tokio::sync::mpsc::Receiver<pb::LeaseRecall>) -> pb::LeaseRecall {
+    tokio::time::timeout(std::time::Duration::from_secs(10), r.recv())
+        .await
+        .expect("a recall of a create delegation within 10 s")
+        .expect("the stream lives")
+}
+
+async fn ack(tx: &tokio::sync::mpsc::Sender<pb::SessionStreamRequest>, id: u64) {
+    tx.send(pb::SessionStreamRequest {
+        event: Some(pb::session_stream_request::Event::LeaseRecallAck(
+            pb::LeaseRecallAck { id },
+        )),
+    })
+    .await
+    .unwrap();
+}
+
+/// What issue 19's creates answered by the agent rely on: a directory made with its create
+/// delegation asked for is delegated to its maker's session alone (with a stream to hear the
+/// recall); another session's read of it (a lookup in it, a listing that shows it) or change
+/// in it recalls the delegation first and waits until the holder has sent the creates it
+/// answered, so that the read sees them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_sessions_look_into_a_delegated_directory_waits_for_the_creates_answered_there() {
+    let srv = start().await;
+    let mut a = srv.clients().await;
+    let mut b = srv.clients().await;
+    let (sa, epoch) = a.open_session().await;
+    let (sb, _) = b.open_session().await;
+    let stream = crate::lease::attach(&mut a, sa, epoch).await;
+    crate::lease::heartbeat(&stream, 1).await;
+    let (mut stream, acks) = recalls_of_creates(stream);
+
+    let d =
+        a.ns.mkdir(with(sa, mkdir("d", 1, true)))
+            .await
+            .unwrap()
+            .into_inner();
+    assert!(d.creates_ms > 0, "delegated to its maker");
+    let d = d.attr.unwrap().ino;
+    // Not without a stream to hear the recall, nor unasked.
+    let e =
+        b.ns.mkdir(with(sb, mkdir("e", 1, true)))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(e.creates_ms, 0, "B has no stream");
+    let f =
+        a.ns.mkdir(with(sa, mkdir("f", 1, false)))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(f.creates_ms, 0, "not asked");
+
+    // A's own reads there recall nothing.
+    let r = reserve(&mut a, sa, 4).await.unwrap();
+    let mut own = a.ns.clone();
+    own.lookup(pb::LookupRequest {
+        cred: root(),
+        parent: d,
+        name: "x".into(),
+        session: Some(sa),
+    })
+    .await
+    .unwrap_err();
+
+    // B looks for "x" in d while A (as its agent would) has answered a create of it that it
+    // has not sent: B's lookup waits for A's recall to be acknowledged, and A sends the create
+    // before it acknowledges.
+    let mut looker = b.ns.clone();
+    let lookup = tokio::spawn(async move {
+        looker
+            .lookup(pb::LookupRequest {
+                cred: root(),
+                parent: d,
+                name: "x".into(),
+                session: Some(sb),
+            })
+            .await
+            .map(|r| r.into_inner().attr.unwrap().ino)
+    });
+    let recall = next_recall(&mut stream).await;
+    assert_eq!((recall.inode, recall.creates), (d, true));
+    assert!(!lookup.is_finished(), "B's lookup waits for the recall");
+    let mut req = create(sa, "x", r.first_inode, true);
+    req.parent = d;
+    a.ns.create(with(sa, req)).await.unwrap();
+    ack(&acks, recall.id).await;
+    let found = tokio::time::timeout(std::time::Duration::from_secs(10), lookup)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("B finds the file A's application was told exists");
+    assert_eq!(found, r.first_inode);
+
+    // A change of B's in another delegated directory recalls it first, as does a listing
+    // that shows one (its attributes count the files made in it).
+    let g =
+        a.ns.mkdir(with(sa, mkdir("g", 1, true)))
+            .await
+            .unwrap()
+            .into_inner();
+    assert!(g.creates_ms > 0);
+    let g = g.attr.unwrap().ino;
+    let mut changer = b.ns.clone();
+    let change = tokio::spawn(async move {
+        let mut req = create(sb, "y", 0, true);
+        req.parent = g;
+        changer.create(with(sb, req)).await.map(drop)
+    });
+    let recall = next_recall(&mut stream).await;
+    assert_eq!((recall.inode, recall.creates), (g, true));
+    ack(&acks, recall.id).await;
+    change.await.unwrap().unwrap();
+
+    let h =
+        a.ns.mkdir(with(sa, mkdir("h", 1, true)))
+            .await
+            .unwrap()
+            .into_inner();
+    let h = h.attr.unwrap().ino;
+    let mut lister = b.ns.clone();
+    let list = tokio::spawn(async move {
+        lister
+            .read_dir(with(
+                sb,
+                pb::ReadDirRequest {
+                    cred: root(),
+                    inode: 1,
+                    cookie: 0,
+                    max_entries: 100,
+                    plus: true,
+                    session: Some(sb),
+                },
+            ))
+            .await
+            .map(drop)
+    });
+    let recall = next_recall(&mut stream).await;
+    assert_eq!((recall.inode, recall.creates), (h, true));
+    ack(&acks, recall.id).await;
+    list.await.unwrap().unwrap();
+    srv.stop().await;
+}

@@ -22,6 +22,7 @@ async fn mkdir(c: &mut Clients, parent: u64, name: &str) -> pb::Attr {
         parent,
         name: name.into(),
         perm: 0o755,
+        delegate: false,
         request_id: None,
     })
     .await
@@ -406,6 +407,7 @@ async fn bad_input_is_invalid_argument_and_changes_nothing() {
                 parent: ROOT,
                 name: bad.clone(),
                 perm: 0o755,
+                delegate: false,
                 request_id: None,
             })
             .await
@@ -437,6 +439,7 @@ async fn bad_input_is_invalid_argument_and_changes_nothing() {
             parent: ROOT,
             name: b"ok".to_vec(),
             perm: 0o755,
+            delegate: false,
             request_id: None,
         })
         .await
@@ -1165,6 +1168,7 @@ async fn a_failed_store_stops_the_server() {
             parent: ROOT,
             name: b"after".to_vec(),
             perm: 0o755,
+            delegate: false,
             request_id: None,
         })
         .await
@@ -1260,6 +1264,7 @@ async fn reads_sync_only_other_sessions_changes_first() {
         parent: 1,
         name: name.into(),
         perm: 0o755,
+        delegate: false,
         request_id: None,
     };
     let read_dir = |session: Option<u64>, plus: bool| pb::ReadDirRequest {

@@ -22,6 +22,7 @@ fn mkdir_create_lookup_readdir_survive_reopen() {
                     parent: InodeId(ROOT),
                     name: name("d"),
                     perm: 0o755,
+                    delegate: false,
                 },
             )
         })
@@ -59,6 +60,7 @@ fn mkdir_create_lookup_readdir_survive_reopen() {
                 parent: InodeId(ROOT),
                 name: name("d"),
                 perm: 0o755,
+                delegate: false,
             },
         )
     });

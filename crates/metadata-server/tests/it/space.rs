@@ -39,6 +39,7 @@ fn every_way_out_frees_and_uncharges_exactly_what_it_unmaps() {
                     parent: InodeId(ROOT),
                     name: name("vol"),
                     perm: 0o755,
+                    delegate: false,
                 },
             )?;
             let limits = QuotaLimits {

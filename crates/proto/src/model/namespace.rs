@@ -403,6 +403,9 @@ pub struct MkdirRequest {
     pub name: FileName,
     /// Final permission bits: the agent applied the umask.
     pub perm: u32,
+    /// Ask for the new directory's create delegation (docs/protocol.md "Creates answered by
+    /// the agent").
+    pub delegate: bool,
 }
 
 impl TryFrom<pb::MkdirRequest> for MkdirRequest {
@@ -414,6 +417,7 @@ impl TryFrom<pb::MkdirRequest> for MkdirRequest {
             parent: inode(p.parent, "parent")?,
             name: file_name(p.name, "name")?,
             perm: perm(p.perm, "perm")?,
+            delegate: p.delegate,
         })
     }
 }
@@ -425,6 +429,7 @@ impl From<MkdirRequest> for pb::MkdirRequest {
             parent: r.parent.0,
             name: r.name.into_bytes(),
             perm: r.perm,
+            delegate: r.delegate,
             request_id: None,
         }
     }

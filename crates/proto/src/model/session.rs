@@ -376,6 +376,9 @@ pub struct LeaseRecall {
     pub attr: bool,
     /// The names in directory `inode`, negative ones included.
     pub entries: bool,
+    /// The create delegation on directory `inode` (docs/protocol.md "Creates answered by
+    /// the agent").
+    pub creates: bool,
 }
 
 impl TryFrom<pb::LeaseRecall> for LeaseRecall {
@@ -385,14 +388,18 @@ impl TryFrom<pb::LeaseRecall> for LeaseRecall {
         if p.id == 0 {
             return Err(ProtocolError::MissingField("id"));
         }
-        if !p.attr && !p.entries {
-            return Err(invalid("attr", "neither attr nor entries is recalled"));
+        if !p.attr && !p.entries && !p.creates {
+            return Err(invalid(
+                "attr",
+                "neither attr, entries nor creates is recalled",
+            ));
         }
         Ok(LeaseRecall {
             id: p.id,
             inode: inode(p.inode, "inode")?,
             attr: p.attr,
             entries: p.entries,
+            creates: p.creates,
         })
     }
 }
@@ -404,6 +411,7 @@ impl From<LeaseRecall> for pb::LeaseRecall {
             inode: r.inode.0,
             attr: r.attr,
             entries: r.entries,
+            creates: r.creates,
         }
     }
 }

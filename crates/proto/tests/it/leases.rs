@@ -75,12 +75,19 @@ fn leased_requests_and_replies_round_trip() {
 
 #[test]
 fn lease_recalls_and_their_acks_round_trip() {
-    for (attr, entries) in [(true, false), (false, true), (true, true)] {
+    for (attr, entries, creates) in [
+        (true, false, false),
+        (false, true, false),
+        (true, true, false),
+        (false, false, true),
+        (true, true, true),
+    ] {
         round_trip::<_, pb::SessionStreamReply>(ServerEvent::LeaseRecall(LeaseRecall {
             id: 3,
             inode: InodeId(42),
             attr,
             entries,
+            creates,
         }));
     }
     round_trip::<_, pb::SessionStreamRequest>(ClientEvent::LeaseRecallAck { id: u64::MAX });
@@ -136,6 +143,7 @@ fn bad_leases_are_refused_naming_the_field() {
             inode,
             attr,
             entries,
+            creates: false,
         })),
     };
     assert_eq!(

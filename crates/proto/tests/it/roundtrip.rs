@@ -287,6 +287,7 @@ fn making_and_removing_names() {
         parent: ROOT_INODE,
         name: name("dir"),
         perm: 0o1777,
+        delegate: false,
     });
     for (kind, rdev) in [
         (FileType::Regular, 0),
