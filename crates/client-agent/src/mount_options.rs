@@ -56,6 +56,9 @@ pub struct MountOpts {
     /// `dirsync`: every namespace change durable when it returns (a disk sync at the server
     /// per change), instead of answered at once and kept by the agent until durable.
     pub dirsync: bool,
+    /// `async_creates=on|off`: creates in a directory this mount made answered at once and
+    /// sent behind the answer (docs/posix.md "Durability of namespace changes").
+    pub async_creates: bool,
     /// `page_cache=on|off`: files opened for reading only, or for plain buffered reading and
     /// writing, use the kernel's page cache
     /// (coherent: docs/posix.md "Caching and coherence").
@@ -113,6 +116,7 @@ impl Default for MountOpts {
             direct_io_threshold: None,
             writeback: crate::client::WriteBackConfig::default(),
             dirsync: false,
+            async_creates: true,
             page_cache: true,
             log: None,
             log_level: None,
@@ -244,6 +248,13 @@ pub fn parse_options_sloppy(
                     "on" => true,
                     "off" => false,
                     v => bail!("page_cache={v}: on or off"),
+                }
+            }
+            "async_creates" => {
+                o.async_creates = match need(key, value)? {
+                    "on" => true,
+                    "off" => false,
+                    v => bail!("async_creates={v}: on or off"),
                 }
             }
             "remount" => o.remount = true,
@@ -478,6 +489,13 @@ mod tests {
             "namespace changes are answered before durable by default"
         );
         assert!(parse_options(&s("dirsync")).unwrap().dirsync);
+        assert!(o.async_creates);
+        assert!(
+            !parse_options(&s("async_creates=off"))
+                .unwrap()
+                .async_creates
+        );
+        assert!(parse_options(&s("async_creates=maybe")).is_err());
         assert_eq!(o.engine, EngineKind::Sync);
         assert_eq!(o.devices, ["/dev/loop*", "/srv/luns/*", "/x/y"]);
         let d = parse_options(&[]).unwrap();

@@ -327,6 +327,7 @@ fn mount(
     config.direct_io_threshold = opts.direct_io_threshold;
     config.writeback = opts.writeback;
     config.dirsync = opts.dirsync;
+    config.async_creates = opts.async_creates;
     config.accept_epoch_regression = opts.accept_epoch_regression;
     config.retry = opts.retry;
     config.require_luns = !opts.allow_proxied_only;
@@ -695,7 +696,18 @@ fn status(mountpoint: Option<&Path>, json: bool) -> anyhow::Result<()> {
             .context("the agent's answer has no status")
     };
     if let Some(mp) = mountpoint {
-        let (entry, _) = control::mount_of(mp)?;
+        // A mount point is found in the mount table without a stat of it, which would wait
+        // for the server when it does not answer (the time `status` is most wanted).
+        let listed = std::path::absolute(mp).ok().and_then(|abs| {
+            control::sanfs_mounts()
+                .ok()?
+                .into_iter()
+                .find(|e| e.mount_point == abs)
+        });
+        let entry = match listed {
+            Some(e) => e,
+            None => control::mount_of(mp)?.0,
+        };
         let st = ask(&entry)?;
         if json {
             out(&format!("{}\n", serde_json::to_string_pretty(&st)?))?;
@@ -825,6 +837,12 @@ fn format_status(m: &MountStatus) -> String {
         l.renew_lost,
         l.attrs_now,
         l.names_now
+    );
+    let c = &a.creates;
+    let _ = writeln!(
+        out,
+        "  creates    answered here {} (refused by the server after: {}), not answered by the server yet {}",
+        c.here, c.lost, c.unanswered_now
     );
     let w = &a.write_back;
     let _ = writeln!(

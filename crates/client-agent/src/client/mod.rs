@@ -56,6 +56,7 @@
 //! metrics).
 
 mod cache;
+mod creates;
 mod data;
 mod file;
 mod health;
@@ -176,6 +177,10 @@ pub struct ClientConfig {
     /// answers. Off: answered at once, kept until durable and replayed after a server
     /// restart (docs/protocol.md, "Namespace changes before they are durable").
     pub dirsync: bool,
+    /// Creates in a directory this node made answered at once, under the directory's create
+    /// delegation, and sent behind the answer (mount option `async_creates=on|off`; docs/
+    /// protocol.md "Creates answered by the agent"). Not with `dirsync`.
+    pub async_creates: bool,
     /// Accept a server whose epoch is lower than the highest this agent has seen (a store
     /// restored from an older copy, deliberately). Off: such a server is refused (see
     /// [`Client::status`], `epoch_refused`) and calls fail with EIO until the right server is
@@ -225,6 +230,7 @@ impl ClientConfig {
             write_layout_bytes: DEFAULT_WRITE_LAYOUT_BYTES,
             writeback: WriteBackConfig::default(),
             dirsync: false,
+            async_creates: true,
             accept_epoch_regression: false,
             retry: RetryPolicy::Hard,
             require_luns: false,
@@ -408,6 +414,8 @@ pub(crate) struct Inner {
     requests: rpc::RequestIds,
     /// Lazily committed write completions not durable yet, and files whose writes were lost.
     unsynced: Mutex<unsynced::Unsynced>,
+    /// Creates answered here before the server answered them ([`creates`]).
+    pub(crate) creates: creates::AsyncCreates,
     /// Writes held back under write delegations (see `writeback`).
     writeback: writeback::WriteBack,
     /// Attributes and names cached under leases (see `leases`).
@@ -701,6 +709,7 @@ impl Client {
             outage: rpc::Outage::default(),
             requests: rpc::RequestIds::new(),
             unsynced: Mutex::new(unsynced::Unsynced::default()),
+            creates: creates::AsyncCreates::default(),
             writeback: writeback::WriteBack::new(writeback_config),
             leases: leases::LeaseCache::default(),
             open_handles: Mutex::new(HashMap::new()),

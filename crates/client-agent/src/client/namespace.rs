@@ -22,6 +22,7 @@ use super::rpc::{Pin, with_session};
 use super::unsynced::{NsChange, NsRecord};
 use super::{Client, FileHandle, Inner, SessionView};
 use sanfs_proto::headers::CommitNote;
+use std::sync::Arc;
 
 /// What `create` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -251,6 +252,9 @@ impl Client {
         flags: OpenFlags,
     ) -> Result<Created, FsError> {
         let name = name(entry)?;
+        if let Some(created) = self.create_here(cred, parent, &name, perm, flags) {
+            return Ok(created);
+        }
         let mut session = None;
         // The same id on every try: a retry after a lost reply gets the first try's answer.
         let pending = self.inner.requests.begin();
@@ -323,20 +327,190 @@ impl Client {
         perm: u32,
     ) -> Result<Attr, FsError> {
         let entry = name(entry)?;
-        let req = pb::MkdirRequest::from(MkdirRequest {
+        // The new directory's create delegation: creates there answered here.
+        let delegate = self.inner.config.async_creates && !self.inner.config.dirsync;
+        let mut req = pb::MkdirRequest::from(MkdirRequest {
             cred: cred.clone(),
             parent,
             name: entry.clone(),
             perm,
-            delegate: false,
+            delegate,
         });
         let pending = self.inner.requests.begin();
-        let mut req = req;
         req.request_id = pending.wire();
-        let attr = rpc!(change_as_is self, mkdir, req, Mkdir, "Mkdir reply",
-            own(&[], &[], &[(parent, entry.as_bytes())]), |a: Attr| made(&a),
-            |own, dirs| own.end_mkdir(dirs.as_ref(), &a, self.lease_deadline()));
+        let own = self
+            .inner
+            .leases
+            .begin_own(&[], &[], &[(parent, entry.as_bytes())]);
+        let (reply, view, note, dirs): (pb::MkdirReply, _, _, _) = self
+            .inner
+            .call_noted("Mkdir reply", |view| {
+                let mut ns = self.inner.ns();
+                let req = self.inner.change_request(req.clone(), view);
+                async move { ns.mkdir(req).await }
+            })
+            .await?;
+        let creates_ms = reply.creates_ms;
+        let attr = Attr::try_from(reply).map_err(|e| super::malformed("Mkdir reply", e))?;
+        own.end_mkdir(dirs.as_ref(), &attr, self.lease_deadline());
+        if creates_ms > 0 {
+            self.inner.creates.add_dir(attr.ino, view.session);
+            self.refill_numbers(view.session);
+        }
+        self.inner
+            .note_change(&view, note, NsChange::Mkdir(req), made(&attr));
         Ok(attr)
+    }
+
+    /// A create answered here (docs/protocol.md "Creates answered by the agent"): in a
+    /// directory whose create delegation this node holds, of a name known absent there, by
+    /// a caller the directory's cached mode lets create (exactly: root, its owner, or no ACL
+    /// there; no set-group-ID bit, no set-ID bits asked for, owners the server will not
+    /// squash),
+    /// with a number reserved to the session. The file's `Create` is sent behind the answer;
+    /// every other call of this agent waits for its reply (`Inner::call_with`). `None`: ask
+    /// the server as usual.
+    fn create_here(
+        &self,
+        cred: &Credentials,
+        parent: InodeId,
+        name: &FileName,
+        perm: u32,
+        flags: OpenFlags,
+    ) -> Option<Created> {
+        let inner = &self.inner;
+        if !inner.config.async_creates || inner.config.dirsync {
+            return None;
+        }
+        let view = inner.view_for(None).ok()?;
+        if !inner.creates.delegated(parent, view.session) {
+            return None;
+        }
+        let ttl = inner.leases.negative_ttl(parent, name.as_bytes())?;
+        let (dir, dir_ttl) = inner.leases.attr(parent)?;
+        let squashed = |id: u32| id == 0;
+        let same_owner = dir.uid == cred.uid && dir.gid == cred.gid;
+        // The mode bits decide exactly for root and the owner, or without an ACL.
+        let exact = cred.uid == 0 || cred.uid == dir.uid || dir.no_xattrs;
+        if dir.kind != FileType::Directory
+            || !exact
+            || dir.perm & sanfs_proto::types::S_ISGID != 0
+            || perm & 0o6000 != 0
+            || !(same_owner || !(squashed(cred.uid) || squashed(cred.gid)))
+            || !dir.permits(cred, 3)
+        {
+            return None;
+        }
+        if inner.creates.should_refill(view.session) {
+            self.refill_numbers_now(view.session);
+        }
+        let (ino, generation) = inner.creates.begin(parent, view.session)?;
+        let now = super::writeback::wall_clock();
+        let attr = Attr {
+            ino,
+            kind: FileType::Regular,
+            perm,
+            nlink: 1,
+            uid: cred.uid,
+            gid: cred.gid,
+            size: 0,
+            allocated: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            btime: now,
+            rdev: 0,
+            generation,
+            no_xattrs: true,
+        };
+        let req = pb::CreateRequest::from(CreateRequest {
+            cred: cred.clone(),
+            session: view.session,
+            parent,
+            name: name.clone(),
+            perm,
+            exclusive: true,
+            flags,
+            delegate: false,
+            inode: Some(ino),
+        });
+        // Kept for a replay from now on: a restarted server makes it again with its number.
+        inner.lock_unsynced().record_change(NsRecord {
+            epoch: view.epoch,
+            session: view.session,
+            commit_seq: super::unsynced::UNANSWERED,
+            change: NsChange::Create(req.clone()),
+            inode: Some((ino, generation)),
+        });
+        let handle = FileHandle {
+            session: view.session,
+            handle: sanfs_proto::model::reserved_create_handle(ino),
+        };
+        inner.note_open(&handle, ino);
+        // The name and attributes as the server will make them, under the directory's
+        // delegation: no other node can see the file before the create is sent. The
+        // directory's attributes too, one name more (the server's come with the last reply).
+        let mut dir = dir;
+        dir.size += 1;
+        dir.mtime = now;
+        dir.ctime = now;
+        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(0);
+        let changed = sanfs_proto::model::ChangedDirs {
+            attrs: vec![dir],
+            lease_ms: ms(dir_ttl),
+        };
+        let own = inner
+            .leases
+            .begin_own(&[], &[], &[(parent, name.as_bytes())]);
+        let ttl = own
+            .end_made(
+                Some(&changed),
+                (&attr, ms(ttl)),
+                true,
+                self.lease_deadline(),
+            )
+            .or(Some(std::time::Duration::ZERO));
+        let inner2 = Arc::clone(&self.inner);
+        tokio::spawn(async move {
+            send_answered_create(&inner2, req, view, ino).await;
+        });
+        Some(Created {
+            handle,
+            attr,
+            created: true,
+            ttl,
+        })
+    }
+
+    /// Asks for more inode numbers for creates answered here, in the background.
+    fn refill_numbers(&self, session: sanfs_proto::types::SessionId) {
+        if self.inner.creates.should_refill(session) {
+            self.refill_numbers_now(session);
+        }
+    }
+
+    fn refill_numbers_now(&self, session: sanfs_proto::types::SessionId) {
+        let inner = Arc::clone(&self.inner);
+        tokio::spawn(async move {
+            let req = pb::ReserveInodesRequest::from(sanfs_proto::model::ReserveInodesRequest {
+                session,
+                count: super::creates::RESERVE,
+            });
+            let r: Result<sanfs_proto::model::ReserveInodesReply, FsError> = inner
+                .call_free("ReserveInodes reply", Pin::Session(session), |view| {
+                    let mut ns = inner.ns();
+                    let req = with_session(req, view);
+                    async move { ns.reserve_inodes(req).await }
+                })
+                .await;
+            match r {
+                Ok(numbers) => inner.creates.add_numbers(session, &numbers),
+                Err(e) => {
+                    tracing::debug!(error = %e, "reserving inode numbers failed");
+                    inner.creates.refill_failed();
+                }
+            }
+        });
     }
 
     pub async fn mknod(
@@ -709,6 +883,99 @@ impl Client {
             mask,
         });
         rpc!(self, access, req, "Access reply")
+    }
+}
+
+/// Sends the create of `ino` that this agent answered already under `view` (see
+/// [`Client::create_here`]), and settles its record: with the commit that holds it, or gone
+/// once durable. A restarted server gets it from the replay of that record instead; a create
+/// the server refuses (another node took the name after this node's delegation was passed
+/// by) is lost: logged, counted, and the cached file forgotten.
+async fn send_answered_create(
+    inner: &Arc<Inner>,
+    req: pb::CreateRequest,
+    view: SessionView,
+    ino: InodeId,
+) {
+    let pending = inner.requests.begin();
+    let mut req = req;
+    req.request_id = pending.wire();
+    let (parent, name) = (InodeId(req.parent), req.name.clone());
+    loop {
+        let mark = inner.leases.mark();
+        let sent = std::time::Instant::now();
+        let r: Result<(CreateReply, SessionView, Option<CommitNote>, _), FsError> = inner
+            .call_noted_behind("Create reply", view.session, |v| {
+                let mut ns = inner.ns();
+                let req = inner.change_request(req.clone(), v);
+                async move { ns.create(req).await }
+            })
+            .await;
+        match r {
+            Ok((reply, v, note, dirs)) => {
+                {
+                    let mut unsynced = inner.lock_unsynced();
+                    if let Some(n) = note {
+                        unsynced.durable(v.epoch, n.durable_seq);
+                    }
+                    let seq = note.filter(|n| n.seq > n.durable_seq).map(|n| n.seq);
+                    unsynced.create_answered(view.epoch, ino, seq);
+                }
+                // The server's attributes, under the lease its reply gave (what this node
+                // showed until now was its own guess of the times).
+                inner.leases.put_own_attr(
+                    &reply.attr,
+                    reply.lease_ms,
+                    sent,
+                    inner.lease_deadline(),
+                    mark,
+                );
+                // The directory as the server has it, once no other create of this node's
+                // is on its way (their replies hold older copies than this node's own count).
+                if let Some(dirs) = dirs
+                    && inner.creates.counts().2 == 1
+                {
+                    for a in &dirs.attrs {
+                        inner.leases.put_own_attr(
+                            a,
+                            dirs.lease_ms,
+                            sent,
+                            inner.lease_deadline(),
+                            mark,
+                        );
+                    }
+                }
+                inner.creates.answered(ino, false);
+                return;
+            }
+            Err(FsError::StaleSession | FsError::Stale) => {
+                // The session went. The same one back (a stream that broke): send again. A
+                // restarted server (a new epoch) got it from the replay of its record before
+                // its new session went live. A session lost at a live server took its
+                // number with it.
+                let now = inner.live_view().await;
+                match now {
+                    Ok(v) if v.session == view.session => continue,
+                    Ok(v) if v.epoch != view.epoch => {}
+                    _ => {
+                        inner.lock_unsynced().create_answered(view.epoch, ino, None);
+                        tracing::error!(inode = %ino, parent = %parent, "a create answered here may be lost: its session ended before the server answered it");
+                        inner.leases.forget(&[ino], &[(parent, name.as_slice())]);
+                        inner.creates.answered(ino, true);
+                        return;
+                    }
+                }
+                inner.creates.answered(ino, false);
+                return;
+            }
+            Err(e) => {
+                inner.lock_unsynced().create_answered(view.epoch, ino, None);
+                tracing::error!(inode = %ino, parent = %parent, error = %e, "the server refused a create this node had answered: the file is lost");
+                inner.leases.forget(&[ino], &[(parent, name.as_slice())]);
+                inner.creates.answered(ino, true);
+                return;
+            }
+        }
     }
 }
 

@@ -263,7 +263,7 @@ impl Inner {
         T: TryFrom<R>,
         T::Error: Display,
     {
-        self.call_with(what, pin, send, |reply, _| {
+        self.call_with(what, pin, true, send, |reply, _| {
             T::try_from(reply.into_inner()).map_err(|e| malformed(what, e))
         })
         .await
@@ -283,27 +283,66 @@ impl Inner {
         T: TryFrom<R>,
         T::Error: Display,
     {
-        self.call_with(what, Pin::Any, send, |reply, view| {
-            let note = headers::commit(reply.metadata()).map_err(|e| malformed(what, e))?;
-            // This node's own attribute leases the change altered: not recalled by the
-            // server, dropped here before the change is answered.
-            let forget = headers::forget(reply.metadata()).map_err(|e| malformed(what, e))?;
-            if !forget.is_empty() {
-                self.leases.forget(&forget, &[]);
-            }
-            let dirs = headers::dirs(reply.metadata()).map_err(|e| malformed(what, e))?;
-            let value = T::try_from(reply.into_inner()).map_err(|e| malformed(what, e))?;
-            Ok((value, view.clone(), note, dirs))
+        self.call_with(what, Pin::Any, true, send, |reply, view| {
+            self.noted_reply(what, reply, view)
         })
         .await
     }
 
+    /// [`Inner::call_noted`] of a create this agent answered already (see [`super::creates`]):
+    /// not held by the barrier the other calls wait at (it is what they wait for), and bound
+    /// to the session it was answered under (after a restart it is replayed instead).
+    pub(crate) async fn call_noted_behind<R, T, F, Fut>(
+        &self,
+        what: &'static str,
+        session: SessionId,
+        send: F,
+    ) -> Result<(T, SessionView, Option<CommitNote>, Option<ChangedDirs>), FsError>
+    where
+        F: FnMut(&SessionView) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+        T: TryFrom<R>,
+        T::Error: Display,
+    {
+        self.call_with(what, Pin::Session(session), false, send, |reply, view| {
+            self.noted_reply(what, reply, view)
+        })
+        .await
+    }
+
+    /// A change's reply: its value, the view it was sent under, its `sanfs-commit` note and
+    /// the directories it changed; this node's own attribute leases it altered go.
+    fn noted_reply<R, T>(
+        &self,
+        what: &'static str,
+        reply: Response<R>,
+        view: &SessionView,
+    ) -> Result<(T, SessionView, Option<CommitNote>, Option<ChangedDirs>), FsError>
+    where
+        T: TryFrom<R>,
+        T::Error: Display,
+    {
+        let note = headers::commit(reply.metadata()).map_err(|e| malformed(what, e))?;
+        // This node's own attribute leases the change altered: not recalled by the server,
+        // dropped here before the change is answered.
+        let forget = headers::forget(reply.metadata()).map_err(|e| malformed(what, e))?;
+        if !forget.is_empty() {
+            self.leases.forget(&forget, &[]);
+        }
+        let dirs = headers::dirs(reply.metadata()).map_err(|e| malformed(what, e))?;
+        let value = T::try_from(reply.into_inner()).map_err(|e| malformed(what, e))?;
+        Ok((value, view.clone(), note, dirs))
+    }
+
     /// The one retry loop of [`Inner::call`] and [`Inner::call_noted`]: `convert` turns the
-    /// reply (and the view it was sent under) into the answer.
+    /// reply (and the view it was sent under) into the answer. A `barred` call is sent only
+    /// once every create this agent answered itself is answered by the server (see
+    /// [`super::creates`]): it must find the server as the applications saw it.
     async fn call_with<R, T, F, Fut>(
         &self,
         what: &'static str,
         pin: Pin<'_>,
+        barred: bool,
         mut send: F,
         mut convert: impl FnMut(Response<R>, &SessionView) -> Result<T, FsError>,
     ) -> Result<T, FsError>
@@ -321,6 +360,9 @@ impl Inner {
                 return Err(FsError::StaleSession);
             }
             let view = self.wait_live(&mut patience, what).await?;
+            if barred {
+                self.creates.drain().await;
+            }
             match pin {
                 Pin::Any => {}
                 Pin::Handle(fh) if fh.session != view.session => return Err(FsError::Stale),
@@ -356,6 +398,32 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// [`Inner::call`] not held by the barrier of creates answered here (a call they do not
+    /// need to precede: reserving inode numbers).
+    pub(crate) async fn call_free<R, T, F, Fut>(
+        &self,
+        what: &'static str,
+        pin: Pin<'_>,
+        send: F,
+    ) -> Result<T, FsError>
+    where
+        F: FnMut(&SessionView) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+        T: TryFrom<R>,
+        T::Error: Display,
+    {
+        self.call_with(what, pin, false, send, |reply, _| {
+            T::try_from(reply.into_inner()).map_err(|e| malformed(what, e))
+        })
+        .await
+    }
+
+    /// The current session once it is live (waiting as a call waits).
+    pub(crate) async fn live_view(&self) -> Result<SessionView, FsError> {
+        let mut patience = Patience::new(self.config.retry);
+        self.wait_live(&mut patience, "a live session").await
     }
 
     /// [`Inner::call`] for replies that carry nothing (`()`).

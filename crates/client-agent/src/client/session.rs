@@ -72,8 +72,10 @@ pub(super) async fn run(inner: Arc<Inner>, mut lost_rx: mpsc::UnboundedReceiver<
         }
         let outcome = attach_and_serve(&inner, &view, &mut seq, &mut lost_rx).await;
         // Recalls cannot reach this agent until a stream is attached again (and a server
-        // that went away forgot its leases): what it cached under them goes now.
+        // that went away forgot its leases): what it cached under them goes now, and so do
+        // its create delegations.
         inner.leases.clear();
+        inner.creates.forget(Some(view.session));
         match outcome {
             Outcome::StreamBroke(why) if inner.lease_valid(view.generation) => {
                 tracing::warn!(session = %view.session, %why, "session stream broke: attaching again");
@@ -133,6 +135,7 @@ async fn attach_and_serve(
     // Lease recalls sent while no stream was attached were lost: what this agent cached
     // under leases goes (the kernel's attributes included).
     inner.leases.clear();
+    inner.creates.forget(Some(view.session));
     let ttl_ms = inner.lock_state().lease_ttl_ms;
     let mut ticker = tokio::time::interval(Duration::from_millis((ttl_ms / 3).max(1)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -219,10 +222,16 @@ async fn attach_and_serve(
                         });
                     }
                     Ok(ServerEvent::LeaseRecall(recall)) => {
-                        tracing::debug!(inode = %recall.inode, id = recall.id, attr = recall.attr, entries = recall.entries, "lease recall");
+                        tracing::debug!(inode = %recall.inode, id = recall.id, attr = recall.attr, entries = recall.entries, creates = recall.creates, "lease recall");
                         let tx = tx.clone();
                         let inner = Arc::clone(inner);
                         tokio::spawn(async move {
+                            // A directory's create delegation: no more creates answered
+                            // there, and those answered reach the server first.
+                            if recall.creates {
+                                inner.creates.drop_dir(recall.inode);
+                                inner.creates.drain().await;
+                            }
                             // The kernel is told on a thread of its own (a write to /dev/fuse).
                             let dropped = tokio::task::spawn_blocking({
                                 let inner = Arc::clone(&inner);
@@ -286,6 +295,7 @@ async fn fence(inner: &Inner, view: &SessionView, why: &str, close: bool) {
     tracing::warn!(session = %view.session, %why, "session lost: fenced (no device I/O until a new session)");
     let busy = inner.cache.clear();
     inner.leases.clear();
+    inner.creates.forget(None);
     loop {
         let idle = inner.device_idle.notified();
         tokio::pin!(idle);

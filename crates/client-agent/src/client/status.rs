@@ -154,6 +154,18 @@ pub struct AgentStatus {
     /// Attributes and names cached under leases.
     #[serde(default)]
     pub leases: LeaseCounts,
+    /// Creates answered here before the server answered them.
+    #[serde(default)]
+    pub creates: CreateCounts,
+}
+
+/// Creates this agent answered itself (docs/protocol.md "Creates answered by the agent"):
+/// all of them, those the server then refused (lost), and those it has not answered yet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateCounts {
+    pub here: u64,
+    pub lost: u64,
+    pub unanswered_now: u64,
 }
 
 impl AgentStatus {
@@ -299,6 +311,14 @@ impl Client {
             write_back: self.write_back_stats(),
             stages: crate::stages::snapshot(),
             leases: self.lease_counts(),
+            creates: {
+                let (here, lost, unanswered_now) = self.inner.creates.counts();
+                CreateCounts {
+                    here,
+                    lost,
+                    unanswered_now,
+                }
+            },
         }
     }
 

@@ -143,7 +143,7 @@ impl Unsynced {
     pub fn newest_change(&self, epoch: SessionEpoch) -> Option<u64> {
         self.changes
             .iter()
-            .filter(|r| r.epoch == epoch)
+            .filter(|r| r.epoch == epoch && r.commit_seq != UNANSWERED)
             .map(|r| r.commit_seq)
             .max()
     }
@@ -255,6 +255,23 @@ impl Unsynced {
     pub fn change_replayed(&mut self, record: &NsRecord) {
         if let Some(i) = self.changes.iter().position(|r| r == record) {
             self.changes.remove(i);
+        }
+    }
+
+    /// The server answered the create of `ino` that this agent answered first (its record
+    /// was kept as [`UNANSWERED`]): the record takes the commit that holds it, or goes
+    /// when that is durable already (`None`: it goes, refused or lost).
+    pub fn create_answered(&mut self, epoch: SessionEpoch, ino: InodeId, seq: Option<u64>) {
+        let Some(i) = self.changes.iter().position(|r| {
+            r.epoch == epoch && r.commit_seq == UNANSWERED && r.inode.is_some_and(|(i, _)| i == ino)
+        }) else {
+            return;
+        };
+        match seq {
+            Some(seq) => self.changes[i].commit_seq = seq,
+            None => {
+                self.changes.remove(i);
+            }
         }
     }
 

@@ -332,8 +332,9 @@ fn held_change(cred: &Credentials, cur: &Attr, c: &SetAttr, now: Timestamp) -> O
     Some(next)
 }
 
-/// This node's clock as a timestamp (the ctime a held-back change shows until it is sent).
-fn wall_clock() -> Timestamp {
+/// This node's clock as a timestamp (the ctime a held-back change shows until it is sent,
+/// the times of a file created here until the server's reply).
+pub(super) fn wall_clock() -> Timestamp {
     #[allow(
         clippy::disallowed_methods,
         reason = "the one wall-clock reading of the agent, for a ctime it only shows; \

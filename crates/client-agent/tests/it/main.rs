@@ -22,6 +22,7 @@ mod backup;
 mod client;
 mod cluster;
 mod coherence;
+mod creates;
 mod csi;
 mod deploy;
 mod discovery;

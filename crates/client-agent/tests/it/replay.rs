@@ -67,6 +67,17 @@ impl Mds {
         }
     }
 
+    /// Stops (SIGSTOP) or resumes (SIGCONT) the server: a server that does not answer.
+    pub(crate) fn pause(&self, stop: bool) {
+        let pid = rustix::process::Pid::from_raw(i32::try_from(self.child.id()).unwrap()).unwrap();
+        let sig = if stop {
+            rustix::process::Signal::STOP
+        } else {
+            rustix::process::Signal::CONT
+        };
+        rustix::process::kill_process(pid, sig).unwrap();
+    }
+
     /// `kill -9`, then the same command line again (read from /proc, as an operator's
     /// supervisor would restart it).
     pub(crate) fn kill9_and_restart(&mut self) {
