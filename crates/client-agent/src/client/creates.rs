@@ -15,7 +15,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use sanfs_proto::model::ReserveInodesReply;
+use sanfs_proto::pb;
 use sanfs_proto::types::{InodeId, SessionId};
+
+use super::SessionView;
 
 /// Reserve more numbers when fewer than this many are left.
 pub(crate) const REFILL_BELOW: u64 = 256;
@@ -51,6 +54,17 @@ struct State {
     /// Creates answered here, and the ones the server refused (lost), for status.
     made: u64,
     lost: u64,
+    /// Answered here and not sent yet, in the order answered; and whether a sender runs.
+    queue: Vec<Queued>,
+    sending: bool,
+}
+
+/// A create answered here, to send.
+#[derive(Debug, Clone)]
+pub(crate) struct Queued {
+    pub req: pb::CreateRequest,
+    pub view: SessionView,
+    pub ino: InodeId,
 }
 
 /// The creates this node answers itself.
@@ -58,6 +72,8 @@ struct State {
 pub(crate) struct AsyncCreates {
     state: Mutex<State>,
     drained: tokio::sync::Notify,
+    /// Woken when an answer makes room below [`MAX_UNANSWERED`].
+    room: tokio::sync::Notify,
 }
 
 impl AsyncCreates {
@@ -147,17 +163,62 @@ impl AsyncCreates {
 
     /// The server answered `ino`'s create (`lost`: refused it), or it went to a replay.
     pub fn answered(&self, ino: InodeId, lost: bool) {
-        let empty = {
+        let left = {
             let mut s = self.lock();
             s.unanswered.remove(&ino);
             if lost {
                 s.lost += 1;
             }
-            s.unanswered.is_empty()
+            s.unanswered.len()
         };
-        if empty {
+        if left == 0 {
             self.drained.notify_waiters();
         }
+        if left < MAX_UNANSWERED {
+            self.room.notify_waiters();
+        }
+    }
+
+    /// Waits while [`MAX_UNANSWERED`] creates answered here are unanswered by the server
+    /// (a create then waits for room, not for all of them as a call to the server would).
+    pub async fn wait_room(&self) {
+        loop {
+            let room = self.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            if self.lock().unanswered.len() < MAX_UNANSWERED {
+                return;
+            }
+            room.await;
+        }
+    }
+
+    /// Queues `q` to be sent; answers whether a sender must be started (none runs).
+    pub fn enqueue(&self, q: Queued) -> bool {
+        let mut s = self.lock();
+        s.queue.push(q);
+        !std::mem::replace(&mut s.sending, true)
+    }
+
+    /// The next creates to send together: up to `max` of the first one's session, in the
+    /// order answered. Empty (and the sender stops): nothing is queued.
+    pub fn next_batch(&self, max: usize) -> Vec<Queued> {
+        let mut s = self.lock();
+        let Some(first) = s.queue.first().map(|q| q.view.session) else {
+            s.sending = false;
+            return Vec::new();
+        };
+        let mut batch = Vec::new();
+        let mut rest = Vec::new();
+        for q in s.queue.drain(..) {
+            if q.view.session == first && batch.len() < max {
+                batch.push(q);
+            } else {
+                rest.push(q);
+            }
+        }
+        s.queue = rest;
+        batch
     }
 
     /// Waits until every create answered here is answered by the server.

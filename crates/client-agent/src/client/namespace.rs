@@ -6,10 +6,11 @@
 //! session is replaced.
 
 use sanfs_proto::model::{
-    AccessRequest, CreateReply, CreateRequest, EntryRequest, GetAttrRequest, HandleRef,
-    InodeRequest, Leased, LinkRequest, LockMode, MkdirRequest, MknodRequest, OpenFlags, OpenReply,
-    OpenRequest, ReadDirReply, ReadDirRequest, RenameRequest, SetAttrRequest, SetXattrRequest,
-    StatFs, SymlinkRequest, XattrNames, XattrRequest, XattrValue,
+    AccessRequest, CreateBatchReply, CreateReply, CreateRequest, CreateResult, EntryRequest,
+    GetAttrRequest, HandleRef, InodeRequest, Leased, LinkRequest, LockMode, MAX_CREATE_BATCH,
+    MkdirRequest, MknodRequest, OpenFlags, OpenReply, OpenRequest, ReadDirReply, ReadDirRequest,
+    RenameRequest, SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames,
+    XattrRequest, XattrValue,
 };
 use sanfs_proto::pb;
 use sanfs_proto::types::{
@@ -252,6 +253,8 @@ impl Client {
         flags: OpenFlags,
     ) -> Result<Created, FsError> {
         let name = name(entry)?;
+        // Answered here when it can be; when too many are on their way, once there is room.
+        self.inner.creates.wait_room().await;
         if let Some(created) = self.create_here(cred, parent, &name, perm, flags) {
             return Ok(created);
         }
@@ -470,10 +473,11 @@ impl Client {
                 self.lease_deadline(),
             )
             .or(Some(std::time::Duration::ZERO));
-        let inner2 = Arc::clone(&self.inner);
-        tokio::spawn(async move {
-            send_answered_create(&inner2, req, view, ino).await;
-        });
+        let queued = super::creates::Queued { req, view, ino };
+        if inner.creates.enqueue(queued) {
+            let inner = Arc::clone(&self.inner);
+            tokio::spawn(async move { send_answered_creates(&inner).await });
+        }
         Some(Created {
             handle,
             attr,
@@ -886,95 +890,118 @@ impl Client {
     }
 }
 
-/// Sends the create of `ino` that this agent answered already under `view` (see
-/// [`Client::create_here`]), and settles its record: with the commit that holds it, or gone
-/// once durable. A restarted server gets it from the replay of that record instead; a create
-/// the server refuses (another node took the name after this node's delegation was passed
-/// by) is lost: logged, counted, and the cached file forgotten.
-async fn send_answered_create(
-    inner: &Arc<Inner>,
-    req: pb::CreateRequest,
-    view: SessionView,
-    ino: InodeId,
-) {
-    let pending = inner.requests.begin();
-    let mut req = req;
-    req.request_id = pending.wire();
-    let (parent, name) = (InodeId(req.parent), req.name.clone());
+/// Sends the creates this agent answered already (see [`Client::create_here`]), as they
+/// queue, in `CreateBatch` calls of up to [`MAX_CREATE_BATCH`]; stops when none is left.
+async fn send_answered_creates(inner: &Arc<Inner>) {
     loop {
+        let batch = inner.creates.next_batch(MAX_CREATE_BATCH);
+        if batch.is_empty() {
+            return;
+        }
+        send_create_batch(inner, batch).await;
+    }
+}
+
+/// Sends one batch of creates answered under one session, and settles each one's record:
+/// with the commit that holds it, or gone once durable. A restarted server gets them from
+/// the replay of those records instead; a create the server refuses (another node took the
+/// name after this node's delegation was passed by) is lost: logged, counted, and the
+/// cached file forgotten.
+async fn send_create_batch(inner: &Arc<Inner>, batch: Vec<super::creates::Queued>) {
+    let view = batch[0].view.clone();
+    let pending: Vec<_> = batch.iter().map(|_| inner.requests.begin()).collect();
+    let mut todo: Vec<(&super::creates::Queued, pb::CreateRequest)> = batch
+        .iter()
+        .zip(&pending)
+        .map(|(q, p)| {
+            let mut r = q.req.clone();
+            r.request_id = p.wire();
+            (q, r)
+        })
+        .collect();
+    let lost = |q: &super::creates::Queued, why: &str| {
+        inner
+            .lock_unsynced()
+            .create_answered(view.epoch, q.ino, None);
+        tracing::error!(inode = %q.ino, parent = q.req.parent, why, "a create this node had answered is lost");
+        inner
+            .leases
+            .forget(&[q.ino], &[(InodeId(q.req.parent), q.req.name.as_slice())]);
+        inner.creates.answered(q.ino, true);
+    };
+    while !todo.is_empty() {
         let mark = inner.leases.mark();
         let sent = std::time::Instant::now();
-        let r: Result<(CreateReply, SessionView, Option<CommitNote>, _), FsError> = inner
-            .call_noted_behind("Create reply", view.session, |v| {
+        let req = pb::CreateBatchRequest {
+            creates: todo.iter().map(|(_, r)| r.clone()).collect(),
+        };
+        let r: Result<CreateBatchReply, FsError> = inner
+            .call_free("CreateBatch reply", Pin::Session(view.session), |v| {
                 let mut ns = inner.ns();
                 let req = inner.change_request(req.clone(), v);
-                async move { ns.create(req).await }
+                async move { ns.create_batch(req).await }
             })
             .await;
+        // Those whose fate is not known: the session or the server went meanwhile.
+        let mut unsure = Vec::new();
         match r {
-            Ok((reply, v, note, dirs)) => {
-                {
-                    let mut unsynced = inner.lock_unsynced();
-                    if let Some(n) = note {
-                        unsynced.durable(v.epoch, n.durable_seq);
-                    }
-                    let seq = note.filter(|n| n.seq > n.durable_seq).map(|n| n.seq);
-                    unsynced.create_answered(view.epoch, ino, seq);
-                }
-                // The server's attributes, under the lease its reply gave (what this node
-                // showed until now was its own guess of the times).
-                inner.leases.put_own_attr(
-                    &reply.attr,
-                    reply.lease_ms,
-                    sent,
-                    inner.lease_deadline(),
-                    mark,
-                );
-                // The directory as the server has it, once no other create of this node's
-                // is on its way (their replies hold older copies than this node's own count).
-                if let Some(dirs) = dirs
-                    && inner.creates.counts().2 == 1
-                {
-                    for a in &dirs.attrs {
-                        inner.leases.put_own_attr(
-                            a,
-                            dirs.lease_ms,
-                            sent,
-                            inner.lease_deadline(),
-                            mark,
-                        );
+            Ok(reply) if reply.results.len() == todo.len() => {
+                for ((q, r), result) in todo.drain(..).zip(reply.results) {
+                    match result {
+                        CreateResult::Made {
+                            reply,
+                            commit_seq,
+                            durable_seq,
+                        } => {
+                            {
+                                let mut unsynced = inner.lock_unsynced();
+                                unsynced.durable(view.epoch, durable_seq);
+                                let seq = (commit_seq > durable_seq).then_some(commit_seq);
+                                unsynced.create_answered(view.epoch, q.ino, seq);
+                            }
+                            // The server's attributes, under the lease its reply gave (what
+                            // this node showed until now had its own clock's times).
+                            inner.leases.put_own_attr(
+                                &reply.attr,
+                                reply.lease_ms,
+                                sent,
+                                inner.lease_deadline(),
+                                mark,
+                            );
+                            inner.creates.answered(q.ino, false);
+                        }
+                        // EIO, ESTALE: the server failed or the session went, not the create.
+                        CreateResult::Refused { errno: 5 | 116, .. } => unsure.push((q, r)),
+                        CreateResult::Refused { error, .. } => lost(q, &error),
                     }
                 }
-                inner.creates.answered(ino, false);
-                return;
             }
-            Err(FsError::StaleSession | FsError::Stale) => {
-                // The session went. The same one back (a stream that broke): send again. A
-                // restarted server (a new epoch) got it from the replay of its record before
-                // its new session went live. A session lost at a live server took its
-                // number with it.
-                let now = inner.live_view().await;
-                match now {
-                    Ok(v) if v.session == view.session => continue,
-                    Ok(v) if v.epoch != view.epoch => {}
-                    _ => {
-                        inner.lock_unsynced().create_answered(view.epoch, ino, None);
-                        tracing::error!(inode = %ino, parent = %parent, "a create answered here may be lost: its session ended before the server answered it");
-                        inner.leases.forget(&[ino], &[(parent, name.as_slice())]);
-                        inner.creates.answered(ino, true);
-                        return;
-                    }
-                }
-                inner.creates.answered(ino, false);
-                return;
+            Ok(reply) => {
+                let why = format!("{} answers to {} creates", reply.results.len(), todo.len());
+                todo.drain(..).for_each(|(q, _)| lost(q, &why));
             }
+            Err(FsError::StaleSession | FsError::Stale) => unsure = std::mem::take(&mut todo),
             Err(e) => {
-                inner.lock_unsynced().create_answered(view.epoch, ino, None);
-                tracing::error!(inode = %ino, parent = %parent, error = %e, "the server refused a create this node had answered: the file is lost");
-                inner.leases.forget(&[ino], &[(parent, name.as_slice())]);
-                inner.creates.answered(ino, true);
-                return;
+                let why = e.to_string();
+                todo.drain(..).for_each(|(q, _)| lost(q, &why));
             }
+        }
+        if unsure.is_empty() {
+            continue;
+        }
+        // The same session back (a stream that broke): send them again. A restarted server
+        // (a new epoch) got them from the replay of their records before its new session
+        // went live. A session lost at a live server took their numbers with it.
+        match inner.live_view().await {
+            Ok(v) if v.session == view.session => todo = unsure,
+            Ok(v) if v.epoch != view.epoch => {
+                unsure
+                    .iter()
+                    .for_each(|(q, _)| inner.creates.answered(q.ino, false));
+            }
+            _ => unsure
+                .iter()
+                .for_each(|(q, _)| lost(q, "its session ended before the server answered")),
         }
     }
 }

@@ -289,27 +289,6 @@ impl Inner {
         .await
     }
 
-    /// [`Inner::call_noted`] of a create this agent answered already (see [`super::creates`]):
-    /// not held by the barrier the other calls wait at (it is what they wait for), and bound
-    /// to the session it was answered under (after a restart it is replayed instead).
-    pub(crate) async fn call_noted_behind<R, T, F, Fut>(
-        &self,
-        what: &'static str,
-        session: SessionId,
-        send: F,
-    ) -> Result<(T, SessionView, Option<CommitNote>, Option<ChangedDirs>), FsError>
-    where
-        F: FnMut(&SessionView) -> Fut,
-        Fut: Future<Output = Result<Response<R>, Status>>,
-        T: TryFrom<R>,
-        T::Error: Display,
-    {
-        self.call_with(what, Pin::Session(session), false, send, |reply, view| {
-            self.noted_reply(what, reply, view)
-        })
-        .await
-    }
-
     /// A change's reply: its value, the view it was sent under, its `sanfs-commit` note and
     /// the directories it changed; this node's own attribute leases it altered go.
     fn noted_reply<R, T>(

@@ -13,11 +13,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use sanfs_proto::model::{
-    AccessRequest, CreateRequest, EntryRequest, GetAttrRequest, HandleRef, InodeRequest, Leased,
-    LeasedLookup, LeasedReadDir, LinkRequest, MAX_INLINE_DATA, MkdirRequest, MknodRequest,
-    OpenReply, OpenRequest, RenameRequest, RequestId, ReserveInodesReply, ReserveInodesRequest,
-    SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames, XattrRequest, XattrValue,
-    request_id,
+    AccessRequest, CreateBatchRequest, CreateRequest, EntryRequest, GetAttrRequest, HandleRef,
+    InodeRequest, Leased, LeasedLookup, LeasedReadDir, LinkRequest, MAX_INLINE_DATA, MkdirRequest,
+    MknodRequest, OpenReply, OpenRequest, RenameRequest, RequestId, ReserveInodesReply,
+    ReserveInodesRequest, SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames,
+    XattrRequest, XattrValue, request_id,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::namespace_server::Namespace;
@@ -484,6 +484,101 @@ impl Server {
         Err(fs_status(&FsError::StaleSession))
     }
 
+    /// One create (not a replay) of the caller `who`, under the header's session: the body
+    /// of `Create`, and of each create of a `CreateBatch`.
+    async fn create_one(
+        &self,
+        who: &NodeIdentity,
+        header_session: Option<SessionId>,
+        req: CreateRequest,
+        id: Option<RequestId>,
+    ) -> Result<(pb::CreateReply, Noted), Status> {
+        self.wait_reclaim().await;
+        note(Some(req.session.0), Some(req.parent.0));
+        let session = req.session;
+        self.check_session(who, session)?;
+        let truncating = req.flags.truncate && !req.exclusive;
+        // Answered before durable when made under its session's header (an agent that
+        // keeps it for a replay), unless it truncates an existing file: a size change is
+        // durable when answered, as in SetAttr. A lazy try that finds the name taken
+        // changes nothing and comes back here as a durable one.
+        let mut lazy = header_session == Some(session);
+        let (mut reply, commit, since) = loop {
+            // Truncating an existing file changes what grants describe.
+            let existing = if truncating {
+                let (parent, name) = (req.parent.0, req.name.clone());
+                self.store
+                    .read(|t| t.dirent(InodeId(parent), name.as_bytes()))
+                    .ok()
+                    .flatten()
+                    .map(|(child, _, _)| child)
+            } else {
+                None
+            };
+            lazy &= existing.is_none();
+            let _guard = match existing {
+                Some(child) => self.size_change_guard(child.0, 0, session.0).await?,
+                None => None,
+            };
+            let mut changes = vec![(req.parent.0, E), (req.parent.0, A)];
+            changes.extend(existing.map(|c| (c.0, A)));
+            let leases = self.recall_leases(&changes, Some(session.0)).await;
+            let r = req.clone();
+            let check_free = lazy && truncating;
+            let reserved = self.reserved.clone();
+            let (reply, commit) = self
+                .change(lazy.then_some(session), move |ctx| {
+                    if check_free && ctx.t.dirent(r.parent, r.name.as_bytes())?.is_some() {
+                        return Ok(None);
+                    }
+                    let once = replies::run_once(ctx, id, session.0, |ctx| {
+                        // A number the agent reserved: the file gets it (once), with its
+                        // generation.
+                        if let Some(ino) = r.inode {
+                            let generation = reserved.take(session.0, ino)?;
+                            ctx.forced_inode = Some((ino.0, generation));
+                        }
+                        ns::create(ctx, &r).map(pb::CreateReply::from)
+                    })?;
+                    match once {
+                        Once::Fresh(reply) => Ok(Some(reply)),
+                        Once::Replayed(stored) => create_replayed(ctx, &r, stored).map(Some),
+                    }
+                })
+                .await?;
+            match reply {
+                Some(reply) => {
+                    let (noted, since) =
+                        self.change_noted(lazy.then_some(session), commit, leases, &changes, None);
+                    break (reply, noted, since);
+                }
+                None => lazy = false,
+            }
+        };
+        self.keep_if_session_lives(session.0, reply.handle).await?;
+        // The new file's attributes and the parent's names, leased to the creator (an
+        // agent that names its session: it caches them).
+        if header_session == Some(session)
+            && let Some(ino) = reply.attr.as_ref().map(|a| a.ino)
+        {
+            reply.lease_ms =
+                self.grant_leases(Some(session.0), &[(req.parent.0, E), (ino, A)], since);
+        }
+        // The new file's write delegation, asked for with it (saves the Delegate call of
+        // its first buffered write). Not for a file that was there already.
+        if req.delegate
+            && reply.created
+            && req.flags.write
+            && let Some(ino) = reply.attr.as_ref().map(|a| a.ino)
+        {
+            reply.delegation = self
+                .delegate_to(session.0, self.epoch.0, ino, true)
+                .await
+                .unwrap_or(0);
+        }
+        Ok((reply, commit))
+    }
+
     fn statfs(&self, req: &InodeRequest) -> Result<StatFs, Status> {
         let bs = self.store.block_size();
         self.read(|t| t.inode(req.inode))?;
@@ -722,103 +817,55 @@ impl Namespace for NamespaceService {
                     .await?;
                 return Ok((Default::default(), Noted::from(commit)));
             }
-            self.server.wait_reclaim().await;
-            note(Some(req.session.0), Some(req.parent.0));
-            let session = req.session;
-            self.server.check_session(&who, session)?;
-            let truncating = req.flags.truncate && !req.exclusive;
-            // Answered before durable when made under its session's header (an agent that
-            // keeps it for a replay), unless it truncates an existing file: a size change is
-            // durable when answered, as in SetAttr. A lazy try that finds the name taken
-            // changes nothing and comes back here as a durable one.
-            let mut lazy = header_session == Some(session);
-            let (mut reply, commit, since) = loop {
-                // Truncating an existing file changes what grants describe.
-                let existing = if truncating {
-                    let (parent, name) = (req.parent.0, req.name.clone());
-                    self.server
-                        .store
-                        .read(|t| t.dirent(InodeId(parent), name.as_bytes()))
-                        .ok()
-                        .flatten()
-                        .map(|(child, _, _)| child)
-                } else {
-                    None
-                };
-                lazy &= existing.is_none();
-                let _guard = match existing {
-                    Some(child) => self.server.size_change_guard(child.0, 0, session.0).await?,
-                    None => None,
-                };
-                let mut changes = vec![(req.parent.0, E), (req.parent.0, A)];
-                changes.extend(existing.map(|c| (c.0, A)));
-                let leases = self.server.recall_leases(&changes, Some(session.0)).await;
-                let r = req.clone();
-                let check_free = lazy && truncating;
-                let reserved = self.server.reserved.clone();
-                let (reply, commit) = self
-                    .server
-                    .change(lazy.then_some(session), move |ctx| {
-                        if check_free && ctx.t.dirent(r.parent, r.name.as_bytes())?.is_some() {
-                            return Ok(None);
+            self.server.create_one(&who, header_session, req, id).await
+        })
+        .await
+    }
+
+    async fn create_batch(
+        &self,
+        request: Request<pb::CreateBatchRequest>,
+    ) -> Result<Response<pb::CreateBatchReply>, Status> {
+        rpc("CreateBatch", async {
+            let who = caller(&request)?;
+            let (header_session, replay) = change_headers(&self.server, &request).await?;
+            if replay.is_some() {
+                return Err(fs_status(&FsError::Invalid(
+                    "a replay is sent as single Create calls".into(),
+                )));
+            }
+            let batch: CreateBatchRequest = convert(request.into_inner())?;
+            note(header_session.map(|s| s.0), None);
+            // All at once: their jobs reach the committer together, one commit for the lot.
+            let results =
+                futures_util::future::join_all(batch.creates.into_iter().map(|(mut req, id)| {
+                    who.policy.squash(&mut req.cred);
+                    self.server.create_one(&who, header_session, req, id)
+                }))
+                .await;
+            let results = results
+                .into_iter()
+                .map(|r| match r {
+                    Ok((reply, noted)) => pb::CreateResult {
+                        reply: Some(reply),
+                        commit_seq: noted.commit.seq,
+                        durable_seq: noted.commit.durable_seq,
+                        errno: 0,
+                        error: String::new(),
+                    },
+                    Err(status) => {
+                        let e = sanfs_proto::status::fs_error_from_status(&status);
+                        pb::CreateResult {
+                            reply: None,
+                            commit_seq: 0,
+                            durable_seq: 0,
+                            errno: u32::try_from(e.errno()).unwrap_or(5).max(1),
+                            error: status.message().to_owned(),
                         }
-                        let once = replies::run_once(ctx, id, session.0, |ctx| {
-                            // A number the agent reserved: the file gets it (once), with its
-                            // generation.
-                            if let Some(ino) = r.inode {
-                                let generation = reserved.take(session.0, ino)?;
-                                ctx.forced_inode = Some((ino.0, generation));
-                            }
-                            ns::create(ctx, &r).map(pb::CreateReply::from)
-                        })?;
-                        match once {
-                            Once::Fresh(reply) => Ok(Some(reply)),
-                            Once::Replayed(stored) => create_replayed(ctx, &r, stored).map(Some),
-                        }
-                    })
-                    .await?;
-                match reply {
-                    Some(reply) => {
-                        let (noted, since) = self.server.change_noted(
-                            lazy.then_some(session),
-                            commit,
-                            leases,
-                            &changes,
-                            None,
-                        );
-                        break (reply, noted, since);
                     }
-                    None => lazy = false,
-                }
-            };
-            self.server
-                .keep_if_session_lives(session.0, reply.handle)
-                .await?;
-            // The new file's attributes and the parent's names, leased to the creator (an
-            // agent that names its session: it caches them).
-            if header_session == Some(session)
-                && let Some(ino) = reply.attr.as_ref().map(|a| a.ino)
-            {
-                reply.lease_ms = self.server.grant_leases(
-                    Some(session.0),
-                    &[(req.parent.0, E), (ino, A)],
-                    since,
-                );
-            }
-            // The new file's write delegation, asked for with it (saves the Delegate call of
-            // its first buffered write). Not for a file that was there already.
-            if req.delegate
-                && reply.created
-                && req.flags.write
-                && let Some(ino) = reply.attr.as_ref().map(|a| a.ino)
-            {
-                reply.delegation = self
-                    .server
-                    .delegate_to(session.0, self.server.epoch.0, ino, true)
-                    .await
-                    .unwrap_or(0);
-            }
-            Ok((reply, commit))
+                })
+                .collect();
+            Ok(pb::CreateBatchReply { results })
         })
         .await
     }

@@ -362,3 +362,70 @@ async fn another_sessions_look_into_a_delegated_directory_waits_for_the_creates_
     list.await.unwrap().unwrap();
     srv.stop().await;
 }
+
+/// `CreateBatch`: each create answered on its own, in order (made, or refused with its
+/// error number, the others made all the same); a batch with a create that names no
+/// reserved number, or with none at all, is refused whole and makes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_creates_is_answered_one_by_one() {
+    let srv = start().await;
+    let mut a = srv.clients().await;
+    let (sa, _) = a.open_session().await;
+    let r = reserve(&mut a, sa, 8).await.unwrap();
+    let f = r.first_inode;
+    a.create_file(sa, "taken").await;
+    let batch = |items: Vec<(&str, u64)>| pb::CreateBatchRequest {
+        creates: items
+            .into_iter()
+            .map(|(name, ino)| create(sa, name, ino, true))
+            .collect(),
+    };
+    let reply =
+        a.ns.create_batch(with(
+            sa,
+            batch(vec![("b1", f), ("b2", f), ("taken", f + 1), ("b3", f + 2)]),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let got: Vec<(Option<u64>, u32)> = reply
+        .results
+        .iter()
+        .map(|r| {
+            (
+                r.reply
+                    .as_ref()
+                    .and_then(|c| c.attr.as_ref())
+                    .map(|a| a.ino),
+                r.errno,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (Some(f), 0),
+            (None, libc_einval()),
+            (None, libc_eexist()),
+            (Some(f + 2), 0)
+        ]
+    );
+    assert!(reply.results[0].commit_seq > 0 || reply.results[0].durable_seq > 0);
+    assert!(exists(&mut a, "b1").await && exists(&mut a, "b3").await);
+    assert!(!exists(&mut a, "b2").await);
+    // Refused whole: a create without its number, or an empty batch.
+    for bad in [batch(vec![("c1", f + 3), ("c2", 0)]), batch(vec![])] {
+        let e = a.ns.create_batch(with(sa, bad)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    }
+    assert!(!exists(&mut a, "c1").await);
+    srv.stop().await;
+}
+
+fn libc_einval() -> u32 {
+    22
+}
+
+fn libc_eexist() -> u32 {
+    17
+}

@@ -1245,6 +1245,151 @@ impl From<AccessRequest> for pb::AccessRequest {
     }
 }
 
+/// The most creates one [`CreateBatchRequest`] carries.
+pub const MAX_CREATE_BATCH: usize = 256;
+
+/// CreateBatch: creates the agent answered already, each with its reserved inode number.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreateBatchRequest {
+    /// With their reply-cache ids.
+    pub creates: Vec<(CreateRequest, Option<RequestId>)>,
+}
+
+impl TryFrom<pb::CreateBatchRequest> for CreateBatchRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::CreateBatchRequest) -> Result<Self, ProtocolError> {
+        if p.creates.is_empty() || p.creates.len() > MAX_CREATE_BATCH {
+            return Err(invalid(
+                "creates",
+                format!("{} creates, not 1 to {MAX_CREATE_BATCH}", p.creates.len()),
+            ));
+        }
+        let creates = p
+            .creates
+            .into_iter()
+            .map(|mut c| {
+                let id = request_id(c.request_id.take())?;
+                let r = CreateRequest::try_from(c)?;
+                if r.inode.is_none() {
+                    return Err(invalid("creates.inode", "a batched create names its inode"));
+                }
+                Ok((r, id))
+            })
+            .collect::<Result<Vec<_>, ProtocolError>>()?;
+        Ok(CreateBatchRequest { creates })
+    }
+}
+
+impl From<CreateBatchRequest> for pb::CreateBatchRequest {
+    fn from(r: CreateBatchRequest) -> Self {
+        pb::CreateBatchRequest {
+            creates: r
+                .creates
+                .into_iter()
+                .map(|(c, id)| {
+                    let mut p = pb::CreateRequest::from(c);
+                    p.request_id = id.map(Into::into);
+                    p
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One create of a [`CreateBatchRequest`] as answered: made (with its commit note), or
+/// refused.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CreateResult {
+    Made {
+        reply: CreateReply,
+        commit_seq: u64,
+        durable_seq: u64,
+    },
+    Refused {
+        errno: u32,
+        error: String,
+    },
+}
+
+impl TryFrom<pb::CreateResult> for CreateResult {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::CreateResult) -> Result<Self, ProtocolError> {
+        match (p.reply, p.errno) {
+            (Some(reply), 0) => Ok(CreateResult::Made {
+                reply: CreateReply::try_from(reply)?,
+                commit_seq: p.commit_seq,
+                durable_seq: p.durable_seq,
+            }),
+            (None, errno) if errno != 0 => Ok(CreateResult::Refused {
+                errno,
+                error: p.error,
+            }),
+            _ => Err(invalid(
+                "errno",
+                "a create result is either a reply or an error number",
+            )),
+        }
+    }
+}
+
+impl From<CreateResult> for pb::CreateResult {
+    fn from(r: CreateResult) -> Self {
+        match r {
+            CreateResult::Made {
+                reply,
+                commit_seq,
+                durable_seq,
+            } => pb::CreateResult {
+                reply: Some(reply.into()),
+                commit_seq,
+                durable_seq,
+                errno: 0,
+                error: String::new(),
+            },
+            CreateResult::Refused { errno, error } => pb::CreateResult {
+                reply: None,
+                commit_seq: 0,
+                durable_seq: 0,
+                errno,
+                error,
+            },
+        }
+    }
+}
+
+/// The answers of a [`CreateBatchRequest`], in its order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreateBatchReply {
+    pub results: Vec<CreateResult>,
+}
+
+impl TryFrom<pb::CreateBatchReply> for CreateBatchReply {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::CreateBatchReply) -> Result<Self, ProtocolError> {
+        if p.results.len() > MAX_CREATE_BATCH {
+            return Err(invalid("results", format!("{} results", p.results.len())));
+        }
+        Ok(CreateBatchReply {
+            results: p
+                .results
+                .into_iter()
+                .map(CreateResult::try_from)
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}
+
+impl From<CreateBatchReply> for pb::CreateBatchReply {
+    fn from(r: CreateBatchReply) -> Self {
+        pb::CreateBatchReply {
+            results: r.results.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
 /// The most inode numbers one [`ReserveInodesRequest`] asks for.
 pub const MAX_RESERVED_INODES: u32 = 4096;
 

@@ -122,6 +122,9 @@ fn targets() -> Vec<(&'static str, Target)> {
         AccessRequest => AccessRequest,
         ReserveInodesRequest => ReserveInodesRequest,
         ReserveInodesReply => ReserveInodesReply,
+        CreateBatchRequest => CreateBatchRequest,
+        CreateBatchReply => CreateBatchReply,
+        CreateResult => CreateResult,
         // data
         MapRequest => MapRequest,
         DeviceIo => DeviceIo,
