@@ -561,8 +561,16 @@ impl Server {
         if header_session == Some(session)
             && let Some(ino) = reply.attr.as_ref().map(|a| a.ino)
         {
-            reply.lease_ms =
-                self.grant_leases(Some(session.0), &[(req.parent.0, E), (ino, A)], since);
+            // A create its agent answered already (under the directory's delegation, whose
+            // entry lease it holds): the file's attributes only. Its neighbours in a batch
+            // change the directory at the same time, which would refuse a lease on its
+            // names given as of this one's end, and with it the file's.
+            let what: &[(u64, Covered)] = if req.inode.is_some() {
+                &[(ino, A)]
+            } else {
+                &[(req.parent.0, E), (ino, A)]
+            };
+            reply.lease_ms = self.grant_leases(Some(session.0), what, since);
         }
         // The new file's write delegation, asked for with it (saves the Delegate call of
         // its first buffered write). Not for a file that was there already.
