@@ -501,11 +501,16 @@ impl Client {
                 count: super::creates::RESERVE,
             });
             let r: Result<sanfs_proto::model::ReserveInodesReply, FsError> = inner
-                .call_free("ReserveInodes reply", Pin::Session(session), |view| {
-                    let mut ns = inner.ns();
-                    let req = with_session(req, view);
-                    async move { ns.reserve_inodes(req).await }
-                })
+                .call_barred(
+                    "ReserveInodes reply",
+                    Pin::Session(session),
+                    false,
+                    |view| {
+                        let mut ns = inner.ns();
+                        let req = with_session(req, view);
+                        async move { ns.reserve_inodes(req).await }
+                    },
+                )
                 .await;
             match r {
                 Ok(numbers) => inner.creates.add_numbers(session, &numbers),
@@ -936,11 +941,16 @@ async fn send_create_batch(inner: &Arc<Inner>, batch: Vec<super::creates::Queued
             creates: todo.iter().map(|(_, r)| r.clone()).collect(),
         };
         let r: Result<CreateBatchReply, FsError> = inner
-            .call_free("CreateBatch reply", Pin::Session(view.session), |v| {
-                let mut ns = inner.ns();
-                let req = inner.change_request(req.clone(), v);
-                async move { ns.create_batch(req).await }
-            })
+            .call_barred(
+                "CreateBatch reply",
+                Pin::Session(view.session),
+                false,
+                |v| {
+                    let mut ns = inner.ns();
+                    let req = inner.change_request(req.clone(), v);
+                    async move { ns.create_batch(req).await }
+                },
+            )
             .await;
         // Those whose fate is not known: the session or the server went meanwhile.
         let mut unsure = Vec::new();

@@ -263,7 +263,25 @@ impl Inner {
         T: TryFrom<R>,
         T::Error: Display,
     {
-        self.call_with(what, pin, true, send, |reply, _| {
+        self.call_barred(what, pin, true, send).await
+    }
+
+    /// [`Inner::call`], held by the barrier of creates answered here (`barred`) or not (a
+    /// call they do not need to precede: reserving inode numbers, sending them).
+    pub(crate) async fn call_barred<R, T, F, Fut>(
+        &self,
+        what: &'static str,
+        pin: Pin<'_>,
+        barred: bool,
+        send: F,
+    ) -> Result<T, FsError>
+    where
+        F: FnMut(&SessionView) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+        T: TryFrom<R>,
+        T::Error: Display,
+    {
+        self.call_with(what, pin, barred, send, |reply, _| {
             T::try_from(reply.into_inner()).map_err(|e| malformed(what, e))
         })
         .await
@@ -377,26 +395,6 @@ impl Inner {
                 }
             }
         }
-    }
-
-    /// [`Inner::call`] not held by the barrier of creates answered here (a call they do not
-    /// need to precede: reserving inode numbers).
-    pub(crate) async fn call_free<R, T, F, Fut>(
-        &self,
-        what: &'static str,
-        pin: Pin<'_>,
-        send: F,
-    ) -> Result<T, FsError>
-    where
-        F: FnMut(&SessionView) -> Fut,
-        Fut: Future<Output = Result<Response<R>, Status>>,
-        T: TryFrom<R>,
-        T::Error: Display,
-    {
-        self.call_with(what, pin, false, send, |reply, _| {
-            T::try_from(reply.into_inner()).map_err(|e| malformed(what, e))
-        })
-        .await
     }
 
     /// The current session once it is live (waiting as a call waits).
