@@ -73,7 +73,15 @@ async fn creates_answered_here_are_seen_by_the_other_node_and_survive_a_server_k
     }
     let dir = tempfile::tempdir().unwrap();
     let (mut mds, luns) = start_mds(dir.path());
-    let a = Agent::mount_as(dir.path(), "mnt-a", "creates-a", "", &mds, &luns).await;
+    let a = Agent::mount_as(
+        dir.path(),
+        "mnt-a",
+        "creates-a",
+        "async_creates=on",
+        &mds,
+        &luns,
+    )
+    .await;
     let b = Agent::mount_as(dir.path(), "mnt-b", "creates-b", LOOKER, &mds, &luns).await;
 
     // 1. A makes a directory and files in it; B lists it: every file, A's inode numbers.
