@@ -315,16 +315,10 @@ impl Leases {
                 {
                     s.remove(&ino);
                 }
-                t.next_recall += 1;
-                let id = t.next_recall;
-                t.outstanding.insert(id, session);
-                let recall = LeaseRecall {
-                    id,
-                    inode: InodeId(ino),
-                    attr: taken.attr.is_some(),
-                    entries: taken.entries.is_some(),
-                    creates: false,
-                };
+                let recall = t.issue_recall(session, ino, |r| {
+                    r.attr = taken.attr.is_some();
+                    r.entries = taken.entries.is_some();
+                });
                 recalls.push((session, recall, taken.until().unwrap_or(now)));
             }
         }
@@ -580,17 +574,32 @@ fn take_creator(
     if until <= now {
         return None;
     }
-    t.next_recall += 1;
-    let id = t.next_recall;
-    t.outstanding.insert(id, holder);
-    let recall = LeaseRecall {
-        id,
-        inode: InodeId(ino),
-        attr: false,
-        entries: false,
-        creates: true,
-    };
+    let recall = t.issue_recall(holder, ino, |r| r.creates = true);
     Some((holder, recall, until))
+}
+
+impl Table {
+    /// A recall of what `session` holds on `ino` (`what` says which), noted outstanding
+    /// until acknowledged.
+    fn issue_recall(
+        &mut self,
+        session: u64,
+        ino: u64,
+        what: impl FnOnce(&mut LeaseRecall),
+    ) -> LeaseRecall {
+        self.next_recall += 1;
+        let id = self.next_recall;
+        self.outstanding.insert(id, session);
+        let mut recall = LeaseRecall {
+            id,
+            inode: InodeId(ino),
+            attr: false,
+            entries: false,
+            creates: false,
+        };
+        what(&mut recall);
+        recall
+    }
 }
 
 #[cfg(test)]

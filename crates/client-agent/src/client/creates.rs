@@ -74,6 +74,9 @@ pub(crate) struct AsyncCreates {
     drained: tokio::sync::Notify,
     /// Woken when an answer makes room below [`MAX_UNANSWERED`].
     room: tokio::sync::Notify,
+    /// How many creates are unanswered (`State::unanswered`'s length): every call of the
+    /// agent passes the barrier, most with none, and then takes no lock.
+    pending: std::sync::atomic::AtomicUsize,
 }
 
 impl AsyncCreates {
@@ -157,6 +160,8 @@ impl AsyncCreates {
         block.2 += 1;
         s.pool.blocks.retain(|(next, end, _)| next < end);
         s.unanswered.insert(ino);
+        self.pending
+            .store(s.unanswered.len(), std::sync::atomic::Ordering::SeqCst);
         s.made += 1;
         Some((ino, generation))
     }
@@ -169,6 +174,8 @@ impl AsyncCreates {
             if lost {
                 s.lost += 1;
             }
+            self.pending
+                .store(s.unanswered.len(), std::sync::atomic::Ordering::SeqCst);
             s.unanswered.len()
         };
         if left == 0 {
@@ -223,6 +230,9 @@ impl AsyncCreates {
 
     /// Waits until every create answered here is answered by the server.
     pub async fn drain(&self) {
+        if self.pending.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            return;
+        }
         loop {
             let drained = self.drained.notified();
             tokio::pin!(drained);
