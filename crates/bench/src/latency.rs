@@ -102,6 +102,7 @@ async fn raw_agent(
             }),
             delegate: false,
             inode: 0,
+            time: None,
             request_id: None,
         })
         .await?

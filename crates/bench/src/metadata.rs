@@ -111,6 +111,7 @@ async fn caller(
                         }),
                         delegate: false,
                         inode: 0,
+                        time: None,
                         request_id: None,
                     })
                     .await?

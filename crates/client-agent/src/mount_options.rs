@@ -57,9 +57,8 @@ pub struct MountOpts {
     /// per change), instead of answered at once and kept by the agent until durable.
     pub dirsync: bool,
     /// `async_creates=on|off`: creates in a directory this mount made answered at once and
-    /// sent behind the answer (docs/posix.md "Durability of namespace changes"). Off by
-    /// default for now: the file's times are this node's clock until the server's reply,
-    /// which pjdfstest's timestamp checks see change.
+    /// sent behind the answer (docs/posix.md "Durability of namespace changes"). On by
+    /// default; the server makes the file with the time the agent answered it at.
     pub async_creates: bool,
     /// `page_cache=on|off`: files opened for reading only, or for plain buffered reading and
     /// writing, use the kernel's page cache
@@ -118,7 +117,7 @@ impl Default for MountOpts {
             direct_io_threshold: None,
             writeback: crate::client::WriteBackConfig::default(),
             dirsync: false,
-            async_creates: false,
+            async_creates: true,
             page_cache: true,
             log: None,
             log_level: None,
@@ -491,11 +490,12 @@ mod tests {
             "namespace changes are answered before durable by default"
         );
         assert!(parse_options(&s("dirsync")).unwrap().dirsync);
+        assert!(o.async_creates);
         assert!(
-            !o.async_creates,
-            "off by default until the server keeps the agent's times"
+            !parse_options(&s("async_creates=off"))
+                .unwrap()
+                .async_creates
         );
-        assert!(parse_options(&s("async_creates=on")).unwrap().async_creates);
         assert!(
             !parse_options(&s("async_creates=off"))
                 .unwrap()

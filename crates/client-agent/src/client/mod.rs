@@ -230,7 +230,7 @@ impl ClientConfig {
             write_layout_bytes: DEFAULT_WRITE_LAYOUT_BYTES,
             writeback: WriteBackConfig::default(),
             dirsync: false,
-            async_creates: false,
+            async_creates: true,
             accept_epoch_regression: false,
             retry: RetryPolicy::Hard,
             require_luns: false,

@@ -285,6 +285,7 @@ impl Client {
                     flags,
                     delegate: self.delegate_on_create(&flags),
                     inode: None,
+                    time: None,
                 });
                 req.request_id = pending.wire();
                 sent = Some(req.clone());
@@ -436,6 +437,7 @@ impl Client {
             flags,
             delegate: false,
             inode: Some(ino),
+            time: Some(now),
         });
         // Kept for a replay from now on: a restarted server makes it again with its number.
         inner.lock_unsynced().record_change(NsRecord {

@@ -34,35 +34,67 @@ fn creates_here(mount: &Path) -> (u64, u64) {
     )
 }
 
+/// A file's times as `stat` shows them: mtime and ctime, seconds and nanoseconds.
+type Times = [i64; 4];
+
+fn times(m: &std::fs::Metadata) -> Times {
+    [m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()]
+}
+
 /// Makes `dir` and `n` empty files in it (`open(O_CREAT|O_EXCL)` + `close`, a few with
-/// bytes): their inode numbers by name, as the creating node's applications saw them.
-fn make_files(dir: PathBuf, n: usize) -> BTreeMap<String, u64> {
+/// bytes): their inode numbers by name, as the creating node's applications saw them, and
+/// the times they saw of the files without bytes.
+fn make_files(dir: PathBuf, n: usize) -> (BTreeMap<String, u64>, BTreeMap<String, Times>) {
     std::fs::create_dir(&dir).unwrap();
-    let mut made = BTreeMap::new();
+    let (mut made, mut seen_times) = (BTreeMap::new(), BTreeMap::new());
     for i in 0..n {
         let name = format!("f{i:04}");
         let p = dir.join(&name);
         let f = std::fs::File::create_new(&p).unwrap();
-        let ino = f.metadata().unwrap().ino();
+        let m = f.metadata().unwrap();
         if i % 50 == 7 {
             use std::io::Write;
             let mut f = f;
             f.write_all(name.as_bytes()).unwrap();
+        } else {
+            seen_times.insert(name.clone(), times(&m));
         }
-        made.insert(name, ino);
+        made.insert(name, m.ino());
     }
-    made
+    (made, seen_times)
 }
 
-/// The names and inode numbers in `dir` as this node lists them.
-fn listed(dir: &Path) -> BTreeMap<String, u64> {
+/// The names, inode numbers and times in `dir` as this node lists them.
+fn listed_with_times(dir: &Path) -> BTreeMap<String, (u64, Times)> {
     std::fs::read_dir(dir)
         .unwrap()
         .map(|e| {
             let e = e.unwrap();
-            let ino = std::fs::symlink_metadata(e.path()).unwrap().ino();
-            (e.file_name().to_string_lossy().into_owned(), ino)
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                (m.ino(), times(&m)),
+            )
         })
+        .collect()
+}
+
+/// The names and inode numbers in `dir` as this node lists them.
+fn listed(dir: &Path) -> BTreeMap<String, u64> {
+    listed_with_times(dir)
+        .into_iter()
+        .map(|(name, (ino, _))| (name, ino))
+        .collect()
+}
+
+/// The times `seen` lists differ from what the creating node's applications saw.
+fn times_changed(
+    saw: &BTreeMap<String, Times>,
+    seen: &BTreeMap<String, (u64, Times)>,
+) -> Vec<String> {
+    saw.iter()
+        .filter(|(name, t)| seen.get(*name).map(|s| &s.1) != Some(*t))
+        .map(|(name, t)| format!("{name}: {t:?} then {:?}", seen.get(name)))
         .collect()
 }
 
@@ -86,13 +118,26 @@ async fn creates_answered_here_are_seen_by_the_other_node_and_survive_a_server_k
 
     // 1. A makes a directory and files in it; B lists it: every file, A's inode numbers.
     let d1 = a.mount.join("d1");
-    let made = timed("A's creates", 120, move || make_files(d1, 400)).await;
+    let (made, saw) = timed("A's creates", 120, move || make_files(d1, 400)).await;
     let (here, _) = creates_here(&a.mount);
     let seen = {
         let d1 = b.mount.join("d1");
-        timed("B's listing", 60, move || listed(&d1)).await
+        timed("B's listing", 60, move || listed_with_times(&d1)).await
     };
-    assert_eq!(seen, made, "B's listing of A's directory");
+    let inos = seen.iter().map(|(n, (ino, _))| (n.clone(), *ino)).collect();
+    assert_eq!(made, inos, "B's listing of A's directory");
+    // The server made them with the times A's applications saw, and so does A show them now.
+    let changed = times_changed(&saw, &seen);
+    assert!(changed.is_empty(), "times B sees: {changed:#?}");
+    let again = {
+        let d1 = a.mount.join("d1");
+        timed("A's listing", 60, move || listed_with_times(&d1)).await
+    };
+    let changed = times_changed(&saw, &again);
+    assert!(
+        changed.is_empty(),
+        "times A sees after the replies: {changed:#?}"
+    );
     // The other way: one of them read through B, with its bytes.
     let p = b.mount.join("d1/f0007");
     assert_eq!(std::fs::read(&p).unwrap(), b"f0007");
@@ -113,7 +158,7 @@ async fn creates_answered_here_are_seen_by_the_other_node_and_survive_a_server_k
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         use rustix::fs::{Mode, OFlags};
-        let made: BTreeMap<String, u64> = (0..200)
+        let made: BTreeMap<String, (u64, Times)> = (0..200)
             .map(|i| {
                 let name = format!("g{i:03}");
                 #[allow(
@@ -127,8 +172,15 @@ async fn creates_answered_here_are_seen_by_the_other_node_and_survive_a_server_k
                     Mode::from_raw_mode(0o644),
                 )
                 .unwrap();
-                let ino = rustix::fs::fstat(&fd).unwrap().st_ino;
-                (name, ino)
+                let st = rustix::fs::fstat(&fd).unwrap();
+                let ns = |n| i64::try_from(n).unwrap();
+                let t = [
+                    st.st_mtime,
+                    ns(st.st_mtime_nsec),
+                    st.st_ctime,
+                    ns(st.st_ctime_nsec),
+                ];
+                (name, (st.st_ino, t))
             })
             .collect();
         let _ = tx.send(made);
@@ -146,9 +198,15 @@ async fn creates_answered_here_are_seen_by_the_other_node_and_survive_a_server_k
     a.wait_new_session(1).await;
     let seen2 = {
         let d2 = b.mount.join("d2");
-        timed("B's listing after the restart", 60, move || listed(&d2)).await
+        timed("B's listing after the restart", 60, move || {
+            listed_with_times(&d2)
+        })
+        .await
     };
-    assert_eq!(seen2, made2, "B's listing after the server's kill");
+    assert_eq!(
+        seen2, made2,
+        "B's listing after the server's kill: A's numbers and times"
+    );
     let seen1 = {
         let d1 = b.mount.join("d1");
         timed("B's listing of d1 after the restart", 60, move || {

@@ -183,7 +183,49 @@ fn open_check(cred: &Credentials, rec: &InodeRec, flags: &OpenFlags) -> Result<(
     check(cred, rec, mask)
 }
 
+/// How far an agent's time for a create it answered may lie behind the server's clock
+/// (its creates may wait that long for a restarted server) and ahead of it (clock skew).
+const AGENT_TIME_BEHIND: i64 = 3_600;
+const AGENT_TIME_AHEAD: i64 = 1;
+
+/// The time a create its agent answered is made with: the agent's, which its application
+/// saw as the file's times, moved into [`AGENT_TIME_BEHIND`] before and [`AGENT_TIME_AHEAD`]
+/// after the server's clock.
+pub fn agent_time(now: Timestamp, agent: Timestamp) -> Timestamp {
+    let bound = |sec: i64| Timestamp {
+        sec,
+        nsec: now.nsec,
+    };
+    agent.clamp(
+        bound(now.sec.saturating_sub(AGENT_TIME_BEHIND)),
+        bound(now.sec.saturating_add(AGENT_TIME_AHEAD)),
+    )
+}
+
+/// Create: the new file with the agent's time when it gives one ([`agent_time`]), and the
+/// parent's change too unless the parent changed later than that (clocks that disagree, or
+/// a replay after a restart): its times never go back. The batch's clock otherwise.
 pub fn create(ctx: &mut Ctx<'_>, r: &CreateRequest) -> Result<CreateReply, OpError> {
+    let Some(t) = r.time else {
+        return create_now(ctx, r);
+    };
+    let now = ctx.now;
+    let before = ctx.t.inode(r.parent).ok().map(|dir| (dir.mtime, dir.ctime));
+    ctx.now = agent_time(now, t);
+    let made = create_now(ctx, r);
+    let t = ctx.now;
+    ctx.now = now;
+    let made = made?;
+    if let Some((mtime, ctime)) = before.filter(|(m, c)| *m > t || *c > t) {
+        let mut dir = ctx.t.inode(r.parent)?;
+        dir.mtime = dir.mtime.max(mtime);
+        dir.ctime = dir.ctime.max(ctime);
+        ctx.t.put_inode(r.parent, &dir)?;
+    }
+    Ok(made)
+}
+
+fn create_now(ctx: &mut Ctx<'_>, r: &CreateRequest) -> Result<CreateReply, OpError> {
     let existing = {
         let dir = ctx.t.inode(r.parent)?;
         if !dir.is_dir() {
@@ -301,4 +343,26 @@ pub fn link(ctx: &mut Ctx<'_>, r: &LinkRequest) -> Result<Attr, OpError> {
     src.ctime = now;
     ctx.t.put_inode(r.inode, &src)?;
     Ok(src.attr(r.inode, ctx.block_size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agents_time_is_kept_within_its_bounds() {
+        let now = Timestamp {
+            sec: 1_000_000,
+            nsec: 500,
+        };
+        let at = |sec: i64, nsec: u32| Timestamp { sec, nsec };
+        assert_eq!(agent_time(now, at(999_990, 7)), at(999_990, 7));
+        assert_eq!(agent_time(now, at(1_000_000, 900)), at(1_000_000, 900));
+        assert_eq!(agent_time(now, at(996_400, 500)), at(996_400, 500));
+        assert_eq!(agent_time(now, at(996_400, 499)), at(996_400, 500));
+        assert_eq!(agent_time(now, at(0, 0)), at(996_400, 500));
+        assert_eq!(agent_time(now, at(1_000_001, 500)), at(1_000_001, 500));
+        assert_eq!(agent_time(now, at(i64::MAX, 0)), at(1_000_001, 500));
+        assert_eq!(agent_time(now, at(i64::MIN, 0)), at(996_400, 500));
+    }
 }

@@ -63,6 +63,7 @@ pub fn try_create_in(store: &Store, n: &str) -> Result<u64, sanfs_proto::types::
                 &CreateRequest {
                     delegate: false,
                     inode: None,
+                    time: None,
                     cred: Credentials::root(),
                     session: SessionId(1),
                     parent: InodeId(ROOT),

@@ -195,6 +195,7 @@ pub(crate) fn apply(store: &Store, op: &Op) -> Result<(), FsError> {
             let r = CreateRequest {
                 delegate: false,
                 inode: None,
+                time: None,
                 cred: cred(),
                 session: SessionId(1),
                 parent: InodeId(parent),

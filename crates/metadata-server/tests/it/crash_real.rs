@@ -188,6 +188,7 @@ async fn worker(mut c: Clients, session: u64, model: Model, prefix: String, seed
             c.ns.create(pb::CreateRequest {
                 delegate: false,
                 inode: 0,
+                time: None,
                 cred: root(),
                 session,
                 parent: ROOT,
@@ -386,6 +387,7 @@ async fn kill_9_during_a_mixed_workload_loses_nothing_acknowledged() {
             c.ns.create(pb::CreateRequest {
                 delegate: false,
                 inode: 0,
+                time: None,
                 cred: root(),
                 session,
                 parent: ROOT,

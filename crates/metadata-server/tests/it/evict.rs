@@ -115,6 +115,7 @@ impl Node {
             .create(pb::CreateRequest {
                 delegate: false,
                 inode: 0,
+                time: None,
                 request_id: None,
                 cred: root(),
                 session: self.session,

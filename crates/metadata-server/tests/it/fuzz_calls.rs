@@ -932,6 +932,7 @@ async fn set_up(good: &mut Clients, s: Sess, rng: &mut Rng) -> Made {
             .create(pb::CreateRequest {
                 delegate: false,
                 inode: 0,
+                time: None,
                 cred: cred.clone(),
                 session: s.id,
                 parent,
@@ -1306,6 +1307,15 @@ impl World {
                         1 if wild => w.u64_edge(),
                         _ => 0,
                     },
+                    // Now and then the agent's time: any seconds, nanoseconds maybe past 10^9.
+                    time: w.rng.chance(1, 3).then(|| pb::Timestamp {
+                        sec: w.u64_edge() as i64,
+                        nsec: if wild {
+                            w.u64_edge() as u32
+                        } else {
+                            w.rng.below(1_000_000_000) as u32
+                        },
+                    }),
                     request_id: w.request_id(wild),
                 };
                 let req = w.headers(wild, req);

@@ -26,6 +26,7 @@ fn create(store: &Store, n: &'static str) -> InodeId {
                 &CreateRequest {
                     delegate: false,
                     inode: None,
+                    time: None,
                     cred: Credentials::root(),
                     session: SessionId(1),
                     parent: InodeId(ROOT),

@@ -466,6 +466,7 @@ async fn create(c: &mut Clients, session: u64, name: &str) -> Result<(), Failure
     let created = c.ns.create(pb::CreateRequest {
         delegate: false,
         inode: 0,
+        time: None,
         cred: root(),
         session,
         parent: ROOT,
@@ -752,6 +753,7 @@ async fn pause_round(pair: &mut Pair, client: &Client, a: usize, pending_name: &
         let sent = to_a.ns.create(pb::CreateRequest {
             delegate: false,
             inode: 0,
+            time: None,
             cred: root(),
             session: a_session,
             parent: ROOT,

@@ -151,6 +151,7 @@ impl Clients {
             .create(pb::CreateRequest {
                 delegate: false,
                 inode: 0,
+                time: None,
                 cred: root(),
                 session,
                 parent: 1,

@@ -579,6 +579,7 @@ async fn root_squash_makes_root_nobody() {
         .create(pb::CreateRequest {
             delegate: false,
             inode: 0,
+            time: None,
             request_id: None,
             cred: root(),
             session: sa,
@@ -678,6 +679,7 @@ async fn root_squash_makes_root_nobody() {
         .create(pb::CreateRequest {
             delegate: false,
             inode: 0,
+            time: None,
             request_id: None,
             cred: root(),
             session: ss,
@@ -722,6 +724,7 @@ fn create_releasing(session: u64, name: &str, release: &str) -> tonic::Request<p
     let mut req = tonic::Request::new(pb::CreateRequest {
         delegate: false,
         inode: 0,
+        time: None,
         request_id: None,
         cred: root(),
         session,

@@ -362,6 +362,7 @@ impl World {
                         &CreateRequest {
                             delegate: false,
                             inode: None,
+                            time: None,
                             cred: c,
                             session: SessionId(1),
                             parent,

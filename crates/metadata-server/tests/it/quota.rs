@@ -39,6 +39,7 @@ async fn create(
     c.ns.create(pb::CreateRequest {
         delegate: false,
         inode: 0,
+        time: None,
         cred: root(),
         session,
         parent,

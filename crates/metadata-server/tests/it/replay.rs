@@ -245,6 +245,7 @@ fn lost_namespace_changes_are_replayed_in_order_with_their_inode_numbers() {
     let create = CreateRequest {
         delegate: false,
         inode: None,
+        time: None,
         cred: root.clone(),
         session: SessionId(session),
         parent: d,
@@ -481,6 +482,7 @@ fn replaying_every_kind_of_change_onto_a_fresh_store_rebuilds_the_same_names() {
     let cr = |n: &str| CreateRequest {
         delegate: false,
         inode: None,
+        time: None,
         cred: Credentials::root(),
         session: SessionId(3),
         parent: InodeId(1),

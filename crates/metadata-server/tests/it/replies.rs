@@ -234,6 +234,7 @@ fn create(session: u64, name: &str, id: Option<RequestId>) -> pb::CreateRequest 
     pb::CreateRequest {
         delegate: false,
         inode: 0,
+        time: None,
         cred: root(),
         session,
         parent: ROOT,

@@ -29,6 +29,7 @@ fn create(session: u64, name: &str, inode: u64, exclusive: bool) -> pb::CreateRe
         flags: rw(),
         delegate: false,
         inode,
+        time: None,
         request_id: None,
     }
 }
@@ -42,6 +43,15 @@ async fn reserve(
         .await
         .map(tonic::Response::into_inner)
         .map_err(|s| s.code())
+}
+
+async fn root_attr(c: &mut Clients) -> pb::Attr {
+    let got = c.ns.get_attr(pb::GetAttrRequest {
+        cred: root(),
+        inode: 1,
+        session: None,
+    });
+    got.await.unwrap().into_inner().attr.unwrap()
 }
 
 async fn exists(c: &mut Clients, name: &str) -> bool {
@@ -152,6 +162,75 @@ async fn a_reserved_number_makes_one_file_of_its_session_with_its_generation_and
     let dir = srv.stop_keeping_files().await;
     let report = sanfs_mds::fsck::check(&Backend::File(dir.path().join("mds.redb"))).unwrap();
     assert!(report.is_clean(), "fsck:\n{report}");
+}
+
+/// A create the agent answered gives the time its application saw: the file and the
+/// parent's change get it, up to a second ahead of the server's clock (the unit test of
+/// `agent_time` has the bounds), and the parent's times never go back; a time on a create
+/// without a reserved number, or out of range, is refused and makes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_answered_by_its_agent_keeps_the_agents_time() {
+    let srv = start().await;
+    let mut a = srv.clients().await;
+    let (sa, _) = a.open_session().await;
+    let r = reserve(&mut a, sa, 4).await.unwrap();
+    // The server's clock, as a create it times itself shows it.
+    let plain =
+        a.ns.create(with(sa, create(sa, "plain", 0, true)))
+            .await
+            .unwrap()
+            .into_inner();
+    let now = plain.attr.unwrap().mtime.unwrap();
+    let key = |t: &pb::Timestamp| (t.sec, t.nsec);
+    let at = |sec: i64, nsec: u32| Some(pb::Timestamp { sec, nsec });
+    let timed = |name: &str, ino: u64, time: Option<pb::Timestamp>| pb::CreateRequest {
+        time,
+        ..create(sa, name, ino, true)
+    };
+    let cases = [
+        // The agent's time, kept to the nanosecond.
+        ("kept", at(now.sec, now.nsec + 1)),
+        // Before the parent's last change (the create above): the file's own; the parent
+        // keeps its later time.
+        ("behind", at(now.sec - 30, 7)),
+        // Far ahead of the server's clock: a second ahead of it.
+        ("ahead", at(now.sec + 60, 0)),
+    ];
+    for (i, (name, sent)) in cases.into_iter().enumerate() {
+        let before = root_attr(&mut a).await.mtime.unwrap();
+        let made =
+            a.ns.create(with(sa, timed(name, r.first_inode + i as u64, sent)))
+                .await
+                .unwrap()
+                .into_inner();
+        let attr = made.attr.unwrap();
+        let t = attr.mtime.unwrap();
+        let dir = root_attr(&mut a).await;
+        let parent = if name == "behind" { before } else { t };
+        assert_eq!(dir.mtime, Some(parent), "{name}: the parent's mtime");
+        assert_eq!(dir.ctime, Some(parent), "{name}: the parent's ctime");
+        match name {
+            "kept" | "behind" => assert_eq!(Some(t), sent),
+            _ => assert!(
+                key(&t) >= (now.sec + 1, now.nsec) && t.sec <= now.sec + 30,
+                "{t:?} vs {now:?}"
+            ),
+        }
+        assert_eq!(attr.ctime, attr.mtime, "{name}");
+        assert_eq!(attr.atime, attr.mtime, "{name}");
+    }
+    // A time without a reserved number, and a time with nanoseconds out of range: refused.
+    for (name, ino, time) in [
+        ("untimely", 0, at(now.sec, 0)),
+        ("bad-nsec", r.first_inode + 3, at(now.sec, 1_000_000_000)),
+    ] {
+        let e =
+            a.ns.create(with(sa, timed(name, ino, time)))
+                .await
+                .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{name}: {e:?}");
+        assert!(!exists(&mut a, name).await, "{name} was made");
+    }
 }
 
 /// The counters a reservation advanced are durable when it is answered: after a crash no new

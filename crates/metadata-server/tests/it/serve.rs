@@ -37,6 +37,7 @@ async fn create(c: &mut Clients, session: u64, parent: u64, name: &str) -> (pb::
         c.ns.create(pb::CreateRequest {
             delegate: false,
             inode: 0,
+            time: None,
             cred: root(),
             session,
             parent,
@@ -419,6 +420,7 @@ async fn bad_input_is_invalid_argument_and_changes_nothing() {
         c.ns.create(pb::CreateRequest {
             delegate: false,
             inode: 0,
+            time: None,
             cred: root(),
             session,
             parent: ROOT,
@@ -528,6 +530,7 @@ async fn unknown_inode_or_session_is_refused() {
         c.ns.create(pb::CreateRequest {
             delegate: false,
             inode: 0,
+            time: None,
             cred: root(),
             session: 77,
             parent: ROOT,

@@ -35,6 +35,7 @@ fn mkdir_create_lookup_readdir_survive_reopen() {
                     &CreateRequest {
                         delegate: false,
                         inode: None,
+                        time: None,
                         cred: Credentials::root(),
                         session: SessionId(1),
                         parent: d.ino,
@@ -123,6 +124,7 @@ fn map_write_then_complete_converts_exactly_the_done_prefix() {
                 &CreateRequest {
                     delegate: false,
                     inode: None,
+                    time: None,
                     cred: Credentials::root(),
                     session: SessionId(1),
                     parent: InodeId(ROOT),
@@ -196,6 +198,7 @@ fn preallocation_stops_at_the_largest_file_size_and_fsck_checks_it() {
                 &CreateRequest {
                     delegate: false,
                     inode: None,
+                    time: None,
                     cred: Credentials::root(),
                     session: SessionId(1),
                     parent: InodeId(ROOT),

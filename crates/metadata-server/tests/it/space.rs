@@ -58,6 +58,7 @@ fn every_way_out_frees_and_uncharges_exactly_what_it_unmaps() {
                     &CreateRequest {
                         delegate: false,
                         inode: None,
+                        time: None,
                         cred: Credentials::root(),
                         session: SessionId(1),
                         parent: dir,

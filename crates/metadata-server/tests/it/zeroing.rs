@@ -36,6 +36,7 @@ async fn a_completion_without_device_io_exposes_zeros_not_a_deleted_files_bytes(
     let create = |name: &str| pb::CreateRequest {
         delegate: false,
         inode: 0,
+        time: None,
         request_id: None,
         cred: root(),
         session,
@@ -263,6 +264,7 @@ async fn blocks_noted_for_zeroing_when_the_server_stopped_are_zeroed_at_the_next
         c.ns.create(pb::CreateRequest {
             delegate: false,
             inode: 0,
+            time: None,
             request_id: None,
             cred: root(),
             session,

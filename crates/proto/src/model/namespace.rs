@@ -14,7 +14,7 @@ use super::{
 use crate::pb;
 use crate::types::{
     Attr, Credentials, FileName, FileType, GrantId, InodeId, NAME_MAX, OpenHandle, ProtocolError,
-    RenameMode, SessionId, SetAttr, SymlinkTarget, XATTR_SIZE_MAX, XattrMode, XattrName,
+    RenameMode, SessionId, SetAttr, SymlinkTarget, Timestamp, XATTR_SIZE_MAX, XattrMode, XattrName,
 };
 
 /// A request naming one directory entry: Lookup, Unlink, Rmdir.
@@ -292,6 +292,9 @@ pub struct CreateRequest {
     /// The inode number the agent gave the file from its session's reservation
     /// ([`ReserveInodesReply`]); `None`: the server picks one.
     pub inode: Option<InodeId>,
+    /// With `inode` only: when the agent answered the create (the times its application
+    /// saw); `None`: the server's clock.
+    pub time: Option<Timestamp>,
 }
 
 /// The handle a file created with an agent-chosen inode number is opened under
@@ -330,6 +333,15 @@ impl TryFrom<pb::CreateRequest> for CreateRequest {
                 }
                 n => Some(InodeId(n)),
             },
+            time: match p.time {
+                Some(_) if p.inode == 0 => {
+                    return Err(invalid(
+                        "time",
+                        "only a create with a reserved number gives its time",
+                    ));
+                }
+                t => t.map(Timestamp::try_from).transpose()?,
+            },
         })
     }
 }
@@ -346,6 +358,7 @@ impl From<CreateRequest> for pb::CreateRequest {
             flags: Some(r.flags.into()),
             delegate: r.delegate,
             inode: r.inode.map_or(0, |i| i.0),
+            time: r.time.map(Into::into),
             request_id: None,
         }
     }

@@ -152,6 +152,7 @@ fn create_open_and_flags() {
         flags,
         delegate: true,
         inode: None,
+        time: None,
     };
     check::<CreateRequest, pb::CreateRequest>(
         create,

@@ -229,6 +229,7 @@ fn create_open_release_access() {
         flags,
         delegate: true,
         inode: None,
+        time: None,
     });
     round_trip::<_, pb::CreateReply>(CreateReply {
         attr: attr(43, FileType::Regular),
