@@ -379,6 +379,9 @@ pub struct Attr {
 pub const S_ISUID: u32 = 0o4000;
 /// The set-group-ID bit of a mode.
 pub const S_ISGID: u32 = 0o2000;
+/// The sticky bit of a mode: in a directory, only the owner of a file, of the directory, or
+/// root removes or renames the file.
+pub const S_ISVTX: u32 = 0o1000;
 
 /// Mode `perm` without what a `chown`, or a truncate or write by a caller without
 /// CAP_FSETID, clears: setuid, and setgid where the group may execute (otherwise setgid marks

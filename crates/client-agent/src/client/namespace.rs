@@ -476,16 +476,96 @@ impl Client {
             )
             .or(Some(std::time::Duration::ZERO));
         let queued = super::creates::Queued { req, view, ino };
-        if inner.creates.enqueue(queued) {
-            let inner = Arc::clone(&self.inner);
-            tokio::spawn(async move { send_answered_creates(&inner).await });
-        }
+        self.send_behind(super::creates::Answered::Create(queued));
         Some(Created {
             handle,
             attr,
             created: true,
             ttl,
         })
+    }
+
+    /// Queues a change answered here to be sent, and starts the sender if none runs.
+    fn send_behind(&self, change: super::creates::Answered) {
+        if self.inner.creates.enqueue(change) {
+            let inner = Arc::clone(&self.inner);
+            tokio::spawn(async move { send_answered(&inner).await });
+        }
+    }
+
+    /// An unlink answered here (docs/protocol.md "Creates answered by the agent"): of a
+    /// regular file this node made in a directory whose create delegation it still holds
+    /// (so no other node has seen it), with one link, no writes of this node's on their way,
+    /// by a caller the directory's cached mode lets remove it exactly (as for a create, and
+    /// the sticky bit's rule). The `Unlink` is sent behind the answer, in order with the
+    /// creates; every other call of this agent waits for its reply. False: ask the server.
+    fn unlink_here(
+        &self,
+        cred: &Credentials,
+        parent: InodeId,
+        name: &FileName,
+        req: &pb::UnlinkRequest,
+    ) -> bool {
+        let inner = &self.inner;
+        if !inner.config.async_creates || inner.config.dirsync {
+            return false;
+        }
+        let Ok(view) = inner.view_for(None) else {
+            return false;
+        };
+        let Some(Some((file, _))) = inner.leases.entry(parent, name.as_bytes()) else {
+            return false;
+        };
+        let Some((dir, dir_ttl)) = inner.leases.attr(parent) else {
+            return false;
+        };
+        let exact = cred.uid == 0 || cred.uid == dir.uid || dir.no_xattrs;
+        let sticky = dir.perm & sanfs_proto::types::S_ISVTX != 0
+            && cred.uid != 0
+            && cred.uid != dir.uid
+            && cred.uid != file.uid;
+        if file.kind != FileType::Regular
+            || file.nlink != 1
+            || dir.kind != FileType::Directory
+            || !exact
+            || sticky
+            || !dir.permits(cred, 3)
+            || self.own_writes_pending(file.ino)
+            || !inner.creates.begin_unlink(parent, view.session, file.ino)
+        {
+            return false;
+        }
+        // Kept for a replay from now on, in order after the file's create.
+        inner.lock_unsynced().record_change(NsRecord {
+            epoch: view.epoch,
+            session: view.session,
+            commit_seq: super::unsynced::UNANSWERED,
+            change: NsChange::Unlink(req.clone()),
+            inode: None,
+        });
+        // The name goes (known absent now), the file's attributes too, and the directory
+        // keeps its attributes one name less, as the server will make them.
+        let now = super::writeback::wall_clock();
+        let mut dir = dir;
+        dir.size = dir.size.saturating_sub(1);
+        dir.mtime = now;
+        dir.ctime = now;
+        let changed = sanfs_proto::model::ChangedDirs {
+            attrs: vec![dir],
+            lease_ms: u64::try_from(dir_ttl.as_millis()).unwrap_or(0),
+        };
+        inner
+            .leases
+            .begin_own(&[file.ino], &[(parent, name.as_bytes())], &[])
+            .end(Some(&changed), self.lease_deadline());
+        self.send_behind(super::creates::Answered::Unlink(
+            super::creates::QueuedUnlink {
+                req: req.clone(),
+                view,
+                ino: file.ino,
+            },
+        ));
+        true
     }
 
     /// Asks for more inode numbers for creates answered here, in the background.
@@ -559,6 +639,12 @@ impl Client {
             parent,
             name: entry.clone(),
         });
+        // Answered here when it can be (a file this node made under the directory's
+        // delegation); when too many changes are on their way, once there is room.
+        self.inner.creates.wait_room().await;
+        if self.unlink_here(cred, parent, &entry, &req) {
+            return Ok(());
+        }
         rpc!(change self, unlink, req, Unlink, "Unlink reply",
             own(&[], &[(parent, entry.as_bytes())], &[]), |_r: pb::UnlinkReply| None);
         Ok(())
@@ -600,6 +686,21 @@ impl Client {
             mode,
         });
         let exchange = mode == RenameMode::Exchange;
+        // A file made here that moves to another directory may be seen there: its unlink is
+        // no longer answered here (nor any of the old directory's, where it is not known).
+        if old_parent != new_parent {
+            let mut moved = vec![(old_parent, old_name.as_bytes())];
+            if exchange {
+                moved.push((new_parent, new_name.as_bytes()));
+            }
+            for (dir, name) in moved {
+                match self.inner.leases.entry(dir, name) {
+                    Some(Some((a, _))) => self.inner.creates.not_own(a.ino),
+                    Some(None) => {}
+                    None => self.inner.creates.none_own_in(dir),
+                }
+            }
+        }
         rpc!(change self, rename, req, Rename, "Rename reply",
         own(&[], &[(old_parent, old_name.as_bytes())], &[(new_parent, new_name.as_bytes())]),
         |_r: pb::RenameReply| None,
@@ -626,6 +727,8 @@ impl Client {
             new_parent,
             new_name: new_name.clone(),
         });
+        // Two names: an unlink of one is no longer answered here.
+        self.inner.creates.not_own(ino);
         let attr = rpc!(change self, link, req, Link, "Link reply",
             own(&[ino], &[], &[(new_parent, new_name.as_bytes())]), |_a: Attr| None);
         Ok(attr)
@@ -899,13 +1002,68 @@ impl Client {
 
 /// Sends the creates this agent answered already (see [`Client::create_here`]), as they
 /// queue, in `CreateBatch` calls of up to [`MAX_CREATE_BATCH`]; stops when none is left.
-async fn send_answered_creates(inner: &Arc<Inner>) {
-    loop {
-        let batch = inner.creates.next_batch(MAX_CREATE_BATCH);
-        if batch.is_empty() {
-            return;
+async fn send_answered(inner: &Arc<Inner>) {
+    use super::creates::Batch;
+    while let Some(batch) = inner.creates.next_batch(MAX_CREATE_BATCH) {
+        match batch {
+            Batch::Creates(creates) => send_create_batch(inner, creates).await,
+            Batch::Unlinks(unlinks) => {
+                futures_util::future::join_all(unlinks.iter().map(|q| send_unlink(inner, q))).await;
+            }
         }
-        send_create_batch(inner, batch).await;
+    }
+}
+
+/// Sends one unlink answered here, and settles its record as a create's
+/// ([`send_create_batch`]); one the server refuses is lost: logged, counted, and the name
+/// asked of the server again.
+async fn send_unlink(inner: &Arc<Inner>, q: &super::creates::QueuedUnlink) {
+    let view = &q.view;
+    let change = NsChange::Unlink(q.req.clone());
+    let pending = inner.requests.begin();
+    let mut req = q.req.clone();
+    req.request_id = pending.wire();
+    let lost = |why: &str| {
+        inner
+            .lock_unsynced()
+            .change_answered(view.epoch, &change, None);
+        tracing::error!(inode = %q.ino, parent = q.req.parent, why, "an unlink this node had answered is lost");
+        inner
+            .leases
+            .forget(&[q.ino], &[(InodeId(q.req.parent), q.req.name.as_slice())]);
+        inner.creates.unlink_answered(true);
+    };
+    loop {
+        let r: Result<(pb::UnlinkReply, Option<CommitNote>), FsError> = inner
+            .call_noted_here("Unlink reply", view.session, |v| {
+                let mut ns = inner.ns();
+                let req = inner.change_request(req.clone(), v);
+                async move { ns.unlink(req).await }
+            })
+            .await;
+        match r {
+            Ok((_, note)) => {
+                let mut unsynced = inner.lock_unsynced();
+                let seq = note.and_then(|n| {
+                    unsynced.durable(view.epoch, n.durable_seq);
+                    (n.seq > n.durable_seq).then_some(n.seq)
+                });
+                unsynced.change_answered(view.epoch, &change, seq);
+                drop(unsynced);
+                inner.creates.unlink_answered(false);
+                return;
+            }
+            // The session or the server went: as for a create.
+            Err(FsError::StaleSession | FsError::Stale) => match inner.live_view().await {
+                Ok(v) if v.session == view.session => {}
+                Ok(v) if v.epoch != view.epoch => {
+                    inner.creates.unlink_answered(false);
+                    return;
+                }
+                _ => return lost("its session ended before the server answered"),
+            },
+            Err(e) => return lost(&e.to_string()),
+        }
     }
 }
 

@@ -160,12 +160,19 @@ pub struct AgentStatus {
 }
 
 /// Creates this agent answered itself (docs/protocol.md "Creates answered by the agent"):
-/// all of them, those the server then refused (lost), and those it has not answered yet.
+/// all of them, those the server then refused (lost), and those it has not answered yet;
+/// the same of unlinks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreateCounts {
     pub here: u64,
     pub lost: u64,
     pub unanswered_now: u64,
+    #[serde(default)]
+    pub unlinks_here: u64,
+    #[serde(default)]
+    pub unlinks_lost: u64,
+    #[serde(default)]
+    pub unlinks_unanswered_now: u64,
 }
 
 impl AgentStatus {
@@ -312,11 +319,15 @@ impl Client {
             stages: crate::stages::snapshot(),
             leases: self.lease_counts(),
             creates: {
-                let (here, lost, unanswered_now) = self.inner.creates.counts();
+                let ([here, lost, unanswered_now], [unlinks_here, unlinks_lost, unlinks_now]) =
+                    self.inner.creates.counts();
                 CreateCounts {
                     here,
                     lost,
                     unanswered_now,
+                    unlinks_here,
+                    unlinks_lost,
+                    unlinks_unanswered_now: unlinks_now,
                 }
             },
         }

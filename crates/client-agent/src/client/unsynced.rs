@@ -262,9 +262,24 @@ impl Unsynced {
     /// was kept as [`UNANSWERED`]): the record takes the commit that holds it, or goes
     /// when that is durable already (`None`: it goes, refused or lost).
     pub fn create_answered(&mut self, epoch: SessionEpoch, ino: InodeId, seq: Option<u64>) {
-        let Some(i) = self.changes.iter().position(|r| {
+        let i = self.changes.iter().position(|r| {
             r.epoch == epoch && r.commit_seq == UNANSWERED && r.inode.is_some_and(|(i, _)| i == ino)
-        }) else {
+        });
+        self.settle_unanswered(i, seq);
+    }
+
+    /// [`Unsynced::create_answered`] of another change this agent answered first: the
+    /// oldest unanswered record of `change`.
+    pub fn change_answered(&mut self, epoch: SessionEpoch, change: &NsChange, seq: Option<u64>) {
+        let i = self
+            .changes
+            .iter()
+            .position(|r| r.epoch == epoch && r.commit_seq == UNANSWERED && r.change == *change);
+        self.settle_unanswered(i, seq);
+    }
+
+    fn settle_unanswered(&mut self, i: Option<usize>, seq: Option<u64>) {
+        let Some(i) = i else {
             return;
         };
         match seq {

@@ -20,6 +20,23 @@ const LOOKER: &str = "attr_ttl=0,entry_ttl=0";
 /// `sanfs-agent status --json` of `mount`: its creates answered here, and not answered by
 /// the server yet.
 fn creates_here(mount: &Path) -> (u64, u64) {
+    let c = creates_status(mount);
+    (
+        c["here"].as_u64().unwrap_or(0),
+        c["unanswered_now"].as_u64().unwrap_or(0),
+    )
+}
+
+/// The same of unlinks.
+fn unlinks_here(mount: &Path) -> (u64, u64) {
+    let c = creates_status(mount);
+    (
+        c["unlinks_here"].as_u64().unwrap_or(0),
+        c["unlinks_unanswered_now"].as_u64().unwrap_or(0),
+    )
+}
+
+fn creates_status(mount: &Path) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
         .args(["status", "--json"])
         .arg(mount)
@@ -27,11 +44,20 @@ fn creates_here(mount: &Path) -> (u64, u64) {
         .unwrap();
     let j: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("status --json ({e}): {out:?}"));
-    let c = &j["agent"]["creates"];
-    (
-        c["here"].as_u64().unwrap_or(0),
-        c["unanswered_now"].as_u64().unwrap_or(0),
-    )
+    j["agent"]["creates"].clone()
+}
+
+/// Unlinks every name of `made` but each third, as `rm` does: what is left.
+fn unlink_most(dir: &Path, made: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    let mut left = BTreeMap::new();
+    for (i, (name, ino)) in made.iter().enumerate() {
+        if i % 3 == 0 {
+            left.insert(name.clone(), *ino);
+        } else {
+            std::fs::remove_file(dir.join(name)).unwrap();
+        }
+    }
+    left
 }
 
 /// A file's times as `stat` shows them: mtime and ctime, seconds and nanoseconds.
@@ -146,6 +172,25 @@ async fn creates_answered_here_are_seen_by_the_other_node_and_survive_a_server_k
         "most of A's creates are answered by A itself ({here} of 400)"
     );
 
+    // 1b. Files A made and removes again (as `rm -r` after `tar x`): their unlinks are
+    // answered by A too, and B sees exactly what is left.
+    let d3 = a.mount.join("d3");
+    let (made3, _) = timed("A's creates in d3", 120, move || make_files(d3, 300)).await;
+    let left3 = {
+        let d3 = a.mount.join("d3");
+        timed("A's unlinks", 120, move || unlink_most(&d3, &made3)).await
+    };
+    let (unlinked, _) = unlinks_here(&a.mount);
+    let seen3 = {
+        let d3 = b.mount.join("d3");
+        timed("B's listing of d3", 60, move || listed(&d3)).await
+    };
+    assert_eq!(seen3, left3, "B's listing after A's unlinks");
+    assert!(
+        unlinked > 150,
+        "most of A's unlinks are answered by A itself ({unlinked} of 200)"
+    );
+
     // 2. More creates while the server does not answer at all (stopped): A answers them
     // itself; then the server is killed and started again (A lives): A's replay makes them.
     let d2 = a.mount.join("d2");
@@ -183,10 +228,20 @@ async fn creates_answered_here_are_seen_by_the_other_node_and_survive_a_server_k
                 (name, (st.st_ino, t))
             })
             .collect();
-        let _ = tx.send(made);
+        // And every other one unlinked again, also answered by A alone.
+        let mut left = BTreeMap::new();
+        for (i, (name, seen)) in made.into_iter().enumerate() {
+            if i % 2 == 0 {
+                left.insert(name, seen);
+            } else {
+                rustix::fs::unlinkat(&at, name.as_str(), rustix::fs::AtFlags::empty()).unwrap();
+            }
+        }
+        let _ = tx.send(left);
     });
     let made2 = rx.recv_timeout(std::time::Duration::from_secs(30));
     let (_, unanswered) = creates_here(&a.mount);
+    let (_, unlinks_unanswered) = unlinks_here(&a.mount);
     // SIGKILL ends a stopped process too: nothing of what it was sent meanwhile is made.
     mds.stop_and_start(paused, rustix::process::Signal::KILL);
     let made2 = made2.unwrap_or_else(|e| {
@@ -224,8 +279,12 @@ async fn creates_answered_here_are_seen_by_the_other_node_and_survive_a_server_k
         unanswered > 100,
         "creates not answered by the stopped server: {unanswered} of 200"
     );
+    assert!(
+        unlinks_unanswered > 50,
+        "unlinks not answered by the stopped server: {unlinks_unanswered} of 100"
+    );
     eprintln!(
-        "creates: {here} of 400 answered by the agent; {unanswered} of 200 not answered by the server when it was killed"
+        "creates: {here} of 400 answered by the agent; {unanswered} of 200 not answered by the server when it was killed; unlinks: {unlinked} of 200 answered by the agent, {unlinks_unanswered} of 100 not answered by the killed server"
     );
     drop(a);
     drop(b);

@@ -26,8 +26,8 @@ use sanfs_proto::model::{
     RenameRequest, SetAttrRequest, SetXattrRequest, SymlinkRequest, XattrRequest,
 };
 use sanfs_proto::types::{
-    Attr, Credentials, FileName, FileType, FsError, InodeId, MAX_FILE_SIZE, RenameMode, TimeSet,
-    Timestamp, XattrMode,
+    Attr, Credentials, FileName, FileType, FsError, InodeId, MAX_FILE_SIZE, RenameMode, S_ISVTX,
+    TimeSet, Timestamp, XattrMode,
 };
 
 use crate::space;
@@ -57,7 +57,6 @@ const MAY_READ: u32 = 4;
 const MAY_WRITE: u32 = 2;
 const MAY_EXEC: u32 = 1;
 use sanfs_proto::types::S_ISGID;
-const S_ISVTX: u32 = 0o1000;
 
 fn err<T>(e: FsError) -> Result<T, OpError> {
     Err(OpError::Fs(e))
