@@ -235,6 +235,11 @@ pub fn replay_change(
     let named = |ctx: &Ctx<'_>, parent: InodeId, name: &[u8]| -> Result<Option<InodeId>, OpError> {
         Ok(ctx.t.dirent(parent, name)?.map(|(child, _, _)| child))
     };
+    let gone = |now: Option<InodeId>| match (now, inode) {
+        (None, _) => true,
+        (Some(child), Some((ino, _))) => child != ino,
+        (Some(_), None) => false,
+    };
     // A create: already there (the name names its inode), or made now with its number.
     let make = |ctx: &mut Ctx<'_>,
                 parent: InodeId,
@@ -282,15 +287,18 @@ pub fn replay_change(
             ns::link(ctx, r)?;
             Ok(ReplayOutcome::Replayed)
         }
+        // Gone already: the name is absent, or (when the agent says which inode it changed:
+        // a change it answered itself, never answered by the old server) names another inode,
+        // made after the change.
         NsChange::Unlink(r) | NsChange::Rmdir(r) => {
-            if named(ctx, r.parent, r.name.as_bytes())?.is_none() {
+            if gone(named(ctx, r.parent, r.name.as_bytes())?) {
                 return Ok(ReplayOutcome::Durable);
             }
             ns::unlink(ctx, r, matches!(change, NsChange::Rmdir(_)))?;
             Ok(ReplayOutcome::Replayed)
         }
         NsChange::Rename(r) => {
-            if named(ctx, r.old_parent, r.old_name.as_bytes())?.is_none() {
+            if gone(named(ctx, r.old_parent, r.old_name.as_bytes())?) {
                 return Ok(ReplayOutcome::Durable);
             }
             ns::rename(ctx, r)?;

@@ -59,7 +59,8 @@ pub struct ReplayTag {
     pub epoch: SessionEpoch,
     /// The number of the commit that held it in that epoch.
     pub commit_seq: u64,
-    /// For a create: the inode number and generation it was answered.
+    /// For a create: the inode number and generation it was answered; for an unlink or a
+    /// rename: the inode it changed (the replay finds it done when the name names another).
     pub inode: Option<(InodeId, u64)>,
 }
 

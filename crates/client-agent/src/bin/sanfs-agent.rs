@@ -841,8 +841,15 @@ fn format_status(m: &MountStatus) -> String {
     let c = &a.creates;
     let _ = writeln!(
         out,
-        "  creates    answered here {} (refused by the server after: {}), not answered by the server yet {}; unlinks answered here {} (refused after: {}), not answered yet {}",
-        c.here, c.lost, c.unanswered_now, c.unlinks_here, c.unlinks_lost, c.unlinks_unanswered_now
+        "  creates    answered here {} (refused by the server after: {}), not answered by the server yet {}; unlinks answered here {} (refused after: {}), renames {} ({}), not answered yet {}",
+        c.here,
+        c.lost,
+        c.unanswered_now,
+        c.unlinks_here,
+        c.unlinks_lost,
+        c.renames_here,
+        c.renames_lost,
+        c.changes_unanswered_now
     );
     let w = &a.write_back;
     let _ = writeln!(

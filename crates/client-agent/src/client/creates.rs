@@ -10,9 +10,9 @@
 //! delegation is acknowledged only once the directory's creates are answered.
 //!
 //! The files made that way stay this node's own while the delegation lasts (no other node
-//! can look into the directory without recalling it): their unlink there is answered here
-//! too ([`AsyncCreates::begin_unlink`]) and sent behind the answer in the same queue, in
-//! order, under the same barrier.
+//! can look into the directory without recalling it): their unlink there, and their rename
+//! within it, are answered here too ([`AsyncCreates::begin_change`]) and sent behind the
+//! answer in the same queue, in order, under the same barrier.
 //!
 //! Every transition is a method here and is unit tested below.
 
@@ -56,17 +56,20 @@ struct State {
     dirs: HashMap<InodeId, SessionId>,
     /// Files whose create was answered here and not by the server yet.
     unanswered: HashSet<InodeId>,
-    /// Unlinks answered here and not by the server yet.
-    unlinks: usize,
+    /// Unlinks and renames answered here and not by the server yet.
+    changes: usize,
     /// Files made here under a delegation this node still holds, by directory: no other
     /// node has seen them (their unlink there may be answered here). A link or a move to
     /// another directory takes a file out.
     own: HashMap<InodeId, InodeId>,
-    /// Creates answered here, and the ones the server refused (lost); the same of unlinks.
+    /// Creates answered here, and the ones the server refused (lost); the same of unlinks
+    /// and of renames.
     made: u64,
     lost: u64,
     unlinked: u64,
     unlinks_lost: u64,
+    renamed: u64,
+    renames_lost: u64,
     /// Answered here and not sent yet, in the order answered; and whether a sender runs.
     queue: Vec<Answered>,
     sending: bool,
@@ -75,7 +78,7 @@ struct State {
 impl State {
     /// Changes answered here and not by the server yet.
     fn unanswered_now(&self) -> usize {
-        self.unanswered.len() + self.unlinks
+        self.unanswered.len() + self.changes
     }
 }
 
@@ -87,37 +90,66 @@ pub(crate) struct Queued {
     pub ino: InodeId,
 }
 
-/// An unlink answered here, to send.
+/// An unlink or a rename answered here, to send.
 #[derive(Debug, Clone)]
-pub(crate) struct QueuedUnlink {
-    pub req: pb::UnlinkRequest,
+pub(crate) struct QueuedChange {
+    pub change: HereChange,
     pub view: SessionView,
-    /// The file it unlinks.
+    /// The file it unlinks or moves.
     pub ino: InodeId,
+}
+
+/// The request of a [`QueuedChange`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum HereChange {
+    Unlink(pb::UnlinkRequest),
+    Rename(pb::RenameRequest),
+}
+
+impl HereChange {
+    /// Its record for a replay.
+    pub fn record(&self) -> super::unsynced::NsChange {
+        match self {
+            HereChange::Unlink(r) => super::unsynced::NsChange::Unlink(r.clone()),
+            HereChange::Rename(r) => super::unsynced::NsChange::Rename(r.clone()),
+        }
+    }
+
+    /// The names it changes, as (directory, name).
+    pub fn names(&self) -> Vec<(u64, &[u8])> {
+        match self {
+            HereChange::Unlink(r) => vec![(r.parent, r.name.as_slice())],
+            HereChange::Rename(r) => vec![
+                (r.old_parent, r.old_name.as_slice()),
+                (r.new_parent, r.new_name.as_slice()),
+            ],
+        }
+    }
 }
 
 /// A change answered here, to send.
 #[derive(Debug, Clone)]
 pub(crate) enum Answered {
     Create(Queued),
-    Unlink(QueuedUnlink),
+    Change(QueuedChange),
 }
 
 impl Answered {
     fn session(&self) -> SessionId {
         match self {
             Answered::Create(q) => q.view.session,
-            Answered::Unlink(q) => q.view.session,
+            Answered::Change(q) => q.view.session,
         }
     }
 }
 
-/// Changes to send together ([`AsyncCreates::next_batch`]): all of one kind and session,
-/// in the order answered.
+/// Changes to send together ([`AsyncCreates::next_batch`]), all of one session, in the
+/// order answered: creates (one `CreateBatch`), or unlinks and renames of names that differ
+/// (sent side by side: their order does not matter).
 #[derive(Debug)]
 pub(crate) enum Batch {
     Creates(Vec<Queued>),
-    Unlinks(Vec<QueuedUnlink>),
+    Changes(Vec<QueuedChange>),
 }
 
 /// The creates this node answers itself.
@@ -232,10 +264,17 @@ impl AsyncCreates {
         Some((ino, generation))
     }
 
-    /// Begins an unlink answered here of `ino`, named in `dir`: only a file made here under
-    /// the delegation of `dir` that `session` holds, while there is room. Answers whether
-    /// it may be answered here (else it goes to the server as before).
-    pub fn begin_unlink(&self, dir: InodeId, session: SessionId, ino: InodeId) -> bool {
+    /// Begins an unlink (`unlink`) or a rename within `dir` answered here of `ino`, named
+    /// in `dir`: only a file made here under the delegation of `dir` that `session` holds,
+    /// while there is room. Answers whether it may be answered here (else it goes to the
+    /// server as before).
+    pub fn begin_change(
+        &self,
+        dir: InodeId,
+        session: SessionId,
+        ino: InodeId,
+        unlink: bool,
+    ) -> bool {
         let mut s = self.lock();
         if s.dirs.get(&dir) != Some(&session)
             || s.own.get(&ino) != Some(&dir)
@@ -243,9 +282,13 @@ impl AsyncCreates {
         {
             return false;
         }
-        s.own.remove(&ino);
-        s.unlinks += 1;
-        s.unlinked += 1;
+        s.changes += 1;
+        if unlink {
+            s.own.remove(&ino);
+            s.unlinked += 1;
+        } else {
+            s.renamed += 1;
+        }
         self.publish(&s);
         true
     }
@@ -265,13 +308,15 @@ impl AsyncCreates {
         });
     }
 
-    /// The server answered an unlink answered here (`lost`: refused it), or it went to a
-    /// replay.
-    pub fn unlink_answered(&self, lost: bool) {
+    /// The server answered an unlink (`unlink`) or a rename answered here (`lost`: refused
+    /// it), or it went to a replay.
+    pub fn change_answered(&self, unlink: bool, lost: bool) {
         self.settle(|s| {
-            s.unlinks = s.unlinks.saturating_sub(1);
-            if lost {
-                s.unlinks_lost += 1;
+            s.changes = s.changes.saturating_sub(1);
+            match (lost, unlink) {
+                (false, _) => {}
+                (true, true) => s.unlinks_lost += 1,
+                (true, false) => s.renames_lost += 1,
             }
         });
     }
@@ -313,8 +358,9 @@ impl AsyncCreates {
     }
 
     /// The next changes to send together: the first one queued and those after it of the
-    /// same kind and session, up to `max`, in the order answered (a create and an unlink of
-    /// one name go in the order the application made them). `None` (and the sender stops):
+    /// same session and kind ([`Batch`]), up to `max`, in the order answered; unlinks and
+    /// renames only while no two change one name (a create, an unlink and a rename of one
+    /// name go in the order the application made them). `None` (and the sender stops):
     /// nothing is queued.
     pub fn next_batch(&self, max: usize) -> Option<Batch> {
         let mut s = self.lock();
@@ -323,27 +369,40 @@ impl AsyncCreates {
             return None;
         };
         let (session, creates) = (first.session(), matches!(first, Answered::Create(_)));
-        let n = s
-            .queue
-            .iter()
-            .take(max)
-            .take_while(|q| q.session() == session && matches!(q, Answered::Create(_)) == creates)
-            .count();
+        let n = {
+            let mut names: HashSet<(u64, &[u8])> = HashSet::new();
+            s.queue
+                .iter()
+                .take(max)
+                .take_while(|q| {
+                    q.session() == session
+                        && match q {
+                            Answered::Create(_) => creates,
+                            Answered::Change(c) => {
+                                let mine = c.change.names();
+                                let apart = !creates && mine.iter().all(|n| !names.contains(n));
+                                names.extend(mine);
+                                apart
+                            }
+                        }
+                })
+                .count()
+        };
         let taken = s.queue.drain(..n);
         Some(if creates {
             Batch::Creates(
                 taken
                     .filter_map(|q| match q {
                         Answered::Create(q) => Some(q),
-                        Answered::Unlink(_) => None,
+                        Answered::Change(_) => None,
                     })
                     .collect(),
             )
         } else {
-            Batch::Unlinks(
+            Batch::Changes(
                 taken
                     .filter_map(|q| match q {
-                        Answered::Unlink(q) => Some(q),
+                        Answered::Change(q) => Some(q),
                         Answered::Create(_) => None,
                     })
                     .collect(),
@@ -367,14 +426,20 @@ impl AsyncCreates {
         }
     }
 
-    /// Creates answered here, those the server refused, and those not answered by it yet;
-    /// the same of unlinks.
-    pub fn counts(&self) -> ([u64; 3], [u64; 3]) {
+    /// Creates, unlinks and renames answered here, those the server refused, and those not
+    /// answered by it yet.
+    pub fn counts(&self) -> super::status::CreateCounts {
         let s = self.lock();
-        (
-            [s.made, s.lost, s.unanswered.len() as u64],
-            [s.unlinked, s.unlinks_lost, s.unlinks as u64],
-        )
+        super::status::CreateCounts {
+            here: s.made,
+            lost: s.lost,
+            unanswered_now: s.unanswered.len() as u64,
+            unlinks_here: s.unlinked,
+            unlinks_lost: s.unlinks_lost,
+            renames_here: s.renamed,
+            renames_lost: s.renames_lost,
+            changes_unanswered_now: s.changes as u64,
+        }
     }
 }
 
@@ -415,7 +480,7 @@ mod tests {
         c.forget(Some(s2));
         c.add_dir(d, s2);
         assert_eq!(c.begin(d, s2), None, "the numbers were the old session's");
-        assert_eq!(c.counts().0, [3, 0, 3]);
+        assert_eq!((c.counts().here, c.counts().unanswered_now), (3, 3));
     }
 
     #[tokio::test]
@@ -426,7 +491,7 @@ mod tests {
         c.add_numbers(s, &numbers(10, 4, 0));
         let (a, _) = c.begin(InodeId(9), s).unwrap();
         let (b, _) = c.begin(InodeId(9), s).unwrap();
-        assert_eq!(c.counts().0[2], 2);
+        assert_eq!(c.counts().unanswered_now, 2);
         let waiter = tokio::spawn({
             let c = c.clone();
             async move { c.drain().await }
@@ -435,13 +500,16 @@ mod tests {
         c.answered(a, false);
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished(), "b is not answered yet");
-        assert_eq!(c.counts().0[2], 1);
+        assert_eq!(c.counts().unanswered_now, 1);
         c.answered(b, true);
         tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(c.counts().0, [2, 1, 0]);
+        assert_eq!(
+            (c.counts().here, c.counts().lost, c.counts().unanswered_now),
+            (2, 1, 0)
+        );
         // Bounded.
         c.add_numbers(s, &numbers(1000, 1000, 0));
         let mut n = 0;
@@ -471,9 +539,27 @@ mod tests {
         }
     }
 
-    fn unlink(ino: InodeId, session: u64) -> Answered {
-        Answered::Unlink(QueuedUnlink {
-            req: pb::UnlinkRequest::default(),
+    fn unlink(ino: InodeId, session: u64, name: &str) -> Answered {
+        Answered::Change(QueuedChange {
+            change: HereChange::Unlink(pb::UnlinkRequest {
+                parent: 9,
+                name: name.into(),
+                ..Default::default()
+            }),
+            view: view(session),
+            ino,
+        })
+    }
+
+    fn rename(ino: InodeId, session: u64, from: &str, to: &str) -> Answered {
+        Answered::Change(QueuedChange {
+            change: HereChange::Rename(pb::RenameRequest {
+                old_parent: 9,
+                old_name: from.into(),
+                new_parent: 9,
+                new_name: to.into(),
+                ..Default::default()
+            }),
             view: view(session),
             ino,
         })
@@ -497,25 +583,37 @@ mod tests {
         let (a, _) = c.begin(d, s).unwrap();
         let (b, _) = c.begin(d, s).unwrap();
         let (x, _) = c.begin(e, s).unwrap();
-        assert!(!c.begin_unlink(e, s, a), "named in another directory");
-        assert!(!c.begin_unlink(d, SessionId(2), a), "another session");
-        assert!(!c.begin_unlink(d, s, InodeId(99)), "not made here");
-        assert!(c.begin_unlink(d, s, a));
-        assert!(!c.begin_unlink(d, s, a), "once");
+        assert!(!c.begin_change(e, s, a, true), "named in another directory");
+        assert!(!c.begin_change(d, SessionId(2), a, true), "another session");
+        assert!(!c.begin_change(d, s, InodeId(99), true), "not made here");
+        assert!(c.begin_change(d, s, a, true));
+        assert!(!c.begin_change(d, s, a, true), "once");
         c.not_own(b);
-        assert!(!c.begin_unlink(d, s, b), "linked or moved");
+        assert!(!c.begin_change(d, s, b, true), "linked or moved");
         c.none_own_in(e);
         assert!(
-            !c.begin_unlink(e, s, x),
+            !c.begin_change(e, s, x, true),
             "what left its directory is not known"
         );
         let (y, _) = c.begin(d, s).unwrap();
         c.drop_dir(d);
-        assert!(!c.begin_unlink(d, s, y), "the delegation was recalled");
-        assert_eq!(c.counts().1, [1, 0, 1]);
+        assert!(
+            !c.begin_change(d, s, y, true),
+            "the delegation was recalled"
+        );
+        // A rename keeps the file this node's own (within its directory); an unlink ends it.
+        let (x2, _) = c.begin(e, s).unwrap();
+        assert!(c.begin_change(e, s, x2, false));
+        assert!(c.begin_change(e, s, x2, true));
+        assert!(!c.begin_change(e, s, x2, false), "gone");
+        let n = c.counts();
+        assert_eq!(
+            (n.unlinks_here, n.renames_here, n.changes_unanswered_now),
+            (2, 1, 3)
+        );
 
         // The barrier holds for the unlink too.
-        for ino in [a, b, x, y] {
+        for ino in [a, b, x, y, x2] {
             c.answered(ino, false);
         }
         let waiter = tokio::spawn({
@@ -524,12 +622,20 @@ mod tests {
         });
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished(), "the unlink is not answered yet");
-        c.unlink_answered(true);
+        c.change_answered(false, false);
+        c.change_answered(true, false);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "one unlink is not answered yet");
+        c.change_answered(true, true);
         tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(c.counts().1, [1, 1, 0]);
+        let n = c.counts();
+        assert_eq!(
+            (n.unlinks_lost, n.renames_lost, n.changes_unanswered_now),
+            (1, 0, 0)
+        );
     }
 
     #[test]
@@ -539,7 +645,10 @@ mod tests {
         let queued = [
             create(ino(1), 1),
             create(ino(2), 1),
-            unlink(ino(1), 1),
+            unlink(ino(1), 1, "a"),
+            rename(ino(2), 1, "b", "c"),
+            rename(ino(8), 1, "d", "a"),
+            unlink(ino(2), 1, "c"),
             create(ino(3), 1),
             create(ino(4), 2),
             create(ino(5), 2),
@@ -552,11 +661,13 @@ mod tests {
         assert!(start, "the first one starts a sender");
         let inos = |b: Option<Batch>| match b {
             Some(Batch::Creates(v)) => ("creates", v.iter().map(|q| q.ino.0).collect::<Vec<_>>()),
-            Some(Batch::Unlinks(v)) => ("unlinks", v.iter().map(|q| q.ino.0).collect()),
+            Some(Batch::Changes(v)) => ("changes", v.iter().map(|q| q.ino.0).collect()),
             None => ("none", Vec::new()),
         };
         assert_eq!(inos(c.next_batch(8)), ("creates", vec![1, 2]));
-        assert_eq!(inos(c.next_batch(8)), ("unlinks", vec![1]));
+        // "a" unlinked, then made again by a rename: not side by side; "c" likewise.
+        assert_eq!(inos(c.next_batch(8)), ("changes", vec![1, 2]));
+        assert_eq!(inos(c.next_batch(8)), ("changes", vec![8, 2]));
         assert_eq!(inos(c.next_batch(8)), ("creates", vec![3]));
         assert_eq!(inos(c.next_batch(2)), ("creates", vec![4, 5]));
         assert_eq!(inos(c.next_batch(2)), ("creates", vec![6]));

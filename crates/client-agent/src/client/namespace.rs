@@ -18,6 +18,7 @@ use sanfs_proto::types::{
     SymlinkTarget, XattrMode, XattrName,
 };
 
+use super::creates::{Answered, HereChange, QueuedChange};
 use super::leases::{SMALL_FILE_MAX, SmallHint};
 use super::rpc::{Pin, with_session};
 use super::unsynced::{NsChange, NsRecord};
@@ -476,7 +477,7 @@ impl Client {
             )
             .or(Some(std::time::Duration::ZERO));
         let queued = super::creates::Queued { req, view, ino };
-        self.send_behind(super::creates::Answered::Create(queued));
+        self.send_behind(Answered::Create(queued));
         Some(Created {
             handle,
             attr,
@@ -486,25 +487,26 @@ impl Client {
     }
 
     /// Queues a change answered here to be sent, and starts the sender if none runs.
-    fn send_behind(&self, change: super::creates::Answered) {
+    fn send_behind(&self, change: Answered) {
         if self.inner.creates.enqueue(change) {
             let inner = Arc::clone(&self.inner);
             tokio::spawn(async move { send_answered(&inner).await });
         }
     }
 
-    /// An unlink answered here (docs/protocol.md "Creates answered by the agent"): of a
-    /// regular file this node made in a directory whose create delegation it still holds
-    /// (so no other node has seen it), with one link, no writes of this node's on their way,
-    /// by a caller the directory's cached mode lets remove it exactly (as for a create, and
-    /// the sticky bit's rule). The `Unlink` is sent behind the answer, in order with the
+    /// An unlink or a rename within its directory answered here (docs/protocol.md "Unlinks
+    /// and renames answered by the agent"): of a regular file this node made in a directory
+    /// whose create delegation it still holds (so no other node has seen it), with one link,
+    /// no writes of this node's on their way, by a caller the directory's cached mode lets
+    /// change it exactly (as for a create, and the sticky bit's rule); a rename only to a
+    /// name known absent there. The call is sent behind the answer, in order with the
     /// creates; every other call of this agent waits for its reply. False: ask the server.
-    fn unlink_here(
+    fn change_here(
         &self,
         cred: &Credentials,
         parent: InodeId,
         name: &FileName,
-        req: &pb::UnlinkRequest,
+        change: HereChange,
     ) -> bool {
         let inner = &self.inner;
         if !inner.config.async_creates || inner.config.dirsync {
@@ -513,7 +515,16 @@ impl Client {
         let Ok(view) = inner.view_for(None) else {
             return false;
         };
-        let Some(Some((file, _))) = inner.leases.entry(parent, name.as_bytes()) else {
+        let unlink = matches!(change, HereChange::Unlink(_));
+        if let HereChange::Rename(r) = &change
+            && (r.new_parent != parent.0
+                || r.new_name == name.as_bytes()
+                || r.mode == pb::RenameMode::Exchange as i32
+                || inner.leases.negative_ttl(parent, &r.new_name).is_none())
+        {
+            return false;
+        }
+        let Some(Some((file, file_ttl))) = inner.leases.entry(parent, name.as_bytes()) else {
             return false;
         };
         let Some((dir, dir_ttl)) = inner.leases.attr(parent) else {
@@ -531,7 +542,9 @@ impl Client {
             || sticky
             || !dir.permits(cred, 3)
             || self.own_writes_pending(file.ino)
-            || !inner.creates.begin_unlink(parent, view.session, file.ino)
+            || !inner
+                .creates
+                .begin_change(parent, view.session, file.ino, unlink)
         {
             return false;
         }
@@ -540,31 +553,52 @@ impl Client {
             epoch: view.epoch,
             session: view.session,
             commit_seq: super::unsynced::UNANSWERED,
-            change: NsChange::Unlink(req.clone()),
-            inode: None,
+            change: change.record(),
+            // The file it changes: a replay after a restart finds the change done when the
+            // name is gone or names another file (made after it).
+            inode: Some((file.ino, file.generation)),
         });
-        // The name goes (known absent now), the file's attributes too, and the directory
-        // keeps its attributes one name less, as the server will make them.
+        // The caches as the server will make them: the name goes (known absent now) and the
+        // file's attributes with it, or the name moves and the file's ctime is now; the
+        // directory keeps its attributes, changed now (one name less after an unlink).
         let now = super::writeback::wall_clock();
+        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(0);
         let mut dir = dir;
-        dir.size = dir.size.saturating_sub(1);
+        if unlink {
+            dir.size = dir.size.saturating_sub(1);
+        }
         dir.mtime = now;
         dir.ctime = now;
         let changed = sanfs_proto::model::ChangedDirs {
             attrs: vec![dir],
-            lease_ms: u64::try_from(dir_ttl.as_millis()).unwrap_or(0),
+            lease_ms: ms(dir_ttl),
         };
-        inner
-            .leases
-            .begin_own(&[file.ino], &[(parent, name.as_bytes())], &[])
-            .end(Some(&changed), self.lease_deadline());
-        self.send_behind(super::creates::Answered::Unlink(
-            super::creates::QueuedUnlink {
-                req: req.clone(),
-                view,
-                ino: file.ino,
-            },
-        ));
+        match &change {
+            HereChange::Unlink(_) => inner
+                .leases
+                .begin_own(&[file.ino], &[(parent, name.as_bytes())], &[])
+                .end(Some(&changed), self.lease_deadline()),
+            HereChange::Rename(r) => {
+                inner
+                    .leases
+                    .begin_own(&[], &[(parent, name.as_bytes())], &[(parent, &r.new_name)])
+                    .end_moved(Some(&changed), self.lease_deadline());
+                // Its own attributes, as of now (the moved name touched them).
+                let mark = inner.leases.mark();
+                let mut file = file.clone();
+                file.ctime = now;
+                let sent = std::time::Instant::now();
+                let deadline = self.lease_deadline();
+                inner
+                    .leases
+                    .put_own_attr(&file, ms(file_ttl), sent, deadline, mark);
+            }
+        }
+        self.send_behind(Answered::Change(QueuedChange {
+            change,
+            view,
+            ino: file.ino,
+        }));
         true
     }
 
@@ -642,7 +676,7 @@ impl Client {
         // Answered here when it can be (a file this node made under the directory's
         // delegation); when too many changes are on their way, once there is room.
         self.inner.creates.wait_room().await;
-        if self.unlink_here(cred, parent, &entry, &req) {
+        if self.change_here(cred, parent, &entry, HereChange::Unlink(req.clone())) {
             return Ok(());
         }
         rpc!(change self, unlink, req, Unlink, "Unlink reply",
@@ -686,6 +720,13 @@ impl Client {
             mode,
         });
         let exchange = mode == RenameMode::Exchange;
+        // Answered here when it can be (a file this node made, renamed within the directory
+        // whose delegation it holds); when too many changes are on their way, once there is
+        // room.
+        self.inner.creates.wait_room().await;
+        if self.change_here(cred, old_parent, &old_name, HereChange::Rename(req.clone())) {
+            return Ok(());
+        }
         // A file made here that moves to another directory may be seen there: its unlink is
         // no longer answered here (nor any of the old directory's, where it is not known).
         if old_parent != new_parent {
@@ -1007,57 +1048,76 @@ async fn send_answered(inner: &Arc<Inner>) {
     while let Some(batch) = inner.creates.next_batch(MAX_CREATE_BATCH) {
         match batch {
             Batch::Creates(creates) => send_create_batch(inner, creates).await,
-            Batch::Unlinks(unlinks) => {
-                futures_util::future::join_all(unlinks.iter().map(|q| send_unlink(inner, q))).await;
+            Batch::Changes(changes) => {
+                futures_util::future::join_all(changes.iter().map(|q| send_here(inner, q))).await;
             }
         }
     }
 }
 
-/// Sends one unlink answered here, and settles its record as a create's
-/// ([`send_create_batch`]); one the server refuses is lost: logged, counted, and the name
+/// Sends one unlink or rename answered here, and settles its record as a create's
+/// ([`send_create_batch`]); one the server refuses is lost: logged, counted, and its names
 /// asked of the server again.
-async fn send_unlink(inner: &Arc<Inner>, q: &super::creates::QueuedUnlink) {
+async fn send_here(inner: &Arc<Inner>, q: &QueuedChange) {
     let view = &q.view;
-    let change = NsChange::Unlink(q.req.clone());
+    let record = q.change.record();
+    let unlink = matches!(q.change, HereChange::Unlink(_));
     let pending = inner.requests.begin();
-    let mut req = q.req.clone();
-    req.request_id = pending.wire();
     let lost = |why: &str| {
         inner
             .lock_unsynced()
-            .change_answered(view.epoch, &change, None);
-        tracing::error!(inode = %q.ino, parent = q.req.parent, why, "an unlink this node had answered is lost");
-        inner
-            .leases
-            .forget(&[q.ino], &[(InodeId(q.req.parent), q.req.name.as_slice())]);
-        inner.creates.unlink_answered(true);
+            .change_answered(view.epoch, &record, None);
+        let names = q.change.names();
+        tracing::error!(inode = %q.ino, parent = names[0].0, why, "an unlink or rename this node had answered is lost");
+        let names: Vec<(InodeId, &[u8])> =
+            names.into_iter().map(|(d, n)| (InodeId(d), n)).collect();
+        inner.leases.forget(&[q.ino], &names);
+        inner.creates.change_answered(unlink, true);
     };
     loop {
-        let r: Result<(pb::UnlinkReply, Option<CommitNote>), FsError> = inner
-            .call_noted_here("Unlink reply", view.session, |v| {
-                let mut ns = inner.ns();
-                let req = inner.change_request(req.clone(), v);
-                async move { ns.unlink(req).await }
-            })
-            .await;
+        let r = match &q.change {
+            HereChange::Unlink(req) => {
+                let mut req = req.clone();
+                req.request_id = pending.wire();
+                inner
+                    .call_noted_here("Unlink reply", view.session, |v| {
+                        let mut ns = inner.ns();
+                        let req = inner.change_request(req.clone(), v);
+                        async move { ns.unlink(req).await }
+                    })
+                    .await
+                    .map(|(_, note): (pb::UnlinkReply, _)| note)
+            }
+            HereChange::Rename(req) => {
+                let mut req = req.clone();
+                req.request_id = pending.wire();
+                inner
+                    .call_noted_here("Rename reply", view.session, |v| {
+                        let mut ns = inner.ns();
+                        let req = inner.change_request(req.clone(), v);
+                        async move { ns.rename(req).await }
+                    })
+                    .await
+                    .map(|(_, note): (pb::RenameReply, _)| note)
+            }
+        };
         match r {
-            Ok((_, note)) => {
+            Ok(note) => {
                 let mut unsynced = inner.lock_unsynced();
                 let seq = note.and_then(|n| {
                     unsynced.durable(view.epoch, n.durable_seq);
                     (n.seq > n.durable_seq).then_some(n.seq)
                 });
-                unsynced.change_answered(view.epoch, &change, seq);
+                unsynced.change_answered(view.epoch, &record, seq);
                 drop(unsynced);
-                inner.creates.unlink_answered(false);
+                inner.creates.change_answered(unlink, false);
                 return;
             }
             // The session or the server went: as for a create.
             Err(FsError::StaleSession | FsError::Stale) => match inner.live_view().await {
                 Ok(v) if v.session == view.session => {}
                 Ok(v) if v.epoch != view.epoch => {
-                    inner.creates.unlink_answered(false);
+                    inner.creates.change_answered(unlink, false);
                     return;
                 }
                 _ => return lost("its session ended before the server answered"),

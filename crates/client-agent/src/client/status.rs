@@ -161,7 +161,7 @@ pub struct AgentStatus {
 
 /// Creates this agent answered itself (docs/protocol.md "Creates answered by the agent"):
 /// all of them, those the server then refused (lost), and those it has not answered yet;
-/// the same of unlinks.
+/// the same of unlinks and renames.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreateCounts {
     pub here: u64,
@@ -172,7 +172,12 @@ pub struct CreateCounts {
     #[serde(default)]
     pub unlinks_lost: u64,
     #[serde(default)]
-    pub unlinks_unanswered_now: u64,
+    pub renames_here: u64,
+    #[serde(default)]
+    pub renames_lost: u64,
+    /// Unlinks and renames.
+    #[serde(default)]
+    pub changes_unanswered_now: u64,
 }
 
 impl AgentStatus {
@@ -318,18 +323,7 @@ impl Client {
             write_back: self.write_back_stats(),
             stages: crate::stages::snapshot(),
             leases: self.lease_counts(),
-            creates: {
-                let ([here, lost, unanswered_now], [unlinks_here, unlinks_lost, unlinks_now]) =
-                    self.inner.creates.counts();
-                CreateCounts {
-                    here,
-                    lost,
-                    unanswered_now,
-                    unlinks_here,
-                    unlinks_lost,
-                    unlinks_unanswered_now: unlinks_now,
-                }
-            },
+            creates: self.inner.creates.counts(),
         }
     }
 

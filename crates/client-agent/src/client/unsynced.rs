@@ -98,7 +98,8 @@ pub(crate) struct NsRecord {
     pub session: SessionId,
     pub commit_seq: u64,
     pub change: NsChange,
-    /// For a create: the inode and generation it made (the replay makes the same).
+    /// For a create: the inode and generation it made (the replay makes the same); for an
+    /// unlink or rename answered here: the file it changed.
     pub inode: Option<(InodeId, u64)>,
 }
 
@@ -263,7 +264,10 @@ impl Unsynced {
     /// when that is durable already (`None`: it goes, refused or lost).
     pub fn create_answered(&mut self, epoch: SessionEpoch, ino: InodeId, seq: Option<u64>) {
         let i = self.changes.iter().position(|r| {
-            r.epoch == epoch && r.commit_seq == UNANSWERED && r.inode.is_some_and(|(i, _)| i == ino)
+            r.epoch == epoch
+                && r.commit_seq == UNANSWERED
+                && matches!(r.change, NsChange::Create(_))
+                && r.inode.is_some_and(|(i, _)| i == ino)
         });
         self.settle_unanswered(i, seq);
     }

@@ -27,13 +27,31 @@ fn creates_here(mount: &Path) -> (u64, u64) {
     )
 }
 
-/// The same of unlinks.
-fn unlinks_here(mount: &Path) -> (u64, u64) {
+/// Unlinks and renames answered here, and those not answered by the server yet.
+fn changes_here(mount: &Path) -> (u64, u64, u64) {
     let c = creates_status(mount);
+    let n = |k: &str| c[k].as_u64().unwrap_or(0);
     (
-        c["unlinks_here"].as_u64().unwrap_or(0),
-        c["unlinks_unanswered_now"].as_u64().unwrap_or(0),
+        n("unlinks_here"),
+        n("renames_here"),
+        n("changes_unanswered_now"),
     )
+}
+
+/// Renames every other name of `made` within `dir` (`m-` before it): the names then.
+fn rename_half(dir: &Path, made: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    let mut now = BTreeMap::new();
+    for (i, (name, ino)) in made.iter().enumerate() {
+        let name = if i % 2 == 0 {
+            let to = format!("m-{name}");
+            std::fs::rename(dir.join(name), dir.join(&to)).unwrap();
+            to
+        } else {
+            name.clone()
+        };
+        now.insert(name, *ino);
+    }
+    now
 }
 
 fn creates_status(mount: &Path) -> serde_json::Value {
@@ -172,23 +190,26 @@ async fn creates_answered_here_are_seen_by_the_other_node_and_survive_a_server_k
         "most of A's creates are answered by A itself ({here} of 400)"
     );
 
-    // 1b. Files A made and removes again (as `rm -r` after `tar x`): their unlinks are
-    // answered by A too, and B sees exactly what is left.
+    // 1b. Files A made, renames within their directory and removes again (as a build or
+    // `rm -r` after `tar x`): answered by A too, and B sees exactly what is left.
     let d3 = a.mount.join("d3");
     let (made3, _) = timed("A's creates in d3", 120, move || make_files(d3, 300)).await;
     let left3 = {
         let d3 = a.mount.join("d3");
-        timed("A's unlinks", 120, move || unlink_most(&d3, &made3)).await
+        timed("A's renames and unlinks", 120, move || {
+            unlink_most(&d3, &rename_half(&d3, &made3))
+        })
+        .await
     };
-    let (unlinked, _) = unlinks_here(&a.mount);
+    let (unlinked, renamed, _) = changes_here(&a.mount);
     let seen3 = {
         let d3 = b.mount.join("d3");
         timed("B's listing of d3", 60, move || listed(&d3)).await
     };
-    assert_eq!(seen3, left3, "B's listing after A's unlinks");
+    assert_eq!(seen3, left3, "B's listing after A's renames and unlinks");
     assert!(
-        unlinked > 150,
-        "most of A's unlinks are answered by A itself ({unlinked} of 200)"
+        unlinked > 150 && renamed > 100,
+        "most of A's unlinks and renames are answered by A itself ({unlinked} of 200, {renamed} of 150)"
     );
 
     // 2. More creates while the server does not answer at all (stopped): A answers them
@@ -228,11 +249,13 @@ async fn creates_answered_here_are_seen_by_the_other_node_and_survive_a_server_k
                 (name, (st.st_ino, t))
             })
             .collect();
-        // And every other one unlinked again, also answered by A alone.
+        // And every other one unlinked again, the others renamed, also answered by A alone.
         let mut left = BTreeMap::new();
         for (i, (name, seen)) in made.into_iter().enumerate() {
             if i % 2 == 0 {
-                left.insert(name, seen);
+                let to = format!("h{i:03}");
+                rustix::fs::renameat(&at, name.as_str(), &at, to.as_str()).unwrap();
+                left.insert(to, seen);
             } else {
                 rustix::fs::unlinkat(&at, name.as_str(), rustix::fs::AtFlags::empty()).unwrap();
             }
@@ -241,7 +264,7 @@ async fn creates_answered_here_are_seen_by_the_other_node_and_survive_a_server_k
     });
     let made2 = rx.recv_timeout(std::time::Duration::from_secs(30));
     let (_, unanswered) = creates_here(&a.mount);
-    let (_, unlinks_unanswered) = unlinks_here(&a.mount);
+    let (_, _, changes_unanswered) = changes_here(&a.mount);
     // SIGKILL ends a stopped process too: nothing of what it was sent meanwhile is made.
     mds.stop_and_start(paused, rustix::process::Signal::KILL);
     let made2 = made2.unwrap_or_else(|e| {
@@ -258,9 +281,16 @@ async fn creates_answered_here_are_seen_by_the_other_node_and_survive_a_server_k
         })
         .await
     };
+    // Numbers and mtimes (a rename changes the ctime, which the server sets as it makes it).
+    let mtimes = |m: &BTreeMap<String, (u64, Times)>| -> BTreeMap<String, (u64, i64, i64)> {
+        m.iter()
+            .map(|(n, (ino, t))| (n.clone(), (*ino, t[0], t[1])))
+            .collect()
+    };
     assert_eq!(
-        seen2, made2,
-        "B's listing after the server's kill: A's numbers and times"
+        mtimes(&seen2),
+        mtimes(&made2),
+        "B's listing after the server's kill: A's names, numbers and times"
     );
     let seen1 = {
         let d1 = b.mount.join("d1");
@@ -280,11 +310,11 @@ async fn creates_answered_here_are_seen_by_the_other_node_and_survive_a_server_k
         "creates not answered by the stopped server: {unanswered} of 200"
     );
     assert!(
-        unlinks_unanswered > 50,
-        "unlinks not answered by the stopped server: {unlinks_unanswered} of 100"
+        changes_unanswered > 100,
+        "unlinks and renames not answered by the stopped server: {changes_unanswered} of 200"
     );
     eprintln!(
-        "creates: {here} of 400 answered by the agent; {unanswered} of 200 not answered by the server when it was killed; unlinks: {unlinked} of 200 answered by the agent, {unlinks_unanswered} of 100 not answered by the killed server"
+        "creates: {here} of 400 answered by the agent; {unanswered} of 200 not answered by the server when it was killed; unlinks and renames: {unlinked} of 200 and {renamed} of 150 answered by the agent, {changes_unanswered} of 200 not answered by the killed server"
     );
     drop(a);
     drop(b);

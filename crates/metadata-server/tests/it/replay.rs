@@ -454,6 +454,37 @@ fn lost_namespace_changes_are_replayed_in_order_with_their_inode_numbers() {
     let refused = rt.block_on(store.write(move |ctx| replay_change(ctx, &clash, taken)));
     assert!(refused.is_err(), "a taken inode number: {refused:?}");
     assert!(lookup(&store, d, "clash").is_err());
+    // A removal or a rename tagged with the inode it changed (one its agent answered
+    // itself) is found done when its name names another inode (made after it), and is
+    // applied when it names that one.
+    let later_ino = later.1.unwrap();
+    let (a_tag, later_tag) = (Some((a, 1)), Some(later_ino));
+    let unlink_later = NsChange::Rmdir(EntryRequest {
+        cred: root.clone(),
+        parent: d,
+        name: crate::support::name("later"),
+    });
+    let rename_h = NsChange::Rename(RenameRequest {
+        cred: root.clone(),
+        old_parent: d,
+        old_name: crate::support::name("h"),
+        new_parent: d,
+        new_name: crate::support::name("h2"),
+        mode: RenameMode::Replace,
+    });
+    for (change, tag, expect) in [
+        (unlink_later.clone(), a_tag, ReplayOutcome::Durable),
+        (rename_h.clone(), later_tag, ReplayOutcome::Durable),
+        (rename_h, a_tag, ReplayOutcome::Replayed),
+        (unlink_later, later_tag, ReplayOutcome::Replayed),
+    ] {
+        let what = format!("{change:?} tagged {tag:?}");
+        let outcome = rt.block_on(store.write(move |ctx| replay_change(ctx, &change, tag)));
+        assert_eq!(outcome.unwrap(), expect, "{what}");
+    }
+    assert!(lookup(&store, d, "later").is_err());
+    assert!(lookup(&store, d, "h").is_err());
+    assert_eq!(lookup(&store, d, "h2").unwrap().ino, a);
     // New inodes are numbered after the replayed ones.
     let fresh = crate::coherence::create_in(&store, "fresh");
     assert!(
