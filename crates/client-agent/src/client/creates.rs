@@ -115,6 +115,23 @@ impl HereChange {
         }
     }
 
+    /// Its item of a `ChangeBatch`, with its reply-cache id.
+    pub fn wire(&self, id: Option<pb::RequestId>) -> pb::BatchedChange {
+        use pb::batched_change::Change;
+        pb::BatchedChange {
+            change: Some(match self {
+                HereChange::Unlink(r) => Change::Unlink(pb::UnlinkRequest {
+                    request_id: id,
+                    ..r.clone()
+                }),
+                HereChange::Rename(r) => Change::Rename(pb::RenameRequest {
+                    request_id: id,
+                    ..r.clone()
+                }),
+            }),
+        }
+    }
+
     /// The names it changes, as (directory, name).
     pub fn names(&self) -> Vec<(u64, &[u8])> {
         match self {

@@ -6,11 +6,11 @@
 //! session is replaced.
 
 use sanfs_proto::model::{
-    AccessRequest, CreateBatchReply, CreateReply, CreateRequest, CreateResult, EntryRequest,
-    GetAttrRequest, HandleRef, InodeRequest, Leased, LinkRequest, LockMode, MAX_CREATE_BATCH,
-    MkdirRequest, MknodRequest, OpenFlags, OpenReply, OpenRequest, ReadDirReply, ReadDirRequest,
-    RenameRequest, SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames,
-    XattrRequest, XattrValue,
+    AccessRequest, ChangeBatchReply, ChangeResult, CreateBatchReply, CreateReply, CreateRequest,
+    CreateResult, EntryRequest, GetAttrRequest, HandleRef, InodeRequest, Leased, LinkRequest,
+    LockMode, MAX_CREATE_BATCH, MkdirRequest, MknodRequest, OpenFlags, OpenReply, OpenRequest,
+    ReadDirReply, ReadDirRequest, RenameRequest, SetAttrRequest, SetXattrRequest, StatFs,
+    SymlinkRequest, XattrNames, XattrRequest, XattrValue,
 };
 use sanfs_proto::pb;
 use sanfs_proto::types::{
@@ -1048,81 +1048,121 @@ async fn send_answered(inner: &Arc<Inner>) {
     while let Some(batch) = inner.creates.next_batch(MAX_CREATE_BATCH) {
         match batch {
             Batch::Creates(creates) => send_create_batch(inner, creates).await,
-            Batch::Changes(changes) => {
-                futures_util::future::join_all(changes.iter().map(|q| send_here(inner, q))).await;
-            }
+            Batch::Changes(changes) => send_change_batch(inner, changes).await,
         }
     }
 }
 
-/// Sends one unlink or rename answered here, and settles its record as a create's
-/// ([`send_create_batch`]); one the server refuses is lost: logged, counted, and its names
-/// asked of the server again.
-async fn send_here(inner: &Arc<Inner>, q: &QueuedChange) {
-    let view = &q.view;
-    let record = q.change.record();
-    let unlink = matches!(q.change, HereChange::Unlink(_));
-    let pending = inner.requests.begin();
-    let lost = |why: &str| {
+/// Sends one batch of unlinks and renames answered under one session (`ChangeBatch`), and
+/// settles each one's record as a create's ([`send_create_batch`]); one the server refuses
+/// is lost: logged, counted, and its names asked of the server again.
+async fn send_change_batch(inner: &Arc<Inner>, batch: Vec<QueuedChange>) {
+    let view = batch[0].view.clone();
+    let pending: Vec<_> = batch.iter().map(|_| inner.requests.begin()).collect();
+    let mut todo: Vec<(&QueuedChange, pb::BatchedChange)> = batch
+        .iter()
+        .zip(&pending)
+        .map(|(q, p)| (q, q.change.wire(p.wire())))
+        .collect();
+    let settle = |q: &QueuedChange, seq: Option<u64>, lost: bool| {
         inner
             .lock_unsynced()
-            .change_answered(view.epoch, &record, None);
+            .change_answered(view.epoch, &q.change.record(), seq);
+        inner
+            .creates
+            .change_answered(matches!(q.change, HereChange::Unlink(_)), lost);
+    };
+    let lost = |q: &QueuedChange, why: &str| {
         let names = q.change.names();
         tracing::error!(inode = %q.ino, parent = names[0].0, why, "an unlink or rename this node had answered is lost");
         let names: Vec<(InodeId, &[u8])> =
             names.into_iter().map(|(d, n)| (InodeId(d), n)).collect();
         inner.leases.forget(&[q.ino], &names);
-        inner.creates.change_answered(unlink, true);
+        settle(q, None, true);
     };
-    loop {
-        let r = match &q.change {
-            HereChange::Unlink(req) => {
-                let mut req = req.clone();
-                req.request_id = pending.wire();
-                inner
-                    .call_noted_here("Unlink reply", view.session, |v| {
-                        let mut ns = inner.ns();
-                        let req = inner.change_request(req.clone(), v);
-                        async move { ns.unlink(req).await }
-                    })
-                    .await
-                    .map(|(_, note): (pb::UnlinkReply, _)| note)
-            }
-            HereChange::Rename(req) => {
-                let mut req = req.clone();
-                req.request_id = pending.wire();
-                inner
-                    .call_noted_here("Rename reply", view.session, |v| {
-                        let mut ns = inner.ns();
-                        let req = inner.change_request(req.clone(), v);
-                        async move { ns.rename(req).await }
-                    })
-                    .await
-                    .map(|(_, note): (pb::RenameReply, _)| note)
-            }
+    while !todo.is_empty() {
+        let req = pb::ChangeBatchRequest {
+            changes: todo.iter().map(|(_, c)| c.clone()).collect(),
         };
+        let r: Result<ChangeBatchReply, FsError> = inner
+            .call_barred(
+                "ChangeBatch reply",
+                Pin::Session(view.session),
+                false,
+                |v| {
+                    let mut ns = inner.ns();
+                    let req = inner.change_request(req.clone(), v);
+                    async move { ns.change_batch(req).await }
+                },
+            )
+            .await;
+        let mut unsure = Vec::new();
         match r {
-            Ok(note) => {
-                let mut unsynced = inner.lock_unsynced();
-                let seq = note.and_then(|n| {
-                    unsynced.durable(view.epoch, n.durable_seq);
-                    (n.seq > n.durable_seq).then_some(n.seq)
-                });
-                unsynced.change_answered(view.epoch, &record, seq);
-                drop(unsynced);
-                inner.creates.change_answered(unlink, false);
-                return;
-            }
-            // The session or the server went: as for a create.
-            Err(FsError::StaleSession | FsError::Stale) => match inner.live_view().await {
-                Ok(v) if v.session == view.session => {}
-                Ok(v) if v.epoch != view.epoch => {
-                    inner.creates.change_answered(unlink, false);
-                    return;
+            Ok(reply) if reply.results.len() == todo.len() => {
+                for ((q, c), result) in todo.drain(..).zip(reply.results) {
+                    match result {
+                        ChangeResult::Done {
+                            commit_seq,
+                            durable_seq,
+                        } => {
+                            inner.lock_unsynced().durable(view.epoch, durable_seq);
+                            settle(q, (commit_seq > durable_seq).then_some(commit_seq), false);
+                        }
+                        // EIO, ESTALE: the server failed or the session went, not the change.
+                        ChangeResult::Refused { errno: 5 | 116, .. } => unsure.push((q, c)),
+                        ChangeResult::Refused { error, .. } => lost(q, &error),
+                    }
                 }
-                _ => return lost("its session ended before the server answered"),
+            }
+            Ok(reply) => {
+                let why = format!("{} answers to {} changes", reply.results.len(), todo.len());
+                todo.drain(..).for_each(|(q, _)| lost(q, &why));
+            }
+            Err(FsError::StaleSession | FsError::Stale) => unsure = std::mem::take(&mut todo),
+            Err(e) => {
+                let why = e.to_string();
+                todo.drain(..).for_each(|(q, _)| lost(q, &why));
+            }
+        }
+        todo = resend_after(
+            inner,
+            &view,
+            unsure,
+            |q| settle(q.0, None, false),
+            |q, why| {
+                lost(q.0, why);
             },
-            Err(e) => return lost(&e.to_string()),
+        )
+        .await;
+    }
+}
+
+/// After a batch call: the changes whose fate is not known (the session or the server went
+/// meanwhile) are sent again under the same session (a stream that broke: answered), are
+/// left to the replay of their records under a new epoch (`replayed`: a restarted server got
+/// them before its new session went live), or are lost (`lost`: a session lost at a live
+/// server). Answers those to send again.
+async fn resend_after<Q>(
+    inner: &Arc<Inner>,
+    view: &SessionView,
+    unsure: Vec<Q>,
+    replayed: impl Fn(&Q),
+    lost: impl Fn(&Q, &str),
+) -> Vec<Q> {
+    if unsure.is_empty() {
+        return unsure;
+    }
+    match inner.live_view().await {
+        Ok(v) if v.session == view.session => unsure,
+        Ok(v) if v.epoch != view.epoch => {
+            unsure.iter().for_each(replayed);
+            Vec::new()
+        }
+        _ => {
+            unsure
+                .iter()
+                .for_each(|q| lost(q, "its session ended before the server answered"));
+            Vec::new()
         }
     }
 }
@@ -1216,23 +1256,15 @@ async fn send_create_batch(inner: &Arc<Inner>, batch: Vec<super::creates::Queued
                 todo.drain(..).for_each(|(q, _)| lost(q, &why));
             }
         }
-        if unsure.is_empty() {
-            continue;
-        }
-        // The same session back (a stream that broke): send them again. A restarted server
-        // (a new epoch) got them from the replay of their records before its new session
-        // went live. A session lost at a live server took their numbers with it.
-        match inner.live_view().await {
-            Ok(v) if v.session == view.session => todo = unsure,
-            Ok(v) if v.epoch != view.epoch => {
-                unsure
-                    .iter()
-                    .for_each(|(q, _)| inner.creates.answered(q.ino, false));
-            }
-            _ => unsure
-                .iter()
-                .for_each(|(q, _)| lost(q, "its session ended before the server answered")),
-        }
+        // A session lost at a live server took their numbers with it.
+        todo = resend_after(
+            inner,
+            &view,
+            unsure,
+            |q| inner.creates.answered(q.0.ino, false),
+            |q, why| lost(q.0, why),
+        )
+        .await;
     }
 }
 

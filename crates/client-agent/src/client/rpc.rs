@@ -307,31 +307,6 @@ impl Inner {
         .await
     }
 
-    /// [`Inner::call_noted`] of a change this agent answered itself and sends behind its
-    /// answer (`super::creates`): under the session it was answered under, and not held by
-    /// the barrier, which waits for it. What the reply says of the directories changed and
-    /// of this node's attribute leases is not taken: this node keeps the directory's
-    /// attributes as it counted them under the delegation.
-    pub(crate) async fn call_noted_here<R, T, F, Fut>(
-        &self,
-        what: &'static str,
-        session: SessionId,
-        send: F,
-    ) -> Result<(T, Option<CommitNote>), FsError>
-    where
-        F: FnMut(&SessionView) -> Fut,
-        Fut: Future<Output = Result<Response<R>, Status>>,
-        T: TryFrom<R>,
-        T::Error: Display,
-    {
-        self.call_with(what, Pin::Session(session), false, send, |reply, _| {
-            let note = headers::commit(reply.metadata()).map_err(|e| malformed(what, e))?;
-            let value = T::try_from(reply.into_inner()).map_err(|e| malformed(what, e))?;
-            Ok((value, note))
-        })
-        .await
-    }
-
     /// A change's reply: its value, the view it was sent under, its `sanfs-commit` note and
     /// the directories it changed; this node's own attribute leases it altered go.
     fn noted_reply<R, T>(

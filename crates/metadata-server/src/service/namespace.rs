@@ -13,11 +13,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use sanfs_proto::model::{
-    AccessRequest, CreateBatchRequest, CreateRequest, EntryRequest, GetAttrRequest, HandleRef,
-    InodeRequest, Leased, LeasedLookup, LeasedReadDir, LinkRequest, MAX_INLINE_DATA, MkdirRequest,
-    MknodRequest, OpenReply, OpenRequest, RenameRequest, RequestId, ReserveInodesReply,
-    ReserveInodesRequest, SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames,
-    XattrRequest, XattrValue, request_id,
+    AccessRequest, BatchedChange, ChangeBatchRequest, ChangeResult, CreateBatchRequest,
+    CreateRequest, EntryRequest, GetAttrRequest, HandleRef, InodeRequest, Leased, LeasedLookup,
+    LeasedReadDir, LinkRequest, MAX_INLINE_DATA, MkdirRequest, MknodRequest, OpenReply,
+    OpenRequest, RenameRequest, RequestId, ReserveInodesReply, ReserveInodesRequest,
+    SetAttrRequest, SetXattrRequest, StatFs, SymlinkRequest, XattrNames, XattrRequest, XattrValue,
+    request_id,
 };
 use sanfs_proto::pb;
 use sanfs_proto::pb::namespace_server::Namespace;
@@ -475,6 +476,50 @@ impl Server {
         changes
     }
 
+    /// One change of a `ChangeBatch`, run as its own `Unlink` or `Rename` call would run it
+    /// after the headers (the same checks, reply cache and recalls): its commit note.
+    async fn change_batched(
+        &self,
+        session: Option<SessionId>,
+        change: BatchedChange,
+        id: Option<RequestId>,
+    ) -> Result<sanfs_proto::headers::CommitNote, Status> {
+        self.wait_reclaim().await;
+        let entries: Vec<(InodeId, FileName)> = match &change {
+            BatchedChange::Unlink(r) => vec![(r.parent, r.name.clone())],
+            BatchedChange::Rename(r) => vec![
+                (r.old_parent, r.old_name.clone()),
+                (r.new_parent, r.new_name.clone()),
+            ],
+        };
+        note(session.map(|s| s.0), Some(entries[0].0.0));
+        let refs: Vec<(InodeId, &FileName)> = entries.iter().map(|(d, n)| (*d, n)).collect();
+        let changes = self.entry_changes(&refs);
+        let leases = self.recall_leases(&changes, session.map(|s| s.0)).await;
+        let commit = match change {
+            BatchedChange::Unlink(r) => {
+                self.change(session, move |ctx| {
+                    replies::run_once(ctx, id, 0, |ctx| {
+                        ns::unlink(ctx, &r, false).map(|_| pb::UnlinkReply {})
+                    })
+                })
+                .await?
+                .1
+            }
+            BatchedChange::Rename(r) => {
+                self.change(session, move |ctx| {
+                    replies::run_once(ctx, id, 0, |ctx| {
+                        ns::rename(ctx, &r).map(|_| pb::RenameReply {})
+                    })
+                })
+                .await?
+                .1
+            }
+        };
+        let (noted, _) = self.change_noted(session, commit, leases, &[], None);
+        Ok(noted.commit)
+    }
+
     /// A handle registered for a session that ended meanwhile is released at once.
     async fn keep_if_session_lives(&self, session: u64, handle: u64) -> Result<(), Status> {
         if self.sessions().by_id.contains_key(&session) {
@@ -874,6 +919,54 @@ impl Namespace for NamespaceService {
                 })
                 .collect();
             Ok(pb::CreateBatchReply { results })
+        })
+        .await
+    }
+
+    async fn change_batch(
+        &self,
+        request: Request<pb::ChangeBatchRequest>,
+    ) -> Result<Response<pb::ChangeBatchReply>, Status> {
+        rpc("ChangeBatch", async {
+            let who = caller(&request)?;
+            let (session, replay) = change_headers(&self.server, &request).await?;
+            if replay.is_some() {
+                return Err(fs_status(&FsError::Invalid(
+                    "a replay is sent as single Unlink and Rename calls".into(),
+                )));
+            }
+            let batch: ChangeBatchRequest = convert(request.into_inner())?;
+            note(session.map(|s| s.0), None);
+            // Side by side: their jobs reach the committer together (one commit for the lot);
+            // no two name one entry, so their order does not matter.
+            let results =
+                futures_util::future::join_all(batch.changes.into_iter().map(|(mut c, id)| {
+                    match &mut c {
+                        BatchedChange::Unlink(r) => who.policy.squash(&mut r.cred),
+                        BatchedChange::Rename(r) => who.policy.squash(&mut r.cred),
+                    }
+                    self.server.change_batched(session, c, id)
+                }))
+                .await;
+            let results = results
+                .into_iter()
+                .map(|r| {
+                    pb::ChangeResult::from(match r {
+                        Ok(commit) => ChangeResult::Done {
+                            commit_seq: commit.seq,
+                            durable_seq: commit.durable_seq,
+                        },
+                        Err(status) => {
+                            let e = sanfs_proto::status::fs_error_from_status(&status);
+                            ChangeResult::Refused {
+                                errno: u32::try_from(e.errno()).unwrap_or(5).max(1),
+                                error: status.message().to_owned(),
+                            }
+                        }
+                    })
+                })
+                .collect();
+            Ok(pb::ChangeBatchReply { results })
         })
         .await
     }

@@ -1164,7 +1164,7 @@ impl World {
     async fn one_call(&mut self) {
         let wild = self.rng.chance(1, 2);
         let w = self;
-        match w.rng.below(50) {
+        match w.rng.below(51) {
             0 => {
                 let req = pb::OpenSessionRequest {
                     protocol_version: if wild { w.u64_edge() as u32 } else { 1 },
@@ -1811,6 +1811,42 @@ impl World {
                     let n = u64::from(r.count.min(8));
                     w.reserved.extend((0..n).map(|i| r.first_inode + i));
                 }
+            }
+            48 => {
+                // Unlinks and renames side by side, now and then naming one entry twice, or
+                // none at all (refused whole).
+                use pb::batched_change::Change;
+                let n = w.rng.below(if wild { 6 } else { 4 });
+                let mut changes = Vec::new();
+                for _ in 0..n {
+                    let (a, name) = w.entry(wild);
+                    let change = if w.rng.chance(1, 2) {
+                        Change::Unlink(pb::UnlinkRequest {
+                            cred: w.cred(wild, &[a]),
+                            parent: a,
+                            name,
+                            request_id: w.request_id(wild),
+                        })
+                    } else {
+                        let (b, new_name) = (w.dir(wild), w.name(wild));
+                        Change::Rename(pb::RenameRequest {
+                            cred: w.cred(wild, &[a, b]),
+                            old_parent: a,
+                            old_name: name,
+                            new_parent: b,
+                            new_name,
+                            mode: w.enum_value(wild, 3),
+                            request_id: w.request_id(wild),
+                        })
+                    };
+                    let empty = wild && w.rng.chance(1, 8);
+                    changes.push(pb::BatchedChange {
+                        change: (!empty).then_some(change),
+                    });
+                }
+                let req = w.headers(wild, pb::ChangeBatchRequest { changes });
+                let c = w.bad();
+                call!(w, "ChangeBatch", c.ns, change_batch, req).ok();
             }
             _ => w.admin_call(wild).await,
         }

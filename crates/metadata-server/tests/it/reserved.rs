@@ -501,6 +501,79 @@ async fn a_batch_of_creates_is_answered_one_by_one() {
     srv.stop().await;
 }
 
+/// `ChangeBatch`: unlinks and renames side by side, each answered on its own (one refusal
+/// does not stop the others), each with its commit; a batch naming one entry twice, an
+/// empty one, or one with a replay header is refused whole and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_unlinks_and_renames_is_answered_one_by_one() {
+    use pb::batched_change::Change;
+    let srv = start().await;
+    let mut a = srv.clients().await;
+    let (sa, _) = a.open_session().await;
+    for name in ["u1", "u2", "r1", "r2", "keep"] {
+        a.create_file(sa, name).await;
+    }
+    let unlink = |name: &str| pb::BatchedChange {
+        change: Some(Change::Unlink(pb::UnlinkRequest {
+            cred: root(),
+            parent: 1,
+            name: name.into(),
+            request_id: None,
+        })),
+    };
+    let rename = |from: &str, to: &str| pb::BatchedChange {
+        change: Some(Change::Rename(pb::RenameRequest {
+            cred: root(),
+            old_parent: 1,
+            old_name: from.into(),
+            new_parent: 1,
+            new_name: to.into(),
+            mode: pb::RenameMode::Noreplace as i32,
+            request_id: None,
+        })),
+    };
+    let batch = |changes| pb::ChangeBatchRequest { changes };
+    let reply =
+        a.ns.change_batch(with(
+            sa,
+            batch(vec![
+                unlink("u1"),
+                rename("r1", "s1"),
+                unlink("missing"),
+                rename("r2", "keep"),
+                unlink("u2"),
+            ]),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let errnos: Vec<u32> = reply.results.iter().map(|r| r.errno).collect();
+    assert_eq!(errnos, vec![0, 0, 2, libc_eexist(), 0]);
+    assert!(reply.results[0].commit_seq > 0 || reply.results[0].durable_seq > 0);
+    for (name, there) in [
+        ("u1", false),
+        ("u2", false),
+        ("r1", false),
+        ("s1", true),
+        ("r2", true),
+        ("keep", true),
+    ] {
+        assert_eq!(exists(&mut a, name).await, there, "{name}");
+    }
+    // Refused whole: one entry twice (here "keep", renamed over and unlinked), or nothing.
+    for bad in [
+        batch(vec![rename("r2", "t2"), unlink("t2")]),
+        batch(vec![unlink("keep"), rename("s1", "keep")]),
+        batch(vec![]),
+    ] {
+        let e = a.ns.change_batch(with(sa, bad)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    }
+    assert!(exists(&mut a, "r2").await && exists(&mut a, "keep").await);
+    assert!(!exists(&mut a, "t2").await);
+    srv.stop().await;
+}
+
 fn libc_einval() -> u32 {
     22
 }

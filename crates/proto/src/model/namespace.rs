@@ -1310,6 +1310,174 @@ impl From<CreateBatchRequest> for pb::CreateBatchRequest {
     }
 }
 
+/// One change of a [`ChangeBatchRequest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchedChange {
+    Unlink(EntryRequest),
+    Rename(RenameRequest),
+}
+
+impl BatchedChange {
+    /// The entries (directory, name) it changes.
+    pub fn entries(&self) -> Vec<(InodeId, &[u8])> {
+        match self {
+            BatchedChange::Unlink(r) => vec![(r.parent, r.name.as_bytes())],
+            BatchedChange::Rename(r) => vec![
+                (r.old_parent, r.old_name.as_bytes()),
+                (r.new_parent, r.new_name.as_bytes()),
+            ],
+        }
+    }
+}
+
+/// ChangeBatch: unlinks and renames the agent answered already, run side by side.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChangeBatchRequest {
+    /// With their reply-cache ids; no two name the same entry.
+    pub changes: Vec<(BatchedChange, Option<RequestId>)>,
+}
+
+impl TryFrom<pb::ChangeBatchRequest> for ChangeBatchRequest {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ChangeBatchRequest) -> Result<Self, ProtocolError> {
+        if p.changes.is_empty() || p.changes.len() > MAX_CREATE_BATCH {
+            return Err(invalid(
+                "changes",
+                format!("{} changes, not 1 to {MAX_CREATE_BATCH}", p.changes.len()),
+            ));
+        }
+        let changes = p
+            .changes
+            .into_iter()
+            .map(|c| match c.change {
+                Some(pb::batched_change::Change::Unlink(mut u)) => {
+                    let id = request_id(u.request_id.take())?;
+                    Ok((BatchedChange::Unlink(EntryRequest::try_from(u)?), id))
+                }
+                Some(pb::batched_change::Change::Rename(mut r)) => {
+                    let id = request_id(r.request_id.take())?;
+                    Ok((BatchedChange::Rename(RenameRequest::try_from(r)?), id))
+                }
+                None => Err(ProtocolError::MissingField("changes.change")),
+            })
+            .collect::<Result<Vec<_>, ProtocolError>>()?;
+        let mut seen = std::collections::HashSet::new();
+        for (change, _) in &changes {
+            for (dir, name) in change.entries() {
+                if !seen.insert((dir, name)) {
+                    return Err(invalid(
+                        "changes",
+                        format!(
+                            "two changes of entry {:?} in {dir}",
+                            String::from_utf8_lossy(name)
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(ChangeBatchRequest { changes })
+    }
+}
+
+impl From<ChangeBatchRequest> for pb::ChangeBatchRequest {
+    fn from(r: ChangeBatchRequest) -> Self {
+        let wire = |id: Option<RequestId>| id.map(Into::into);
+        pb::ChangeBatchRequest {
+            changes: r
+                .changes
+                .into_iter()
+                .map(|(c, id)| pb::BatchedChange {
+                    change: Some(match c {
+                        BatchedChange::Unlink(u) => {
+                            let mut p = pb::UnlinkRequest::from(u);
+                            p.request_id = wire(id);
+                            pb::batched_change::Change::Unlink(p)
+                        }
+                        BatchedChange::Rename(r) => {
+                            let mut p = pb::RenameRequest::from(r);
+                            p.request_id = wire(id);
+                            pb::batched_change::Change::Rename(p)
+                        }
+                    }),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One change of a [`ChangeBatchRequest`] as answered: done (with its commit note), or
+/// refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChangeResult {
+    Done { commit_seq: u64, durable_seq: u64 },
+    Refused { errno: u32, error: String },
+}
+
+impl From<pb::ChangeResult> for ChangeResult {
+    fn from(p: pb::ChangeResult) -> Self {
+        match p.errno {
+            0 => ChangeResult::Done {
+                commit_seq: p.commit_seq,
+                durable_seq: p.durable_seq,
+            },
+            errno => ChangeResult::Refused {
+                errno,
+                error: p.error,
+            },
+        }
+    }
+}
+
+impl From<ChangeResult> for pb::ChangeResult {
+    fn from(r: ChangeResult) -> Self {
+        match r {
+            ChangeResult::Done {
+                commit_seq,
+                durable_seq,
+            } => pb::ChangeResult {
+                commit_seq,
+                durable_seq,
+                errno: 0,
+                error: String::new(),
+            },
+            ChangeResult::Refused { errno, error } => pb::ChangeResult {
+                commit_seq: 0,
+                durable_seq: 0,
+                errno,
+                error,
+            },
+        }
+    }
+}
+
+/// The answers of a [`ChangeBatchRequest`], in its order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangeBatchReply {
+    pub results: Vec<ChangeResult>,
+}
+
+impl TryFrom<pb::ChangeBatchReply> for ChangeBatchReply {
+    type Error = ProtocolError;
+
+    fn try_from(p: pb::ChangeBatchReply) -> Result<Self, ProtocolError> {
+        if p.results.len() > MAX_CREATE_BATCH {
+            return Err(invalid("results", format!("{} results", p.results.len())));
+        }
+        Ok(ChangeBatchReply {
+            results: p.results.into_iter().map(ChangeResult::from).collect(),
+        })
+    }
+}
+
+impl From<ChangeBatchReply> for pb::ChangeBatchReply {
+    fn from(r: ChangeBatchReply) -> Self {
+        pb::ChangeBatchReply {
+            results: r.results.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
 /// One create of a [`CreateBatchRequest`] as answered: made (with its commit note), or
 /// refused.
 #[derive(Debug, Clone, PartialEq)]
