@@ -1085,45 +1085,31 @@ async fn send_change_batch(inner: &Arc<Inner>, batch: Vec<QueuedChange>) {
             changes: todo.iter().map(|(_, c)| c.clone()).collect(),
         };
         let r: Result<ChangeBatchReply, FsError> = inner
-            .call_barred(
-                "ChangeBatch reply",
-                Pin::Session(view.session),
-                false,
-                |v| {
-                    let mut ns = inner.ns();
-                    let req = inner.change_request(req.clone(), v);
-                    async move { ns.change_batch(req).await }
-                },
-            )
+            .call_batch("ChangeBatch reply", &view, &req, |mut ns, req| async move {
+                ns.change_batch(req).await
+            })
             .await;
-        let mut unsure = Vec::new();
-        match r {
-            Ok(reply) if reply.results.len() == todo.len() => {
-                for ((q, c), result) in todo.drain(..).zip(reply.results) {
-                    match result {
-                        ChangeResult::Done {
-                            commit_seq,
-                            durable_seq,
-                        } => {
-                            inner.lock_unsynced().durable(view.epoch, durable_seq);
-                            settle(q, (commit_seq > durable_seq).then_some(commit_seq), false);
-                        }
-                        // EIO, ESTALE: the server failed or the session went, not the change.
-                        ChangeResult::Refused { errno: 5 | 116, .. } => unsure.push((q, c)),
-                        ChangeResult::Refused { error, .. } => lost(q, &error),
+        let unsure = sort_results(
+            r.map(|reply| reply.results),
+            &mut todo,
+            |(q, _), result| match result {
+                ChangeResult::Done {
+                    commit_seq,
+                    durable_seq,
+                } => {
+                    inner.lock_unsynced().durable(view.epoch, durable_seq);
+                    settle(q, (commit_seq > durable_seq).then_some(commit_seq), false);
+                    false
+                }
+                ChangeResult::Refused { errno, error } => {
+                    unknown_fate(errno) || {
+                        lost(q, &error);
+                        false
                     }
                 }
-            }
-            Ok(reply) => {
-                let why = format!("{} answers to {} changes", reply.results.len(), todo.len());
-                todo.drain(..).for_each(|(q, _)| lost(q, &why));
-            }
-            Err(FsError::StaleSession | FsError::Stale) => unsure = std::mem::take(&mut todo),
-            Err(e) => {
-                let why = e.to_string();
-                todo.drain(..).for_each(|(q, _)| lost(q, &why));
-            }
-        }
+            },
+            |(q, _), why| lost(q, why),
+        );
         todo = resend_after(
             inner,
             &view,
@@ -1134,6 +1120,43 @@ async fn send_change_batch(inner: &Arc<Inner>, batch: Vec<QueuedChange>) {
             },
         )
         .await;
+    }
+}
+
+/// A refusal of one change of a batch that says nothing of the change: EIO, ESTALE (the
+/// server failed or the session went).
+fn unknown_fate(errno: u32) -> bool {
+    matches!(errno, 5 | 116)
+}
+
+/// The answer of a batch call of changes answered here, one result per change of `todo` in
+/// its order, each given to `each` (which settles it and answers whether its fate is not
+/// known); a reply of another length or a refusal of the whole call loses them all
+/// (`lost`), a session that went leaves their fate not known. Answers those whose fate is
+/// not known; `todo` is left empty.
+fn sort_results<Q, R>(
+    r: Result<Vec<R>, FsError>,
+    todo: &mut Vec<Q>,
+    mut each: impl FnMut(&Q, R) -> bool,
+    lost: impl Fn(&Q, &str),
+) -> Vec<Q> {
+    match r {
+        Ok(results) if results.len() == todo.len() => todo
+            .drain(..)
+            .zip(results)
+            .filter_map(|(q, result)| each(&q, result).then_some(q))
+            .collect(),
+        Ok(results) => {
+            let why = format!("{} answers to {} changes", results.len(), todo.len());
+            todo.drain(..).for_each(|q| lost(&q, &why));
+            Vec::new()
+        }
+        Err(FsError::StaleSession | FsError::Stale) => std::mem::take(todo),
+        Err(e) => {
+            let why = e.to_string();
+            todo.drain(..).for_each(|q| lost(&q, &why));
+            Vec::new()
+        }
     }
 }
 
@@ -1201,61 +1224,43 @@ async fn send_create_batch(inner: &Arc<Inner>, batch: Vec<super::creates::Queued
             creates: todo.iter().map(|(_, r)| r.clone()).collect(),
         };
         let r: Result<CreateBatchReply, FsError> = inner
-            .call_barred(
-                "CreateBatch reply",
-                Pin::Session(view.session),
-                false,
-                |v| {
-                    let mut ns = inner.ns();
-                    let req = inner.change_request(req.clone(), v);
-                    async move { ns.create_batch(req).await }
-                },
-            )
+            .call_batch("CreateBatch reply", &view, &req, |mut ns, req| async move {
+                ns.create_batch(req).await
+            })
             .await;
-        // Those whose fate is not known: the session or the server went meanwhile.
-        let mut unsure = Vec::new();
-        match r {
-            Ok(reply) if reply.results.len() == todo.len() => {
-                for ((q, r), result) in todo.drain(..).zip(reply.results) {
-                    match result {
-                        CreateResult::Made {
-                            reply,
-                            commit_seq,
-                            durable_seq,
-                        } => {
-                            {
-                                let mut unsynced = inner.lock_unsynced();
-                                unsynced.durable(view.epoch, durable_seq);
-                                let seq = (commit_seq > durable_seq).then_some(commit_seq);
-                                unsynced.create_answered(view.epoch, q.ino, seq);
-                            }
-                            // The server's attributes, under the lease its reply gave (what
-                            // this node showed until now had its own clock's times).
-                            inner.leases.put_own_attr(
-                                &reply.attr,
-                                reply.lease_ms,
-                                sent,
-                                inner.lease_deadline(),
-                                mark,
-                            );
-                            inner.creates.answered(q.ino, false);
-                        }
-                        // EIO, ESTALE: the server failed or the session went, not the create.
-                        CreateResult::Refused { errno: 5 | 116, .. } => unsure.push((q, r)),
-                        CreateResult::Refused { error, .. } => lost(q, &error),
+        let unsure = sort_results(
+            r.map(|reply| reply.results),
+            &mut todo,
+            |(q, _), result| match result {
+                CreateResult::Made {
+                    reply,
+                    commit_seq,
+                    durable_seq,
+                } => {
+                    {
+                        let mut unsynced = inner.lock_unsynced();
+                        unsynced.durable(view.epoch, durable_seq);
+                        let seq = (commit_seq > durable_seq).then_some(commit_seq);
+                        unsynced.create_answered(view.epoch, q.ino, seq);
+                    }
+                    // The server's attributes, under the lease its reply gave (the times
+                    // this node showed, its own clock's when it answered).
+                    let deadline = inner.lease_deadline();
+                    inner
+                        .leases
+                        .put_own_attr(&reply.attr, reply.lease_ms, sent, deadline, mark);
+                    inner.creates.answered(q.ino, false);
+                    false
+                }
+                CreateResult::Refused { errno, error } => {
+                    unknown_fate(errno) || {
+                        lost(q, &error);
+                        false
                     }
                 }
-            }
-            Ok(reply) => {
-                let why = format!("{} answers to {} creates", reply.results.len(), todo.len());
-                todo.drain(..).for_each(|(q, _)| lost(q, &why));
-            }
-            Err(FsError::StaleSession | FsError::Stale) => unsure = std::mem::take(&mut todo),
-            Err(e) => {
-                let why = e.to_string();
-                todo.drain(..).for_each(|(q, _)| lost(q, &why));
-            }
-        }
+            },
+            |(q, _), why| lost(q, why),
+        );
         // A session lost at a live server took their numbers with it.
         todo = resend_after(
             inner,
@@ -1272,6 +1277,31 @@ async fn send_create_batch(inner: &Arc<Inner>, batch: Vec<super::creates::Queued
 const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
 impl Inner {
+    /// A batch call of changes answered here (`CreateBatch`, `ChangeBatch`): under the
+    /// session `view` they were answered under, and not held by the barrier (it waits for
+    /// them).
+    async fn call_batch<P, R, T, Fut>(
+        &self,
+        what: &'static str,
+        view: &SessionView,
+        req: &P,
+        send: impl Fn(
+            sanfs_proto::pb::namespace_client::NamespaceClient<tonic::transport::Channel>,
+            tonic::Request<P>,
+        ) -> Fut,
+    ) -> Result<T, FsError>
+    where
+        P: Clone,
+        Fut: std::future::Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+        T: TryFrom<R>,
+        T::Error: std::fmt::Display,
+    {
+        self.call_barred(what, Pin::Session(view.session), false, |v| {
+            send(self.ns(), self.change_request(req.clone(), v))
+        })
+        .await
+    }
+
     /// A namespace change's request under `view`: with the session header (answered before
     /// it is durable), unless the mount asked for `dirsync` (then durable when answered).
     fn change_request<T>(&self, req: T, view: &SessionView) -> tonic::Request<T> {
