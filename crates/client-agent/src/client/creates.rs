@@ -33,6 +33,10 @@ pub(crate) const RESERVE: u32 = 1024;
 /// waits for the server as before (a bound on what a crash of this node takes back, and on
 /// how long the barrier holds other calls).
 pub(crate) const MAX_UNANSWERED: usize = 512;
+/// The most files kept as this node's own ([`AsyncCreates::begin_change`]): past it a file
+/// made here is not, and its unlink or rename goes to the server (a bound on memory, for a
+/// node that makes millions of files under one delegation).
+pub(crate) const MAX_OWN: usize = 1 << 16;
 
 /// Inode numbers reserved to one session, handed out in order.
 #[derive(Debug, Default)]
@@ -275,7 +279,9 @@ impl AsyncCreates {
         block.2 += 1;
         s.pool.blocks.retain(|(next, end, _)| next < end);
         s.unanswered.insert(ino);
-        s.own.insert(ino, dir);
+        if s.own.len() < MAX_OWN {
+            s.own.insert(ino, dir);
+        }
         self.publish(&s);
         s.made += 1;
         Some((ino, generation))
@@ -534,6 +540,18 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, MAX_UNANSWERED);
+        // At most MAX_OWN files are kept as this node's own.
+        let c = AsyncCreates::default();
+        c.add_dir(InodeId(9), s);
+        c.add_numbers(s, &numbers(1 << 20, u32::try_from(MAX_OWN).unwrap() + 1, 0));
+        for i in 0..=MAX_OWN as u64 {
+            let (ino, _) = c.begin(InodeId(9), s).unwrap();
+            c.answered(ino, false);
+            assert_eq!(ino, InodeId((1 << 20) + i));
+        }
+        let last = InodeId((1 << 20) + MAX_OWN as u64);
+        assert!(!c.begin_change(InodeId(9), s, last, true), "past the bound");
+        assert!(c.begin_change(InodeId(9), s, InodeId(1 << 20), true));
     }
 
     fn view(session: u64) -> SessionView {
