@@ -706,7 +706,17 @@ async fn held_back_writes_are_seen_by_another_node_across_a_restart(kill: bool) 
     }
     let dir = tempfile::tempdir().unwrap();
     let (mut mds, luns) = start_mds(dir.path());
-    let a = Agent::mount_as(dir.path(), "a", "h2-held-a", "", &mds, &luns).await;
+    // `a` holds its writes back longer than the test may take on a loaded machine (the
+    // default 5 s age wrote the first file back before the check, once, in a full run).
+    let a = Agent::mount_as(
+        dir.path(),
+        "a",
+        "h2-held-a",
+        "writeback_age=10min",
+        &mds,
+        &luns,
+    )
+    .await;
     let b = Agent::mount_as(dir.path(), "b", "h2-held-b", "", &mds, &luns).await;
     let logs = |mds: &Mds| {
         format!(

@@ -125,6 +125,8 @@ fn targets() -> Vec<(&'static str, Target)> {
         CreateBatchRequest => CreateBatchRequest,
         CreateBatchReply => CreateBatchReply,
         CreateResult => CreateResult,
+        ChangeBatchRequest => ChangeBatchRequest,
+        ChangeBatchReply => ChangeBatchReply,
         // data
         MapRequest => MapRequest,
         DeviceIo => DeviceIo,
