@@ -155,7 +155,7 @@ enum Settle {
 /// The live grants of the server.
 pub struct Grants {
     dp: Arc<DataPath>,
-    table: Mutex<HashMap<u64, GrantState>>,
+    table: Mutex<GrantTable>,
     /// Notified whenever grants leave `table` ([`TableGuard`]) and when a grant's range lock
     /// is released ([`Grants::release_lock`]): what [`Grants::settle_attr`] waits on.
     grant_ended: tokio::sync::Notify,
@@ -189,7 +189,7 @@ impl Grants {
     pub fn new(dp: Arc<DataPath>) -> Grants {
         Grants {
             dp,
-            table: Mutex::new(HashMap::new()),
+            table: Mutex::new(GrantTable::default()),
             grant_ended: tokio::sync::Notify::new(),
             recall_channels: Mutex::new(HashMap::new()),
             prealloc: Mutex::new(HashMap::new()),
@@ -1124,8 +1124,18 @@ impl Grants {
     /// The session closed its last handle on `ino`: its grants there go (grants live under
     /// open handles, so an inode whose blocks are freed has no cached layout anywhere).
     pub async fn drop_for_inode(&self, session: u64, ino: u64) {
-        self.drop_where(|g| g.session == session && g.ino == ino, false)
-            .await;
+        let gone: Vec<(u64, GrantState)> = {
+            let mut table = self.lock_table();
+            let ids: Vec<u64> = table
+                .on_inode(ino)
+                .filter(|(_, g)| g.session == session)
+                .map(|(id, _)| id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| table.remove(&id).map(|g| (id, g)))
+                .collect()
+        };
+        self.dropped(gone, false).await;
     }
 
     /// Drops the grants `pred` picks: logged at `info` when their session `ended`, at `debug`
@@ -1142,6 +1152,12 @@ impl Grants {
                 .filter_map(|id| table.remove(&id).map(|g| (id, g)))
                 .collect()
         };
+        self.dropped(gone, ended).await;
+    }
+
+    /// Ends the grants [`Grants::drop_where`] or [`Grants::drop_for_inode`] took out of the
+    /// table.
+    async fn dropped(&self, gone: Vec<(u64, GrantState)>, ended: bool) {
         for (id, g) in gone {
             add(&self.stats.expired_grants, 1);
             self.end_grant(id, &g).await;
@@ -1194,13 +1210,13 @@ impl Grants {
     async fn settle(&self, ino: u64, caller: u64, which: Settle) {
         let ids: Vec<u64> = self
             .lock_table()
-            .iter()
-            .filter(|(_, g)| g.ino == ino && g.mode == LockMode::Exclusive)
+            .on_inode(ino)
+            .filter(|(_, g)| g.mode == LockMode::Exclusive)
             .filter(|(_, g)| g.delegation || which != Settle::Delegations)
             // The caller's own write delegation: its agent answers for its cached data.
             .filter(|(_, g)| !(g.delegation && g.session == caller))
             .filter(|(_, g)| !(which == Settle::Others && g.session == caller))
-            .map(|(id, _)| *id)
+            .map(|(id, _)| id)
             .collect();
         if ids.is_empty() {
             return;
@@ -1237,17 +1253,9 @@ impl Grants {
     /// Whether a session other than `session` holds a write grant, write layout or write
     /// delegation on `ino` (its writes change the size until completed or written back).
     pub fn writer_other_than(&self, ino: u64, session: u64) -> bool {
-        self.written_by_others(session).contains(&ino)
-    }
-
-    /// The inodes on which a session other than `session` holds a write grant, write layout
-    /// or write delegation.
-    pub fn written_by_others(&self, session: u64) -> HashSet<u64> {
         self.lock_table()
-            .values()
-            .filter(|g| g.mode == LockMode::Exclusive && g.session != session)
-            .map(|g| g.ino)
-            .collect()
+            .on_inode(ino)
+            .any(|(_, g)| g.mode == LockMode::Exclusive && g.session != session)
     }
 
     /// Whether any write delegation is held (a quick test before [`Grants::settle_delegations`]
@@ -1317,13 +1325,13 @@ impl Grants {
 /// locked; no caller both removes and inserts under one lock), it wakes those waiting for
 /// grants to end ([`Grants::settle_attr`]).
 struct TableGuard<'a> {
-    table: MutexGuard<'a, HashMap<u64, GrantState>>,
+    table: MutexGuard<'a, GrantTable>,
     live_before: usize,
     ended: &'a tokio::sync::Notify,
 }
 
 impl std::ops::Deref for TableGuard<'_> {
-    type Target = HashMap<u64, GrantState>;
+    type Target = GrantTable;
 
     fn deref(&self) -> &Self::Target {
         &self.table
@@ -1341,6 +1349,75 @@ impl Drop for TableGuard<'_> {
         if self.table.len() < self.live_before {
             self.ended.notify_waiters();
         }
+    }
+}
+
+/// The live grants by id, and the ids on each inode: the questions asked per call (the
+/// grants on one file, whether another session writes it) are answered from the grants on
+/// that file, never by a walk over all of them (one write delegation per file being
+/// written, thousands at once under a `tar x` on several nodes).
+#[derive(Default)]
+struct GrantTable {
+    by_id: HashMap<u64, GrantState>,
+    by_ino: HashMap<u64, Vec<u64>>,
+}
+
+impl GrantTable {
+    fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    fn get(&self, id: &u64) -> Option<&GrantState> {
+        self.by_id.get(id)
+    }
+
+    /// A grant to change (never its inode: the index is by it).
+    fn get_mut(&mut self, id: &u64) -> Option<&mut GrantState> {
+        self.by_id.get_mut(id)
+    }
+
+    fn contains_key(&self, id: &u64) -> bool {
+        self.by_id.contains_key(id)
+    }
+
+    fn insert(&mut self, id: u64, g: GrantState) {
+        let ino = g.ino;
+        if let Some(old) = self.by_id.insert(id, g) {
+            self.unindex(id, old.ino);
+        }
+        self.by_ino.entry(ino).or_default().push(id);
+    }
+
+    fn remove(&mut self, id: &u64) -> Option<GrantState> {
+        let g = self.by_id.remove(id)?;
+        self.unindex(*id, g.ino);
+        Some(g)
+    }
+
+    fn unindex(&mut self, id: u64, ino: u64) {
+        if let Some(ids) = self.by_ino.get_mut(&ino) {
+            ids.retain(|i| *i != id);
+            if ids.is_empty() {
+                self.by_ino.remove(&ino);
+            }
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&u64, &GrantState)> {
+        self.by_id.iter()
+    }
+
+    fn values(&self) -> impl Iterator<Item = &GrantState> {
+        self.by_id.values()
+    }
+
+    /// The grants on `ino`.
+    fn on_inode(&self, ino: u64) -> impl Iterator<Item = (u64, &GrantState)> {
+        self.by_ino
+            .get(&ino)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.by_id.get(id).map(|g| (*id, g)))
     }
 }
 
@@ -1375,5 +1452,48 @@ impl Drop for AttrWait<'_> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+
+    fn grant(session: u64, ino: u64, mode: LockMode) -> GrantState {
+        GrantState {
+            session,
+            epoch: 1,
+            ino,
+            offset: 0,
+            len: 4096,
+            mode,
+            cacheable: true,
+            writer_is_root: false,
+            delegation: false,
+            pending: None,
+        }
+    }
+
+    #[test]
+    fn the_grants_of_an_inode_are_found_by_it_and_leave_with_their_grant() {
+        let mut t = GrantTable::default();
+        t.insert(1, grant(10, 5, LockMode::Exclusive));
+        t.insert(2, grant(11, 5, LockMode::Shared));
+        t.insert(3, grant(10, 6, LockMode::Shared));
+        let on5: Vec<u64> = t.on_inode(5).map(|(id, _)| id).collect();
+        assert_eq!(on5, vec![1, 2]);
+        // The same id again, on another inode: indexed there only.
+        t.insert(2, grant(11, 6, LockMode::Shared));
+        assert_eq!(t.on_inode(5).map(|(id, _)| id).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(t.on_inode(6).count(), 2);
+        assert_eq!(t.remove(&1).map(|g| g.ino), Some(5));
+        assert_eq!(t.remove(&1).map(|g| g.ino), None);
+        assert_eq!(t.on_inode(5).count(), 0);
+        assert!(
+            !t.by_ino.contains_key(&5),
+            "an inode without grants leaves the index"
+        );
+        assert_eq!(t.len(), 2);
+        assert!(t.contains_key(&2) && t.get(&3).is_some_and(|g| g.session == 10));
     }
 }

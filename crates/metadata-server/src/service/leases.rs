@@ -113,10 +113,9 @@ impl Server {
             return 0;
         };
         let mut all = true;
-        let written = self.grants.written_by_others(session);
         for &(ino, covered) in what {
             // Sizes: no attribute lease while another session writes the file under a grant.
-            if covered == Covered::Attr && written.contains(&ino) {
+            if covered == Covered::Attr && self.grants.writer_other_than(ino, session) {
                 self.leases.stats.refused.fetch_add(1, Ordering::Relaxed);
                 all = false;
                 continue;

@@ -565,12 +565,7 @@ impl Server {
         if let Some((file, _)) = released {
             // Grants live under open handles: a session that closed its last handle on an
             // inode keeps no grant on it (so freed blocks are never under a cached layout).
-            let still_open = self
-                .store
-                .handles()
-                .by_handle
-                .values()
-                .any(|f| f.session == file.session && f.ino == file.ino);
+            let still_open = self.store.handles().open_by(file.session, file.ino);
             if !still_open {
                 self.grants.drop_for_inode(file.session, file.ino).await;
                 self.advisory.release_session_inode(file.session, file.ino);
