@@ -321,6 +321,12 @@ impl AsyncCreates {
             .store(s.unanswered_now(), std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Whether the create of `ino` answered here is not answered by the server yet (a
+    /// handle it opened is not known there).
+    pub fn unanswered(&self, ino: InodeId) -> bool {
+        self.lock().unanswered.contains(&ino)
+    }
+
     /// The server answered `ino`'s create (`lost`: refused it), or it went to a replay.
     pub fn answered(&self, ino: InodeId, lost: bool) {
         self.settle(|s| {

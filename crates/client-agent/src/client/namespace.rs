@@ -435,8 +435,8 @@ impl Client {
             name: name.clone(),
             perm,
             exclusive: true,
+            delegate: self.delegate_on_create(&flags),
             flags,
-            delegate: false,
             inode: Some(ino),
             time: Some(now),
         });
@@ -476,6 +476,11 @@ impl Client {
                 self.lease_deadline(),
             )
             .or(Some(std::time::Duration::ZERO));
+        // Its writes are held back from now on, under the write delegation the create asks
+        // for (the reply names it).
+        if req.delegate {
+            inner.writeback.expect_created(ino, view.generation);
+        }
         let queued = super::creates::Queued { req, view, ino };
         self.send_behind(Answered::Create(queued));
         Some(Created {
@@ -1207,7 +1212,14 @@ async fn send_create_batch(inner: &Arc<Inner>, batch: Vec<super::creates::Queued
             (q, r)
         })
         .collect();
+    // Files whose bytes were held back under a write delegation the create asked for and
+    // did not get: written back once the batch is answered.
+    let undelegated = std::sync::atomic::AtomicBool::new(false);
+    let client = Client::borrowed(Arc::clone(inner));
     let lost = |q: &super::creates::Queued, why: &str| {
+        if q.req.delegate && inner.writeback.created_answered(q.ino, None) {
+            undelegated.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         inner
             .lock_unsynced()
             .create_answered(view.epoch, q.ino, None);
@@ -1249,6 +1261,9 @@ async fn send_create_batch(inner: &Arc<Inner>, batch: Vec<super::creates::Queued
                     inner
                         .leases
                         .put_own_attr(&reply.attr, reply.lease_ms, sent, deadline, mark);
+                    if q.req.delegate && inner.writeback.created_answered(q.ino, reply.delegation) {
+                        undelegated.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
                     inner.creates.answered(q.ino, false);
                     false
                 }
@@ -1270,6 +1285,9 @@ async fn send_create_batch(inner: &Arc<Inner>, batch: Vec<super::creates::Queued
             |q, why| lost(q.0, why),
         )
         .await;
+    }
+    if undelegated.into_inner() {
+        tokio::spawn(async move { client.write_back_undelegated().await });
     }
 }
 
@@ -1296,8 +1314,13 @@ impl Inner {
         T: TryFrom<R>,
         T::Error: std::fmt::Display,
     {
+        // Handles closed here go with it (released before its changes: an unlink then finds
+        // the file closed, not an orphan to destroy at a later release).
+        let releasing = self.releases_for_batch(view.session);
         self.call_barred(what, Pin::Session(view.session), false, |v| {
-            send(self.ns(), self.change_request(req.clone(), v))
+            let mut r = self.change_request(req.clone(), v);
+            sanfs_proto::headers::set_release(r.metadata_mut(), view.session, &releasing);
+            send(self.ns(), r)
         })
         .await
     }

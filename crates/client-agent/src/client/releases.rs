@@ -50,6 +50,24 @@ impl Releases {
         arm
     }
 
+    /// Takes up to [`MAX_RELEASE`] queued handles of `session` that `ready` accepts, in
+    /// order; the others stay queued.
+    fn take_ready(&mut self, session: SessionId, ready: impl Fn(u64) -> bool) -> Vec<u64> {
+        if self.session != Some(session) {
+            self.handles.clear();
+            return Vec::new();
+        }
+        let mut taken = Vec::new();
+        self.handles.retain(|h| {
+            let take = taken.len() < MAX_RELEASE && ready(*h);
+            if take {
+                taken.push(*h);
+            }
+            !take
+        });
+        taken
+    }
+
     /// Takes up to [`MAX_RELEASE`] queued handles of `session` (dropping a replaced
     /// session's).
     fn take(&mut self, session: SessionId) -> Vec<u64> {
@@ -74,6 +92,25 @@ impl Inner {
             return Vec::new();
         }
         self.lock_releases().take(session)
+    }
+}
+
+impl Inner {
+    /// Handles to release with a batch of changes answered here (`CreateBatch`,
+    /// `ChangeBatch`) of `session`: those the server knows, so not of a create answered
+    /// here that the server has not answered yet (which may be in this very batch: the
+    /// server releases the header's handles before the call's changes).
+    pub(crate) fn releases_for_batch(&self, session: SessionId) -> Vec<u64> {
+        if !self.lock_state().view.server.releases_with_changes {
+            return Vec::new();
+        }
+        self.lock_releases().take_ready(
+            session,
+            |h| match sanfs_proto::model::reserved_create_inode(h) {
+                Some(ino) => !self.creates.unanswered(ino),
+                None => true,
+            },
+        )
     }
 }
 
@@ -204,5 +241,30 @@ mod tests {
         }
         assert_eq!(r.take(SessionId(4)).len(), MAX_RELEASE);
         assert_eq!(r.take(SessionId(4)).len(), 5);
+    }
+
+    #[test]
+    fn a_batch_takes_only_the_handles_the_server_knows_and_leaves_the_others_in_order() {
+        let mut r = Releases::default();
+        for h in [10, 11, 12, 13] {
+            r.queue(&fh(1, h));
+        }
+        // 11 and 13 stand for creates the server has not answered yet.
+        let known = |h: u64| h % 2 == 0;
+        assert_eq!(r.take_ready(SessionId(1), known), vec![10, 12]);
+        assert_eq!(r.handles, vec![11, 13]);
+        assert!(r.take_ready(SessionId(1), known).is_empty());
+        assert_eq!(r.take(SessionId(1)), vec![11, 13]);
+        // At most MAX_RELEASE, the rest kept.
+        for h in 0..(MAX_RELEASE as u64 + 3) {
+            r.queue(&fh(1, h * 2));
+        }
+        assert_eq!(r.take_ready(SessionId(1), known).len(), MAX_RELEASE);
+        assert_eq!(r.handles.len(), 3);
+        assert!(r.take_ready(SessionId(2), known).is_empty());
+        assert!(
+            r.handles.is_empty(),
+            "another session's call drops the queue"
+        );
     }
 }

@@ -231,6 +231,11 @@ async fn attach_and_serve(
                             if recall.creates {
                                 inner.creates.drop_dir(recall.inode);
                                 inner.creates.drain().await;
+                                // And the bytes of those files held back under a write
+                                // delegation their create did not get.
+                                super::Client::borrowed(Arc::clone(&inner))
+                                    .write_back_undelegated()
+                                    .await;
                             }
                             // The kernel is told on a thread of its own (a write to /dev/fuse).
                             let dropped = tokio::task::spawn_blocking({

@@ -102,6 +102,11 @@ struct Held {
     write: bool,
 }
 
+/// The id a write delegation has while it is asked for with a create the agent answered
+/// itself ([`Client::expect_created_delegation`]), until the create's reply names it: no
+/// delegation of the server has it (0 is "refused" on the wire).
+const ASKED: GrantId = GrantId(0);
+
 /// The read cache's unit: file bytes `[i * CHUNK, (i + 1) * CHUNK)`.
 const CHUNK: u64 = 128 << 10;
 
@@ -762,6 +767,48 @@ impl WriteBack {
         (f.dirty_bytes, total, start)
     }
 
+    /// A create answered here (`ino`, under session generation `generation`) asks for the
+    /// new file's write delegation with it: its writes and attribute changes are held back
+    /// from now on, as under the delegation itself. Sound because no other session can
+    /// reach the file before the create reaches the server (the directory's create
+    /// delegation), and the server gives the delegation with the create; its reply names it
+    /// ([`WriteBack::created_answered`]). A recall that comes first is served as the
+    /// recall of this one (`mark_recalled`), its write-back after the reply.
+    pub(crate) fn expect_created(&self, ino: InodeId, generation: u64) {
+        self.files().entry(ino).or_default().delegation = Some(Held {
+            id: ASKED,
+            generation,
+            write: true,
+        });
+    }
+
+    /// The reply of a create answered here that asked for the write delegation
+    /// ([`WriteBack::expect_created`]): the delegation it gave (`None`: refused, or the
+    /// create is lost). Answers whether bytes or attribute changes are held back without a
+    /// delegation now, to be written back at once ([`Client::write_back_undelegated`]).
+    pub(crate) fn created_answered(&self, ino: InodeId, id: Option<GrantId>) -> bool {
+        let mut files = self.files();
+        let Some(f) = files.get_mut(&ino) else {
+            return false;
+        };
+        let Some(asked) = f.delegation.filter(|d| d.id == ASKED) else {
+            return false;
+        };
+        match id {
+            // A recall being served already ends it by this id.
+            Some(id) => {
+                f.delegation = Some(Held { id, ..asked });
+                bump(&self.counters.delegations);
+                false
+            }
+            None => {
+                f.delegation = None;
+                bump(&self.counters.refusals);
+                f.dirty_bytes > 0 || f.attrs.is_some()
+            }
+        }
+    }
+
     fn files(&self) -> MutexGuard<'_, HashMap<InodeId, FileState>> {
         self.files.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -891,8 +938,12 @@ impl WriteBack {
     /// is remembered, so that its reply, when it comes, is not used).
     fn mark_recalled(&self, ino: InodeId, ids: &[GrantId]) -> bool {
         let mut files = self.files();
+        // One asked for with a create answered here is the one recalled, whose id its
+        // reply brings: its recall writes back after that reply (the write-back waits for
+        // the creates answered here).
         if let Some(f) = files.get_mut(&ino)
-            && f.delegation.is_some_and(|d| ids.contains(&d.id))
+            && f.delegation
+                .is_some_and(|d| ids.contains(&d.id) || d.id == ASKED)
         {
             f.recalling = true;
             return true;
@@ -913,7 +964,8 @@ impl WriteBack {
     /// recall was being served: [`WriteBack::adopt_reclaimed`]).
     fn recalled(&self, ino: InodeId, ids: &[GrantId]) {
         if let Some(f) = self.files().get_mut(&ino)
-            && f.delegation.is_none_or(|d| ids.contains(&d.id))
+            && f.delegation
+                .is_none_or(|d| ids.contains(&d.id) || d.id == ASKED)
         {
             let freed = f.drop_cache();
             self.cached.fetch_sub(freed, Ordering::Relaxed);
@@ -1595,6 +1647,25 @@ impl Client {
         }
     }
 
+    /// Writes back every file with bytes or attribute changes held back and no delegation
+    /// to hold them (one asked for with a create answered here and refused): before a
+    /// recall of the directory's create delegation is acknowledged, so that whoever looks
+    /// there next sees them.
+    pub(crate) async fn write_back_undelegated(&self) {
+        let due: Vec<InodeId> = self
+            .inner
+            .writeback
+            .files()
+            .iter()
+            .filter(|(_, f)| f.delegation.is_none() && (f.dirty_bytes > 0 || f.attrs.is_some()))
+            .map(|(ino, _)| *ino)
+            .collect();
+        for ino in due {
+            // A failure is the file's next fsync's or close's error.
+            let _ = self.flush_file(ino).await;
+        }
+    }
+
     /// Writes every held-back byte of `ino` (one write-back of a file at a time: this waits
     /// for one in progress). A failed write is the file's error, reported by its next
     /// fsync or close (and returned here).
@@ -2002,6 +2073,34 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_delegation_asked_with_a_create_is_named_by_its_reply_and_recalled_before_it() {
+        let wb = WriteBack::new(WriteBackConfig::default());
+        let (ino, id) = (InodeId(5), GrantId(77));
+        wb.expect_created(ino, 1);
+        assert!(delegated(&wb.files()[&ino], 1), "held from the create on");
+        assert!(
+            !delegated(&wb.files()[&ino], 2),
+            "not under another session"
+        );
+        // The recall comes before the reply: it is this delegation's, served here.
+        assert!(wb.mark_recalled(ino, &[id]));
+        assert!(wb.tombstones().is_empty());
+        assert!(!wb.created_answered(ino, Some(id)));
+        assert_eq!(wb.files()[&ino].delegation.map(|d| d.id), Some(id));
+        wb.recalled(ino, &[id]);
+        assert!(wb.files()[&ino].delegation.is_none());
+        // Refused with bytes held back: they are to be written back at once.
+        let other = InodeId(6);
+        wb.expect_created(other, 1);
+        wb.files().get_mut(&other).unwrap().dirty_bytes = 10;
+        assert!(wb.created_answered(other, None));
+        assert!(wb.files()[&other].delegation.is_none());
+        // A reply for a file that asked nothing changes nothing.
+        assert!(!wb.created_answered(InodeId(7), None));
+        assert!(!wb.created_answered(other, Some(id)));
+    }
 
     #[test]
     fn held_back_writes_patch_the_cached_chunks_and_drop_the_one_at_the_end_of_file() {

@@ -108,6 +108,41 @@ fn make_files(dir: PathBuf, n: usize) -> (BTreeMap<String, u64>, BTreeMap<String
     (made, seen_times)
 }
 
+/// The `write_back` counter `name` of `mount`'s agent.
+fn write_back_count(mount: &Path, name: &str) -> u64 {
+    let out = Command::new(env!("CARGO_BIN_EXE_sanfs-agent"))
+        .args(["status", "--json"])
+        .arg(mount)
+        .output()
+        .unwrap();
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    j["agent"]["write_back"][name].as_u64().unwrap_or(0)
+}
+
+/// Makes `dir` and `n` files in it as `tar x` does: create, write the bytes, set the times
+/// (mtime of file `i`: `1_000_000 + i` s), the owners it has and the mode 0640, close.
+fn untar_files(dir: PathBuf, n: usize) -> BTreeMap<String, Vec<u8>> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir(&dir).unwrap();
+    (0..n)
+        .map(|i| {
+            let name = format!("t{i:03}");
+            let bytes = format!("{name} ").repeat(1 + i * 37 % 400).into_bytes();
+            let mut f = std::fs::File::create_new(dir.join(&name)).unwrap();
+            f.write_all(&bytes).unwrap();
+            let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000 + i as u64);
+            f.set_times(std::fs::FileTimes::new().set_modified(t).set_accessed(t))
+                .unwrap();
+            let m = f.metadata().unwrap();
+            std::os::unix::fs::fchown(&f, Some(m.uid()), Some(m.gid())).unwrap();
+            f.set_permissions(std::fs::Permissions::from_mode(0o640))
+                .unwrap();
+            (name, bytes)
+        })
+        .collect()
+}
+
 /// The names, inode numbers and times in `dir` as this node lists them.
 fn listed_with_times(dir: &Path) -> BTreeMap<String, (u64, Times)> {
     std::fs::read_dir(dir)
@@ -216,11 +251,11 @@ async fn creates_answered_here_are_seen_by_the_other_node_and_survive_a_server_k
     // itself; then the server is killed and started again (A lives): A's replay makes them.
     let d2 = a.mount.join("d2");
     std::fs::create_dir(&d2).unwrap();
-    let paused = mds.prepare_restart();
-    mds.pause(true);
-    // Made relative to the directory (opened while the server answered): a path walk from
+    // Made relative to the directory (opened while the server answers): a path walk from
     // the root would ask the server about the root's names, which this node does not hold.
     let at = std::fs::File::open(&d2).unwrap();
+    let paused = mds.prepare_restart();
+    mds.pause(true);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         use rustix::fs::{Mode, OFlags};
@@ -313,6 +348,48 @@ async fn creates_answered_here_are_seen_by_the_other_node_and_survive_a_server_k
         changes_unanswered > 100,
         "unlinks and renames not answered by the stopped server: {changes_unanswered} of 200"
     );
+
+    // 3. After the restart, files with bytes, times, owners and a mode, as `tar x` makes
+    // them: each create asks for the file's write delegation, so its bytes and attribute
+    // changes are held back from the create on and go in one call at its close (no
+    // `Delegate`, no `SetAttr` of their own). B sees every byte, mode and mtime.
+    let d4 = a.mount.join("d4");
+    let with_bytes = write_back_count(&a.mount, "attrs_with_bytes");
+    let untarred = timed("A's tar-like files", 120, move || untar_files(d4, 60)).await;
+    let with_bytes = write_back_count(&a.mount, "attrs_with_bytes") - with_bytes;
+    assert!(
+        with_bytes >= 50,
+        "the attribute changes of A's new files go with their bytes: {with_bytes} of 60"
+    );
+    let seen4 = {
+        let d4 = b.mount.join("d4");
+        timed("B's reads of d4", 60, move || {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::read_dir(&d4)
+                .unwrap()
+                .map(|e| {
+                    let p = e.unwrap().path();
+                    let m = std::fs::metadata(&p).unwrap();
+                    (
+                        p.file_name().unwrap().to_string_lossy().into_owned(),
+                        (
+                            std::fs::read(&p).unwrap(),
+                            m.permissions().mode() & 0o7777,
+                            m.mtime(),
+                        ),
+                    )
+                })
+                .collect::<BTreeMap<_, _>>()
+        })
+        .await
+    };
+    let want4: BTreeMap<_, _> = untarred
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, bytes))| (name, (bytes, 0o640, 1_000_000 + i as i64)))
+        .collect();
+    assert!(seen4 == want4, "B's view of d4 differs from what A wrote");
+
     eprintln!(
         "creates: {here} of 400 answered by the agent; {unanswered} of 200 not answered by the server when it was killed; unlinks and renames: {unlinked} of 200 and {renamed} of 150 answered by the agent, {changes_unanswered} of 200 not answered by the killed server"
     );

@@ -307,6 +307,12 @@ pub fn reserved_create_handle(ino: InodeId) -> OpenHandle {
 /// The bit that marks [`reserved_create_handle`]s.
 pub const RESERVED_HANDLE_BIT: u64 = 1 << 63;
 
+/// The inode a [`reserved_create_handle`] was opened for; `None` for the server's own
+/// handle numbers.
+pub fn reserved_create_inode(handle: u64) -> Option<InodeId> {
+    (handle & RESERVED_HANDLE_BIT != 0).then_some(InodeId(handle & !RESERVED_HANDLE_BIT))
+}
+
 impl TryFrom<pb::CreateRequest> for CreateRequest {
     type Error = ProtocolError;
 
@@ -1713,4 +1719,19 @@ impl From<RequestId> for pb::RequestId {
 /// The optional `request_id` field of a request, validated.
 pub fn request_id(p: Option<pb::RequestId>) -> Result<Option<RequestId>, ProtocolError> {
     p.map(RequestId::try_from).transpose().at("request_id")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reserved_create_handle_names_its_inode_and_the_servers_own_none() {
+        let ino = InodeId(12345);
+        assert_eq!(
+            reserved_create_inode(reserved_create_handle(ino).0),
+            Some(ino)
+        );
+        assert_eq!(reserved_create_inode(7), None);
+    }
 }
