@@ -250,7 +250,7 @@ mod tests {
             r.queue(&fh(1, h));
         }
         // 11 and 13 stand for creates the server has not answered yet.
-        let known = |h: u64| h % 2 == 0;
+        let known = |h: u64| h.is_multiple_of(2);
         assert_eq!(r.take_ready(SessionId(1), known), vec![10, 12]);
         assert_eq!(r.handles, vec![11, 13]);
         assert!(r.take_ready(SessionId(1), known).is_empty());
