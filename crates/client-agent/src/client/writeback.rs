@@ -103,7 +103,7 @@ struct Held {
 }
 
 /// The id a write delegation has while it is asked for with a create the agent answered
-/// itself ([`Client::expect_created_delegation`]), until the create's reply names it: no
+/// itself ([`WriteBack::expect_created`]), until the create's reply names it: no
 /// delegation of the server has it (0 is "refused" on the wire).
 const ASKED: GrantId = GrantId(0);
 
