@@ -841,7 +841,7 @@ fn format_status(m: &MountStatus) -> String {
     let c = &a.creates;
     let _ = writeln!(
         out,
-        "  creates    answered here {} (refused by the server after: {}), not answered by the server yet {}; unlinks answered here {} (refused after: {}), renames {} ({}), not answered yet {}",
+        "  creates    answered here {} (refused by the server after: {}), not answered by the server yet {}; unlinks answered here {} (refused after: {}), renames {} ({}), directory attribute changes {} ({}), not answered yet {}",
         c.here,
         c.lost,
         c.unanswered_now,
@@ -849,6 +849,8 @@ fn format_status(m: &MountStatus) -> String {
         c.unlinks_lost,
         c.renames_here,
         c.renames_lost,
+        c.attrs_here,
+        c.attrs_lost,
         c.changes_unanswered_now
     );
     let w = &a.write_back;

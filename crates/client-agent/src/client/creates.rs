@@ -74,6 +74,8 @@ struct State {
     unlinks_lost: u64,
     renamed: u64,
     renames_lost: u64,
+    attrs_changed: u64,
+    attrs_lost: u64,
     /// Answered here and not sent yet, in the order answered; and whether a sender runs.
     queue: Vec<Answered>,
     sending: bool,
@@ -108,6 +110,16 @@ pub(crate) struct QueuedChange {
 pub(crate) enum HereChange {
     Unlink(pb::UnlinkRequest),
     Rename(pb::RenameRequest),
+    /// Of the mode, owners or times of a directory this node made (its create delegation).
+    SetAttr(pb::SetAttrRequest),
+}
+
+/// Which kind of [`HereChange`] (its counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChangeKind {
+    Unlink,
+    Rename,
+    Attr,
 }
 
 impl HereChange {
@@ -116,7 +128,26 @@ impl HereChange {
         match self {
             HereChange::Unlink(r) => super::unsynced::NsChange::Unlink(r.clone()),
             HereChange::Rename(r) => super::unsynced::NsChange::Rename(r.clone()),
+            HereChange::SetAttr(r) => super::unsynced::NsChange::SetAttr(r.clone()),
         }
+    }
+
+    pub fn kind(&self) -> ChangeKind {
+        match self {
+            HereChange::Unlink(_) => ChangeKind::Unlink,
+            HereChange::Rename(_) => ChangeKind::Rename,
+            HereChange::SetAttr(_) => ChangeKind::Attr,
+        }
+    }
+
+    /// The inodes whose attributes it changes outright: the directories of an unlink or a
+    /// rename (their mtime and ctime), or the inode of an attribute change. A `ChangeBatch`
+    /// holds no attribute change beside another change of its inode (their order would
+    /// not be kept).
+    pub fn inodes(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.names().into_iter().map(|(d, _)| d).collect();
+        v.dedup();
+        v
     }
 
     /// Its item of a `ChangeBatch`, with its reply-cache id.
@@ -132,11 +163,14 @@ impl HereChange {
                     request_id: id,
                     ..r.clone()
                 }),
+                // Idempotent: no reply-cache id.
+                HereChange::SetAttr(r) => Change::SetAttr(r.clone()),
             }),
         }
     }
 
-    /// The names it changes, as (directory, name).
+    /// The names it changes, as (directory, name); an attribute change names its inode
+    /// with the empty name (which no entry has), as `BatchedChange::entries` does.
     pub fn names(&self) -> Vec<(u64, &[u8])> {
         match self {
             HereChange::Unlink(r) => vec![(r.parent, r.name.as_slice())],
@@ -144,6 +178,7 @@ impl HereChange {
                 (r.old_parent, r.old_name.as_slice()),
                 (r.new_parent, r.new_name.as_slice()),
             ],
+            HereChange::SetAttr(r) => vec![(r.inode, &[][..])],
         }
     }
 }
@@ -316,6 +351,19 @@ impl AsyncCreates {
         true
     }
 
+    /// Begins a change of the attributes of `dir` answered here: only of a directory whose
+    /// create delegation `session` holds, while there is room.
+    pub fn begin_attr_change(&self, dir: InodeId, session: SessionId) -> bool {
+        let mut s = self.lock();
+        if s.dirs.get(&dir) != Some(&session) || s.unanswered_now() >= MAX_UNANSWERED {
+            return false;
+        }
+        s.changes += 1;
+        s.attrs_changed += 1;
+        self.publish(&s);
+        true
+    }
+
     fn publish(&self, s: &State) {
         self.pending
             .store(s.unanswered_now(), std::sync::atomic::Ordering::SeqCst);
@@ -339,13 +387,14 @@ impl AsyncCreates {
 
     /// The server answered an unlink (`unlink`) or a rename answered here (`lost`: refused
     /// it), or it went to a replay.
-    pub fn change_answered(&self, unlink: bool, lost: bool) {
+    pub fn change_answered(&self, kind: ChangeKind, lost: bool) {
         self.settle(|s| {
             s.changes = s.changes.saturating_sub(1);
-            match (lost, unlink) {
+            match (lost, kind) {
                 (false, _) => {}
-                (true, true) => s.unlinks_lost += 1,
-                (true, false) => s.renames_lost += 1,
+                (true, ChangeKind::Unlink) => s.unlinks_lost += 1,
+                (true, ChangeKind::Rename) => s.renames_lost += 1,
+                (true, ChangeKind::Attr) => s.attrs_lost += 1,
             }
         });
     }
@@ -400,6 +449,7 @@ impl AsyncCreates {
         let (session, creates) = (first.session(), matches!(first, Answered::Create(_)));
         let n = {
             let mut names: HashSet<(u64, &[u8])> = HashSet::new();
+            let (mut attr_inodes, mut changed_inodes) = (HashSet::new(), HashSet::new());
             s.queue
                 .iter()
                 .take(max)
@@ -409,8 +459,21 @@ impl AsyncCreates {
                             Answered::Create(_) => creates,
                             Answered::Change(c) => {
                                 let mine = c.change.names();
-                                let apart = !creates && mine.iter().all(|n| !names.contains(n));
+                                let inodes = c.change.inodes();
+                                let attr = c.change.kind() == ChangeKind::Attr;
+                                // No two change one name; an attribute change goes with no
+                                // other change of its inode (nor one after it with it).
+                                let apart = !creates
+                                    && mine.iter().all(|n| !names.contains(n))
+                                    && inodes.iter().all(|i| {
+                                        !(attr_inodes.contains(i)
+                                            || attr && changed_inodes.contains(i))
+                                    });
                                 names.extend(mine);
+                                changed_inodes.extend(inodes.iter().copied());
+                                if attr {
+                                    attr_inodes.extend(inodes);
+                                }
                                 apart
                             }
                         }
@@ -467,6 +530,8 @@ impl AsyncCreates {
             unlinks_lost: s.unlinks_lost,
             renames_here: s.renamed,
             renames_lost: s.renames_lost,
+            attrs_here: s.attrs_changed,
+            attrs_lost: s.attrs_lost,
             changes_unanswered_now: s.changes as u64,
         }
     }
@@ -663,11 +728,11 @@ mod tests {
         });
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished(), "the unlink is not answered yet");
-        c.change_answered(false, false);
-        c.change_answered(true, false);
+        c.change_answered(ChangeKind::Rename, false);
+        c.change_answered(ChangeKind::Unlink, false);
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished(), "one unlink is not answered yet");
-        c.change_answered(true, true);
+        c.change_answered(ChangeKind::Unlink, true);
         tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
             .await
             .unwrap()
@@ -717,5 +782,59 @@ mod tests {
             c.enqueue(create(ino(7), 2)),
             "the sender stopped: a new one starts"
         );
+    }
+
+    fn set_attr(dir: u64, session: u64) -> Answered {
+        Answered::Change(QueuedChange {
+            change: HereChange::SetAttr(pb::SetAttrRequest {
+                inode: dir,
+                ..Default::default()
+            }),
+            view: view(session),
+            ino: InodeId(dir),
+        })
+    }
+
+    #[test]
+    fn a_directorys_attribute_change_goes_with_no_other_change_there() {
+        let c = AsyncCreates::default();
+        let (s, d) = (SessionId(1), InodeId(9));
+        assert!(!c.begin_attr_change(d, s), "not a delegated directory");
+        c.add_dir(d, s);
+        assert!(!c.begin_attr_change(d, SessionId(2)), "another session's");
+        assert!(c.begin_attr_change(d, s));
+        assert_eq!(c.counts().attrs_here, 1);
+        c.change_answered(ChangeKind::Attr, true);
+        assert_eq!(
+            (c.counts().attrs_lost, c.counts().changes_unanswered_now),
+            (1, 0)
+        );
+        let ino = InodeId;
+        // Unlinks in directory 9 around its attribute changes, and one of directory 10.
+        for q in [
+            unlink(ino(1), 1, "a"),
+            set_attr(9, 1),
+            set_attr(10, 1),
+            set_attr(9, 1),
+            unlink(ino(2), 1, "b"),
+        ] {
+            c.enqueue(q);
+        }
+        let inos = |b: Option<Batch>| match b {
+            Some(Batch::Changes(v)) => v.iter().map(|q| q.ino.0).collect::<Vec<_>>(),
+            _ => Vec::new(),
+        };
+        assert_eq!(inos(c.next_batch(8)), vec![1], "not beside the unlink in 9");
+        assert_eq!(
+            inos(c.next_batch(8)),
+            vec![9, 10],
+            "10 beside it, not 9 again"
+        );
+        assert_eq!(
+            inos(c.next_batch(8)),
+            vec![9],
+            "nor the unlink in 9 after it"
+        );
+        assert_eq!(inos(c.next_batch(8)), vec![2]);
     }
 }

@@ -192,6 +192,12 @@ impl Client {
         {
             return Ok(attr);
         }
+        // Of a directory this node made, answered here and sent behind the answer.
+        if fh.is_none()
+            && let Some(attr) = self.set_attr_here(cred, ino, &changes)
+        {
+            return Ok(attr);
+        }
         // In the application's order: bytes it wrote before this change and this node holds
         // back reach the server first (a write-back after it would undo a `futimens` of the
         // mtime, as `cp -p` does, or clear the setuid bit a `chmod` after the write set).
@@ -521,6 +527,10 @@ impl Client {
             return false;
         };
         let unlink = matches!(change, HereChange::Unlink(_));
+        // (An attribute change is `Client::set_attr_here`'s.)
+        if matches!(change, HereChange::SetAttr(_)) {
+            return false;
+        }
         if let HereChange::Rename(r) = &change
             && (r.new_parent != parent.0
                 || r.new_name == name.as_bytes()
@@ -598,6 +608,7 @@ impl Client {
                     .leases
                     .put_own_attr(&file, ms(file_ttl), sent, deadline, mark);
             }
+            HereChange::SetAttr(_) => {}
         }
         self.send_behind(Answered::Change(QueuedChange {
             change,
@@ -605,6 +616,68 @@ impl Client {
             ino: file.ino,
         }));
         true
+    }
+
+    /// A change of the mode, owners or times of a directory this node made and holds the
+    /// create delegation of (docs/protocol.md "Unlinks and renames answered by the agent"):
+    /// no other node can see its attributes before the delegation is recalled, after the
+    /// changes answered here are sent. Answered here when the cached attributes say exactly
+    /// what the server will make of it (a file's held-back change's rules,
+    /// `writeback::answered_change`: the caller owns it by uid, no extended attribute, the
+    /// owners stay, no set-ID bit in the way, explicit times), and sent behind the answer
+    /// with the time of the answer as its ctime, which the server then keeps. `None`: send
+    /// it now.
+    fn set_attr_here(&self, cred: &Credentials, ino: InodeId, c: &SetAttr) -> Option<Attr> {
+        let inner = &self.inner;
+        if !inner.config.async_creates || inner.config.dirsync || *c == SetAttr::default() {
+            return None;
+        }
+        let view = inner.view_for(None).ok()?;
+        if !inner.creates.delegated(ino, view.session) {
+            return None;
+        }
+        let (cur, ttl) = inner.leases.attr(ino)?;
+        if cur.kind != FileType::Directory || !cur.no_xattrs {
+            return None;
+        }
+        let now = super::writeback::wall_clock();
+        let next = super::writeback::answered_change(cred, &cur, c, now)?;
+        if !inner.creates.begin_attr_change(ino, view.session) {
+            return None;
+        }
+        let req = pb::SetAttrRequest::from(SetAttrRequest {
+            cred: cred.clone(),
+            inode: ino,
+            changes: SetAttr {
+                ctime: Some(next.ctime),
+                ..c.clone()
+            },
+            handle: None,
+        });
+        // Kept for a replay from now on, in order after the directory's creates.
+        inner.lock_unsynced().record_change(NsRecord {
+            epoch: view.epoch,
+            session: view.session,
+            commit_seq: super::unsynced::UNANSWERED,
+            change: NsChange::SetAttr(req.clone()),
+            inode: None,
+        });
+        // The attributes as the server will make them, under the lease held.
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(0);
+        let mark = inner.leases.mark();
+        inner.leases.put_own_attr(
+            &next,
+            ms,
+            std::time::Instant::now(),
+            self.lease_deadline(),
+            mark,
+        );
+        self.send_behind(Answered::Change(QueuedChange {
+            change: HereChange::SetAttr(req),
+            view,
+            ino,
+        }));
+        Some(next)
     }
 
     /// Asks for more inode numbers for creates answered here, in the background.
@@ -1073,13 +1146,11 @@ async fn send_change_batch(inner: &Arc<Inner>, batch: Vec<QueuedChange>) {
         inner
             .lock_unsynced()
             .change_answered(view.epoch, &q.change.record(), seq);
-        inner
-            .creates
-            .change_answered(matches!(q.change, HereChange::Unlink(_)), lost);
+        inner.creates.change_answered(q.change.kind(), lost);
     };
     let lost = |q: &QueuedChange, why: &str| {
         let names = q.change.names();
-        tracing::error!(inode = %q.ino, parent = names[0].0, why, "an unlink or rename this node had answered is lost");
+        tracing::error!(inode = %q.ino, parent = names[0].0, why, "an unlink, rename or attribute change this node had answered is lost");
         let names: Vec<(InodeId, &[u8])> =
             names.into_iter().map(|(d, n)| (InodeId(d), n)).collect();
         inner.leases.forget(&[q.ino], &names);

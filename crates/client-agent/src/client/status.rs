@@ -175,7 +175,12 @@ pub struct CreateCounts {
     pub renames_here: u64,
     #[serde(default)]
     pub renames_lost: u64,
-    /// Unlinks and renames.
+    /// Changes of a directory's mode, owners or times.
+    #[serde(default)]
+    pub attrs_here: u64,
+    #[serde(default)]
+    pub attrs_lost: u64,
+    /// Unlinks, renames and attribute changes.
     #[serde(default)]
     pub changes_unanswered_now: u64,
 }

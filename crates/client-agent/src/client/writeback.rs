@@ -307,8 +307,22 @@ fn privileged(perm: u32) -> bool {
 /// uid: a squashed root does not), owners stay as they are, no setgid bit outside the
 /// caller's groups, no bit a `chown` would clear, explicit times only. `None`: send it.
 fn held_change(cred: &Credentials, cur: &Attr, c: &SetAttr, now: Timestamp) -> Option<Attr> {
-    if cur.kind != FileType::Regular || cred.uid != cur.uid || c.size.is_some() || c.ctime.is_some()
-    {
+    if cur.kind != FileType::Regular {
+        return None;
+    }
+    answered_change(cred, cur, c, now)
+}
+
+/// The attributes after change `c` of an inode whose attributes are `cur`, by `cred`, at
+/// `now`, when the server is sure to make it exactly so ([`held_change`]'s rules, for any
+/// kind of inode): else `None`.
+pub(super) fn answered_change(
+    cred: &Credentials,
+    cur: &Attr,
+    c: &SetAttr,
+    now: Timestamp,
+) -> Option<Attr> {
+    if cred.uid != cur.uid || c.size.is_some() || c.ctime.is_some() {
         return None;
     }
     if c.uid.is_some_and(|u| u != cur.uid) || c.gid.is_some_and(|g| g != cur.gid) {

@@ -143,6 +143,18 @@ fn untar_files(dir: PathBuf, n: usize) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
+/// The mode bits, mtime and times of `dir` as this node shows them.
+fn dir_attrs(dir: &Path) -> (u32, i64, i64, Times) {
+    use std::os::unix::fs::PermissionsExt;
+    let m = std::fs::metadata(dir).unwrap();
+    (
+        m.permissions().mode() & 0o7777,
+        m.mtime(),
+        m.mtime_nsec(),
+        times(&m),
+    )
+}
+
 /// The names, inode numbers and times in `dir` as this node lists them.
 fn listed_with_times(dir: &Path) -> BTreeMap<String, (u64, Times)> {
     std::fs::read_dir(dir)
@@ -389,6 +401,47 @@ async fn creates_answered_here_are_seen_by_the_other_node_and_survive_a_server_k
         .map(|(i, (name, bytes))| (name, (bytes, 0o640, 1_000_000 + i as i64)))
         .collect();
     assert!(seen4 == want4, "B's view of d4 differs from what A wrote");
+
+    // 4. A directory A made gets its mode and times set, as `tar x` does at its end:
+    // answered by A, sent behind; B sees them as A showed them, ctime included.
+    let d5 = a.mount.join("d5");
+    let attrs_before = creates_status(&a.mount)["attrs_here"].as_u64().unwrap_or(0);
+    let shown = {
+        let d5 = d5.clone();
+        timed("A's directory attributes", 60, move || {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::create_dir(&d5).unwrap();
+            std::fs::write(d5.join("x"), b"x").unwrap();
+            let t = rustix::fs::Timespec {
+                tv_sec: 1_234_567,
+                tv_nsec: 89,
+            };
+            rustix::fs::utimensat(
+                rustix::fs::CWD,
+                &d5,
+                &rustix::fs::Timestamps {
+                    last_access: t,
+                    last_modification: t,
+                },
+                rustix::fs::AtFlags::empty(),
+            )
+            .unwrap();
+            std::fs::set_permissions(&d5, std::fs::Permissions::from_mode(0o750)).unwrap();
+            dir_attrs(&d5)
+        })
+        .await
+    };
+    let attrs_here = creates_status(&a.mount)["attrs_here"].as_u64().unwrap_or(0) - attrs_before;
+    assert!(
+        attrs_here >= 2,
+        "A's utimensat and chmod of its own directory answered by A: {attrs_here} of 2"
+    );
+    let seen5 = {
+        let d5 = b.mount.join("d5");
+        timed("B's stat of d5", 60, move || dir_attrs(&d5)).await
+    };
+    assert_eq!(seen5, shown, "d5 as B sees it and as A showed it");
+    assert_eq!((shown.0, shown.1, shown.2), (0o750, 1_234_567, 89));
 
     eprintln!(
         "creates: {here} of 400 answered by the agent; {unanswered} of 200 not answered by the server when it was killed; unlinks and renames: {unlinked} of 200 and {renamed} of 150 answered by the agent, {changes_unanswered} of 200 not answered by the killed server"

@@ -124,7 +124,12 @@ pub fn mkdir(ctx: &mut Ctx<'_>, r: &MkdirRequest) -> Result<Attr, OpError> {
         r.perm,
         |_| {},
     )?;
-    Ok(rec.attr(ino, ctx.block_size))
+    let mut attr = rec.attr(ino, ctx.block_size);
+    // A new inode has no extended attribute (only SetXattr adds one): its maker's agent
+    // may then answer its `chmod` itself (docs/protocol.md "Unlinks and renames answered
+    // by the agent").
+    attr.no_xattrs = true;
+    Ok(attr)
 }
 
 pub fn mknod(ctx: &mut Ctx<'_>, r: &MknodRequest) -> Result<Attr, OpError> {

@@ -1813,14 +1813,40 @@ impl World {
                 }
             }
             48 => {
-                // Unlinks and renames side by side, now and then naming one entry twice, or
+                // Unlinks, renames and attribute changes side by side, now and then naming
+                // one entry or inode twice, an attribute change with a size or a handle, or
                 // none at all (refused whole).
                 use pb::batched_change::Change;
                 let n = w.rng.below(if wild { 6 } else { 4 });
                 let mut changes = Vec::new();
                 for _ in 0..n {
                     let (a, name) = w.entry(wild);
-                    let change = if w.rng.chance(1, 2) {
+                    let change = if w.rng.chance(1, 4) {
+                        let inode = if w.rng.chance(1, 2) { a } else { w.dir(wild) };
+                        let changes = pb::SetAttrChanges {
+                            perm: w.rng.chance(2, 3).then(|| w.perm(wild)),
+                            uid: (wild && w.rng.chance(1, 5)).then(|| w.u64_edge() as u32),
+                            size: (wild && w.rng.chance(1, 6)).then(|| w.rng.below(1 << 20)),
+                            mtime: w.rng.chance(1, 2).then(|| pb::TimeSet {
+                                value: Some(pb::time_set::Value::At(pb::Timestamp {
+                                    sec: w.u64_edge() as i64,
+                                    nsec: w.rng.below(1_000_000_000) as u32,
+                                })),
+                            }),
+                            ctime: w.rng.chance(1, 2).then(|| pb::Timestamp {
+                                sec: w.u64_edge() as i64,
+                                nsec: w.u64_edge() as u32,
+                            }),
+                            ..Default::default()
+                        };
+                        Change::SetAttr(pb::SetAttrRequest {
+                            cred: w.cred(wild, &[inode]),
+                            inode,
+                            changes: (!wild || w.rng.chance(7, 8)).then_some(changes),
+                            handle: None,
+                            session: None,
+                        })
+                    } else if w.rng.chance(1, 2) {
                         Change::Unlink(pb::UnlinkRequest {
                             cred: w.cred(wild, &[a]),
                             parent: a,

@@ -46,9 +46,13 @@ async fn reserve(
 }
 
 async fn root_attr(c: &mut Clients) -> pb::Attr {
+    attr_of(c, 1).await
+}
+
+async fn attr_of(c: &mut Clients, inode: u64) -> pb::Attr {
     let got = c.ns.get_attr(pb::GetAttrRequest {
         cred: root(),
-        inode: 1,
+        inode,
         session: None,
     });
     got.await.unwrap().into_inner().attr.unwrap()
@@ -580,4 +584,81 @@ fn libc_einval() -> u32 {
 
 fn libc_eexist() -> u32 {
     17
+}
+
+/// `ChangeBatch` with attribute changes (a directory's `chmod` and `utimensat` answered by
+/// its agent): each made as `SetAttr` makes it, with the ctime the agent gave; one the
+/// caller may not make is refused on its own and changes nothing; one with a size, or
+/// beside an unlink in its directory, refuses the batch whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_makes_attribute_changes_with_their_ctime_and_refuses_them_alone() {
+    use pb::batched_change::Change;
+    let srv = start().await;
+    let mut a = srv.clients().await;
+    let (sa, _) = a.open_session().await;
+    let (f, _) = a.create_file(sa, "f").await;
+    let at = |sec: i64, nsec: u32| pb::Timestamp { sec, nsec };
+    let set = |cred: Option<pb::Credentials>, inode: u64, size: Option<u64>| pb::BatchedChange {
+        change: Some(Change::SetAttr(pb::SetAttrRequest {
+            cred,
+            inode,
+            changes: Some(pb::SetAttrChanges {
+                perm: Some(0o750),
+                size,
+                mtime: Some(pb::TimeSet {
+                    value: Some(pb::time_set::Value::At(at(1000, 0))),
+                }),
+                ctime: Some(at(2000, 5)),
+                ..Default::default()
+            }),
+            handle: None,
+            session: None,
+        })),
+    };
+    let stranger = Some(pb::Credentials {
+        uid: 1000,
+        gid: 1000,
+        groups: vec![],
+    });
+    let file_attr = |a: &pb::Attr| (a.perm, a.mtime, a.ctime);
+    let before = file_attr(&attr_of(&mut a, f).await);
+    let reply =
+        a.ns.change_batch(with(
+            sa,
+            pb::ChangeBatchRequest {
+                changes: vec![set(root(), 1, None), set(stranger, f, None)],
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let errnos: Vec<u32> = reply.results.iter().map(|r| r.errno).collect();
+    assert_eq!(errnos, vec![0, 1], "made, and EPERM for a stranger");
+    let dir = root_attr(&mut a).await;
+    assert_eq!(
+        (dir.perm & 0o7777, dir.mtime, dir.ctime),
+        (0o750, Some(at(1000, 0)), Some(at(2000, 5)))
+    );
+    let after = file_attr(&attr_of(&mut a, f).await);
+    assert_eq!(after, before, "the refused change changed nothing");
+    let unlink = pb::BatchedChange {
+        change: Some(Change::Unlink(pb::UnlinkRequest {
+            cred: root(),
+            parent: 1,
+            name: "f".into(),
+            request_id: None,
+        })),
+    };
+    for bad in [
+        vec![set(root(), f, Some(0))],
+        vec![set(root(), 1, None), unlink],
+    ] {
+        let e =
+            a.ns.change_batch(with(sa, pb::ChangeBatchRequest { changes: bad }))
+                .await
+                .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    }
+    assert!(exists(&mut a, "f").await);
+    srv.stop().await;
 }

@@ -1321,10 +1321,13 @@ impl From<CreateBatchRequest> for pb::CreateBatchRequest {
 pub enum BatchedChange {
     Unlink(EntryRequest),
     Rename(RenameRequest),
+    /// Mode, owners or times: no size, no handle.
+    SetAttr(SetAttrRequest),
 }
 
 impl BatchedChange {
-    /// The entries (directory, name) it changes.
+    /// The entries (directory, name) it changes; an attribute change names its inode with
+    /// the empty name (which no entry has).
     pub fn entries(&self) -> Vec<(InodeId, &[u8])> {
         match self {
             BatchedChange::Unlink(r) => vec![(r.parent, r.name.as_bytes())],
@@ -1332,7 +1335,16 @@ impl BatchedChange {
                 (r.old_parent, r.old_name.as_bytes()),
                 (r.new_parent, r.new_name.as_bytes()),
             ],
+            BatchedChange::SetAttr(r) => vec![(r.inode, &[][..])],
         }
+    }
+
+    /// The inodes whose attributes it changes outright: an attribute change's, and the
+    /// directories an unlink or rename changes (their mtime and ctime).
+    pub fn inodes(&self) -> Vec<InodeId> {
+        let mut v: Vec<InodeId> = self.entries().into_iter().map(|(d, _)| d).collect();
+        v.dedup();
+        v
     }
 }
 
@@ -1365,6 +1377,16 @@ impl TryFrom<pb::ChangeBatchRequest> for ChangeBatchRequest {
                     let id = request_id(r.request_id.take())?;
                     Ok((BatchedChange::Rename(RenameRequest::try_from(r)?), id))
                 }
+                Some(pb::batched_change::Change::SetAttr(a)) => {
+                    let a = SetAttrRequest::try_from(a)?;
+                    if a.changes.size.is_some() || a.handle.is_some() {
+                        return Err(invalid(
+                            "changes.set_attr",
+                            "a batched attribute change has no size and no handle",
+                        ));
+                    }
+                    Ok((BatchedChange::SetAttr(a), None))
+                }
                 None => Err(ProtocolError::MissingField("changes.change")),
             })
             .collect::<Result<Vec<_>, ProtocolError>>()?;
@@ -1380,6 +1402,25 @@ impl TryFrom<pb::ChangeBatchRequest> for ChangeBatchRequest {
                         ),
                     ));
                 }
+            }
+        }
+        // An attribute change goes with no other change of its inode (their order would not
+        // be kept: an unlink's or rename's new mtime against the one set).
+        let set: std::collections::HashSet<InodeId> = changes
+            .iter()
+            .filter_map(|(c, _)| match c {
+                BatchedChange::SetAttr(a) => Some(a.inode),
+                _ => None,
+            })
+            .collect();
+        for (change, _) in &changes {
+            if !matches!(change, BatchedChange::SetAttr(_))
+                && let Some(ino) = change.inodes().into_iter().find(|i| set.contains(i))
+            {
+                return Err(invalid(
+                    "changes",
+                    format!("an attribute change of {ino} with another change there"),
+                ));
             }
         }
         Ok(ChangeBatchRequest { changes })
@@ -1404,6 +1445,9 @@ impl From<ChangeBatchRequest> for pb::ChangeBatchRequest {
                             let mut p = pb::RenameRequest::from(r);
                             p.request_id = wire(id);
                             pb::batched_change::Change::Rename(p)
+                        }
+                        BatchedChange::SetAttr(a) => {
+                            pb::batched_change::Change::SetAttr(pb::SetAttrRequest::from(a))
                         }
                     }),
                 })
@@ -1733,5 +1777,67 @@ mod tests {
             Some(ino)
         );
         assert_eq!(reserved_create_inode(7), None);
+    }
+
+    #[test]
+    fn a_change_batch_holds_an_attribute_change_apart_from_every_other_change_of_its_inode() {
+        use pb::batched_change::Change;
+        let cred = || Some(pb::Credentials::from(Credentials::root()));
+        let attr = |ino: u64, size: Option<u64>, handle: Option<u64>| pb::BatchedChange {
+            change: Some(Change::SetAttr(pb::SetAttrRequest {
+                cred: cred(),
+                inode: ino,
+                changes: Some(pb::SetAttrChanges {
+                    perm: Some(0o750),
+                    size,
+                    ..Default::default()
+                }),
+                handle,
+                session: handle.map(|_| 3),
+            })),
+        };
+        let unlink = |dir: u64, name: &str| pb::BatchedChange {
+            change: Some(Change::Unlink(pb::UnlinkRequest {
+                cred: cred(),
+                parent: dir,
+                name: name.as_bytes().to_vec(),
+                ..Default::default()
+            })),
+        };
+        let batch = |changes: Vec<pb::BatchedChange>| {
+            ChangeBatchRequest::try_from(pb::ChangeBatchRequest { changes })
+        };
+        let ok = batch(vec![
+            attr(5, None, None),
+            attr(6, None, None),
+            unlink(7, "a"),
+        ])
+        .unwrap();
+        assert!(
+            matches!(&ok.changes[0], (BatchedChange::SetAttr(a), None) if a.inode == InodeId(5))
+        );
+        // Round trip.
+        assert_eq!(
+            ChangeBatchRequest::try_from(pb::ChangeBatchRequest::from(ok.clone())).unwrap(),
+            ok
+        );
+        for (why, changes) in [
+            ("a size", vec![attr(5, Some(0), None)]),
+            ("a handle", vec![attr(5, None, Some(9))]),
+            (
+                "one inode twice",
+                vec![attr(5, None, None), attr(5, None, None)],
+            ),
+            (
+                "an unlink in it after",
+                vec![attr(5, None, None), unlink(5, "a")],
+            ),
+            (
+                "an unlink in it before",
+                vec![unlink(5, "a"), attr(5, None, None)],
+            ),
+        ] {
+            assert!(batch(changes).is_err(), "{why}");
+        }
     }
 }
