@@ -1124,16 +1124,14 @@ impl Grants {
     /// The session closed its last handle on `ino`: its grants there go (grants live under
     /// open handles, so an inode whose blocks are freed has no cached layout anywhere).
     pub async fn drop_for_inode(&self, session: u64, ino: u64) {
-        let gone: Vec<(u64, GrantState)> = {
+        let gone = {
             let mut table = self.lock_table();
             let ids: Vec<u64> = table
                 .on_inode(ino)
                 .filter(|(_, g)| g.session == session)
                 .map(|(id, _)| id)
                 .collect();
-            ids.into_iter()
-                .filter_map(|id| table.remove(&id).map(|g| (id, g)))
-                .collect()
+            table.take(ids)
         };
         self.dropped(gone, false).await;
     }
@@ -1141,16 +1139,14 @@ impl Grants {
     /// Drops the grants `pred` picks: logged at `info` when their session `ended`, at `debug`
     /// for a file's last close (one line per small file would flood the log).
     async fn drop_where(&self, pred: impl Fn(&GrantState) -> bool, ended: bool) {
-        let gone: Vec<(u64, GrantState)> = {
+        let gone = {
             let mut table = self.lock_table();
             let ids: Vec<u64> = table
                 .iter()
                 .filter(|(_, g)| pred(g))
                 .map(|(id, _)| *id)
                 .collect();
-            ids.into_iter()
-                .filter_map(|id| table.remove(&id).map(|g| (id, g)))
-                .collect()
+            table.take(ids)
         };
         self.dropped(gone, ended).await;
     }
@@ -1392,6 +1388,13 @@ impl GrantTable {
         let g = self.by_id.remove(id)?;
         self.unindex(*id, g.ino);
         Some(g)
+    }
+
+    /// Takes the grants `ids` out (those still in).
+    fn take(&mut self, ids: Vec<u64>) -> Vec<(u64, GrantState)> {
+        ids.into_iter()
+            .filter_map(|id| self.remove(&id).map(|g| (id, g)))
+            .collect()
     }
 
     fn unindex(&mut self, id: u64, ino: u64) {

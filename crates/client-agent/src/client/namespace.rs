@@ -390,13 +390,7 @@ impl Client {
         flags: OpenFlags,
     ) -> Option<Created> {
         let inner = &self.inner;
-        if !inner.config.async_creates || inner.config.dirsync {
-            return None;
-        }
-        let view = inner.view_for(None).ok()?;
-        if !inner.creates.delegated(parent, view.session) {
-            return None;
-        }
+        let view = self.delegated_view(parent)?;
         let ttl = inner.leases.negative_ttl(parent, name.as_bytes())?;
         let (dir, dir_ttl) = inner.leases.attr(parent)?;
         let squashed = |id: u32| id == 0;
@@ -497,6 +491,18 @@ impl Client {
         })
     }
 
+    /// The session under which a change in or of directory `dir` may be answered here:
+    /// async creates on, no `dirsync`, and the session holds the directory's create
+    /// delegation.
+    fn delegated_view(&self, dir: InodeId) -> Option<SessionView> {
+        let inner = &self.inner;
+        if !inner.config.async_creates || inner.config.dirsync {
+            return None;
+        }
+        let view = inner.view_for(None).ok()?;
+        inner.creates.delegated(dir, view.session).then_some(view)
+    }
+
     /// Queues a change answered here to be sent, and starts the sender if none runs.
     fn send_behind(&self, change: Answered) {
         if self.inner.creates.enqueue(change) {
@@ -520,10 +526,7 @@ impl Client {
         change: HereChange,
     ) -> bool {
         let inner = &self.inner;
-        if !inner.config.async_creates || inner.config.dirsync {
-            return false;
-        }
-        let Ok(view) = inner.view_for(None) else {
+        let Some(view) = self.delegated_view(parent) else {
             return false;
         };
         let unlink = matches!(change, HereChange::Unlink(_));
@@ -629,13 +632,10 @@ impl Client {
     /// it now.
     fn set_attr_here(&self, cred: &Credentials, ino: InodeId, c: &SetAttr) -> Option<Attr> {
         let inner = &self.inner;
-        if !inner.config.async_creates || inner.config.dirsync || *c == SetAttr::default() {
+        if *c == SetAttr::default() {
             return None;
         }
-        let view = inner.view_for(None).ok()?;
-        if !inner.creates.delegated(ino, view.session) {
-            return None;
-        }
+        let view = self.delegated_view(ino)?;
         let (cur, ttl) = inner.leases.attr(ino)?;
         if cur.kind != FileType::Directory || !cur.no_xattrs {
             return None;

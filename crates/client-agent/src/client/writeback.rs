@@ -102,6 +102,14 @@ struct Held {
     write: bool,
 }
 
+impl Held {
+    /// Whether a recall of `ids` is of this delegation: one of them, or any while it is
+    /// still asked for with a create ([`ASKED`]: its reply brings the id).
+    fn recalled_by(&self, ids: &[GrantId]) -> bool {
+        self.id == ASKED || ids.contains(&self.id)
+    }
+}
+
 /// The id a write delegation has while it is asked for with a create the agent answered
 /// itself ([`WriteBack::expect_created`]), until the create's reply names it: no
 /// delegation of the server has it (0 is "refused" on the wire).
@@ -509,6 +517,11 @@ fn insert(map: &mut BTreeMap<u64, Vec<u8>>, off: u64, data: &[u8]) -> u64 {
 }
 
 impl FileState {
+    /// Whether bytes or attribute changes of the file are held back here.
+    fn holds_back(&self) -> bool {
+        self.dirty_bytes > 0 || self.attrs.is_some()
+    }
+
     /// Drops every cached chunk; returns the bytes freed.
     fn drop_cache(&mut self) -> u64 {
         self.chunks.clear();
@@ -818,7 +831,7 @@ impl WriteBack {
             None => {
                 f.delegation = None;
                 bump(&self.counters.refusals);
-                f.dirty_bytes > 0 || f.attrs.is_some()
+                f.holds_back()
             }
         }
     }
@@ -842,9 +855,7 @@ impl WriteBack {
 
     /// Whether `ino` has held-back bytes or attribute changes.
     pub(crate) fn has_dirty(&self, ino: InodeId) -> bool {
-        self.files()
-            .get(&ino)
-            .is_some_and(|f| f.dirty_bytes > 0 || f.attrs.is_some())
+        self.files().get(&ino).is_some_and(FileState::holds_back)
     }
 
     /// Whether `ino` has attribute changes held back (or being sent).
@@ -956,8 +967,7 @@ impl WriteBack {
         // reply brings: its recall writes back after that reply (the write-back waits for
         // the creates answered here).
         if let Some(f) = files.get_mut(&ino)
-            && f.delegation
-                .is_some_and(|d| ids.contains(&d.id) || d.id == ASKED)
+            && f.delegation.is_some_and(|d| d.recalled_by(ids))
         {
             f.recalling = true;
             return true;
@@ -978,8 +988,7 @@ impl WriteBack {
     /// recall was being served: [`WriteBack::adopt_reclaimed`]).
     fn recalled(&self, ino: InodeId, ids: &[GrantId]) {
         if let Some(f) = self.files().get_mut(&ino)
-            && f.delegation
-                .is_none_or(|d| ids.contains(&d.id) || d.id == ASKED)
+            && f.delegation.is_none_or(|d| d.recalled_by(ids))
         {
             let freed = f.drop_cache();
             self.cached.fetch_sub(freed, Ordering::Relaxed);
@@ -997,7 +1006,7 @@ impl WriteBack {
     pub(crate) fn to_reclaim(&self) -> Vec<InodeId> {
         self.files()
             .iter()
-            .filter(|(_, f)| f.dirty_bytes > 0 || f.attrs.is_some() || f.flushing > 0)
+            .filter(|(_, f)| f.holds_back() || f.flushing > 0)
             .map(|(ino, _)| *ino)
             .collect()
     }
@@ -1671,7 +1680,7 @@ impl Client {
             .writeback
             .files()
             .iter()
-            .filter(|(_, f)| f.delegation.is_none() && (f.dirty_bytes > 0 || f.attrs.is_some()))
+            .filter(|(_, f)| f.delegation.is_none() && f.holds_back())
             .map(|(ino, _)| *ino)
             .collect();
         for ino in due {

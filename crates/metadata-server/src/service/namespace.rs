@@ -488,10 +488,7 @@ impl Server {
         req: SetAttrRequest,
         by_write_handle: bool,
     ) -> Result<(Attr, sanfs_proto::headers::CommitNote, LeaseChange<'_>), Status> {
-        self.read(|t| {
-            use crate::store::ReaderInodes;
-            ns::setattr_allowed(&req, &t.inode_rec(req.inode)?, || by_write_handle)
-        })?;
+        self.setattr_allowed(&req, by_write_handle)?;
         // Writes of other nodes that returned before this change (held back, or completed
         // behind them) are in first: none sets the mtime after it.
         self.grants
@@ -504,6 +501,15 @@ impl Server {
             .change(session, move |ctx| ns::setattr(ctx, &req))
             .await?;
         Ok((attr, commit, leases))
+    }
+
+    /// Whether the caller of `req` may make it (`by_write_handle`: its handle is open for
+    /// writing), as the inode is now.
+    fn setattr_allowed(&self, req: &SetAttrRequest, by_write_handle: bool) -> Result<(), Status> {
+        self.read(|t| {
+            use crate::store::ReaderInodes;
+            ns::setattr_allowed(req, &t.inode_rec(req.inode)?, || by_write_handle)
+        })
     }
 
     /// One change of a `ChangeBatch`, run as its own `Unlink`, `Rename` or `SetAttr` call
@@ -869,10 +875,7 @@ impl Namespace for NamespaceService {
                 };
                 return Ok((reply, noted));
             };
-            self.server.read(|t| {
-                use crate::store::ReaderInodes;
-                ns::setattr_allowed(&req, &t.inode_rec(req.inode)?, || by_write_handle)
-            })?;
+            self.server.setattr_allowed(&req, by_write_handle)?;
             // A size change is durable when answered: it changes what grants describe, and
             // data replays must never meet a truncate of their own session's still to come.
             let handle_session = req.handle.map_or(0, |h| h.session.0);
