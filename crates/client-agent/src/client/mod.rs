@@ -132,6 +132,9 @@ pub struct FaultInjection {
     /// Open these LUNs read-only instead of read-write: device writes on them fail (EBADF)
     /// as a failing LUN would, while reads work.
     pub read_only_devices: Vec<DeviceIndex>,
+    /// Attach each session's stream this much later (a loaded server or network): what the
+    /// agent does before its first attach.
+    pub attach_delay: Option<Duration>,
 }
 
 /// How to connect.
@@ -376,6 +379,9 @@ pub(crate) struct Inner {
     state: Mutex<LeaseState>,
     /// Signals a new session (its generation).
     generation_tx: watch::Sender<u64>,
+    /// The session whose stream is attached now (`None` between attachments): recalls reach
+    /// this agent, so the server gives it delegations.
+    attached_tx: watch::Sender<Option<SessionId>>,
     cache: Arc<GrantCache>,
     /// This agent's open handles and their inodes: the server drops a session's grants on
     /// an inode (without a recall) when the session closes its last handle there, so the
@@ -693,6 +699,7 @@ impl Client {
             health_kick: Notify::new(),
             state: Mutex::new(state),
             generation_tx,
+            attached_tx: watch::channel(None).0,
             cache: Arc::new(GrantCache::new(max_cached)),
             counters: Counters::default(),
             device_in_flight: AtomicU64::new(0),
@@ -722,6 +729,7 @@ impl Client {
         let health_task = tokio::spawn(health::run(Arc::clone(&inner)));
         let writeback_task = tokio::spawn(writeback::run(Arc::clone(&inner)));
         let rescan_task = tokio::spawn(rescan::run(Arc::clone(&inner)));
+        inner.stream_attached(opened.session).await;
         Ok(Client {
             inner,
             task: Some(task),

@@ -71,6 +71,7 @@ pub(super) async fn run(inner: Arc<Inner>, mut lost_rx: mpsc::UnboundedReceiver<
             seq = 0;
         }
         let outcome = attach_and_serve(&inner, &view, &mut seq, &mut lost_rx).await;
+        inner.attached_tx.send_replace(None);
         // Recalls cannot reach this agent until a stream is attached again (and a server
         // that went away forgot its leases): what it cached under them goes now, and so do
         // its create delegations.
@@ -96,12 +97,30 @@ pub(super) async fn run(inner: Arc<Inner>, mut lost_rx: mpsc::UnboundedReceiver<
     }
 }
 
+impl Inner {
+    /// Waits (up to the lease term) until `session`'s stream is attached: what a mount
+    /// waits for before it answers anything, so that its first files get their delegations
+    /// (the server gives none to a session that cannot hear their recall). Past the term
+    /// the agent goes on without them; they come once the stream is attached.
+    pub(super) async fn stream_attached(&self, session: SessionId) {
+        let ttl = Duration::from_millis(self.lock_state().lease_ttl_ms);
+        let mut rx = self.attached_tx.subscribe();
+        let attached = tokio::time::timeout(ttl, rx.wait_for(|s| *s == Some(session))).await;
+        if attached.is_err() {
+            tracing::warn!(%session, "the session stream is not attached yet: going on without delegations until it is");
+        }
+    }
+}
+
 async fn attach_and_serve(
     inner: &Arc<Inner>,
     view: &SessionView,
     seq: &mut u64,
     lost_rx: &mut mpsc::UnboundedReceiver<SessionId>,
 ) -> Outcome {
+    if let Some(delay) = inner.config.faults.attach_delay {
+        tokio::time::sleep(delay).await;
+    }
     let (tx, rx) = mpsc::channel::<pb::SessionStreamRequest>(64);
     let attach = ClientEvent::Attach(SessionRef {
         session: view.session,
@@ -136,6 +155,7 @@ async fn attach_and_serve(
     // under leases goes (the kernel's attributes included).
     inner.leases.clear();
     inner.creates.forget(Some(view.session));
+    inner.attached_tx.send_replace(Some(view.session));
     let ttl_ms = inner.lock_state().lease_ttl_ms;
     let mut ticker = tokio::time::interval(Duration::from_millis((ttl_ms / 3).max(1)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);

@@ -401,3 +401,26 @@ pub fn pki(dir: &std::path::Path) -> Pki {
         admin_key: write("admin.key", &admin_key),
     }
 }
+
+/// A new file in the root created for writing (with its write delegation), as an open file.
+pub async fn create_for_writing(
+    c: &Client,
+    name: &str,
+) -> (
+    sanfs_proto::types::InodeId,
+    std::sync::Arc<sanfs_client_agent::client::OpenFile>,
+) {
+    let r = c
+        .create(
+            &root(),
+            sanfs_proto::types::ROOT_INODE,
+            name,
+            0o644,
+            true,
+            rw(),
+        )
+        .await
+        .unwrap();
+    let f = sanfs_client_agent::client::OpenFile::new(r.attr.ino, rw(), r.handle, &root());
+    (r.attr.ino, std::sync::Arc::new(f))
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sanfs_client_agent::client::Client;
 
-use crate::cluster::{self, MIB, Model, Rng, assert_bytes, create, open, root};
+use crate::cluster::{self, MIB, Model, Rng, assert_bytes, create, create_for_writing, open, root};
 
 const KIB: u64 = 1024;
 
@@ -773,29 +773,6 @@ async fn a_file_read_before_it_is_rewritten_keeps_its_write_layouts_asked_ahead(
     a.close().await.unwrap();
     b.close().await.unwrap();
     srv.stop().await;
-}
-
-/// A new file in the root created for writing (with its write delegation), as an open file.
-async fn create_for_writing(
-    c: &Client,
-    name: &str,
-) -> (
-    sanfs_proto::types::InodeId,
-    std::sync::Arc<sanfs_client_agent::client::OpenFile>,
-) {
-    let r = c
-        .create(
-            &root(),
-            sanfs_proto::types::ROOT_INODE,
-            name,
-            0o644,
-            true,
-            cluster::rw(),
-        )
-        .await
-        .unwrap();
-    let f = sanfs_client_agent::client::OpenFile::new(r.attr.ino, cluster::rw(), r.handle, &root());
-    (r.attr.ino, std::sync::Arc::new(f))
 }
 
 async fn free(c: &Client, ino: sanfs_proto::types::InodeId) -> u64 {

@@ -31,6 +31,7 @@ async fn a_poisoned_lun_is_probed_and_reopened_and_direct_io_resumes() {
     let mut config = srv.config("c");
     config.faults = FaultInjection {
         read_only_devices: vec![DeviceIndex(1)],
+        ..FaultInjection::default()
     };
     config.device_retry = Duration::from_millis(300);
     let c = Client::connect(config).await.unwrap();
