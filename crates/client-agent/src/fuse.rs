@@ -692,9 +692,61 @@ impl State {
         cached: bool,
         size: u64,
     ) -> fuser::FileHandle {
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let open = Arc::new(OpenFile::new(ino, flags, handle, cred));
         self.client.track_open_file(&open);
+        self.insert_file(open, raw_flags, cached, size)
+    }
+
+    /// An open for reading answered here, on FUSE's thread, without the server
+    /// ([`OpenFile::deferred`]): a plain buffered one of a regular file whose attributes
+    /// this node holds under its lease (so that the server recalls it before another node
+    /// unlinks or changes the file, and the open is made at the server first), that the
+    /// caller may read by them, and whose pages the kernel kept as of those attributes.
+    /// `None`: open it at the server.
+    fn open_here(
+        &self,
+        ino: InodeId,
+        raw: i32,
+        flags: OpenFlags,
+        cred: &Credentials,
+    ) -> Option<fuser::FileHandle> {
+        let reading_only = flags.read && !flags.write && !flags.append && !flags.truncate;
+        if !reading_only || !self.pages.usable() || self.behind.busy(ino) {
+            return None;
+        }
+        let (attr, _) = self.client.cached_attr(ino)?;
+        let seen = pages::Seen::of(&self.attr(&attr));
+        if !page_cached_open(raw, false, attr.kind)
+            || self.client.has_held_attrs(ino)
+            || !self.pages.would_keep(ino, seen)
+            || !matches!(self.client.leased_access(cred, ino, 4), Some(Ok(())))
+        {
+            return None;
+        }
+        // Noted among the open files before the lease is looked at again: a recall from
+        // here on finds it, and makes it at the server before it is acknowledged.
+        let open = Arc::new(OpenFile::deferred(ino, flags, cred));
+        self.client.track_open_file(&open);
+        if self.client.cached_attr(ino).is_none() || !self.pages.open(ino, seen) {
+            // The lease went meanwhile (or the pages moved): opened at the server.
+            if self.pages.usable() {
+                self.pages.release(ino);
+            }
+            return None;
+        }
+        self.client.note_open_here();
+        Some(self.insert_file(open, raw, true, attr.size))
+    }
+
+    fn insert_file(
+        &self,
+        open: Arc<OpenFile>,
+        raw_flags: i32,
+        cached: bool,
+        size: u64,
+    ) -> fuser::FileHandle {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let flags = open.flags();
         let file = Arc::new(FuseFile {
             file: open,
             sync: sync_of(raw_flags),
@@ -1238,6 +1290,10 @@ impl fuser::Filesystem for SanFs {
         let cred = self.credentials(req);
         let raw = flags.0;
         let flags = open_flags(raw);
+        if let Some(fh) = self.state.open_here(self.state.ino(ino), raw, flags, &cred) {
+            reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE);
+            return;
+        }
         self.spawn("open", move |st| async move {
             let ino = st.ino(ino);
             // The server checks the open against the mode this node's held-back attribute
@@ -1319,7 +1375,9 @@ impl fuser::Filesystem for SanFs {
                 metrics::histogram!(FUSE_OP_SECONDS, "op" => "read")
                     .record(started.elapsed().as_secs_f64());
                 // The sequential reader's next chunks, read in the background.
-                if let Some(ahead) = ahead {
+                if let Some(ahead) = ahead
+                    && !file.file.is_deferred()
+                {
                     let _runtime = self.runtime.enter();
                     self.state.client.spawn_read_ahead(
                         &self.credentials(req),
@@ -1360,6 +1418,13 @@ impl fuser::Filesystem for SanFs {
                         .read_aligned(&cred, &h, ino, offset, aligned_zeroed(size))
                         .await)?;
                     return Ok::<_, FsError>(Answer::Aligned(buf, n));
+                }
+                // An open answered here is made now; a small file's bytes come with it.
+                if file.file.deferred_open() {
+                    file.file.opened(&st.client).await?;
+                    if let Some(buf) = st.client.small_file_read(ino, offset, size) {
+                        return Ok(Answer::Vec(buf));
+                    }
                 }
                 let mut buf = {
                     let _copy = Span::cpu(Stage::Copy);
@@ -1838,6 +1903,10 @@ impl fuser::Filesystem for SanFs {
             let cred = (lock_owner.is_some() && self.state.client.locks_held() > 0)
                 .then(|| self.credentials(req));
             // Nothing to send first: released with a later call, without a task here.
+            // An open answered here and never made at the server: nothing to release.
+            if cred.is_none() && file.file.close_deferred() {
+                return;
+            }
             if cred.is_none() {
                 match self.state.client.release_later(&file.file.current()) {
                     Some(true) => {
@@ -1853,6 +1922,7 @@ impl fuser::Filesystem for SanFs {
             self.spawn("release", move |st| async move {
                 // flock's locks belong to the open file and go with its last descriptor.
                 if let (Some(owner), Some(cred)) = (lock_owner, cred)
+                    && !file.file.is_deferred()
                     && let Err(e) = st
                         .client
                         .release_lock_owner(&cred, &file.file.current(), file.file.ino(), owner.0)

@@ -20,6 +20,7 @@
 //! | `sanfs_agent_creates_here_total` | counter | `result` | creates answered by the agent before the server (`answered`), and those the server then refused (`lost`) |
 //! | `sanfs_agent_unlinks_here_total` | counter | `result` | unlinks of files it made answered by the agent before the server (`answered`), and those the server then refused (`lost`) |
 //! | `sanfs_agent_renames_here_total` | counter | `result` | renames within their directory of files it made answered by the agent before the server (`answered`), and those the server then refused (`lost`) |
+//! | `sanfs_agent_opens_here_total` | counter | `result` | opens for reading answered by the agent under the file's attribute lease, its pages kept by the kernel (`answered`), and those made at the server later (`made_later`: a read the pages did not answer, a recall, an unlink by this node) |
 //! | `sanfs_agent_dir_attrs_here_total` | counter | `result` | changes of the mode, owners or times of a directory it made answered by the agent before the server (`answered`), and those the server then refused (`lost`) |
 //! | `sanfs_agent_lease_valid`, `sanfs_agent_lease_remaining_seconds` | gauge | | the lease now |
 //! | `sanfs_agent_missing_luns`, `sanfs_agent_poisoned_luns` | gauge | | LUNs not found here; LUNs poisoned by a failed write |
@@ -180,6 +181,10 @@ pub fn render(client: &Client) -> String {
         .absolute(s.creates.attrs_here);
     metrics::counter!("sanfs_agent_dir_attrs_here_total", "result" => "lost")
         .absolute(s.creates.attrs_lost);
+    metrics::counter!("sanfs_agent_opens_here_total", "result" => "answered")
+        .absolute(s.opens_here);
+    metrics::counter!("sanfs_agent_opens_here_total", "result" => "made_later")
+        .absolute(s.opens_made_later);
     metrics::counter!("sanfs_agent_sessions_total").absolute(s.sessions_opened);
     metrics::counter!("sanfs_agent_fences_total").absolute(s.fences);
     metrics::counter!("sanfs_agent_device_recoveries_total").absolute(s.device_recoveries);

@@ -11,9 +11,21 @@
 use std::sync::Mutex;
 
 use sanfs_proto::model::OpenFlags;
-use sanfs_proto::types::{Credentials, FsError, InodeId};
+use sanfs_proto::types::{Credentials, FsError, InodeId, OpenHandle, SessionId};
 
 use super::{Client, FileHandle, WriteOutcome};
+
+/// The handle of an open this agent answered itself and has not made at the server yet
+/// ([`OpenFile::deferred`]); no session is numbered 0.
+const DEFERRED: FileHandle = FileHandle {
+    session: SessionId(0),
+    handle: OpenHandle(0),
+};
+/// A deferred open closed before it was made: nothing to make, nothing to release.
+const CLOSED: FileHandle = FileHandle {
+    session: SessionId(0),
+    handle: OpenHandle(1),
+};
 
 /// How many times in a row a call on an [`OpenFile`] re-opens it after ESTALE before the
 /// error is the answer (every re-open follows a new session).
@@ -46,24 +58,30 @@ pub struct OpenFile {
 /// borrows the caller's buffers.)
 macro_rules! retrying {
     ($file:expr, $client:expr, $cred:expr, |$fh:ident| $call:expr) => {{
-        let mut reopens = 0u32;
-        let mut $fh = $file.current();
-        loop {
-            match $call {
-                Err(e)
-                    if $crate::client::is_stale(&e)
-                        && reopens < $crate::client::MAX_REOPENS =>
-                {
-                    reopens += 1;
-                    match $file.reopen($client, $cred, $fh).await {
-                        Ok(fh) => $fh = fh,
-                        Err(e2) => {
-                            tracing::warn!(ino = %$file.ino(), error = %e2, "re-open after a stale handle failed");
-                            break Err(e);
+        // A deferred open is made at the server first.
+        match $file.opened($client).await {
+            Err(e) => Err(e),
+            Ok(first) => {
+                let mut reopens = 0u32;
+                let mut $fh = first;
+                loop {
+                    match $call {
+                        Err(e)
+                            if $crate::client::is_stale(&e)
+                                && reopens < $crate::client::MAX_REOPENS =>
+                        {
+                            reopens += 1;
+                            match $file.reopen($client, $cred, $fh).await {
+                                Ok(fh) => $fh = fh,
+                                Err(e2) => {
+                                    tracing::warn!(ino = %$file.ino(), error = %e2, "re-open after a stale handle failed");
+                                    break Err(e);
+                                }
+                            }
                         }
+                        r => break r,
                     }
                 }
-                r => break r,
             }
         }
     }};
@@ -84,6 +102,96 @@ impl OpenFile {
             serial: tokio::sync::Mutex::new(()),
             appends: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// An open of `ino` for reading that this agent answered itself, made at the server only
+    /// when something needs the handle ([`OpenFile::opened`]): a read the kernel's pages do
+    /// not answer, a lock, a recall of the file's attribute lease (another node's unlink,
+    /// rename over it, or change), this node's own unlink or rename over it, or a server
+    /// restart's reclaim. Closed before any of these, it costs the server nothing
+    /// (docs/protocol.md "Opens answered by the agent").
+    pub(crate) fn deferred(ino: InodeId, flags: OpenFlags, cred: &Credentials) -> OpenFile {
+        OpenFile::new(ino, flags, DEFERRED, cred)
+    }
+
+    /// Whether its open is not made at the server (yet, or ever: closed before it was).
+    pub fn is_deferred(&self) -> bool {
+        let h = self.current();
+        h == DEFERRED || h == CLOSED
+    }
+
+    /// Whether it is a deferred open not made yet, nor closed.
+    pub(crate) fn deferred_open(&self) -> bool {
+        self.current() == DEFERRED
+    }
+
+    /// The handle to call the server with: a deferred open is made first, once (with the
+    /// opener's credentials, after this node's held-back attribute changes of the file).
+    pub async fn opened(&self, client: &Client) -> Result<FileHandle, FsError> {
+        self.make(client, true).await
+    }
+
+    /// [`OpenFile::opened`] in a recall, or before this node's unlink of the file: plainly
+    /// (no held-back attribute change sent first, no small file's bytes read with it: the
+    /// server may be waiting for this very recall with the file's range locked), and without
+    /// waiting for a make in progress (that one may be waiting for the server, which waits
+    /// for the recall): two makes at once keep the first answered and release the other.
+    async fn opened_plainly(&self, client: &Client) -> Result<FileHandle, FsError> {
+        self.make(client, false).await
+    }
+
+    async fn make(&self, client: &Client, reading: bool) -> Result<FileHandle, FsError> {
+        let h = self.current();
+        if h.session != DEFERRED.session {
+            return Ok(h);
+        }
+        let _serial = if reading {
+            Some(self.serial.lock().await)
+        } else {
+            None
+        };
+        match self.current() {
+            CLOSED => return Err(FsError::Stale),
+            DEFERRED => {}
+            h => return Ok(h),
+        }
+        let (handle, _) = if reading {
+            // (Boxed: held-back changes are sent through a writer's handle, which comes
+            // here.)
+            Box::pin(client.attrs_barrier(self.ino)).await;
+            client
+                .open_reading(&self.cred, self.ino, self.flags)
+                .await?
+        } else {
+            client.open(&self.cred, self.ino, self.flags).await?
+        };
+        let now = {
+            let mut h = self.handle.lock().unwrap_or_else(|e| e.into_inner());
+            if *h == DEFERRED {
+                *h = handle;
+                super::bump(&client.inner.counters.opens_made_later);
+                return Ok(handle);
+            }
+            *h
+        };
+        // Closed while it was being made, or made meanwhile by a reclaim: this one goes.
+        let _ = Box::pin(client.release(&handle)).await;
+        if now == CLOSED {
+            Err(FsError::Stale)
+        } else {
+            Ok(now)
+        }
+    }
+
+    /// Closes a deferred open: true when it was one (nothing to release at the server; one
+    /// being made is released by its maker).
+    pub(crate) fn close_deferred(&self) -> bool {
+        let mut h = self.handle.lock().unwrap_or_else(|e| e.into_inner());
+        if *h == DEFERRED || *h == CLOSED {
+            *h = CLOSED;
+            return true;
+        }
+        false
     }
 
     pub fn ino(&self) -> InodeId {
@@ -209,6 +317,9 @@ impl OpenFile {
     /// [`Client::release`] of the current handle; a handle of a replaced session is gone
     /// already, which is not an error here.
     pub async fn release(&self, client: &Client) -> Result<(), FsError> {
+        if self.close_deferred() {
+            return Ok(());
+        }
         match client.release(&self.current()).await {
             Err(e) if is_stale(&e) => Ok(()),
             r => r,
@@ -229,6 +340,60 @@ impl Client {
             .unwrap_or_else(|e| e.into_inner());
         files.retain(|w| w.strong_count() > 0);
         files.push(std::sync::Arc::downgrade(file));
+    }
+
+    /// Counts an open answered here ([`OpenFile::deferred`]).
+    pub(crate) fn note_open_here(&self) {
+        super::bump(&self.inner.counters.opens_here);
+    }
+
+    /// Makes at the server every deferred open of `ino` ([`OpenFile::deferred`]): before a
+    /// recall of its attribute lease is acknowledged (the change behind it may be an unlink:
+    /// the open must be there first, so that the file lives on while open).
+    pub(crate) async fn open_deferred(&self, ino: InodeId) {
+        for f in self.deferred_files() {
+            if f.ino() == ino
+                && let Err(e) = f.opened_plainly(self).await
+            {
+                tracing::debug!(%ino, error = %e, "a deferred open could not be made");
+            }
+        }
+    }
+
+    /// [`Client::open_deferred`] of the file `name` in `parent` names, before this node
+    /// unlinks it or renames another file over it; of every deferred open when the name's
+    /// inode is not known here.
+    pub(crate) async fn open_deferred_named(&self, parent: InodeId, name: &[u8]) {
+        let deferred = self.deferred_files();
+        if deferred.is_empty() {
+            return;
+        }
+        let ino = match self.inner.leases.entry(parent, name) {
+            Some(Some((a, _))) => Some(a.ino),
+            Some(None) => return,
+            None => None,
+        };
+        for f in deferred {
+            if ino.is_none_or(|i| i == f.ino())
+                && let Err(e) = f.opened_plainly(self).await
+            {
+                tracing::debug!(ino = %f.ino(), error = %e, "a deferred open could not be made");
+            }
+        }
+    }
+
+    fn deferred_files(&self) -> Vec<std::sync::Arc<OpenFile>> {
+        let mut files = self
+            .inner
+            .open_files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        files.retain(|w| w.strong_count() > 0);
+        files
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .filter(|f| f.deferred_open())
+            .collect()
     }
 
     /// Opens `ino` as an [`OpenFile`] (re-opened by itself after a session change).

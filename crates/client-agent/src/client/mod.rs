@@ -294,6 +294,10 @@ pub struct ClientStats {
     /// Namespace changes sent again to a restarted server, and those it refused (lost).
     pub changes_replayed: u64,
     pub changes_lost: u64,
+    /// Opens for reading answered by the agent (`OpenFile::deferred`), and those of them
+    /// made at the server later (a read the kernel's pages did not answer, a recall, ...).
+    pub opens_here: u64,
+    pub opens_made_later: u64,
 }
 
 #[derive(Default)]
@@ -318,6 +322,8 @@ struct Counters {
     locks_lost: AtomicU64,
     changes_replayed: AtomicU64,
     changes_lost: AtomicU64,
+    opens_here: AtomicU64,
+    opens_made_later: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -835,6 +841,8 @@ impl Client {
             unsynced_changes,
             changes_replayed: get(&c.changes_replayed),
             changes_lost: get(&c.changes_lost),
+            opens_here: get(&c.opens_here),
+            opens_made_later: get(&c.opens_made_later),
         }
     }
 

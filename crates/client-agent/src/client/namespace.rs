@@ -746,6 +746,8 @@ impl Client {
         entry: impl AsRef<[u8]>,
     ) -> Result<(), FsError> {
         let entry = name(entry)?;
+        // This node's opens of the file answered here are made first: it lives on while open.
+        self.open_deferred_named(parent, entry.as_bytes()).await;
         let req = pb::UnlinkRequest::from(EntryRequest {
             cred: cred.clone(),
             parent,
@@ -789,6 +791,11 @@ impl Client {
         mode: RenameMode,
     ) -> Result<(), FsError> {
         let (old_name, new_name) = (name(old_name)?, name(new_name)?);
+        // The file renamed over, if any, lives on while open here (as in `unlink`).
+        if mode != RenameMode::Exchange {
+            self.open_deferred_named(new_parent, new_name.as_bytes())
+                .await;
+        }
         let req = pb::RenameRequest::from(RenameRequest {
             cred: cred.clone(),
             old_parent,

@@ -263,6 +263,13 @@ async fn attach_and_serve(
                                 move || inner.leases.recall(recall.inode, recall.attr, recall.entries)
                             })
                             .await;
+                            // Opens answered here of the file are made first: the change
+                            // behind the recall may be its unlink.
+                            if recall.attr {
+                                super::Client::borrowed(Arc::clone(&inner))
+                                    .open_deferred(recall.inode)
+                                    .await;
+                            }
                             if dropped.is_ok() {
                                 let sent = tx.send(ClientEvent::LeaseRecallAck { id: recall.id }.into()).await;
                                 tracing::debug!(ok = sent.is_ok(), "lease recall acknowledged");
@@ -565,7 +572,9 @@ async fn reopen_files(inner: &Inner, reply: &OpenSessionReply) {
     let mut reopened = 0usize;
     for file in open_files(inner) {
         let stale = file.current();
-        if stale.session == reply.session {
+        // (A deferred open is made here too, as a file opened at the server would be; one
+        // closed before it was made is not.)
+        if stale.session == reply.session || file.is_deferred() && !file.deferred_open() {
             continue;
         }
         let req = pb::OpenRequest::from(OpenRequest {

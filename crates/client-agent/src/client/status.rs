@@ -138,6 +138,11 @@ pub struct AgentStatus {
     /// Sessions opened (1 after connect), and times the session was lost (fenced).
     pub sessions_opened: u64,
     pub fences: u64,
+    /// Opens for reading answered by the agent, and those made at the server later.
+    #[serde(default)]
+    pub opens_here: u64,
+    #[serde(default)]
+    pub opens_made_later: u64,
     /// `uring` or `sync`.
     pub engine: String,
     pub devices: Vec<DeviceStatus>,
@@ -307,6 +312,8 @@ impl Client {
             lease_ttl_ms: ttl,
             sessions_opened: stats.sessions,
             fences: stats.fences,
+            opens_here: stats.opens_here,
+            opens_made_later: stats.opens_made_later,
             engine: self.inner.engine.name().to_owned(),
             devices,
             bytes: ByteCounts {

@@ -143,6 +143,12 @@ impl KernelPages {
         false
     }
 
+    /// Whether a cached open of `ino` with attributes `now` would keep the kernel's pages
+    /// ([`KernelPages::open`], without noting the open).
+    pub(super) fn would_keep(&self, ino: InodeId, now: Seen) -> bool {
+        self.lock().get(&ino).is_some_and(|k| k.seen == now)
+    }
+
     /// A cached handle of `ino` was released (what the kernel holds stays known).
     pub(super) fn release(&self, ino: InodeId) {
         if let Some(k) = self.lock().get_mut(&ino) {

@@ -774,3 +774,96 @@ async fn a_listing_read_to_its_end_stays_ended_until_rewinddir() {
     drop(b);
     srv.stop().await;
 }
+
+/// Opens for reading of a file this node holds the attributes of, whose pages the kernel
+/// kept, are answered by the agent, and made at the server only when needed: a file held
+/// open that way lives on through another node's unlink (the recall of the attribute lease
+/// makes the open first), through this node's own unlink and rename over it, and reads
+/// past what the kernel's pages hold after each; one closed before anything needed it cost
+/// the server nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opens_answered_here_keep_the_file_alive_through_any_unlink() {
+    if !can_mount() {
+        return;
+    }
+    let srv = cluster::start(10_000).await;
+    let a = Mount::start(&srv, "open-here-a", "").await;
+    let b = Mount::start(&srv, "open-here-b", "").await;
+    let status = {
+        let path = a.path.clone();
+        move || {
+            let s = agent_status(&path);
+            (
+                s["agent"]["opens_here"].as_u64().unwrap(),
+                s["agent"]["opens_made_later"].as_u64().unwrap(),
+            )
+        }
+    };
+    let (ra, rb) = (a.path.clone(), b.path.clone());
+    timed("opens answered here, then unlinks", 300, move || {
+        std::fs::create_dir(ra.join("d")).unwrap();
+        // Larger than a small file (its bytes do not come with an open), and a small one.
+        let datas: Vec<Vec<u8>> = (0..4u8)
+            .map(|i| {
+                let len = if i == 3 {
+                    3_000
+                } else {
+                    300_000 + 4_096 * usize::from(i)
+                };
+                (0..len).map(|k| (k % 251) as u8 ^ i).collect()
+            })
+            .collect();
+        for (i, data) in datas.iter().enumerate() {
+            std::fs::write(ra.join(format!("d/f{i}")), data).unwrap();
+            // Read once: the kernel keeps its pages, as of these attributes.
+            assert_eq!(&std::fs::read(ra.join(format!("d/f{i}"))).unwrap(), data);
+        }
+        let (here0, later0) = status();
+        // Read from the pages and closed: nothing at the server.
+        assert_eq!(&std::fs::read(ra.join("d/f0")).unwrap(), &datas[0]);
+        assert_eq!(status(), (here0 + 1, later0), "an open answered here");
+        let open = |i: usize| std::fs::File::open(ra.join(format!("d/f{i}"))).unwrap();
+        let dropped_and_read = |f: &std::fs::File, data: &[u8], what: &str| {
+            // The kernel's pages go: the reads come to the agent, through the handle.
+            // SAFETY: a plain syscall on an open descriptor; no memory is passed.
+            let r = unsafe {
+                libc::posix_fadvise(
+                    std::os::fd::AsRawFd::as_raw_fd(f),
+                    0,
+                    0,
+                    libc::POSIX_FADV_DONTNEED,
+                )
+            };
+            assert_eq!(r, 0, "fadvise");
+            let mut got = vec![0u8; data.len()];
+            f.read_exact_at(&mut got, 0)
+                .unwrap_or_else(|e| panic!("{what}: read after the unlink: {e}"));
+            assert!(got == data, "{what}: other bytes after the unlink");
+        };
+        // Another node unlinks it: the recall makes the open first.
+        let f1 = open(1);
+        assert_eq!(status().0, here0 + 2);
+        std::fs::remove_file(rb.join("d/f1")).unwrap();
+        dropped_and_read(&f1, &datas[1], "another node's unlink");
+        // This node unlinks it, and renames another file over it.
+        let f2 = open(2);
+        std::fs::remove_file(ra.join("d/f2")).unwrap();
+        dropped_and_read(&f2, &datas[2], "this node's unlink");
+        let f3 = open(3);
+        std::fs::write(ra.join("d/new"), b"over").unwrap();
+        std::fs::rename(ra.join("d/new"), ra.join("d/f3")).unwrap();
+        dropped_and_read(&f3, &datas[3], "a rename over it");
+        let (here, later) = status();
+        assert_eq!(
+            (here, later),
+            (here0 + 4, later0 + 3),
+            "answered here, made later"
+        );
+        drop((f1, f2, f3));
+        assert_eq!(std::fs::read(rb.join("d/f3")).unwrap(), b"over");
+    })
+    .await;
+    drop(a);
+    drop(b);
+    srv.stop().await;
+}
