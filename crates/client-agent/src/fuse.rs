@@ -709,16 +709,19 @@ impl State {
         raw: i32,
         flags: OpenFlags,
         cred: &Credentials,
-    ) -> Option<fuser::FileHandle> {
+    ) -> Option<(fuser::FileHandle, bool)> {
         let reading_only = flags.read && !flags.write && !flags.append && !flags.truncate;
         if !reading_only || !self.pages.usable() || self.behind.busy(ino) {
             return None;
         }
         let (attr, _) = self.client.cached_attr(ino)?;
         let seen = pages::Seen::of(&self.attr(&attr));
+        // The kernel's pages as of these attributes, or the bytes of a small file kept here
+        // (from its open, or written whole by this node), which answer its reads.
+        let kept = self.pages.would_keep(ino, seen);
         if !page_cached_open(raw, false, attr.kind)
             || self.client.has_held_attrs(ino)
-            || !self.pages.would_keep(ino, seen)
+            || !(kept || self.client.holds_small_file(ino))
             || !matches!(self.client.leased_access(cred, ino, 4), Some(Ok(())))
         {
             return None;
@@ -727,15 +730,17 @@ impl State {
         // here on finds it, and makes it at the server before it is acknowledged.
         let open = Arc::new(OpenFile::deferred(ino, flags, cred));
         self.client.track_open_file(&open);
-        if self.client.cached_attr(ino).is_none() || !self.pages.open(ino, seen) {
-            // The lease went meanwhile (or the pages moved): opened at the server.
-            if self.pages.usable() {
-                self.pages.release(ino);
-            }
+        // (The lease went meanwhile: opened at the server.)
+        self.client.cached_attr(ino)?;
+        let keep = self.pages.open(ino, seen);
+        if kept && !keep {
+            // The pages moved meanwhile: opened at the server.
+            self.pages.release(ino);
             return None;
         }
         self.client.note_open_here();
-        Some(self.insert_file(open, raw, true, attr.size))
+        let fh = self.insert_file(open, raw, true, attr.size);
+        Some((fh, keep))
     }
 
     fn insert_file(
@@ -1290,8 +1295,13 @@ impl fuser::Filesystem for SanFs {
         let cred = self.credentials(req);
         let raw = flags.0;
         let flags = open_flags(raw);
-        if let Some(fh) = self.state.open_here(self.state.ino(ino), raw, flags, &cred) {
-            reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE);
+        if let Some((fh, keep)) = self.state.open_here(self.state.ino(ino), raw, flags, &cred) {
+            let open = if keep {
+                FopenFlags::FOPEN_KEEP_CACHE
+            } else {
+                FopenFlags::empty()
+            };
+            reply.opened(fh, open);
             return;
         }
         self.spawn("open", move |st| async move {

@@ -20,6 +20,7 @@
 //! | `sanfs_agent_creates_here_total` | counter | `result` | creates answered by the agent before the server (`answered`), and those the server then refused (`lost`) |
 //! | `sanfs_agent_unlinks_here_total` | counter | `result` | unlinks of files it made answered by the agent before the server (`answered`), and those the server then refused (`lost`) |
 //! | `sanfs_agent_renames_here_total` | counter | `result` | renames within their directory of files it made answered by the agent before the server (`answered`), and those the server then refused (`lost`) |
+//! | `sanfs_agent_small_files_written_total` | counter | | small files kept in the agent with the bytes it wrote to them whole (a `tar x` or `cp` of small files), under the attribute lease of the write's reply, answering reads as a small file's bytes from its open do |
 //! | `sanfs_agent_opens_here_total` | counter | `result` | opens for reading answered by the agent under the file's attribute lease, its pages kept by the kernel (`answered`), and those made at the server later (`made_later`: a read the pages did not answer, a recall, an unlink by this node) |
 //! | `sanfs_agent_dir_attrs_here_total` | counter | `result` | changes of the mode, owners or times of a directory it made answered by the agent before the server (`answered`), and those the server then refused (`lost`) |
 //! | `sanfs_agent_lease_valid`, `sanfs_agent_lease_remaining_seconds` | gauge | | the lease now |
@@ -163,6 +164,7 @@ pub fn render(client: &Client) -> String {
         .absolute(l.renew_lost);
     metrics::counter!("sanfs_agent_small_file_opens_total").absolute(l.small_file_opens);
     metrics::counter!("sanfs_agent_small_file_reads_total").absolute(l.small_file_reads);
+    metrics::counter!("sanfs_agent_small_files_written_total").absolute(l.small_files_written);
     metrics::gauge!("sanfs_agent_lease_cached", "kind" => "attr").set(l.attrs_now as f64);
     metrics::gauge!("sanfs_agent_lease_cached", "kind" => "entry").set(l.names_now as f64);
     metrics::counter!("sanfs_agent_creates_here_total", "result" => "answered")

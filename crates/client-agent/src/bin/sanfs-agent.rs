@@ -819,7 +819,7 @@ fn format_status(m: &MountStatus) -> String {
     let l = &a.leases;
     let _ = writeln!(
         out,
-        "  leases     stat hits {} misses {}; lookup hits {} misses {}; xattr hits {} misses {}; access hits {} misses {}; small files opened with their bytes {}, reads from them {}; opens answered here {} (made at the server later {}); listings from the cache {} (not {}); recalls {}; renewed {} (lost {}); cached now {} attributes, {} names",
+        "  leases     stat hits {} misses {}; lookup hits {} misses {}; xattr hits {} misses {}; access hits {} misses {}; small files opened with their bytes {} (kept with what this node wrote {}), reads from them {}; opens answered here {} (made at the server later {}); listings from the cache {} (not {}); recalls {}; renewed {} (lost {}); cached now {} attributes, {} names",
         l.attr_hits,
         l.attr_misses,
         l.entry_hits,
@@ -829,6 +829,7 @@ fn format_status(m: &MountStatus) -> String {
         l.access_hits,
         l.access_misses,
         l.small_file_opens,
+        l.small_files_written,
         l.small_file_reads,
         a.opens_here,
         a.opens_made_later,

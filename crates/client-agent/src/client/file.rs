@@ -342,6 +342,12 @@ impl Client {
         files.push(std::sync::Arc::downgrade(file));
     }
 
+    /// Whether the whole of small file `ino` is kept here under its lease (its reads need
+    /// no handle), and no write of this node's own is on its way.
+    pub(crate) fn holds_small_file(&self, ino: InodeId) -> bool {
+        !self.own_writes_pending(ino) && self.inner.leases.holds_content(ino)
+    }
+
     /// Counts an open answered here ([`OpenFile::deferred`]).
     pub(crate) fn note_open_here(&self) {
         super::bump(&self.inner.counters.opens_here);

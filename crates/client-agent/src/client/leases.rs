@@ -113,6 +113,8 @@ pub struct LeaseCounters {
     /// Reads answered from a small file's bytes given with its open, and opens that got them.
     pub content_hits: AtomicU64,
     pub content_opens: AtomicU64,
+    /// Small files kept with the bytes this agent wrote to them whole.
+    pub content_writes: AtomicU64,
     /// Directory listings answered from a listing kept under the entry lease, and not.
     pub listing_hits: AtomicU64,
     pub listing_misses: AtomicU64,
@@ -647,11 +649,58 @@ impl LeaseCache {
         deadline: Instant,
         mark: u64,
     ) {
+        self.put_own_write(attr, lease_ms, sent, deadline, mark, None);
+    }
+
+    /// [`LeaseCache::put_own_attr`] of a write of this agent's own, with its bytes when it
+    /// wrote the whole of a small file (from offset 0 to the size `attr` gives): those are
+    /// kept as the file's bytes too, under the same lease, as an open's would be
+    /// ([`LeaseCache::put_content`]); so that reading back what `tar x` or `cp` just wrote
+    /// asks the server nothing.
+    pub fn put_own_write(
+        &self,
+        attr: &Attr,
+        lease_ms: u64,
+        sent: Instant,
+        deadline: Instant,
+        mark: u64,
+        whole: Option<&[u8]>,
+    ) {
         let mut s = self.lock();
         let quiet = s.usable(mark, attr.ino);
         s.forget(&[attr.ino], &[]);
-        if quiet && let Some(end) = lease_end(sent, lease_ms, deadline) {
-            s.keep_attr(attr, end);
+        let Some(end) = lease_end(sent, lease_ms, deadline).filter(|_| quiet) else {
+            return;
+        };
+        if !s.keep_attr(attr, end) {
+            return;
+        }
+        if let Some(data) = whole.filter(|d| {
+            attr.kind == FileType::Regular
+                && !d.is_empty()
+                && d.len() as u64 == attr.size
+                && attr.size <= SMALL_FILE_MAX
+        }) {
+            let now = Instant::now();
+            if s.content_bytes + data.len() > MAX_CONTENT_BYTES {
+                s.prune_contents(now);
+                if s.content_bytes + data.len() > MAX_CONTENT_BYTES {
+                    return;
+                }
+            }
+            // As of now (the forget above touched the inode): what touches it next ends
+            // them.
+            let mark = s.seq;
+            s.content_bytes += data.len();
+            s.contents.insert(
+                attr.ino,
+                Content {
+                    data: data.to_vec(),
+                    mark,
+                    until: end,
+                },
+            );
+            self.counters.content_writes.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -1341,6 +1390,7 @@ impl Client {
             access_misses: get(&c.access_misses),
             small_file_opens: get(&c.content_opens),
             small_file_reads: get(&c.content_hits),
+            small_files_written: get(&c.content_writes),
             recalls: get(&c.recalls),
             listing_hits: get(&c.listing_hits),
             listing_misses: get(&c.listing_misses),
@@ -1839,6 +1889,34 @@ mod tests {
         // A new session forgets everything.
         c.put_content(ino, b"hello".to_vec(), c.mark(), far());
         c.clear();
+        assert!(!c.holds_content(ino));
+    }
+
+    #[test]
+    fn a_small_file_written_whole_here_keeps_its_bytes_under_the_writes_lease() {
+        let c = LeaseCache::default();
+        let ino = InodeId(7);
+        let now = Instant::now;
+        // The whole file, from 0 to its size: kept, and read back.
+        c.put_own_write(&small(7, 5), 10_000, now(), far(), c.mark(), Some(b"hello"));
+        assert_eq!(c.content(ino, 0, 5), Some(b"hello".to_vec()));
+        assert!(c.attr(ino).is_some(), "with the write's attributes");
+        // Not the whole file (the size says more), no lease, or a touch while the write was
+        // on its way: nothing kept (the bytes held before go with the own change).
+        c.put_own_write(&small(7, 6), 10_000, now(), far(), c.mark(), Some(b"hello"));
+        assert!(!c.holds_content(ino));
+        c.put_own_write(&small(7, 5), 0, now(), far(), c.mark(), Some(b"hello"));
+        assert!(!c.holds_content(ino));
+        let mark = c.mark();
+        c.recall(ino, true, false);
+        c.put_own_write(&small(7, 5), 10_000, now(), far(), mark, Some(b"hello"));
+        assert!(!c.holds_content(ino) && c.attr(ino).is_none());
+        // Kept, then ended by a recall, and by this agent's next change.
+        c.put_own_write(&small(7, 5), 10_000, now(), far(), c.mark(), Some(b"hello"));
+        c.recall(ino, true, false);
+        assert!(!c.holds_content(ino));
+        c.put_own_write(&small(7, 5), 10_000, now(), far(), c.mark(), Some(b"hello"));
+        c.put_own_attr(&small(7, 9), 10_000, now(), far(), c.mark());
         assert!(!c.holds_content(ino));
     }
 

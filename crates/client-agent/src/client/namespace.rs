@@ -1082,7 +1082,7 @@ impl Client {
 
     /// Whether this node's own writes of `ino` are held back, in flight or completing: the
     /// LUNs and the server's map do not have them yet.
-    fn own_writes_pending(&self, ino: InodeId) -> bool {
+    pub(crate) fn own_writes_pending(&self, ino: InodeId) -> bool {
         self.has_held_back(ino) || self.has_writes_behind(ino) || self.inner.completing(ino)
     }
 

@@ -95,6 +95,9 @@ pub struct LeaseCounts {
     pub small_file_opens: u64,
     #[serde(default)]
     pub small_file_reads: u64,
+    /// Small files kept with the bytes this agent wrote to them whole.
+    #[serde(default)]
+    pub small_files_written: u64,
     pub recalls: u64,
     /// Directory listings answered from a listing kept under the entry lease, and not.
     #[serde(default)]

@@ -818,6 +818,19 @@ async fn opens_answered_here_keep_the_file_alive_through_any_unlink() {
             // Read once: the kernel keeps its pages, as of these attributes.
             assert_eq!(&std::fs::read(ra.join(format!("d/f{i}"))).unwrap(), data);
         }
+        // A small file written whole here is kept with its bytes: its first open for
+        // reading is answered here, its reads too; another node's write is seen after.
+        let small: Vec<u8> = (0..5_000u32).map(|k| (k % 241) as u8).collect();
+        std::fs::write(ra.join("d/s"), &small).unwrap();
+        let (h, l) = status();
+        assert_eq!(std::fs::read(ra.join("d/s")).unwrap(), small);
+        assert_eq!(
+            status(),
+            (h + 1, l),
+            "the first open of a file written here"
+        );
+        std::fs::write(rb.join("d/s"), b"from b").unwrap();
+        assert_eq!(std::fs::read(ra.join("d/s")).unwrap(), b"from b");
         let (here0, later0) = status();
         // Read from the pages and closed: nothing at the server.
         assert_eq!(&std::fs::read(ra.join("d/f0")).unwrap(), &datas[0]);

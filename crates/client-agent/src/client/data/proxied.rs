@@ -109,6 +109,10 @@ impl Inner {
         bump(&self.counters.proxied_writes);
         let mut span = crate::stages::Span::wall(crate::stages::Stage::Proxied);
         span.set_bytes(data.len() as u64);
+        // The call waits for the creates this agent answered to reach the server: first,
+        // so that a create's reply (which renews what is cached of its file) does not come
+        // after the mark and leave the write's answer unused.
+        self.creates.drain().await;
         let mark = self.leases.mark();
         let sent = std::time::Instant::now();
         let reply: WriteReply = self
@@ -121,12 +125,16 @@ impl Inner {
         // The size and mtime moved (also for a write held back earlier and written back
         // now): what the lease cache holds of them goes (the server recalls only the other
         // nodes' leases), replaced by the reply's under the lease that came with it.
-        self.leases.put_own_attr(
+        // A small file written whole by this call: its bytes are kept too, under that lease.
+        let whole = (position == WritePosition::At(0) && reply.written.len() == data.len() as u64)
+            .then_some(data);
+        self.leases.put_own_write(
             &reply.attr,
             reply.lease_ms,
             sent,
             self.lease_deadline(),
             mark,
+            whole,
         );
         if reply.written.len() != data.len() as u64 {
             return Err(FsError::Io(format!(
