@@ -357,11 +357,16 @@ impl Client {
     /// recall of its attribute lease is acknowledged (the change behind it may be an unlink:
     /// the open must be there first, so that the file lives on while open).
     pub(crate) async fn open_deferred(&self, ino: InodeId) {
-        for f in self.deferred_files() {
-            if f.ino() == ino
+        self.make_deferred(self.deferred_files(), Some(ino)).await;
+    }
+
+    /// Makes the opens of `files` of inode `ino` (of any inode: `None`).
+    async fn make_deferred(&self, files: Vec<std::sync::Arc<OpenFile>>, ino: Option<InodeId>) {
+        for f in files {
+            if ino.is_none_or(|i| i == f.ino())
                 && let Err(e) = f.opened_plainly(self).await
             {
-                tracing::debug!(%ino, error = %e, "a deferred open could not be made");
+                tracing::debug!(ino = %f.ino(), error = %e, "a deferred open could not be made");
             }
         }
     }
@@ -379,25 +384,12 @@ impl Client {
             Some(None) => return,
             None => None,
         };
-        for f in deferred {
-            if ino.is_none_or(|i| i == f.ino())
-                && let Err(e) = f.opened_plainly(self).await
-            {
-                tracing::debug!(ino = %f.ino(), error = %e, "a deferred open could not be made");
-            }
-        }
+        self.make_deferred(deferred, ino).await;
     }
 
     fn deferred_files(&self) -> Vec<std::sync::Arc<OpenFile>> {
-        let mut files = self
-            .inner
-            .open_files
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        files.retain(|w| w.strong_count() > 0);
-        files
-            .iter()
-            .filter_map(std::sync::Weak::upgrade)
+        open_files(&self.inner)
+            .into_iter()
             .filter(|f| f.deferred_open())
             .collect()
     }
@@ -412,4 +404,11 @@ impl Client {
         let (handle, _) = self.open(cred, ino, flags).await?;
         Ok(OpenFile::new(ino, flags, handle, cred))
     }
+}
+
+/// This agent's open files now ([`Client::track_open_file`]).
+pub(super) fn open_files(inner: &super::Inner) -> Vec<std::sync::Arc<OpenFile>> {
+    let mut all = inner.open_files.lock().unwrap_or_else(|e| e.into_inner());
+    all.retain(|w| w.strong_count() > 0);
+    all.iter().filter_map(std::sync::Weak::upgrade).collect()
 }

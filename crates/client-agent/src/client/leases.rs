@@ -409,6 +409,20 @@ impl State {
             .map(|c| c.data.as_slice())
     }
 
+    /// Keeps a small file's bytes, if there is room (made by pruning what ran out).
+    fn keep_content(&mut self, ino: InodeId, c: Content, now: Instant) -> bool {
+        let len = c.data.len();
+        if self.content_bytes + len > MAX_CONTENT_BYTES {
+            self.prune_contents(now);
+            if self.content_bytes + len > MAX_CONTENT_BYTES {
+                return false;
+            }
+        }
+        self.content_bytes += len;
+        self.contents.insert(ino, c);
+        true
+    }
+
     fn prune_contents(&mut self, now: Instant) {
         let mut freed = 0;
         self.contents.retain(|_, c| {
@@ -681,26 +695,16 @@ impl LeaseCache {
                 && d.len() as u64 == attr.size
                 && attr.size <= SMALL_FILE_MAX
         }) {
-            let now = Instant::now();
-            if s.content_bytes + data.len() > MAX_CONTENT_BYTES {
-                s.prune_contents(now);
-                if s.content_bytes + data.len() > MAX_CONTENT_BYTES {
-                    return;
-                }
-            }
             // As of now (the forget above touched the inode): what touches it next ends
             // them.
-            let mark = s.seq;
-            s.content_bytes += data.len();
-            s.contents.insert(
-                attr.ino,
-                Content {
-                    data: data.to_vec(),
-                    mark,
-                    until: end,
-                },
-            );
-            self.counters.content_writes.fetch_add(1, Ordering::Relaxed);
+            let kept = Content {
+                data: data.to_vec(),
+                mark: s.seq,
+                until: end,
+            };
+            if s.keep_content(attr.ino, kept, Instant::now()) {
+                self.counters.content_writes.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -812,15 +816,9 @@ impl LeaseCache {
             return;
         }
         s.drop_content(ino);
-        if s.content_bytes + data.len() > MAX_CONTENT_BYTES {
-            s.prune_contents(now);
-            if s.content_bytes + data.len() > MAX_CONTENT_BYTES {
-                return;
-            }
+        if s.keep_content(ino, Content { data, mark, until }, now) {
+            self.counters.content_opens.fetch_add(1, Ordering::Relaxed);
         }
-        s.content_bytes += data.len();
-        s.contents.insert(ino, Content { data, mark, until });
-        self.counters.content_opens.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A read of `ino` answered from the bytes its open gave ([`LeaseCache::put_content`]):

@@ -418,7 +418,7 @@ async fn reclaim_delegations(
     if wanted.is_empty() {
         return Ok(Vec::new());
     }
-    let writable: Vec<(InodeId, super::FileHandle)> = open_files(inner)
+    let writable: Vec<(InodeId, super::FileHandle)> = super::file::open_files(inner)
         .iter()
         .filter(|f| f.flags().write)
         .map(|f| (f.ino(), f.current()))
@@ -570,7 +570,7 @@ async fn replay_change(
 /// re-opens it the usual way and answers what that gives.
 async fn reopen_files(inner: &Inner, reply: &OpenSessionReply) {
     let mut reopened = 0usize;
-    for file in open_files(inner) {
+    for file in super::file::open_files(inner) {
         let stale = file.current();
         // (A deferred open is made here too, as a file opened at the server would be; one
         // closed before it was made is not.)
@@ -614,11 +614,6 @@ async fn reopen_files(inner: &Inner, reply: &OpenSessionReply) {
 }
 
 /// This agent's open files now (the closed ones are forgotten here).
-fn open_files(inner: &Inner) -> Vec<Arc<super::OpenFile>> {
-    let mut all = inner.open_files.lock().unwrap_or_else(|e| e.into_inner());
-    all.retain(|w| w.strong_count() > 0);
-    all.iter().filter_map(std::sync::Weak::upgrade).collect()
-}
 
 /// How often the agent tries to open a session while the server is away: every
 /// [`REOPEN_RETRY`] for [`REOPEN_QUICK`] (a restart: found within that much of its listening
