@@ -613,8 +613,6 @@ async fn reopen_files(inner: &Inner, reply: &OpenSessionReply) {
     }
 }
 
-/// This agent's open files now (the closed ones are forgotten here).
-
 /// How often the agent tries to open a session while the server is away: every
 /// [`REOPEN_RETRY`] for [`REOPEN_QUICK`] (a restart: found within that much of its listening
 /// again, since a restart is a pause and this is part of it), then backing off to
