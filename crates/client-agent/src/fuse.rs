@@ -1912,12 +1912,12 @@ impl fuser::Filesystem for SanFs {
             // Whom as only for flock's locks (the release itself is the handle's).
             let cred = (lock_owner.is_some() && self.state.client.locks_held() > 0)
                 .then(|| self.credentials(req));
-            // Nothing to send first: released with a later call, without a task here.
-            // An open answered here and never made at the server: nothing to release.
-            if cred.is_none() && file.file.close_deferred() {
-                return;
-            }
+            // Nothing to send first: released with a later call, without a task here (an
+            // open answered here and never made at the server: nothing to release).
             if cred.is_none() {
+                if file.file.close_deferred() {
+                    return;
+                }
                 match self.state.client.release_later(&file.file.current()) {
                     Some(true) => {
                         self.spawn("release", |st| async move {

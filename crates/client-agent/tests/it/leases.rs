@@ -838,16 +838,7 @@ async fn opens_answered_here_keep_the_file_alive_through_any_unlink() {
         let open = |i: usize| std::fs::File::open(ra.join(format!("d/f{i}"))).unwrap();
         let dropped_and_read = |f: &std::fs::File, data: &[u8], what: &str| {
             // The kernel's pages go: the reads come to the agent, through the handle.
-            // SAFETY: a plain syscall on an open descriptor; no memory is passed.
-            let r = unsafe {
-                libc::posix_fadvise(
-                    std::os::fd::AsRawFd::as_raw_fd(f),
-                    0,
-                    0,
-                    libc::POSIX_FADV_DONTNEED,
-                )
-            };
-            assert_eq!(r, 0, "fadvise");
+            crate::support::drop_pages(f);
             let mut got = vec![0u8; data.len()];
             f.read_exact_at(&mut got, 0)
                 .unwrap_or_else(|e| panic!("{what}: read after the unlink: {e}"));

@@ -577,16 +577,7 @@ fn an_open_answered_by_the_agent_survives_a_server_kill_and_another_nodes_unlink
     s.kill_server();
     s.start_prepared(next);
     std::fs::remove_file(other.join("read-here")).unwrap();
-    // SAFETY: a plain syscall on an open descriptor; no memory is passed.
-    let r = unsafe {
-        libc::posix_fadvise(
-            std::os::fd::AsRawFd::as_raw_fd(&file),
-            0,
-            0,
-            libc::POSIX_FADV_DONTNEED,
-        )
-    };
-    assert_eq!(r, 0, "fadvise");
+    crate::support::drop_pages(&file);
     let mut back = vec![0u8; data.len()];
     file.read_exact_at(&mut back, 0).unwrap_or_else(|e| {
         panic!(

@@ -118,3 +118,9 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .map(|i| ((i as u64).wrapping_mul(2_654_435_761) >> 7) as u8 ^ seed)
         .collect()
 }
+
+/// Drops the kernel's cached pages of `file` (`posix_fadvise(DONTNEED)`): its next reads
+/// reach the file system.
+pub fn drop_pages(file: &std::fs::File) {
+    rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed).expect("fadvise");
+}
