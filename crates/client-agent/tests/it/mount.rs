@@ -2493,9 +2493,10 @@ async fn large_o_direct_requests_go_in_pieces_at_once_under_one_layout_and_stay_
     let asked = grants(&after, "write") - grants(&before, "write");
     // One layout per request or fewer (they grow); a piece that reaches the agent before the
     // request's first one has asked is not seen as sequential and asks a grant of its own,
-    // which a loaded machine makes now and then. Without the wait: one per piece (33).
+    // which a loaded machine makes now and then (11 once in a full run). Without the wait:
+    // one per piece (33).
     assert!(
-        asked <= 8,
+        asked <= 16,
         "the pieces of each request wait for one layout: {asked} MapWrites for {} MiB: {after}",
         REQS * 8
     );
